@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the offline base image `loom-base:bookworm` from Debian packages.
+#
+# Why: this machine (and many CI runners) cannot reach a container registry, so
+# `FROM debian:bookworm-slim` cannot be pulled. debootstrap builds the same kind of
+# minimal root filesystem from the Debian archive, and `docker import` turns it into an
+# image. The sandbox Dockerfile then builds FROM this image like from any other.
+#
+# Usage: images/base/build-base.sh [TAG]     (idempotent: skips when TAG exists)
+# Env:   LOOM_DEBIAN_MIRROR (default: the host's apt mirror or deb.debian.org)
+#        LOOM_BASE_FORCE=1 to rebuild anyway.
+set -euo pipefail
+TAG="${1:-loom-base:bookworm}"
+if [ "${LOOM_BASE_FORCE:-0}" != 1 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
+  echo "[base] $TAG already present"
+  exit 0
+fi
+command -v debootstrap >/dev/null || { echo "[base] installing debootstrap"; apt-get install -y -q debootstrap >/dev/null; }
+MIRROR="${LOOM_DEBIAN_MIRROR:-}"
+if [ -z "$MIRROR" ]; then
+  MIRROR=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null \
+           | grep -oE 'https?://[^ ]+' | head -n1 || true)
+  MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+fi
+# Everything the sandbox image needs is installed here, in one debootstrap run, so the
+# Dockerfile needs no network at all (the proxy's TLS interception is never involved).
+PKGS=python3,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
+ROOT=$(mktemp -d /tmp/loom-base.XXXXXX)
+trap 'rm -rf "$ROOT"' EXIT
+echo "[base] debootstrap bookworm (minbase + $PKGS) from $MIRROR into $ROOT"
+debootstrap --variant=minbase --include="$PKGS" bookworm "$ROOT" "$MIRROR" \
+  | awk '/^I: (Retrieving|Validating|Extracting|Installing|Configuring) /{n++; if (n%40==0) print "[base] ... " $0; next} {print "[base] " $0}'
+# Trim what a sandbox never needs: apt lists, caches, docs, man pages.
+rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/var/cache/apt/* "$ROOT"/usr/share/doc/* \
+       "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/* "$ROOT"/usr/share/info/*
+echo "[base] importing into docker as $TAG"
+tar -C "$ROOT" -c . | docker import \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'ENV LANG=C.UTF-8' \
+  --change 'CMD ["/bin/bash"]' - "$TAG" >/dev/null
+echo "[base] done: $(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.0f MB", $1/1e6}')"

@@ -1,0 +1,75 @@
+"""The box: everything about running things in a per-workspace container.
+
+``sandbox`` never imports ``worker``. Only :mod:`sandbox.docker` imports the Docker SDK.
+"""
+
+from .base import (
+    DEFAULT_EXCLUDES,
+    AgentInfo,
+    ExecResult,
+    FileStat,
+    ListEntry,
+    ListResult,
+    ReadResult,
+    Sandbox,
+    SandboxBackend,
+    ScanEntry,
+    ScanResult,
+    SearchMatch,
+    SearchResult,
+    WriteResult,
+)
+from .errors import (
+    AgentError,
+    ConflictError,
+    DaemonUnavailableError,
+    ImageNotFoundError,
+    InvalidPatternError,
+    NotADirError,
+    NotAFileError,
+    PathEscapeError,
+    PathNotFoundError,
+    ProtocolError,
+    RuntimeUnavailableError,
+    SandboxError,
+    SandboxLostError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+    TooLargeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_EXCLUDES",
+    "AgentError",
+    "AgentInfo",
+    "ConflictError",
+    "DaemonUnavailableError",
+    "ExecResult",
+    "FileStat",
+    "ImageNotFoundError",
+    "InvalidPatternError",
+    "ListEntry",
+    "ListResult",
+    "NotADirError",
+    "NotAFileError",
+    "PathEscapeError",
+    "PathNotFoundError",
+    "ProtocolError",
+    "ReadResult",
+    "RuntimeUnavailableError",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxLostError",
+    "SandboxTimeoutError",
+    "SandboxUnavailableError",
+    "ScanEntry",
+    "ScanResult",
+    "SearchMatch",
+    "SearchResult",
+    "TooLargeError",
+    "WriteResult",
+    "__version__",
+]

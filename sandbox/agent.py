@@ -1,0 +1,1081 @@
+"""loom-worker sandbox agent: the one program that runs inside every sandbox container.
+
+Standard library only, Python >= 3.8, one file: the host sends this source over the
+container's attached stream when it opens a connection (see ``sandbox.connection``), so
+any image with ``python3`` can be a sandbox image and agent and worker always match.
+
+Wire format: newline-delimited JSON on stdin/stdout. The first line is a config object;
+then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
+``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "code": "...",
+"error": "..."}``. Bytes travel base64-encoded. Requests are served concurrently (slow ops
+on threads); at most one ``exec`` runs at a time per agent, because the agent is the
+*child subreaper* of everything the command starts and kills that whole subtree when the
+command ends or times out (that is how ``setsid``, double forks and ``nohup &`` are
+caught: their orphans are re-parented to this process, never to PID 1).
+
+Paths are resolved here, component by component from an O_PATH descriptor of the
+workspace root, never following ``..`` or a symlink out of it; FIFOs, sockets and devices
+are refused *before* any open that could block.
+"""
+
+import base64
+import collections
+import ctypes
+import errno
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+AGENT_VERSION = "1"
+
+ROOT = "/workspace"
+ROOT_FD = -1
+ACTIVITY_FILE = "/tmp/.loom-activity"
+MAX_READ = 16 << 20
+MAX_WRITE = 64 << 20
+KILL_GRACE = 0.5
+LINGER_AFTER_EXIT = 0.1
+
+_out_lock = threading.Lock()
+_exec_lock = threading.Lock()
+_foreign_pids = set()  # helper processes (ripgrep) that the exec tree-kill must spare
+_foreign_lock = threading.Lock()
+_snapshots = {}
+_last_touch = [0.0]
+_subreaper = [False]
+_stdout = None
+
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "CI": "1",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "TERM": "dumb",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "GIT_TERMINAL_PROMPT": "0",
+    "PIP_NO_INPUT": "1",
+    "NO_COLOR": "1",
+}
+
+
+class Refused(Exception):
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _prctl(option, arg):
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _touch():
+    now = time.time()
+    if now - _last_touch[0] < 1.0:
+        return
+    _last_touch[0] = now
+    try:
+        fd = os.open(ACTIVITY_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        os.close(fd)
+        os.utime(ACTIVITY_FILE, None)
+    except OSError:
+        pass
+
+
+def _type_of(mode):
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _kind_name(mode):
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def _split(path):
+    """Workspace-relative components of ``path``; ``..`` handled lexically."""
+    if not isinstance(path, str):
+        raise Refused("invalid", "path must be a string")
+    if "\x00" in path:
+        raise Refused("escape", "path contains a NUL byte")
+    p = path
+    if p == ROOT or p.startswith(ROOT + "/"):
+        p = p[len(ROOT):]
+    elif p.startswith("/"):
+        raise Refused("escape", "Path %r is outside the workspace" % path)
+    parts = []
+    for comp in p.split("/"):
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if not parts:
+                raise Refused("escape", "Path %r escapes the workspace" % path)
+            parts.pop()
+        else:
+            parts.append(comp)
+    return parts
+
+
+def _rel(parts):
+    return "/".join(parts) if parts else "."
+
+
+def _resolve(path, follow_last=True, create_dirs=False):
+    """Walk ``path`` from the workspace root without ever leaving it.
+
+    Returns ``(dir_fd, name, parts, st)``: an O_PATH descriptor of the parent directory
+    (the caller closes it), the final component's name (None for the root itself), the
+    resolved workspace-relative components and the final component's lstat (None when
+    it does not exist). Symlinks whose target stays inside the workspace are followed,
+    one hop at a time, by restarting the walk from the root; any other is refused.
+    """
+    stack = _split(path)
+    cur = []
+    hops = 0
+    fd = os.dup(ROOT_FD)
+    try:
+        while stack:
+            comp = stack.pop(0)
+            last = not stack
+            try:
+                st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if last:
+                    return fd, comp, cur + [comp], None
+                if not create_dirs:
+                    raise Refused("not_found", "Not found: %s (no directory %s)" % (path, _rel(cur + [comp])))
+                try:
+                    os.mkdir(comp, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode) and (follow_last or not last):
+                hops += 1
+                if hops > 40:
+                    raise Refused("escape", "Too many levels of symbolic links in %r" % path)
+                target = os.readlink(comp, dir_fd=fd)
+                if target.startswith("/"):
+                    try:
+                        base = _split(target)
+                    except Refused:
+                        raise Refused(
+                            "escape",
+                            "Path %r goes through a symlink (%s -> %s) that leaves the workspace"
+                            % (path, _rel(cur + [comp]), target),
+                        ) from None
+                else:
+                    base = list(cur)
+                    for t in target.split("/"):
+                        if t in ("", "."):
+                            continue
+                        if t == "..":
+                            if not base:
+                                raise Refused(
+                                    "escape",
+                                    "Path %r goes through a symlink (%s -> %s) that leaves the workspace"
+                                    % (path, _rel(cur + [comp]), target),
+                                )
+                            base.pop()
+                        else:
+                            base.append(t)
+                stack = base + stack
+                cur = []
+                os.close(fd)
+                fd = os.dup(ROOT_FD)
+                continue
+            if last:
+                return fd, comp, cur + [comp], st
+            if not stat.S_ISDIR(st.st_mode):
+                raise Refused("not_a_directory", "Not a directory: %s" % _rel(cur + [comp]))
+            try:
+                nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                # Swapped for a link or a file between the lstat and the open.
+                raise Refused("escape", "Path %r changed while being resolved (%s)" % (path, e.strerror))
+            os.close(fd)
+            fd = nfd
+            cur.append(comp)
+        return fd, None, cur, os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_dir(path):
+    """A readable (not O_PATH) descriptor of directory ``path`` and its components."""
+    fd, name, parts, st = _resolve(path)
+    try:
+        if name is None:
+            return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), parts
+        if st is None:
+            raise Refused("not_found", "Not found: %s" % path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise Refused("not_a_directory", "Not a directory: %s" % path)
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), parts
+        except OSError as e:
+            raise Refused("escape", "Directory %r changed while being opened (%s)" % (path, e.strerror))
+    finally:
+        os.close(fd)
+
+
+def _open_file(dir_fd, name, st, path):
+    """Open a regular file for reading; refuse anything else before a blocking open."""
+    if st is None:
+        raise Refused("not_found", "File not found: %s" % path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise Refused("not_found", "File not found: %s" % path)
+        if e.errno == errno.EACCES:
+            raise Refused("permission", "Permission denied: %s" % path)
+        raise Refused("escape", "File %r changed while being opened (%s)" % (path, e.strerror))
+    fst = os.fstat(f)
+    if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino:
+        os.close(f)
+        raise Refused("escape", "File %r changed while being opened" % path)
+    return f, fst
+
+
+def _hash_fd(f):
+    h = hashlib.sha256()
+    os.lseek(f, 0, 0)
+    while True:
+        chunk = os.read(f, 1 << 20)
+        if not chunk:
+            break
+        h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- file ops
+
+
+def op_hello(req):
+    return {
+        "version": AGENT_VERSION,
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "kernel": os.uname().release,
+        "subreaper": _subreaper[0],
+        "ripgrep": bool(shutil.which("rg")),
+    }
+
+
+def op_read(req):
+    path = req.get("path", ".")
+    max_bytes = min(int(req.get("max_bytes") or MAX_READ), MAX_READ)
+    fd, name, parts, st = _resolve(path)
+    try:
+        if name is None:
+            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
+        f, fst = _open_file(fd, name, st, path)
+    finally:
+        os.close(fd)
+    try:
+        head = os.pread(f, 8192, 0)
+        binary = b"\x00" in head
+        line_range = req.get("line_range")
+        total_lines = None
+        digest = None
+        if line_range:
+            start, end = int(line_range[0]), int(line_range[1])
+            out = []
+            n = 0
+            size = 0
+            truncated = False
+            with os.fdopen(os.dup(f), "rb") as fh:
+                for line in fh:
+                    n += 1
+                    if start <= n <= end:
+                        if size + len(line) > max_bytes:
+                            out.append(line[: max_bytes - size])
+                            size = max_bytes
+                            truncated = True
+                        elif not truncated:
+                            out.append(line)
+                            size += len(line)
+            total_lines = n
+            data = b"".join(out)
+        else:
+            offset = int(req.get("offset") or 0)
+            length = req.get("length")
+            want = fst.st_size - offset if length is None else int(length)
+            want = max(0, min(want, fst.st_size - offset))
+            truncated = want > max_bytes
+            want = min(want, max_bytes)
+            chunks = []
+            pos = offset
+            remaining = want
+            while remaining > 0:
+                chunk = os.pread(f, min(remaining, 1 << 20), pos)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                pos += len(chunk)
+                remaining -= len(chunk)
+            data = b"".join(chunks)
+            if offset == 0 and not truncated and len(data) == fst.st_size:
+                digest = hashlib.sha256(data).hexdigest()
+        return {
+            "data": _b64(data),
+            "size": fst.st_size,
+            "truncated": truncated,
+            "sha256": digest,
+            "mtime_ns": fst.st_mtime_ns,
+            "binary": binary,
+            "total_lines": total_lines,
+        }
+    finally:
+        os.close(f)
+
+
+def _check_expect(fd, name, st, path, req):
+    expect = req.get("expect_sha256")
+    if req.get("expect_absent") and st is not None:
+        raise Refused("conflict", "Conflict: %s already exists" % path)
+    if expect:
+        if st is None:
+            raise Refused("conflict", "Conflict: %s no longer exists" % path)
+        f, _ = _open_file(fd, name, st, path)
+        try:
+            current = _hash_fd(f)
+        finally:
+            os.close(f)
+        if current != expect:
+            raise Refused("conflict", "Conflict: %s changed since it was read" % path)
+
+
+def op_write(req):
+    path = req.get("path")
+    data = base64.b64decode(req.get("data", ""))
+    if len(data) > MAX_WRITE:
+        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), MAX_WRITE))
+    parts = _split(path)
+    if not parts:
+        raise Refused("not_a_file", "Not a file: the workspace root is a directory")
+    fd, name, parts, st = _resolve(path, create_dirs=req.get("mkdirs", True))
+    try:
+        if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
+            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
+        _check_expect(fd, name, st, path, req)
+        mode = (st.st_mode & 0o7777) if st is not None else 0o666
+        tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
+        try:
+            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        except PermissionError:
+            raise Refused("permission", "Permission denied: cannot write in the directory of %s" % path)
+        except OSError as e:
+            if e.errno == errno.EROFS:
+                raise Refused("permission", "Read-only: %s is on a read-only mount" % path)
+            raise
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(f, view)
+                view = view[n:]
+            if st is not None:
+                os.fchmod(f, mode)
+            os.fsync(f)
+        except BaseException:
+            os.close(f)
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        os.close(f)
+        try:
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        try:
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "created": st is None,
+                "path": _rel(parts)}
+    finally:
+        os.close(fd)
+
+
+def op_remove(req):
+    path = req.get("path")
+    if not _split(path):
+        raise Refused("escape", "Refusing to remove the workspace root")
+    fd, name, parts, st = _resolve(path, follow_last=False)
+    try:
+        if st is None:
+            return {"removed": False}
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError as e:
+                raise Refused("conflict", "Cannot remove directory %s: %s" % (path, e.strerror))
+            return {"removed": True}
+        if req.get("expect_sha256"):
+            _check_expect(fd, name, st, path, req)
+        os.unlink(name, dir_fd=fd)
+        return {"removed": True}
+    finally:
+        os.close(fd)
+
+
+def op_stat(req):
+    path = req.get("path", ".")
+    fd, name, parts, st = _resolve(path, follow_last=False)
+    try:
+        if st is None:
+            raise Refused("not_found", "Not found: %s" % path)
+        target = None
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=fd)
+        return {"path": _rel(parts), "type": _type_of(st.st_mode), "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns, "mode": st.st_mode, "target": target}
+    finally:
+        os.close(fd)
+
+
+def op_hash(req):
+    out = {}
+    for path in req.get("paths") or []:
+        try:
+            fd, name, parts, st = _resolve(path)
+            try:
+                if name is None or st is None or not stat.S_ISREG(st.st_mode):
+                    out[path] = None
+                    continue
+                f, _ = _open_file(fd, name, st, path)
+                try:
+                    out[path] = _hash_fd(f)
+                finally:
+                    os.close(f)
+            finally:
+                os.close(fd)
+        except Refused:
+            out[path] = None
+    return {"hashes": out}
+
+
+def _walk(dir_fd, prefix, depth, max_depth, exclude, visit, counter, limit):
+    """Depth-first walk below an open directory fd, never following links."""
+    try:
+        with os.scandir(dir_fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return
+    dirs = []
+    for e in entries:
+        if counter[0] >= limit:
+            counter[1] = True
+            return
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if is_dir and e.name in exclude:
+            continue
+        rel = prefix + e.name
+        visit(e, rel, depth, is_dir)
+        if is_dir:
+            dirs.append(e)
+    for e in dirs:
+        if max_depth is not None and depth >= max_depth:
+            continue
+        if counter[0] >= limit:
+            counter[1] = True
+            return
+        try:
+            sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            _walk(sub, prefix + e.name + "/", depth + 1, max_depth, exclude, visit, counter, limit)
+        finally:
+            os.close(sub)
+
+
+def op_list(req):
+    path = req.get("path", ".")
+    depth = max(1, min(int(req.get("depth", 2)), 20))
+    exclude = set(req.get("exclude") or ())
+    limit = int(req.get("max_entries", 5000))
+    dfd, parts = _open_dir(path)
+    out = []
+    counter = [0, False]
+
+    def visit(e, rel, d, is_dir):
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            return
+        counter[0] += 1
+        out.append([rel, _type_of(st.st_mode), st.st_size if not is_dir else 0, d])
+
+    try:
+        _walk(dfd, "", 1, depth, exclude, visit, counter, limit)
+    finally:
+        os.close(dfd)
+    return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
+
+
+def op_scan(req):
+    path = req.get("path", ".")
+    exclude = set(req.get("exclude") or ())
+    limit = int(req.get("max_files", 100000))
+    key = req.get("snapshot")
+    dfd, parts = _open_dir(path)
+    prefix = "" if not parts else _rel(parts) + "/"
+    current = {}
+    counter = [0, False]
+
+    def visit(e, rel, d, is_dir):
+        if is_dir:
+            return
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            return
+        counter[0] += 1
+        current[prefix + rel] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+
+    try:
+        _walk(dfd, "", 1, None, exclude, visit, counter, limit)
+    finally:
+        os.close(dfd)
+    previous = _snapshots.get(key) if key else None
+    generation = os.urandom(8).hex()
+    if key:
+        _snapshots[key] = (generation, current)
+    if previous is not None and req.get("since") == previous[0]:
+        old = previous[1]
+        changed = [[p] + list(v) for p, v in current.items() if old.get(p) != v]
+        removed = [p for p in old if p not in current]
+        return {"entries": changed, "removed": removed, "full": False, "truncated": counter[1],
+                "generation": generation}
+    return {"entries": [[p] + list(v) for p, v in current.items()], "removed": [], "full": True,
+            "truncated": counter[1], "generation": generation}
+
+
+# --------------------------------------------------------------------------- search
+
+
+def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
+    argv = [rg, "--no-config", "--line-number", "--with-filename", "--no-heading", "--null",
+            "--color", "never", "--no-ignore", "--hidden", "--no-messages",
+            "--max-columns", "500", "--max-columns-preview", "--max-filesize", "50M"]
+    if ignore_case:
+        argv.append("--ignore-case")
+    if glob:
+        argv += ["--glob", glob]
+    for ex in sorted(exclude):
+        argv += ["--glob", "!" + ex]
+    # --regexp makes a pattern that starts with "-" a pattern, never an option; "--" ends options.
+    argv += ["--regexp", pattern, "--", target]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(BASE_ENV), close_fds=True)
+    with _foreign_lock:
+        _foreign_pids.add(proc.pid)
+    matches = []
+    truncated = False
+    try:
+        for raw in proc.stdout:
+            if len(matches) >= max_matches:
+                truncated = True
+                break
+            fname, sep, rest = raw.partition(b"\x00")
+            if not sep:
+                continue
+            lineno, _, text = rest.partition(b":")
+            try:
+                n = int(lineno)
+            except ValueError:
+                continue
+            name = fname.decode("utf-8", "replace")
+            if name.startswith("./"):
+                name = name[2:]
+            matches.append([name, n, text.rstrip(b"\r\n").decode("utf-8", "replace")])
+        if truncated:
+            proc.kill()
+        err = proc.stderr.read(65536).decode("utf-8", "replace")
+        code = proc.wait()
+    finally:
+        with _foreign_lock:
+            _foreign_pids.discard(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
+    if code == 2 and not matches and ("regex" in err.lower() or "parse error" in err.lower()):
+        msg = err.strip().splitlines()
+        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:])))
+    return matches, truncated
+
+
+def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
+    try:
+        rx = re.compile(pattern.encode("utf-8"), re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, e))
+    matches = []
+    state = {"truncated": False}
+    files = []
+    counter = [0, False]
+
+    def visit(e, rel, d, is_dir):
+        if is_dir:
+            return
+        if glob and not (fnmatch.fnmatch(e.name, glob) or fnmatch.fnmatch(rel, glob)):
+            return
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_size <= 50 << 20:
+            files.append(rel)
+
+    _walk(dfd, "", 1, None, exclude, visit, counter, 1 << 30)
+    for rel in files:
+        try:
+            f = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
+            continue
+        with os.fdopen(f, "rb") as fh:
+            head = fh.read(8192)
+            if b"\x00" in head:
+                continue
+            fh.seek(0)
+            for n, line in enumerate(fh, 1):
+                if rx.search(line):
+                    if len(matches) >= max_matches:
+                        state["truncated"] = True
+                        return matches, True
+                    text = line.rstrip(b"\r\n")[:500].decode("utf-8", "replace")
+                    matches.append([prefix + rel, n, text])
+    return matches, state["truncated"]
+
+
+def op_search(req):
+    pattern = req.get("pattern")
+    if not isinstance(pattern, str) or pattern == "":
+        raise Refused("invalid_pattern", "Invalid regex: the pattern is empty")
+    path = req.get("path", ".")
+    glob = req.get("glob") or None
+    exclude = set(req.get("exclude") or ())
+    max_matches = max(1, min(int(req.get("max_matches", 200)), 10000))
+    ignore_case = bool(req.get("ignore_case"))
+    fd, name, parts, st = _resolve(path)
+    try:
+        if st is None:
+            raise Refused("not_found", "Not found: %s" % path)
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise Refused("not_a_file", "Cannot search %s: it is %s" % (path, _kind_name(st.st_mode)))
+    finally:
+        os.close(fd)
+    rg = shutil.which("rg") if not req.get("force_python") else None
+    if rg:
+        target = "./" + _rel(parts) if parts else "."
+        matches, truncated = _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case)
+        engine = "ripgrep"
+    else:
+        if stat.S_ISREG(st.st_mode):
+            dfd, _ = _open_dir(_rel(parts[:-1]))
+            prefix = _rel(parts[:-1]) + "/" if len(parts) > 1 else ""
+            glob = parts[-1]
+        else:
+            dfd, _ = _open_dir(path)
+            prefix = _rel(parts) + "/" if parts else ""
+        try:
+            matches, truncated = _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case)
+        finally:
+            os.close(dfd)
+        engine = "python"
+    return {"matches": matches, "truncated": truncated, "engine": engine}
+
+
+# --------------------------------------------------------------------------- exec
+
+
+class _Capped(object):
+    """Keeps the first and last ``cap/2`` bytes of a stream; memory stays bounded."""
+
+    def __init__(self, cap):
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = collections.deque()
+        self.tail_len = 0
+        self.total = 0
+
+    def add(self, chunk):
+        self.total += len(chunk)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail.append(bytes(chunk))
+            self.tail_len += len(chunk)
+            while self.tail_len - len(self.tail[0]) >= self.tail_cap:
+                self.tail_len -= len(self.tail.popleft())
+
+    def value(self):
+        tail = b"".join(self.tail)
+        if len(tail) > self.tail_cap:
+            tail = tail[len(tail) - self.tail_cap:]
+        kept = len(self.head) + len(tail)
+        if kept >= self.total:
+            return bytes(self.head) + tail, False
+        marker = ("\n[... %d bytes omitted ...]\n" % (self.total - kept)).encode()
+        return bytes(self.head) + marker + tail, True
+
+
+def _proc_table():
+    """{pid: ppid} for every visible process."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        try:
+            rest = data[data.rindex(b")") + 2:].split()
+            table[int(name)] = int(rest[1])
+        except (ValueError, IndexError):
+            continue
+    return table
+
+
+def _descendants(root):
+    table = _proc_table()
+    children = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    with _foreign_lock:
+        spare = set(_foreign_pids)
+    out = []
+    todo = [c for c in children.get(root, []) if c not in spare]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _reap(pids):
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+
+
+def _kill_tree(grace):
+    """Kill every process this agent started for the command (TERM, grace, then KILL)."""
+    me = os.getpid()
+    pids = _descendants(me)
+    if not pids:
+        return
+    if grace > 0:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            _reap(pids)
+            pids = _descendants(me)
+            if not pids:
+                return
+            time.sleep(0.02)
+    for _ in range(500):
+        pids = _descendants(me)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)  # freeze first so a fork bomb cannot outrun us
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _reap(pids)
+        time.sleep(0.002)
+
+
+def _oom_kills():
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def op_exec(req):
+    command = req.get("command")
+    argv = req.get("argv")
+    if argv is not None:
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise Refused("invalid", "argv must be a non-empty list of strings")
+    elif not isinstance(command, str) or not command.strip():
+        raise Refused("invalid", "Empty command")
+    timeout = float(req.get("timeout", 60))
+    cap = int(req.get("max_output", 256 * 1024))
+    hard_limit = int(req.get("output_limit", 64 << 20))
+    env = dict(BASE_ENV)
+    env["HOME"] = os.environ.get("HOME", "/tmp")
+    env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
+    for k, v in (req.get("env") or {}).items():
+        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
+            env[k] = v
+    cwd_fd, parts = _open_dir(req.get("cwd", "."))
+    os.close(cwd_fd)
+    cwd = ROOT + ("/" + "/".join(parts) if parts else "")
+    with _exec_lock:
+        oom_before = _oom_kills()
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv or ["/bin/sh", "-c", command], cwd=cwd, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, close_fds=True)
+        except OSError as e:
+            return {"exit_code": 127, "stdout": "", "stderr": _b64(("%s\n" % e).encode()), "outcome": "exit",
+                    "duration_ms": 0.0, "truncated": False, "signal": None, "stdout_bytes": 0,
+                    "stderr_bytes": 0}
+        try:
+            # The OOM killer must pick the command, never the agent.
+            with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+        out_buf, err_buf = _Capped(cap), _Capped(cap)
+        bufs = {proc.stdout.fileno(): out_buf, proc.stderr.fileno(): err_buf}
+        sel = selectors.DefaultSelector()
+        for f in (proc.stdout, proc.stderr):
+            os.set_blocking(f.fileno(), False)
+            sel.register(f.fileno(), selectors.EVENT_READ)
+        deadline = started + timeout
+        outcome = None
+        exited_at = None
+        open_fds = set(bufs)
+        last_touch = started
+        while open_fds:
+            now = time.monotonic()
+            if now >= deadline:
+                outcome = "timeout"
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > LINGER_AFTER_EXIT:
+                break  # a background child still holds the pipe: do not wait for it
+            if now - last_touch > 30:
+                _touch()
+                last_touch = now
+            wait = min(deadline - now, 0.05 if exited_at is None else LINGER_AFTER_EXIT)
+            for key, _ in sel.select(max(wait, 0)):
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fd)
+                    open_fds.discard(key.fd)
+                    continue
+                bufs[key.fd].add(chunk)
+            if sum(b.total for b in bufs.values()) > hard_limit:
+                outcome = "output_limit"
+                break
+        if outcome is None and proc.poll() is None:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                outcome = "timeout"
+        _kill_tree(KILL_GRACE if outcome == "timeout" else 0)
+        # Drain what is left in the pipes now that every writer is dead.
+        for fd in list(open_fds):
+            try:
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    bufs[fd].add(chunk)
+                    if bufs[fd].total > hard_limit * 2:
+                        break
+            except OSError:
+                pass
+        sel.close()
+        code = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        _reap(_descendants(os.getpid()))
+        duration = (time.monotonic() - started) * 1000.0
+        sig = None
+        exit_code = code
+        if code < 0:
+            sig = -code
+            exit_code = None
+        if outcome is None:
+            oom_after = _oom_kills()
+            if oom_before is not None and oom_after is not None and oom_after > oom_before:
+                outcome = "oom"
+            elif sig is not None:
+                outcome = "signal"
+            else:
+                outcome = "exit"
+        if outcome in ("timeout", "output_limit"):
+            exit_code = None
+        out, t1 = out_buf.value()
+        err, t2 = err_buf.value()
+        return {"exit_code": exit_code, "stdout": _b64(out), "stderr": _b64(err), "outcome": outcome,
+                "duration_ms": duration, "truncated": bool(t1 or t2), "signal": sig,
+                "stdout_bytes": out_buf.total, "stderr_bytes": err_buf.total}
+
+
+# --------------------------------------------------------------------------- main loop
+
+FAST_OPS = {
+    "hello": op_hello,
+    "read": op_read,
+    "write": op_write,
+    "remove": op_remove,
+    "stat": op_stat,
+    "hash": op_hash,
+}
+SLOW_OPS = {
+    "list": op_list,
+    "scan": op_scan,
+    "search": op_search,
+    "exec": op_exec,
+}
+
+
+def _send(obj):
+    line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
+    with _out_lock:
+        _stdout.write(line)
+        _stdout.flush()
+
+
+def _handle(req):
+    rid = req.get("id")
+    op = req.get("op")
+    fn = FAST_OPS.get(op) or SLOW_OPS.get(op)
+    try:
+        if fn is None:
+            raise Refused("invalid", "Unknown op %r" % (op,))
+        result = fn(req)
+        resp = {"id": rid, "ok": True, "result": result}
+    except Refused as e:
+        resp = {"id": rid, "ok": False, "code": e.code, "error": e.message}
+    except FileNotFoundError as e:
+        resp = {"id": rid, "ok": False, "code": "not_found", "error": "Not found: %s" % (e.filename or e)}
+    except PermissionError as e:
+        resp = {"id": rid, "ok": False, "code": "permission", "error": "Permission denied: %s" % (e.filename or e)}
+    except NotADirectoryError as e:
+        resp = {"id": rid, "ok": False, "code": "not_a_directory", "error": "Not a directory: %s" % (e.filename or e)}
+    except OSError as e:
+        code = "no_space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "os_error"
+        if e.errno == errno.EROFS:
+            code = "permission"
+        resp = {"id": rid, "ok": False, "code": code, "error": "%s: %s" % (e.strerror or e, e.filename or "")}
+    except Exception as e:  # never let one request kill the agent
+        resp = {"id": rid, "ok": False, "code": "internal", "error": "%s: %s" % (type(e).__name__, e)}
+    _send(resp)
+
+
+def main(config):
+    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, _stdout
+    ROOT = config.get("root", ROOT).rstrip("/") or "/"
+    ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
+    MAX_READ = int(config.get("max_read", MAX_READ))
+    MAX_WRITE = int(config.get("max_write", MAX_WRITE))
+    _stdout = sys.stdout.buffer
+    ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _subreaper[0] = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
+    _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies
+    os.umask(0o022)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    stdin = sys.stdin.buffer
+    _send({"id": 0, "ok": True, "result": op_hello({})})
+    while True:
+        line = stdin.readline()
+        if not line:
+            break
+        _touch()
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("request is not an object")
+        except ValueError as e:
+            _send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
+            continue
+        if req.get("op") in SLOW_OPS:
+            threading.Thread(target=_handle, args=(req,), daemon=True).start()
+        else:
+            _handle(req)
+    # The host went away: leave nothing running behind us.
+    _kill_tree(0)
+
+
+if __name__ in ("__main__", "__loom_agent__"):
+    if __name__ == "__main__" and len(sys.argv) > 1:
+        _cfg = {"root": sys.argv[1]}
+    else:
+        _cfg = json.loads(sys.stdin.buffer.readline() or b"{}")
+    try:
+        main(_cfg)
+    except KeyboardInterrupt:
+        pass

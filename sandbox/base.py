@@ -1,0 +1,287 @@
+"""The small async contract every sandbox backend implements, and its result types.
+
+A :class:`Sandbox` is one workspace's box. Every path argument is *workspace-relative*
+(``"src/main.py"``, ``"."``); the authoritative check that it stays inside the workspace
+happens in the in-container agent, never on the host. Lifecycle (start, reuse, restart,
+stop, garbage collection) lives beside this contract in :class:`SandboxBackend`, not in it.
+
+Every method may raise :class:`sandbox.errors.AgentError` subclasses (the model's
+problem: missing file, path escape, conflict, ...) or the infrastructure errors of
+:mod:`sandbox.errors` (``SandboxLostError``, ``SandboxTimeoutError``, ...).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Outcome = Literal["exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"]
+EntryType = Literal["file", "dir", "symlink", "other"]
+
+#: Directory names skipped by list/search/scan unless the caller passes its own list.
+DEFAULT_EXCLUDES: tuple[str, ...] = (
+    ".git",
+    "node_modules",
+    "__pycache__",
+    ".venv",
+    "venv",
+    ".tox",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+)
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    data: bytes
+    size: int  # size of the whole file in bytes
+    truncated: bool  # data is not the whole requested range
+    sha256: str | None  # hash of the whole file when it was read whole, else None
+    mtime_ns: int
+    binary: bool  # NUL byte in the first 8 KiB
+    total_lines: int | None = None  # only for line_range reads
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    size: int
+    sha256: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    type: EntryType
+    size: int
+    mtime_ns: int
+    mode: int
+    target: str | None = None  # symlink target, as stored (never followed)
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    path: str  # workspace-relative, "/" separated
+    type: EntryType
+    size: int
+    depth: int
+
+
+@dataclass(frozen=True)
+class ListResult:
+    entries: list[ListEntry]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class SearchMatch:
+    path: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    matches: list[SearchMatch]
+    truncated: bool  # more matches exist than were returned
+    engine: str  # "ripgrep" or "python"
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    outcome: Outcome
+    duration_ms: float
+    truncated: bool
+    signal: int | None = None
+    stdout_bytes: int = 0  # total produced, including what was cut
+    stderr_bytes: int = 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.outcome == "timeout"
+
+
+@dataclass(frozen=True)
+class ScanEntry:
+    path: str
+    type: EntryType
+    size: int
+    mtime_ns: int
+    ino: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """A stat-only walk of the tree. ``full`` is True when ``entries`` is the whole tree;
+    otherwise ``entries`` holds only what changed since the agent's previous scan with the
+    same ``snapshot`` key and ``removed`` the paths that disappeared."""
+
+    entries: list[ScanEntry]
+    removed: list[str]
+    full: bool
+    truncated: bool  # the file cap was hit; the tree is larger than ``entries``
+    generation: str = ""
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    version: str
+    uid: int
+    gid: int
+    pid: int
+    python: str
+    kernel: str
+    subreaper: bool
+    ripgrep: bool
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Sandbox(abc.ABC):
+    """One workspace's sandbox. Safe to call concurrently from one event loop."""
+
+    workspace: Path
+
+    @abc.abstractmethod
+    async def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        line_range: tuple[int, int] | None = None,
+        max_bytes: int = 1 << 20,
+    ) -> ReadResult:
+        """Read a regular file (never a FIFO/device; never through a link out).
+
+        ``line_range`` is 1-based inclusive; ``max_bytes`` caps what is returned.
+        Raises PathNotFoundError, NotAFileError, PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        mkdirs: bool = True,
+    ) -> WriteResult:
+        """Atomically replace ``path`` (temp file, fsync, rename), creating parents.
+
+        ``expect_sha256`` / ``expect_absent`` make the write conditional on the current
+        content. Raises ConflictError, NotAFileError, PathEscapeError, TooLargeError.
+        """
+
+    @abc.abstractmethod
+    async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:
+        """Delete a file (or an empty directory). Returns False if it was already absent.
+
+        Raises ConflictError when ``expect_sha256`` does not match, PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def stat(self, path: str) -> FileStat:
+        """lstat ``path`` inside the workspace. Raises PathNotFoundError, PathEscapeError."""
+
+    @abc.abstractmethod
+    async def list(
+        self,
+        path: str = ".",
+        *,
+        depth: int = 2,
+        exclude: tuple[str, ...] = DEFAULT_EXCLUDES,
+        max_entries: int = 5000,
+    ) -> ListResult:
+        """Walk a directory without following links. Raises PathNotFoundError, NotADirError."""
+
+    @abc.abstractmethod
+    async def search(
+        self,
+        pattern: str,
+        *,
+        path: str = ".",
+        glob: str | None = None,
+        max_matches: int = 200,
+        exclude: tuple[str, ...] = DEFAULT_EXCLUDES,
+        ignore_case: bool = False,
+        timeout: float = 30.0,
+    ) -> SearchResult:
+        """Regex search over files. ``pattern`` is always a pattern, never an option.
+
+        Raises InvalidPatternError, PathNotFoundError, PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        max_output: int = 256 * 1024,
+        argv: list[str] | None = None,
+        output_limit: int = 64 << 20,
+    ) -> ExecResult:
+        """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
+
+        Every process the command starts is killed when it ends or times out. A lost
+        sandbox is reported as ``outcome="sandbox_lost"`` rather than raised, because the
+        command may have had effects. Raises PathNotFoundError/PathEscapeError for ``cwd``.
+        """
+
+    @abc.abstractmethod
+    async def scan(
+        self,
+        path: str = ".",
+        *,
+        exclude: tuple[str, ...] = (),
+        max_files: int = 100_000,
+        snapshot: str | None = None,
+        since: str | None = None,
+        timeout: float = 60.0,
+    ) -> ScanResult:
+        """Stat-only walk (no link following) for change detection.
+
+        With ``snapshot`` the agent remembers this walk; a later scan with the same key
+        and ``since`` equal to the returned ``generation`` returns only the differences.
+        """
+
+    @abc.abstractmethod
+    async def hash(self, paths: list[str]) -> dict[str, str | None]:
+        """sha256 of each regular file (None when absent or not a regular file)."""
+
+    @abc.abstractmethod
+    async def info(self) -> AgentInfo:
+        """What the agent reports about itself (uid, kernel, capabilities)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close this process's connection (the container may live on for reuse)."""
+
+
+class SandboxBackend(abc.ABC):
+    """Gives out one :class:`Sandbox` per workspace directory and owns their lifecycle."""
+
+    @abc.abstractmethod
+    async def get(self, workspace: Path) -> Sandbox:
+        """The sandbox for ``workspace`` (real path), started on first use.
+
+        Raises SandboxUnavailableError subclasses.
+        """
+
+    @abc.abstractmethod
+    async def stop(self, workspace: Path) -> bool:
+        """Stop and remove the workspace's sandbox. Returns False if none was running."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close every connection this backend opened (containers stay for reuse)."""

@@ -1,0 +1,391 @@
+"""``Sandbox`` implemented over an agent connection, shared by every backend.
+
+The connection is (re)opened lazily through ``connect``: when a call finds it lost, the
+call fails with ``SandboxLostError`` (or ``outcome="sandbox_lost"`` for exec) and the next
+call transparently gets a fresh agent, or a fresh container, from the backend.
+
+Every answer is re-checked here (types, sizes, workspace-relative paths) because the
+agent runs next to untrusted code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import posixpath
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+from . import protocol
+from .base import (
+    DEFAULT_EXCLUDES,
+    AgentInfo,
+    EntryType,
+    ExecResult,
+    FileStat,
+    ListEntry,
+    ListResult,
+    Outcome,
+    ReadResult,
+    Sandbox,
+    ScanEntry,
+    ScanResult,
+    SearchMatch,
+    SearchResult,
+    WriteResult,
+)
+from .connection import AgentConnection
+from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError
+
+Connector = Callable[[], Awaitable[AgentConnection]]
+
+_TYPES = {"file", "dir", "symlink", "other"}
+_OUTCOMES = {"exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"}
+
+#: Host deadline = the operation's own budget + this slack for the round trip.
+DEADLINE_SLACK = 5.0
+
+
+def _int(v: Any, name: str, *, lo: int = 0) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ProtocolError(f"agent sent an invalid {name}: {v!r:.80}")
+    return v
+
+
+def _opt_int(v: Any, name: str) -> int | None:
+    return None if v is None else _int(v, name, lo=-(1 << 62))
+
+
+def _str(v: Any, name: str, *, limit: int = 1 << 20) -> str:
+    if not isinstance(v, str) or len(v) > limit:
+        raise ProtocolError(f"agent sent an invalid {name}")
+    return v
+
+
+def _b64(v: Any, name: str, limit: int) -> bytes:
+    s = _str(v, name, limit=limit * 4 // 3 + 8)
+    try:
+        return base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError(f"agent sent invalid base64 in {name}") from e
+
+
+def _relpath(v: Any) -> str:
+    """A workspace-relative path from the agent: normalized, never absolute, never ``..``."""
+    s = _str(v, "path", limit=8192)
+    if s in ("", ".") or "\x00" in s:
+        if s == ".":
+            return s
+        raise ProtocolError("agent sent an empty or NUL path")
+    norm = posixpath.normpath(s)
+    if norm.startswith("/") or norm == ".." or norm.startswith("../"):
+        raise ProtocolError(f"agent sent a path outside the workspace: {s[:200]!r}")
+    return norm
+
+
+def _etype(v: Any) -> EntryType:
+    if v not in _TYPES:
+        raise ProtocolError(f"agent sent an unknown entry type {v!r:.40}")
+    return cast(EntryType, v)
+
+
+class AgentSandbox(Sandbox):
+    """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
+
+    def __init__(self, workspace: Path, connect: Connector, *, io_timeout: float = 30.0) -> None:
+        self.workspace = workspace
+        self._connect = connect
+        self._conn: AgentConnection | None = None
+        self._conn_lock = asyncio.Lock()
+        self._exec_lock = asyncio.Lock()
+        self._io_timeout = io_timeout
+        self.restarts = 0
+
+    async def connection(self) -> AgentConnection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        async with self._conn_lock:
+            if self._conn is None or self._conn.closed:
+                if self._conn is not None:
+                    self.restarts += 1
+                self._conn = await self._connect()
+            return self._conn
+
+    async def _call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        conn = await self.connection()
+        return await conn.request(op, args, timeout=(timeout or self._io_timeout) + DEADLINE_SLACK)
+
+    # -- file primitives -------------------------------------------------------------
+
+    async def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        line_range: tuple[int, int] | None = None,
+        max_bytes: int = 1 << 20,
+    ) -> ReadResult:
+        max_bytes = max(0, min(max_bytes, protocol.MAX_READ_BYTES))
+        args: dict[str, Any] = {"path": path, "offset": offset, "length": length, "max_bytes": max_bytes}
+        if line_range is not None:
+            args["line_range"] = [int(line_range[0]), int(line_range[1])]
+        r = await self._call("read", args)
+        data = _b64(r.get("data"), "data", max_bytes)
+        if len(data) > max_bytes:
+            raise ProtocolError("agent returned more bytes than requested")
+        digest = r.get("sha256")
+        if digest is not None:
+            _str(digest, "sha256", limit=64)
+        return ReadResult(
+            data=data,
+            size=_int(r.get("size"), "size"),
+            truncated=bool(r.get("truncated")),
+            sha256=digest,
+            mtime_ns=_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
+            binary=bool(r.get("binary")),
+            total_lines=_opt_int(r.get("total_lines"), "total_lines"),
+        )
+
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        mkdirs: bool = True,
+    ) -> WriteResult:
+        args = {
+            "path": path,
+            "data": base64.b64encode(data).decode(),
+            "expect_sha256": expect_sha256,
+            "expect_absent": expect_absent,
+            "mkdirs": mkdirs,
+        }
+        r = await self._call("write", args)
+        return WriteResult(
+            size=_int(r.get("size"), "size"),
+            sha256=_str(r.get("sha256"), "sha256", limit=64),
+            created=bool(r.get("created")),
+        )
+
+    async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:
+        r = await self._call("remove", {"path": path, "expect_sha256": expect_sha256})
+        return bool(r.get("removed"))
+
+    async def stat(self, path: str) -> FileStat:
+        r = await self._call("stat", {"path": path})
+        target = r.get("target")
+        return FileStat(
+            path=_relpath(r.get("path")),
+            type=_etype(r.get("type")),
+            size=_int(r.get("size"), "size"),
+            mtime_ns=_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
+            mode=_int(r.get("mode"), "mode"),
+            target=None if target is None else _str(target, "target", limit=8192),
+        )
+
+    async def list(
+        self,
+        path: str = ".",
+        *,
+        depth: int = 2,
+        exclude: tuple[str, ...] = DEFAULT_EXCLUDES,
+        max_entries: int = 5000,
+    ) -> ListResult:
+        r = await self._call(
+            "list", {"path": path, "depth": depth, "exclude": list(exclude), "max_entries": max_entries}
+        )
+        raw = r.get("entries")
+        if not isinstance(raw, list) or len(raw) > max_entries:
+            raise ProtocolError("agent sent an invalid listing")
+        entries = []
+        for item in raw:
+            if not isinstance(item, list) or len(item) != 4:
+                raise ProtocolError("agent sent an invalid listing entry")
+            entries.append(
+                ListEntry(
+                    path=_relpath(item[0]),
+                    type=_etype(item[1]),
+                    size=_int(item[2], "size"),
+                    depth=_int(item[3], "depth", lo=1),
+                )
+            )
+        return ListResult(entries=entries, truncated=bool(r.get("truncated")))
+
+    async def search(
+        self,
+        pattern: str,
+        *,
+        path: str = ".",
+        glob: str | None = None,
+        max_matches: int = 200,
+        exclude: tuple[str, ...] = DEFAULT_EXCLUDES,
+        ignore_case: bool = False,
+        timeout: float = 30.0,
+    ) -> SearchResult:
+        r = await self._call(
+            "search",
+            {
+                "pattern": pattern,
+                "path": path,
+                "glob": glob,
+                "max_matches": max_matches,
+                "exclude": list(exclude),
+                "ignore_case": ignore_case,
+            },
+            timeout=timeout,
+        )
+        raw = r.get("matches")
+        if not isinstance(raw, list) or len(raw) > max_matches:
+            raise ProtocolError("agent sent an invalid search result")
+        matches = []
+        for item in raw:
+            if not isinstance(item, list) or len(item) != 3:
+                raise ProtocolError("agent sent an invalid match")
+            matches.append(
+                SearchMatch(path=_relpath(item[0]), line=_int(item[1], "line", lo=1),
+                            text=_str(item[2], "text", limit=8192))
+            )
+        return SearchResult(matches=matches, truncated=bool(r.get("truncated")),
+                            engine=_str(r.get("engine"), "engine", limit=20))
+
+    async def scan(
+        self,
+        path: str = ".",
+        *,
+        exclude: tuple[str, ...] = (),
+        max_files: int = 100_000,
+        snapshot: str | None = None,
+        since: str | None = None,
+        timeout: float = 60.0,
+    ) -> ScanResult:
+        r = await self._call(
+            "scan",
+            {"path": path, "exclude": list(exclude), "max_files": max_files, "snapshot": snapshot,
+             "since": since},
+            timeout=timeout,
+        )
+        raw = r.get("entries")
+        removed = r.get("removed")
+        if not isinstance(raw, list) or not isinstance(removed, list) or len(raw) > max_files:
+            raise ProtocolError("agent sent an invalid scan")
+        entries = []
+        for item in raw:
+            if not isinstance(item, list) or len(item) != 6:
+                raise ProtocolError("agent sent an invalid scan entry")
+            entries.append(
+                ScanEntry(
+                    path=_relpath(item[0]),
+                    type=_etype(item[1]),
+                    size=_int(item[2], "size"),
+                    mtime_ns=_int(item[3], "mtime_ns", lo=-(1 << 62)),
+                    ino=_int(item[4], "ino"),
+                    mode=_int(item[5], "mode"),
+                )
+            )
+        return ScanResult(
+            entries=entries,
+            removed=[_relpath(p) for p in removed],
+            full=bool(r.get("full")),
+            truncated=bool(r.get("truncated")),
+            generation=_str(r.get("generation", ""), "generation", limit=64),
+        )
+
+    async def hash(self, paths: list[str]) -> dict[str, str | None]:
+        r = await self._call("hash", {"paths": list(paths)}, timeout=max(self._io_timeout, len(paths) * 0.1))
+        raw = r.get("hashes")
+        if not isinstance(raw, dict):
+            raise ProtocolError("agent sent an invalid hash map")
+        out: dict[str, str | None] = {}
+        for p in paths:
+            v = raw.get(p)
+            out[p] = None if v is None else _str(v, "sha256", limit=64)
+        return out
+
+    async def info(self) -> AgentInfo:
+        r = await self._call("hello", {})
+        return agent_info(r)
+
+    # -- exec ------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        max_output: int = 256 * 1024,
+        argv: list[str] | None = None,
+        output_limit: int = 64 << 20,
+    ) -> ExecResult:
+        # One command at a time per connection: the agent kills the whole process subtree
+        # it owns when a command ends, so two commands must not share it.
+        async with self._exec_lock:
+            started = time.monotonic()
+            args: dict[str, Any] = {
+                "command": command,
+                "cwd": cwd,
+                "timeout": timeout,
+                "env": env or {},
+                "max_output": max_output,
+                "output_limit": output_limit,
+            }
+            if argv is not None:
+                args["argv"] = argv
+            try:
+                # The agent kills the command at ``timeout`` and needs its TERM grace on top.
+                r = await self._call("exec", args, timeout=timeout + 2.0)
+            except (SandboxLostError, SandboxTimeoutError) as e:
+                return ExecResult(
+                    exit_code=None,
+                    stdout=b"",
+                    stderr=str(e).encode(),
+                    outcome="sandbox_lost",
+                    duration_ms=(time.monotonic() - started) * 1000.0,
+                    truncated=False,
+                )
+            outcome = r.get("outcome")
+            if outcome not in _OUTCOMES:
+                raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
+            limit = max_output + 256
+            sig = r.get("signal")
+            duration = r.get("duration_ms")
+            if not isinstance(duration, int | float) or isinstance(duration, bool):
+                raise ProtocolError("agent sent an invalid duration")
+            return ExecResult(
+                exit_code=_opt_int(r.get("exit_code"), "exit_code"),
+                stdout=_b64(r.get("stdout"), "stdout", limit),
+                stderr=_b64(r.get("stderr"), "stderr", limit),
+                outcome=cast(Outcome, outcome),
+                duration_ms=float(duration),
+                truncated=bool(r.get("truncated")),
+                signal=None if sig is None else _int(sig, "signal"),
+                stdout_bytes=_int(r.get("stdout_bytes", 0), "stdout_bytes"),
+                stderr_bytes=_int(r.get("stderr_bytes", 0), "stderr_bytes"),
+            )
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
+def agent_info(r: dict[str, Any]) -> AgentInfo:
+    """Validate an agent's hello."""
+    return AgentInfo(
+        version=_str(r.get("version"), "version", limit=40),
+        uid=_int(r.get("uid"), "uid"),
+        gid=_int(r.get("gid"), "gid"),
+        pid=_int(r.get("pid"), "pid"),
+        python=_str(r.get("python"), "python", limit=40),
+        kernel=_str(r.get("kernel"), "kernel", limit=200),
+        subreaper=bool(r.get("subreaper")),
+        ripgrep=bool(r.get("ripgrep")),
+    )

@@ -1,0 +1,127 @@
+"""The sandbox error tree.
+
+::
+
+    SandboxError                       base of everything this package raises
+    ├── SandboxUnavailableError        infrastructure: the box cannot be used right now
+    │   ├── DaemonUnavailableError     the Docker daemon does not answer
+    │   ├── ImageNotFoundError         the sandbox image is not built   (also LookupError)
+    │   ├── RuntimeUnavailableError    runsc requested but not in effect (fail closed)
+    │   └── SandboxLostError           the agent or container died / stopped answering mid-call
+    ├── SandboxTimeoutError            the host-side deadline passed     (also TimeoutError)
+    ├── ProtocolError                  the agent sent something malformed (untrusted input)
+    └── AgentError                     the agent refused a request; ``code`` says why
+        ├── PathNotFoundError          (also FileNotFoundError)
+        ├── PathEscapeError            the path leaves /workspace or crosses a refused link
+        │                              (also PermissionError)
+        ├── NotAFileError              a directory, FIFO, socket or device where a file is needed
+        ├── NotADirError               (also NotADirectoryError)
+        ├── ConflictError              a precondition (expected content hash) did not hold
+        ├── TooLargeError              a size cap was hit
+        └── InvalidPatternError        a search regex that does not compile (also ValueError)
+
+Foreign errors (docker SDK, OS, JSON) are translated into this tree once, where they are
+caught (``sandbox.docker`` and ``sandbox.connection``); nothing above this package ever
+sees a ``docker.errors`` type.
+
+Which channel an error belongs to: ``AgentError`` subclasses are the *model's* problem (a
+bad path, a missing file) and become ``success=false`` tool results; the
+``SandboxUnavailableError`` family and ``ProtocolError`` are infrastructure failures.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every error raised by the ``sandbox`` package."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The sandbox cannot be used right now (infrastructure, not the model's fault)."""
+
+
+class DaemonUnavailableError(SandboxUnavailableError):
+    """The Docker daemon did not answer."""
+
+
+class ImageNotFoundError(SandboxUnavailableError, LookupError):
+    """The configured sandbox image does not exist on the engine."""
+
+
+class RuntimeUnavailableError(SandboxUnavailableError):
+    """The requested OCI runtime (gVisor ``runsc``) is not registered or not in effect."""
+
+
+class SandboxLostError(SandboxUnavailableError):
+    """The in-container agent or the container itself went away during a call."""
+
+
+class SandboxTimeoutError(SandboxError, TimeoutError):
+    """The host-side deadline for one request passed without an answer."""
+
+
+class ProtocolError(SandboxError):
+    """The agent's answer was malformed or violated the protocol's limits."""
+
+
+class AgentError(SandboxError):
+    """The agent refused a request. ``code`` is the machine-readable reason."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class PathNotFoundError(AgentError, FileNotFoundError):
+    code = "not_found"
+
+
+class PathEscapeError(AgentError, PermissionError):
+    code = "escape"
+
+
+class NotAFileError(AgentError):
+    code = "not_a_file"
+
+
+class NotADirError(AgentError, NotADirectoryError):
+    code = "not_a_directory"
+
+
+class ConflictError(AgentError):
+    code = "conflict"
+
+
+class TooLargeError(AgentError):
+    code = "too_large"
+
+
+class InvalidPatternError(AgentError, ValueError):
+    code = "invalid_pattern"
+
+
+_BY_CODE: dict[str, type[AgentError]] = {
+    cls.code: cls
+    for cls in (
+        PathNotFoundError,
+        PathEscapeError,
+        NotAFileError,
+        NotADirError,
+        ConflictError,
+        TooLargeError,
+        InvalidPatternError,
+    )
+}
+
+
+def agent_error(code: str, message: str) -> AgentError:
+    """Build the ``AgentError`` subclass matching an agent's error ``code``."""
+    cls = _BY_CODE.get(code, AgentError)
+    return cls(message, code=code)

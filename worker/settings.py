@@ -1,0 +1,61 @@
+"""Configuration, read once at the entry point (``LOOM_`` environment variables).
+
+Library code never calls ``os.getenv``: it takes values. Each area keeps its settings in
+its own block below so they stay easy to find.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("loom-worker", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
+
+    # -- sandbox (issue 2) -----------------------------------------------------------
+    image: str = Field("loom-sandbox:latest", description="Sandbox image (needs python3 >= 3.8).")
+    runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; runsc = gVisor.")
+    cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox.")
+    memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
+    pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
+    tmp_size: str = Field("256m", description="Size of the /tmp tmpfs.")
+    home_size: str = Field("128m", description="Size of the $HOME tmpfs.")
+    uid: int | None = Field(None, ge=0, description="Run as this uid instead of the workspace owner.")
+    gid: int | None = Field(None, ge=0, description="Run as this gid instead of the workspace owner's.")
+    idle_ttl: int = Field(900, ge=10, description="Seconds without calls before a sandbox exits by itself.")
+    docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+
+    # -- data (issue 4) --------------------------------------------------------------
+    data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
+
+    # -- service (issue 5) -----------------------------------------------------------
+    workspace_root: Path = Field(Path("/srv/loom/workspaces"), description="Directory of HTTP workspaces.")
+    api_token: str | None = Field(None, description="Bearer token required by the HTTP API.")
+    host: str = Field("127.0.0.1", description="HTTP bind address.")
+    port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: str = "info"
+
+    def sandbox_spec_kwargs(self) -> dict[str, object]:
+        """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""
+        return {
+            "image": self.image,
+            "runtime": self.runtime,
+            "cpus": self.cpus,
+            "memory": self.memory,
+            "pids": self.pids,
+            "tmp_size": self.tmp_size,
+            "home_size": self.home_size,
+            "uid": self.uid,
+            "gid": self.gid,
+            "idle_ttl": self.idle_ttl,
+        }

@@ -48,9 +48,9 @@ LINGER_AFTER_EXIT = 0.1
 
 _out_lock = threading.Lock()
 _exec_lock = threading.Lock()
-_foreign_pids = set()  # helper processes (ripgrep) that the exec tree-kill must spare
+_foreign_pids = set()  # type: set[int]  # helper processes (ripgrep) that the exec tree-kill must spare
 _foreign_lock = threading.Lock()
-_snapshots = {}
+_snapshots = {}  # type: dict
 _last_touch = [0.0]
 _subreaper = [False]
 _stdout = None
@@ -135,10 +135,10 @@ def _split(path):
         raise Refused("escape", "path contains a NUL byte")
     p = path
     if p == ROOT or p.startswith(ROOT + "/"):
-        p = p[len(ROOT):]
+        p = p[len(ROOT) :]
     elif p.startswith("/"):
         raise Refused("escape", "Path %r is outside the workspace" % path)
-    parts = []
+    parts = []  # type: list[str]
     for comp in p.split("/"):
         if comp in ("", "."):
             continue
@@ -165,7 +165,7 @@ def _resolve(path, follow_last=True, create_dirs=False):
     one hop at a time, by restarting the walk from the root; any other is refused.
     """
     stack = _split(path)
-    cur = []
+    cur = []  # type: list[str]
     hops = 0
     fd = os.dup(ROOT_FD)
     try:
@@ -247,7 +247,9 @@ def _open_dir(path):
         if not stat.S_ISDIR(st.st_mode):
             raise Refused("not_a_directory", "Not a directory: %s" % path)
         try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), parts
+            return os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            ), parts
         except OSError as e:
             raise Refused("escape", "Directory %r changed while being opened (%s)" % (path, e.strerror))
     finally:
@@ -404,7 +406,9 @@ def op_write(req):
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
         tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
         try:
-            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+            f = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd
+            )
         except PermissionError:
             raise Refused("permission", "Permission denied: cannot write in the directory of %s" % path)
         except OSError as e:
@@ -437,8 +441,12 @@ def op_write(req):
                 os.close(dfd)
         except OSError:
             pass
-        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "created": st is None,
-                "path": _rel(parts)}
+        return {
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "created": st is None,
+            "path": _rel(parts),
+        }
     finally:
         os.close(fd)
 
@@ -474,14 +482,20 @@ def op_stat(req):
         target = None
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(name, dir_fd=fd)
-        return {"path": _rel(parts), "type": _type_of(st.st_mode), "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns, "mode": st.st_mode, "target": target}
+        return {
+            "path": _rel(parts),
+            "type": _type_of(st.st_mode),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "mode": st.st_mode,
+            "target": target,
+        }
     finally:
         os.close(fd)
 
 
 def op_hash(req):
-    out = {}
+    out = {}  # type: dict
     for path in req.get("paths") or []:
         try:
             fd, name, parts, st = _resolve(path)
@@ -595,19 +609,44 @@ def op_scan(req):
         old = previous[1]
         changed = [[p] + list(v) for p, v in current.items() if old.get(p) != v]
         removed = [p for p in old if p not in current]
-        return {"entries": changed, "removed": removed, "full": False, "truncated": counter[1],
-                "generation": generation}
-    return {"entries": [[p] + list(v) for p, v in current.items()], "removed": [], "full": True,
-            "truncated": counter[1], "generation": generation}
+        return {
+            "entries": changed,
+            "removed": removed,
+            "full": False,
+            "truncated": counter[1],
+            "generation": generation,
+        }
+    return {
+        "entries": [[p] + list(v) for p, v in current.items()],
+        "removed": [],
+        "full": True,
+        "truncated": counter[1],
+        "generation": generation,
+    }
 
 
 # --------------------------------------------------------------------------- search
 
 
 def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
-    argv = [rg, "--no-config", "--line-number", "--with-filename", "--no-heading", "--null",
-            "--color", "never", "--no-ignore", "--hidden", "--no-messages",
-            "--max-columns", "500", "--max-columns-preview", "--max-filesize", "50M"]
+    argv = [
+        rg,
+        "--no-config",
+        "--line-number",
+        "--with-filename",
+        "--no-heading",
+        "--null",
+        "--color",
+        "never",
+        "--no-ignore",
+        "--hidden",
+        "--no-messages",
+        "--max-columns",
+        "500",
+        "--max-columns-preview",
+        "--max-filesize",
+        "50M",
+    ]
     if ignore_case:
         argv.append("--ignore-case")
     if glob:
@@ -616,11 +655,19 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
         argv += ["--glob", "!" + ex]
     # --regexp makes a pattern that starts with "-" a pattern, never an option; "--" ends options.
     argv += ["--regexp", pattern, "--", target]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(BASE_ENV), close_fds=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(BASE_ENV),
+        close_fds=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
     with _foreign_lock:
         _foreign_pids.add(proc.pid)
-    matches = []
+    matches = []  # type: list
     truncated = False
     try:
         for raw in proc.stdout:
@@ -650,7 +697,9 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
         proc.stderr.close()
     if code == 2 and not matches and ("regex" in err.lower() or "parse error" in err.lower()):
         msg = err.strip().splitlines()
-        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:])))
+        raise Refused(
+            "invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:]))
+        )
     return matches, truncated
 
 
@@ -659,7 +708,7 @@ def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
         rx = re.compile(pattern.encode("utf-8"), re.IGNORECASE if ignore_case else 0)
     except re.error as e:
         raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, e))
-    matches = []
+    matches = []  # type: list
     state = {"truncated": False}
     files = []
     counter = [0, False]
@@ -745,7 +794,7 @@ class _Capped(object):
         self.head_cap = cap // 2
         self.tail_cap = cap - self.head_cap
         self.head = bytearray()
-        self.tail = collections.deque()
+        self.tail = collections.deque()  # type: collections.deque
         self.tail_len = 0
         self.total = 0
 
@@ -764,7 +813,7 @@ class _Capped(object):
     def value(self):
         tail = b"".join(self.tail)
         if len(tail) > self.tail_cap:
-            tail = tail[len(tail) - self.tail_cap:]
+            tail = tail[len(tail) - self.tail_cap :]
         kept = len(self.head) + len(tail)
         if kept >= self.total:
             return bytes(self.head) + tail, False
@@ -784,7 +833,7 @@ def _proc_table():
         except OSError:
             continue
         try:
-            rest = data[data.rindex(b")") + 2:].split()
+            rest = data[data.rindex(b")") + 2 :].split()
             table[int(name)] = int(rest[1])
         except (ValueError, IndexError):
             continue
@@ -793,7 +842,7 @@ def _proc_table():
 
 def _descendants(root):
     table = _proc_table()
-    children = {}
+    children = {}  # type: dict
     for pid, ppid in table.items():
         children.setdefault(ppid, []).append(pid)
     with _foreign_lock:
@@ -888,13 +937,29 @@ def op_exec(req):
         oom_before = _oom_kills()
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(argv or ["/bin/sh", "-c", command], cwd=cwd, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                argv or ["/bin/sh", "-c", command],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
-            return {"exit_code": 127, "stdout": "", "stderr": _b64(("%s\n" % e).encode()), "outcome": "exit",
-                    "duration_ms": 0.0, "truncated": False, "signal": None, "stdout_bytes": 0,
-                    "stderr_bytes": 0}
+            return {
+                "exit_code": 127,
+                "stdout": "",
+                "stderr": _b64(("%s\n" % e).encode()),
+                "outcome": "exit",
+                "duration_ms": 0.0,
+                "truncated": False,
+                "signal": None,
+                "stdout_bytes": 0,
+                "stderr_bytes": 0,
+            }
+        assert proc.stdout is not None and proc.stderr is not None
         try:
             # The OOM killer must pick the command, never the agent.
             with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
@@ -963,7 +1028,7 @@ def op_exec(req):
         _reap(_descendants(os.getpid()))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
-        exit_code = code
+        exit_code = code  # type: int | None
         if code < 0:
             sig = -code
             exit_code = None
@@ -979,9 +1044,17 @@ def op_exec(req):
             exit_code = None
         out, t1 = out_buf.value()
         err, t2 = err_buf.value()
-        return {"exit_code": exit_code, "stdout": _b64(out), "stderr": _b64(err), "outcome": outcome,
-                "duration_ms": duration, "truncated": bool(t1 or t2), "signal": sig,
-                "stdout_bytes": out_buf.total, "stderr_bytes": err_buf.total}
+        return {
+            "exit_code": exit_code,
+            "stdout": _b64(out),
+            "stderr": _b64(err),
+            "outcome": outcome,
+            "duration_ms": duration,
+            "truncated": bool(t1 or t2),
+            "signal": sig,
+            "stdout_bytes": out_buf.total,
+            "stderr_bytes": err_buf.total,
+        }
 
 
 # --------------------------------------------------------------------------- main loop
@@ -1005,8 +1078,8 @@ SLOW_OPS = {
 def _send(obj):
     line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
-        _stdout.write(line)
-        _stdout.flush()
+        _stdout.write(line)  # type: ignore[union-attr]
+        _stdout.flush()  # type: ignore[union-attr]
 
 
 def _handle(req):
@@ -1023,9 +1096,19 @@ def _handle(req):
     except FileNotFoundError as e:
         resp = {"id": rid, "ok": False, "code": "not_found", "error": "Not found: %s" % (e.filename or e)}
     except PermissionError as e:
-        resp = {"id": rid, "ok": False, "code": "permission", "error": "Permission denied: %s" % (e.filename or e)}
+        resp = {
+            "id": rid,
+            "ok": False,
+            "code": "permission",
+            "error": "Permission denied: %s" % (e.filename or e),
+        }
     except NotADirectoryError as e:
-        resp = {"id": rid, "ok": False, "code": "not_a_directory", "error": "Not a directory: %s" % (e.filename or e)}
+        resp = {
+            "id": rid,
+            "ok": False,
+            "code": "not_a_directory",
+            "error": "Not a directory: %s" % (e.filename or e),
+        }
     except OSError as e:
         code = "no_space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "os_error"
         if e.errno == errno.EROFS:

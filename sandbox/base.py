@@ -13,6 +13,7 @@ problem: missing file, path escape, conflict, ...) or the infrastructure errors 
 from __future__ import annotations
 
 import abc
+import builtins
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -72,7 +73,7 @@ class ListEntry:
 
 @dataclass(frozen=True)
 class ListResult:
-    entries: list[ListEntry]
+    entries: builtins.list[ListEntry]
     truncated: bool
 
 
@@ -85,7 +86,7 @@ class SearchMatch:
 
 @dataclass(frozen=True)
 class SearchResult:
-    matches: list[SearchMatch]
+    matches: builtins.list[SearchMatch]
     truncated: bool  # more matches exist than were returned
     engine: str  # "ripgrep" or "python"
 
@@ -123,8 +124,8 @@ class ScanResult:
     otherwise ``entries`` holds only what changed since the agent's previous scan with the
     same ``snapshot`` key and ``removed`` the paths that disappeared."""
 
-    entries: list[ScanEntry]
-    removed: list[str]
+    entries: builtins.list[ScanEntry]
+    removed: builtins.list[str]
     full: bool
     truncated: bool  # the file cap was hit; the tree is larger than ``entries``
     generation: str = ""
@@ -228,7 +229,7 @@ class Sandbox(abc.ABC):
         timeout: float = 60.0,
         env: dict[str, str] | None = None,
         max_output: int = 256 * 1024,
-        argv: list[str] | None = None,
+        argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
     ) -> ExecResult:
         """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
@@ -256,7 +257,7 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def hash(self, paths: list[str]) -> dict[str, str | None]:
+    async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         """sha256 of each regular file (None when absent or not a regular file)."""
 
     @abc.abstractmethod

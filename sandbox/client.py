@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import builtins
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
@@ -249,11 +250,17 @@ class AgentSandbox(Sandbox):
             if not isinstance(item, list) or len(item) != 3:
                 raise ProtocolError("agent sent an invalid match")
             matches.append(
-                SearchMatch(path=_relpath(item[0]), line=_int(item[1], "line", lo=1),
-                            text=_str(item[2], "text", limit=8192))
+                SearchMatch(
+                    path=_relpath(item[0]),
+                    line=_int(item[1], "line", lo=1),
+                    text=_str(item[2], "text", limit=8192),
+                )
             )
-        return SearchResult(matches=matches, truncated=bool(r.get("truncated")),
-                            engine=_str(r.get("engine"), "engine", limit=20))
+        return SearchResult(
+            matches=matches,
+            truncated=bool(r.get("truncated")),
+            engine=_str(r.get("engine"), "engine", limit=20),
+        )
 
     async def scan(
         self,
@@ -267,8 +274,13 @@ class AgentSandbox(Sandbox):
     ) -> ScanResult:
         r = await self._call(
             "scan",
-            {"path": path, "exclude": list(exclude), "max_files": max_files, "snapshot": snapshot,
-             "since": since},
+            {
+                "path": path,
+                "exclude": list(exclude),
+                "max_files": max_files,
+                "snapshot": snapshot,
+                "since": since,
+            },
             timeout=timeout,
         )
         raw = r.get("entries")
@@ -297,7 +309,7 @@ class AgentSandbox(Sandbox):
             generation=_str(r.get("generation", ""), "generation", limit=64),
         )
 
-    async def hash(self, paths: list[str]) -> dict[str, str | None]:
+    async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         r = await self._call("hash", {"paths": list(paths)}, timeout=max(self._io_timeout, len(paths) * 0.1))
         raw = r.get("hashes")
         if not isinstance(raw, dict):
@@ -322,7 +334,7 @@ class AgentSandbox(Sandbox):
         timeout: float = 60.0,
         env: dict[str, str] | None = None,
         max_output: int = 256 * 1024,
-        argv: list[str] | None = None,
+        argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
     ) -> ExecResult:
         # One command at a time per connection: the agent kills the whole process subtree

@@ -171,8 +171,10 @@ class AgentConnection:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(
-                    SandboxLostError(f"The sandbox went away during the call ({self.close_reason}); "
-                                     f"agent said: {self.diagnostics()}")
+                    SandboxLostError(
+                        f"The sandbox went away during the call ({self.close_reason}); "
+                        f"agent said: {self.diagnostics()}"
+                    )
                 )
         self._pending.clear()
 

@@ -60,8 +60,13 @@ class LocalProcessBackend(SandboxBackend):
 
     async def _connect(self, workspace: Path) -> AgentConnection:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-c", protocol.BOOTSTRAP,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-I",
+            "-c",
+            protocol.BOOTSTRAP,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             limit=protocol.MAX_RESPONSE_BYTES,
         )
         conn = AgentConnection(ProcessTransport(proc), label=f"local:{workspace.name}")

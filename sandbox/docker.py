@@ -1,0 +1,506 @@
+"""The Docker backend: the only module that imports the Docker SDK.
+
+One container per workspace directory, named after the hash of its real path, so every
+worker process (a CLI call, a server) finds and reuses the same one; a creation race
+between two processes ends in a 409 for one of them, which then adopts the winner's
+container. Each process talks to its own agent, started with one ``docker exec`` per
+connection and then kept open: a request costs a round trip over that attached stream
+(~0.2 ms), not a ``docker exec`` (~40 ms).
+
+Blocking SDK calls run in threads (``asyncio.to_thread``); idempotent daemon calls
+(inspect, create, start, info) are retried with tenacity; a command is never retried.
+Docker errors are translated into :mod:`sandbox.errors` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import stat as statmod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import structlog
+from docker.types import Mount
+from requests.exceptions import ConnectionError as RequestsConnectionError
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from . import __version__, protocol
+from .base import Sandbox, SandboxBackend
+from .client import AgentSandbox, agent_info
+from .connection import AgentConnection, Transport
+from .errors import (
+    DaemonUnavailableError,
+    ImageNotFoundError,
+    RuntimeUnavailableError,
+    SandboxLostError,
+    SandboxUnavailableError,
+)
+from .spec import ACTIVITY_FILE, HOME_DIR, KEEPER, LABEL_PREFIX, WORKSPACE_MOUNT, SandboxSpec
+
+log = structlog.get_logger("sandbox.docker")
+T = TypeVar("T")
+
+LABEL_WORKER = f"{LABEL_PREFIX}.worker"
+LABEL_WS = f"{LABEL_PREFIX}.workspace"
+LABEL_WS_HASH = f"{LABEL_PREFIX}.workspace-hash"
+LABEL_VERSION = f"{LABEL_PREFIX}.version"
+LABEL_SPEC = f"{LABEL_PREFIX}.spec"
+
+
+def workspace_key(workspace: Path) -> str:
+    return hashlib.sha256(str(Path(workspace).resolve()).encode()).hexdigest()[:16]
+
+
+def container_name(workspace: Path) -> str:
+    return f"loom-sbx-{workspace_key(workspace)}"
+
+
+def _transient(exc: BaseException) -> bool:
+    """Daemon hiccups worth retrying: connection errors and 5xx, never 4xx."""
+    if isinstance(exc, RequestsConnectionError):
+        return True
+    if isinstance(exc, docker.errors.APIError):
+        code = exc.status_code or 0
+        return code >= 500 and "No such" not in str(exc)
+    return False
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.1, max=2.0),
+    reraise=True,
+)
+
+
+def _translate(exc: Exception, what: str) -> Exception:
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return ImageNotFoundError(
+            f"{what}: image not found ({exc.explanation}); build it with "
+            "`loom-worker build-image` or scripts/setup"
+        )
+    if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
+        exc, docker.errors.APIError
+    ):
+        return DaemonUnavailableError(f"{what}: the Docker daemon does not answer ({exc})")
+    if isinstance(exc, docker.errors.APIError):
+        return SandboxUnavailableError(f"{what}: {exc.explanation or exc}")
+    return SandboxUnavailableError(f"{what}: {exc}")
+
+
+class DockerExecTransport(Transport):
+    """An attached ``docker exec`` stream (hijacked HTTP connection) as an asyncio stream."""
+
+    def __init__(self, sock_io: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._keep = sock_io  # keeps the HTTP response (and so the socket) alive
+        self._reader = reader
+        self._writer = writer
+        self._demux = protocol.Demuxer()
+
+    @classmethod
+    async def open(cls, sock_io: Any) -> DockerExecTransport:
+        raw = getattr(sock_io, "_sock", sock_io)
+        if not isinstance(raw, socket.socket):
+            raise SandboxUnavailableError(
+                "Docker endpoint gives no plain socket (TLS/SSH hosts are not supported)"
+            )
+        raw.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
+        return cls(sock_io, reader, writer)
+
+    async def read(self) -> tuple[bytes, bytes]:
+        while True:
+            data = await self._reader.read(1 << 18)
+            if not data:
+                return b"", b""
+            out, err = self._demux.feed(data)
+            if out or err:
+                return out, err
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.close()
+            await asyncio.wait_for(self._writer.wait_closed(), 2)
+        with contextlib.suppress(OSError, TimeoutError):
+            self._keep.close()
+
+
+class DockerSandbox(AgentSandbox):
+    """An :class:`AgentSandbox` that knows its container (for tests and diagnostics)."""
+
+    container_name: str
+
+
+class DockerBackend(SandboxBackend):
+    """Per-workspace hardened containers on a Docker engine."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec | None = None,
+        *,
+        worker_id: str | None = None,
+        base_url: str | None = None,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.spec = spec or SandboxSpec()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._base_url = base_url
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._boxes: dict[Path, DockerSandbox] = {}
+        self._locks: dict[Path, asyncio.Lock] = {}
+        self._started: set[str] = set()
+        self._runsc_checked = False
+        self.restarts = 0
+
+    # -- docker client ---------------------------------------------------------------
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            try:
+                if self._client_factory is not None:
+                    self._client = self._client_factory()
+                elif self._base_url:
+                    self._client = docker.DockerClient(base_url=self._base_url, timeout=60)
+                else:
+                    self._client = docker.from_env(timeout=60)
+            except docker.errors.DockerException as e:
+                raise DaemonUnavailableError(f"Cannot reach the Docker daemon: {e}") from e
+        return self._client
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def run() -> T:
+            return _retry(fn)(*args, **kwargs)
+
+        try:
+            return await asyncio.to_thread(run)
+        except (docker.errors.DockerException, RequestsConnectionError) as e:
+            raise _translate(e, what) from e
+
+    # -- container lifecycle -----------------------------------------------------------
+
+    def _owner(self, ws: Path) -> tuple[int, int]:
+        st = ws.stat()
+        uid = self.spec.uid if self.spec.uid is not None else st.st_uid
+        gid = self.spec.gid if self.spec.gid is not None else (st.st_gid if self.spec.uid is None else uid)
+        return uid, gid
+
+    def _mounts(self, ws: Path) -> list[Mount]:
+        mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
+        # Git runs hooks and honours config (core.fsmonitor, core.hooksPath...) on the host
+        # later: the sandbox must not be able to plant them. Mounted read-only on top of the
+        # workspace, only when they are real entries inside it (never a link out of it).
+        for rel in (".git/hooks", ".git/config"):
+            p = ws / rel
+            try:
+                st = os.lstat(p)
+                git_st = os.lstat(ws / ".git")
+            except OSError:
+                continue
+            if statmod.S_ISLNK(st.st_mode) or not statmod.S_ISDIR(git_st.st_mode):
+                continue
+            real = p.resolve()
+            if not real.is_relative_to(ws):
+                continue
+            mounts.append(
+                Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(real), type="bind", read_only=True)
+            )
+        return mounts
+
+    def container_config(self, ws: Path) -> dict[str, Any]:
+        """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
+        uid, gid = self._owner(ws)
+        spec = self.spec
+        tmpfs_opts = "rw,nosuid,nodev"  # exec allowed: agents run scripts they write to /tmp
+        return {
+            "image": spec.image,
+            "name": container_name(ws),
+            "command": ["python3", "-I", "-c", KEEPER, str(spec.idle_ttl), ACTIVITY_FILE],
+            "user": f"{uid}:{gid}",
+            "working_dir": WORKSPACE_MOUNT,
+            "environment": {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"},
+            "labels": {
+                LABEL_WORKER: "1",
+                LABEL_WS: str(ws),
+                LABEL_WS_HASH: workspace_key(ws),
+                LABEL_VERSION: __version__,
+                LABEL_SPEC: spec.fingerprint(),
+            },
+            "hostname": "sandbox",
+            "network_mode": "none",
+            "runtime": spec.runtime,
+            "nano_cpus": int(spec.cpus * 1e9),
+            "mem_limit": spec.memory,
+            "memswap_limit": spec.memory,
+            "pids_limit": spec.pids,
+            "read_only": True,
+            "tmpfs": {
+                "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777",
+                HOME_DIR: f"{tmpfs_opts},size={spec.home_size},mode=0700,uid={uid},gid={gid}",
+            },
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "init": True,
+            "privileged": False,
+            "ipc_mode": "private",
+            "mounts": self._mounts(ws),
+            "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0)],
+            "detach": True,
+            "stdin_open": False,
+            "tty": False,
+        }
+
+    async def _check_runtime(self) -> None:
+        if self.spec.runtime != "runsc" or self._runsc_checked:
+            return
+        info = await self._call("docker info", lambda: self._docker().info())
+        if "runsc" not in (info.get("Runtimes") or {}):
+            raise RuntimeUnavailableError(
+                "gVisor (runsc) was requested but the Docker engine has no 'runsc' runtime registered; "
+                "refusing to run without it. Install Debian's runsc and register it in "
+                "/etc/docker/daemon.json "
+                "(see scripts/setup), or set LOOM_RUNTIME=runc."
+            )
+        self._runsc_checked = True
+
+    async def ensure_container(self, ws: Path) -> Any:
+        """Find this workspace's running container or start one. Returns the container.
+
+        Raises ImageNotFoundError, RuntimeUnavailableError, DaemonUnavailableError.
+        """
+        await self._check_runtime()
+        name = container_name(ws)
+        client = self._docker()
+        for _attempt in range(5):
+            container = await self._find(name)
+            if container is not None:
+                labels = container.labels or {}
+                same = labels.get(LABEL_SPEC) == self.spec.fingerprint() and labels.get(LABEL_WS) == str(ws)
+                if container.status == "running" and same:
+                    self._started.add(name)
+                    return container
+                # Exited (idle TTL, OOM, killed), or made with other settings: replace it.
+                await self._remove(container)
+                continue
+            if ws.stat().st_uid == 0 and self.spec.uid is None:
+                log.warning(
+                    "sandbox.root_workspace",
+                    workspace=str(ws),
+                    detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
+                    "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
+                )
+            cfg = self.container_config(ws)
+            try:
+                container = await self._call("create sandbox", client.containers.create, **cfg)
+            except SandboxUnavailableError as e:
+                if "Conflict" in str(e) or "already in use" in str(e):
+                    await asyncio.sleep(0.05)
+                    continue  # another process created it first: adopt theirs
+                raise
+            try:
+                await self._call("start sandbox", container.start)
+            except SandboxUnavailableError:
+                await self._remove(container)
+                raise
+            self._started.add(name)
+            log.info("sandbox.started", workspace=str(ws), container=name, runtime=self.spec.runtime)
+            return container
+        raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
+
+    async def _find(self, name: str) -> Any:
+        client = self._docker()
+
+        def get() -> Any:
+            try:
+                return client.containers.get(name)
+            except docker.errors.NotFound:
+                return None
+
+        return await self._call("inspect sandbox", get)
+
+    async def _remove(self, container: Any) -> None:
+        def rm() -> None:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in str(e):
+                    raise
+
+        await self._call("remove sandbox", rm)
+        # removal is asynchronous on the daemon side; wait until the name is free
+        for _ in range(50):
+            if await self._find(container.name) is None:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _exec_agent(self, container: Any) -> AgentConnection:
+        api = self._docker().api
+
+        def start() -> Any:
+            ex = api.exec_create(
+                container.id,
+                ["python3", "-I", "-c", protocol.BOOTSTRAP],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                workdir=WORKSPACE_MOUNT,
+            )
+            return api.exec_start(ex["Id"], socket=True)
+
+        sock_io = await self._call("start sandbox agent", start)
+        transport = await DockerExecTransport.open(sock_io)
+        conn = AgentConnection(transport, label=container.name)
+        await conn.start(
+            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE},
+            timeout=self.spec.agent_start_timeout,
+        )
+        return conn
+
+    async def _connect(self, ws: Path) -> AgentConnection:
+        last: Exception | None = None
+        for attempt in range(2):
+            container = await self.ensure_container(ws)
+            try:
+                conn = await self._exec_agent(container)
+            except (SandboxLostError, SandboxUnavailableError) as e:
+                # The container died between inspect and exec (OOM, killed, TTL): replace it once.
+                last = e
+                log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
+                with contextlib.suppress(SandboxUnavailableError):
+                    await self._remove(container)
+                self.restarts += 1
+                continue
+            if self.spec.runtime == "runsc":
+                await self._verify_gvisor(conn, container)
+            return conn
+        assert last is not None
+        raise last
+
+    async def _verify_gvisor(self, conn: AgentConnection, container: Any) -> None:
+        """Fail closed unless the agent really runs on gVisor's kernel."""
+        hello = agent_info(await conn.request("hello", {}, timeout=10))
+        await self._call("inspect sandbox", container.reload)
+        runtime = container.attrs.get("HostConfig", {}).get("Runtime")
+        if runtime != "runsc" or hello.kernel == os.uname().release:
+            await conn.close("gVisor not in effect")
+            await self._remove(container)
+            raise RuntimeUnavailableError(
+                f"gVisor was requested but is not in effect (runtime={runtime!r}, "
+                f"kernel={hello.kernel!r}); refusing to run"
+            )
+
+    # -- SandboxBackend ------------------------------------------------------------------
+
+    async def get(self, workspace: Path) -> Sandbox:
+        ws = Path(workspace).resolve()
+        if not ws.is_dir():
+            raise SandboxUnavailableError(f"Workspace {ws} is not a directory")
+        box = self._boxes.get(ws)
+        if box is None:
+            box = DockerSandbox(ws, lambda: self._connect(ws), io_timeout=self.spec.io_timeout)
+            box.container_name = container_name(ws)
+            self._boxes[ws] = box
+        return box
+
+    async def stop(self, workspace: Path) -> bool:
+        ws = Path(workspace).resolve()
+        box = self._boxes.pop(ws, None)
+        if box is not None:
+            await box.close()
+        container = await self._find(container_name(ws))
+        if container is None:
+            return False
+        await self._remove(container)
+        log.info("sandbox.stopped", workspace=str(ws))
+        return True
+
+    async def aclose(self) -> None:
+        for box in list(self._boxes.values()):
+            await box.close()
+        self._boxes.clear()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._client.close)
+            self._client = None
+
+    # -- housekeeping --------------------------------------------------------------------
+
+    async def list_sandboxes(self) -> list[dict[str, Any]]:
+        """Every container carrying our labels, running or not."""
+        client = self._docker()
+        containers = await self._call(
+            "list sandboxes", lambda: client.containers.list(all=True, filters={"label": f"{LABEL_WORKER}=1"})
+        )
+        return [
+            {
+                "name": c.name,
+                "status": c.status,
+                "workspace": (c.labels or {}).get(LABEL_WS),
+                "version": (c.labels or {}).get(LABEL_VERSION),
+                "container": c,
+            }
+            for c in containers
+        ]
+
+    async def gc(self, *, all_running: bool = False) -> list[str]:
+        """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
+        versions (and every running one with ``all_running``). Only our labels are touched.
+        """
+        removed = []
+        for item in await self.list_sandboxes():
+            ws = item["workspace"]
+            stale = (
+                item["status"] != "running"
+                or not ws
+                or not Path(ws).is_dir()
+                or item["version"] != __version__
+                or all_running
+            )
+            if stale:
+                await self._remove(item["container"])
+                removed.append(item["name"])
+        return removed
+
+    async def remove_all_started(self) -> None:
+        """Remove every container this backend started or adopted (tests' cleanup)."""
+        for name in list(self._started):
+            container = await self._find(name)
+            if container is not None:
+                await self._remove(container)
+        self._started.clear()
+
+    async def daemon_info(self) -> dict[str, Any]:
+        """``docker info`` (raises DaemonUnavailableError)."""
+        result: dict[str, Any] = await self._call("docker info", lambda: self._docker().info())
+        return result
+
+    async def image_exists(self) -> bool:
+        client = self._docker()
+
+        def get() -> bool:
+            try:
+                client.images.get(self.spec.image)
+                return True
+            except docker.errors.ImageNotFound:
+                return False
+
+        return await self._call("inspect image", get)
+
+    async def inspect(self, workspace: Path) -> dict[str, Any] | None:
+        """The raw ``docker inspect`` of a workspace's container, or None."""
+        container = await self._find(container_name(Path(workspace).resolve()))
+        return None if container is None else dict(container.attrs)

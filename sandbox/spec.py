@@ -1,0 +1,83 @@
+"""SandboxSpec: everything that decides what a workspace container looks like.
+
+The hardening block is not optional: network none, every capability dropped,
+no-new-privileges, read-only root with size-limited tmpfs for /tmp and $HOME, an init
+process as PID 1, CPU/memory/pids limits, and no host path but the workspace mounted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+WORKSPACE_MOUNT = "/workspace"
+HOME_DIR = "/home/sandbox"
+ACTIVITY_FILE = "/tmp/.loom-activity"
+LABEL_PREFIX = "dev.loom"
+
+
+def parse_size(value: str | int) -> int:
+    """``"1g"`` -> 1073741824. Raises ValueError for anything else."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("size must be positive")
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError("size must be positive")
+    return n
+
+
+class SandboxSpec(BaseModel):
+    """What every sandbox container of a backend is created with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = "loom-sandbox:latest"
+    runtime: Literal["runc", "runsc"] = "runc"
+    cpus: float = Field(1.0, gt=0, le=64)
+    memory: int = Field(1 << 30, description="bytes; swap is set equal, i.e. no swap")
+    pids: int = Field(256, ge=16, le=65536)
+    tmp_size: int = 256 << 20
+    home_size: int = 128 << 20
+    uid: int | None = Field(None, ge=0)
+    gid: int | None = Field(None, ge=0)
+    idle_ttl: int = Field(900, ge=10, description="seconds without a call before the container exits")
+    agent_start_timeout: float = 20.0
+    io_timeout: float = 30.0
+
+    @field_validator("memory", "tmp_size", "home_size", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> int:
+        if isinstance(v, str | int) and not isinstance(v, bool):
+            return parse_size(v)
+        raise ValueError("size must be a number of bytes or a string like 512m")
+
+    def fingerprint(self) -> str:
+        """Hash of what a running container was created with (uid/gid decided per workspace)."""
+        body = self.model_dump(exclude={"agent_start_timeout", "io_timeout", "uid", "gid"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+
+#: The container's main process (under the engine's init as PID 1): exits after the idle
+#: TTL so that a container outlives a dead worker by at most that long. Agents touch the
+#: activity file on every request.
+KEEPER = (
+    "import os,sys,time\n"
+    "ttl=float(sys.argv[1]);f=sys.argv[2];t0=time.time()\n"
+    "while True:\n"
+    "    time.sleep(min(5.0,max(ttl/10,0.5)))\n"
+    "    try: last=os.stat(f).st_mtime\n"
+    "    except OSError: last=t0\n"
+    "    if time.time()-max(last,t0)>ttl: break\n"
+)

@@ -1,0 +1,107 @@
+"""Shared fixtures.
+
+Tiers: ``tests/unit`` (no Docker; the agent runs as a host subprocess through
+``LocalProcessBackend``), ``tests/contract`` (the same suite on both backends),
+``tests/docker`` / ``security`` / ``faults`` / ``e2e`` (real engine).
+
+A Docker test skips with its reason when no daemon answers; ``REQUIRE_DOCKER=1`` (set by
+CI) turns that skip into a failure so nothing can pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
+REQUIRE_DOCKER = os.environ.get("REQUIRE_DOCKER") == "1"
+
+
+def _docker_problem() -> str | None:
+    """Why Docker tests cannot run here, or None."""
+    if shutil.which("docker") is None:
+        return "docker CLI not installed"
+    try:
+        r = subprocess.run(["docker", "image", "inspect", SANDBOX_IMAGE], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"docker did not answer: {e}"
+    if r.returncode != 0:
+        err = r.stderr.decode(errors="replace").strip()
+        if "No such image" in err:
+            return f"sandbox image {SANDBOX_IMAGE} not built (run scripts/setup)"
+        return f"docker daemon not available: {err[:200]}"
+    return None
+
+
+_PROBLEM: str | None = None
+_PROBED = False
+
+
+def require_docker() -> None:
+    """Skip (or, under REQUIRE_DOCKER=1, fail) when the engine or image is missing."""
+    global _PROBLEM, _PROBED
+    if not _PROBED:
+        _PROBLEM = _docker_problem()
+        _PROBED = True
+    if _PROBLEM:
+        if REQUIRE_DOCKER:
+            pytest.fail(f"REQUIRE_DOCKER=1 but {_PROBLEM}")
+        pytest.skip(_PROBLEM)
+
+
+def gvisor_available() -> bool:
+    try:
+        r = subprocess.run(
+            ["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b'"runsc"' in r.stdout
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A fresh empty workspace directory (real path, no symlinks in it)."""
+    d = Path(tempfile.mkdtemp(prefix="loom-ws-")).resolve()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def local_backend() -> AsyncIterator[object]:
+    from sandbox.local import LocalProcessBackend
+
+    backend = LocalProcessBackend()
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    require_docker()
+
+
+@pytest.fixture
+async def docker_backend(docker_ready: None) -> AsyncIterator[object]:
+    """A DockerBackend whose containers are removed when the test ends."""
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    backend = DockerBackend(SandboxSpec(image=SANDBOX_IMAGE), worker_id="test")
+    try:
+        yield backend
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

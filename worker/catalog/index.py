@@ -1,0 +1,403 @@
+"""The SQLite FTS5 store behind the tool catalog.
+
+Tables: ``tools`` (one row per tool, keyed by its id), ``tools_fts`` (an external-content
+FTS5 index over name, description, capabilities, keywords; ``porter unicode61``) and
+``tool_sources`` (status of each source). The FTS index is kept in step by triggers, and
+tools are written with an *upsert* (``INSERT ... ON CONFLICT DO UPDATE``), never with
+``INSERT OR REPLACE``: REPLACE deletes the old row without firing the delete trigger, so
+the old text's tokens would stay in the index forever (the Go registry's fault). Rows
+whose content hash is unchanged are not rewritten at all.
+
+Everything here is synchronous and guarded by one lock; :mod:`worker.catalog.search`
+calls it through ``asyncio.to_thread``. Raises ``sqlite3.Error`` only for a broken
+database file (infrastructure), never for user text: queries arrive here already built
+from quoted terms (see :func:`fts_query`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Source = Literal["builtin", "custom", "mcp"]
+WEIGHTS = (10.0, 5.0, 3.0, 2.0)  # name, description, capabilities, keywords
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tools (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    description TEXT NOT NULL,
+    source TEXT NOT NULL,
+    mcp_server TEXT NOT NULL DEFAULT '',
+    input_schema TEXT,
+    output_schema TEXT,
+    capabilities TEXT NOT NULL,      -- JSON array of tags
+    keywords TEXT NOT NULL,          -- JSON array of words
+    examples TEXT NOT NULL,          -- JSON array
+    indexed_at TEXT NOT NULL,
+    version TEXT,
+    requires_approval INTEGER NOT NULL DEFAULT 0,
+    content_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tools_by_source ON tools(source, mcp_server);
+CREATE VIRTUAL TABLE IF NOT EXISTS tools_fts USING fts5(
+    name, description, capabilities, keywords,
+    content='tools', content_rowid='rowid', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS tools_ai AFTER INSERT ON tools BEGIN
+    INSERT INTO tools_fts(rowid, name, description, capabilities, keywords)
+    VALUES (new.rowid, new.name, new.description, new.capabilities, new.keywords);
+END;
+CREATE TRIGGER IF NOT EXISTS tools_ad AFTER DELETE ON tools BEGIN
+    INSERT INTO tools_fts(tools_fts, rowid, name, description, capabilities, keywords)
+    VALUES ('delete', old.rowid, old.name, old.description, old.capabilities, old.keywords);
+END;
+CREATE TRIGGER IF NOT EXISTS tools_au AFTER UPDATE ON tools BEGIN
+    INSERT INTO tools_fts(tools_fts, rowid, name, description, capabilities, keywords)
+    VALUES ('delete', old.rowid, old.name, old.description, old.capabilities, old.keywords);
+    INSERT INTO tools_fts(rowid, name, description, capabilities, keywords)
+    VALUES (new.rowid, new.name, new.description, new.capabilities, new.keywords);
+END;
+CREATE TABLE IF NOT EXISTS tool_sources (
+    name TEXT PRIMARY KEY,           -- 'builtin', 'custom', 'mcp:<server>'
+    type TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    tool_count INTEGER NOT NULL DEFAULT 0,
+    last_indexed TEXT,
+    available INTEGER NOT NULL DEFAULT 1,
+    status_message TEXT NOT NULL DEFAULT ''
+);
+"""
+
+_UPSERT = """
+INSERT INTO tools (id, name, description, source, mcp_server, input_schema, output_schema,
+                   capabilities, keywords, examples, indexed_at, version, requires_approval, content_hash)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(id) DO UPDATE SET
+    name=excluded.name, description=excluded.description, source=excluded.source,
+    mcp_server=excluded.mcp_server, input_schema=excluded.input_schema,
+    output_schema=excluded.output_schema, capabilities=excluded.capabilities,
+    keywords=excluded.keywords, examples=excluded.examples, indexed_at=excluded.indexed_at,
+    version=excluded.version, requires_approval=excluded.requires_approval,
+    content_hash=excluded.content_hash
+WHERE tools.content_hash != excluded.content_hash
+"""
+
+_COLS = (
+    "id, name, description, source, mcp_server, input_schema, output_schema, capabilities, "
+    "keywords, examples, indexed_at, version, requires_approval"
+)
+
+
+@dataclass(frozen=True)
+class ToolDescriptor:
+    """One indexed tool, independent of where it came from."""
+
+    id: str
+    name: str
+    description: str
+    source: Source
+    mcp_server: str = ""
+    input_schema: dict[str, Any] = field(default_factory=dict)
+    output_schema: dict[str, Any] | None = None
+    capabilities: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    examples: tuple[dict[str, Any], ...] = ()
+    version: str | None = None
+    requires_approval: bool = False
+    indexed_at: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "mcp_server": self.mcp_server or None,
+            "input_schema": self.input_schema,
+            "output_schema": self.output_schema,
+            "capabilities": list(self.capabilities),
+            "keywords": list(self.keywords),
+            "examples": list(self.examples),
+            "version": self.version,
+            "requires_approval": self.requires_approval,
+            "indexed_at": self.indexed_at,
+        }
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    name: str
+    type: str
+    description: str
+    tool_count: int
+    last_indexed: str | None
+    available: bool
+    status_message: str
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    source: str
+    total: int
+    written: int  # new or changed rows
+    pruned: int
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _row(t: ToolDescriptor, now: str) -> tuple[Any, ...]:
+    caps = json.dumps(list(t.capabilities))
+    kws = json.dumps(list(t.keywords))
+    ins = json.dumps(t.input_schema, sort_keys=True, separators=(",", ":"))
+    outs = None if t.output_schema is None else json.dumps(t.output_schema, sort_keys=True)
+    ex = json.dumps(list(t.examples), sort_keys=True)
+    h = hashlib.blake2b(
+        "\x1f".join(
+            (
+                t.name,
+                t.description,
+                t.source,
+                t.mcp_server,
+                ins,
+                outs or "",
+                caps,
+                kws,
+                ex,
+                t.version or "",
+                str(int(t.requires_approval)),
+            )
+        ).encode(),
+        digest_size=16,
+    ).hexdigest()
+    return (
+        t.id,
+        t.name,
+        t.description,
+        t.source,
+        t.mcp_server,
+        ins,
+        outs,
+        caps,
+        kws,
+        ex,
+        now,
+        t.version,
+        int(t.requires_approval),
+        h,
+    )
+
+
+def _descriptor(r: Sequence[Any]) -> ToolDescriptor:
+    return ToolDescriptor(
+        id=r[0],
+        name=r[1],
+        description=r[2],
+        source=r[3],
+        mcp_server=r[4] or "",
+        input_schema=json.loads(r[5]) if r[5] else {},
+        output_schema=json.loads(r[6]) if r[6] else None,
+        capabilities=tuple(json.loads(r[7])),
+        keywords=tuple(json.loads(r[8])),
+        examples=tuple(json.loads(r[9])),
+        indexed_at=r[10],
+        version=r[11],
+        requires_approval=bool(r[12]),
+    )
+
+
+def source_key(source: str, mcp_server: str = "") -> str:
+    return f"mcp:{mcp_server}" if source == "mcp" else source
+
+
+class CatalogIndex:
+    """The store. ``path`` may be ``":memory:"`` (tests, benchmarks)."""
+
+    def __init__(self, path: Path | str) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writing ----------------------------------------------------------------------
+
+    def replace_source(
+        self,
+        source: Source,
+        tools: Iterable[ToolDescriptor],
+        *,
+        mcp_server: str = "",
+        description: str = "",
+        status_message: str = "",
+    ) -> IndexStats:
+        """Make ``tools`` the complete set of this source's tools: upsert them and prune
+        the ones that are no longer there, in one transaction."""
+        key = source_key(source, mcp_server)
+        now = _now()
+        rows = [_row(t, now) for t in tools]
+        for t in rows:
+            if t[3] != source or t[4] != mcp_server:
+                raise ValueError(f"tool {t[0]!r} does not belong to source {key!r}")
+        ids = {r[0] for r in rows}
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                existing = dict(
+                    db.execute(
+                        "SELECT id, content_hash FROM tools WHERE source=? AND mcp_server=?",
+                        (source, mcp_server),
+                    ).fetchall()
+                )
+                changed = [r for r in rows if existing.get(r[0]) != r[13]]
+                db.executemany(_UPSERT, changed)
+                written = len(changed)
+                stale = [(i,) for i in existing if i not in ids]
+                db.executemany("DELETE FROM tools WHERE id=?", stale)
+                db.execute(
+                    "INSERT INTO tool_sources(name, type, description, tool_count, last_indexed, available,"
+                    " status_message) VALUES (?,?,?,?,?,1,?) ON CONFLICT(name) DO UPDATE SET"
+                    " type=excluded.type, description=excluded.description, tool_count=excluded.tool_count,"
+                    " last_indexed=excluded.last_indexed, available=1,"
+                    " status_message=excluded.status_message",
+                    (key, source, description, len(ids), now, status_message),
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return IndexStats(source=key, total=len(ids), written=written, pruned=len(stale))
+
+    def mark_source_unavailable(self, source: Source, message: str, *, mcp_server: str = "") -> None:
+        """Record that a source could not be read; its previously indexed tools stay."""
+        key = source_key(source, mcp_server)
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO tool_sources(name, type, available, status_message) VALUES (?,?,0,?)"
+                " ON CONFLICT(name) DO UPDATE SET available=0, status_message=excluded.status_message",
+                (key, source, message),
+            )
+
+    def remove_source(self, source: Source, *, mcp_server: str = "") -> int:
+        """Drop a source and all its tools (e.g. an MCP server removed from the config)."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM tools WHERE source=? AND mcp_server=?", (source, mcp_server))
+            self._db.execute("DELETE FROM tool_sources WHERE name=?", (source_key(source, mcp_server),))
+            return cur.rowcount
+
+    # -- reading ----------------------------------------------------------------------
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM tools").fetchone()[0])
+
+    def get(self, tool_id: str) -> ToolDescriptor | None:
+        with self._lock:
+            r = self._db.execute(f"SELECT {_COLS} FROM tools WHERE id=?", (tool_id,)).fetchone()
+        return _descriptor(r) if r else None
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, ToolDescriptor]:
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_COLS} FROM tools WHERE id IN ({marks})", list(ids)).fetchall()
+        return {r[0]: _descriptor(r) for r in rows}
+
+    def by_capability(
+        self, capability: str, sources: Sequence[str] = (), limit: int = 50
+    ) -> list[ToolDescriptor]:
+        where, params = _filters([capability], sources, None)
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM tools t WHERE {where} ORDER BY t.name, t.id LIMIT ?", [*params, limit]
+            ).fetchall()
+        return [_descriptor(r) for r in rows]
+
+    def sources(self) -> list[SourceInfo]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, type, description, tool_count, last_indexed, available, status_message"
+                " FROM tool_sources ORDER BY name"
+            ).fetchall()
+        return [SourceInfo(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6]) for r in rows]
+
+    def integrity_check(self) -> bool:
+        """True when the FTS index matches the ``tools`` table exactly (rank=1 compares
+        every token against the content table)."""
+        with self._lock:
+            try:
+                self._db.execute("INSERT INTO tools_fts(tools_fts, rank) VALUES('integrity-check', 1)")
+            except sqlite3.DatabaseError:
+                return False
+        return True
+
+    def fts_candidates(
+        self,
+        match: str,
+        *,
+        limit: int,
+        capabilities: Sequence[str] = (),
+        sources: Sequence[str] = (),
+        allowed_ids: set[str] | None = None,
+    ) -> list[tuple[ToolDescriptor, float, tuple[str, str, str, str]]]:
+        """Best ``limit`` rows for an FTS ``match`` expression (already escaped), as
+        (tool, bm25, highlighted name/description/capabilities/keywords); matched tokens
+        are wrapped in ``\\x01 ... \\x02``. Lower bm25 is better."""
+        where, params = _filters(capabilities, sources, allowed_ids)
+        w = ", ".join(str(x) for x in WEIGHTS)
+        hl = ", ".join(f"highlight(tools_fts, {i}, char(1), char(2))" for i in range(4))
+        cols = ", ".join(f"t.{c.strip()}" for c in _COLS.split(","))
+        sql = (
+            f"SELECT {cols}, bm25(tools_fts, {w}) AS score, {hl} FROM tools_fts JOIN tools t"
+            f" ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where}"
+            f" ORDER BY score LIMIT ?"
+        )
+        with self._lock:
+            rows = self._db.execute(sql, [match, *params, limit]).fetchall()
+        return [(_descriptor(r), float(r[13]), (r[14], r[15], r[16], r[17])) for r in rows]
+
+
+def _filters(
+    capabilities: Sequence[str], sources: Sequence[str], allowed_ids: set[str] | None
+) -> tuple[str, list[Any]]:
+    """SQL conditions on ``tools t``: every capability present as a whole tag (JSON array
+    element, never a substring), source in ``sources`` (``builtin``/``custom``/``mcp`` or
+    ``mcp:<server>``), id in ``allowed_ids``."""
+    conds: list[str] = ["1"]
+    params: list[Any] = []
+    for cap in capabilities:
+        conds.append("EXISTS (SELECT 1 FROM json_each(t.capabilities) WHERE value = ?)")
+        params.append(cap)
+    if sources:
+        alts = []
+        for s in sources:
+            if s.startswith("mcp:"):
+                alts.append("(t.source='mcp' AND t.mcp_server=?)")
+                params.append(s[4:])
+            else:
+                alts.append("t.source=?")
+                params.append(s)
+        conds.append("(" + " OR ".join(alts) + ")")
+    if allowed_ids is not None:
+        # carray is not available in the stdlib build; a JSON array keeps it one parameter.
+        conds.append("t.id IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps(sorted(allowed_ids)))
+    return " AND ".join(conds), params

@@ -1,0 +1,216 @@
+"""``loom-worker call``, ``batch`` and ``tools``: the tool surface for CI pipelines.
+
+Exit codes: 0 the tool succeeded (``batch``: every call did), 1 a tool failed, 2 a usage
+error (bad ``--args`` JSON, unknown tool, missing workspace directory).
+
+``tools`` is a subparser *group*: bare ``loom-worker tools [--format ...]`` prints the
+schemas, and other modules add subcommands to it (``tools search``, ``tools index``) with
+:func:`tools_subparsers`.
+
+Test-only: ``--backend local`` runs tools through ``LocalProcessBackend`` (the agent as
+a host subprocess, **no isolation**). It is hidden from ``--help`` and refused unless the
+environment has ``LOOM_ALLOW_UNSAFE_LOCAL=1``; it exists so CLI tests run without Docker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .registry import ToolRegistry, default_registry
+from .result import ToolResult
+from .settings import Settings
+from .tool import SCHEMA_FORMATS
+
+UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
+
+#: ``dest`` of the ``tools`` group's subcommand, for modules extending it.
+TOOLS_COMMAND_DEST = "tools_command"
+
+
+def _ensure_logging(settings: Settings) -> None:
+    """Logs go to stderr, so stdout carries only results."""
+    try:
+        from .logging import configure_logging  # the shared setup (issue 5), when present
+    except ImportError:
+        import logging
+
+        import structlog
+
+        structlog.configure(
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            wrapper_class=structlog.make_filtering_bound_logger(
+                logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
+            ),
+        )
+        return
+    configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
+
+
+def _usage(message: str) -> int:
+    print(f"loom-worker: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _registry(args: argparse.Namespace, settings: Settings) -> ToolRegistry | None:
+    if getattr(args, "backend", "docker") == "local":
+        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
+            return None
+        from sandbox.local import LocalProcessBackend
+
+        return ToolRegistry(backend=LocalProcessBackend())
+    return default_registry(settings=settings)
+
+
+def _workspace(value: str) -> Path | None:
+    path = Path(value).expanduser().resolve()
+    return path if path.is_dir() else None
+
+
+def _print(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- call --------------------------------------------------------------------------------
+
+
+def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        arguments = json.loads(args.args)
+    except json.JSONDecodeError as e:
+        return _usage(f"--args is not valid JSON: {e}")
+    if not isinstance(arguments, dict):
+        return _usage("--args must be a JSON object")
+    names = ToolRegistry().names()
+    if args.tool not in names:
+        _print(ToolResult.fail(f"Unknown tool '{args.tool}'. Available tools: {', '.join(names)}").to_dict())
+        return 2
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+    registry = _registry(args, settings)
+    if registry is None:
+        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    _ensure_logging(settings)
+
+    async def run() -> ToolResult:
+        async with registry:
+            return await registry.execute(args.tool, arguments, ws, call_id=args.call_id)
+
+    result = asyncio.run(run())
+    _print(result.to_dict())
+    return 0 if result.success else 1
+
+
+# -- batch -------------------------------------------------------------------------------
+
+
+def _parse_line(line: str) -> tuple[Any, str, Any]:
+    """``(id, tool, arguments)`` of one batch line. Raises ValueError with the reason."""
+    try:
+        req = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise ValueError("a line must be a JSON object")
+    tool = req.get("tool")
+    if not isinstance(tool, str):
+        raise ValueError('missing "tool" (a string)')
+    unknown = set(req) - {"tool", "arguments", "id"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)} (allowed: tool, arguments, id)")
+    return req.get("id"), tool, req.get("arguments", {})
+
+
+def _cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+    registry = _registry(args, settings)
+    if registry is None:
+        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    _ensure_logging(settings)
+
+    async def run() -> bool:
+        all_ok = True
+        async with registry:
+            for n, line in enumerate(sys.stdin, 1):
+                if not line.strip():
+                    continue
+                try:
+                    call_id, tool, arguments = _parse_line(line)
+                except ValueError as e:
+                    result = ToolResult.fail(f"Invalid batch line {n}: {e}")
+                    call_id = None
+                else:
+                    cid = None if call_id is None else str(call_id)
+                    result = await registry.execute(tool, arguments, ws, call_id=cid)
+                all_ok = all_ok and result.success
+                _print({"id": call_id, **result.to_dict()})
+        return all_ok
+
+    return 0 if asyncio.run(run()) else 1
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+def _cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    schemas = ToolRegistry().all_schemas(args.format)
+    sys.stdout.write(json.dumps(schemas, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+def tools_subparsers(subparsers: argparse._SubParsersAction[Any]) -> argparse._SubParsersAction[Any]:
+    """The ``tools`` group's subparsers, for another module to add ``tools <cmd>`` to.
+
+    ``subparsers`` is the top-level action passed to ``register``; this module's
+    ``register`` must have run first (``worker.cli.COMMAND_MODULES`` order). Each added
+    subcommand sets its own ``func`` with ``set_defaults``.
+    Raises LookupError when ``tools`` is not registered.
+    """
+    parser = subparsers.choices.get("tools")
+    group = getattr(parser, "_loom_tools_subparsers", None)
+    if group is None:
+        raise LookupError("the 'tools' command is not registered (worker.cli_tools.register first)")
+    return group
+
+
+def _add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "call",
+        help="Run one tool call and print its ToolResult JSON.",
+        description="Run one tool call in the workspace's sandbox. "
+        "Exit 0 success, 1 tool failed, 2 usage error.",
+    )
+    p.add_argument("tool", help="Tool name, e.g. read_file.")
+    p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
+    p.add_argument("--args", "-a", default="{}", help="Arguments as a JSON object (default {}).")
+    p.add_argument("--call-id", default=None, help="Id recorded with the call (changelog, logs).")
+    _add_backend(p)
+    p.set_defaults(func=_cmd_call)
+
+    p = subparsers.add_parser(
+        "batch",
+        help="Run JSON Lines tool calls from stdin; one result per line on stdout.",
+        description='Each stdin line: {"tool": ..., "arguments": {...}, "id": ...}. Results in order.',
+    )
+    p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
+    _add_backend(p)
+    p.set_defaults(func=_cmd_batch)
+
+    p = subparsers.add_parser("tools", help="Print the tool schemas (and more with subcommands).")
+    p.add_argument("--format", "-f", choices=SCHEMA_FORMATS, default="openai", help="Schema format.")
+    p.set_defaults(func=_cmd_tools)
+    group = p.add_subparsers(dest=TOOLS_COMMAND_DEST, metavar="SUBCOMMAND", parser_class=type(p))
+    p._loom_tools_subparsers = group

@@ -1,0 +1,300 @@
+"""``ToolRegistry`` (Loom Spec 05): register tools, execute calls, hand out schemas.
+
+:meth:`ToolRegistry.execute` is the one place a call's errors are sorted into the two
+channels, and it never raises:
+
+==================================  ==========================================================
+what happened                       ToolResult
+==================================  ==========================================================
+unknown tool                        success=false, "Unknown tool 'x'. Available tools: ..."
+arguments fail validation           success=false, "Invalid arguments for t: 'field': problem"
+path / command refused by policy    success=false, "Safety violation: ..."
+ToolError / AgentError              success=false, the message (e.g. "File not found: a.txt")
+the call's deadline passed          success=false, "t timed out after Ns"
+sandbox unavailable / lost / broken success=false, "Sandbox unavailable (infrastructure ...",
+                                    data["error_kind"] == "infrastructure"
+anything else (a bug)               success=false, "Internal error ...", error_kind "internal"
+==================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from sandbox.base import SandboxBackend
+from sandbox.errors import (
+    AgentError,
+    PathEscapeError,
+    PathNotFoundError,
+    ProtocolError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+)
+
+from .result import ToolResult
+from .tool import SCHEMA_FORMATS, Tool, ToolContext, ToolError
+from .tools import BUILTIN_NAMES, builtin_tools
+from .workspace import ChangeRecorder, Workspace
+
+log = structlog.get_logger("worker.registry")
+
+RecorderFactory = Callable[[Path], ChangeRecorder]
+
+#: The tools a subtask gets when it names none it may use.
+CORE_TOOLS = BUILTIN_NAMES
+
+
+def _infra(kind: str, err: Exception) -> ToolResult:
+    return ToolResult.fail(
+        f"{kind} (infrastructure failure, not a problem with the tool call; retry later): {err}",
+        data={"error_kind": "infrastructure", "exception": type(err).__name__},
+    )
+
+
+def _agent_message(err: AgentError) -> str:
+    msg = str(err)
+    if isinstance(err, PathEscapeError):
+        return f"Safety violation: {msg}"
+    if isinstance(err, PathNotFoundError) and "not found" not in msg:
+        return "Path not found: " + msg.removeprefix("Not found: ")
+    return msg
+
+
+def _field(subtask: object, *names: str) -> Any:
+    for name in names:
+        value = subtask.get(name) if isinstance(subtask, Mapping) else getattr(subtask, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+class ToolRegistry:
+    """Tools by name, and the workspaces (sandbox + recorder) calls run in.
+
+    ``backend`` gives each workspace directory its sandbox (``DockerBackend`` in
+    production, ``LocalProcessBackend`` in unit tests); without one, file and shell
+    tools fail with an infrastructure error. ``recorder_factory(root)`` builds the
+    change recorder of each workspace (the changelog); the default records nothing.
+    Use ``async with`` (or :meth:`aclose`) to close the backend's connections.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: SandboxBackend | None = None,
+        recorder_factory: RecorderFactory | None = None,
+        tools: Iterable[Tool] | None = None,
+    ) -> None:
+        self._tools: dict[str, Tool] = {}
+        self.backend = backend
+        self._recorder_factory = recorder_factory
+        self._workspaces: dict[Path, Workspace] = {}
+        self._ws_lock = asyncio.Lock()
+        for tool in builtin_tools() if tools is None else tools:
+            self.register(tool)
+
+    # -- tools ---------------------------------------------------------------------------
+
+    def register(self, tool: Tool) -> None:
+        """Add ``tool``. Raises ValueError ("already registered") on a duplicate name."""
+        if tool.name in self._tools:
+            raise ValueError(f"Tool '{tool.name}' is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        """Tool names in registration order."""
+        return list(self._tools)
+
+    @property
+    def tools(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
+        """Every tool's definition in registration order (``fmt``: openai | anthropic | mcp).
+
+        Raises ValueError for an unknown format.
+        """
+        if fmt not in SCHEMA_FORMATS:
+            raise ValueError(f"unknown schema format {fmt!r} (openai, anthropic, mcp)")
+        return [t.schema(fmt) for t in self._tools.values()]
+
+    def tools_for_subtask(self, subtask: object, fmt: str = "openai") -> list[dict[str, Any]]:
+        """The schemas a subtask may use, in registration order. Deterministic:
+
+        1. the registered tools the subtask names in ``tools`` (or ``tool_names``);
+           names that are not registered are ignored;
+        2. if that leaves none, the core set (the six built-ins that are registered);
+        3. minus every tool named in ``excluded_tools`` (or ``exclude_tools``).
+
+        ``subtask`` may be a mapping or any object with those attributes (or None).
+        """
+        wanted = _field(subtask, "tools", "tool_names") if subtask is not None else None
+        excluded = _field(subtask, "excluded_tools", "exclude_tools") if subtask is not None else None
+        wanted_set = {str(n) for n in (wanted or [])} & set(self._tools)
+        if not wanted_set:
+            wanted_set = set(CORE_TOOLS) & set(self._tools)
+        wanted_set -= {str(n) for n in (excluded or [])}
+        return [t.schema(fmt) for name, t in self._tools.items() if name in wanted_set]
+
+    # -- workspaces ----------------------------------------------------------------------
+
+    async def workspace(self, path: Path | str) -> Workspace:
+        """The cached :class:`Workspace` of directory ``path`` (by real path).
+
+        Raises ToolError when the directory does not exist, SandboxUnavailableError when
+        no backend is configured or the sandbox cannot start.
+        """
+        root = Path(path).expanduser().resolve()
+        ws = self._workspaces.get(root)
+        if ws is not None:
+            return ws
+        if self.backend is None:
+            raise SandboxUnavailableError("No sandbox backend is configured for this registry")
+        if not root.is_dir():
+            raise ToolError(f"Workspace directory not found: {root}")
+        async with self._ws_lock:
+            ws = self._workspaces.get(root)
+            if ws is None:
+                sandbox = await self.backend.get(root)
+                recorder = self._recorder_factory(root) if self._recorder_factory else None
+                ws = Workspace(root, sandbox, recorder)
+                self._workspaces[root] = ws
+            return ws
+
+    async def stop(self, path: Path | str) -> bool:
+        """Forget the workspace and stop its sandbox. Returns False if none was running."""
+        root = Path(path).expanduser().resolve()
+        self._workspaces.pop(root, None)
+        return await self.backend.stop(root) if self.backend is not None else False
+
+    async def aclose(self) -> None:
+        self._workspaces.clear()
+        if self.backend is not None:
+            await self.backend.aclose()
+
+    async def __aenter__(self) -> ToolRegistry:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- execution -----------------------------------------------------------------------
+
+    async def execute(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None,
+        workspace: Path | str | None = None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> ToolResult:
+        """Run one tool call. Never raises (except on cancellation); see the module table."""
+        started = time.perf_counter()
+        result = await self._execute(name, arguments, workspace, call_id, subtask_id)
+        result = result.capped()
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        kind = (result.data or {}).get("error_kind") if not result.success else None
+        log.info(
+            "tool.call",
+            tool=name,
+            workspace=str(workspace) if workspace is not None else None,
+            call_id=call_id,
+            subtask_id=subtask_id,
+            success=result.success,
+            error_kind=kind,
+            error=result.error[:200] if result.error else None,
+            duration_ms=round(duration_ms, 3),
+        )
+        return result
+
+    async def _execute(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None,
+        workspace: Path | str | None,
+        call_id: str | None,
+        subtask_id: str | None,
+    ) -> ToolResult:
+        tool = self._tools.get(name)
+        if tool is None:
+            return ToolResult.fail(f"Unknown tool '{name}'. Available tools: {', '.join(self._tools)}")
+        if isinstance(arguments, str):
+            # Models send arguments as a JSON string in OpenAI's format.
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as e:
+                return ToolResult.fail(f"Invalid arguments for {name}: not valid JSON ({e})")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            return ToolResult.fail(
+                f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
+            )
+        deadline = tool.timeout
+        try:
+            args = tool.validate(dict(arguments))
+            deadline = tool.deadline(args)
+            async with asyncio.timeout(deadline):
+                ws = None
+                if workspace is not None:
+                    ws = await self.workspace(workspace)
+                elif tool.needs_workspace:
+                    raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
+                ctx = ToolContext(workspace=ws, call_id=call_id, subtask_id=subtask_id)
+                return await tool.fn(args, ctx)
+        except ToolError as e:
+            return ToolResult.fail(e.message, data=e.data)
+        except AgentError as e:
+            return ToolResult.fail(_agent_message(e), data={"error_code": e.code})
+        except SandboxTimeoutError as e:
+            return _infra("Sandbox did not answer in time", e)
+        except SandboxUnavailableError as e:
+            return _infra("Sandbox unavailable", e)
+        except ProtocolError as e:
+            return _infra("Sandbox protocol error", e)
+        except TimeoutError:
+            return ToolResult.fail(f"{name} timed out after {deadline:g}s", data={"timed_out": True})
+        except Exception as e:  # a bug in a tool must not take the caller down
+            log.exception("tool.internal_error", tool=name, call_id=call_id)
+            return ToolResult.fail(
+                f"Internal error in {name}: {type(e).__name__}: {e}", data={"error_kind": "internal"}
+            )
+
+
+def default_registry(
+    settings: Any = None,
+    *,
+    recorder_factory: RecorderFactory | None = None,
+    **settings_overrides: Any,
+) -> ToolRegistry:
+    """The six built-in tools on the Docker sandbox backend, configured by ``Settings``.
+
+    ``settings_overrides`` are ``worker.settings.Settings`` fields (``image="..."``,
+    ``runtime="runsc"``). No daemon is contacted until the first call. Use as
+    ``async with default_registry() as registry:``.
+    """
+    from sandbox.docker import DockerBackend  # imported lazily: unit tests run without Docker
+    from sandbox.spec import SandboxSpec
+
+    from .settings import Settings
+
+    if settings is None:
+        settings = Settings(**settings_overrides)
+    elif settings_overrides:
+        settings = settings.model_copy(update=settings_overrides)
+    backend = DockerBackend(SandboxSpec(**settings.sandbox_spec_kwargs()), base_url=settings.docker_host)
+    return ToolRegistry(backend=backend, recorder_factory=recorder_factory)

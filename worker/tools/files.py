@@ -1,0 +1,280 @@
+"""``read_file``, ``write_file`` and ``edit_file``: all through the workspace's sandbox.
+
+Writes go through :meth:`worker.workspace.Workspace.write` (so the changelog records the
+before-image first) and are atomic in the sandbox (temp file + rename). ``edit_file``
+works on the file's bytes decoded with ``surrogateescape``, so CRLF line ends, any
+Unicode and even invalid UTF-8 outside the edited text survive byte for byte, and it
+writes only if the file still has the hash it had when read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandbox import protocol
+from sandbox.errors import ConflictError, PathNotFoundError
+
+from ..paths import require_file_path
+from ..result import ToolResult
+from ..tool import Tool, ToolContext, ToolError
+
+#: Largest content write_file / edit_file will write (UTF-8 bytes).
+MAX_WRITE_BYTES = 10 << 20
+#: Largest file edit_file will load.
+MAX_EDIT_BYTES = protocol.MAX_READ_BYTES
+
+
+class ReadFileArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="File path, relative to the workspace root.")
+    line_range: list[int] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="Optional [start, end]: 1-based, inclusive line numbers to return.",
+    )
+    max_bytes: int = Field(
+        1 << 20, ge=1, le=protocol.MAX_READ_BYTES, description="Most bytes to return (default 1 MiB)."
+    )
+
+    @field_validator("line_range")
+    @classmethod
+    def _ordered(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (v[0] < 1 or v[1] < v[0]):
+            raise ValueError("line_range must be [start, end] with 1 <= start <= end (out of range)")
+        return v
+
+
+async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
+    ws = ctx.require_workspace()
+    rel = require_file_path(args.path, str(ws.root))
+    lr = (args.line_range[0], args.line_range[1]) if args.line_range else None
+    r = await ws.sandbox.read(rel, line_range=lr, max_bytes=args.max_bytes)
+    data: dict[str, Any] = {"path": rel, "size": r.size, "truncated": r.truncated, "binary": r.binary}
+    if r.binary:
+        data["content"] = None
+        return ToolResult.ok(f"{rel} is a binary file ({r.size} bytes); its content is not shown.", data)
+    text = r.data.decode("utf-8", "replace")
+    data["content"] = text
+    if r.sha256:
+        data["sha256"] = r.sha256
+    if lr is not None:
+        data.update(start_line=lr[0], end_line=min(lr[1], r.total_lines or 0), total_lines=r.total_lines)
+    output = text
+    if lr is not None and not text and (r.total_lines or 0) < lr[0]:
+        output = f"(no lines in range {lr[0]}-{lr[1]}: {rel} has {r.total_lines} lines)"
+    elif r.size == 0:
+        output = "(empty file)"
+    if r.truncated:
+        output += f"\n[... truncated at {args.max_bytes} bytes of {r.size}; use line_range to read more ...]"
+    return ToolResult.ok(output, data)
+
+
+class WriteFileArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="File path, relative to the workspace root. Parent directories are created."
+    )
+    content: str = Field(description="The complete new content of the file.")
+
+
+def _encode(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError(f"{what} is not valid Unicode text (lone surrogate at position {e.start})") from None
+
+
+async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
+    ws = ctx.require_workspace()
+    rel = require_file_path(args.path, str(ws.root))
+    data = _encode(args.content, "content")
+    if len(data) > MAX_WRITE_BYTES:
+        raise ToolError(
+            f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file"
+        )
+    res = await ws.write(rel, data, tool="write_file", call_id=ctx.call_id, subtask_id=ctx.subtask_id)
+    verb = "Created" if res.created else "Wrote"
+    return ToolResult.ok(
+        f"{verb} {rel} ({res.size} bytes)",
+        {"path": rel, "bytes_written": res.size, "created": res.created, "sha256": res.sha256},
+        [rel],
+    )
+
+
+class Edit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    old_str: str = Field(description="Exact text to find (must occur exactly once unless replace_all).")
+    new_str: str = Field(description="Replacement text.")
+    replace_all: bool = Field(False, description="Replace every occurrence instead of exactly one.")
+
+
+class EditFileArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="File path, relative to the workspace root.")
+    old_str: str | None = Field(
+        None, description="Exact text to replace; it must occur exactly once. Empty creates a missing file."
+    )
+    new_str: str | None = Field(None, description="Replacement text (with old_str).")
+    edits: list[Edit] | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Several edits, applied in order, all or nothing (instead of old_str/new_str).",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EditFileArgs:
+        if self.edits is not None:
+            if self.old_str is not None or self.new_str is not None:
+                raise ValueError("give either old_str/new_str or edits, not both")
+        elif self.old_str is None or self.new_str is None:
+            raise ValueError("old_str and new_str are required (or give edits)")
+        return self
+
+    def edit_list(self) -> list[Edit]:
+        if self.edits is not None:
+            return self.edits
+        assert self.old_str is not None and self.new_str is not None
+        return [Edit(old_str=self.old_str, new_str=self.new_str)]
+
+
+CONTEXT_LINES = 3
+
+
+def _context(text: str, start: int, length: int) -> str:
+    """Numbered lines around ``text[start:start+length]``."""
+    lines = text.split("\n")
+    first = text.count("\n", 0, start)
+    last = first + text.count("\n", start, start + length)
+    lo, hi = max(0, first - CONTEXT_LINES), min(len(lines), last + CONTEXT_LINES + 1)
+    return "\n".join(f"{n + 1:>6}\t{lines[n].rstrip(chr(13))}" for n in range(lo, hi))
+
+
+def apply_edits(text: str, edits: list[Edit], path: str) -> tuple[str, list[str]]:
+    """``text`` with ``edits`` applied in order, and a context snippet for each.
+
+    Raises ToolError ("not found" / "appears N times") without applying anything.
+    """
+    snippets = []
+    for i, e in enumerate(edits, 1):
+        label = f"edit {i}: " if len(edits) > 1 else ""
+        old = e.old_str
+        if old == "":
+            # Empty old_str: create (or append to) the file, as in Rust Loom.
+            pos = len(text)
+            text = text + e.new_str
+            snippets.append(_context(text, pos, len(e.new_str)))
+            continue
+        count = text.count(old)
+        if count == 0:
+            raise ToolError(f"{label}old_str not found in {path}; nothing was changed")
+        if count > 1 and not e.replace_all:
+            raise ToolError(
+                f"{label}old_str appears {count} times in {path}; add surrounding context to make it "
+                "unique, or set replace_all. Nothing was changed"
+            )
+        pos = text.index(old)
+        text = text.replace(old, e.new_str) if e.replace_all else text.replace(old, e.new_str, 1)
+        more = f"  (and {count - 1} more)" if count > 1 else ""
+        snippets.append(_context(text, pos, len(e.new_str)) + more)
+    return text, snippets
+
+
+async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
+    ws = ctx.require_workspace()
+    rel = require_file_path(args.path, str(ws.root))
+    edits = args.edit_list()
+    try:
+        r = await ws.sandbox.read(rel, max_bytes=MAX_EDIT_BYTES)
+    except PathNotFoundError:
+        if edits[0].old_str != "":
+            raise
+        original, sha, exists = b"", None, False
+    else:
+        if r.binary:
+            raise ToolError(f"Cannot edit {rel}: it is a binary file")
+        if r.truncated or r.sha256 is None:
+            raise ToolError(f"Cannot edit {rel}: the file is larger than {MAX_EDIT_BYTES} bytes")
+        original, sha, exists = r.data, r.sha256, True
+    # surrogateescape: invalid bytes round-trip unchanged instead of becoming U+FFFD.
+    text = original.decode("utf-8", "surrogateescape")
+    new_text, snippets = apply_edits(text, edits, rel)
+    try:
+        new = new_text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise ToolError("old_str/new_str contain invalid Unicode (lone surrogates)") from None
+    data: dict[str, Any] = {
+        "path": rel,
+        "edits_applied": len(edits),
+        "original_bytes": len(original),
+        "new_bytes": len(new),
+        "created": not exists,
+    }
+    if exists and new == original:
+        return ToolResult.ok(f"{rel} unchanged: the edits produce the same content", data)
+    if len(new) > MAX_WRITE_BYTES:
+        raise ToolError(
+            f"Edited content too large: {len(new)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit"
+        )
+    try:
+        await ws.write(
+            rel,
+            new,
+            expect_sha256=sha,
+            expect_absent=not exists,
+            tool="edit_file",
+            call_id=ctx.call_id,
+            subtask_id=ctx.subtask_id,
+        )
+    except ConflictError as e:
+        raise ToolError(f"{e} (the file changed between read and write; read it again and retry)") from None
+    head = f"{'Created' if not exists else 'Edited'} {rel}: {len(edits)} edit(s) applied"
+    body = "\n".join(f"--- change {i} ---\n{s}" for i, s in enumerate(snippets, 1))
+    return ToolResult.ok(f"{head}\n{body}", data, [rel])
+
+
+TOOLS = [
+    Tool(
+        name="read_file",
+        description=(
+            "Read a text file in the workspace. Optional line_range [start, end] (1-based, inclusive). "
+            "Binary files are reported by size, not dumped; invalid UTF-8 is replaced."
+        ),
+        args_model=ReadFileArgs,
+        fn=read_file,
+        timeout=10.0,
+        tags=("file_io", "read"),
+    ),
+    Tool(
+        name="write_file",
+        description=(
+            "Create or overwrite a file in the workspace with the given content (atomic; parent "
+            "directories are created). The previous content is recorded so the change can be undone."
+        ),
+        args_model=WriteFileArgs,
+        fn=write_file,
+        timeout=10.0,
+        mutating=True,
+        tags=("file_io", "write"),
+    ),
+    Tool(
+        name="edit_file",
+        description=(
+            "Replace exact text in a file: old_str must occur exactly once (or set replace_all). "
+            "Several edits apply in order, all or nothing. An empty old_str creates a missing file. "
+            "Shows the changed lines."
+        ),
+        args_model=EditFileArgs,
+        fn=edit_file,
+        timeout=10.0,
+        mutating=True,
+        tags=("file_io", "write", "code"),
+    ),
+]

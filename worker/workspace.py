@@ -1,0 +1,163 @@
+"""``Workspace``: one host directory's sandbox plus the recorder of its changes.
+
+Tools never write workspace files themselves: :meth:`Workspace.write` hands the bytes to
+the :class:`ChangeRecorder`, which records the before-image (read through the sandbox)
+and then writes through the sandbox; :meth:`Workspace.run_shell` brackets a command with
+``before_shell``/``after_shell`` so the recorder can tell which files it changed.
+
+Mutations of one workspace (writes and shell commands) are serialized by one lock, so a
+change seen after a command is the command's and not a concurrent write's. Reads, lists
+and searches do not take it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from sandbox.base import ExecResult, Sandbox, WriteResult
+from sandbox.errors import SandboxError
+
+
+@runtime_checkable
+class ChangeRecorder(Protocol):
+    """What the changelog (issue 4) implements; :class:`NullRecorder` is the no-op default."""
+
+    async def write(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        tool: str,
+        call_id: str | None,
+        subtask_id: str | None,
+    ) -> WriteResult:
+        """Record ``path``'s before-image, then write ``data`` through ``sandbox``.
+
+        Raises what ``Sandbox.write`` raises (ConflictError, PathEscapeError, ...).
+        """
+        ...
+
+    async def before_shell(self, sandbox: Sandbox) -> object:
+        """Snapshot what is needed to see a command's changes; returns a token."""
+        ...
+
+    async def after_shell(
+        self,
+        sandbox: Sandbox,
+        token: object,
+        *,
+        tool: str,
+        command: str,
+        call_id: str | None,
+        subtask_id: str | None,
+    ) -> list[str]:
+        """Record what the command changed; returns those workspace-relative paths."""
+        ...
+
+
+class NullRecorder:
+    """Records nothing: writes go straight to the sandbox, shell changes are not tracked."""
+
+    async def write(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        tool: str,
+        call_id: str | None,
+        subtask_id: str | None,
+    ) -> WriteResult:
+        return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
+
+    async def before_shell(self, sandbox: Sandbox) -> object:
+        return None
+
+    async def after_shell(
+        self,
+        sandbox: Sandbox,
+        token: object,
+        *,
+        tool: str,
+        command: str,
+        call_id: str | None,
+        subtask_id: str | None,
+    ) -> list[str]:
+        return []
+
+
+class Workspace:
+    """One workspace directory (``root``, a real host path), its sandbox and its recorder."""
+
+    def __init__(self, root: Path, sandbox: Sandbox, recorder: ChangeRecorder | None = None) -> None:
+        self.root = root
+        self.sandbox = sandbox
+        self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
+        self._mutation_lock = asyncio.Lock()
+
+    async def write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        tool: str,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> WriteResult:
+        """Write ``data`` to workspace-relative ``path`` through the recorder.
+
+        Raises ConflictError, PathEscapeError, NotAFileError, TooLargeError and the
+        sandbox's infrastructure errors.
+        """
+        async with self._mutation_lock:
+            return await self.recorder.write(
+                self.sandbox,
+                path,
+                data,
+                expect_sha256=expect_sha256,
+                expect_absent=expect_absent,
+                tool=tool,
+                call_id=call_id,
+                subtask_id=subtask_id,
+            )
+
+    async def run_shell(
+        self,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float = 60.0,
+        max_output: int = 256 * 1024,
+        tool: str = "shell_execute",
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> tuple[ExecResult, list[str]]:
+        """Run ``command`` in the sandbox; returns its result and the paths it changed.
+
+        Raises PathNotFoundError/PathEscapeError for ``cwd`` and infrastructure errors
+        from the recorder's snapshots. A sandbox lost mid-command is reported in the
+        result (``outcome="sandbox_lost"``), not raised.
+        """
+        async with self._mutation_lock:
+            token = await self.recorder.before_shell(self.sandbox)
+            result = await self.sandbox.exec(command, cwd=cwd, timeout=timeout, max_output=max_output)
+            try:
+                changed = await self.recorder.after_shell(
+                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                )
+            except SandboxError:
+                if result.outcome != "sandbox_lost":
+                    raise
+                # The box died with the command; its result already says so, and the
+                # recorder's next snapshot will see whatever the command changed.
+                changed = []
+            return result, sorted(set(changed))

@@ -44,6 +44,23 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "info"
+    max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."
+    )
+    stop_sandboxes_on_exit: bool = Field(
+        True, description="`serve` stops the sandboxes it used when it shuts down."
+    )
+
+    # -- catalog (issue 6) -----------------------------------------------------------
+    tools_dir: Path | None = Field(None, description="Custom tool YAML files (default: <data_dir>/tools).")
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint for tool search.")
+    llm_model: str | None = Field(None, description="Chat model used to re-rank / expand tool searches.")
+    llm_api_key: str | None = Field(None, description="Bearer key for the chat endpoint.")
+    llm_timeout: float = Field(10.0, gt=0, le=120, description="Seconds per chat request, then FAST.")
+    mcp_servers_file: Path | None = Field(
+        None, description="MCP servers config (default: <data_dir>/mcp_servers.yaml)."
+    )
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
         """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""

@@ -1,0 +1,92 @@
+"""``loom-worker serve`` (HTTP API + MCP over streamable HTTP) and ``loom-worker mcp`` (stdio).
+
+Both configure logging once, here at the entry point, to stderr: JSON in a service, console
+lines in a terminal (``LOOM_LOG_FORMAT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .logging import configure_logging
+from .settings import Settings
+
+#: Test-only escape hatch: ``--backend local`` runs tools as host processes (NO isolation).
+UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
+
+
+def register(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="Run the HTTP API (and MCP over streamable HTTP).")
+    serve.add_argument("--host", help="Bind address (default LOOM_HOST or 127.0.0.1).")
+    serve.add_argument("--port", type=int, help="Port (default LOOM_PORT or 8080).")
+    serve.add_argument("--workspace-root", type=Path, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
+    serve.set_defaults(func=_serve)
+
+    mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
+    mcp.add_argument("--workspace", type=Path, required=True, help="Workspace directory.")
+    mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+    mcp.set_defaults(func=_mcp)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from .http import UnsafeBindError, check_bind, create_app
+
+    updates: dict[str, Any] = {}
+    if args.host:
+        updates["host"] = args.host
+    if args.port:
+        updates["port"] = args.port
+    if args.workspace_root:
+        updates["workspace_root"] = args.workspace_root.resolve()
+    settings = settings.model_copy(update=updates)
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        check_bind(settings)
+    except UnsafeBindError as e:
+        print(f"loom-worker serve: {e}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, server_header=False)
+    return 0
+
+
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from .mcp_server import serve_stdio
+    from .registry import ToolRegistry, default_registry
+
+    workspace: Path = args.workspace.expanduser()
+    if not workspace.is_dir():
+        print(f"loom-worker mcp: workspace {workspace} is not a directory", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+    registry: ToolRegistry
+    if args.backend == "local":
+        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
+            print(
+                f"loom-worker mcp: --backend local runs commands on the host without isolation; "
+                f"it needs {UNSAFE_LOCAL_ENV}=1 (tests only)",
+                file=sys.stderr,
+            )
+            return 2
+        from sandbox.local import LocalProcessBackend
+
+        registry = ToolRegistry(backend=LocalProcessBackend())
+    else:
+        registry = default_registry(settings)
+
+    async def main() -> None:
+        async with registry:
+            await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0

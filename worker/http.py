@@ -1,0 +1,464 @@
+"""The HTTP API (``loom-worker serve``): FastAPI app factory :func:`create_app`.
+
+Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healthz``)::
+
+    GET    /healthz
+    GET    /metrics                                  Prometheus text format
+    GET    /v1/tools?format=openai|anthropic|mcp
+    POST   /v1/workspaces            {"name"?}       creates <root>/<id>
+    GET    /v1/workspaces
+    DELETE /v1/workspaces/{id}?delete_files=false    stops its sandbox
+    POST   /v1/workspaces/{id}/execute    {"tool", "arguments", "call_id"?, "subtask_id"?}
+    POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
+    *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
+    + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
+
+Client input never produces a 500: bad bodies are 422 naming the field, unknown
+workspaces 404, a full service 429, a large body 413; tool failures are results
+(``success: false``), not HTTP errors.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import structlog
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandbox import __version__ as _pkg_version
+
+from .metrics import Metrics
+from .service import (
+    WORKSPACE_ID_PATTERN,
+    Busy,
+    CallRunner,
+    InvalidWorkspaceId,
+    WorkspaceExists,
+    WorkspaceNotFound,
+    Workspaces,
+    parse_tool_arguments,
+    tool_message_content,
+)
+from .settings import Settings
+
+log = structlog.get_logger("worker.http")
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class UnsafeBindError(ValueError):
+    """A non-loopback bind address without an API token."""
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse to listen beyond loopback without a token. Raises UnsafeBindError."""
+    if settings.host not in LOOPBACK_HOSTS and not settings.api_token:
+        raise UnsafeBindError(
+            f"Refusing to bind to {settings.host} without LOOM_API_TOKEN: anyone who can reach the port "
+            "could run commands in the sandboxes. Set LOOM_API_TOKEN or bind to 127.0.0.1."
+        )
+
+
+# -- request / response models ---------------------------------------------------------
+
+WorkspaceId = Annotated[str, PathParam(pattern=WORKSPACE_ID_PATTERN, description="Workspace id.")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateWorkspace(_Model):
+    name: str | None = Field(
+        None, pattern=WORKSPACE_ID_PATTERN, description="Id to use (random when absent)."
+    )
+
+
+class WorkspaceOut(_Model):
+    id: str
+    path: str = Field(description="Absolute path on the host (identical inside the worker container).")
+
+
+class ExecuteRequest(_Model):
+    tool: str = Field(min_length=1, max_length=128, description="Tool name, e.g. read_file.")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="The tool's arguments.")
+    call_id: str | None = Field(None, max_length=256)
+    subtask_id: str | None = Field(None, max_length=256)
+
+
+class ToolResultOut(_Model):
+    success: bool
+    output: str
+    data: dict[str, Any] | None = None
+    files_changed: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class FunctionCall(_Model):
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str | dict[str, Any] | None = Field(
+        "{}", description="The JSON string the model produced (an object is accepted too)."
+    )
+
+
+class ToolCall(_Model):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: int | None = Field(None, description="Ignored (present in streamed tool calls).")
+
+
+class ToolMessage(_Model):
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    content: str
+
+
+class Problem(_Model):
+    detail: str
+
+
+# -- middleware ------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuse bodies larger than ``limit`` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None] = lambda: None) -> None:
+        self.app = app
+        self.limit = limit
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for k, v in scope.get("headers", []):
+            if k == b"content-length":
+                try:
+                    too_big = int(v) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await self._reject(scope, receive, send)
+                    return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return msg
+
+        async def tracking_send(msg: Message) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.on_reject()
+        resp = JSONResponse({"detail": f"Request body larger than {self.limit} bytes"}, status_code=413)
+        await resp(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+# -- the app ---------------------------------------------------------------------------
+
+RegistryFactory = Callable[[Settings], Any]
+
+
+def _default_registry_cm(settings: Settings) -> Any:
+    from .registry import default_registry  # the Docker backend; imported only when used
+
+    return default_registry(settings=settings)
+
+
+def create_app(
+    settings: Settings,
+    registry: Any | None = None,
+    *,
+    metrics: Metrics | None = None,
+    registry_factory: RegistryFactory | None = None,
+) -> FastAPI:
+    """The service. With ``registry=None`` the app opens the default (Docker) registry at
+    startup and closes it at shutdown; a given registry stays the caller's to close.
+    """
+    workspaces = Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid)
+    runner_box: dict[str, CallRunner] = {}
+    box_metrics = metrics or Metrics(
+        live=lambda: len(runner_box["r"].opened) if "r" in runner_box else 0,
+        restarts=lambda: _backend_restarts(runner_box),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            reg: Any = registry
+            if reg is None:
+                reg = await stack.enter_async_context((registry_factory or _default_registry_cm)(settings))
+            workspaces.ensure_root()
+            runner = CallRunner(reg, box_metrics, max_concurrent=settings.max_concurrent_calls)
+            runner_box["r"] = runner
+            app.state.runner = runner
+            app.state.registry = reg
+            from .mcp_server import HttpMcp
+
+            mcp = HttpMcp(reg, runner, workspaces, token=settings.api_token)
+            await stack.enter_async_context(mcp.run())
+            app.state.mcp = mcp
+            log.info("service.started", workspace_root=str(workspaces.root), auth=bool(settings.api_token))
+            try:
+                yield
+            finally:
+                if settings.stop_sandboxes_on_exit:
+                    await _stop_opened(reg, runner)
+                log.info("service.stopped")
+
+    app = FastAPI(
+        title="loom-worker",
+        version=_pkg_version,
+        description="Sandboxed tool execution for AI coding agents.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.workspaces = workspaces
+    app.state.metrics = box_metrics
+
+    def reject_auth() -> None:
+        box_metrics.rejected.labels(reason="auth").inc()
+
+    async def require_token(request: Request) -> None:
+        token = settings.api_token
+        if not token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            reject_auth()
+            raise _AuthError
+
+    auth = [Depends(require_token)]
+
+    @app.exception_handler(_AuthError)
+    async def _auth_error(_r: Request, _e: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"detail": "Missing or wrong bearer token"},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.exception_handler(WorkspaceNotFound)
+    async def _not_found(_r: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=404)
+
+    @app.exception_handler(InvalidWorkspaceId)
+    async def _bad_id(_r: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=422)
+
+    @app.exception_handler(WorkspaceExists)
+    async def _exists(_r: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=409)
+
+    @app.exception_handler(Busy)
+    async def _busy(_r: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=429, headers={"Retry-After": "1"})
+
+    errors: dict[int | str, dict[str, Any]] = {
+        401: {"model": Problem, "description": "Missing or wrong bearer token"},
+        413: {"model": Problem, "description": "Request body too large"},
+    }
+    ws_errors: dict[int | str, dict[str, Any]] = {
+        **errors,
+        404: {"model": Problem, "description": "No such workspace"},
+    }
+    call_errors: dict[int | str, dict[str, Any]] = {
+        **ws_errors,
+        429: {"model": Problem, "description": "Too many concurrent calls"},
+    }
+
+    def runner_of(request: Request) -> CallRunner:
+        runner: CallRunner = request.app.state.runner
+        return runner
+
+    def known_tools(request: Request) -> frozenset[str]:
+        return frozenset(s["function"]["name"] for s in request.app.state.registry.all_schemas())
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": _pkg_version}
+
+    @app.get("/metrics", tags=["service"], dependencies=auth, response_class=Response, responses=errors)
+    async def metrics_route() -> Response:
+        return Response(box_metrics.render(), media_type=box_metrics.content_type)
+
+    @app.get("/v1/tools", tags=["tools"], dependencies=auth, responses=errors)
+    async def tools(
+        request: Request, format: Literal["openai", "anthropic", "mcp"] = Query("openai")
+    ) -> list[dict[str, Any]]:
+        return _schemas(request.app.state.registry, format)
+
+    @app.post(
+        "/v1/workspaces",
+        tags=["workspaces"],
+        status_code=201,
+        dependencies=auth,
+        responses={**errors, 409: {"model": Problem, "description": "Name already taken"}},
+    )
+    async def create_workspace(body: CreateWorkspace | None = None) -> WorkspaceOut:
+        info = await workspaces.create(body.name if body else None)
+        log.info("workspace.created", workspace_id=info.id)
+        return WorkspaceOut(id=info.id, path=info.path)
+
+    @app.get("/v1/workspaces", tags=["workspaces"], dependencies=auth, responses=errors)
+    async def list_workspaces() -> list[WorkspaceOut]:
+        return [WorkspaceOut(id=w.id, path=w.path) for w in await workspaces.list()]
+
+    @app.delete("/v1/workspaces/{workspace_id}", tags=["workspaces"], dependencies=auth, responses=ws_errors)
+    async def delete_workspace(
+        request: Request,
+        workspace_id: WorkspaceId,
+        delete_files: bool = Query(False, description="Also delete the directory and its files."),
+    ) -> dict[str, Any]:
+        path = workspaces.path(workspace_id)
+        runner = runner_of(request)
+        async with runner.lock(path):
+            stopped = await _stop_sandbox(request.app.state.registry, path)
+            runner.forget(path)
+            if delete_files:
+                await workspaces.delete_files(workspace_id)
+        log.info("workspace.deleted", workspace_id=workspace_id, files_deleted=delete_files)
+        return {"id": workspace_id, "sandbox_stopped": stopped, "files_deleted": delete_files}
+
+    @app.post(
+        "/v1/workspaces/{workspace_id}/execute", tags=["tools"], dependencies=auth, responses=call_errors
+    )
+    async def execute(request: Request, workspace_id: WorkspaceId, body: ExecuteRequest) -> ToolResultOut:
+        path = workspaces.path(workspace_id)
+        runner = runner_of(request)
+        async with runner.slot():
+            result = await runner.execute(
+                body.tool,
+                body.arguments,
+                path,
+                call_id=body.call_id,
+                subtask_id=body.subtask_id,
+                known_tools=known_tools(request),
+            )
+        return ToolResultOut(**result.to_dict())
+
+    @app.post(
+        "/v1/workspaces/{workspace_id}/tool_calls", tags=["tools"], dependencies=auth, responses=call_errors
+    )
+    async def tool_calls(
+        request: Request, workspace_id: WorkspaceId, calls: list[ToolCall]
+    ) -> list[ToolMessage]:
+        """Run an assistant message's ``tool_calls`` in order; returns the tool messages
+        to append to the conversation. A malformed arguments string becomes a message
+        explaining it, so the model can correct itself."""
+        path = workspaces.path(workspace_id)
+        runner = runner_of(request)
+        known = known_tools(request)
+        out = []
+        async with runner.slot():
+            for call in calls:
+                args = parse_tool_arguments(call.function.name, call.function.arguments)
+                if isinstance(args, str):
+                    content = args
+                else:
+                    result = await runner.execute(
+                        call.function.name, args, path, call_id=call.id, known_tools=known
+                    )
+                    content = tool_message_content(result)
+                out.append(ToolMessage(tool_call_id=call.id, content=content))
+        return out
+
+    _add_changelog_routes(app, workspaces, auth, ws_errors)
+    app.router.routes.append(Route("/v1/workspaces/{workspace_id}/mcp", endpoint=_McpEndpoint(app)))
+    # Outermost: the limit applies before anything reads the body.
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        on_reject=lambda: box_metrics.rejected.labels(reason="too_large").inc(),
+    )
+    return app
+
+
+class _AuthError(Exception):
+    pass
+
+
+class _McpEndpoint:
+    """ASGI endpoint handing MCP requests to the app's :class:`worker.mcp_server.HttpMcp`."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app.state.mcp.handle(scope, receive, send)
+
+
+def _schemas(registry: Any, fmt: str) -> list[dict[str, Any]]:
+    return list(registry.all_schemas(fmt))
+
+
+def _backend(registry: Any) -> Any:
+    return getattr(registry, "backend", None)
+
+
+def _backend_restarts(runner_box: dict[str, CallRunner]) -> int:
+    runner = runner_box.get("r")
+    backend = _backend(runner.registry) if runner else None
+    return int(getattr(backend, "restarts", 0) or 0)
+
+
+async def _stop_sandbox(registry: Any, path: Path) -> bool:
+    stop: Callable[[Path], Awaitable[bool]] | None = getattr(registry, "stop", None)
+    if stop is None:
+        backend = _backend(registry)
+        stop = getattr(backend, "stop", None)
+    if stop is None:
+        return False
+    try:
+        return bool(await stop(path))
+    except Exception as e:  # an infrastructure failure must not turn a delete into a 500
+        log.warning("sandbox.stop_failed", workspace=str(path), error=str(e)[:300])
+        return False
+
+
+async def _stop_opened(registry: Any, runner: CallRunner) -> None:
+    for path in sorted(runner.opened):
+        await _stop_sandbox(registry, path)
+        runner.forget(path)
+
+
+def _add_changelog_routes(
+    app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]
+) -> None:
+    try:
+        from .http_changelog import add_routes
+    except ImportError:  # the changelog is not part of this build
+        return
+    add_routes(app, workspaces, auth, responses)

@@ -1,0 +1,167 @@
+"""The MCP server (official ``mcp`` SDK, low-level ``Server``).
+
+Two transports, the same tools:
+
+- **stdio**: ``loom-worker mcp --workspace DIR`` serves one workspace for the life of the
+  process (what Claude Code, Cursor and other MCP clients spawn);
+- **streamable HTTP** on the service: ``/v1/workspaces/{id}/mcp``. The workspace is chosen
+  by the URL, so one MCP endpoint = one workspace; a session never changes workspace
+  behind the client's back. The service's bearer token applies.
+
+Tool names, descriptions and input schemas are the registry's own definitions rendered
+for MCP (the same pydantic models as the OpenAI schemas). A failed call (unknown tool,
+invalid arguments, a refusal, a command that failed) is an MCP *tool error*
+(``isError: true`` with the message as text), never a protocol error, so the model sees
+it and can correct itself.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import structlog
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from sandbox import __version__
+
+from .metrics import Metrics
+from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
+
+log = structlog.get_logger("worker.mcp")
+
+SCOPE_KEY = "loom.workspace"
+
+WorkspaceResolver = Callable[[ServerRequestContext[Any, Any]], Path | None]
+
+
+def _mcp_tools(registry: Any) -> list[types.Tool]:
+    from .http import _schemas  # one place renders schemas for every surface
+
+    return [types.Tool.model_validate(s) for s in _schemas(registry, "mcp")]
+
+
+def build_server(registry: Any, runner: CallRunner, resolve_workspace: WorkspaceResolver) -> Server[Any]:
+    """An MCP server whose tools are ``registry``'s, run through ``runner`` in the workspace
+    ``resolve_workspace(ctx)`` returns for each request."""
+    tools = _mcp_tools(registry)
+    names = frozenset(t.name for t in tools)
+
+    async def list_tools(
+        _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        workspace = resolve_workspace(ctx)
+        try:
+            async with runner.slot():
+                result = await runner.execute(
+                    params.name, dict(params.arguments or {}), workspace, known_tools=names
+                )
+        except Busy as e:
+            return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
+        return types.CallToolResult(
+            content=[types.TextContent(text=tool_message_content(result))],
+            structured_content=result.to_dict(),
+            is_error=not result.success,
+        )
+
+    return Server(
+        "loom-worker",
+        version=__version__,
+        instructions=(
+            "Tools that read, write, edit and search files and run shell commands in one workspace, "
+            "inside an isolated sandbox. Paths are relative to the workspace root."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 64) -> None:
+    """Serve ``workspace`` over stdin/stdout until the client closes the stream."""
+    from mcp.server.stdio import stdio_server
+
+    ws = workspace.resolve()
+    runner = CallRunner(registry, Metrics(), max_concurrent=max_concurrent)
+    server = build_server(registry, runner, lambda _ctx: ws)
+    log.info("mcp.stdio.started", workspace=str(ws))
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+class HttpMcp:
+    """MCP streamable HTTP for the service: one session manager, the workspace from the URL."""
+
+    def __init__(
+        self, registry: Any, runner: CallRunner, workspaces: Workspaces, *, token: str | None
+    ) -> None:
+        self._workspaces = workspaces
+        self._token = token
+        self._runner = runner
+        server = build_server(registry, runner, self._workspace_of)
+        # DNS-rebinding protection matters when there is no token (a browser page could
+        # otherwise drive a loopback service); with a token, requests are authenticated.
+        security = (
+            TransportSecuritySettings(enable_dns_rebinding_protection=False)
+            if token
+            else TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+        )
+        self.manager = StreamableHTTPSessionManager(
+            app=server, security_settings=security, json_response=False
+        )
+
+    @staticmethod
+    def _workspace_of(ctx: ServerRequestContext[Any, Any]) -> Path | None:
+        request = ctx.request
+        scope = getattr(request, "scope", None)
+        if isinstance(scope, dict):
+            ws = scope.get(SCOPE_KEY)
+            return ws if isinstance(ws, Path) else None
+        return None
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI: check the token and the workspace, then hand over to the SDK."""
+        if self._token:
+            header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), self._token.encode()
+            ):
+                self._runner.metrics.rejected.labels(reason="auth").inc()
+                resp = JSONResponse(
+                    {"detail": "Missing or wrong bearer token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await resp(scope, receive, send)
+                return
+        ws_id = scope.get("path_params", {}).get("workspace_id", "")
+        try:
+            path = self._workspaces.path(ws_id)
+        except (InvalidWorkspaceId, WorkspaceNotFound) as e:
+            await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
+            return
+        scope[SCOPE_KEY] = path
+        await self.manager.handle_request(scope, receive, send)

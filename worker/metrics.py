@@ -1,0 +1,105 @@
+"""Prometheus metrics of one worker process (``GET /metrics``).
+
+Each :class:`Metrics` owns its own ``CollectorRegistry`` (not the global default one), so
+several apps in one process (tests, an embedded server) never collide.
+
+::
+
+    loom_tool_calls_total{tool, outcome}          outcome: ok | error | timeout | infra | internal
+    loom_tool_call_duration_seconds{tool}         histogram
+    loom_sandboxes_live                           sandboxes this process has open
+    loom_sandbox_restarts_total                   sandboxes restarted after being lost
+    loom_http_rejected_total{reason}              429 busy, 401 auth, 413 too large
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .result import ToolResult
+
+#: Latency buckets from the sub-millisecond file calls to long shell commands.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+# Errors that mean the infrastructure failed, not the model's request (see the registry's
+# error messages; the registry keeps them distinct from tool errors).
+_INFRA_MARKERS = ("sandbox unavailable", "sandbox lost", "docker", "daemon", "infrastructure")
+
+
+def outcome_of(result: ToolResult) -> str:
+    """``ok``, ``timeout``, ``infra`` or ``error`` for one result."""
+    if result.success:
+        return "ok"
+    data = result.data or {}
+    kind = data.get("error_kind") or data.get("error_type")
+    if isinstance(kind, str) and kind:
+        low = kind.lower()
+        if "timeout" in low:
+            return "timeout"
+        if "infra" in low or "unavailable" in low or "lost" in low:
+            return "infra"
+        if low == "internal":
+            return "internal"
+        return "error"
+    err = (result.error or "").lower()
+    if "timed out" in err or data.get("timed_out") is True:
+        return "timeout"
+    if any(m in err for m in _INFRA_MARKERS):
+        return "infra"
+    return "error"
+
+
+class _SandboxCollector(Collector):
+    def __init__(self, live: Callable[[], int], restarts: Callable[[], int]) -> None:
+        self._live = live
+        self._restarts = restarts
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("loom_sandboxes_live", "Sandboxes this worker has open.", value=self._live())
+        yield CounterMetricFamily(
+            "loom_sandbox_restarts", "Sandboxes restarted after being lost.", value=self._restarts()
+        )
+
+
+class Metrics:
+    """The worker's metrics; ``render()`` gives the Prometheus text format."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(
+        self, *, live: Callable[[], int] = lambda: 0, restarts: Callable[[], int] = lambda: 0
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.calls = Counter(
+            "loom_tool_calls", "Tool calls by tool and outcome.", ["tool", "outcome"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "loom_tool_call_duration_seconds",
+            "Tool call latency as seen by the service.",
+            ["tool"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "loom_http_rejected",
+            "HTTP requests refused before reaching a tool.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts()))
+
+    def observe(self, tool: str, result: ToolResult, seconds: float) -> str:
+        """Count one call; returns its outcome label."""
+        outcome = outcome_of(result)
+        # Callers map unknown tool names (they come from clients) to one label value, so
+        # a client cannot grow the metric's cardinality without bound.
+        self.calls.labels(tool=tool, outcome=outcome).inc()
+        self.latency.labels(tool=tool).observe(seconds)
+        return outcome
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,243 @@
+"""What the HTTP API and the MCP server share: workspace ids, and running one tool call
+with the service's guarantees (per-workspace order, a global limit, metrics, one log line).
+
+Workspaces of the service are directories directly under ``LOOM_WORKSPACE_ROOT``, named by
+an id matching :data:`WORKSPACE_ID_PATTERN` (one path component; no ``/``, no leading dot,
+so never ``.`` or ``..``). Creating and deleting those directories is the only host-side
+file work the service does; everything inside a workspace goes through its sandbox.
+
+Errors::
+
+    ServiceError
+    ├── InvalidWorkspaceId     (also ValueError)   the id breaks the pattern
+    ├── WorkspaceNotFound      (also LookupError)  no such workspace directory
+    ├── WorkspaceExists                            create with a name already taken
+    └── Busy                                       the global concurrency limit is reached
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from .metrics import Metrics
+from .result import ToolResult
+
+log = structlog.get_logger("worker.service")
+
+WORKSPACE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_ID_RE = re.compile(WORKSPACE_ID_PATTERN)
+
+
+class ServiceError(Exception):
+    pass
+
+
+class InvalidWorkspaceId(ServiceError, ValueError):
+    pass
+
+
+class WorkspaceNotFound(ServiceError, LookupError):
+    pass
+
+
+class WorkspaceExists(ServiceError):
+    pass
+
+
+class Busy(ServiceError):
+    pass
+
+
+class Registry(Protocol):
+    """The part of :class:`worker.ToolRegistry` the service uses."""
+
+    async def execute(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        workspace: Path | None = None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> ToolResult: ...
+
+
+def check_workspace_id(ws_id: str) -> str:
+    """``ws_id`` if valid. Raises InvalidWorkspaceId."""
+    if not isinstance(ws_id, str) or not _ID_RE.fullmatch(ws_id):
+        raise InvalidWorkspaceId(
+            "Invalid workspace id: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return ws_id
+
+
+@dataclass(frozen=True)
+class WorkspaceInfo:
+    id: str
+    path: str
+
+
+class Workspaces:
+    """The directories under the service's workspace root."""
+
+    def __init__(self, root: Path, *, uid: int | None = None, gid: int | None = None) -> None:
+        self.root = Path(root)
+        self._uid = uid
+        self._gid = gid
+
+    def ensure_root(self) -> None:
+        """Create the root if needed. Raises OSError."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.root.resolve()
+
+    def path(self, ws_id: str) -> Path:
+        """The directory of an existing workspace. Raises InvalidWorkspaceId, WorkspaceNotFound."""
+        p = self.root / check_workspace_id(ws_id)
+        # A symlink under the root could point anywhere on the host: never a workspace.
+        if p.is_symlink() or not p.is_dir():
+            raise WorkspaceNotFound(f"Workspace {ws_id!r} not found")
+        return p
+
+    def _create(self, ws_id: str | None) -> WorkspaceInfo:
+        if ws_id is None:
+            ws_id = "ws-" + secrets.token_hex(6)
+        p = self.root / check_workspace_id(ws_id)
+        try:
+            p.mkdir(mode=0o755)
+        except FileExistsError:
+            raise WorkspaceExists(f"Workspace {ws_id!r} already exists") from None
+        if self._uid is not None:
+            # Sandboxes run as the workspace owner: hand the directory to the sandbox user.
+            os.chown(p, self._uid, self._gid if self._gid is not None else self._uid)
+        return WorkspaceInfo(ws_id, str(p))
+
+    async def create(self, ws_id: str | None = None) -> WorkspaceInfo:
+        """Create a workspace (a random id when None). Raises InvalidWorkspaceId, WorkspaceExists."""
+        return await asyncio.to_thread(self._create, ws_id)
+
+    def _list(self) -> list[WorkspaceInfo]:
+        out = []
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if _ID_RE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                out.append(WorkspaceInfo(entry.name, os.path.join(self.root, entry.name)))
+        return out
+
+    async def list(self) -> list[WorkspaceInfo]:
+        return await asyncio.to_thread(self._list)
+
+    async def delete_files(self, ws_id: str) -> None:
+        """Remove the workspace directory and everything in it (links are not followed).
+
+        Raises InvalidWorkspaceId, WorkspaceNotFound, OSError.
+        """
+        p = self.path(ws_id)
+        await asyncio.to_thread(shutil.rmtree, p)
+
+
+class CallRunner:
+    """Runs tool calls for the service surfaces.
+
+    Calls to one workspace run one at a time, in arrival order (asyncio locks are FIFO), so
+    a client's sequence of edits is applied as sent and concurrent clients never interleave
+    inside one workspace. At most ``max_concurrent`` calls are in flight (waiting or
+    running) in the whole process; beyond that :meth:`slot` raises Busy (HTTP 429) rather
+    than queueing without bound.
+    """
+
+    def __init__(self, registry: Registry, metrics: Metrics, *, max_concurrent: int = 64) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.max_concurrent = max_concurrent
+        self._inflight = 0
+        self._locks: dict[Path, asyncio.Lock] = {}
+        self.opened: set[Path] = set()  # workspaces whose sandbox this process has used
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the global slots. Raises Busy when none is free."""
+        if self._inflight >= self.max_concurrent:
+            self.metrics.rejected.labels(reason="busy").inc()
+            raise Busy(f"Too many concurrent calls (limit {self.max_concurrent}); retry later")
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+
+    def lock(self, workspace: Path | None) -> asyncio.Lock:
+        key = workspace or Path("/")
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def forget(self, workspace: Path) -> None:
+        self.opened.discard(workspace)
+
+    async def execute(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        workspace: Path | None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        known_tools: frozenset[str] | None = None,
+    ) -> ToolResult:
+        """One call, serialized per workspace, counted and logged. Never raises for a tool
+        failure (the registry turns those into results); the caller holds a :meth:`slot`."""
+        async with self.lock(workspace):
+            start = time.perf_counter()
+            result = await self.registry.execute(
+                tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id
+            )
+            seconds = time.perf_counter() - start
+        if workspace is not None:
+            self.opened.add(workspace)
+        label = tool if known_tools is None or tool in known_tools else "unknown"
+        # The registry logs every call (workspace, tool, call id, outcome, duration);
+        # the service adds only the metrics.
+        self.metrics.observe(label, result, seconds)
+        return result
+
+
+def tool_message_content(result: ToolResult) -> str:
+    """The text a model reads for one result: the output, with the error first when the
+    output does not already say it."""
+    if result.success or not result.error:
+        return result.output
+    if result.error in result.output:
+        return result.output
+    return f"Error: {result.error}\n{result.output}".rstrip("\n")
+
+
+def parse_tool_arguments(tool: str, raw: str | dict[str, Any] | None) -> dict[str, Any] | str:
+    """The arguments of an OpenAI tool call as a dict, or an error message for the model
+    when the string the model produced is not a JSON object."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, or an int too long to parse
+        return (
+            f"Error: the arguments for {tool} are not valid JSON ({e}). "
+            'Send the arguments as one JSON object, for example {"path": "src/main.py"}.'
+        )
+    if not isinstance(value, dict):
+        return f"Error: the arguments for {tool} must be a JSON object, not {type(value).__name__}."
+    return value

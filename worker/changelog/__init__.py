@@ -1,0 +1,32 @@
+"""Host-side workspace changelog (Loom Spec 11) with undo that also covers shell commands.
+
+Modules: ``api`` (:class:`Changelog`), ``recorder`` (record-before-write, recovery),
+``shellscan`` (baseline + change scan), ``undo``, ``diff``, ``store`` (SQLite), ``model``,
+``paths``, ``errors``.
+"""
+
+from .api import Changelog
+from .errors import (
+    ChangelogError,
+    ChangelogStorageError,
+    EntryNotFoundError,
+    UndoConflictError,
+    UndoRefusedError,
+)
+from .model import Entry, Limits, Summary, UndoResult, UndoStep
+from .shellscan import ShellToken
+
+__all__ = [
+    "Changelog",
+    "ChangelogError",
+    "ChangelogStorageError",
+    "Entry",
+    "EntryNotFoundError",
+    "Limits",
+    "ShellToken",
+    "Summary",
+    "UndoConflictError",
+    "UndoRefusedError",
+    "UndoResult",
+    "UndoStep",
+]

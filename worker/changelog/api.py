@@ -1,0 +1,221 @@
+"""``Changelog``: the public face of one workspace's changelog.
+
+It implements the tools' ``ChangeRecorder`` protocol (``write``, ``before_shell``,
+``after_shell``) and the log / diff / summary / undo API used by the CLI and services.
+Storage lives under ``data_dir/workspaces/<hash of the workspace's real path>/``: never in
+the workspace, never mounted into a sandbox. The workspace path is only a key; every file
+of the workspace is read and written through the :class:`~sandbox.base.Sandbox`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sandbox.base import Sandbox, WriteResult
+
+from .diff import Content, first_before, read_now, summarize, unified
+from .model import Entry, Limits, Summary, UndoResult
+from .paths import is_safe_relpath
+from .recorder import ChangelogCore, recorded_write, workspace_dir
+from .shellscan import ShellToken, ShellTracker
+from .store import Store
+from .undo import select, undo
+
+
+class Changelog:
+    """One workspace's changelog. Safe to share between coroutines of one event loop, and
+    between processes (each opens its own ``Changelog`` on the same data directory)."""
+
+    def __init__(self, core: ChangelogCore) -> None:
+        self._core = core
+        self._shell = ShellTracker(core)
+
+    @classmethod
+    def open(cls, data_dir: Path, workspace: Path, *, limits: Limits | None = None) -> Changelog:
+        """Open (creating) the changelog of ``workspace`` under ``data_dir``.
+
+        Raises ChangelogStorageError when the store cannot be opened.
+        """
+        core = ChangelogCore(
+            workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits or Limits()
+        )
+        with core.store.tx() as db:
+            if core.store.meta("workspace") is None:
+                Store.set_meta(db, "workspace", str(core.workspace))
+        return cls(core)
+
+    @property
+    def directory(self) -> Path:
+        """Where this changelog's files live (outside the workspace)."""
+        return self._core.root
+
+    @property
+    def limits(self) -> Limits:
+        return self._core.limits
+
+    async def aclose(self) -> None:
+        await self._core.aclose()
+
+    async def __aenter__(self) -> Changelog:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- ChangeRecorder ---------------------------------------------------------------
+
+    async def write(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        tool: str = "write_file",
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> WriteResult:
+        """Record ``path``'s before-image durably, then write ``data`` through the sandbox.
+
+        Raises the sandbox's errors unchanged (ConflictError, NotAFileError,
+        PathEscapeError, TooLargeError, infrastructure errors) and ChangelogStorageError
+        (then the workspace was not changed).
+        """
+        return await recorded_write(
+            self._core,
+            sandbox,
+            path,
+            data,
+            expect_sha256=expect_sha256,
+            expect_absent=expect_absent,
+            tool=tool,
+            call_id=call_id,
+            subtask_id=subtask_id,
+        )
+
+    async def before_shell(self, sandbox: Sandbox) -> ShellToken:
+        """Make sure the baseline exists and is current before a command runs.
+
+        The first call reads the whole workspace (within :class:`Limits`) through the
+        sandbox. Raises sandbox and storage errors.
+        """
+        import time
+
+        async with self._core.lock:
+            await self._core.recover(sandbox)
+            if await self._shell.ready():
+                await self._shell.sync(sandbox, None)
+            else:
+                await self._shell.build(sandbox)
+        return ShellToken(started=time.time(), baseline_ready=True)
+
+    async def after_shell(
+        self,
+        sandbox: Sandbox,
+        token: object,
+        *,
+        tool: str = "shell_execute",
+        command: str = "",
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> list[str]:
+        """Record every file the command created, modified or deleted; return their paths.
+
+        Raises sandbox and storage errors (a later scan then catches up: nothing is lost,
+        though it may be attributed to the next command).
+        """
+        record: dict[str, Any] = {
+            "tool": tool,
+            "command": command,
+            "call_id": call_id,
+            "subtask_id": subtask_id,
+        }
+        async with self._core.lock:
+            if not await self._shell.ready():
+                await self._shell.build(sandbox)
+                return []
+            return await self._shell.sync(sandbox, record)
+
+    # -- log / diff / summary --------------------------------------------------------------
+
+    async def log(
+        self,
+        *,
+        path: str | None = None,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """Entries, oldest first, optionally filtered. Raises ChangelogStorageError."""
+        where, params = ["1"], []
+        for col, val in (("path", path), ("call_id", call_id), ("subtask_id", subtask_id)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        found = await self._core.db(self._core.store.entries, " AND ".join(where), params)
+        return found[-limit:] if limit else found
+
+    async def entry(self, entry_id: int) -> Entry | None:
+        return await self._core.db(self._core.store.entry, entry_id)
+
+    async def summary(self) -> Summary:
+        """Net created/modified/deleted/renamed paths. Raises ChangelogStorageError."""
+        return summarize(await self.log())
+
+    async def diff(self, sandbox: Sandbox, path: str | None = None) -> str:
+        """Unified diff, per path, from its first recorded before-image to its content now.
+
+        Raises ChangelogStorageError, sandbox infrastructure errors.
+        """
+        firsts = first_before(await self.log())
+        out = []
+        for p, e in sorted(firsts.items()):
+            if (path is not None and p != path) or not is_safe_relpath(p):
+                continue
+            old: Content
+            if e.path == p and e.before_kind is not None:
+                blob = (
+                    await self._core.db(self._core.store.get_blob, e.before_hash) if e.before_hash else None
+                )
+                old = blob if blob is not None else f"({e.before_kind}; before-image not kept)"
+            elif e.path == p or e.new_path == p:
+                old = None
+            now = await read_now(sandbox, p, self._core.limits.max_file_bytes)
+            out.append(unified(p, old, now))
+        return "".join(out)
+
+    # -- undo --------------------------------------------------------------------------
+
+    async def undo(
+        self,
+        sandbox: Sandbox,
+        *,
+        entry: int | None = None,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        to: int | None = None,
+        all: bool = False,
+        dry_run: bool = False,
+        force: bool = False,
+        undo_call_id: str | None = None,
+    ) -> UndoResult:
+        """Revert entries, newest first: one ``entry``, a ``call_id``, a ``subtask_id``,
+        everything after entry ``to`` (the workspace returns to its state right after
+        ``to``; ``to=0`` reverts everything), or ``all``.
+
+        Idempotent. ``dry_run`` changes nothing and returns the diff it would apply.
+        Raises ValueError (not exactly one selector), EntryNotFoundError,
+        UndoConflictError (files changed since; nothing written unless ``force``),
+        UndoRefusedError (tampered entry), ChangelogStorageError, sandbox infrastructure
+        errors. A refusal by the agent for one entry is a ``failed`` step in the result.
+        """
+        async with self._core.lock:
+            await self._core.recover(sandbox)
+            targets = await self._core.db(
+                select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
+            )
+            return await undo(
+                self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id
+            )

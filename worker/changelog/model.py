@@ -1,0 +1,122 @@
+"""What the changelog stores and returns (Loom Spec 11 entries, extended).
+
+An :class:`Entry` is one change to one path. ``before_hash`` names the before-image in the
+blob store (None for a create); ``after_hash`` the content after the change (None for a
+delete). ``state`` is ``pending`` from the moment the entry is durably recorded until the
+change is known to have happened (``applied``) or not (``failed``); a crash leaves it
+``pending`` and the next user of the changelog resolves it by hashing the file through the
+sandbox. ``restorable`` is False when the before-image could not be kept (a file over the
+size cap, an ignored directory, a symlink or special file); ``note`` says why.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Op = Literal["create", "modify", "delete", "rename"]
+State = Literal["pending", "applied", "failed"]
+Origin = Literal["tool", "shell", "undo"]
+#: What a path was before/after: a regular file, a symlink, something else, or absent (None).
+Kind = Literal["file", "symlink", "dir", "other"]
+
+
+class Entry(BaseModel):
+    """One recorded change to one workspace path."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int
+    ts: float
+    call_id: str | None
+    subtask_id: str | None
+    tool: str
+    op: Op
+    path: str
+    new_path: str | None = None
+    before_hash: str | None = None
+    after_hash: str | None = None
+    before_kind: Kind | None = None
+    after_kind: Kind | None = None
+    before_mode: int | None = None
+    state: State = "applied"
+    origin: Origin = "tool"
+    restorable: bool = True
+    note: str | None = None
+    reverts: int | None = None  # for undo entries: the entry this one reverted
+    reverted_by: int | None = None  # the undo entry that reverted this one
+
+    @property
+    def reverted(self) -> bool:
+        return self.reverted_by is not None
+
+
+class UndoStep(BaseModel):
+    """What undo did (or, in a dry run, would do) for one entry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    entry_id: int
+    path: str
+    action: Literal["restore", "remove", "rename_back", "skip"]
+    status: Literal["reverted", "would_revert", "already_reverted", "not_restorable", "failed"]
+    undo_entry_id: int | None = None
+    message: str | None = None
+
+
+class UndoResult(BaseModel):
+    """The outcome of one undo request; ``diff`` is the unified diff it applies (or would)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dry_run: bool
+    steps: list[UndoStep]
+    diff: str
+
+    @property
+    def reverted(self) -> list[int]:
+        return [s.entry_id for s in self.steps if s.status in ("reverted", "would_revert")]
+
+    @property
+    def failed(self) -> list[UndoStep]:
+        return [s for s in self.steps if s.status in ("failed", "not_restorable")]
+
+
+class Summary(BaseModel):
+    """Net effect of the recorded (not reverted) changes, per path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    created: list[str]
+    modified: list[str]
+    deleted: list[str]
+    renamed: list[tuple[str, str]]
+    not_restorable: list[str]
+
+
+class Limits(BaseModel):
+    """What the shell-change baseline keeps. Outside these, changes are still recorded,
+    as ``restorable=False`` entries with a note, never dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: A file larger than this has no before-image (the agent reads at most 16 MiB at once).
+    max_file_bytes: int = 16 << 20
+    #: Total content kept in the baseline; files beyond it are tracked by stat only.
+    max_total_bytes: int = 1 << 30
+    #: Files walked by a scan; a larger workspace is reported as truncated.
+    max_files: int = 200_000
+    #: Directory names whose files are tracked by stat only (changes are reported, one
+    #: aggregated not-restorable entry per directory per command).
+    ignored_dirs: tuple[str, ...] = (
+        ".git",
+        "node_modules",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+    )

@@ -1,0 +1,282 @@
+"""The changelog of one workspace: record-before-write, crash recovery, and the
+:class:`ChangeRecorder` methods the tools call.
+
+Write protocol (the order is the crash-safety argument):
+
+1. take the workspace lock (in-process + ``flock``), resolve entries a crashed writer left
+   ``pending``;
+2. read the before-image *through the sandbox* (never from the host);
+3. commit, durably, the entry as ``pending`` together with the before- and after-image
+   blobs; a full disk fails here, before the workspace is touched;
+4. ``sandbox.write`` with a precondition on exactly the content recorded (temp file,
+   fsync, rename in the agent: the file is wholly old or wholly new);
+5. mark the entry ``applied`` (or ``failed`` when the agent refused) and update the
+   shell baseline. A crash between 3 and 5 leaves ``pending``; step 1 of the next user
+   hashes the file and settles it as applied or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandbox.base import Sandbox, WriteResult
+from sandbox.errors import AgentError, ConflictError, NotAFileError, PathNotFoundError
+
+from .errors import ChangelogStorageError
+from .model import Entry, Kind, Limits, Origin
+from .paths import canonical
+from .store import Store, WorkspaceLock, sha256
+
+T = TypeVar("T")
+
+
+def workspace_dir(data_dir: Path, workspace: Path) -> Path:
+    """``data_dir/workspaces/<sha256 of the real path>``: the key only, nothing is read there."""
+    real = os.path.realpath(workspace)
+    return Path(data_dir) / "workspaces" / hashlib.sha256(real.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Current:
+    """What a path holds right now, as read through the sandbox."""
+
+    kind: Kind | None  # None = absent
+    sha: str | None = None
+    data: bytes | None = None  # None when not kept (too large)
+    mode: int | None = None
+    note: str | None = None
+
+
+class ChangelogCore:
+    """Storage, locking and the single-change primitive shared by writes and undo."""
+
+    def __init__(self, root: Path, workspace: Path, limits: Limits) -> None:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.root = root
+        self.workspace = Path(os.path.realpath(workspace))
+        self.limits = limits
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="changelog-db")
+        self.store = Store(root / "changelog.sqlite3")
+        self.lock = WorkspaceLock(root / "lock")
+        self.snapshot_key = "loom-changelog-" + root.name
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking store call on the changelog's own thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def aclose(self) -> None:
+        await self.db(self.store.close)
+        self._pool.shutdown(wait=True)
+        self.lock.close()
+
+    # -- reading through the sandbox ---------------------------------------------------
+
+    async def current(self, sandbox: Sandbox, path: str) -> Current:
+        """The content at ``path``. Raises sandbox errors other than not-found
+        (NotAFileError for a directory or FIFO, PathEscapeError)."""
+        try:
+            r = await sandbox.read(path, max_bytes=self.limits.max_file_bytes)
+        except PathNotFoundError:
+            return Current(None)
+        if r.sha256 is not None:
+            return Current("file", r.sha256, r.data)
+        digest = (await sandbox.hash([path])).get(path)
+        return Current(
+            "file",
+            digest,
+            None,
+            note=f"before-image not kept: {r.size} bytes exceeds the "
+            f"{self.limits.max_file_bytes} byte per-file cap",
+        )
+
+    # -- the single-change primitive ---------------------------------------------------
+
+    def _begin_tx(self, fields: dict[str, Any], blobs: list[tuple[str, bytes]]) -> int:
+        with self.store.tx() as db:
+            for digest, data in blobs:
+                Store.put_blob(db, digest, data)
+            return Store.insert_entry(db, **fields)
+
+    def _finish_tx(
+        self, entry_id: int, state: str, baseline: tuple[str, str | None] | None, reverts: int | None
+    ) -> None:
+        # Not fsync'd: if this is lost the entry stays pending and recovery settles it.
+        with self.store.tx(durable=False) as db:
+            db.execute("UPDATE entries SET state = ? WHERE id = ?", (state, entry_id))
+            if state == "applied":
+                if baseline is not None:
+                    _baseline_after_change(db, *baseline)
+                if reverts is not None:
+                    db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
+
+    async def change(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes | None,
+        cur: Current,
+        *,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        tool: str,
+        call_id: str | None,
+        subtask_id: str | None,
+        origin: Origin,
+        reverts: int | None = None,
+        note: str | None = None,
+    ) -> tuple[int, WriteResult | None]:
+        """Record, then write ``data`` to (or with None, remove) ``path``. Caller holds the lock.
+
+        Returns the entry id and the sandbox's WriteResult (None for a removal). Raises the
+        sandbox's error unchanged (the entry is then ``failed``, or left ``pending`` when
+        the outcome is unknown, e.g. the sandbox was lost), ChangelogStorageError before
+        anything was written.
+        """
+        after = sha256(data) if data is not None else None
+        op = "delete" if data is None else ("create" if cur.kind is None else "modify")
+        blobs = []
+        if cur.data is not None and cur.sha is not None:
+            blobs.append((cur.sha, cur.data))
+        if data is not None and after is not None and len(data) <= self.limits.max_file_bytes:
+            blobs.append((after, data))
+        restorable = cur.kind is None or (cur.kind == "file" and cur.data is not None)
+        fields = {
+            "ts": time.time(),
+            "call_id": call_id,
+            "subtask_id": subtask_id,
+            "tool": tool,
+            "op": op,
+            "path": path,
+            "before_hash": cur.sha,
+            "after_hash": after,
+            "before_kind": cur.kind,
+            "after_kind": None if data is None else "file",
+            "before_mode": cur.mode,
+            "state": "pending",
+            "origin": origin,
+            "restorable": int(restorable),
+            "note": note or cur.note,
+            "reverts": reverts,
+        }
+        entry_id = await self.db(self._begin_tx, fields, blobs)
+        try:
+            if data is None:
+                await sandbox.remove(path, expect_sha256=expect_sha256)
+                result = None
+            else:
+                result = await sandbox.write(
+                    path, data, expect_sha256=expect_sha256, expect_absent=expect_absent
+                )
+        except AgentError:
+            await self.db(self._finish_tx, entry_id, "failed", None, None)
+            raise
+        await self.db(self._finish_tx, entry_id, "applied", (path, after), reverts)
+        return entry_id, result
+
+    # -- recovery ----------------------------------------------------------------------
+
+    async def recover(self, sandbox: Sandbox) -> list[Entry]:
+        """Settle entries left ``pending`` by a crashed or cancelled writer. Caller holds the lock.
+
+        Returns the settled entries. Raises infrastructure errors of the sandbox.
+        """
+        pending = await self.db(self.store.entries, "state = 'pending'")
+        if not pending:
+            return []
+        paths = sorted({p for e in pending for p in (e.path, e.new_path) if p})
+        hashes = await sandbox.hash(paths)
+        for e in pending:
+            now = hashes.get(e.path)
+            applied = now == e.after_hash
+            if e.op == "rename" and e.new_path:
+                applied = now is None and hashes.get(e.new_path) == e.after_hash
+            failed = not applied and now == e.before_hash
+            state = "applied" if applied else "failed"
+            note = None if applied or failed else "outcome unknown after a crash: the file changed since"
+            await self.db(self._settle_tx, e, state, note)
+        return pending
+
+    def _settle_tx(self, e: Entry, state: str, note: str | None) -> None:
+        with self.store.tx() as db:
+            db.execute(
+                "UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ?", (state, note, e.id)
+            )
+            if state == "applied":
+                _baseline_after_change(db, e.path, e.after_hash)
+                if e.reverts is not None:
+                    db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (e.id, e.reverts))
+
+
+def _baseline_after_change(db: Any, path: str, after: str | None) -> None:
+    """Keep the shell baseline in step with a change made through the changelog.
+
+    The stat is unknown here, so it is set impossible (-1): the next scan sees the file as
+    changed, hashes it, finds the recorded content and only refreshes the stat.
+    """
+    if after is None:
+        db.execute("DELETE FROM baseline WHERE path = ?", (path,))
+        return
+    kept = db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (after,)).fetchone() is not None
+    db.execute(
+        "INSERT OR REPLACE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, status, "
+        "racy) VALUES (?, 'file', -1, -1, 0, 0, ?, NULL, ?, 0)",
+        (path, after, "ok" if kept else "too_large"),
+    )
+
+
+async def recorded_write(
+    core: ChangelogCore,
+    sandbox: Sandbox,
+    path: str,
+    data: bytes,
+    *,
+    expect_sha256: str | None,
+    expect_absent: bool,
+    tool: str,
+    call_id: str | None,
+    subtask_id: str | None,
+) -> WriteResult:
+    """The ``ChangeRecorder.write`` implementation (see the module docstring for the order).
+
+    Raises the sandbox's errors unchanged (ConflictError when the caller's precondition
+    does not hold, NotAFileError, PathEscapeError, ...), ChangelogStorageError.
+    """
+    async with core.lock:
+        await core.recover(sandbox)
+        rel, st = await canonical(sandbox, path)
+        if st is not None and st.type == "dir":
+            raise NotAFileError(f"Not a file: {path} is a directory", code="not_a_file")
+        cur = await core.current(sandbox, rel)
+        if st is not None:
+            cur.mode = st.mode
+        if expect_absent and cur.kind is not None:
+            raise ConflictError(f"Conflict: {path} already exists", code="conflict")
+        if expect_sha256 is not None and cur.sha != expect_sha256:
+            what = "changed since it was read" if cur.kind is not None else "no longer exists"
+            raise ConflictError(f"Conflict: {path} {what}", code="conflict")
+        if cur.kind is not None and cur.sha is None:
+            raise ChangelogStorageError(f"cannot record {path}: its content could not be hashed")
+        _, result = await core.change(
+            sandbox,
+            rel,
+            data,
+            cur,
+            expect_sha256=cur.sha,
+            expect_absent=cur.kind is None,
+            tool=tool,
+            call_id=call_id,
+            subtask_id=subtask_id,
+            origin="tool",
+        )
+        assert result is not None
+        return result

@@ -1,0 +1,421 @@
+"""Shell-command coverage: a content baseline of the workspace plus a cheap change scan.
+
+The baseline (table ``baseline``: one row per file with its stat, sha256 and whether its
+content is kept in the blob store) is built on the first ``before_shell`` by reading every
+file *through the sandbox*. After a command, the agent's snapshot scan returns only what
+changed by stat (type, size, mtime, inode, mode) since the previous scan; only those files
+are read and hashed. When the agent restarted (``full=True``) the whole listing is diffed
+against the stored stats instead, so nothing is missed across restarts.
+
+Limits (:class:`~worker.changelog.model.Limits`), all reported, never silent:
+
+* a file over ``max_file_bytes``, or beyond ``max_total_bytes`` of kept content, is tracked
+  by stat and hash only: its changes are entries with ``restorable=False``;
+* files under an ignored directory (``.git``, ``node_modules``, ...) are tracked by stat
+  only; a command's changes there become one not-restorable entry per directory;
+* symlinks are recorded by target string; the agent has no symlink operation, so a
+  created link can be undone (removed) but a changed or deleted one cannot;
+* a workspace over ``max_files`` files is reported with a ``truncated`` entry.
+
+Racy files (modified within :data:`RACY_NS` of a scan, where a same-size rewrite could keep
+the same mtime tick) are re-hashed on the next scan, as git does for its index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox.base import Sandbox, ScanEntry
+from sandbox.errors import AgentError, PathNotFoundError
+
+from .recorder import ChangelogCore
+from .store import BASELINE_COLUMNS, Store
+
+RACY_NS = 1_000_000_000
+_READ_CONCURRENCY = 16
+
+
+@dataclass
+class Row:
+    """One baseline row."""
+
+    path: str
+    type: str
+    size: int
+    mtime_ns: int
+    ino: int
+    mode: int
+    sha256: str | None
+    target: str | None
+    status: str  # ok | too_large | over_cap | ignored | symlink | other | unreadable
+    racy: int = 0
+
+    def same_stat(self, e: ScanEntry) -> bool:
+        return (self.type, self.size, self.mtime_ns, self.ino, self.mode) == (
+            e.type,
+            e.size,
+            e.mtime_ns,
+            e.ino,
+            e.mode,
+        )
+
+    def values(self) -> tuple[Any, ...]:
+        return (
+            self.path,
+            self.type,
+            self.size,
+            self.mtime_ns,
+            self.ino,
+            self.mode,
+            self.sha256,
+            self.target,
+            self.status,
+            self.racy,
+        )
+
+
+@dataclass
+class ShellToken:
+    """What ``before_shell`` hands to ``after_shell``."""
+
+    started: float
+    baseline_ready: bool
+
+
+@dataclass
+class _Batch:
+    rows: list[Row] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    blobs: list[tuple[str, bytes]] = field(default_factory=list)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+
+
+def ignored_root(path: str, ignored: Iterable[str]) -> str | None:
+    """The ignored directory ``path`` lies under (``a/node_modules``), or None."""
+    parts = path.split("/")
+    names = set(ignored)
+    for i, comp in enumerate(parts[:-1]):
+        if comp in names:
+            return "/".join(parts[: i + 1])
+    return None
+
+
+class ShellTracker:
+    """Baseline + change scan for one workspace; methods expect the caller to hold the lock."""
+
+    def __init__(self, core: ChangelogCore) -> None:
+        self.core = core
+        self.limits = core.limits
+        self._generation: str | None = None
+
+    # -- store helpers (run on the db thread) -----------------------------------------
+
+    def _rows(self, paths: list[str]) -> dict[str, Row]:
+        out: dict[str, Row] = {}
+        for i in range(0, len(paths), 500):
+            chunk = paths[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self.core.store.query(
+                f"SELECT {BASELINE_COLUMNS} FROM baseline WHERE path IN ({marks})", chunk
+            ):
+                out[r[0]] = Row(*r)
+        return out
+
+    def _all_rows(self) -> dict[str, Row]:
+        return {r[0]: Row(*r) for r in self.core.store.query(f"SELECT {BASELINE_COLUMNS} FROM baseline")}
+
+    def _racy(self) -> list[str]:
+        return [r[0] for r in self.core.store.query("SELECT path FROM baseline WHERE racy = 1")]
+
+    def _kept_bytes(self) -> int:
+        return int(
+            self.core.store.query("SELECT COALESCE(SUM(size), 0) FROM baseline WHERE status = 'ok'")[0][0]
+        )
+
+    def _commit(self, batch: _Batch, *, rebuild: bool = False) -> None:
+        with self.core.store.tx() as db:
+            if rebuild:
+                db.execute("DELETE FROM baseline")
+            for digest, data in batch.blobs:
+                Store.put_blob(db, digest, data)
+            for e in batch.entries:
+                Store.insert_entry(db, **e)
+            db.executemany("DELETE FROM baseline WHERE path = ?", [(p,) for p in batch.deleted])
+            db.executemany(
+                f"INSERT OR REPLACE INTO baseline({BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [r.values() for r in batch.rows],
+            )
+            Store.set_meta(db, "baseline", "1")
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _describe(
+        self, sandbox: Sandbox, e: ScanEntry, budget: list[int], now_ns: int
+    ) -> tuple[Row, bytes | None]:
+        """A baseline row for scan entry ``e`` and the content to keep (None if not kept)."""
+        racy = int(e.mtime_ns >= now_ns - RACY_NS)
+        row = Row(e.path, e.type, e.size, e.mtime_ns, e.ino, e.mode, None, None, "other", racy)
+        if ignored_root(e.path, self.limits.ignored_dirs) is not None:
+            row.status = "ignored"
+            return row, None
+        if e.type == "symlink":
+            try:
+                row.target = (await sandbox.stat(e.path)).target
+            except PathNotFoundError:
+                pass
+            row.status = "symlink"
+            return row, None
+        if e.type != "file":
+            return row, None
+        if e.size > self.limits.max_file_bytes or budget[0] < e.size:
+            row.status = "too_large" if e.size > self.limits.max_file_bytes else "over_cap"
+            row.sha256 = (await sandbox.hash([e.path])).get(e.path)
+            return row, None
+        try:
+            r = await sandbox.read(e.path, max_bytes=self.limits.max_file_bytes)
+        except PathNotFoundError:
+            raise
+        except AgentError:
+            row.status = "unreadable"
+            return row, None
+        if r.sha256 is None:  # grew past the cap since the scan
+            row.status = "too_large"
+            return row, None
+        budget[0] -= len(r.data)
+        row.sha256, row.status = r.sha256, "ok"
+        return row, r.data
+
+    async def _describe_all(
+        self, sandbox: Sandbox, entries: list[ScanEntry], budget: list[int]
+    ) -> list[tuple[ScanEntry, Row | None, bytes | None]]:
+        sem = asyncio.Semaphore(_READ_CONCURRENCY)
+        now_ns = time.time_ns()
+
+        async def one(e: ScanEntry) -> tuple[ScanEntry, Row | None, bytes | None]:
+            async with sem:
+                try:
+                    row, data = await self._describe(sandbox, e, budget, now_ns)
+                except PathNotFoundError:
+                    return e, None, None  # vanished since the scan: the next scan reports it
+                return e, row, data
+
+        return list(await asyncio.gather(*(one(e) for e in entries)))
+
+    # -- baseline ----------------------------------------------------------------------
+
+    async def build(self, sandbox: Sandbox) -> None:
+        """Build the baseline from scratch (first use). Raises sandbox/storage errors."""
+        res = await sandbox.scan(".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key)
+        budget = [self.limits.max_total_bytes]
+        batch = _Batch()
+        for _e, row, data in await self._describe_all(sandbox, res.entries, budget):
+            if row is None:
+                continue
+            batch.rows.append(row)
+            if data is not None and row.sha256:
+                batch.blobs.append((row.sha256, data))
+        await self.core.db(self._commit, batch, rebuild=True)
+        self._generation = res.generation
+
+    async def ready(self) -> bool:
+        return await self.core.db(self.core.store.meta, "baseline") == "1"
+
+    # -- change scan ---------------------------------------------------------------------
+
+    async def sync(self, sandbox: Sandbox, record: dict[str, Any] | None) -> list[str]:
+        """Bring the baseline up to date; with ``record`` also write entries for the changes.
+
+        Returns the changed workspace-relative paths. Raises sandbox/storage errors (the
+        next scan is then a full one, so nothing is lost).
+        """
+        since, self._generation = self._generation, None
+        res = await sandbox.scan(
+            ".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key, since=since
+        )
+        if res.full:
+            base = await self.core.db(self._all_rows)
+            seen = {e.path for e in res.entries}
+            changed = [e for e in res.entries if (b := base.get(e.path)) is None or not b.same_stat(e)]
+            removed = [] if res.truncated else [p for p in base if p not in seen]
+        else:
+            changed, removed, base = res.entries, res.removed, None
+        racy = await self.core.db(self._racy)
+        if not changed and not removed and not racy and not res.truncated:
+            self._generation = res.generation
+            return []
+        paths = sorted({e.path for e in changed} | set(removed) | set(racy))
+        rows = base if base is not None else await self.core.db(self._rows, paths)
+        batch = await self._diff(sandbox, changed, removed, racy, rows, record)
+        if record is not None and res.truncated:
+            batch.entries.append(
+                _entry(
+                    record,
+                    "modify",
+                    ".",
+                    note=(
+                        f"workspace has more than {self.limits.max_files} files: changes beyond the scan cap "
+                        "are not tracked"
+                    ),
+                    restorable=False,
+                )
+            )
+        if batch.rows or batch.deleted or batch.entries or batch.blobs:
+            await self.core.db(self._commit, batch)
+        self._generation = res.generation
+        return batch.changed
+
+    async def _diff(
+        self,
+        sandbox: Sandbox,
+        changed: list[ScanEntry],
+        removed: list[str],
+        racy: list[str],
+        rows: dict[str, Row],
+        record: dict[str, Any] | None,
+    ) -> _Batch:
+        batch = _Batch()
+        budget = [self.limits.max_total_bytes - await self.core.db(self._kept_bytes)]
+        changed_paths = {e.path for e in changed}
+        recheck = [p for p in racy if p not in changed_paths and p not in removed]
+        if recheck:
+            hashes = await sandbox.hash(recheck)
+            now_ns = time.time_ns()
+            for p in recheck:
+                b = rows.get(p)
+                if b is None:
+                    continue
+                if hashes.get(p) == b.sha256 or b.status != "ok":
+                    b.racy = int(b.mtime_ns >= now_ns - RACY_NS)
+                    batch.rows.append(b)
+                else:  # rewritten within one mtime tick: treat as changed, stat unknown
+                    changed.append(ScanEntry(p, "file", b.size, -1, 0, b.mode))
+        created: dict[int, tuple[ScanEntry, Row, bytes | None]] = {}
+        gone: dict[str, Row] = {p: rows[p] for p in removed if p in rows}
+        ignored: dict[str, list[str]] = {}
+        for e, row, data in await self._describe_all(sandbox, changed, budget):
+            if row is None:
+                continue
+            b = rows.get(e.path)
+            if row.status == "ignored":
+                batch.rows.append(row)
+                ignored.setdefault(ignored_root(e.path, self.limits.ignored_dirs) or "", []).append(e.path)
+                continue
+            if data is not None and row.sha256:
+                batch.blobs.append((row.sha256, data))
+            batch.rows.append(row)
+            if b is not None and b.type == row.type and b.sha256 == row.sha256 and b.target == row.target:
+                continue  # touched, not changed
+            if b is None and row.type == "file" and row.ino:
+                created[row.ino] = (e, row, data)
+            else:
+                self._change(batch, record, b, row)
+        for p, b in gone.items():
+            batch.deleted.append(p)
+            root = ignored_root(p, self.limits.ignored_dirs)
+            if root is not None:
+                ignored.setdefault(root, []).append(p)
+            elif b.type == "file" and b.ino in created and b.status == "ok":
+                _e, row, _d = created.pop(b.ino)
+                batch.changed += [p, row.path]
+                if record is not None:
+                    batch.entries.append(
+                        _entry(record, "rename", p, new_path=row.path, before=b, after=row, restorable=True)
+                    )
+            else:
+                self._change(batch, record, b, None)
+        for _e, row, _d in created.values():
+            self._change(batch, record, None, row)
+        for root, files in sorted(ignored.items()):
+            batch.changed += files
+            if record is not None:
+                batch.entries.append(
+                    _entry(
+                        record,
+                        "modify",
+                        root,
+                        restorable=False,
+                        note=(
+                            f"{len(files)} file(s) changed under ignored directory {root} "
+                            "(content not kept): "
+                            + ", ".join(sorted(files)[:5])
+                            + (" ..." if len(files) > 5 else "")
+                        ),
+                    )
+                )
+        return batch
+
+    def _change(self, batch: _Batch, record: dict[str, Any] | None, b: Row | None, a: Row | None) -> None:
+        path = (a or b).path  # type: ignore[union-attr]
+        batch.changed.append(path)
+        if record is None:
+            return
+        op = "create" if b is None else ("delete" if a is None else "modify")
+        if b is None:
+            restorable, note = True, None
+        elif b.type == "file" and b.status == "ok" and (a is None or a.type == "file"):
+            restorable, note = True, None
+        else:
+            restorable = False
+            note = _why_not(b, a)
+        if a is not None and a.type == "symlink":
+            note = (note + "; " if note else "") + f"now a symlink -> {a.target}"
+        batch.entries.append(_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))
+
+
+def _why_not(b: Row, a: Row | None) -> str:
+    if b.type == "symlink":
+        return f"was a symlink -> {b.target}; the sandbox cannot recreate symlinks"
+    if b.type != "file":
+        return "was a special file; it cannot be recreated"
+    if b.status != "ok":
+        return {
+            "too_large": "before-image not kept: over the per-file size cap",
+            "over_cap": "before-image not kept: the baseline's total size cap was reached",
+            "unreadable": "before-image not kept: the file was unreadable",
+        }.get(b.status, b.status)
+    return f"type changed to {a.type if a else 'absent'}; not restorable"
+
+
+def _entry(
+    record: dict[str, Any],
+    op: str,
+    path: str,
+    *,
+    new_path: str | None = None,
+    before: Row | None = None,
+    after: Row | None = None,
+    restorable: bool,
+    note: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "ts": time.time(),
+        "call_id": record.get("call_id"),
+        "subtask_id": record.get("subtask_id"),
+        "tool": record.get("tool") or "shell_execute",
+        "op": op,
+        "path": path,
+        "new_path": new_path,
+        "before_hash": before.sha256 if before else None,
+        "after_hash": after.sha256 if after else None,
+        "before_kind": _kind(before),
+        "after_kind": _kind(after),
+        "before_mode": before.mode if before else None,
+        "state": "applied",
+        "origin": "shell",
+        "restorable": int(restorable),
+        "note": note
+        if note is not None
+        else (f"$ {record['command'][:200]}" if record.get("command") else None),
+        "reverts": None,
+    }
+
+
+def _kind(r: Row | None) -> str | None:
+    if r is None:
+        return None
+    return r.type if r.type in ("file", "symlink", "dir") else "other"

@@ -1,0 +1,211 @@
+"""Durable storage of one workspace's changelog: a SQLite database in WAL mode.
+
+Why SQLite, blobs included: one committed transaction makes the entry *and* its
+before-image durable together (one fsync with ``synchronous=FULL``), so a crash can never
+leave an entry pointing at a missing or torn blob, nor an orphan blob file; WAL lets a CLI
+call read while a server writes; ``AUTOINCREMENT`` ids are never reused, even after a
+crash or a deleted row. Blobs are content-addressed (sha256 primary key), so the baseline
+and repeated edits of the same file are stored once. Files up to the 16 MiB per-file cap
+sit comfortably in SQLite rows.
+
+Everything here is blocking; :class:`~worker.changelog.recorder.Changelog` calls it on
+one dedicated thread. Several processes may share a database: writers serialize on
+SQLite's own lock (``BEGIN IMMEDIATE`` + ``busy_timeout``) and, for the read-check-write
+sequences that must not interleave, on :class:`WorkspaceLock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ChangelogStorageError
+from .model import Entry
+
+SCHEMA_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs(sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS entries(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  ts REAL NOT NULL, call_id TEXT, subtask_id TEXT, tool TEXT NOT NULL,
+  op TEXT NOT NULL CHECK (op IN ('create','modify','delete','rename')),
+  path TEXT NOT NULL, new_path TEXT, before_hash TEXT, after_hash TEXT,
+  before_kind TEXT, after_kind TEXT, before_mode INTEGER,
+  state TEXT NOT NULL CHECK (state IN ('pending','applied','failed')),
+  origin TEXT NOT NULL CHECK (origin IN ('tool','shell','undo')),
+  restorable INTEGER NOT NULL, note TEXT, reverts INTEGER, reverted_by INTEGER);
+CREATE INDEX IF NOT EXISTS entries_call ON entries(call_id);
+CREATE INDEX IF NOT EXISTS entries_subtask ON entries(subtask_id);
+CREATE INDEX IF NOT EXISTS entries_path ON entries(path);
+CREATE INDEX IF NOT EXISTS entries_pending ON entries(state) WHERE state = 'pending';
+CREATE TABLE IF NOT EXISTS baseline(
+  path TEXT PRIMARY KEY, type TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+  ino INTEGER NOT NULL, mode INTEGER NOT NULL, sha256 TEXT, target TEXT, status TEXT NOT NULL,
+  racy INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS baseline_racy ON baseline(racy) WHERE racy = 1;
+"""
+
+ENTRY_COLUMNS = (
+    "id, ts, call_id, subtask_id, tool, op, path, new_path, before_hash, after_hash, before_kind, "
+    "after_kind, before_mode, state, origin, restorable, note, reverts, reverted_by"
+)
+_ENTRY_FIELDS = [c.strip() for c in ENTRY_COLUMNS.split(",")]
+BASELINE_COLUMNS = "path, type, size, mtime_ns, ino, mode, sha256, target, status, racy"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _entry(row: Sequence[Any]) -> Entry:
+    d = dict(zip(_ENTRY_FIELDS, row, strict=True))
+    d["restorable"] = bool(d["restorable"])
+    return Entry(**d)
+
+
+class Store:
+    """One workspace's changelog database. Not thread-safe: use it from one thread."""
+
+    def __init__(self, path: Path) -> None:
+        """Open (creating) the database. Raises ChangelogStorageError."""
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=60000")
+            with self.tx():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
+                )
+        except sqlite3.Error as e:
+            raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
+        self.path = path
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction. ``durable=False`` skips the commit fsync (safe against a
+        process crash, not a power cut) for records that recovery can rebuild.
+
+        Raises ChangelogStorageError (disk full, I/O error, busy beyond the timeout).
+        """
+        db = self._db
+        try:
+            if not durable:
+                db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise ChangelogStorageError(f"changelog storage failed: {e}") from e
+        finally:
+            if not durable:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("PRAGMA synchronous=FULL")
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """Raises ChangelogStorageError."""
+        try:
+            return self._db.execute(sql, tuple(params)).fetchall()
+        except sqlite3.Error as e:
+            raise ChangelogStorageError(f"changelog storage failed: {e}") from e
+
+    # -- blobs ----------------------------------------------------------------------
+
+    @staticmethod
+    def put_blob(db: sqlite3.Connection, digest: str, data: bytes) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO blobs(sha256, size, data) VALUES (?, ?, ?)", (digest, len(data), data)
+        )
+
+    def get_blob(self, digest: str) -> bytes | None:
+        """The blob, or None when missing or when its content no longer matches its name."""
+        rows = self.query("SELECT data FROM blobs WHERE sha256 = ?", (digest,))
+        if not rows:
+            return None
+        data = bytes(rows[0][0])
+        return data if sha256(data) == digest else None
+
+    # -- entries --------------------------------------------------------------------
+
+    @staticmethod
+    def insert_entry(db: sqlite3.Connection, **fields: Any) -> int:
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        cur = db.execute(f"INSERT INTO entries({cols}) VALUES ({marks})", tuple(fields.values()))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def entries(self, where: str = "1", params: Iterable[Any] = (), *, order: str = "id") -> list[Entry]:
+        return [
+            _entry(r)
+            for r in self.query(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE {where} ORDER BY {order}", params)
+        ]
+
+    def entry(self, entry_id: int) -> Entry | None:
+        found = self.entries("id = ?", (entry_id,))
+        return found[0] if found else None
+
+    # -- meta -----------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    @staticmethod
+    def set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+
+class WorkspaceLock:
+    """Serializes read-check-write sequences on one workspace across coroutines *and*
+    processes: an ``asyncio.Lock`` in-process plus ``flock`` on a file in the data
+    directory. The kernel drops a dead process's ``flock``, so a SIGKILL never wedges it.
+    Acquisition polls with ``LOCK_NB`` so that cancelling a waiter can never leave the
+    lock held by an orphaned thread.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._local = asyncio.Lock()
+
+    async def __aenter__(self) -> None:
+        await self._local.acquire()
+        try:
+            delay = 0.0005
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+        except BaseException:
+            self._local.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._local.release()
+
+    def close(self) -> None:
+        os.close(self._fd)

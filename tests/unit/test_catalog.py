@@ -95,8 +95,24 @@ async def test_confidence_monotonic_and_absolute(catalog: Catalog) -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ['"', "*", "NEAR(", "NEAR(a b", "OR", "AND OR NOT", '"unbalanced', "a*b", "col:foo", "^x", "-x +y",
-     "(((", "'; DROP TABLE tools; --", "slack\x00send", "{}[]", "名前 ファイル"],
+    [
+        '"',
+        "*",
+        "NEAR(",
+        "NEAR(a b",
+        "OR",
+        "AND OR NOT",
+        '"unbalanced',
+        "a*b",
+        "col:foo",
+        "^x",
+        "-x +y",
+        "(((",
+        "'; DROP TABLE tools; --",
+        "slack\x00send",
+        "{}[]",
+        "名前 ファイル",
+    ],
 )
 async def test_hostile_queries_never_reach_fts_syntax(catalog: Catalog, query: str) -> None:
     resp = await catalog.search(query)  # must not raise sqlite3.OperationalError
@@ -179,7 +195,10 @@ def test_capabilities_whole_words() -> None:
     assert "file_io" in extract_capabilities("readFile", "")  # camelCase split
     assert "git" not in extract_capabilities("digitize", "Turn legitimate images into digits")
     assert "aws" not in extract_capabilities("laws_lookup", "Find laws")
-    assert extract_capabilities("web_search", "Search the web with a search engine") == ["search", "web_search"]
+    assert extract_capabilities("web_search", "Search the web with a search engine") == [
+        "search",
+        "web_search",
+    ]
     assert extract_capabilities("x", "y", extra=["visualization", "bogus"]) == ["visualization"]
     assert extract_capabilities("kubectl_get_pods", "List Kubernetes pods") == ["kubernetes"]
 
@@ -192,7 +211,9 @@ def test_keywords() -> None:
 
 
 def test_requires_approval_and_ids() -> None:
-    assert make_descriptor(source="builtin", name="shell_execute", description="Run a command").requires_approval
+    assert make_descriptor(
+        source="builtin", name="shell_execute", description="Run a command"
+    ).requires_approval
     assert make_descriptor(source="builtin", name="write_file", description="Write a file").requires_approval
     r = make_descriptor(source="builtin", name="read_file", description="Read a file")
     assert not r.requires_approval and r.id == "builtin:read_file"
@@ -231,8 +252,14 @@ async def test_ten_concurrent_searches(catalog: Catalog) -> None:
 async def test_index_builtin_from_openai_schemas(tmp_path: Path) -> None:
     c = Catalog.open(tmp_path / "t.db")
     schemas = [
-        {"type": "function", "function": {"name": "read_file", "description": "Read a file",
-                                          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        },
         {"type": "function", "function": {"name": "shell_execute", "description": "Run a shell command"}},
     ]
     stats = await c.index_builtin(schemas)

@@ -118,6 +118,16 @@ def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 class CustomTool:
     """A loaded custom tool: its spec, its catalog descriptor, and how to run it."""
 
@@ -161,7 +171,7 @@ class CustomTool:
             e = errors[0]
             where = "/".join(str(p) for p in e.path) or "arguments"
             raise CustomToolError(f"{self.name}: {where}: {e.message}")
-        if "\x00" in json.dumps(args):
+        if _has_nul(args):
             raise CustomToolError(f"{self.name}: arguments must not contain NUL characters")
         return args
 

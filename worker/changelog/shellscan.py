@@ -176,17 +176,20 @@ class ShellTracker:
             row.status = "too_large" if e.size > self.limits.max_file_bytes else "over_cap"
             row.sha256 = (await sandbox.hash([e.path])).get(e.path)
             return row, None
+        budget[0] -= e.size  # reserved before awaiting: reads run concurrently
         try:
             r = await sandbox.read(e.path, max_bytes=self.limits.max_file_bytes)
         except PathNotFoundError:
+            budget[0] += e.size
             raise
         except AgentError:
+            budget[0] += e.size
             row.status = "unreadable"
             return row, None
+        budget[0] += e.size - len(r.data)
         if r.sha256 is None:  # grew past the cap since the scan
             row.status = "too_large"
             return row, None
-        budget[0] -= len(r.data)
         row.sha256, row.status = r.sha256, "ok"
         return row, r.data
 
@@ -319,7 +322,7 @@ class ShellTracker:
             root = ignored_root(p, self.limits.ignored_dirs)
             if root is not None:
                 ignored.setdefault(root, []).append(p)
-            elif b.type == "file" and b.ino in created and b.status == "ok":
+            elif _is_move(b, created.get(b.ino)):
                 _e, row, _d = created.pop(b.ino)
                 batch.changed += [p, row.path]
                 if record is not None:
@@ -365,6 +368,11 @@ class ShellTracker:
         if a is not None and a.type == "symlink":
             note = (note + "; " if note else "") + f"now a symlink -> {a.target}"
         batch.entries.append(_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))
+
+
+def _is_move(b: Row, c: tuple[ScanEntry, Row, bytes | None] | None) -> bool:
+    # Same inode *and* same content: a freed inode is often reused at once by a new file.
+    return c is not None and b.type == "file" and b.status == "ok" and c[1].sha256 == b.sha256
 
 
 def _why_not(b: Row, a: Row | None) -> str:

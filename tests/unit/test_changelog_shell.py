@@ -1,0 +1,189 @@
+"""Shell-command coverage on the local backend: baseline, change scan, limits, symlinks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.base import Sandbox
+from sandbox.errors import PathEscapeError
+from worker.changelog import Changelog, Limits, UndoRefusedError
+
+
+@pytest.fixture
+async def box(local_backend, workspace: Path) -> Sandbox:
+    return await local_backend.get(workspace)
+
+
+@pytest.fixture
+async def cl(tmp_path: Path, workspace: Path) -> AsyncIterator[Changelog]:
+    c = Changelog.open(tmp_path / "data", workspace, limits=Limits(max_file_bytes=1000))
+    yield c
+    await c.aclose()
+
+
+async def shell(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[str]:
+    token = await cl.before_shell(box)
+    r = await box.exec(command)
+    assert r.exit_code == 0, r.stderr
+    return await cl.after_shell(box, token, command=command, **kw)
+
+
+async def test_shell_create_modify_delete_and_undo_exact_bytes(cl, box, workspace: Path) -> None:
+    (workspace / "keep.bin").write_bytes(b"\x00\x01binary\xff")
+    (workspace / "old.txt").write_bytes(b"old\n")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "edit.txt").write_bytes(b"before\n")
+    changed = await shell(
+        cl,
+        box,
+        "printf 'x\\0y' > keep.bin && rm old.txt && echo after > sub/edit.txt && echo n > new.txt",
+        call_id="s1",
+    )
+    assert sorted(changed) == ["keep.bin", "new.txt", "old.txt", "sub/edit.txt"]
+    ops = {e.path: e.op for e in await cl.log()}
+    assert ops == {"keep.bin": "modify", "old.txt": "delete", "sub/edit.txt": "modify", "new.txt": "create"}
+    assert all(e.origin == "shell" and e.call_id == "s1" and e.restorable for e in await cl.log())
+    await cl.undo(box, call_id="s1")
+    assert (workspace / "keep.bin").read_bytes() == b"\x00\x01binary\xff"
+    assert (workspace / "old.txt").read_bytes() == b"old\n"
+    assert (workspace / "sub" / "edit.txt").read_bytes() == b"before\n"
+    assert not (workspace / "new.txt").exists()
+
+
+async def test_noop_command_records_nothing(cl, box, workspace: Path) -> None:
+    for i in range(20):
+        (workspace / f"f{i}").write_text(str(i))
+    assert await shell(cl, box, "true") == []
+    assert await shell(cl, box, "cat f1 > /dev/null") == []
+    assert await cl.log() == []
+
+
+async def test_touch_without_content_change_is_not_an_entry(cl, box, workspace: Path) -> None:
+    (workspace / "t").write_text("same")
+    assert await shell(cl, box, "touch t") == []
+
+
+async def test_same_size_rewrite_within_a_tick_is_caught(cl, box, workspace: Path) -> None:
+    (workspace / "r").write_text("aaaa")
+    await shell(cl, box, "echo bbb > r")
+    # Same size, same inode, possibly the same mtime tick: the racy re-hash must catch it.
+    changed = await shell(cl, box, "echo ccc > r")
+    assert changed == ["r"]
+    await cl.undo(box, all=True)
+    assert (workspace / "r").read_text() == "aaaa"
+
+
+async def test_rename_by_mv_is_one_rename_entry(cl, box, workspace: Path) -> None:
+    (workspace / "a.txt").write_text("content")
+    changed = await shell(cl, box, "mv a.txt b.txt")
+    assert sorted(changed) == ["a.txt", "b.txt"]
+    (entry,) = await cl.log()
+    assert (entry.op, entry.path, entry.new_path) == ("rename", "a.txt", "b.txt")
+    assert (await cl.summary()).renamed == [("a.txt", "b.txt")]
+    await cl.undo(box, all=True)
+    assert (workspace / "a.txt").read_text() == "content" and not (workspace / "b.txt").exists()
+
+
+async def test_oversized_and_ignored_are_recorded_not_restorable(cl, box, workspace: Path) -> None:
+    (workspace / "big").write_bytes(b"x" * 5000)
+    (workspace / "node_modules" / "pkg").mkdir(parents=True)
+    (workspace / "node_modules" / "pkg" / "i.js").write_text("1")
+    changed = await shell(
+        cl, box, "echo y > big && echo 2 > node_modules/pkg/i.js && echo 3 > node_modules/n.js"
+    )
+    assert sorted(changed) == ["big", "node_modules/n.js", "node_modules/pkg/i.js"]
+    by_path = {e.path: e for e in await cl.log()}
+    assert not by_path["big"].restorable and "size cap" in (by_path["big"].note or "")
+    nm = by_path["node_modules"]
+    assert not nm.restorable and "2 file(s)" in (nm.note or "")
+    res = await cl.undo(box, all=True)
+    assert {s.path: s.status for s in res.steps} == {
+        "big": "not_restorable",
+        "node_modules": "not_restorable",
+    }
+    assert (await cl.summary()).not_restorable == ["big", "node_modules"]
+
+
+async def test_total_cap_tracks_by_stat_only(tmp_path: Path, box, workspace: Path) -> None:
+    for i in range(4):
+        (workspace / f"f{i}").write_bytes(b"z" * 100)
+    async with Changelog.open(tmp_path / "d2", workspace, limits=Limits(max_total_bytes=250)) as c:
+        await shell(c, box, "for f in f0 f1 f2 f3; do echo changed > $f; done")
+        entries = await c.log()
+        assert len(entries) == 4
+        assert sorted(e.restorable for e in entries) == [False, False, True, True]
+        assert all("total size cap" in (e.note or "") for e in entries if not e.restorable)
+
+
+async def test_symlinks_recorded_by_target(cl, box, workspace: Path) -> None:
+    (workspace / "target.txt").write_text("t")
+    (workspace / "old-link").symlink_to("target.txt")
+    changed = await shell(cl, box, "ln -s target.txt new-link && rm old-link")
+    assert sorted(changed) == ["new-link", "old-link"]
+    by_path = {e.path: e for e in await cl.log()}
+    assert by_path["new-link"].after_kind == "symlink" and by_path["new-link"].restorable
+    assert by_path["old-link"].before_kind == "symlink" and not by_path["old-link"].restorable
+    assert "target.txt" in (by_path["old-link"].note or "")
+    await cl.undo(box, all=True)
+    assert not os.path.lexists(workspace / "new-link")  # a created link can be removed
+    assert (workspace / "target.txt").read_text() == "t"
+
+
+async def test_changes_after_agent_restart_are_found_by_full_diff(
+    cl, local_backend, box, workspace: Path
+) -> None:
+    (workspace / "a").write_text("1")
+    token = await cl.before_shell(box)
+    await local_backend.stop(workspace)  # the agent and its scan snapshot are gone
+    (workspace / "a").write_text("2")  # stands in for a command's effect
+    (workspace / "b").write_text("new")
+    box2 = await local_backend.get(workspace)
+    changed = await cl.after_shell(box2, token, command="(restarted)")
+    assert sorted(changed) == ["a", "b"]
+
+
+async def test_planted_symlink_before_write_reads_nothing_outside(
+    cl, box, workspace: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    (workspace / "innocent.txt").symlink_to(secret)
+    with pytest.raises(PathEscapeError):
+        await cl.write(box, "innocent.txt", b"overwrite")
+    assert secret.read_text() == "TOP SECRET"
+    blobs = cl._core.store.query("SELECT data FROM blobs")
+    assert all(b"TOP SECRET" not in bytes(r[0]) for r in blobs)
+    # The shell baseline records the link by target, never its content.
+    await shell(cl, box, "true")
+    blobs = cl._core.store.query("SELECT data FROM blobs")
+    assert all(b"TOP SECRET" not in bytes(r[0]) for r in blobs)
+
+
+async def test_dir_swapped_for_symlink_before_undo_writes_nothing_outside(
+    cl, box, workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    await cl.write(box, "d/f.txt", b"v1")
+    await cl.write(box, "d/f.txt", b"v2")
+    (workspace / "d" / "f.txt").unlink()
+    (workspace / "d").rmdir()
+    (outside / "f.txt").write_bytes(b"v2")  # same content, so only the link protects it
+    (workspace / "d").symlink_to(outside)
+    res = await cl.undo(box, all=True, force=True)
+    assert all(s.status in ("failed", "reverted") for s in res.steps)
+    assert any(s.status == "failed" for s in res.steps)
+    assert (outside / "f.txt").read_bytes() == b"v2"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
+
+
+async def test_tampered_entry_path_is_refused(cl, box, workspace: Path, tmp_path: Path) -> None:
+    await cl.write(box, "a", b"1")
+    with cl._core.store.tx() as db:
+        db.execute("UPDATE entries SET path = '../../etc/passwd'")
+    with pytest.raises(UndoRefusedError, match="outside the workspace"):
+        await cl.undo(box, all=True)

@@ -152,27 +152,33 @@ class BodyLimit:
                     await self._reject(scope, receive, send)
                     return
         seen = 0
-        started = False
+        exceeded = False
+        replaced = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, exceeded
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
+                    exceeded = True
                     raise _TooLarge
             return msg
 
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
+        async def guarded_send(msg: Message) -> None:
+            # The framework may turn the receive error into its own 400: answer 413 instead.
+            nonlocal replaced
+            if exceeded:
+                if msg["type"] == "http.response.start" and not replaced:
+                    replaced = True
+                    await self._reject(scope, receive, send)
+                return
             await send(msg)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
-            if not started:
+            if not replaced:
                 await self._reject(scope, receive, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,0 +1,77 @@
+"""MCP over streamable HTTP on the service (``/v1/workspaces/{id}/mcp``), driven by the
+official client against a real uvicorn server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from worker.http import create_app
+from worker.registry import ToolRegistry
+from worker.settings import Settings
+
+try:  # tests/unit may or may not be a package
+    from .mcp_session import play
+except ImportError:
+    from mcp_session import play  # type: ignore[no-redef]
+
+TOKEN = "mcp-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+async def base_url(tmp_path: Path, local_backend: Any) -> AsyncIterator[str]:
+    settings = Settings(workspace_root=tmp_path / "root", api_token=TOKEN)
+    app = create_app(settings, ToolRegistry(backend=local_backend))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_streamable_http_session_per_workspace(base_url: str, tmp_path: Path) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers) as c:
+        r = await c.post("/v1/workspaces", json={"name": "m1"})
+        assert r.status_code == 201
+        workspace = Path(r.json()["path"])
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(
+            streamable_http_client(f"{base_url}/v1/workspaces/m1/mcp", http_client=http)
+        ) as client:
+            await play(client, workspace)
+
+
+async def test_mcp_endpoint_needs_the_token_and_a_workspace(base_url: str) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    async with httpx.AsyncClient(base_url=base_url) as c:
+        r = await c.post("/v1/workspaces/m1/mcp", json=init)
+        assert r.status_code == 401
+        r = await c.post("/v1/workspaces/nope/mcp", json=init, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 404
+        r = await c.post("/v1/workspaces/..%2F/mcp", json=init, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 404

@@ -1,0 +1,64 @@
+"""``loom-worker log/diff/undo`` end to end on the local backend (no Docker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.local import LocalProcessBackend
+from worker.changelog import Changelog
+from worker.cli import main
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("LOOM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LOOM_ALLOW_UNSAFE_LOCAL", "1")
+    return tmp_path / "data"
+
+
+async def _seed(data: Path, workspace: Path) -> None:
+    backend = LocalProcessBackend()
+    try:
+        box = await backend.get(workspace)
+        async with Changelog.open(data, workspace) as cl:
+            await cl.write(box, "a.txt", b"one\n", call_id="c1")
+            await cl.write(box, "a.txt", b"two\n", call_id="c2")
+    finally:
+        await backend.aclose()
+
+
+def test_log_diff_undo(env: Path, workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    asyncio.run(_seed(env, workspace))
+    assert main(["log", "--workspace", str(workspace)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "create" in out[0] and "call=c2" in out[1]
+    assert main(["diff", "--workspace", str(workspace), "--backend", "local"]) == 0
+    assert "+two\n" in capsys.readouterr().out
+    assert (
+        main(["undo", "--workspace", str(workspace), "--call", "c2", "--dry-run", "--backend", "local"]) == 0
+    )
+    assert "-two\n+one\n" in capsys.readouterr().out
+    assert (workspace / "a.txt").read_text() == "two\n"
+    assert main(["undo", "--workspace", str(workspace), "--all", "--backend", "local"]) == 0
+    assert not (workspace / "a.txt").exists()
+
+
+def test_undo_conflict_exit_1(env: Path, workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    asyncio.run(_seed(env, workspace))
+    (workspace / "a.txt").write_text("edited by hand\n")
+    assert main(["undo", "--workspace", str(workspace), "--entry", "2", "--backend", "local"]) == 1
+    assert "refusing to undo" in capsys.readouterr().err
+    assert main(["undo", "--workspace", str(workspace), "--entry", "2", "--force", "--backend", "local"]) == 0
+    assert (workspace / "a.txt").read_text() == "one\n"
+
+
+def test_undo_needs_one_selector(env: Path, workspace: Path) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["undo", "--workspace", str(workspace)])
+    assert ei.value.code == 2

@@ -1,0 +1,195 @@
+"""``loom-worker log``, ``diff`` and ``undo``: the workspace changelog from the command line.
+
+``log`` reads only the changelog store; ``diff`` and ``undo`` read and write the workspace
+through its sandbox (started if needed), never from the host. Exit codes: 0 ok, 1 the undo
+was refused (conflict, tampered entry) or a step failed, 2 usage error.
+
+Test-only: ``--backend local`` (hidden, needs ``LOOM_ALLOW_UNSAFE_LOCAL=1``) uses the
+no-isolation ``LocalProcessBackend`` so CLI tests run without Docker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandbox.base import Sandbox, SandboxBackend
+from sandbox.errors import SandboxError
+
+from .changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
+from .settings import Settings
+
+UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
+T = TypeVar("T")
+
+
+def _usage(message: str) -> int:
+    print(f"loom-worker: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _backend(args: argparse.Namespace, settings: Settings) -> SandboxBackend | None:
+    if getattr(args, "backend", "docker") == "local":
+        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
+            return None
+        from sandbox.local import LocalProcessBackend
+
+        return LocalProcessBackend()
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    return DockerBackend(SandboxSpec(**settings.sandbox_spec_kwargs()))
+
+
+def _with_sandbox(
+    args: argparse.Namespace, settings: Settings, ws: Path, fn: Callable[[Changelog, Sandbox], Awaitable[T]]
+) -> T:
+    backend = _backend(args, settings)
+    if backend is None:
+        raise SystemExit(_usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)"))
+
+    async def run() -> T:
+        try:
+            async with Changelog.open(settings.data_dir, ws) as cl:
+                return await fn(cl, await backend.get(ws))
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
+
+
+def _workspace(value: str) -> Path | None:
+    path = Path(value).expanduser().resolve()
+    return path if path.is_dir() else None
+
+
+def _line(e: Entry) -> str:
+    ts = datetime.datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S")
+    path = f"{e.path} -> {e.new_path}" if e.new_path else e.path
+    flags: list[str] = [e.state] if e.state != "applied" else []
+    if e.reverted:
+        flags.append(f"reverted by {e.reverted_by}")
+    if e.reverts is not None:
+        flags.append(f"reverts {e.reverts}")
+    if not e.restorable:
+        flags.append("not restorable")
+    ids = " ".join(
+        x
+        for x in (f"call={e.call_id}" if e.call_id else "", f"subtask={e.subtask_id}" if e.subtask_id else "")
+        if x
+    )
+    extra = f"  [{', '.join(flags)}]" if flags else ""
+    return f"{e.id:>6}  {ts}  {e.tool:<14} {e.op:<7} {path}  {ids}{extra}".rstrip()
+
+
+def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+
+    async def run() -> list[Entry]:
+        async with Changelog.open(settings.data_dir, ws) as cl:
+            return await cl.log(path=args.path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
+
+    for e in asyncio.run(run()):
+        print(json.dumps(e.model_dump()) if args.json else _line(e))
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+
+    async def run(cl: Changelog, box: Sandbox) -> str:
+        if args.summary:
+            return (await cl.summary()).model_dump_json(indent=2) + "\n"
+        return await cl.diff(box, args.path)
+
+    try:
+        sys.stdout.write(_with_sandbox(args, settings, ws, run))
+    except (ChangelogError, SandboxError) as e:
+        print(f"loom-worker diff: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+
+    async def run(cl: Changelog, box: Sandbox) -> Any:
+        return await cl.undo(
+            box,
+            entry=args.entry,
+            call_id=args.call,
+            subtask_id=args.subtask,
+            to=args.to,
+            all=args.all,
+            dry_run=args.dry_run,
+            force=args.force,
+        )
+
+    try:
+        result = _with_sandbox(args, settings, ws, run)
+    except UndoConflictError as e:
+        print(f"loom-worker undo: {e}", file=sys.stderr)
+        return 1
+    except (UndoRefusedError, ChangelogError, SandboxError) as e:
+        print(f"loom-worker undo: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(result.model_dump_json())
+    else:
+        if result.dry_run:
+            sys.stdout.write(result.diff)
+        for s in result.steps:
+            tail = (
+                f" (undo entry {s.undo_entry_id})"
+                if s.undo_entry_id
+                else (f": {s.message}" if s.message else "")
+            )
+            print(f"entry {s.entry_id} {s.path}: {s.status}{tail}", file=sys.stderr)
+    return 1 if result.failed and any(s.status == "failed" for s in result.failed) else 0
+
+
+def register(sub: Any) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--workspace", "-w", required=True, help="The workspace directory.")
+        p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("log", help="List the workspace's recorded changes.")
+    common(p)
+    p.add_argument("--path", help="Only entries for this workspace-relative path.")
+    p.add_argument("--call", help="Only entries of this call id.")
+    p.add_argument("--subtask", help="Only entries of this subtask id.")
+    p.add_argument("--limit", type=int, help="Only the last N entries.")
+    p.add_argument("--json", action="store_true", help="One JSON object per line.")
+    p.set_defaults(func=_cmd_log)
+
+    p = sub.add_parser("diff", help="Cumulative unified diff of the recorded changes.")
+    common(p)
+    p.add_argument("path", nargs="?", help="Only this workspace-relative path.")
+    p.add_argument("--summary", action="store_true", help="Created/modified/deleted/renamed paths as JSON.")
+    p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("undo", help="Revert recorded changes, newest first.")
+    common(p)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--entry", type=int, metavar="N", help="One entry.")
+    which.add_argument("--call", metavar="ID", help="Every entry of a call id.")
+    which.add_argument("--subtask", metavar="S", help="Every entry of a subtask.")
+    which.add_argument("--to", type=int, metavar="N", help="Everything after entry N (0 = everything).")
+    which.add_argument("--all", action="store_true", help="Everything.")
+    p.add_argument("--dry-run", action="store_true", help="Print the diff it would apply; change nothing.")
+    p.add_argument("--force", action="store_true", help="Overwrite files that changed since the entry.")
+    p.add_argument("--json", action="store_true", help="Print the result as JSON.")
+    p.set_defaults(func=_cmd_undo)

@@ -822,7 +822,7 @@ class _Capped(object):
 
 
 def _proc_table():
-    """{pid: ppid} for every visible process."""
+    """{pid: (ppid, session, pgrp, starttime)} for every visible process."""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -834,26 +834,72 @@ def _proc_table():
             continue
         try:
             rest = data[data.rindex(b")") + 2 :].split()
-            table[int(name)] = int(rest[1])
+            table[int(name)] = (int(rest[1]), int(rest[3]), int(rest[2]), int(rest[19]))
         except (ValueError, IndexError):
             continue
     return table
 
 
-def _descendants(root):
+def _start_ticks(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _call_marker(pid):
+    """The LOOM_CALL value in a process's environment, '' if none, None if unreadable."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            env = fh.read()
+    except OSError:
+        return None
+    for item in env.split(b"\x00"):
+        if item.startswith(b"LOOM_CALL="):
+            return item[10:].decode("ascii", "replace")
+    return ""
+
+
+def _command_pids(ctx):
+    """Every process the current command started.
+
+    With the child-subreaper bit (runc) that is exactly this agent's process subtree:
+    orphans come back to us. Where the kernel lacks it (gVisor), orphans go to PID 1, so
+    we also take, among processes started after the command: those still in its session
+    or process group, those carrying its LOOM_CALL marker, and orphans of PID 1 that carry
+    no other call's marker (``setsid`` + ``env -i`` + double fork ends up there).
+    """
+    me = os.getpid()
     table = _proc_table()
     children = {}  # type: dict
-    for pid, ppid in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, info in table.items():
+        children.setdefault(info[0], []).append(pid)
     with _foreign_lock:
         spare = set(_foreign_pids)
-    out = []
-    todo = [c for c in children.get(root, []) if c not in spare]
+    spare.add(me)
+    spare.add(1)
+    found = set()
+    todo = [c for c in children.get(me, []) if c not in spare]
+    if ctx is not None and not _subreaper[0]:
+        sid, start, marker = ctx
+        for pid, (ppid, session, pgrp, ticks) in table.items():
+            if pid in spare or ppid == 0 or ticks < start:
+                continue
+            if session == sid or pgrp == sid:
+                todo.append(pid)
+                continue
+            mark = _call_marker(pid)
+            if mark == marker or (ppid == 1 and mark in ("", None)):
+                todo.append(pid)
     while todo:
         pid = todo.pop()
-        out.append(pid)
+        if pid in found or pid in spare:
+            continue
+        found.add(pid)
         todo.extend(children.get(pid, []))
-    return out
+    return sorted(found)
 
 
 def _reap(pids):
@@ -864,39 +910,34 @@ def _reap(pids):
             pass
 
 
-def _kill_tree(grace):
-    """Kill every process this agent started for the command (TERM, grace, then KILL)."""
-    me = os.getpid()
-    pids = _descendants(me)
+def _signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _kill_tree(grace, ctx=None):
+    """Kill every process the command started (TERM, ``grace`` seconds, then KILL)."""
+    pids = _command_pids(ctx)
     if not pids:
         return
     if grace > 0:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        _signal_all(pids, signal.SIGTERM)
         end = time.monotonic() + grace
         while time.monotonic() < end:
             _reap(pids)
-            pids = _descendants(me)
+            pids = _command_pids(ctx)
             if not pids:
                 return
             time.sleep(0.02)
     for _ in range(500):
-        pids = _descendants(me)
+        pids = _command_pids(ctx)
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGSTOP)  # freeze first so a fork bomb cannot outrun us
-            except OSError:
-                pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _signal_all(pids, signal.SIGSTOP)  # freeze first so a fork bomb cannot outrun us
+        _signal_all(pids, signal.SIGKILL)
         _reap(pids)
         time.sleep(0.002)
 
@@ -933,6 +974,8 @@ def op_exec(req):
     cwd_fd, parts = _open_dir(req.get("cwd", "."))
     os.close(cwd_fd)
     cwd = ROOT + ("/" + "/".join(parts) if parts else "")
+    marker = os.urandom(8).hex()
+    env["LOOM_CALL"] = marker
     with _exec_lock:
         oom_before = _oom_kills()
         started = time.monotonic()
@@ -960,6 +1003,7 @@ def op_exec(req):
                 "stderr_bytes": 0,
             }
         assert proc.stdout is not None and proc.stderr is not None
+        ctx = (proc.pid, _start_ticks(proc.pid) or 0, marker)
         try:
             # The OOM killer must pick the command, never the agent.
             with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
@@ -1008,7 +1052,7 @@ def op_exec(req):
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 outcome = "timeout"
-        _kill_tree(KILL_GRACE if outcome == "timeout" else 0)
+        _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
         # Drain what is left in the pipes now that every writer is dead.
         for fd in list(open_fds):
             try:
@@ -1025,7 +1069,7 @@ def op_exec(req):
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        _reap(_descendants(os.getpid()))
+        _reap(_command_pids(ctx))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
         exit_code = code  # type: int | None

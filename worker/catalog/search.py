@@ -130,16 +130,24 @@ def _closest(terms: list[str], tok: str) -> str:
 
 
 def _score(
-    terms: list[str], weights: list[float], highlights: tuple[str, str, str, str], name: str
+    terms: list[str],
+    weights: list[float],
+    highlights: tuple[str, str, str, str],
+    name: str,
+    memo: dict[str, str],
 ) -> tuple[float, dict[str, int]]:
     """(confidence, term -> best field index) from FTS highlights of one row."""
     best: dict[str, int] = {}
     for col, text in enumerate(highlights):
-        for span in _MARK.findall(text or ""):
-            for tok in words(span):
+        if not text or "\x01" not in text:
+            continue
+        for span in _MARK.findall(text):
+            for tok in words(span) if not span.isalnum() else (span.lower(),):
                 # The token matched some query term after porter stemming; the term with
                 # the longest common prefix is that term (deterministic: first wins a tie).
-                term = _closest(terms, tok)
+                term = memo.get(tok)
+                if term is None:
+                    term = memo[tok] = _closest(terms, tok)
                 if term not in best or col < best[term]:
                     best[term] = col
     base = sum(w for t, w in zip(terms, weights, strict=True) if w >= 1.0) or 1.0
@@ -331,8 +339,9 @@ class Catalog:
             allowed_ids=allowed_ids,
         )
         hits: list[SearchHit] = []
+        memo: dict[str, str] = {t: t for t in terms}
         for tool, bm25, hl in rows:
-            conf, best = _score(terms, weights, hl, tool.name)
+            conf, best = _score(terms, weights, hl, tool.name, memo)
             sig = {
                 "signal_type": "bm25_score",
                 "description": f"FTS5 BM25, column weights {'/'.join(str(int(w)) for w in WEIGHTS)}",

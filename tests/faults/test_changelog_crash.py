@@ -3,6 +3,7 @@ at once; a full data disk. The writers are separate processes using the local ba
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -71,6 +72,9 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+SETTLED: list[Entry] = []
+
+
 async def check_consistent(data: Path, ws: Path, initial: dict[str, str] | None = None) -> list[Entry]:
     """Every file is wholly the content of its last applied entry; every applied entry's
     before-image is the previous applied entry's after-image (no entry lost or torn)."""
@@ -78,7 +82,7 @@ async def check_consistent(data: Path, ws: Path, initial: dict[str, str] | None 
     try:
         box = await backend.get(ws)
         async with Changelog.open(data, ws) as cl:
-            await cl.recover(box)
+            SETTLED.extend(await cl.recover(box))
             entries = await cl.log()
     finally:
         await backend.aclose()
@@ -117,6 +121,7 @@ async def test_sigkill_writer_in_a_loop(tmp_path: Path, workspace: Path) -> None
         proc.wait()
         await check_consistent(data, workspace)
     assert killed >= 20
+    assert SETTLED, "no kill landed between recording and writing; the test exercised nothing"
     entries = await check_consistent(data, workspace)
     assert len(entries) > 25
 

@@ -63,6 +63,12 @@ class Changelog:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def recover(self, sandbox: Sandbox) -> list[Entry]:
+        """Settle entries a crashed writer left ``pending`` (every other operation does this
+        first, too). Returns them as they were. Raises sandbox and storage errors."""
+        async with self._core.lock:
+            return await self._core.recover(sandbox)
+
     # -- ChangeRecorder ---------------------------------------------------------------
 
     async def write(

@@ -28,5 +28,34 @@ rm -rf images/worker/wheels
 mkdir -p images/worker/wheels
 # pip itself goes in too: the base image has python3 but no pip; the Dockerfile runs pip
 # straight from its wheel.
-"$PY" -m pip wheel -q --wheel-dir images/worker/wheels . pip
+# Every package under sandbox/ and worker/ must be in the wheel. pyproject.toml lists the
+# packages by hand; until it uses automatic discovery, build from a copy whose list is
+# replaced by `packages.find`, so a new subpackage can never be missing from the image.
+SRC=$(mktemp -d /tmp/loom-wheel-src.XXXXXX)
+trap 'rm -rf "$SRC"' EXIT
+cp -r pyproject.toml sandbox worker "$SRC"/
+[ -f README.md ] && cp README.md "$SRC"/
+"$PY" - "$SRC/pyproject.toml" <<'PYEOF'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+s = re.sub(r'(?m)^\[tool\.setuptools\]\npackages = \[[^\]]*\]\n',
+           '[tool.setuptools.packages.find]\ninclude = ["sandbox*", "worker*"]\n', s)
+open(p, "w").write(s)
+PYEOF
+find "$SRC" -name __pycache__ -prune -exec rm -rf {} +
+"$PY" -m pip wheel -q --no-cache-dir --wheel-dir images/worker/wheels "$SRC" pip
 ls images/worker/wheels | wc -l | xargs echo "[compose] wheels:"
+
+# .env for `docker compose up` (compose reads it from the project directory): a random
+# API token and an absolute workspace root, identical inside and outside the worker.
+if [ ! -f .env ]; then
+  umask 077
+  {
+    echo "LOOM_API_TOKEN=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')"
+    echo "LOOM_WORKSPACE_ROOT=$(pwd)/workspaces"
+    # Sandboxes run as this user; never root, even when the setup runs as root.
+    if [ "$(id -u)" != 0 ]; then echo "LOOM_UID=$(id -u)"; echo "LOOM_GID=$(id -g)"; fi
+  } > .env
+  echo "[compose] wrote .env (LOOM_API_TOKEN, LOOM_WORKSPACE_ROOT=$(pwd)/workspaces)"
+fi

@@ -196,10 +196,23 @@ class _TooLarge(Exception):
 RegistryFactory = Callable[[Settings], Any]
 
 
-def _default_registry_cm(settings: Settings) -> Any:
+@asynccontextmanager
+async def _default_registry_cm(settings: Settings) -> AsyncIterator[Any]:
+    """The Docker registry, recording every change in the changelog under LOOM_DATA_DIR."""
     from .registry import default_registry  # the Docker backend; imported only when used
 
-    return default_registry(settings=settings)
+    try:
+        from .http_changelog import ChangelogPool
+    except ImportError:  # the changelog is not part of this build
+        async with default_registry(settings) as registry:
+            yield registry
+        return
+    pool = ChangelogPool(settings.data_dir)
+    try:
+        async with default_registry(settings, recorder_factory=pool.recorder) as registry:
+            yield registry
+    finally:
+        await pool.aclose()
 
 
 def create_app(

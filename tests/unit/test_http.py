@@ -388,3 +388,65 @@ async def test_openapi_document_describes_the_api(svc: Service) -> None:
     ]:
         assert p in paths
     assert "429" in paths["/v1/workspaces/{workspace_id}/execute"]["post"]["responses"]
+
+
+async def test_changelog_diff_and_undo(tmp_path: Path, local_backend: Any) -> None:
+    from worker.http_changelog import ChangelogPool
+
+    pool = ChangelogPool(tmp_path / "data")
+    try:
+        reg = ToolRegistry(backend=local_backend, recorder_factory=pool.recorder)
+        async with running(tmp_path / "r", reg) as svc:
+            path = await svc.workspace()
+            c = svc.client
+            body = {
+                "tool": "write_file",
+                "arguments": {"path": "m.py", "content": "a = 1\n"},
+                "call_id": "w1",
+            }
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
+            body = {
+                "tool": "edit_file",
+                "arguments": {"path": "m.py", "old_str": "1", "new_str": "2"},
+                "call_id": "e1",
+            }
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
+            body = {"tool": "shell_execute", "arguments": {"command": "echo x > made.txt"}, "call_id": "s1"}
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["files_changed"] == [
+                "made.txt"
+            ]
+
+            entries = (await c.get("/v1/workspaces/w1/changelog")).json()
+            assert [(e["call_id"], e["path"]) for e in entries] == [
+                ("w1", "m.py"),
+                ("e1", "m.py"),
+                ("s1", "made.txt"),
+            ]
+            only = (await c.get("/v1/workspaces/w1/changelog", params={"call_id": "e1"})).json()
+            assert [e["call_id"] for e in only] == ["e1"]
+            diff = (await c.get("/v1/workspaces/w1/diff", params={"path": "m.py"})).json()["diff"]
+            assert "+a = 2" in diff
+            summary = (await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})).json()
+            assert sorted(summary["created"]) == ["m.py", "made.txt"]
+
+            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "all": True})
+            assert r.status_code == 422
+            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "dry_run": True})
+            assert r.status_code == 200 and r.json()["dry_run"] is True
+            assert (path / "m.py").read_text() == "a = 2\n"
+            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1"})
+            assert r.status_code == 200, r.text
+            assert [s["status"] for s in r.json()["steps"]] == ["reverted"]
+            assert (path / "m.py").read_text() == "a = 1\n"
+            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "s1"})
+            assert r.status_code == 200 and not (path / "made.txt").exists()
+            r = await c.post("/v1/workspaces/w1/undo", json={"entry": 999})
+            assert r.status_code == 404
+    finally:
+        await pool.aclose()
+
+
+async def test_changelog_routes_say_when_nothing_is_recorded(svc: Service) -> None:
+    await svc.workspace()
+    r = await svc.client.get("/v1/workspaces/w1/changelog")
+    assert r.status_code == 409 and "no changelog" in r.json()["detail"]

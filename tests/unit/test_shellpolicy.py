@@ -30,7 +30,7 @@ REFUSED = [
     "echo `rm -rf /`",
     "(rm -rf /)",
     "bash -c 'rm -rf /'",
-    "sh -c \"echo x; rm -rf ~\"",
+    'sh -c "echo x; rm -rf ~"',
     "FOO=1 rm -rf /",
     "ls\nrm -rf /",
     "mkfs /dev/sda1",

@@ -20,7 +20,9 @@ from worker.catalog.capabilities import make_descriptor
 from worker.catalog.index import ToolDescriptor
 from worker.catalog.search import Catalog
 
-VERBS = "send read write list create delete update fetch search convert validate deploy render query upload".split()
+VERBS = (
+    "send read write list create delete update fetch search convert validate deploy render query upload"
+).split()
 NOUNS = (
     "file message email channel record table bucket pod image chart report issue branch commit invoice "
     "ticket user metric log event document page schema secret cluster"
@@ -35,13 +37,14 @@ def generate(n: int, seed: int = 7) -> list[ToolDescriptor]:
         v, o, d = rnd.choice(VERBS), rnd.choice(NOUNS), rnd.choice(DOMAINS)
         desc = f"{v.capitalize()} a {o} in {d}; supports {rnd.choice(NOUNS)} and {rnd.choice(NOUNS)} filters"
         schema = {"type": "object", "properties": {o: {"type": "string"}, "limit": {"type": "integer"}}}
-        out.append(make_descriptor(source="custom", name=f"{d}_{v}_{o}_{i}", description=desc, input_schema=schema))
+        name = f"{d}_{v}_{o}_{i}"
+        out.append(make_descriptor(source="custom", name=name, description=desc, input_schema=schema))
     return out
 
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 async def run(n: int, queries: int, db: str) -> dict[str, float]:
@@ -83,7 +86,10 @@ def main() -> None:
     args = ap.parse_args()
     rows = [asyncio.run(run(n, args.queries, args.db)) for n in (1_000, 10_000)]
     print(f"SQLite FTS5 catalog, db={args.db}, {args.queries} FAST queries per size\n")
-    print("| tools | indexing (tools/s) | unchanged re-index (tools/s) | FAST p50 (ms) | FAST p99 (ms) | searches/s |")
+    print(
+        "| tools | indexing (tools/s) | unchanged re-index (tools/s) "
+        "| FAST p50 (ms) | FAST p99 (ms) | searches/s |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(

@@ -41,7 +41,8 @@ from .base import (
 from .connection import AgentConnection
 from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError
 
-Connector = Callable[[], Awaitable[AgentConnection]]
+#: Opens a fresh agent connection; the flag is True when a previous one was lost.
+Connector = Callable[[bool], Awaitable[AgentConnection]]
 
 _TYPES = {"file", "dir", "symlink", "other"}
 _OUTCOMES = {"exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"}
@@ -111,9 +112,10 @@ class AgentSandbox(Sandbox):
             return conn
         async with self._conn_lock:
             if self._conn is None or self._conn.closed:
-                if self._conn is not None:
+                lost = self._conn is not None
+                if lost:
                     self.restarts += 1
-                self._conn = await self._connect()
+                self._conn = await self._connect(lost)
             return self._conn
 
     async def _call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:

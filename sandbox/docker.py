@@ -370,7 +370,20 @@ class DockerBackend(SandboxBackend):
         )
         return conn
 
-    async def _connect(self, ws: Path) -> AgentConnection:
+    async def _settle(self, ws: Path) -> None:
+        """After a lost connection: if the container is dying (OOM, keeper killed), wait
+        until the engine says so, so the reconnect replaces it instead of exec-ing into a
+        container that is about to vanish."""
+        for _ in range(10):
+            container = await self._find(container_name(ws))
+            if container is None or container.status != "running":
+                return
+            await asyncio.sleep(0.1)
+
+    async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        if after_loss:
+            self.restarts += 1
+            await self._settle(ws)
         last: Exception | None = None
         for attempt in range(2):
             container = await self.ensure_container(ws)
@@ -411,7 +424,9 @@ class DockerBackend(SandboxBackend):
             raise SandboxUnavailableError(f"Workspace {ws} is not a directory")
         box = self._boxes.get(ws)
         if box is None:
-            box = DockerSandbox(ws, lambda: self._connect(ws), io_timeout=self.spec.io_timeout)
+            box = DockerSandbox(
+                ws, lambda after_loss: self._connect(ws, after_loss=after_loss), io_timeout=self.spec.io_timeout
+            )
             box.container_name = container_name(ws)
             self._boxes[ws] = box
         return box

@@ -77,7 +77,7 @@ class LocalProcessBackend(SandboxBackend):
         ws = Path(workspace).resolve()
         box = self._boxes.get(ws)
         if box is None:
-            box = AgentSandbox(ws, lambda: self._connect(ws))
+            box = AgentSandbox(ws, lambda _lost: self._connect(ws))
             self._boxes[ws] = box
         return box
 

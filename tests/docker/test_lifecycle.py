@@ -1,0 +1,198 @@
+"""Container reuse across processes, recovery from a dead agent or container, idle TTL, gc."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import docker
+import pytest
+
+from sandbox.docker import DockerBackend, container_name
+from tests.conftest import SANDBOX_IMAGE
+from tests.docker.conftest import make_backend
+
+pytestmark = pytest.mark.docker
+
+
+async def test_calls_reuse_one_container(docker_backend: DockerBackend, workspace: Path) -> None:
+    box = await docker_backend.get(workspace)
+    first = await box.info()
+    await box.exec("true")
+    attrs1 = await docker_backend.inspect(workspace)
+    second = await (await docker_backend.get(workspace)).info()
+    attrs2 = await docker_backend.inspect(workspace)
+    assert attrs1 is not None and attrs2 is not None
+    assert attrs1["Id"] == attrs2["Id"]
+    assert first.pid == second.pid  # same agent, same stream
+
+
+PEER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    async def main():
+        b = DockerBackend(SandboxSpec(image=sys.argv[2]), worker_id="peer")
+        box = await b.get(Path(sys.argv[1]))
+        r = await box.exec("cat /proc/1/cpuset /etc/hostname; echo $((1+1))")
+        print((await b.inspect(Path(sys.argv[1])))["Id"])
+        print(r.stdout.decode().strip().splitlines()[-1])
+        await b.aclose()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_two_processes_share_one_container(docker_backend: DockerBackend, workspace: Path) -> None:
+    box = await docker_backend.get(workspace)
+    await box.info()
+    attrs = await docker_backend.inspect(workspace)
+    assert attrs is not None
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", PEER, str(workspace), SANDBOX_IMAGE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    peer_id, two = out.stdout.split()[-2:]
+    assert peer_id == attrs["Id"] and two == "2"
+    # our own stream still works after the peer's agent came and went
+    assert (await box.exec("echo still")).stdout == b"still\n"
+
+
+async def test_two_processes_starting_at_once_end_with_one_container(docker_ready: None, workspace: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PEER, str(workspace), SANDBOX_IMAGE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parents[2],
+        )
+        for _ in range(3)
+    ]
+    ids = set()
+    try:
+        for p in procs:
+            out, err = await asyncio.to_thread(p.communicate, timeout=120)
+            assert p.returncode == 0, err
+            ids.add(out.split()[-2])
+        assert len(ids) == 1
+    finally:
+        client = docker.from_env()
+        for c in client.containers.list(all=True, filters={"name": container_name(workspace)}):
+            c.remove(force=True)
+        client.close()
+
+
+async def test_container_killed_during_a_call_reports_sandbox_lost_then_recovers(
+    docker_backend: DockerBackend, workspace: Path
+) -> None:
+    box = await docker_backend.get(workspace)
+    await box.write("keep.txt", b"kept")
+    call = asyncio.create_task(box.exec("sleep 30", timeout=60))
+    await asyncio.sleep(1.0)
+    client = docker.from_env()
+    try:
+        await asyncio.to_thread(client.containers.get(container_name(workspace)).kill)
+    finally:
+        client.close()
+    r = await asyncio.wait_for(call, 20)
+    assert r.outcome == "sandbox_lost"
+    again = await box.exec("cat keep.txt")
+    assert again.outcome == "exit" and again.stdout == b"kept"
+
+
+async def test_agent_killed_from_inside_recovers_with_same_container(
+    docker_backend: DockerBackend, workspace: Path
+) -> None:
+    box = await docker_backend.get(workspace)
+    info = await box.info()
+    before = await docker_backend.inspect(workspace)
+    r = await box.exec(f"kill -9 {info.pid}")
+    assert r.outcome == "sandbox_lost"
+    assert (await box.exec("echo back")).stdout == b"back\n"
+    after = await docker_backend.inspect(workspace)
+    assert before is not None and after is not None and before["Id"] == after["Id"]
+
+
+async def test_oom_killed_container_is_replaced(docker_ready: None, workspace: Path) -> None:
+    """Even if the whole container dies (keeper killed), the next call gets a fresh one."""
+    backend = make_backend()
+    try:
+        box = await backend.get(workspace)
+        await box.exec("kill -9 $(pgrep -f ttl=float) 2>/dev/null; sleep 5", timeout=20)
+        r = await box.exec("echo fresh")
+        assert r.stdout == b"fresh\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+@pytest.mark.slow
+async def test_idle_container_exits_by_itself(docker_ready: None, workspace: Path) -> None:
+    backend = make_backend(idle_ttl=10)
+    try:
+        box = await backend.get(workspace)
+        await box.exec("true")
+        await box.close()  # the worker goes away; nothing touches the container any more
+        for _ in range(60):
+            attrs = await backend.inspect(workspace)
+            if attrs is None or attrs["State"]["Status"] != "running":
+                break
+            await asyncio.sleep(1)
+        assert attrs is None or attrs["State"]["Status"] == "exited"
+        removed = await backend.gc()
+        assert container_name(workspace) in removed
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_gc_removes_only_our_stale_containers(docker_ready: None, workspace: Path, tmp_path: Path) -> None:
+    backend = make_backend()
+    client = docker.from_env()
+    foreign = client.containers.create(SANDBOX_IMAGE, ["true"], labels={"other": "1"})
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    try:
+        live = await backend.get(workspace)
+        await live.info()
+        await (await backend.get(gone)).info()
+        gone.rmdir()  # its workspace vanished: stale
+        removed = await backend.gc()
+        assert container_name(gone) in removed
+        assert container_name(workspace) not in removed
+        foreign.reload()  # still there
+        assert (await live.exec("echo ok")).stdout == b"ok\n"
+    finally:
+        foreign.remove(force=True)
+        client.close()
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_config_change_replaces_the_container(docker_ready: None, workspace: Path) -> None:
+    a = make_backend(pids=128)
+    b = make_backend(pids=100)
+    try:
+        await (await a.get(workspace)).info()
+        first = await a.inspect(workspace)
+        await (await b.get(workspace)).info()
+        second = await b.inspect(workspace)
+        assert first is not None and second is not None
+        assert first["Id"] != second["Id"] and second["HostConfig"]["PidsLimit"] == 100
+    finally:
+        await a.aclose()
+        await b.remove_all_started()
+        await b.aclose()

@@ -247,9 +247,7 @@ def _open_dir(path):
         if not stat.S_ISDIR(st.st_mode):
             raise Refused("not_a_directory", "Not a directory: %s" % path)
         try:
-            return os.open(
-                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            ), parts
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), parts
         except OSError as e:
             raise Refused("escape", "Directory %r changed while being opened (%s)" % (path, e.strerror))
     finally:
@@ -406,9 +404,7 @@ def op_write(req):
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
         tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
         try:
-            f = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd
-            )
+            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
         except PermissionError:
             raise Refused("permission", "Permission denied: cannot write in the directory of %s" % path)
         except OSError as e:
@@ -697,9 +693,7 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
         proc.stderr.close()
     if code == 2 and not matches and ("regex" in err.lower() or "parse error" in err.lower()):
         msg = err.strip().splitlines()
-        raise Refused(
-            "invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:]))
-        )
+        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:])))
     return matches, truncated
 
 

@@ -172,8 +172,7 @@ class AgentConnection:
             if not fut.done():
                 fut.set_exception(
                     SandboxLostError(
-                        f"The sandbox went away during the call ({self.close_reason}); "
-                        f"agent said: {self.diagnostics()}"
+                        f"The sandbox went away during the call ({self.close_reason}); agent said: {self.diagnostics()}"
                     )
                 )
         self._pending.clear()

@@ -83,8 +83,7 @@ _retry = retry(
 def _translate(exc: Exception, what: str) -> Exception:
     if isinstance(exc, docker.errors.ImageNotFound):
         return ImageNotFoundError(
-            f"{what}: image not found ({exc.explanation}); build it with "
-            "`loom-worker build-image` or scripts/setup"
+            f"{what}: image not found ({exc.explanation}); build it with `loom-worker build-image` or scripts/setup"
         )
     if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError
@@ -108,9 +107,7 @@ class DockerExecTransport(Transport):
     async def open(cls, sock_io: Any) -> DockerExecTransport:
         raw = getattr(sock_io, "_sock", sock_io)
         if not isinstance(raw, socket.socket):
-            raise SandboxUnavailableError(
-                "Docker endpoint gives no plain socket (TLS/SSH hosts are not supported)"
-            )
+            raise SandboxUnavailableError("Docker endpoint gives no plain socket (TLS/SSH hosts are not supported)")
         raw.setblocking(False)
         reader, writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
         return cls(sock_io, reader, writer)
@@ -213,9 +210,7 @@ class DockerBackend(SandboxBackend):
             real = p.resolve()
             if not real.is_relative_to(ws):
                 continue
-            mounts.append(
-                Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(real), type="bind", read_only=True)
-            )
+            mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(real), type="bind", read_only=True))
         return mounts
 
     def container_config(self, ws: Path) -> dict[str, Any]:

@@ -79,7 +79,7 @@ async def test_git_hooks_and_config_are_mounted_read_only(docker_backend: Docker
     assert "rc=0" not in out, out
     assert not (git / "hooks" / "pre-commit").exists()
     assert (git / "config").read_text() == "[core]\n\tbare = false\n"
-    with pytest.raises(Exception, match="(?i)read-only|permission"):
+    with pytest.raises(Exception, match=r"(?i)read-only|permission"):
         await box.write(".git/hooks/post-checkout", b"#!/bin/sh\nid\n")
     attrs = await docker_backend.inspect(user_workspace)
     assert attrs is not None

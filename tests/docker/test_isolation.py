@@ -28,7 +28,7 @@ async def test_network_is_off(runtime_backend: DockerBackend, user_workspace: Pa
     assert "lo" in ifaces or "lo:" in r.stdout.decode()
     assert not any(i.startswith(("eth", "en", "wl", "docker", "veth")) for i in ifaces), ifaces
     for host, port in (("1.1.1.1", "80"), ("172.17.0.1", "2375"), ("172.17.0.1", "2376"), ("8.8.8.8", "53")):
-        r = await box.exec(f"python3 -c \"$SRC\" {host} {port}", env={"SRC": PY_CONNECT}, timeout=20)
+        r = await box.exec(f'python3 -c "$SRC" {host} {port}', env={"SRC": PY_CONNECT}, timeout=20)
         assert b"FAILED" in r.stdout and b"CONNECTED" not in r.stdout, (host, r)
     r = await box.exec("python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\"; echo rc=$?")
     assert b"rc=0" not in r.stdout

@@ -22,7 +22,9 @@ CASES = {
     "double_fork": "(sleep 602 &) ; sleep 603",
     "setsid_daemon": "setsid sleep 604 & sleep 605",
     "nohup_background": "nohup sleep 606 >/dev/null 2>&1 & sleep 607",
-    "ignores_term": "trap '' TERM; python3 -c 'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(608)'",
+    "ignores_term": (
+        "trap '' TERM; python3 -c 'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(608)'"
+    ),
     "setsid_python_daemon": (
         "python3 -c 'import os,time\nif os.fork()==0:\n    os.setsid()\n    if os.fork()==0:\n"
         "        time.sleep(609)\n    os._exit(0)\ntime.sleep(610)'"
@@ -96,9 +98,7 @@ async def test_memory_bomb_is_reported_as_oom_and_sandbox_keeps_serving(
     backend = make_backend(memory="192m")
     try:
         box = await backend.get(user_workspace)
-        r = await box.exec(
-            "python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'", timeout=60
-        )
+        r = await box.exec("python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'", timeout=60)
         assert r.outcome == "oom", r
         again = await box.exec("echo alive")
         assert again.stdout == b"alive\n"

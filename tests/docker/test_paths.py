@@ -121,9 +121,7 @@ async def test_symlink_swap_after_resolution_cannot_redirect_writes(
     """A command swaps a directory for a link while writes keep arriving: none lands outside."""
     box = await docker_backend.get(user_workspace)
     await box.write("d/f.txt", b"0")
-    swapper = (
-        "for i in $(seq 1 300); do rm -rf d; ln -s /tmp d; sleep 0.001; rm -f d; mkdir d; done; rm -rf d; mkdir d"
-    )
+    swapper = "for i in $(seq 1 300); do rm -rf d; ln -s /tmp d; sleep 0.001; rm -f d; mkdir d; done; rm -rf d; mkdir d"
     import asyncio
 
     async def writes() -> int:

@@ -28,9 +28,7 @@ def registry(docker_backend: DockerBackend) -> ToolRegistry:
     return ToolRegistry(backend=docker_backend)
 
 
-async def test_search_uses_ripgrep_and_treats_dash_as_pattern(
-    registry: ToolRegistry, workspace: Path
-) -> None:
+async def test_search_uses_ripgrep_and_treats_dash_as_pattern(registry: ToolRegistry, workspace: Path) -> None:
     (workspace / "x").write_text("#!/bin/sh\ntouch PWNED\n")
     (workspace / "x").chmod(0o755)
     (workspace / "a.txt").write_text("--pre=x is text\n")
@@ -49,9 +47,7 @@ async def test_search_large_tree(registry: ToolRegistry, workspace: Path) -> Non
             (sub / f"m{f}.py").write_text(f"def f_{d}_{f}():\n    return {f}\n")
     (workspace / "node_modules").mkdir()
     (workspace / "node_modules" / "dep.py").write_text("def f_99_99(): pass\n")
-    r = await registry.execute(
-        "search_files", {"pattern": r"def f_7_\d+\(", "file_pattern": "*.py"}, workspace
-    )
+    r = await registry.execute("search_files", {"pattern": r"def f_7_\d+\(", "file_pattern": "*.py"}, workspace)
     assert r.success and r.data is not None and r.data["count"] == 100 and r.data["truncated"] is False
     r = await registry.execute("search_files", {"pattern": "return"}, workspace)
     assert r.success and r.data is not None and r.data["count"] == 200 and r.data["truncated"] is True
@@ -101,9 +97,7 @@ async def test_default_registry_end_to_end(workspace: Path, docker_ready: None) 
         try:
             w = await reg.execute("write_file", {"path": "src/app.py", "content": "print('hi')\n"}, workspace)
             assert w.success and w.files_changed == ["src/app.py"]
-            e = await reg.execute(
-                "edit_file", {"path": "src/app.py", "old_str": "hi", "new_str": "yo"}, workspace
-            )
+            e = await reg.execute("edit_file", {"path": "src/app.py", "old_str": "hi", "new_str": "yo"}, workspace)
             assert e.success, e.error
             s = await reg.execute("shell_execute", {"command": "python3 src/app.py"}, workspace)
             assert s.success and s.output == "yo\n"
@@ -117,9 +111,9 @@ async def test_default_registry_end_to_end(workspace: Path, docker_ready: None) 
             await reg.stop(workspace)
 
 
-def test_cli_call_default_backend_is_docker(workspace: Path, docker_ready: None) -> None:
+def test_cli_call_default_backend_is_docker(workspace: Path, tmp_path: Path, docker_ready: None) -> None:
     (workspace / "hello.txt").write_text("from the host\n")
-    env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "LOOM_LOG_LEVEL": "warning"}
+    env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "LOOM_LOG_LEVEL": "warning", "LOOM_DATA_DIR": str(tmp_path)}
     env.pop("LOOM_ALLOW_UNSAFE_LOCAL", None)
     exe = str(ROOT / ".venv" / "bin" / "loom-worker")
     try:

@@ -1,5 +1,8 @@
 """``loom-worker call``, ``batch`` and ``tools``: the tool surface for CI pipelines.
 
+Every change a call makes is recorded in the workspace's changelog (``settings.data_dir``)
+before it happens, so ``loom-worker undo`` can revert it.
+
 Exit codes: 0 the tool succeeded (``batch``: every call did), 1 a tool failed, 2 a usage
 error (bad ``--args`` JSON, unknown tool, missing workspace directory).
 
@@ -57,14 +60,36 @@ def _usage(message: str) -> int:
     return 2
 
 
-def _registry(args: argparse.Namespace, settings: Settings) -> ToolRegistry | None:
+class _Changelogs:
+    """One open changelog per workspace (under ``settings.data_dir``), so CLI calls are
+    recorded and can be undone with ``loom-worker undo``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._open: dict[Path, Any] = {}
+
+    def recorder(self, root: Path) -> Any:
+        """Raises ChangelogStorageError when the store cannot be opened."""
+        from .changelog import Changelog
+
+        if root not in self._open:
+            self._open[root] = Changelog.open(self.data_dir, root)
+        return self._open[root]
+
+    async def aclose(self) -> None:
+        for cl in self._open.values():
+            await cl.aclose()
+        self._open.clear()
+
+
+def _registry(args: argparse.Namespace, settings: Settings, changelogs: _Changelogs) -> ToolRegistry | None:
     if getattr(args, "backend", "docker") == "local":
         if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
             return None
         from sandbox.local import LocalProcessBackend
 
-        return ToolRegistry(backend=LocalProcessBackend())
-    return default_registry(settings=settings)
+        return ToolRegistry(backend=LocalProcessBackend(), recorder_factory=changelogs.recorder)
+    return default_registry(settings=settings, recorder_factory=changelogs.recorder)
 
 
 def _workspace(value: str) -> Path | None:
@@ -94,14 +119,18 @@ def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
-    registry = _registry(args, settings)
+    changelogs = _Changelogs(settings.data_dir)
+    registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
     _ensure_logging(settings)
 
     async def run() -> ToolResult:
-        async with registry:
-            return await registry.execute(args.tool, arguments, ws, call_id=args.call_id)
+        try:
+            async with registry:
+                return await registry.execute(args.tool, arguments, ws, call_id=args.call_id)
+        finally:
+            await changelogs.aclose()
 
     result = asyncio.run(run())
     _print(result.to_dict())
@@ -132,12 +161,19 @@ def _cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
-    registry = _registry(args, settings)
+    changelogs = _Changelogs(settings.data_dir)
+    registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
     _ensure_logging(settings)
 
     async def run() -> bool:
+        try:
+            return await run_lines()
+        finally:
+            await changelogs.aclose()
+
+    async def run_lines() -> bool:
         all_ok = True
         async with registry:
             for n, line in enumerate(sys.stdin, 1):

@@ -12,7 +12,7 @@ path / command refused by policy    success=false, "Safety violation: ..."
 ToolError / AgentError              success=false, the message (e.g. "File not found: a.txt")
 the call's deadline passed          success=false, "t timed out after Ns"
 sandbox unavailable / lost / broken success=false, "Sandbox unavailable (infrastructure ...",
-                                    data["error_kind"] == "infrastructure"
+changelog storage failed            data["error_kind"] == "infrastructure"
 anything else (a bug)               success=false, "Internal error ...", error_kind "internal"
 ==================================  ==========================================================
 """
@@ -39,6 +39,7 @@ from sandbox.errors import (
     SandboxUnavailableError,
 )
 
+from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
 from .tool import SCHEMA_FORMATS, Tool, ToolContext, ToolError
 from .tools import BUILTIN_NAMES, builtin_tools
@@ -266,6 +267,9 @@ class ToolRegistry:
             return _infra("Sandbox unavailable", e)
         except ProtocolError as e:
             return _infra("Sandbox protocol error", e)
+        except ChangelogStorageError as e:
+            # Recorded before writing, so the workspace was not changed.
+            return _infra("Changelog storage failed; nothing was changed", e)
         except TimeoutError:
             return ToolResult.fail(f"{name} timed out after {deadline:g}s", data={"timed_out": True})
         except Exception as e:  # a bug in a tool must not take the caller down

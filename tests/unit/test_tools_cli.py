@@ -7,6 +7,7 @@ Runs in-process through ``worker.cli.main`` with the test-only ``--backend local
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sys
@@ -21,9 +22,11 @@ from worker.cli_tools import tools_subparsers
 
 
 @pytest.fixture(autouse=True)
-def _unsafe_local(monkeypatch: pytest.MonkeyPatch) -> None:
+def data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("LOOM_ALLOW_UNSAFE_LOCAL", "1")
     monkeypatch.setenv("LOOM_LOG_LEVEL", "warning")
+    monkeypatch.setenv("LOOM_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -56,6 +59,27 @@ def test_call_write_reports_files_changed(capsys: pytest.CaptureFixture[str], wo
     code, result = call(capsys, workspace, "write_file", {"path": "d/n.txt", "content": "ü"})
     assert code == 0 and result["files_changed"] == ["d/n.txt"] and result["data"]["bytes_written"] == 2
     assert (workspace / "d/n.txt").read_text() == "ü"
+
+
+def test_call_changes_are_in_the_changelog(
+    capsys: pytest.CaptureFixture[str], workspace: Path, data_dir: Path
+) -> None:
+    from worker.changelog import Changelog
+
+    (workspace / "old.txt").write_text("before\n")
+    code, _ = call(
+        capsys, workspace, "edit_file", {"path": "old.txt", "old_str": "before", "new_str": "after"}
+    )
+    assert code == 0
+    code, result = call(capsys, workspace, "shell_execute", {"command": "echo x > made.txt"})
+    assert code == 0 and result["files_changed"] == ["made.txt"]
+
+    async def log() -> list[Any]:
+        async with Changelog.open(data_dir, workspace) as cl:
+            return await cl.log()
+
+    entries = asyncio.run(log())
+    assert [(e.tool, e.path) for e in entries] == [("edit_file", "old.txt"), ("shell_execute", "made.txt")]
 
 
 def test_call_tool_failure_exit_1(capsys: pytest.CaptureFixture[str], workspace: Path) -> None:

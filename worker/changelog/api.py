@@ -37,9 +37,7 @@ class Changelog:
 
         Raises ChangelogStorageError when the store cannot be opened.
         """
-        core = ChangelogCore(
-            workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits or Limits()
-        )
+        core = ChangelogCore(workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits or Limits())
         with core.store.tx() as db:
             if core.store.meta("workspace") is None:
                 Store.set_meta(db, "workspace", str(core.workspace))
@@ -182,9 +180,7 @@ class Changelog:
                 continue
             old: Content
             if e.path == p and e.before_kind is not None:
-                blob = (
-                    await self._core.db(self._core.store.get_blob, e.before_hash) if e.before_hash else None
-                )
+                blob = await self._core.db(self._core.store.get_blob, e.before_hash) if e.before_hash else None
                 old = blob if blob is not None else f"({e.before_kind}; before-image not kept)"
             elif e.path == p or e.new_path == p:
                 old = None
@@ -222,6 +218,4 @@ class Changelog:
             targets = await self._core.db(
                 select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
             )
-            return await undo(
-                self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id
-            )
+            return await undo(self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id)

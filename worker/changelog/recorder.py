@@ -95,8 +95,7 @@ class ChangelogCore:
             "file",
             digest,
             None,
-            note=f"before-image not kept: {r.size} bytes exceeds the "
-            f"{self.limits.max_file_bytes} byte per-file cap",
+            note=f"before-image not kept: {r.size} bytes exceeds the {self.limits.max_file_bytes} byte per-file cap",
         )
 
     # -- the single-change primitive ---------------------------------------------------
@@ -174,9 +173,7 @@ class ChangelogCore:
                 await sandbox.remove(path, expect_sha256=expect_sha256)
                 result = None
             else:
-                result = await sandbox.write(
-                    path, data, expect_sha256=expect_sha256, expect_absent=expect_absent
-                )
+                result = await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise
@@ -208,9 +205,7 @@ class ChangelogCore:
 
     def _settle_tx(self, e: Entry, state: str, note: str | None) -> None:
         with self.store.tx() as db:
-            db.execute(
-                "UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ?", (state, note, e.id)
-            )
+            db.execute("UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ?", (state, note, e.id))
             if state == "applied":
                 _baseline_after_change(db, e.path, e.after_hash)
                 if e.reverts is not None:
@@ -252,11 +247,19 @@ async def recorded_write(
     does not hold, NotAFileError, PathEscapeError, ...), ChangelogStorageError.
     """
     async with core.lock:
-        await core.recover(sandbox)
-        rel, st = await canonical(sandbox, path)
+        # Three independent round trips at once (the agent serves requests concurrently):
+        # settling a crashed writer's entries only hashes files, it never writes them.
+        _, canon, first = await asyncio.gather(
+            core.recover(sandbox), canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
+        )
+        for res in (_, canon):
+            if isinstance(res, BaseException):
+                raise res
+        assert not isinstance(canon, BaseException)
+        rel, st = canon
         if st is not None and st.type == "dir":
             raise NotAFileError(f"Not a file: {path} is a directory", code="not_a_file")
-        cur = await core.current(sandbox, rel)
+        cur = first if rel == path and not isinstance(first, BaseException) else await core.current(sandbox, rel)
         if st is not None:
             cur.mode = st.mode
         if expect_absent and cur.kind is not None:

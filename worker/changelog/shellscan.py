@@ -120,9 +120,7 @@ class ShellTracker:
         for i in range(0, len(paths), 500):
             chunk = paths[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            for r in self.core.store.query(
-                f"SELECT {BASELINE_COLUMNS} FROM baseline WHERE path IN ({marks})", chunk
-            ):
+            for r in self.core.store.query(f"SELECT {BASELINE_COLUMNS} FROM baseline WHERE path IN ({marks})", chunk):
                 out[r[0]] = Row(*r)
         return out
 
@@ -133,9 +131,7 @@ class ShellTracker:
         return [r[0] for r in self.core.store.query("SELECT path FROM baseline WHERE racy = 1")]
 
     def _kept_bytes(self) -> int:
-        return int(
-            self.core.store.query("SELECT COALESCE(SUM(size), 0) FROM baseline WHERE status = 'ok'")[0][0]
-        )
+        return int(self.core.store.query("SELECT COALESCE(SUM(size), 0) FROM baseline WHERE status = 'ok'")[0][0])
 
     def _commit(self, batch: _Batch, *, rebuild: bool = False) -> None:
         with self.core.store.tx() as db:
@@ -237,9 +233,7 @@ class ShellTracker:
         next scan is then a full one, so nothing is lost).
         """
         since, self._generation = self._generation, None
-        res = await sandbox.scan(
-            ".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key, since=since
-        )
+        res = await sandbox.scan(".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key, since=since)
         if res.full:
             base = await self.core.db(self._all_rows)
             seen = {e.path for e in res.entries}
@@ -344,9 +338,7 @@ class ShellTracker:
                         restorable=False,
                         note=(
                             f"{len(files)} file(s) changed under ignored directory {root} "
-                            "(content not kept): "
-                            + ", ".join(sorted(files)[:5])
-                            + (" ..." if len(files) > 5 else "")
+                            "(content not kept): " + ", ".join(sorted(files)[:5]) + (" ..." if len(files) > 5 else "")
                         ),
                     )
                 )
@@ -416,9 +408,7 @@ def _entry(
         "state": "applied",
         "origin": "shell",
         "restorable": int(restorable),
-        "note": note
-        if note is not None
-        else (f"$ {record['command'][:200]}" if record.get("command") else None),
+        "note": note if note is not None else (f"$ {record['command'][:200]}" if record.get("command") else None),
         "reverts": None,
     }
 

@@ -86,9 +86,7 @@ class Store:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
-                self._db.execute(
-                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
-                )
+                self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except sqlite3.Error as e:
             raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
         self.path = path
@@ -133,9 +131,7 @@ class Store:
 
     @staticmethod
     def put_blob(db: sqlite3.Connection, digest: str, data: bytes) -> None:
-        db.execute(
-            "INSERT OR IGNORE INTO blobs(sha256, size, data) VALUES (?, ?, ?)", (digest, len(data), data)
-        )
+        db.execute("INSERT OR IGNORE INTO blobs(sha256, size, data) VALUES (?, ?, ?)", (digest, len(data), data))
 
     def get_blob(self, digest: str) -> bytes | None:
         """The blob, or None when missing or when its content no longer matches its name."""
@@ -157,8 +153,7 @@ class Store:
 
     def entries(self, where: str = "1", params: Iterable[Any] = (), *, order: str = "id") -> list[Entry]:
         return [
-            _entry(r)
-            for r in self.query(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE {where} ORDER BY {order}", params)
+            _entry(r) for r in self.query(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE {where} ORDER BY {order}", params)
         ]
 
     def entry(self, entry_id: int) -> Entry | None:

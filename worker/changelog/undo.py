@@ -135,9 +135,7 @@ async def undo(
     for e in targets:
         if e.state != "applied" or e.reverted:
             why = "already reverted" if e.reverted else f"entry is {e.state}; nothing to revert"
-            steps.append(
-                UndoStep(entry_id=e.id, path=e.path, action="skip", status="already_reverted", message=why)
-            )
+            steps.append(UndoStep(entry_id=e.id, path=e.path, action="skip", status="already_reverted", message=why))
             continue
         if not e.restorable or (e.op != "create" and e.before_kind == "file" and e.before_hash is None):
             steps.append(
@@ -169,9 +167,7 @@ async def undo(
         )
     diff = await _net_diff(core, sandbox, initial, state)
     if dry_run:
-        steps += [
-            UndoStep(entry_id=e.id, path=e.path, action=_action(e), status="would_revert") for e in plan
-        ]
+        steps += [UndoStep(entry_id=e.id, path=e.path, action=_action(e), status="would_revert") for e in plan]
         return UndoResult(dry_run=True, steps=sorted(steps, key=lambda s: -s.entry_id), diff=diff)
     for e in plan:
         steps.append(await _revert(core, sandbox, e, force=force, undo_call_id=undo_call_id))
@@ -197,9 +193,7 @@ async def _content(core: ChangelogCore, sandbox: Sandbox, path: str, st: State, 
     return "(content not kept)"
 
 
-async def _net_diff(
-    core: ChangelogCore, sandbox: Sandbox, initial: dict[str, State], final: dict[str, State]
-) -> str:
+async def _net_diff(core: ChangelogCore, sandbox: Sandbox, initial: dict[str, State], final: dict[str, State]) -> str:
     parts = []
     for p in sorted(initial):
         if initial[p] == final[p]:
@@ -219,9 +213,7 @@ async def _revert(
         if e.before_kind == "file" and e.before_hash:
             before = await core.db(core.store.get_blob, e.before_hash)
             if before is None:
-                raise UndoRefusedError(
-                    f"entry {e.id}: before-image {e.before_hash[:12]} is missing or corrupt"
-                )
+                raise UndoRefusedError(f"entry {e.id}: before-image {e.before_hash[:12]} is missing or corrupt")
         if e.op == "rename" and e.new_path:
             await core.change(
                 sandbox,
@@ -240,11 +232,7 @@ async def _revert(
         else:
             target_path = e.path
         # A symlink or special file is not read (reading would follow the link).
-        cur = (
-            await core.current(sandbox, target_path)
-            if e.after_kind in ("file", None)
-            else Current(e.after_kind)
-        )
+        cur = await core.current(sandbox, target_path) if e.after_kind in ("file", None) else Current(e.after_kind)
         expect = cur.sha if force or cur.kind != "file" else e.after_hash
         data = None if e.op in ("create", "rename") else before
         if data is None and cur.kind is None:

@@ -221,7 +221,7 @@ class DockerBackend(SandboxBackend):
         return {
             "image": spec.image,
             "name": container_name(ws),
-            "command": ["python3", "-I", "-c", KEEPER, str(spec.idle_ttl), ACTIVITY_FILE],
+            "command": ["python3", "-I", "-S", "-c", KEEPER, str(spec.idle_ttl), ACTIVITY_FILE],
             "user": f"{uid}:{gid}",
             "working_dir": WORKSPACE_MOUNT,
             "environment": {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"},
@@ -347,7 +347,7 @@ class DockerBackend(SandboxBackend):
         def start() -> Any:
             ex = api.exec_create(
                 container.id,
-                ["python3", "-I", "-c", protocol.BOOTSTRAP],
+                ["python3", "-I", "-S", "-c", protocol.BOOTSTRAP],
                 stdin=True,
                 stdout=True,
                 stderr=True,

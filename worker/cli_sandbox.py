@@ -1,0 +1,206 @@
+"""Sandbox subcommands: ``demo`` (the main job), ``doctor``, ``gc``, ``stop``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import SandboxError, SandboxUnavailableError
+from sandbox.spec import SandboxSpec
+
+from .settings import Settings
+
+
+def _backend(settings: Settings, **overrides: Any) -> Any:
+    from sandbox.docker import DockerBackend  # the Docker SDK only when a command needs it
+
+    spec = SandboxSpec(**{**settings.sandbox_spec_kwargs(), **overrides})
+    return DockerBackend(spec, base_url=settings.docker_host)
+
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+
+async def _demo(settings: Settings, workspace: Path | None, runtime: str | None) -> int:
+    overrides = {"runtime": runtime} if runtime else {}
+    backend = _backend(settings, **overrides)
+    own = workspace is None
+    ws = Path(tempfile.mkdtemp(prefix="loom-demo-")) if workspace is None else workspace
+    ws = ws.resolve()
+    try:
+        _say(f"== loom-worker demo: a sandbox for workspace {ws} (runtime {backend.spec.runtime})")
+        t0 = time.perf_counter()
+        box = await backend.get(ws)
+        info = await box.info()
+        _say(f"cold start (container + agent): {(time.perf_counter() - t0) * 1000:.0f} ms")
+        _say(f"agent: pid {info.pid}, uid {info.uid}, python {info.python}, kernel {info.kernel}")
+
+        _say("\n-- write a file, read it back (through the in-container agent)")
+        w = await box.write("hello/greeting.txt", b"hello from the host\n")
+        r = await box.read("hello/greeting.txt")
+        _say(f"wrote {w.size} bytes, read back: {r.data.decode().strip()!r}")
+
+        _say("\n-- run a command")
+        res = await box.exec("python3 -c 'import sys; print(sys.version.split()[0])'; ls -la hello; id")
+        _say(res.stdout.decode().rstrip())
+        t = []
+        for _ in range(50):
+            s = time.perf_counter()
+            await box.exec("true")
+            t.append((time.perf_counter() - s) * 1000)
+        t.sort()
+        _say(f"exec `true` p50 over 50 calls: {t[len(t) // 2]:.2f} ms (one `docker exec` is ~40 ms)")
+
+        _say("\n-- the limits, seen from inside")
+        checks = {
+            "network": "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\" 2>&1 | tail -1",
+            "capabilities": "grep CapEff /proc/self/status",
+            "root filesystem": "touch /usr/bin/x 2>&1",
+            "processes (pids limit)": "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+            "memory limit": "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null "
+            "|| cat /sys/fs/cgroup/memory.max",
+        }
+        for name, cmd in checks.items():
+            out = (await box.exec(cmd)).stdout.decode().strip() or "(none)"
+            _say(f"{name:>24}: {out}")
+
+        _say("\n-- a runaway command: `setsid sleep 600 & sleep 600` with a 2 s timeout")
+        res = await box.exec("setsid sleep 600 & nohup sleep 600 >/dev/null 2>&1 & sleep 600", timeout=2)
+        left = (await box.exec("ps -eo args | grep -c '^sleep' || true")).stdout.decode().strip()
+        _say(f"outcome={res.outcome} after {res.duration_ms:.0f} ms; sleep processes left: {left}")
+        _say("\ndemo ok")
+        return 0
+    except SandboxError as e:
+        print(f"demo failed: {e}", file=sys.stderr)
+        print("run `loom-worker doctor` to see what is missing", file=sys.stderr)
+        return 1
+    finally:
+        if own:
+            await backend.stop(ws)
+            shutil.rmtree(ws, ignore_errors=True)
+        await backend.aclose()
+
+
+# -- doctor --------------------------------------------------------------------------------
+
+
+async def _doctor(settings: Settings) -> int:
+    backend = _backend(settings)
+    problems = 0
+
+    def line(ok: bool, what: str, detail: str, fix: str = "") -> None:
+        nonlocal problems
+        problems += 0 if ok else 1
+        _say(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
+        if not ok and fix:
+            _say(f"       fix: {fix}")
+
+    try:
+        info = await backend.daemon_info()
+    except SandboxUnavailableError as e:
+        line(
+            False,
+            "docker daemon",
+            str(e),
+            "install and start Docker: scripts/setup (Debian: apt-get install docker.io)",
+        )
+        await backend.aclose()
+        return 1
+    line(True, "docker daemon", f"engine {info.get('ServerVersion')}, storage {info.get('Driver')}")
+    has_image = await backend.image_exists()
+    line(
+        has_image,
+        "sandbox image",
+        settings.image,
+        "build it: scripts/setup (or images/base/build-base.sh + docker build)",
+    )
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    gvisor = "runsc" in runtimes
+    line(
+        gvisor or settings.runtime != "runsc",
+        "gVisor (runsc)",
+        "registered"
+        if gvisor
+        else "not registered" + ("" if settings.runtime == "runsc" else " (optional: runc in use)"),
+        "apt-get install runsc and register it in /etc/docker/daemon.json (scripts/setup does both)",
+    )
+    if has_image:
+        ws = Path(tempfile.mkdtemp(prefix="loom-doctor-"))
+        try:
+            box = await backend.get(ws)
+            res = await box.exec("true")
+            line(res.outcome == "exit", "sandbox start", f"container + agent answer ({settings.runtime})")
+        except SandboxError as e:
+            line(False, "sandbox start", str(e))
+        finally:
+            await backend.stop(ws)
+            shutil.rmtree(ws, ignore_errors=True)
+    if os.geteuid() == 0 and settings.uid is None:
+        _say("[note] running as root: root-owned workspaces run as uid 0 (no capabilities) inside the sandbox")
+    await backend.aclose()
+    return 0 if problems == 0 else 1
+
+
+# -- gc / stop -----------------------------------------------------------------------------
+
+
+async def _gc(settings: Settings, all_running: bool) -> int:
+    backend = _backend(settings)
+    try:
+        removed = await backend.gc(all_running=all_running)
+    except SandboxUnavailableError as e:
+        print(f"gc failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await backend.aclose()
+    _say(f"removed {len(removed)} sandbox container(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
+
+
+async def _stop(settings: Settings, workspace: Path) -> int:
+    backend = _backend(settings)
+    try:
+        stopped = await backend.stop(workspace)
+    except SandboxUnavailableError as e:
+        print(f"stop failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await backend.aclose()
+    _say("stopped" if stopped else "no sandbox was running for this workspace")
+    return 0
+
+
+def _existing_dir(value: str) -> Path:
+    p = Path(value).expanduser()
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"workspace {value!r} is not a directory")
+    return p.resolve()
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser("demo", help="Show a workspace sandbox at work: command, files, limits.")
+    p.add_argument("--workspace", type=_existing_dir, help="Use this directory (default: a temporary one).")
+    p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
+    p.set_defaults(func=lambda a, s: asyncio.run(_demo(s, a.workspace, a.runtime)))
+
+    p = subparsers.add_parser("doctor", help="Check the Docker daemon, the sandbox image and gVisor.")
+    p.set_defaults(func=lambda a, s: asyncio.run(_doctor(s)))
+
+    p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")
+    p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
+    p.set_defaults(func=lambda a, s: asyncio.run(_gc(s, a.all)))
+
+    p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
+    p.add_argument("--workspace", type=_existing_dir, required=True)
+    p.set_defaults(func=lambda a, s: asyncio.run(_stop(s, a.workspace)))

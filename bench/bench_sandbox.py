@@ -37,7 +37,7 @@ from sandbox.spec import SandboxSpec
 
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 async def timed(fn: Callable[[], Awaitable[Any]], n: int) -> list[float]:

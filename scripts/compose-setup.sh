@@ -7,7 +7,7 @@
 #      image build needs no network: containers reach PyPI only through a TLS-intercepting
 #      proxy whose CA the base image does not trust.
 # Usage: scripts/compose-setup.sh            (from the repository root; idempotent)
-# Env:   PYTHON (default .venv/bin/python)
+# Env:   PYTHON (default .venv/bin/python); LOOM_SKIP_ENV=1 to not write .env (tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -49,7 +49,7 @@ ls images/worker/wheels | wc -l | xargs echo "[compose] wheels:"
 
 # .env for `docker compose up` (compose reads it from the project directory): a random
 # API token and an absolute workspace root, identical inside and outside the worker.
-if [ ! -f .env ]; then
+if [ ! -f .env ] && [ "${LOOM_SKIP_ENV:-0}" != 1 ]; then
   umask 077
   {
     echo "LOOM_API_TOKEN=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')"

@@ -1,0 +1,204 @@
+"""``docker compose up`` end to end (testcontainers' DockerCompose).
+
+Brings up compose.yaml (images built with the classic builder from the offline base and a
+host-built wheelhouse), plays a scripted agent session over HTTP through ``tool_calls``:
+write a small Python project, run its tests in the sandbox, fix the bug with ``edit_file``,
+run again, undo; asserts every result; tears down and checks that no sandbox container of
+this run is left behind.
+
+Workspace paths are the same inside and outside the worker container: the test reads on
+the host, at the path the API reports, the files the sandbox wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import require_docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET_MARKER = "sekret-file-content-" + secrets.token_hex(4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def sandboxes_for(root: Path) -> list[str]:
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=dev.loom.worker=1",
+            "--format",
+            '{{.Names}} {{.Label "dev.loom.workspace"}}',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if str(root) in line]
+
+
+class Api:
+    def __init__(self, base: str, token: str) -> None:
+        self.http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+    def tool_calls(self, ws: str, *calls: tuple[str, str, dict[str, Any] | str]) -> list[str]:
+        body = [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+            }
+            for cid, name, args in calls
+        ]
+        r = self.http.post(f"/v1/workspaces/{ws}/tool_calls", json=body)
+        assert r.status_code == 200, r.text
+        msgs = r.json()
+        assert [m["tool_call_id"] for m in msgs] == [c[0] for c in calls]
+        assert all(m["role"] == "tool" for m in msgs)
+        return [m["content"] for m in msgs]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path, Any]]:
+    require_docker()
+    from testcontainers.compose import DockerCompose
+
+    env = {**os.environ, "LOOM_SKIP_ENV": "1"}
+    subprocess.run([str(REPO / "scripts/compose-setup.sh")], cwd=REPO, env=env, check=True, capture_output=True)
+    root = tmp_path_factory.mktemp("compose-ws").resolve()
+    token = secrets.token_urlsafe(16)
+    port = free_port()
+    env_file = root.parent / "compose-e2e.env"
+    env_file.write_text(
+        f"LOOM_API_TOKEN={token}\nLOOM_WORKSPACE_ROOT={root}\nLOOM_PORT={port}\nLOOM_UID=1000\nLOOM_GID=1000\n"
+    )
+    # A project name of our own, so a developer's `docker compose up` is never touched;
+    # the classic builder, because this engine has no buildx.
+    saved = {k: os.environ.get(k) for k in ("COMPOSE_PROJECT_NAME", "COMPOSE_DOCKER_CLI_BUILD", "DOCKER_BUILDKIT")}
+    os.environ.update(
+        COMPOSE_PROJECT_NAME=f"loom-e2e-{secrets.token_hex(3)}", COMPOSE_DOCKER_CLI_BUILD="0", DOCKER_BUILDKIT="0"
+    )
+    compose = DockerCompose(str(REPO), compose_file_name="compose.yaml", build=True, wait=True, env_file=str(env_file))
+    try:
+        compose.start()
+        yield Api(f"http://127.0.0.1:{port}", token), root, compose
+    finally:
+        try:
+            compose.stop()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            leftover = sandboxes_for(root)
+            for line in leftover:  # clean up even when the assertion below fails
+                subprocess.run(["docker", "rm", "-f", line.split()[0]], capture_output=True)
+            assert leftover == [], f"sandbox containers left behind: {leftover}"
+
+
+# -B: an edit that keeps the size, within the same second, leaves a stale .pyc that
+# Python would trust (mtime+size check); see docs/service.md.
+RUN_TESTS = "python3 -B test_calc.py"
+CALC = "def add(a, b):\n    return a - b\n"
+TESTS = (
+    "from calc import add\n"
+    f"# {SECRET_MARKER}\n"
+    "assert add(2, 3) == 5, f'add(2, 3) = {add(2, 3)}'\n"
+    "print('all tests passed')\n"
+)
+
+
+def test_scripted_agent_session(stack: tuple[Api, Path, Any]) -> None:
+    api, root, compose = stack
+    assert api.http.get("/healthz").json()["status"] == "ok"
+    assert api.http.get("/v1/tools", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+    r = api.http.post("/v1/workspaces", json={"name": "proj"})
+    assert r.status_code == 201, r.text
+    ws_path = Path(r.json()["path"])
+    assert ws_path == root / "proj"  # the same absolute path inside the worker and on the host
+
+    out = api.tool_calls(
+        "proj",
+        ("c1", "write_file", {"path": "calc.py", "content": CALC}),
+        ("c2", "write_file", {"path": "test_calc.py", "content": TESTS}),
+        ("c3", "shell_execute", {"command": RUN_TESTS}),
+        ("c4", "read_file", '{"path": "calc.py"'),  # malformed JSON from the model
+    )
+    assert "calc.py" in out[0] and "test_calc.py" in out[1]
+    assert "add(2, 3) = -1" in out[2] and "AssertionError" in out[2]
+    assert "not valid JSON" in out[3]
+    # The sandbox's bind mount resolved on the host: the files are where the API said.
+    assert (ws_path / "calc.py").read_text() == CALC
+
+    out = api.tool_calls(
+        "proj",
+        ("fix", "edit_file", {"path": "calc.py", "old_str": "a - b", "new_str": "a + b"}),
+        ("c6", "shell_execute", {"command": RUN_TESTS}),
+        ("c7", "search_files", {"pattern": "return a"}),
+        ("c8", "list_directory", {}),
+    )
+    assert "a + b" in out[0]
+    assert "all tests passed" in out[1]
+    assert "calc.py:2:" in out[2]
+    assert "test_calc.py" in out[3]
+    assert (ws_path / "calc.py").read_text() == CALC.replace("a - b", "a + b")
+
+    log = api.http.get("/v1/workspaces/proj/changelog").json()
+    assert [e["call_id"] for e in log][:3] == ["c1", "c2", "fix"]
+    r = api.http.post("/v1/workspaces/proj/undo", json={"call_id": "fix"})
+    assert r.status_code == 200, r.text
+    assert [s["status"] for s in r.json()["steps"]] == ["reverted"]
+    assert (ws_path / "calc.py").read_text() == CALC
+    out = api.tool_calls("proj", ("c9", "shell_execute", {"command": RUN_TESTS}))
+    assert "AssertionError" in out[0]
+
+    metrics = api.http.get("/metrics").text
+    assert 'loom_tool_calls_total{outcome="ok",tool="edit_file"} 1.0' in metrics
+    assert "loom_sandboxes_live 1.0" in metrics
+    assert len(sandboxes_for(root)) == 1
+
+    # Structured JSON logs: every call with workspace, tool, call id; never file contents.
+    stdout, stderr = compose.get_logs("worker")
+    lines = [json.loads(x.split("|", 1)[-1]) for x in (stdout + stderr).splitlines() if "{" in x]
+    calls = [x for x in lines if x.get("event") == "tool.call"]
+    assert {"c1", "c3", "fix", "c9"} <= {x["call_id"] for x in calls}
+    assert all(x["workspace"] == str(ws_path) and "duration_ms" in x for x in calls)
+    assert SECRET_MARKER not in stdout + stderr
+    assert stack[0].http.headers["Authorization"].split()[1] not in stdout + stderr
+
+
+def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Any]) -> None:
+    api, root, _ = stack
+    assert api.http.post("/v1/workspaces", json={"name": "tmp1"}).status_code == 201
+    assert "hello" in api.tool_calls("tmp1", ("x", "shell_execute", {"command": "echo hello"}))[0]
+    assert any("tmp1" in line for line in sandboxes_for(root))
+    r = api.http.delete("/v1/workspaces/tmp1", params={"delete_files": "true"})
+    assert r.status_code == 200 and r.json()["sandbox_stopped"] is True
+    deadline = time.monotonic() + 30
+    while any("tmp1" in line for line in sandboxes_for(root)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any("tmp1" in line for line in sandboxes_for(root))
+    assert not (root / "tmp1").exists()

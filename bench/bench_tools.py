@@ -1,0 +1,177 @@
+"""Tool-call latency through ``ToolRegistry.execute`` on the Docker sandbox, beside
+``docker exec`` into the same container doing the equivalent work, in the same run.
+
+    .venv/bin/python bench/bench_tools.py [--n 200] [--search-n 50] [--files 5000] [--changelog]
+
+Prints a markdown table of p50 / p99 in milliseconds and the docker-exec / registry ratio.
+``docker exec`` is measured through the Docker SDK (``exec_run``: create + start + wait),
+not the CLI, so the Go binary's start-up is not counted against it.
+
+Targets (issue 3): read_file 4 KB p50 <= 0.5 ms, shell_execute ``true`` p50 <= 2 ms,
+search over a 5,000-file tree p50 <= 50 ms. Logging is set to WARNING so the numbers are
+the tool path, not the log renderer; ``--changelog`` records through the real changelog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sandbox.docker import DockerBackend
+from sandbox.spec import SandboxSpec
+from worker import ToolRegistry
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def make_tree(ws: Path, files: int) -> None:
+    for i in range(files):
+        d = ws / f"pkg{i // 100:03d}" / ("sub" if i % 2 else "")
+        d.mkdir(parents=True, exist_ok=True)
+        body = "".join(f"def func_{i}_{k}(x):\n    return x + {k}\n\n" for k in range(5))
+        if i % 500 == 0:
+            body += "NEEDLE_MARKER = True\n"
+        (d / f"mod{i % 100:02d}.py").write_text(body)
+    (ws / "read4k.txt").write_text(("0123456789abcdef" * 4 + "\n") * 63)  # 4,095 bytes
+    (ws / "edit.txt").write_text("counter = 0\n" + "filler line\n" * 100)
+
+
+async def timed(n: int, fn: Callable[[int], Awaitable[Any]]) -> list[float]:
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        await fn(i)
+        out.append((time.perf_counter() - t) * 1000.0)
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--search-n", type=int, default=50)
+    ap.add_argument("--files", type=int, default=5000)
+    ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
+    ap.add_argument("--changelog", action="store_true", help="record through worker.changelog")
+    args = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    with tempfile.TemporaryDirectory(prefix="loom-bench-tools-") as tmp:
+        ws = Path(tmp, "ws")
+        ws.mkdir()
+        make_tree(ws, args.files)
+        backend = DockerBackend(SandboxSpec(image=args.image), worker_id="bench")
+        changelogs: list[Any] = []
+        factory = None
+        if args.changelog:
+            from worker.changelog import Changelog
+
+            def factory(root: Path) -> Any:
+                cl = Changelog.open(Path(tmp, "data"), root)
+                changelogs.append(cl)
+                return cl
+
+        reg = ToolRegistry(backend=backend, recorder_factory=factory)
+        try:
+            await run(reg, backend, ws, args)
+        finally:
+            for cl in changelogs:
+                await cl.aclose()
+            await backend.remove_all_started()
+            await backend.aclose()
+
+
+async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argparse.Namespace) -> None:
+    async def call(name: str, arguments: dict[str, Any]) -> None:
+        r = await reg.execute(name, arguments, ws)
+        if not r.success:
+            raise SystemExit(f"{name} failed: {r.error}")
+
+    t = time.perf_counter()
+    await call("shell_execute", {"command": "true"})  # container start + agent + baseline
+    start_ms = (time.perf_counter() - t) * 1000
+    box = await backend.get(ws)
+    container = backend._docker().containers.get(box.container_name)  # type: ignore[attr-defined]
+
+    def dexec(cmd: list[str]) -> Callable[[int], Awaitable[Any]]:
+        async def go(_i: int) -> None:
+            res = await asyncio.to_thread(container.exec_run, cmd, workdir="/workspace")
+            if res.exit_code not in (0, 1):
+                raise SystemExit(f"docker exec {cmd} failed: {res.output[:200]!r}")
+
+        return go
+
+    n, sn = args.n, args.search_n
+    cases: list[tuple[str, Callable[[int], Awaitable[Any]], Callable[[int], Awaitable[Any]], int]] = [
+        (
+            "read_file (4 KB)",
+            lambda i: call("read_file", {"path": "read4k.txt"}),
+            dexec(["cat", "read4k.txt"]),
+            n,
+        ),
+        (
+            "write_file (1 KB)",
+            lambda i: call("write_file", {"path": "out/w.txt", "content": f"{i}\n" + "w" * 1000}),
+            dexec(["sh", "-c", "mkdir -p out && printf '%01000d' 0 > out/w2.txt"]),
+            n,
+        ),
+        (
+            "edit_file (1 replacement)",
+            lambda i: call(
+                "edit_file", {"path": "edit.txt", "old_str": f"counter = {i}\n", "new_str": f"counter = {i + 1}\n"}
+            ),
+            dexec(["sed", "-i", "s/^filler line$/filler line/", "edit.txt"]),
+            n,
+        ),
+        (
+            "list_directory (depth 2)",
+            lambda i: call("list_directory", {"path": "pkg000", "depth": 2}),
+            dexec(["find", "pkg000", "-maxdepth", "2"]),
+            n,
+        ),
+        (
+            f"search_files ({args.files} files)",
+            lambda i: call("search_files", {"pattern": "NEEDLE_MARKER"}),
+            dexec(["rg", "-n", "--no-heading", "NEEDLE_MARKER", "."]),
+            sn,
+        ),
+        (
+            "shell_execute `true`",
+            lambda i: call("shell_execute", {"command": "true"}),
+            dexec(["sh", "-c", "true"]),
+            n,
+        ),
+    ]
+    print(f"\nimage {args.image}; first call (container start, agent, baseline): {start_ms:.0f} ms")
+    print(f"changelog recorder: {'on' if args.changelog else 'off (NullRecorder)'}\n")
+    print("| tool | n | registry p50 ms | registry p99 ms | docker exec p50 ms | docker exec p99 ms | ratio (p50) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, ours, theirs, count in cases:
+        if not label.startswith("edit_file"):  # edit_file's counter must start at 0
+            for _ in range(5):
+                await ours(0)
+        for _ in range(3):
+            await theirs(0)
+        a = await timed(count, ours)
+        b = await timed(max(10, count // 4), theirs)
+        ratio = statistics.median(b) / statistics.median(a)
+        print(
+            f"| {label} | {count} | {pct(a, 0.5):.2f} | {pct(a, 0.99):.2f} | "
+            f"{pct(b, 0.5):.2f} | {pct(b, 0.99):.2f} | {ratio:.0f}x |"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -195,22 +195,28 @@ class DockerBackend(SandboxBackend):
 
     def _mounts(self, ws: Path) -> list[Mount]:
         mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
-        # Git runs hooks and honours config (core.fsmonitor, core.hooksPath...) on the host
-        # later: the sandbox must not be able to plant them. Mounted read-only on top of the
-        # workspace, only when they are real entries inside it (never a link out of it).
+        # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
+        # host later uses the repository: the sandbox must not be able to plant them. Both
+        # are mounted read-only, and .git itself is bound onto itself so that it is a mount
+        # point: renaming or removing it (to put a fresh .git with hooks in its place) fails
+        # with EBUSY. Only real entries inside the workspace qualify, never a link out of it.
+        git = ws / ".git"
+        try:
+            git_st = os.lstat(git)
+        except OSError:
+            return mounts
+        if not statmod.S_ISDIR(git_st.st_mode):
+            return mounts
+        mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/.git", source=str(git), type="bind", read_only=False))
         for rel in (".git/hooks", ".git/config"):
             p = ws / rel
             try:
                 st = os.lstat(p)
-                git_st = os.lstat(ws / ".git")
             except OSError:
                 continue
-            if statmod.S_ISLNK(st.st_mode) or not statmod.S_ISDIR(git_st.st_mode):
+            if statmod.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(ws):
                 continue
-            real = p.resolve()
-            if not real.is_relative_to(ws):
-                continue
-            mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(real), type="bind", read_only=True))
+            mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(p), type="bind", read_only=True))
         return mounts
 
     def container_config(self, ws: Path) -> dict[str, Any]:

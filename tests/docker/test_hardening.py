@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -70,7 +71,7 @@ async def test_limits_are_configurable(docker_ready: None, workspace: Path) -> N
 
 async def test_git_hooks_and_config_are_mounted_read_only(docker_backend: DockerBackend, user_workspace: Path) -> None:
     git = user_workspace / ".git"
-    subprocess.run(["git", "init", "-q", "--template=", str(user_workspace)], check=True)
+    await asyncio.to_thread(subprocess.run, ["git", "init", "-q", "--template=", str(user_workspace)], check=True)
     (git / "hooks").mkdir()
     for root, dirs, files in os.walk(user_workspace):
         for name in dirs + files:

@@ -573,6 +573,41 @@ def op_list(req):
     return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
 
 
+def _scan_walk(dfd, prefix, exclude, out, limit):
+    """Stat-only walk for change detection: no sorting, one lstat per non-directory
+    (directories are recognised from d_type for free), never following links."""
+    dirs = []
+    try:
+        it = os.scandir(dfd)
+    except OSError:
+        return False
+    with it:
+        for e in it:
+            name = e.name
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if name not in exclude:
+                        dirs.append(name)
+                    continue
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if len(out) >= limit:
+                return True
+            out[prefix + name] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+    for name in dirs:
+        try:
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
+            continue
+        try:
+            if _scan_walk(sub, prefix + name + "/", exclude, out, limit):
+                return True
+        finally:
+            os.close(sub)
+    return False
+
+
 def op_scan(req):
     path = req.get("path", ".")
     exclude = set(req.get("exclude") or ())
@@ -580,21 +615,9 @@ def op_scan(req):
     key = req.get("snapshot")
     dfd, parts = _open_dir(path)
     prefix = "" if not parts else _rel(parts) + "/"
-    current = {}
-    counter = [0, False]
-
-    def visit(e, rel, d, is_dir):
-        if is_dir:
-            return
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            return
-        counter[0] += 1
-        current[prefix + rel] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
-
+    current = {}  # type: dict
     try:
-        _walk(dfd, "", 1, None, exclude, visit, counter, limit)
+        truncated = _scan_walk(dfd, prefix, exclude, current, limit)
     finally:
         os.close(dfd)
     previous = _snapshots.get(key) if key else None
@@ -603,20 +626,14 @@ def op_scan(req):
         _snapshots[key] = (generation, current)
     if previous is not None and req.get("since") == previous[0]:
         old = previous[1]
-        changed = [[p] + list(v) for p, v in current.items() if old.get(p) != v]
+        changed = [[p, *v] for p, v in current.items() if old.get(p) != v]
         removed = [p for p in old if p not in current]
-        return {
-            "entries": changed,
-            "removed": removed,
-            "full": False,
-            "truncated": counter[1],
-            "generation": generation,
-        }
+        return {"entries": changed, "removed": removed, "full": False, "truncated": truncated, "generation": generation}
     return {
-        "entries": [[p] + list(v) for p, v in current.items()],
+        "entries": [[p, *v] for p, v in current.items()],
         "removed": [],
         "full": True,
-        "truncated": counter[1],
+        "truncated": truncated,
         "generation": generation,
     }
 

@@ -226,8 +226,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "call",
         help="Run one tool call and print its ToolResult JSON.",
-        description="Run one tool call in the workspace's sandbox. "
-        "Exit 0 success, 1 tool failed, 2 usage error.",
+        description="Run one tool call in the workspace's sandbox. Exit 0 success, 1 tool failed, 2 usage error.",
     )
     p.add_argument("tool", help="Tool name, e.g. read_file.")
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")

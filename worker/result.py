@@ -65,9 +65,7 @@ class ToolResult:
     error: str | None = None
 
     @classmethod
-    def ok(
-        cls, output: str, data: dict[str, Any] | None = None, files_changed: list[str] | None = None
-    ) -> ToolResult:
+    def ok(cls, output: str, data: dict[str, Any] | None = None, files_changed: list[str] | None = None) -> ToolResult:
         return cls(True, output, data, list(files_changed or []), None)
 
     @classmethod

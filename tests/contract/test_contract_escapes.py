@@ -92,9 +92,7 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("tool", ["read_file", "write_file", "edit_file", "search_files", "list_directory"])
-async def test_escape_is_refused(
-    registry: ToolRegistry, workspace: Path, outside: Path, tool: str, form: str
-) -> None:
+async def test_escape_is_refused(registry: ToolRegistry, workspace: Path, outside: Path, tool: str, form: str) -> None:
     before = _snapshot(outside)
     path = _escape_path(form, workspace, outside)
     r = await registry.execute(tool, _args(tool, path), workspace)
@@ -110,9 +108,7 @@ async def test_edit_empty_old_str_through_dangling_link_creates_nothing(
     registry: ToolRegistry, workspace: Path, outside: Path
 ) -> None:
     os.symlink(outside / "created-by-escape.txt", workspace / "dangling.txt")
-    r = await registry.execute(
-        "edit_file", {"path": "dangling.txt", "old_str": "", "new_str": "x"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "dangling.txt", "old_str": "", "new_str": "x"}, workspace)
     assert not r.success and r.error is not None and "Safety violation" in r.error
     assert not (outside / "created-by-escape.txt").exists()
 
@@ -125,9 +121,7 @@ async def test_symlink_inside_workspace_is_followed(registry: ToolRegistry, work
     assert r.success and r.output == "inside\n"
 
 
-async def test_search_does_not_follow_links_out(
-    registry: ToolRegistry, workspace: Path, outside: Path
-) -> None:
+async def test_search_does_not_follow_links_out(registry: ToolRegistry, workspace: Path, outside: Path) -> None:
     os.symlink(outside, workspace / "linkdir")
     os.symlink(outside / "secret.txt", workspace / "link.txt")
     (workspace / "own.txt").write_text("my secret is safe\n")

@@ -71,15 +71,11 @@ async def test_read_file_empty(registry: ToolRegistry, workspace: Path) -> None:
     assert r.success and r.output == "(empty file)" and r.data is not None and r.data["content"] == ""
 
 
-async def test_write_file_creates_parents_and_counts_utf8_bytes(
-    registry: ToolRegistry, workspace: Path
-) -> None:
+async def test_write_file_creates_parents_and_counts_utf8_bytes(registry: ToolRegistry, workspace: Path) -> None:
     content = "héllo → wörld ✓\n"
     r = await registry.execute("write_file", {"path": "new/deep/dir/f.txt", "content": content}, workspace)
     assert r.success, r.error
-    assert (
-        r.data is not None and r.data["bytes_written"] == len(content.encode()) and r.data["created"] is True
-    )
+    assert r.data is not None and r.data["bytes_written"] == len(content.encode()) and r.data["created"] is True
     assert r.files_changed == ["new/deep/dir/f.txt"]
     assert (workspace / "new/deep/dir/f.txt").read_bytes() == content.encode()
     r = await registry.execute("write_file", {"path": "./new/deep/dir/f.txt", "content": "x"}, workspace)
@@ -101,9 +97,7 @@ async def test_write_file_refuses_directory_and_root(registry: ToolRegistry, wor
 async def test_write_file_size_cap(registry: ToolRegistry, workspace: Path) -> None:
     from worker.tools.files import MAX_WRITE_BYTES
 
-    r = await registry.execute(
-        "write_file", {"path": "huge", "content": "x" * (MAX_WRITE_BYTES + 1)}, workspace
-    )
+    r = await registry.execute("write_file", {"path": "huge", "content": "x" * (MAX_WRITE_BYTES + 1)}, workspace)
     assert not r.success and r.error is not None
     assert "too large" in r.error and str(MAX_WRITE_BYTES) in r.error
     assert not (workspace / "huge").exists()
@@ -112,9 +106,7 @@ async def test_write_file_size_cap(registry: ToolRegistry, workspace: Path) -> N
 async def test_edit_file_single_replacement_with_context(registry: ToolRegistry, workspace: Path) -> None:
     lines = [f"line {i}" for i in range(1, 21)]
     (workspace / "m.py").write_text("\n".join(lines) + "\n")
-    r = await registry.execute(
-        "edit_file", {"path": "m.py", "old_str": "line 10\n", "new_str": "TEN\n"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "m.py", "old_str": "line 10\n", "new_str": "TEN\n"}, workspace)
     assert r.success, r.error
     assert r.files_changed == ["m.py"]
     assert "TEN" in r.output and "line 9" in r.output and "line 11" in r.output and "line 1\n" not in r.output
@@ -135,9 +127,7 @@ async def test_edit_file_not_found_and_ambiguous(registry: ToolRegistry, workspa
         workspace,
     )
     assert r.success and f.read_text() == "x bar x\n"
-    r = await registry.execute(
-        "edit_file", {"path": "missing.txt", "old_str": "a", "new_str": "b"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "missing.txt", "old_str": "a", "new_str": "b"}, workspace)
     assert not r.success and r.error is not None and "not found" in r.error
 
 
@@ -165,27 +155,19 @@ async def test_edit_file_batch_is_all_or_nothing(registry: ToolRegistry, workspa
     assert r.files_changed == []
 
 
-async def test_edit_file_preserves_crlf_unicode_and_invalid_bytes(
-    registry: ToolRegistry, workspace: Path
-) -> None:
+async def test_edit_file_preserves_crlf_unicode_and_invalid_bytes(registry: ToolRegistry, workspace: Path) -> None:
     f = workspace / "w.txt"
     original = "first\r\nnaïve café ☃ 𝄞\r\nthird\r\n".encode() + b"tail \xc3\x28 invalid\r\n"
     f.write_bytes(original)
-    r = await registry.execute(
-        "edit_file", {"path": "w.txt", "old_str": "café ☃", "new_str": "CAFÉ ❄"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "w.txt", "old_str": "café ☃", "new_str": "CAFÉ ❄"}, workspace)
     assert r.success, r.error
     assert f.read_bytes() == original.replace("café ☃".encode(), "CAFÉ ❄".encode())
-    r = await registry.execute(
-        "edit_file", {"path": "w.txt", "old_str": "CAFÉ ❄", "new_str": "café ☃"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "w.txt", "old_str": "CAFÉ ❄", "new_str": "café ☃"}, workspace)
     assert r.success and f.read_bytes() == original
 
 
 async def test_edit_file_empty_old_str_creates_missing_file(registry: ToolRegistry, workspace: Path) -> None:
-    r = await registry.execute(
-        "edit_file", {"path": "pkg/new.py", "old_str": "", "new_str": "print(1)\n"}, workspace
-    )
+    r = await registry.execute("edit_file", {"path": "pkg/new.py", "old_str": "", "new_str": "print(1)\n"}, workspace)
     assert r.success, r.error
     assert r.data is not None and r.data["created"] is True and r.files_changed == ["pkg/new.py"]
     assert (workspace / "pkg/new.py").read_text() == "print(1)\n"

@@ -60,9 +60,7 @@ async def test_shell_empty_command(registry: ToolRegistry, workspace: Path, comm
 
 
 async def test_shell_timeout(registry: ToolRegistry, workspace: Path) -> None:
-    r = await registry.execute(
-        "shell_execute", {"command": "echo started; sleep 30", "timeout": 1}, workspace
-    )
+    r = await registry.execute("shell_execute", {"command": "echo started; sleep 30", "timeout": 1}, workspace)
     assert not r.success
     assert r.error is not None and "timed out after 1s" in r.error
     assert r.data is not None and r.data["timed_out"] is True and r.data["outcome"] == "timeout"
@@ -139,9 +137,7 @@ async def test_search_caps_at_200_with_note(registry: ToolRegistry, workspace: P
 
 
 @pytest.mark.parametrize("pattern", ["--pre=./evil.sh", "--pre=x", "-e", "--files"])
-async def test_search_dash_pattern_is_a_pattern(
-    registry: ToolRegistry, workspace: Path, pattern: str
-) -> None:
+async def test_search_dash_pattern_is_a_pattern(registry: ToolRegistry, workspace: Path, pattern: str) -> None:
     script = workspace / "evil.sh"
     script.write_text('#!/bin/sh\ntouch "$(dirname "$0")/PWNED"\ncat "$1"\n')
     script.chmod(0o755)

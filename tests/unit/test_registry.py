@@ -410,9 +410,7 @@ async def test_execute_caps_output(workspace: Path) -> None:
 async def test_every_call_is_logged(local_registry: ToolRegistry, workspace: Path) -> None:
     (workspace / "a.txt").write_text("x")
     with structlog.testing.capture_logs() as logs:
-        await local_registry.execute(
-            "read_file", {"path": "a.txt"}, workspace, call_id="c-1", subtask_id="s-1"
-        )
+        await local_registry.execute("read_file", {"path": "a.txt"}, workspace, call_id="c-1", subtask_id="s-1")
         await local_registry.execute("read_file", {"path": "nope"}, workspace, call_id="c-2")
     calls = [e for e in logs if e["event"] == "tool.call"]
     assert [(c["tool"], c["call_id"], c["success"]) for c in calls] == [
@@ -474,17 +472,11 @@ class SpyRecorder:
 async def test_writes_go_through_the_recorder(local_backend: LocalProcessBackend, workspace: Path) -> None:
     spy = SpyRecorder()
     reg = ToolRegistry(backend=local_backend, recorder_factory=lambda root: spy)
-    r = await reg.execute(
-        "write_file", {"path": "f.txt", "content": "abc"}, workspace, call_id="w1", subtask_id="s"
-    )
+    r = await reg.execute("write_file", {"path": "f.txt", "content": "abc"}, workspace, call_id="w1", subtask_id="s")
     assert r.success
-    r = await reg.execute(
-        "edit_file", {"path": "f.txt", "old_str": "b", "new_str": "B"}, workspace, call_id="e1"
-    )
+    r = await reg.execute("edit_file", {"path": "f.txt", "old_str": "b", "new_str": "B"}, workspace, call_id="e1")
     assert r.success
-    r = await reg.execute(
-        "edit_file", {"path": "g.txt", "old_str": "", "new_str": "new"}, workspace, call_id="e2"
-    )
+    r = await reg.execute("edit_file", {"path": "g.txt", "old_str": "", "new_str": "new"}, workspace, call_id="e2")
     assert r.success
     import hashlib
 
@@ -500,10 +492,7 @@ async def test_shell_is_bracketed_and_serialized(local_backend: LocalProcessBack
     spy = SpyRecorder()
     reg = ToolRegistry(backend=local_backend, recorder_factory=lambda root: spy)
     results = await asyncio.gather(
-        *(
-            reg.execute("shell_execute", {"command": "sleep 0.05"}, workspace, call_id=f"s{i}")
-            for i in range(4)
-        )
+        *(reg.execute("shell_execute", {"command": "sleep 0.05"}, workspace, call_id=f"s{i}") for i in range(4))
     )
     assert all(r.success for r in results)
     assert results[0].files_changed == ["a.txt", "z.txt"]  # sorted, deduplicated

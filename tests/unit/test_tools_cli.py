@@ -39,9 +39,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def call(capsys: pytest.CaptureFixture[str], ws: Path, tool: str, args: Any) -> tuple[int, dict[str, Any]]:
-    code, out, _ = run(
-        capsys, "call", tool, "--workspace", str(ws), "--args", json.dumps(args), "--backend", "local"
-    )
+    code, out, _ = run(capsys, "call", tool, "--workspace", str(ws), "--args", json.dumps(args), "--backend", "local")
     lines = out.splitlines()
     assert len(lines) == 1, out  # exactly one JSON document, nothing else on stdout
     return code, json.loads(lines[0])
@@ -61,15 +59,11 @@ def test_call_write_reports_files_changed(capsys: pytest.CaptureFixture[str], wo
     assert (workspace / "d/n.txt").read_text() == "ü"
 
 
-def test_call_changes_are_in_the_changelog(
-    capsys: pytest.CaptureFixture[str], workspace: Path, data_dir: Path
-) -> None:
+def test_call_changes_are_in_the_changelog(capsys: pytest.CaptureFixture[str], workspace: Path, data_dir: Path) -> None:
     from worker.changelog import Changelog
 
     (workspace / "old.txt").write_text("before\n")
-    code, _ = call(
-        capsys, workspace, "edit_file", {"path": "old.txt", "old_str": "before", "new_str": "after"}
-    )
+    code, _ = call(capsys, workspace, "edit_file", {"path": "old.txt", "old_str": "before", "new_str": "after"})
     assert code == 0
     code, result = call(capsys, workspace, "shell_execute", {"command": "echo x > made.txt"})
     assert code == 0 and result["files_changed"] == ["made.txt"]
@@ -119,17 +113,13 @@ def test_local_backend_needs_the_env_switch(
     capsys: pytest.CaptureFixture[str], workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LOOM_ALLOW_UNSAFE_LOCAL")
-    code, out, err = run(
-        capsys, "call", "list_directory", "--workspace", str(workspace), "--backend", "local"
-    )
+    code, out, err = run(capsys, "call", "list_directory", "--workspace", str(workspace), "--backend", "local")
     assert code == 2 and out == "" and "LOOM_ALLOW_UNSAFE_LOCAL" in err
     code, out, err = run(capsys, "call", "--help")
     assert "--backend" not in out  # hidden: test-only
 
 
-def test_batch_in_order(
-    capsys: pytest.CaptureFixture[str], workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batch_in_order(capsys: pytest.CaptureFixture[str], workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lines = [
         {"tool": "write_file", "arguments": {"path": "a.txt", "content": "1\n"}, "id": "w"},
         {"tool": "read_file", "arguments": {"path": "a.txt"}, "id": 2},

@@ -79,11 +79,7 @@ def test_edit_then_inverse_restores(run_tools: tuple[Runner, ToolRegistry], work
         r = run(reg.execute("edit_file", {"path": "e.txt", "old_str": old, "new_str": new}, workspace))
         assert r.success, r.error
         assert path.read_bytes() == edited.encode()
-        r = run(
-            reg.execute(
-                "edit_file", {"path": "e.txt", "edits": [{"old_str": new, "new_str": old}]}, workspace
-            )
-        )
+        r = run(reg.execute("edit_file", {"path": "e.txt", "edits": [{"old_str": new, "new_str": old}]}, workspace))
         assert r.success, r.error
         assert path.read_bytes() == original.encode()
 

@@ -76,9 +76,7 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
 class WriteFileArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(
-        description="File path, relative to the workspace root. Parent directories are created."
-    )
+    path: str = Field(description="File path, relative to the workspace root. Parent directories are created.")
     content: str = Field(description="The complete new content of the file.")
 
 
@@ -94,9 +92,7 @@ async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     rel = require_file_path(args.path, str(ws.root))
     data = _encode(args.content, "content")
     if len(data) > MAX_WRITE_BYTES:
-        raise ToolError(
-            f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file"
-        )
+        raise ToolError(f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file")
     res = await ws.write(rel, data, tool="write_file", call_id=ctx.call_id, subtask_id=ctx.subtask_id)
     verb = "Created" if res.created else "Wrote"
     return ToolResult.ok(
@@ -220,9 +216,7 @@ async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
     if exists and new == original:
         return ToolResult.ok(f"{rel} unchanged: the edits produce the same content", data)
     if len(new) > MAX_WRITE_BYTES:
-        raise ToolError(
-            f"Edited content too large: {len(new)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit"
-        )
+        raise ToolError(f"Edited content too large: {len(new)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit")
     try:
         await ws.write(
             rel,

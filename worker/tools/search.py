@@ -47,9 +47,7 @@ async def search_files(args: SearchArgs, ctx: ToolContext) -> ToolResult:
         return ToolResult.ok(f"No matches for /{args.pattern}/{where}{only}", data)
     lines = [f"{m.path}:{m.line}: {m.text}" for m in res.matches]
     if res.truncated:
-        lines.append(
-            f"[more than {MAX_MATCHES} matches; showing the first {MAX_MATCHES}. Narrow the pattern or path]"
-        )
+        lines.append(f"[more than {MAX_MATCHES} matches; showing the first {MAX_MATCHES}. Narrow the pattern or path]")
     return ToolResult.ok("\n".join(lines), data)
 
 
@@ -103,9 +101,7 @@ async def list_directory(args: ListArgs, ctx: ToolContext) -> ToolResult:
         return ToolResult.ok(f"{header}\n(empty directory)", data)
     lines = [header] + ["  " + line for line in render_tree(res.entries, rel)]
     if res.truncated:
-        lines.append(
-            f"[listing stopped after {MAX_LIST_ENTRIES} entries; list a subdirectory or lower depth]"
-        )
+        lines.append(f"[listing stopped after {MAX_LIST_ENTRIES} entries; list a subdirectory or lower depth]")
     return ToolResult.ok("\n".join(lines), data)
 
 

@@ -62,11 +62,13 @@ class AgentConnection:
         try:
             await self._transport.write(protocol.boot_payload(config))
             return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
-        except (TimeoutError, OSError, SandboxLostError) as e:
+        except BaseException as e:
             await self.close(f"agent did not start: {e!r}")
             if self._hello.done() and not self._hello.cancelled():
-                self._hello.exception()  # retrieved: the error is re-raised below
-            raise SandboxLostError(f"The sandbox agent did not start: {self.diagnostics()}") from e
+                self._hello.exception()  # retrieved: reported below instead
+            if isinstance(e, TimeoutError | OSError | SandboxLostError):
+                raise SandboxLostError(f"The sandbox agent did not start: {self.diagnostics()}") from e
+            raise
 
     def diagnostics(self) -> str:
         """The agent's last stderr lines (why it died), for error messages."""

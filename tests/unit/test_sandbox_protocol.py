@@ -1,0 +1,190 @@
+"""The host treats the agent as untrusted: malformed, oversized or out-of-workspace answers
+are protocol errors, never data. Also the stream demuxer and the fail-closed runtime check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import protocol
+from sandbox.client import AgentSandbox
+from sandbox.connection import AgentConnection, Transport
+from sandbox.errors import (
+    PathEscapeError,
+    ProtocolError,
+    RuntimeUnavailableError,
+    SandboxLostError,
+    SandboxTimeoutError,
+)
+
+
+class ScriptedTransport(Transport):
+    """An agent that answers every request with whatever ``reply(request)`` returns."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.booted = False
+        self.closed = False
+
+    async def read(self) -> tuple[bytes, bytes]:
+        data = await self.queue.get()
+        return data, b""
+
+    async def write(self, data: bytes) -> None:
+        if not self.booted:
+            self.booted = True
+            assert data.startswith(b"%d\n" % len(protocol.agent_source()))
+            hello = {
+                "version": "1",
+                "uid": 1,
+                "gid": 1,
+                "pid": 2,
+                "python": "3.11",
+                "kernel": "k",
+                "subreaper": True,
+                "ripgrep": True,
+            }
+            await self.queue.put(protocol.encode({"id": 0, "ok": True, "result": hello}))
+            return
+        req = json.loads(data)
+        out = self.reply(req)
+        if out is not None:
+            await self.queue.put(out if isinstance(out, bytes) else protocol.encode(out))
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.queue.put(b"")
+
+
+class _Box(AgentSandbox):
+    transports: list[ScriptedTransport]
+
+
+async def _box(reply: Any) -> tuple[_Box, ScriptedTransport]:
+    transports: list[ScriptedTransport] = []
+
+    async def connect(_lost: bool) -> AgentConnection:
+        transports.append(ScriptedTransport(reply))
+        conn = AgentConnection(transports[-1])
+        await conn.start({})
+        return conn
+
+    box = _Box(Path("/ws"), connect, io_timeout=0.2)
+    box.transports = transports
+    await box.connection()
+    return box, transports[0]
+
+
+def ok(req: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return {"id": req["id"], "ok": True, "result": result}
+
+
+async def test_listing_with_a_path_outside_the_workspace_is_a_protocol_error() -> None:
+    box, _ = await _box(lambda r: ok(r, {"entries": [["../etc/passwd", "file", 1, 1]], "truncated": False}))
+    with pytest.raises(ProtocolError, match="outside the workspace"):
+        await box.list(".")
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "a/../../b", "..", "\x00x"])
+async def test_search_paths_are_rechecked(bad: str) -> None:
+    box, _ = await _box(lambda r: ok(r, {"matches": [[bad, 1, "x"]], "truncated": False, "engine": "x"}))
+    with pytest.raises(ProtocolError):
+        await box.search("x")
+
+
+async def test_more_bytes_than_asked_is_a_protocol_error() -> None:
+    import base64
+
+    data = base64.b64encode(b"x" * 100).decode()
+    box, _ = await _box(
+        lambda r: ok(r, {"data": data, "size": 100, "truncated": False, "sha256": None, "mtime_ns": 1, "binary": False})
+    )
+    with pytest.raises(ProtocolError):
+        await box.read("f", max_bytes=10)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"exit_code": 0, "stdout": "", "stderr": "", "outcome": "pwned", "duration_ms": 1},
+        {"exit_code": "0", "stdout": "", "stderr": "", "outcome": "exit", "duration_ms": 1},
+        {"exit_code": 0, "stdout": "!!notbase64", "stderr": "", "outcome": "exit", "duration_ms": 1},
+        {"exit_code": 0, "stdout": "", "stderr": "", "outcome": "exit", "duration_ms": "fast"},
+    ],
+)
+async def test_malformed_exec_results_are_protocol_errors(result: dict[str, Any]) -> None:
+    box, _ = await _box(lambda r: ok(r, result))
+    with pytest.raises(ProtocolError):
+        await box.exec("true")
+
+
+async def test_garbage_line_ends_the_connection_as_lost() -> None:
+    box, _ = await _box(lambda r: b"this is not json\n")
+    with pytest.raises(SandboxLostError):
+        await box.stat("x")
+
+
+async def test_unknown_ids_are_ignored_and_errors_are_typed() -> None:
+    def reply(r: dict[str, Any]) -> bytes:
+        stray = protocol.encode({"id": 999, "ok": True, "result": {}})
+        err = protocol.encode({"id": r["id"], "ok": False, "code": "escape", "error": "nope"})
+        return stray + err
+
+    box, _ = await _box(reply)
+    with pytest.raises(PathEscapeError, match="nope"):
+        await box.stat("x")
+
+
+async def test_silent_agent_hits_the_host_deadline_and_exec_reports_sandbox_lost() -> None:
+    box, transport = await _box(lambda r: None)
+    from sandbox import client
+
+    client.DEADLINE_SLACK, saved = 0.1, client.DEADLINE_SLACK
+    try:
+        with pytest.raises(SandboxTimeoutError):
+            await box.stat("x")
+        assert transport.closed  # an agent out of sync is never reused
+        r = await box.exec("sleep 1", timeout=0.1)
+        assert r.outcome == "sandbox_lost"
+    finally:
+        client.DEADLINE_SLACK = saved
+
+
+def test_demuxer_splits_frames_across_chunks() -> None:
+    frames = struct.pack(">BxxxL", 1, 5) + b"hello" + struct.pack(">BxxxL", 2, 3) + b"err"
+    frames += struct.pack(">BxxxL", 1, 1) + b"!"
+    d = protocol.Demuxer()
+    out, err = b"", b""
+    for i in range(len(frames)):
+        o, e = d.feed(frames[i : i + 1])
+        out += o
+        err += e
+    assert (out, err) == (b"hello!", b"err")
+
+
+async def test_gvisor_requested_but_not_registered_is_refused() -> None:
+    """Fail closed before creating anything when the engine has no runsc runtime."""
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    class Engine:
+        created = False
+
+        def info(self) -> dict[str, Any]:
+            return {"Runtimes": {"runc": {}}}
+
+        class containers:
+            @staticmethod
+            def create(**_: Any) -> None:
+                Engine.created = True
+
+    backend = DockerBackend(SandboxSpec(runtime="runsc"), client_factory=Engine)
+    with pytest.raises(RuntimeUnavailableError, match="runsc"):
+        await backend.ensure_container(Path("/tmp"))
+    assert not Engine.created

@@ -78,9 +78,7 @@ class _Model(BaseModel):
 
 
 class CreateWorkspace(_Model):
-    name: str | None = Field(
-        None, pattern=WORKSPACE_ID_PATTERN, description="Id to use (random when absent)."
-    )
+    name: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN, description="Id to use (random when absent).")
 
 
 class WorkspaceOut(_Model):
@@ -264,6 +262,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.workspaces = workspaces
+    app.state.schema_cache = {}
     app.state.metrics = box_metrics
 
     def reject_auth() -> None:
@@ -323,7 +322,12 @@ def create_app(
         return runner
 
     def known_tools(request: Request) -> frozenset[str]:
-        return frozenset(s["function"]["name"] for s in request.app.state.registry.all_schemas())
+        # Computed once: rendering every schema per call would cost milliseconds.
+        names: frozenset[str] | None = getattr(request.app.state, "tool_names", None)
+        if names is None:
+            names = frozenset(s["function"]["name"] for s in request.app.state.registry.all_schemas())
+            request.app.state.tool_names = names
+        return names
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
@@ -337,7 +341,10 @@ def create_app(
     async def tools(
         request: Request, format: Literal["openai", "anthropic", "mcp"] = Query("openai")
     ) -> list[dict[str, Any]]:
-        return _schemas(request.app.state.registry, format)
+        cache: dict[str, list[dict[str, Any]]] = request.app.state.schema_cache
+        if format not in cache:  # the tools do not change while the service runs
+            cache[format] = _schemas(request.app.state.registry, format)
+        return cache[format]
 
     @app.post(
         "/v1/workspaces",
@@ -371,9 +378,7 @@ def create_app(
         log.info("workspace.deleted", workspace_id=workspace_id, files_deleted=delete_files)
         return {"id": workspace_id, "sandbox_stopped": stopped, "files_deleted": delete_files}
 
-    @app.post(
-        "/v1/workspaces/{workspace_id}/execute", tags=["tools"], dependencies=auth, responses=call_errors
-    )
+    @app.post("/v1/workspaces/{workspace_id}/execute", tags=["tools"], dependencies=auth, responses=call_errors)
     async def execute(request: Request, workspace_id: WorkspaceId, body: ExecuteRequest) -> ToolResultOut:
         path = workspaces.path(workspace_id)
         runner = runner_of(request)
@@ -388,12 +393,8 @@ def create_app(
             )
         return ToolResultOut(**result.to_dict())
 
-    @app.post(
-        "/v1/workspaces/{workspace_id}/tool_calls", tags=["tools"], dependencies=auth, responses=call_errors
-    )
-    async def tool_calls(
-        request: Request, workspace_id: WorkspaceId, calls: list[ToolCall]
-    ) -> list[ToolMessage]:
+    @app.post("/v1/workspaces/{workspace_id}/tool_calls", tags=["tools"], dependencies=auth, responses=call_errors)
+    async def tool_calls(request: Request, workspace_id: WorkspaceId, calls: list[ToolCall]) -> list[ToolMessage]:
         """Run an assistant message's ``tool_calls`` in order; returns the tool messages
         to append to the conversation. A malformed arguments string becomes a message
         explaining it, so the model can correct itself."""
@@ -407,9 +408,7 @@ def create_app(
                 if isinstance(args, str):
                     content = args
                 else:
-                    result = await runner.execute(
-                        call.function.name, args, path, call_id=call.id, known_tools=known
-                    )
+                    result = await runner.execute(call.function.name, args, path, call_id=call.id, known_tools=known)
                     content = tool_message_content(result)
                 out.append(ToolMessage(tool_call_id=call.id, content=content))
         return out

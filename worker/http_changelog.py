@@ -59,9 +59,7 @@ class UndoRequest(BaseModel):
 
     entry: int | None = Field(None, ge=1, description="One entry.")
     call_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a call id.")
-    subtask_id: str | None = Field(
-        None, min_length=1, max_length=256, description="Every entry of a subtask."
-    )
+    subtask_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a subtask.")
     to: int | None = Field(None, ge=0, description="Everything after entry N (0 = everything).")
     all: bool = Field(False, description="Everything.")
     dry_run: bool = Field(False, description="Return the diff it would apply; change nothing.")
@@ -77,9 +75,7 @@ class _NoChangelog(Exception):
     pass
 
 
-def add_routes(
-    app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]
-) -> None:
+def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
     """Mount the three routes on ``app`` (whose state holds ``runner`` and ``registry``)."""
     responses = {
         **responses,

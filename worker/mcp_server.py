@@ -67,9 +67,7 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
         workspace = resolve_workspace(ctx)
         try:
             async with runner.slot():
-                result = await runner.execute(
-                    params.name, dict(params.arguments or {}), workspace, known_tools=names
-                )
+                result = await runner.execute(params.name, dict(params.arguments or {}), workspace, known_tools=names)
         except Busy as e:
             return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
         return types.CallToolResult(
@@ -105,9 +103,7 @@ async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 6
 class HttpMcp:
     """MCP streamable HTTP for the service: one session manager, the workspace from the URL."""
 
-    def __init__(
-        self, registry: Any, runner: CallRunner, workspaces: Workspaces, *, token: str | None
-    ) -> None:
+    def __init__(self, registry: Any, runner: CallRunner, workspaces: Workspaces, *, token: str | None) -> None:
         self._workspaces = workspaces
         self._token = token
         self._runner = runner
@@ -123,9 +119,7 @@ class HttpMcp:
                 allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
             )
         )
-        self.manager = StreamableHTTPSessionManager(
-            app=server, security_settings=security, json_response=False
-        )
+        self.manager = StreamableHTTPSessionManager(app=server, security_settings=security, json_response=False)
 
     @staticmethod
     def _workspace_of(ctx: ServerRequestContext[Any, Any]) -> Path | None:
@@ -146,9 +140,7 @@ class HttpMcp:
         if self._token:
             header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
             scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self._token.encode()
-            ):
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token.encode()):
                 self._runner.metrics.rejected.labels(reason="auth").inc()
                 resp = JSONResponse(
                     {"detail": "Missing or wrong bearer token"},

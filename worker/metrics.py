@@ -70,9 +70,7 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(
-        self, *, live: Callable[[], int] = lambda: 0, restarts: Callable[[], int] = lambda: 0
-    ) -> None:
+    def __init__(self, *, live: Callable[[], int] = lambda: 0, restarts: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.calls = Counter(
             "loom_tool_calls", "Tool calls by tool and outcome.", ["tool", "outcome"], registry=self.registry

@@ -201,9 +201,7 @@ class CallRunner:
         failure (the registry turns those into results); the caller holds a :meth:`slot`."""
         async with self.lock(workspace):
             start = time.perf_counter()
-            result = await self.registry.execute(
-                tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id
-            )
+            result = await self.registry.execute(tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id)
             seconds = time.perf_counter() - start
         if workspace is not None:
             self.opened.add(workspace)

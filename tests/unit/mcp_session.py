@@ -21,9 +21,7 @@ async def play(client: Any, workspace: Path) -> None:
     assert set(tools) >= SIX
     assert tools["read_file"].input_schema["properties"]["path"]["type"] == "string"
     assert "path" in tools["read_file"].input_schema["required"]
-    assert (
-        tools["read_file"].annotations is not None and tools["read_file"].annotations.read_only_hint is True
-    )
+    assert tools["read_file"].annotations is not None and tools["read_file"].annotations.read_only_hint is True
 
     r = await client.call_tool("write_file", {"path": "src/app.py", "content": "print('hi')\n"})
     assert r.is_error is False, text(r)

@@ -32,9 +32,7 @@ class Service:
         return Path(r.json()["path"])
 
     async def execute(self, ws: str, tool: str, **arguments: Any) -> dict[str, Any]:
-        r = await self.client.post(
-            f"/v1/workspaces/{ws}/execute", json={"tool": tool, "arguments": arguments}
-        )
+        r = await self.client.post(f"/v1/workspaces/{ws}/execute", json={"tool": tool, "arguments": arguments})
         assert r.status_code == 200, r.text
         out: dict[str, Any] = r.json()
         return out
@@ -70,9 +68,7 @@ async def running(root: Path, registry: Any, **overrides: Any) -> AsyncIterator[
     app = create_app(settings, registry)
     async with lifespan_task(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1", headers=AUTH
-        ) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=AUTH) as client:
             yield Service(client, app, root)
 
 
@@ -91,9 +87,7 @@ async def test_healthz_needs_no_token(svc: Service) -> None:
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic " + TOKEN, TOKEN, "Bearer"])
 async def test_auth_refused_without_or_with_wrong_token(svc: Service, header: str | None) -> None:
     headers = {"Authorization": header} if header is not None else {}
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=svc.app), base_url="http://127.0.0.1"
-    ) as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=svc.app), base_url="http://127.0.0.1") as c:
         for method, url in [("GET", "/v1/tools"), ("GET", "/v1/workspaces"), ("GET", "/metrics")]:
             r = await c.request(method, url, headers=headers)
             assert r.status_code == 401, (url, r.text)
@@ -124,9 +118,7 @@ async def test_tools_in_each_format(svc: Service, fmt: str, key: str) -> None:
     tools = r.json()
     assert all(key in t for t in tools)
     names = [t["function"]["name"] if fmt == "openai" else t["name"] for t in tools]
-    assert {"read_file", "write_file", "edit_file", "shell_execute", "search_files", "list_directory"} <= set(
-        names
-    )
+    assert {"read_file", "write_file", "edit_file", "shell_execute", "search_files", "list_directory"} <= set(names)
 
 
 async def test_tools_unknown_format_is_422_naming_the_field(svc: Service) -> None:
@@ -166,9 +158,7 @@ async def test_workspace_names_that_could_escape_are_422(svc: Service, name: str
 
 @pytest.mark.parametrize("ws", ["..", "%2e%2e", "..%2F..%2Fetc", ".git", "nope"])
 async def test_unknown_or_traversing_workspace_ids_never_reach_a_tool(svc: Service, ws: str) -> None:
-    r = await svc.client.post(
-        f"/v1/workspaces/{ws}/execute", json={"tool": "list_directory", "arguments": {}}
-    )
+    r = await svc.client.post(f"/v1/workspaces/{ws}/execute", json={"tool": "list_directory", "arguments": {}})
     assert r.status_code in (404, 422), r.text
 
 
@@ -282,9 +272,7 @@ async def test_concurrent_edits_to_one_workspace_are_all_applied(svc: Service) -
     await svc.execute("w1", "write_file", path="f.txt", content=original)
 
     async def edit(i: int) -> dict[str, Any]:
-        return await svc.execute(
-            "w1", "edit_file", path="f.txt", old_str=f"line-{i}\n", new_str=f"done-{i}\n"
-        )
+        return await svc.execute("w1", "edit_file", path="f.txt", old_str=f"line-{i}\n", new_str=f"done-{i}\n")
 
     results = await asyncio.gather(*(edit(i) for i in range(n)))
     assert all(r["success"] for r in results), [r["error"] for r in results if not r["success"]]
@@ -294,9 +282,7 @@ async def test_concurrent_edits_to_one_workspace_are_all_applied(svc: Service) -
 async def test_concurrent_writes_leave_one_whole_version(svc: Service) -> None:
     path = await svc.workspace()
     contents = [chr(ord("a") + i) * 50_000 for i in range(8)]
-    results = await asyncio.gather(
-        *(svc.execute("w1", "write_file", path="same.txt", content=c) for c in contents)
-    )
+    results = await asyncio.gather(*(svc.execute("w1", "write_file", path="same.txt", content=c) for c in contents))
     assert all(r["success"] for r in results)
     # Serialized in arrival order: the last request sent wins, whole.
     assert (path / "same.txt").read_text() in contents
@@ -412,9 +398,7 @@ async def test_changelog_diff_and_undo(tmp_path: Path, local_backend: Any) -> No
             }
             assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
             body = {"tool": "shell_execute", "arguments": {"command": "echo x > made.txt"}, "call_id": "s1"}
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["files_changed"] == [
-                "made.txt"
-            ]
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["files_changed"] == ["made.txt"]
 
             entries = (await c.get("/v1/workspaces/w1/changelog")).json()
             assert [(e["call_id"], e["path"]) for e in entries] == [

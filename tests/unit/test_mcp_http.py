@@ -60,9 +60,7 @@ async def test_streamable_http_session_per_workspace(base_url: str, tmp_path: Pa
         assert r.status_code == 201
         workspace = Path(r.json()["path"])
     async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-        async with Client(
-            streamable_http_client(f"{base_url}/v1/workspaces/m1/mcp", http_client=http)
-        ) as client:
+        async with Client(streamable_http_client(f"{base_url}/v1/workspaces/m1/mcp", http_client=http)) as client:
             await play(client, workspace)
 
 

@@ -67,6 +67,8 @@ BASE_ENV = {
     "GIT_TERMINAL_PROMPT": "0",
     "PIP_NO_INPUT": "1",
     "NO_COLOR": "1",
+    # no __pycache__ in the workspace: stale bytecode and changelog noise
+    "PYTHONDONTWRITEBYTECODE": "1",
 }
 
 
@@ -716,7 +718,7 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
 
 def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
     try:
-        rx = re.compile(pattern.encode("utf-8"), re.IGNORECASE if ignore_case else 0)
+        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
     except re.error as e:
         raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, e))
     matches = []  # type: list
@@ -747,12 +749,14 @@ def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
             if b"\x00" in head:
                 continue
             fh.seek(0)
-            for n, line in enumerate(fh, 1):
+            for n, raw in enumerate(fh, 1):
+                # str matching, so "." is one character, not one byte of UTF-8
+                line = raw.decode("utf-8", "surrogateescape")
                 if rx.search(line):
                     if len(matches) >= max_matches:
                         state["truncated"] = True
                         return matches, True
-                    text = line.rstrip(b"\r\n")[:500].decode("utf-8", "replace")
+                    text = raw.rstrip(b"\r\n")[:2000].decode("utf-8", "replace")[:500]
                     matches.append([prefix + rel, n, text])
     return matches, state["truncated"]
 
@@ -1112,6 +1116,153 @@ def op_exec(req):
         }
 
 
+# --------------------------------------------------------------------------- spawn
+#
+# Long-lived processes with streamed stdio (a stdio MCP server, a language server). Their
+# output travels as unsolicited events {"event": "stdout"|"exit", "proc": pid, ...}. They
+# are spared by the per-command tree kill and killed when the host closes the stream.
+
+_procs = {}  # type: dict
+_procs_lock = threading.Lock()
+MAX_PROCS = 16
+
+
+def _pump(proc):
+    pid = proc.pid
+    err = _Capped(64 * 1024)
+
+    def drain_err():
+        while True:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                return
+            err.add(chunk)
+
+    t = threading.Thread(target=drain_err, daemon=True)
+    t.start()
+    fd = proc.stdout.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        _send({"event": "stdout", "proc": pid, "data": _b64(chunk)})
+    code = proc.wait()
+    t.join(1.0)
+    with _procs_lock:
+        _procs.pop(pid, None)
+    with _foreign_lock:
+        _foreign_pids.discard(pid)
+    tail, _ = err.value()
+    _send({"event": "exit", "proc": pid, "code": code, "stderr": _b64(tail)})
+
+
+def op_spawn(req):
+    argv = req.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise Refused("invalid", "argv must be a non-empty list of strings")
+    with _procs_lock:
+        if len(_procs) >= MAX_PROCS:
+            raise Refused("too_large", "Too many long-lived processes (max %d)" % MAX_PROCS)
+    env = dict(BASE_ENV)
+    env["HOME"] = os.environ.get("HOME", "/tmp")
+    for k, v in (req.get("env") or {}).items():
+        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
+            env[k] = v
+    cwd_fd, parts = _open_dir(req.get("cwd", "."))
+    os.close(cwd_fd)
+    cwd = ROOT + ("/" + "/".join(parts) if parts else "")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        raise Refused("not_found", "Cannot start %s: %s" % (argv[0], e.strerror or e))
+    with _foreign_lock:
+        _foreign_pids.add(proc.pid)
+    with _procs_lock:
+        _procs[proc.pid] = proc
+    threading.Thread(target=_pump, args=(proc,), daemon=True).start()
+    return {"proc": proc.pid}
+
+
+def _get_proc(req):
+    with _procs_lock:
+        proc = _procs.get(req.get("proc"))
+    if proc is None:
+        raise Refused("not_found", "No such process")
+    return proc
+
+
+def op_stdin(req):
+    proc = _get_proc(req)
+    data = base64.b64decode(req.get("data") or "")
+    try:
+        if data:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        if req.get("close"):
+            proc.stdin.close()
+    except (BrokenPipeError, ValueError):
+        raise Refused("conflict", "The process no longer reads its input")
+    return {"written": len(data)}
+
+
+def _kill_subtree(root, grace):
+    """TERM then KILL a process and everything below it."""
+
+    def tree():
+        table = _proc_table()
+        kids = {}  # type: dict
+        for pid, info in table.items():
+            kids.setdefault(info[0], []).append(pid)
+        out, todo = [], [root] if root in table else []
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(kids.get(pid, []))
+        return out
+
+    pids = tree()
+    _signal_all(pids, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while pids and time.monotonic() < end:
+        time.sleep(0.02)
+        pids = [p for p in tree() if _proc_table().get(p, (0, 0, 0, 0))[0] != 0 or p == root]
+        if all(_is_zombie(p) for p in pids):
+            break
+    for _ in range(100):
+        pids = [p for p in tree() if not _is_zombie(p)]
+        if not pids:
+            return
+        _signal_all(pids, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def _is_zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] == b"Z"
+    except (OSError, ValueError):
+        return True
+
+
+def op_kill(req):
+    proc = _get_proc(req)
+    _kill_subtree(proc.pid, float(req.get("grace", 0.5)))
+    return {"killed": True}
+
+
 # --------------------------------------------------------------------------- main loop
 
 FAST_OPS = {
@@ -1127,6 +1278,9 @@ SLOW_OPS = {
     "scan": op_scan,
     "search": op_search,
     "exec": op_exec,
+    "spawn": op_spawn,
+    "stdin": op_stdin,
+    "kill": op_kill,
 }
 
 
@@ -1205,6 +1359,10 @@ def main(config):
         else:
             _handle(req)
     # The host went away: leave nothing running behind us.
+    with _procs_lock:
+        spawned = list(_procs)
+    for pid in spawned:
+        _kill_subtree(pid, 0.2)
     _kill_tree(0)
 
 

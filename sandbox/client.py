@@ -40,6 +40,7 @@ from .base import (
 )
 from .connection import AgentConnection
 from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError
+from .process import SandboxProcess
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
@@ -321,6 +322,17 @@ class AgentSandbox(Sandbox):
             v = raw.get(p)
             out[p] = None if v is None else _str(v, "sha256", limit=64)
         return out
+
+    async def spawn(
+        self, argv: builtins.list[str], *, cwd: str = ".", env: dict[str, str] | None = None
+    ) -> SandboxProcess:
+        """Start a long-lived process (its own session) with streamed stdin/stdout.
+
+        Raises PathNotFoundError for a missing program or cwd, SandboxLostError.
+        """
+        conn = await self.connection()
+        r = await conn.request("spawn", {"argv": list(argv), "cwd": cwd, "env": env or {}}, timeout=30)
+        return SandboxProcess(conn, _int(r.get("proc"), "proc", lo=1))
 
     async def info(self) -> AgentInfo:
         r = await self._call("hello", {})

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from . import protocol
@@ -49,6 +50,8 @@ class AgentConnection:
         self._hello: asyncio.Future[dict[str, Any]] | None = None
         self.closed = False
         self.close_reason = ""
+        #: Unsolicited events of long-lived processes, by process id (see sandbox.process).
+        self.event_handlers: dict[int, Callable[[dict[str, Any]], None]] = {}
 
     async def start(self, config: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
         """Deliver the agent and its config; return its hello.
@@ -150,6 +153,12 @@ class AgentConnection:
             raise ProtocolError(f"agent sent a line that is not JSON: {line[:200]!r}") from e
         if not isinstance(msg, dict):
             raise ProtocolError("agent sent a non-object")
+        if "event" in msg:
+            proc = msg.get("proc")
+            handler = self.event_handlers.get(proc) if isinstance(proc, int) else None
+            if handler is not None:
+                handler(msg)
+            return
         rid = msg.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
             raise ProtocolError(f"agent sent a response without a valid id: {str(msg)[:200]}")
@@ -170,6 +179,9 @@ class AgentConnection:
     def _fail_all(self, reason: str) -> None:
         self.closed = True
         self.close_reason = self.close_reason or reason
+        for handler in list(self.event_handlers.values()):
+            handler({"event": "lost", "reason": self.close_reason})
+        self.event_handlers.clear()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(

@@ -97,6 +97,9 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self.backend = backend
         self._recorder_factory = recorder_factory
+        # A caller-supplied factory owns what it makes (it may share one changelog between
+        # registries); recorders made by default_registry's own factory are closed here.
+        self._recorder_shared = True
         self._workspaces: dict[Path, Workspace] = {}
         self._ws_lock = asyncio.Lock()
         for tool in builtin_tools() if tools is None else tools:
@@ -180,7 +183,13 @@ class ToolRegistry:
         return await self.backend.stop(root) if self.backend is not None else False
 
     async def aclose(self) -> None:
+        """Close every workspace's recorder (the changelog store) and the backend's streams."""
+        workspaces = list(self._workspaces.values())
         self._workspaces.clear()
+        for ws in workspaces:
+            closer = getattr(ws.recorder, "aclose", None)
+            if closer is not None and not self._recorder_shared:
+                await closer()
         if self.backend is not None:
             await self.backend.aclose()
 
@@ -283,9 +292,12 @@ def default_registry(
     settings: Any = None,
     *,
     recorder_factory: RecorderFactory | None = None,
+    changelog: bool = True,
     **settings_overrides: Any,
 ) -> ToolRegistry:
-    """The six built-in tools on the Docker sandbox backend, configured by ``Settings``.
+    """The six built-in tools on the Docker sandbox backend, configured by ``Settings``,
+    recording every change in each workspace's changelog under ``settings.data_dir``
+    (``changelog=False`` or an explicit ``recorder_factory`` replaces that).
 
     ``settings_overrides`` are ``worker.settings.Settings`` fields (``image="..."``,
     ``runtime="runsc"``). No daemon is contacted until the first call. Use as
@@ -301,4 +313,18 @@ def default_registry(
     elif settings_overrides:
         settings = settings.model_copy(update=settings_overrides)
     backend = DockerBackend(SandboxSpec(**settings.sandbox_spec_kwargs()), base_url=settings.docker_host)
-    return ToolRegistry(backend=backend, recorder_factory=recorder_factory)
+    own_recorders = False
+    if recorder_factory is None and changelog:
+        # Every change is recorded (Spec 11) unless the caller opts out: the changelog of
+        # each workspace lives under settings.data_dir, outside the workspace.
+        from .changelog import Changelog
+
+        data_dir = settings.data_dir
+
+        def recorder_factory(root: Path) -> ChangeRecorder:
+            return Changelog.open(data_dir, root)
+
+        own_recorders = True
+    registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory)
+    registry._recorder_shared = not own_recorders
+    return registry

@@ -57,9 +57,7 @@ class IndexReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sources": {
-                k: {"total": s.total, "written": s.written, "pruned": s.pruned} for k, s in self.stats.items()
-            },
+            "sources": {k: {"total": s.total, "written": s.written, "pruned": s.pruned} for k, s in self.stats.items()},
             "errors": self.errors,
         }
 

@@ -287,9 +287,7 @@ def extract_capabilities(name: str, description: str, extra: Iterable[str] = ())
     return [c for c in CAPABILITIES if c in found]
 
 
-def extract_keywords(
-    name: str, description: str, parameters: Iterable[str] = (), limit: int = 20
-) -> list[str]:
+def extract_keywords(name: str, description: str, parameters: Iterable[str] = (), limit: int = 20) -> list[str]:
     """Up to ``limit`` distinct meaningful words: name parts first, then description, then
     parameter names; stop-words, numbers and one-letter words removed."""
     out: list[str] = []
@@ -348,9 +346,7 @@ def make_descriptor(
         keywords=tuple(kws),
         examples=tuple(examples),
         version=version,
-        requires_approval=(
-            needs_approval(name, description, caps) if requires_approval is None else requires_approval
-        ),
+        requires_approval=(needs_approval(name, description, caps) if requires_approval is None else requires_approval),
     )
 
 

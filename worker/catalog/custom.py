@@ -196,15 +196,11 @@ class CustomTool:
             raise CustomToolError(f"{self.name}: the command is empty for these arguments")
         return argv, {}
 
-    async def run(
-        self, sandbox: Sandbox, args: dict[str, Any], *, timeout: float | None = None
-    ) -> CustomToolResult:
+    async def run(self, sandbox: Sandbox, args: dict[str, Any], *, timeout: float | None = None) -> CustomToolResult:
         """Run in ``sandbox`` (argv, no shell). Raises CustomToolError for bad arguments and
         the sandbox's errors (PathNotFoundError for a missing ``cwd``, infrastructure)."""
         argv, env = self.build(args)
-        r = await sandbox.exec(
-            "", argv=argv, env=env or None, cwd=self.spec.cwd, timeout=timeout or self.spec.timeout
-        )
+        r = await sandbox.exec("", argv=argv, env=env or None, cwd=self.spec.cwd, timeout=timeout or self.spec.timeout)
         return CustomToolResult(
             success=r.outcome == "exit" and r.exit_code == 0,
             exit_code=r.exit_code,

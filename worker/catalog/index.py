@@ -321,9 +321,7 @@ class CatalogIndex:
             rows = self._db.execute(f"SELECT {_COLS} FROM tools WHERE id IN ({marks})", list(ids)).fetchall()
         return {r[0]: _descriptor(r) for r in rows}
 
-    def by_capability(
-        self, capability: str, sources: Sequence[str] = (), limit: int = 50
-    ) -> list[ToolDescriptor]:
+    def by_capability(self, capability: str, sources: Sequence[str] = (), limit: int = 50) -> list[ToolDescriptor]:
         where, params = _filters([capability], sources, None)
         with self._lock:
             rows = self._db.execute(

@@ -10,9 +10,12 @@ Config (``$LOOM_DATA_DIR/mcp_servers.yaml`` or ``LOOM_MCP_SERVERS_FILE``, YAML o
       git:                                    # stdio, run INSIDE the workspace sandbox
         command: [mcp-server-git, --repository, .]
 
-A stdio server is never started on the host. It runs in the workspace sandbox through a
-:class:`ProcessOpener` (a long-lived, bidirectional process in the container); until the
-sandbox offers that primitive a stdio server is reported as unavailable, not run.
+A stdio server is never started on the host. It runs in the workspace sandbox: the
+caller passes ``stdio_transport``, a factory of MCP transports over a process spawned in
+the sandbox (:class:`worker.catalog.sandbox_stdio.SandboxStdioTransport`). Without one a
+stdio server is unavailable (:class:`MCPUnavailableError`), never run on the host. So
+listing a stdio server's tools needs a workspace: ``loom-worker tools index --workspace
+DIR``, or the first ``tool_search`` made with a workspace.
 
 Errors::
 
@@ -35,6 +38,8 @@ from typing import Any, Protocol
 import anyio
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sandbox.errors import SandboxError
 
 from .capabilities import make_descriptor
 from .index import IndexStats, ToolDescriptor
@@ -93,14 +98,11 @@ def _first(e: ValidationError) -> str:
     return f"{'.'.join(str(x) for x in err['loc']) or 'server'}: {err['msg']}"
 
 
-class ProcessOpener(Protocol):
-    """Opens a long-lived process with piped stdin/stdout **inside the workspace sandbox**.
+class TransportFactory(Protocol):
+    """Makes a fresh (single-use) MCP transport for one session with a stdio server,
+    running **inside the workspace sandbox**."""
 
-    This is the primitive a stdio MCP server needs (see the module doc); the sandbox's
-    ``exec`` is request/response only.
-    """
-
-    def open(self, argv: list[str], env: dict[str, str]) -> contextlib.AbstractAsyncContextManager[Any]: ...
+    def __call__(self) -> contextlib.AbstractAsyncContextManager[Any]: ...
 
 
 @dataclass
@@ -117,9 +119,9 @@ class MCPCallResult:
 class MCPSource:
     """One configured MCP server. Each operation opens its own short session."""
 
-    def __init__(self, config: MCPServerConfig, *, stdio_transport: Any = None) -> None:
+    def __init__(self, config: MCPServerConfig, *, stdio_transport: TransportFactory | None = None) -> None:
         self.config = config
-        self._stdio_transport = stdio_transport  # an mcp Transport over a sandbox process
+        self._stdio_transport = stdio_transport  # makes an mcp Transport over a sandbox process
 
     @property
     def name(self) -> str:
@@ -138,7 +140,7 @@ class MCPSource:
                 http = httpx2.AsyncClient(headers=self.config.headers, timeout=self.config.timeout)
                 target = streamable_http_client(self.config.url, http_client=http)
         elif self._stdio_transport is not None:
-            target = self._stdio_transport
+            target = self._stdio_transport()
         else:
             raise MCPUnavailableError(
                 f"MCP server {self.name!r} is a stdio command; it may only run inside the workspace sandbox, "
@@ -150,10 +152,11 @@ class MCPSource:
         except MCPSourceError:
             raise
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, TimeoutError) as e:
-            raise MCPSourceError(f"MCP server {self.name!r}: {type(e).__name__}: {e}") from e
+            raise MCPSourceError(f"MCP server {self.name!r}: {type(e).__name__}: {e}{_why(target)}") from e
         except Exception as e:  # the SDK raises its own and httpx errors; translate once, here
             if type(e).__module__.startswith(("mcp", "httpx", "anyio")) or isinstance(e, ExceptionGroup):
-                raise MCPSourceError(f"MCP server {self.name!r}: {type(e).__name__}: {e}") from e
+                leaf = _leaf(e)
+                raise MCPSourceError(f"MCP server {self.name!r}: {type(leaf).__name__}: {leaf}{_why(target)}") from e
             raise
 
     async def list_tools(self) -> list[ToolDescriptor]:
@@ -187,9 +190,21 @@ class MCPSource:
             r = await client.call_tool(tool, arguments)
         content = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in r.content]
         text = "\n".join(c.get("text", "") for c in content if c.get("type") == "text")
-        return MCPCallResult(
-            success=not r.is_error, text=text, structured=r.structured_content, content=content
-        )
+        return MCPCallResult(success=not r.is_error, text=text, structured=r.structured_content, content=content)
+
+
+def _leaf(e: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups, for a readable message."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+def _why(target: Any) -> str:
+    """What a sandbox transport knows about how its server ended (exit code, stderr)."""
+    diagnostics = getattr(target, "diagnostics", None)
+    text = diagnostics() if callable(diagnostics) else ""
+    return f" ({text})" if text else ""
 
 
 async def index_mcp_sources(catalog: Catalog, sources: list[MCPSource]) -> dict[str, IndexStats | str]:
@@ -199,13 +214,11 @@ async def index_mcp_sources(catalog: Catalog, sources: list[MCPSource]) -> dict[
     async def one(src: MCPSource) -> IndexStats | str:
         try:
             tools = await asyncio.wait_for(src.list_tools(), src.config.timeout)
-        except (MCPSourceError, TimeoutError) as e:
+        except (MCPSourceError, SandboxError, TimeoutError) as e:
             msg = str(e) or "timed out listing tools"
             await asyncio.to_thread(catalog.index.mark_source_unavailable, "mcp", msg, mcp_server=src.name)
             return msg
-        return await catalog.index_tools(
-            "mcp", tools, mcp_server=src.name, description=src.config.description
-        )
+        return await catalog.index_tools("mcp", tools, mcp_server=src.name, description=src.config.description)
 
     results = await asyncio.gather(*(one(s) for s in sources))
     return {s.name: r for s, r in zip(sources, results, strict=True)}

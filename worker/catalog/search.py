@@ -257,9 +257,7 @@ class Catalog:
         mode = SearchMode(mode)
         terms = query_terms(query)
         max_results = max(1, min(int(max_results), 50))
-        meta = SearchMetadata(
-            mode_requested=mode, mode_used=mode, total_indexed=await self.total(), terms=terms
-        )
+        meta = SearchMetadata(mode_requested=mode, mode_used=mode, total_indexed=await self.total(), terms=terms)
         if mode is not SearchMode.FAST and self.llm is None:
             mode = meta.mode_used = SearchMode.FAST
             meta.fallback_reason = "no LLM provider configured (set LOOM_LLM_BASE_URL and LOOM_LLM_MODEL)"
@@ -308,9 +306,7 @@ class Catalog:
                 for h in hits:
                     s = scores.get(h.tool.id, 0.0)
                     h.confidence = round(0.4 * h.confidence + 0.6 * s, 3)
-                    h.signals.append(
-                        {"signal_type": "llm_rerank", "description": "chat model relevance", "weight": s}
-                    )
+                    h.signals.append({"signal_type": "llm_rerank", "description": "chat model relevance", "weight": s})
                 hits.sort(key=lambda h: (-h.confidence, h.bm25, h.tool.id))
             meta.llm_reranking_ms = _ms(t1)
 

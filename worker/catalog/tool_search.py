@@ -10,6 +10,7 @@ is applied inside the SQL query, so hidden tools never even count as candidates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,8 +38,7 @@ class ToolSearchArgs(BaseModel):
     )
     capabilities: list[str] = Field(
         default_factory=list,
-        description="Capability filters (e.g. ['notification', 'database']); one of "
-        + ", ".join(CAPABILITIES),
+        description="Capability filters (e.g. ['notification', 'database']); one of " + ", ".join(CAPABILITIES),
     )
     max_results: int = Field(5, ge=1, le=10, description="Maximum results (default: 5, max: 10)")
     task_context: str | None = Field(None, max_length=2000, description="Optional context for ranking")
@@ -73,10 +73,11 @@ def simplify_parameters(schema: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _result(hit: SearchHit) -> dict[str, Any]:
+def _result(hit: SearchHit, call_names: Mapping[str, str] | None) -> dict[str, Any]:
     t = hit.tool
     return {
-        "name": t.name,
+        # The name to call it by: an MCP tool is registered as mcp__<server>__<tool>.
+        "name": (call_names or {}).get(t.id, t.name),
         "id": t.id,
         "description": t.description,
         "confidence": f"{round(hit.confidence * 100)}%",
@@ -88,9 +89,7 @@ def _result(hit: SearchHit) -> dict[str, Any]:
     }
 
 
-async def tool_search(
-    catalog: Catalog, args: ToolSearchArgs, *, allowed_ids: set[str] | None
-) -> dict[str, Any]:
+async def tool_search(catalog: Catalog, args: ToolSearchArgs, *, allowed_ids: set[str] | None) -> dict[str, Any]:
     """Run a search for an agent. ``allowed_ids=None`` means every indexed tool is callable.
 
     Raises InvalidQueryError for an empty query.
@@ -107,7 +106,7 @@ async def tool_search(
     out: dict[str, Any] = {
         "query": args.query,
         "results_count": len(resp.results),
-        "results": [_result(h) for h in resp.results],
+        "results": [_result(h, call_names) for h in resp.results],
         "search_mode": meta.mode_used.value.upper(),
         "search_time_ms": round(meta.total_ms, 2),
         "total_tools_indexed": meta.total_indexed,
@@ -116,7 +115,5 @@ async def tool_search(
         out["note"] = f"searched in FAST mode: {meta.fallback_reason}"
     unknown = [c for c in args.capabilities if c not in CAPABILITIES]
     if unknown:
-        out["note"] = (
-            out.get("note", "") + f" unknown capabilities {unknown}; known: {list(CAPABILITIES)}"
-        ).strip()
+        out["note"] = (out.get("note", "") + f" unknown capabilities {unknown}; known: {list(CAPABILITIES)}").strip()
     return out

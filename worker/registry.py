@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -102,6 +102,9 @@ class ToolRegistry:
         self._recorder_shared = True
         self._workspaces: dict[Path, Workspace] = {}
         self._ws_lock = asyncio.Lock()
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+        #: The tool catalog's side of this registry (``worker.tools.catalog_tools``), if attached.
+        self.catalog_tools: Any = None
         for tool in builtin_tools() if tools is None else tools:
             self.register(tool)
 
@@ -112,6 +115,10 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ValueError(f"Tool '{tool.name}' is already registered")
         self._tools[tool.name] = tool
+
+    def add_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Have :meth:`aclose` also await ``closer()`` (e.g. the tool catalog's database)."""
+        self._closers.append(closer)
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -186,6 +193,9 @@ class ToolRegistry:
         """Close every workspace's recorder (the changelog store) and the backend's streams."""
         workspaces = list(self._workspaces.values())
         self._workspaces.clear()
+        closers, self._closers = self._closers, []
+        for close in closers:
+            await close()
         for ws in workspaces:
             closer = getattr(ws.recorder, "aclose", None)
             if closer is not None and not self._recorder_shared:
@@ -293,11 +303,16 @@ def default_registry(
     *,
     recorder_factory: RecorderFactory | None = None,
     changelog: bool = True,
+    catalog: bool | None = None,
     **settings_overrides: Any,
 ) -> ToolRegistry:
     """The six built-in tools on the Docker sandbox backend, configured by ``Settings``,
     recording every change in each workspace's changelog under ``settings.data_dir``
     (``changelog=False`` or an explicit ``recorder_factory`` replaces that).
+
+    With the catalog (``catalog``, default ``settings.catalog``) it also has
+    ``tool_search``, the custom YAML tools and the configured MCP servers' tools (see
+    :mod:`worker.tools.catalog_tools`); the catalog database opens on the first search.
 
     ``settings_overrides`` are ``worker.settings.Settings`` fields (``image="..."``,
     ``runtime="runsc"``). No daemon is contacted until the first call. Use as
@@ -327,4 +342,9 @@ def default_registry(
         own_recorders = True
     registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory)
     registry._recorder_shared = not own_recorders
+    if catalog if catalog is not None else settings.catalog:
+        # tool_search, the custom YAML tools and the configured MCP servers' tools.
+        from .tools.catalog_tools import CatalogTools, install
+
+        install(registry, CatalogTools.from_settings(settings))
     return registry

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     mcp_servers_file: Path | None = Field(
         None, description="MCP servers config (default: <data_dir>/mcp_servers.yaml)."
     )
+    catalog: bool = Field(
+        True, description="default_registry adds tool_search, custom YAML tools and MCP servers' tools."
+    )
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
         """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""

@@ -321,6 +321,14 @@ class CatalogIndex:
             rows = self._db.execute(f"SELECT {_COLS} FROM tools WHERE id IN ({marks})", list(ids)).fetchall()
         return {r[0]: _descriptor(r) for r in rows}
 
+    def tools_of(self, source: Source, *, mcp_server: str = "") -> list[ToolDescriptor]:
+        """Every indexed tool of one source, by name."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM tools WHERE source=? AND mcp_server=? ORDER BY name, id", (source, mcp_server)
+            ).fetchall()
+        return [_descriptor(r) for r in rows]
+
     def by_capability(self, capability: str, sources: Sequence[str] = (), limit: int = 50) -> list[ToolDescriptor]:
         where, params = _filters([capability], sources, None)
         with self._lock:

@@ -202,12 +202,24 @@ class Catalog:
     # -- indexing ---------------------------------------------------------------------
 
     async def index_tools(
-        self, source: Source, tools: Sequence[ToolDescriptor], *, mcp_server: str = "", description: str = ""
+        self,
+        source: Source,
+        tools: Sequence[ToolDescriptor],
+        *,
+        mcp_server: str = "",
+        description: str = "",
+        status_message: str = "",
     ) -> IndexStats:
         """Make ``tools`` the whole of one source (new ones added, changed ones rewritten,
-        vanished ones pruned)."""
+        vanished ones pruned). ``status_message`` is shown by :meth:`list_sources` (e.g.
+        the custom files that failed to load)."""
         stats = await asyncio.to_thread(
-            self.index.replace_source, source, tools, mcp_server=mcp_server, description=description
+            self.index.replace_source,
+            source,
+            tools,
+            mcp_server=mcp_server,
+            description=description,
+            status_message=status_message,
         )
         self._count = None
         return stats

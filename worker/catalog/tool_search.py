@@ -89,8 +89,15 @@ def _result(hit: SearchHit, call_names: Mapping[str, str] | None) -> dict[str, A
     }
 
 
-async def tool_search(catalog: Catalog, args: ToolSearchArgs, *, allowed_ids: set[str] | None) -> dict[str, Any]:
-    """Run a search for an agent. ``allowed_ids=None`` means every indexed tool is callable.
+async def tool_search(
+    catalog: Catalog,
+    args: ToolSearchArgs,
+    *,
+    allowed_ids: set[str] | None,
+    call_names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run a search for an agent. ``allowed_ids=None`` means every indexed tool is callable;
+    ``call_names`` maps a catalog id to the registry name to call it by (default: its name).
 
     Raises InvalidQueryError for an empty query.
     """

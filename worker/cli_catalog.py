@@ -1,8 +1,13 @@
-"""``loom-worker tools search QUERY`` and ``loom-worker tools index`` (issue 6).
+"""``loom-worker tools search QUERY``, ``tools index``, ``tools sources`` (issue 6).
 
 Added to the ``tools`` group of :mod:`worker.cli_tools`; when that group is missing they
-are registered under a top-level ``catalog`` command instead. Exit codes: 0 ok, 1 some
-source failed to index, 2 usage error (empty query).
+are registered under a top-level ``catalog`` command instead. ``loom-worker tools``
+(the schema listing) is given the catalog's tools too: ``tool_search``, the custom YAML
+tools and the MCP tools indexed so far. Exit codes: 0 ok, 1 some source failed to
+index, 2 usage error (empty query).
+
+Stdio MCP servers run inside a workspace sandbox, so ``tools index`` indexes them only
+with ``--workspace DIR`` (its sandbox starts them); HTTP servers are always indexed.
 """
 
 from __future__ import annotations
@@ -11,40 +16,65 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from .catalog import IndexReport, InvalidQueryError, index_all, open_catalog
+from .catalog import IndexReport, InvalidQueryError
 from .catalog.capabilities import CAPABILITIES
-from .catalog.search import Catalog
-from .catalog.tool_search import ToolSearchArgs, tool_search
-from .catalog.tool_search import openai_schema as tool_search_schema
+from .catalog.tool_search import ToolSearchArgs
+from .registry import ToolRegistry
 from .settings import Settings
+from .tools.catalog_tools import CatalogTools, install
 
 
-def _builtin_schemas() -> list[dict[str, Any]]:
-    try:
-        from .registry import ToolRegistry
-    except ImportError:  # the registry is another area; the catalog works without it
-        return [tool_search_schema()]
-    schemas = list(ToolRegistry().all_schemas())
-    if not any(s.get("function", {}).get("name") == "tool_search" for s in schemas):
-        schemas.append(tool_search_schema())
-    return schemas
+def _logging(settings: Settings) -> None:
+    """Logs (e.g. a custom tool file that failed to load) go to stderr; stdout is the result."""
+    from .logging import configure_logging
+
+    configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
 
 
-async def _index(catalog: Catalog, settings: Settings, *, mcp: bool) -> IndexReport:
-    return await index_all(catalog, settings, _builtin_schemas(), mcp=mcp)
+def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:
+    """The builtin tools plus the catalog's, with no sandbox backend (nothing runs here)."""
+    _logging(settings)
+    registry = ToolRegistry()
+    tools = CatalogTools.from_settings(settings)
+    install(registry, tools)
+    return registry, tools
+
+
+def _sandbox_registry(settings: Settings, backend: str) -> ToolRegistry:
+    _logging(settings)
+    if backend == "local":  # unit tests only: no isolation
+        from sandbox.local import LocalProcessBackend
+
+        registry = ToolRegistry(backend=LocalProcessBackend())
+        install(registry, CatalogTools.from_settings(settings))
+        return registry
+    from .registry import default_registry
+
+    return default_registry(settings, catalog=True)
 
 
 def _cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> IndexReport:
-        catalog = open_catalog(settings)
-        try:
-            return await _index(catalog, settings, mcp=not args.no_mcp)
-        finally:
-            await catalog.aclose()
+        if args.workspace is None:
+            registry, tools = _plain_registry(settings)
+            async with registry:
+                return await tools.refresh(registry, None, mcp=not args.no_mcp)
+        registry = _sandbox_registry(settings, args.backend)
+        async with registry:
+            ws = await registry.workspace(Path(args.workspace))
+            try:
+                return await registry.catalog_tools.refresh(registry, ws, mcp=not args.no_mcp)
+            finally:
+                await registry.stop(ws.root)
 
-    report = asyncio.run(run())
+    try:
+        report = asyncio.run(run())
+    except Exception as e:  # no sandbox, unreadable workspace: say so, no traceback
+        print(f"loom-worker: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     return 1 if report.errors else 0
 
@@ -59,13 +89,10 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
     async def run() -> dict[str, Any]:
-        catalog = open_catalog(settings)
-        try:
-            if await catalog.total() == 0:  # first use: index the local sources (MCP with `tools index`)
-                await _index(catalog, settings, mcp=False)
-            return await tool_search(catalog, search_args, allowed_ids=None)
-        finally:
-            await catalog.aclose()
+        registry, tools = _plain_registry(settings)
+        async with registry:
+            # As seen from a workspace: every registered tool can be run there.
+            return await tools.search(registry, search_args, has_workspace=True)
 
     try:
         out = asyncio.run(run())
@@ -76,6 +103,28 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_sources(args: argparse.Namespace, settings: Settings) -> int:
+    async def run() -> dict[str, Any]:
+        registry, tools = _plain_registry(settings)
+        async with registry:
+            sources = await tools.catalog().list_sources()
+            return {"sources": [s.__dict__ for s in sources], "load_errors": tools.errors}
+
+    out = asyncio.run(run())
+    sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    return 1 if out["load_errors"] else 0
+
+
+def _cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    """``loom-worker tools``: every schema a ``default_registry`` offers, catalog tools included."""
+    if settings.catalog:
+        registry, _ = _plain_registry(settings)
+    else:
+        registry = ToolRegistry()
+    sys.stdout.write(json.dumps(registry.all_schemas(args.format), indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
 def _add(group: argparse._SubParsersAction[Any]) -> None:
     p = group.add_parser("search", help="Search the tool catalog.", description="Search the tool catalog.")
     p.add_argument("query", help="What you want to do, in words.")
@@ -83,9 +132,17 @@ def _add(group: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--capability", action="append", choices=CAPABILITIES, help="Filter (repeatable).")
     p.add_argument("--max", type=int, default=5, help="Maximum results (1-10).")
     p.set_defaults(func=_cmd_search)
-    p = group.add_parser("index", help="(Re)index builtin, custom and MCP tools.")
+    p = group.add_parser(
+        "index",
+        help="(Re)index builtin, custom and MCP tools.",
+        description="Index every tool source. Stdio MCP servers run in a workspace sandbox: give --workspace.",
+    )
     p.add_argument("--no-mcp", action="store_true", help="Skip the configured MCP servers.")
+    p.add_argument("--workspace", "-w", default=None, help="Workspace whose sandbox runs the stdio MCP servers.")
+    p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_index)
+    p = group.add_parser("sources", help="Indexed tool sources, their status, and files that failed to load.")
+    p.set_defaults(func=_cmd_sources)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -96,4 +153,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     except (ImportError, LookupError):
         p = subparsers.add_parser("catalog", help="Search and index the tool catalog.")
         group = p.add_subparsers(dest="catalog_command", metavar="SUBCOMMAND", parser_class=type(p))
+    else:
+        subparsers.choices["tools"].set_defaults(func=_cmd_tools)
     _add(group)

@@ -5,6 +5,7 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     GET    /healthz
     GET    /metrics                                  Prometheus text format
     GET    /v1/tools?format=openai|anthropic|mcp
+    GET    /v1/tools/search?query=&mode=&capability=&max_results=   the tool catalog (tool_search)
     POST   /v1/workspaces            {"name"?}       creates <root>/<id>
     GET    /v1/workspaces
     DELETE /v1/workspaces/{id}?delete_files=false    stops its sandbox
@@ -123,6 +124,11 @@ class ToolMessage(_Model):
 
 class Problem(_Model):
     detail: str
+
+
+class SearchProblem(_Model):
+    detail: Any
+    code: str | None = Field(None, description="INVALID_QUERY for an empty query.")
 
 
 # -- middleware ------------------------------------------------------------------------
@@ -345,6 +351,47 @@ def create_app(
         if format not in cache:  # the tools do not change while the service runs
             cache[format] = _schemas(request.app.state.registry, format)
         return cache[format]
+
+    @app.get(
+        "/v1/tools/search",
+        tags=["tools"],
+        dependencies=auth,
+        responses={
+            **errors,
+            404: {"model": Problem, "description": "Tool search is not enabled"},
+            422: {"model": SearchProblem, "description": "Empty query (INVALID_QUERY) or bad parameters"},
+            503: {"model": Problem, "description": "The catalog could not be searched"},
+        },
+    )
+    async def search_tools(
+        request: Request,
+        query: str = Query(max_length=2000, description="What you want to do, in words."),
+        mode: Literal["fast", "balanced", "accurate"] = Query("fast"),
+        capability: Annotated[
+            list[str] | None, Query(max_length=16, description="Capability filter (repeatable).")
+        ] = None,
+        max_results: int = Query(5, ge=1, le=10),
+    ) -> dict[str, Any]:
+        """Search the tool catalog (``tool_search``'s output): only tools this service can
+        run in a workspace are returned."""
+        from .catalog.search import InvalidQueryError
+        from .catalog.tool_search import ToolSearchArgs
+
+        registry = request.app.state.registry
+        catalog_tools = getattr(registry, "catalog_tools", None)
+        if catalog_tools is None:
+            return JSONResponse({"detail": "Tool search is not enabled on this service"}, status_code=404)  # type: ignore[return-value]
+        try:
+            args = ToolSearchArgs(query=query, mode=mode, capabilities=capability or [], max_results=max_results)
+            out: dict[str, Any] = await catalog_tools.search(registry, args, has_workspace=True)
+        except InvalidQueryError as e:
+            return JSONResponse({"detail": str(e), "code": e.code}, status_code=422)  # type: ignore[return-value]
+        except Exception as e:  # the catalog's storage or an MCP source: never a 500
+            log.warning("tools.search_failed", error=f"{type(e).__name__}: {e}"[:300])
+            return JSONResponse(  # type: ignore[return-value]
+                {"detail": f"Tool search failed: {type(e).__name__}: {e}"[:500]}, status_code=503
+            )
+        return out
 
     @app.post(
         "/v1/workspaces",

@@ -54,15 +54,12 @@ class IndexReport:
     stats: dict[str, IndexStats] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # "custom:<file>" / "mcp:<server>" -> why
     custom_tools: list[CustomTool] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)  # "mcp:<server>" -> why it was not indexed
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "sources": {k: {"total": s.total, "written": s.written, "pruned": s.pruned} for k, s in self.stats.items()},
             "errors": self.errors,
         }
-        if self.skipped:
-            out["skipped"] = self.skipped
         return out
 
 

@@ -303,7 +303,10 @@ class CatalogTools:
             elif ws is not None:
                 sources.append(MCPSource(cfg, stdio_transport=_stdio_factory(ws, cfg)))
             else:
-                report.skipped[f"mcp:{cfg.name}"] = "stdio server: runs in a workspace sandbox (index with --workspace)"
+                report.errors[f"mcp:{cfg.name}"] = (
+                    "stdio server: it runs inside a workspace sandbox, so it is indexed with a workspace "
+                    "(loom-worker tools index --workspace DIR, or the first tool_search made in one)"
+                )
         if not sources:
             return
         catalog = self.catalog()

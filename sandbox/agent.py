@@ -26,6 +26,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import queue
 import re
 import selectors
 import shutil
@@ -933,8 +934,23 @@ def _signal_all(pids, sig):
             pass
 
 
+def _own_children():
+    """Direct children of this agent (all threads), or None when the kernel cannot say."""
+    kids = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open("/proc/self/task/%s/children" % tid) as fh:
+                kids.update(int(p) for p in fh.read().split())
+    except (OSError, ValueError):
+        return None
+    with _foreign_lock:
+        return kids - _foreign_pids
+
+
 def _kill_tree(grace, ctx=None):
     """Kill every process the command started (TERM, ``grace`` seconds, then KILL)."""
+    if _subreaper[0] and _own_children() == set():
+        return  # fast path: as subreaper, no child means nothing of the command is left
     pids = _command_pids(ctx)
     if not pids:
         return
@@ -1084,7 +1100,8 @@ def op_exec(req):
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        _reap(_command_pids(ctx))
+        if not (_subreaper[0] and _own_children() == set()):
+            _reap(_command_pids(ctx))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
         exit_code = code  # type: int | None
@@ -1328,6 +1345,33 @@ def _handle(req):
     _send(resp)
 
 
+_work = queue.Queue()  # type: queue.Queue
+_idle = [0]
+_idle_lock = threading.Lock()
+
+
+def _worker():
+    while True:
+        req = _work.get()
+        _handle(req)
+        with _idle_lock:
+            _idle[0] += 1
+
+
+def _dispatch_slow(req):
+    """Slow ops run on reusable worker threads (a new thread per call costs ~0.1 ms);
+    one more thread is started whenever every worker is busy, so nothing waits."""
+    with _idle_lock:
+        if _idle[0] > 0:
+            _idle[0] -= 1
+            start = False
+        else:
+            start = True
+    if start:
+        threading.Thread(target=_worker, daemon=True).start()
+    _work.put(req)
+
+
 def main(config):
     global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
@@ -1355,7 +1399,7 @@ def main(config):
             _send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
             continue
         if req.get("op") in SLOW_OPS:
-            threading.Thread(target=_handle, args=(req,), daemon=True).start()
+            _dispatch_slow(req)
         else:
             _handle(req)
     # The host went away: leave nothing running behind us.

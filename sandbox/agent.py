@@ -1372,6 +1372,20 @@ def _dispatch_slow(req):
     _work.put(req)
 
 
+def _keeper(ttl):
+    """In the container's main agent: end the container after ``ttl`` seconds without a
+    request to any agent (they all touch the activity file), even with no worker left."""
+    t0 = time.time()
+    while True:
+        time.sleep(min(5.0, max(ttl / 10.0, 0.5)))
+        try:
+            last = os.stat(ACTIVITY_FILE).st_mtime
+        except OSError:
+            last = t0
+        if time.time() - max(last, t0) > ttl:
+            os._exit(0)
+
+
 def main(config):
     global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
@@ -1385,6 +1399,10 @@ def main(config):
     os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     stdin = sys.stdin.buffer
+    keeper_ttl = config.get("keeper_ttl")
+    if keeper_ttl:
+        _touch()
+        threading.Thread(target=_keeper, args=(float(keeper_ttl),), daemon=True).start()
     _send({"id": 0, "ok": True, "result": op_hello({})})
     while True:
         line = stdin.readline()
@@ -1408,6 +1426,9 @@ def main(config):
     for pid in spawned:
         _kill_subtree(pid, 0.2)
     _kill_tree(0)
+    if keeper_ttl:
+        # The container's main process: stay as its keeper until the idle TTL ends it.
+        threading.Event().wait()
 
 
 if __name__ in ("__main__", "__loom_agent__"):

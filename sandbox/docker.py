@@ -42,7 +42,7 @@ from .errors import (
     SandboxLostError,
     SandboxUnavailableError,
 )
-from .spec import ACTIVITY_FILE, HOME_DIR, KEEPER, LABEL_PREFIX, WORKSPACE_MOUNT, SandboxSpec
+from .spec import ACTIVITY_FILE, HOME_DIR, LABEL_PREFIX, WORKSPACE_MOUNT, SandboxSpec
 
 log = structlog.get_logger("sandbox.docker")
 T = TypeVar("T")
@@ -158,6 +158,7 @@ class DockerBackend(SandboxBackend):
         self._boxes: dict[Path, DockerSandbox] = {}
         self._locks: dict[Path, asyncio.Lock] = {}
         self._started: set[str] = set()
+        self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
         self.restarts = 0
 
@@ -227,7 +228,15 @@ class DockerBackend(SandboxBackend):
         return {
             "image": spec.image,
             "name": container_name(ws),
-            "command": ["python3", "-I", "-S", "-c", KEEPER, str(spec.idle_ttl), ACTIVITY_FILE],
+            # The main process is an agent too: the process that starts the container talks
+            # to it over the attach stream (no `docker exec`, and its Python boots while the
+            # engine finishes the start); once that client goes (StdinOnce), it stays as the
+            # keeper that ends the container after the idle TTL. Other processes exec their own.
+            "command": ["python3", "-I", "-S", "-c", protocol.BOOTSTRAP],
+            "stdin_open": True,
+            "detach": False,  # with stdin_open: StdinOnce, see above
+            # Agent traffic (file contents!) must not end up in the engine's container logs.
+            "log_config": docker.types.LogConfig(type="none"),
             "user": f"{uid}:{gid}",
             "working_dir": WORKSPACE_MOUNT,
             "environment": {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"},
@@ -257,8 +266,6 @@ class DockerBackend(SandboxBackend):
             "ipc_mode": "private",
             "mounts": self._mounts(ws),
             "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0)],
-            "detach": True,
-            "stdin_open": False,
             "tty": False,
         }
 
@@ -276,7 +283,8 @@ class DockerBackend(SandboxBackend):
         self._runsc_checked = True
 
     async def ensure_container(self, ws: Path) -> Any:
-        """Find this workspace's running container or start one. Returns the container.
+        """Find this workspace's running container or start one. Returns the container;
+        ``name in self._fresh`` when this call started it (its main agent awaits us).
 
         Raises ImageNotFoundError, RuntimeUnavailableError, DaemonUnavailableError.
         """
@@ -315,6 +323,7 @@ class DockerBackend(SandboxBackend):
                 await self._remove(container)
                 raise
             self._started.add(name)
+            self._fresh.add(name)
             log.info("sandbox.started", workspace=str(ws), container=name, runtime=self.spec.runtime)
             return container
         raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
@@ -346,6 +355,23 @@ class DockerBackend(SandboxBackend):
             if await self._find(container.name) is None:
                 return
             await asyncio.sleep(0.05)
+
+    async def _attach_agent(self, container: Any) -> AgentConnection:
+        """Talk to the container's main process (an agent waiting for its source)."""
+        api = self._docker().api
+
+        def attach() -> Any:
+            params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            return api.attach_socket(container.id, params=params)
+
+        sock_io = await self._call("attach sandbox agent", attach)
+        transport = await DockerExecTransport.open(sock_io)
+        conn = AgentConnection(transport, label=container.name)
+        await conn.start(
+            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, "keeper_ttl": self.spec.idle_ttl},
+            timeout=self.spec.agent_start_timeout,
+        )
+        return conn
 
     async def _exec_agent(self, container: Any) -> AgentConnection:
         api = self._docker().api
@@ -389,7 +415,11 @@ class DockerBackend(SandboxBackend):
         for attempt in range(2):
             container = await self.ensure_container(ws)
             try:
-                conn = await self._exec_agent(container)
+                if container.name in self._fresh:
+                    self._fresh.discard(container.name)
+                    conn = await self._attach_agent(container)
+                else:
+                    conn = await self._exec_agent(container)
             except (SandboxLostError, SandboxUnavailableError) as e:
                 # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                 last = e

@@ -67,17 +67,3 @@ class SandboxSpec(BaseModel):
         """Hash of what a running container was created with (uid/gid decided per workspace)."""
         body = self.model_dump(exclude={"agent_start_timeout", "io_timeout", "uid", "gid"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
-
-
-#: The container's main process (under the engine's init as PID 1): exits after the idle
-#: TTL so that a container outlives a dead worker by at most that long. Agents touch the
-#: activity file on every request.
-KEEPER = (
-    "import os,sys,time\n"
-    "ttl=float(sys.argv[1]);f=sys.argv[2];t0=time.time()\n"
-    "while True:\n"
-    "    time.sleep(min(5.0,max(ttl/10,0.5)))\n"
-    "    try: last=os.stat(f).st_mtime\n"
-    "    except OSError: last=t0\n"
-    "    if time.time()-max(last,t0)>ttl: break\n"
-)

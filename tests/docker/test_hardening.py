@@ -41,6 +41,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert host["MemorySwap"] == host["Memory"]  # no swap on top of the memory limit
     assert host["PidsLimit"] == 256
     assert host["Runtime"] == runtime_backend.spec.runtime
+    assert host["LogConfig"]["Type"] == "none"  # agent traffic never lands in engine logs
     tmpfs = host["Tmpfs"]
     assert "size=" in tmpfs["/tmp"] and "size=" in tmpfs[HOME_DIR]
     assert "uid=1000" in tmpfs[HOME_DIR]

@@ -936,7 +936,7 @@ def _signal_all(pids, sig):
 
 def _own_children():
     """Direct children of this agent (all threads), or None when the kernel cannot say."""
-    kids = set()
+    kids = set()  # type: set[int]
     try:
         for tid in os.listdir("/proc/self/task"):
             with open("/proc/self/task/%s/children" % tid) as fh:

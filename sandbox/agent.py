@@ -392,6 +392,8 @@ def _check_expect(fd, name, st, path, req):
 def op_write(req):
     path = req.get("path")
     data = base64.b64decode(req.get("data", ""))
+    # fsync (file, then directory) unless the caller asked for process-crash safety only
+    durable = req.get("fsync", True) is not False
     if len(data) > MAX_WRITE:
         raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), MAX_WRITE))
     parts = _split(path)
@@ -421,7 +423,8 @@ def op_write(req):
                 view = view[n:]
             if st is not None:
                 os.fchmod(f, mode)
-            os.fsync(f)
+            if durable:
+                os.fsync(f)
         except BaseException:
             os.close(f)
             os.unlink(tmp, dir_fd=fd)
@@ -432,14 +435,15 @@ def op_write(req):
         except BaseException:
             os.unlink(tmp, dir_fd=fd)
             raise
-        try:
-            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        if durable:
             try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+                dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError:
+                pass
         return {
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),

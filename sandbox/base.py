@@ -174,8 +174,12 @@ class Sandbox(abc.ABC):
         expect_sha256: str | None = None,
         expect_absent: bool = False,
         mkdirs: bool = True,
+        fsync: bool = True,
     ) -> WriteResult:
         """Atomically replace ``path`` (temp file, fsync, rename), creating parents.
+
+        ``fsync=False`` keeps the atomicity (a reader or a killed process sees the old or
+        the new file, never a torn one) but not durability across a power loss.
 
         ``expect_sha256`` / ``expect_absent`` make the write conditional on the current
         content. Raises ConflictError, NotAFileError, PathEscapeError, TooLargeError.

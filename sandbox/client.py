@@ -163,8 +163,10 @@ class AgentSandbox(Sandbox):
         expect_sha256: str | None = None,
         expect_absent: bool = False,
         mkdirs: bool = True,
+        fsync: bool = True,
     ) -> WriteResult:
         args = {
+            "fsync": fsync,
             "path": path,
             "data": base64.b64encode(data).decode(),
             "expect_sha256": expect_sha256,

@@ -671,7 +671,12 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
         argv.append("--ignore-case")
     if glob:
         argv += ["--glob", glob]
-    for ex in sorted(exclude):
+    # One alternation glob: ripgrep matches every path against every glob, and nine
+    # separate "!name" globs cost more than the search itself on a 5,000-file tree.
+    plain = sorted(ex for ex in exclude if not any(c in ex for c in ",{}[]*?\\!"))
+    if plain:
+        argv += ["--glob", "!{%s}" % ",".join(plain)]
+    for ex in sorted(set(exclude) - set(plain)):
         argv += ["--glob", "!" + ex]
     # --regexp makes a pattern that starts with "-" a pattern, never an option; "--" ends options.
     argv += ["--regexp", pattern, "--", target]

@@ -1310,7 +1310,13 @@ SLOW_OPS = {
 }
 
 
+_nonce = [None]
+
+
 def _send(obj):
+    # Every message carries the connection's secret: a command that manages to write into
+    # our stdout (gVisor does not honour non-dumpable for /proc/<pid>/fd) cannot forge one.
+    obj["k"] = _nonce[0]
     line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
         _stdout.write(line)  # type: ignore[union-attr]
@@ -1398,6 +1404,7 @@ def _keeper(ttl):
 def main(config):
     global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
+    _nonce[0] = config.get("nonce")
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))

@@ -12,12 +12,17 @@ import abc
 import asyncio
 import itertools
 import json
+import secrets
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from . import protocol
 from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
+
+log = structlog.get_logger("sandbox.connection")
 
 
 class Transport(abc.ABC):
@@ -50,6 +55,8 @@ class AgentConnection:
         self._hello: asyncio.Future[dict[str, Any]] | None = None
         self.closed = False
         self.close_reason = ""
+        self._nonce: str | None = None
+        self.forged = 0  # lines without this connection's secret, dropped
         #: Unsolicited events of long-lived processes, by process id (see sandbox.process).
         self.event_handlers: dict[int, Callable[[dict[str, Any]], None]] = {}
 
@@ -59,6 +66,8 @@ class AgentConnection:
         Raises SandboxLostError if it does not come up within ``timeout``.
         """
         loop = asyncio.get_running_loop()
+        self._nonce = secrets.token_hex(16)
+        config = {**config, "nonce": self._nonce}
         self._hello = loop.create_future()
         self._pending[0] = self._hello
         self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
@@ -153,6 +162,11 @@ class AgentConnection:
             raise ProtocolError(f"agent sent a line that is not JSON: {line[:200]!r}") from e
         if not isinstance(msg, dict):
             raise ProtocolError("agent sent a non-object")
+        if self._nonce is not None and msg.get("k") != self._nonce:
+            # Written into the stream by something other than our agent: never trusted.
+            self.forged += 1
+            log.warning("sandbox.forged_message", connection=self._label, count=self.forged)
+            return
         if "event" in msg:
             proc = msg.get("proc")
             handler = self.event_handlers.get(proc) if isinstance(proc, int) else None

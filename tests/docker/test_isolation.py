@@ -104,3 +104,43 @@ async def test_root_owned_workspace_runs_as_uid0_without_capabilities(
     os.chmod(workspace / "private", 0o600)
     r = await box.exec("cat private")
     assert r.exit_code != 0 and b"secret" not in r.stdout
+
+
+async def test_commands_cannot_forge_agent_replies_or_read_its_memory(
+    runtime_backend: DockerBackend, workspace: Path
+) -> None:
+    """The agent is non-dumpable: under runc a command (same uid, even uid 0 without
+    capabilities) cannot open its /proc fds or read its memory. gVisor does not honour
+    that for /proc/<pid>/fd, so every message also carries a per-connection secret: lines
+    a command writes into the stream are dropped, and replies stay genuine."""
+    box = await runtime_backend.get(workspace)
+    await box.write("real.txt", b"genuine")
+    info = await box.info()
+    pid = info.pid
+    forged = "".join(
+        f'{{"id":{i},"ok":true,"result":{{"data":"Zm9yZ2Vk","size":6,"truncated":false,"sha256":null,'
+        f'"mtime_ns":1,"binary":false}}}}\n'
+        for i in range(1, 400)
+    )
+    (workspace / "forged.jsonl").write_text(forged)
+    r = await box.exec(
+        f"cat forged.jsonl > /proc/{pid}/fd/1 && echo WROTE; "
+        f"head -c 16 /proc/{pid}/mem >/dev/null && echo READ_MEM; echo end"
+    )
+    out = r.stdout.decode()
+    assert "READ_MEM" not in out, out
+    if runtime_backend.spec.runtime == "runc":
+        assert "WROTE" not in out, out
+    for _ in range(3):
+        assert (await box.read("real.txt")).data == b"genuine"
+    assert (await box.exec("echo still-in-sync")).stdout == b"still-in-sync\n"
+
+
+async def test_default_seccomp_profile_is_on(docker_backend: DockerBackend, workspace: Path) -> None:
+    await (await docker_backend.get(workspace)).info()
+    attrs = await docker_backend.inspect(workspace)
+    assert attrs is not None
+    assert not any("unconfined" in opt for opt in attrs["HostConfig"]["SecurityOpt"] or [])
+    box = await docker_backend.get(workspace)
+    r = await box.exec("grep Seccomp: /proc/self/status")
+    assert r.stdout.split()[-1] == b"2"  # filter mode

@@ -16,6 +16,7 @@ from sandbox.client import AgentSandbox
 from sandbox.connection import AgentConnection, Transport
 from sandbox.errors import (
     PathEscapeError,
+    PathNotFoundError,
     ProtocolError,
     RuntimeUnavailableError,
     SandboxLostError,
@@ -31,6 +32,7 @@ class ScriptedTransport(Transport):
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.booted = False
         self.closed = False
+        self.nonce = ""
 
     async def read(self) -> tuple[bytes, bytes]:
         data = await self.queue.get()
@@ -40,6 +42,7 @@ class ScriptedTransport(Transport):
         if not self.booted:
             self.booted = True
             assert data.startswith(b"%d\n" % len(protocol.agent_source()))
+            self.nonce = json.loads(data.rsplit(b"\n", 2)[-2])["nonce"]
             hello = {
                 "version": "1",
                 "uid": 1,
@@ -50,12 +53,14 @@ class ScriptedTransport(Transport):
                 "subreaper": True,
                 "ripgrep": True,
             }
-            await self.queue.put(protocol.encode({"id": 0, "ok": True, "result": hello}))
+            await self.queue.put(protocol.encode({"id": 0, "ok": True, "result": hello, "k": self.nonce}))
             return
         req = json.loads(data)
         out = self.reply(req)
+        if isinstance(out, dict):
+            out = protocol.encode({**out, "k": self.nonce})
         if out is not None:
-            await self.queue.put(out if isinstance(out, bytes) else protocol.encode(out))
+            await self.queue.put(out)
 
     async def close(self) -> None:
         self.closed = True
@@ -132,12 +137,27 @@ async def test_garbage_line_ends_the_connection_as_lost() -> None:
 
 async def test_unknown_ids_are_ignored_and_errors_are_typed() -> None:
     def reply(r: dict[str, Any]) -> bytes:
-        stray = protocol.encode({"id": 999, "ok": True, "result": {}})
-        err = protocol.encode({"id": r["id"], "ok": False, "code": "escape", "error": "nope"})
+        nonce = box.transports[-1].nonce
+        stray = protocol.encode({"id": 999, "ok": True, "result": {}, "k": nonce})
+        err = protocol.encode({"id": r["id"], "ok": False, "code": "escape", "error": "nope", "k": nonce})
         return stray + err
 
     box, _ = await _box(reply)
     with pytest.raises(PathEscapeError, match="nope"):
+        await box.stat("x")
+
+
+async def test_forged_lines_without_the_connection_secret_are_dropped() -> None:
+    def reply(r: dict[str, Any]) -> bytes:
+        nonce = box.transports[-1].nonce
+        forged = protocol.encode(
+            {"id": r["id"], "ok": True, "result": {"path": "x", "type": "file", "size": 1, "mtime_ns": 1, "mode": 1}}
+        )
+        real = protocol.encode({"id": r["id"], "ok": False, "code": "not_found", "error": "real", "k": nonce})
+        return forged + real
+
+    box, _ = await _box(reply)
+    with pytest.raises(PathNotFoundError, match="real"):
         await box.stat("x")
 
 

@@ -994,6 +994,20 @@ def _oom_kills():
     return None
 
 
+def _command_env_cwd(req):
+    """The environment (non-interactive base + the caller's valid strings) and the real
+    working directory (resolved inside the workspace) for a process the host asks for."""
+    env = dict(BASE_ENV)
+    env["HOME"] = os.environ.get("HOME", "/tmp")
+    env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
+    for k, v in (req.get("env") or {}).items():
+        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
+            env[k] = v
+    cwd_fd, parts = _open_dir(req.get("cwd", "."))
+    os.close(cwd_fd)
+    return env, ROOT + ("/" + "/".join(parts) if parts else "")
+
+
 def op_exec(req):
     command = req.get("command")
     argv = req.get("argv")
@@ -1005,15 +1019,7 @@ def op_exec(req):
     timeout = float(req.get("timeout", 60))
     cap = int(req.get("max_output", 256 * 1024))
     hard_limit = int(req.get("output_limit", 64 << 20))
-    env = dict(BASE_ENV)
-    env["HOME"] = os.environ.get("HOME", "/tmp")
-    env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
-    for k, v in (req.get("env") or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
-            env[k] = v
-    cwd_fd, parts = _open_dir(req.get("cwd", "."))
-    os.close(cwd_fd)
-    cwd = ROOT + ("/" + "/".join(parts) if parts else "")
+    env, cwd = _command_env_cwd(req)
     marker = os.urandom(8).hex()
     env["LOOM_CALL"] = marker
     with _exec_lock:
@@ -1192,14 +1198,7 @@ def op_spawn(req):
     with _procs_lock:
         if len(_procs) >= MAX_PROCS:
             raise Refused("too_large", "Too many long-lived processes (max %d)" % MAX_PROCS)
-    env = dict(BASE_ENV)
-    env["HOME"] = os.environ.get("HOME", "/tmp")
-    for k, v in (req.get("env") or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
-            env[k] = v
-    cwd_fd, parts = _open_dir(req.get("cwd", "."))
-    os.close(cwd_fd)
-    cwd = ROOT + ("/" + "/".join(parts) if parts else "")
+    env, cwd = _command_env_cwd(req)
     try:
         proc = subprocess.Popen(
             argv,

@@ -8,6 +8,10 @@ tools are written with an *upsert* (``INSERT ... ON CONFLICT DO UPDATE``), never
 the old text's tokens would stay in the index forever (the Go registry's fault). Rows
 whose content hash is unchanged are not rewritten at all.
 
+Each row also stores ``stems``: the terms FTS5 indexed for its four fields (computed
+with :mod:`worker.catalog.stem` when the row is written), so search can say which
+query word matched which field for its few best rows without FTS5 ``highlight()``.
+
 Everything here is synchronous and guarded by one lock; :mod:`worker.catalog.search`
 calls it through ``asyncio.to_thread``. Raises ``sqlite3.Error`` only for a broken
 database file (infrastructure), never for user text: queries arrive here already built
@@ -25,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from .stem import padded
 
 Source = Literal["builtin", "custom", "mcp"]
 WEIGHTS = (10.0, 5.0, 3.0, 2.0)  # name, description, capabilities, keywords
@@ -45,7 +51,8 @@ CREATE TABLE IF NOT EXISTS tools (
     indexed_at TEXT NOT NULL,
     version TEXT,
     requires_approval INTEGER NOT NULL DEFAULT 0,
-    content_hash TEXT NOT NULL
+    content_hash TEXT NOT NULL,
+    stems TEXT NOT NULL DEFAULT ''   -- the FTS terms of the four indexed fields (see _stems)
 );
 CREATE INDEX IF NOT EXISTS tools_by_source ON tools(source, mcp_server);
 CREATE VIRTUAL TABLE IF NOT EXISTS tools_fts USING fts5(
@@ -79,17 +86,21 @@ CREATE TABLE IF NOT EXISTS tool_sources (
 
 _UPSERT = """
 INSERT INTO tools (id, name, description, source, mcp_server, input_schema, output_schema,
-                   capabilities, keywords, examples, indexed_at, version, requires_approval, content_hash)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   capabilities, keywords, examples, indexed_at, version, requires_approval, content_hash, stems)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT(id) DO UPDATE SET
     name=excluded.name, description=excluded.description, source=excluded.source,
     mcp_server=excluded.mcp_server, input_schema=excluded.input_schema,
     output_schema=excluded.output_schema, capabilities=excluded.capabilities,
     keywords=excluded.keywords, examples=excluded.examples, indexed_at=excluded.indexed_at,
     version=excluded.version, requires_approval=excluded.requires_approval,
-    content_hash=excluded.content_hash
+    content_hash=excluded.content_hash, stems=excluded.stems
 WHERE tools.content_hash != excluded.content_hash
 """
+
+#: PRAGMA user_version once every row's ``stems`` is filled in by the current stemmer.
+SCHEMA_VERSION = 1
+STEMS_SEP = "\x1f"
 
 _COLS = (
     "id, name, description, source, mcp_server, input_schema, output_schema, capabilities, "
@@ -198,6 +209,17 @@ def _row(t: ToolDescriptor, now: str) -> tuple[Any, ...]:
     )
 
 
+def _stems(name: str, description: str, capabilities: str, keywords: str) -> str:
+    """The ``stems`` column: each FTS column's terms as ``" a b "`` (see
+    :func:`worker.catalog.stem.padded`), in column order, joined by :data:`STEMS_SEP`."""
+    return STEMS_SEP.join((padded(name), padded(description), padded(capabilities), padded(keywords)))
+
+
+def descriptor_from_row(r: Sequence[Any]) -> ToolDescriptor:
+    """The descriptor of a row whose first columns are ``_COLS`` (as :meth:`CatalogIndex.fts_top` returns)."""
+    return _descriptor(r)
+
+
 def _descriptor(r: Sequence[Any]) -> ToolDescriptor:
     return ToolDescriptor(
         id=r[0],
@@ -231,6 +253,26 @@ class CatalogIndex:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            self._migrate()
+        self._allowed: frozenset[str] | None = None  # the ids in temp.allowed_ids
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older version up to date: add and fill ``stems``."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:  # another process may have won
+                cols = {r[1] for r in db.execute("PRAGMA table_info(tools)")}
+                if "stems" not in cols:
+                    db.execute("ALTER TABLE tools ADD COLUMN stems TEXT NOT NULL DEFAULT ''")
+                rows = db.execute("SELECT rowid, name, description, capabilities, keywords FROM tools").fetchall()
+                db.executemany("UPDATE tools SET stems=? WHERE rowid=?", [(_stems(*r[1:]), r[0]) for r in rows])
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -266,7 +308,7 @@ class CatalogIndex:
                         (source, mcp_server),
                     ).fetchall()
                 )
-                changed = [r for r in rows if existing.get(r[0]) != r[13]]
+                changed = [(*r, _stems(r[1], r[2], r[7], r[8])) for r in rows if existing.get(r[0]) != r[13]]
                 db.executemany(_UPSERT, changed)
                 written = len(changed)
                 stale = [(i,) for i in existing if i not in ids]
@@ -330,7 +372,7 @@ class CatalogIndex:
         return [_descriptor(r) for r in rows]
 
     def by_capability(self, capability: str, sources: Sequence[str] = (), limit: int = 50) -> list[ToolDescriptor]:
-        where, params = _filters([capability], sources, None)
+        where, params = _filters([capability], sources)
         with self._lock:
             rows = self._db.execute(
                 f"SELECT {_COLS} FROM tools t WHERE {where} ORDER BY t.name, t.id LIMIT ?", [*params, limit]
@@ -355,38 +397,69 @@ class CatalogIndex:
                 return False
         return True
 
-    def fts_candidates(
+    def fts_top(
         self,
         match: str,
         *,
         limit: int,
         capabilities: Sequence[str] = (),
         sources: Sequence[str] = (),
-        allowed_ids: set[str] | None = None,
-    ) -> list[tuple[ToolDescriptor, float, tuple[str, str, str, str]]]:
-        """Best ``limit`` rows for an FTS ``match`` expression (already escaped), as
-        (tool, bm25, highlighted name/description/capabilities/keywords); matched tokens
-        are wrapped in ``\\x01 ... \\x02``. Lower bm25 is better."""
-        where, params = _filters(capabilities, sources, allowed_ids)
+        allowed_ids: set[str] | frozenset[str] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Best ``limit`` rows for an FTS ``match`` expression (already escaped) by BM25
+        (weights :data:`WEIGHTS`; lower is better; ties by rowid). Each row is the columns
+        of ``_COLS`` (:func:`descriptor_from_row` decodes them), then the bm25 score, then
+        ``stems``. Filters are applied in SQL, before the limit."""
+        if allowed_ids is not None and not allowed_ids:
+            return []
         w = ", ".join(str(x) for x in WEIGHTS)
-        hl = ", ".join(f"highlight(tools_fts, {i}, char(1), char(2))" for i in range(4))
         cols = ", ".join(f"t.{c.strip()}" for c in _COLS.split(","))
-        sql = (
-            f"SELECT {cols}, bm25(tools_fts, {w}) AS score, {hl} FROM tools_fts JOIN tools t"
-            f" ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where}"
-            f" ORDER BY score LIMIT ?"
-        )
+        where, params = _filters(capabilities, sources)
         with self._lock:
-            rows = self._db.execute(sql, [match, *params, limit]).fetchall()
-        return [(_descriptor(r), float(r[13]), (r[14], r[15], r[16], r[17])) for r in rows]
+            if allowed_ids is not None:
+                self._set_allowed(allowed_ids)
+                where += " AND t.id IN temp.allowed_ids"
+            if where == "1":
+                # Rank in the FTS table alone, then read just the winners' rows.
+                sql = (
+                    f"SELECT {cols}, f.score, t.stems FROM (SELECT rowid, bm25(tools_fts, {w}) AS score"
+                    " FROM tools_fts WHERE tools_fts MATCH ? ORDER BY score, rowid LIMIT ?) f"
+                    " JOIN tools t ON t.rowid = f.rowid ORDER BY f.score, f.rowid"
+                )
+                return self._db.execute(sql, [match, limit]).fetchall()
+            # CROSS JOIN keeps FTS the outer loop: driving FTS by rowid lookups (which the
+            # planner may otherwise pick for an IN filter) re-runs the MATCH per row.
+            sql = (
+                f"SELECT {cols}, bm25(tools_fts, {w}) AS score, t.stems FROM tools_fts CROSS JOIN tools t"
+                f" ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where}"
+                " ORDER BY score, t.rowid LIMIT ?"
+            )
+            return self._db.execute(sql, [match, *params, limit]).fetchall()
+
+    def _set_allowed(self, allowed_ids: set[str] | frozenset[str]) -> None:
+        """Make ``temp.allowed_ids`` hold exactly ``allowed_ids``. Callers pass the same set
+        search after search (the tools a registry can run), so it is rewritten only when
+        it changes. Call with the lock held."""
+        if self._allowed is not None and self._allowed == allowed_ids:
+            return
+        db = self._db
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS allowed_ids (id TEXT PRIMARY KEY) WITHOUT ROWID")
+        db.execute("BEGIN")
+        try:
+            db.execute("DELETE FROM temp.allowed_ids")
+            db.executemany("INSERT INTO temp.allowed_ids VALUES (?)", [(i,) for i in allowed_ids])
+            db.execute("COMMIT")
+        except BaseException:
+            self._allowed = None
+            db.execute("ROLLBACK")
+            raise
+        self._allowed = frozenset(allowed_ids)
 
 
-def _filters(
-    capabilities: Sequence[str], sources: Sequence[str], allowed_ids: set[str] | None
-) -> tuple[str, list[Any]]:
+def _filters(capabilities: Sequence[str], sources: Sequence[str]) -> tuple[str, list[Any]]:
     """SQL conditions on ``tools t``: every capability present as a whole tag (JSON array
     element, never a substring), source in ``sources`` (``builtin``/``custom``/``mcp`` or
-    ``mcp:<server>``), id in ``allowed_ids``."""
+    ``mcp:<server>``)."""
     conds: list[str] = ["1"]
     params: list[Any] = []
     for cap in capabilities:
@@ -402,8 +475,4 @@ def _filters(
                 alts.append("t.source=?")
                 params.append(s)
         conds.append("(" + " OR ".join(alts) + ")")
-    if allowed_ids is not None:
-        # carray is not available in the stdlib build; a JSON array keeps it one parameter.
-        conds.append("t.id IN (SELECT value FROM json_each(?))")
-        params.append(json.dumps(sorted(allowed_ids)))
     return " AND ".join(conds), params

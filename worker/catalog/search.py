@@ -4,10 +4,15 @@ FAST is FTS5 alone. User text never reaches FTS as query syntax: the query is cu
 words (``[^\\W_]+``), stop-words dropped, and each word sent as a quoted string joined
 with ``OR``; quotes, ``*``, ``NEAR(``, ``AND``/``OR`` in the query are only ever words.
 
+SQLite ranks the matching rows by BM25 (weights 10/5/3/2) and returns only the best few
+(``max(4 * max_results, 20)``). Which query word matched which field of those rows is
+then found in Python, from the FTS terms stored with each row (:mod:`.stem` reproduces
+the ``porter unicode61`` tokenizer), so no per-row FTS ``highlight()`` is computed.
+
 Confidence is *absolute*, so it is comparable across queries: the share of the query's
 words a tool matched, each credited by the best field it matched in (name 1.0,
 description 0.75, capabilities 0.6, keywords 0.5). Results are ordered by confidence,
-then BM25 (weights 10/5/3/2), then id, so confidence never rises down the list.
+then BM25, then id, so confidence never rises down the list.
 
 BALANCED re-ranks the FTS candidates with the chat provider; ACCURATE first asks it for
 extra search words. Either falls back to FAST, saying why in the metadata, when no
@@ -20,21 +25,33 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .capabilities import STOP_WORDS, descriptor_from_openai, words
-from .index import WEIGHTS, CatalogIndex, IndexStats, Source, SourceInfo, ToolDescriptor
+from .index import (
+    STEMS_SEP,
+    WEIGHTS,
+    CatalogIndex,
+    IndexStats,
+    Source,
+    SourceInfo,
+    ToolDescriptor,
+    descriptor_from_row,
+)
 from .llm import ChatProvider, LLMError, expand, rerank
+from .stem import padded
 
 MAX_TERMS = 24
 FIELD_NAMES = ("name", "description", "capabilities", "keywords")
 FIELD_CREDIT = (1.0, 0.75, 0.6, 0.5)
-_MARK = re.compile(r"\x01(.*?)\x02", re.DOTALL)
+_BM25_DESCRIPTION = f"FTS5 BM25, column weights {'/'.join(str(int(w)) for w in WEIGHTS)}"
+# Columns of an :meth:`CatalogIndex.fts_top` row.
+_ID, _NAME, _BM25, _STEMS = 0, 1, 13, 14
 
 
 class SearchMode(enum.StrEnum):
@@ -111,55 +128,39 @@ def fts_query(terms: Sequence[str]) -> str:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-def _lcp(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+@lru_cache(maxsize=16384)
+def _name_words(name: str) -> tuple[str, ...]:
+    return tuple(words(name))
 
 
-def _closest(terms: list[str], tok: str) -> str:
-    best, best_n = terms[0], -1
-    for t in terms:
-        n = _lcp(t, tok)
-        if n > best_n:
-            best, best_n = t, n
-    return best
+class _Scorer:
+    """Confidence and matched fields for the rows of one query."""
 
+    def __init__(self, terms: list[str], weights: list[float]) -> None:
+        # Each term as FTS terms, " t " (a phrase when the tokenizer splits it).
+        self.pairs = [(t, w, padded(t)) for t, w in zip(terms, weights, strict=True)]
+        self.base = sum(w for w in weights if w >= 1.0) or 1.0
+        self.originals = [t for t, w in zip(terms, weights, strict=True) if w >= 1.0]
+        self.exact = tuple(self.originals)
 
-def _score(
-    terms: list[str],
-    weights: list[float],
-    highlights: tuple[str, str, str, str],
-    name: str,
-    memo: dict[str, str],
-) -> tuple[float, dict[str, int]]:
-    """(confidence, term -> best field index) from FTS highlights of one row."""
-    best: dict[str, int] = {}
-    for col, text in enumerate(highlights):
-        if not text or "\x01" not in text:
-            continue
-        for span in _MARK.findall(text):
-            for tok in words(span) if not span.isalnum() else (span.lower(),):
-                # The token matched some query term after porter stemming; the term with
-                # the longest common prefix is that term (deterministic: first wins a tie).
-                term = memo.get(tok)
-                if term is None:
-                    term = memo[tok] = _closest(terms, tok)
-                if term not in best or col < best[term]:
-                    best[term] = col
-    base = sum(w for t, w in zip(terms, weights, strict=True) if w >= 1.0) or 1.0
-    got = sum(FIELD_CREDIT[best[t]] * w for t, w in zip(terms, weights, strict=True) if t in best)
-    coverage = min(1.0, got / base)
-    conf = 0.15 + 0.8 * coverage
-    originals = [t for t, w in zip(terms, weights, strict=True) if w >= 1.0]
-    if originals and all(best.get(t) == 0 for t in originals):
-        conf += 0.04  # every word of the query is in the tool's name (1.0 is kept for an exact name)
-    if words(name) == originals:
-        conf = 1.0
-    return round(min(conf, 1.0), 3), best
+    def score(self, stems: str, name: str) -> tuple[float, dict[str, int]]:
+        """(confidence, term -> best field index) of a row with stored ``stems``: the
+        fields' FTS terms, each ``" a b "``, in column order, joined by STEMS_SEP (so
+        a phrase never spans two fields, and the SEPs before it number its field)."""
+        best: dict[str, int] = {}
+        got = 0.0
+        for t, w, ph in self.pairs:
+            i = stems.find(ph)
+            if i >= 0:
+                col = best[t] = stems.count(STEMS_SEP, 0, i)
+                got += FIELD_CREDIT[col] * w
+        conf = 0.15 + 0.8 * min(1.0, got / self.base)
+        originals = self.originals
+        if originals and all(best.get(t) == 0 for t in originals):
+            conf += 0.04  # every word of the query is in the tool's name (1.0 is kept for an exact name)
+        if _name_words(name) == self.exact:
+            conf = 1.0
+        return round(min(conf, 1.0), 3), best
 
 
 def _reason(terms: list[str], best: dict[str, int], expanded: set[str]) -> str:
@@ -290,17 +291,19 @@ class Catalog:
         all_terms = terms + meta.expanded_terms
 
         t1 = time.perf_counter()
-        hits = await self._fast(
+        fast = mode is SearchMode.FAST
+        limit = max(max_results * 4, 20) if fast else max(20, max_results * 3)
+        hits, meta.candidates_retrieved = await self._fast(
             all_terms,
             weights,
             set(meta.expanded_terms),
             capabilities,
             sources,
             allowed_ids,
-            limit=max(20, max_results * 3) if mode is not SearchMode.FAST else max(max_results * 4, 20),
+            limit=limit,
+            keep=max_results if fast else limit,  # re-ranking needs every candidate
         )
         meta.fts_retrieval_ms = _ms(t1)
-        meta.candidates_retrieved = len(hits)
 
         if mode is not SearchMode.FAST and self.llm is not None and hits:
             t1 = time.perf_counter()
@@ -335,26 +338,40 @@ class Catalog:
         allowed_ids: set[str] | None,
         *,
         limit: int,
-    ) -> list[SearchHit]:
+        keep: int,
+    ) -> tuple[list[SearchHit], int]:
+        """(the best ``keep`` hits, how many candidates FTS returned)."""
         if not terms:
-            return []  # nothing searchable (only punctuation): no results, not an error
-        rows = await asyncio.to_thread(
-            self.index.fts_candidates,
-            fts_query(terms),
-            limit=limit,
-            capabilities=capabilities,
-            sources=sources,
-            allowed_ids=allowed_ids,
+            return [], 0  # nothing searchable (only punctuation): no results, not an error
+        # One thread hop for the query and the scoring; the scoring is pure Python on
+        # at most ``limit`` rows.
+        return await asyncio.to_thread(
+            self._fast_sync, terms, weights, expanded, capabilities, sources, allowed_ids, limit, keep
         )
-        hits: list[SearchHit] = []
-        memo: dict[str, str] = {t: t for t in terms}
-        for tool, bm25, hl in rows:
-            conf, best = _score(terms, weights, hl, tool.name, memo)
-            sig = {
-                "signal_type": "bm25_score",
-                "description": f"FTS5 BM25, column weights {'/'.join(str(int(w)) for w in WEIGHTS)}",
-                "weight": round(-bm25, 4),
-            }
-            hits.append(SearchHit(tool, conf, _reason(terms, best, expanded), [sig], bm25))
-        hits.sort(key=lambda h: (-h.confidence, h.bm25, h.tool.id))
-        return hits
+
+    def _fast_sync(
+        self,
+        terms: list[str],
+        weights: list[float],
+        expanded: set[str],
+        capabilities: Sequence[str],
+        sources: Sequence[str],
+        allowed_ids: set[str] | None,
+        limit: int,
+        keep: int,
+    ) -> tuple[list[SearchHit], int]:
+        rows = self.index.fts_top(
+            fts_query(terms), limit=limit, capabilities=capabilities, sources=sources, allowed_ids=allowed_ids
+        )
+        scorer = _Scorer(terms, weights)
+        scored = []
+        for r in rows:
+            conf, best = scorer.score(r[_STEMS], r[_NAME])
+            scored.append((-conf, r[_BM25], r[_ID], best, r))
+        scored.sort(key=lambda x: x[:3])
+        hits = []
+        # Only the rows returned are decoded (their JSON schemas parsed).
+        for neg_conf, bm25, _, best, r in scored[:keep]:
+            sig = {"signal_type": "bm25_score", "description": _BM25_DESCRIPTION, "weight": round(-bm25, 4)}
+            hits.append(SearchHit(descriptor_from_row(r), -neg_conf, _reason(terms, best, expanded), [sig], bm25))
+        return hits, len(rows)

@@ -100,7 +100,14 @@ WHERE tools.content_hash != excluded.content_hash
 
 #: PRAGMA user_version once every row's ``stems`` is filled in by the current stemmer.
 SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 5000  # how long a write waits for another process's write
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 STEMS_SEP = "\x1f"
+
+# Merge the FTS index into one segment after writes: a bulk index leaves several, and
+# every query term is then looked up in each (about a third of a 1,000-tool query). It
+# rewrites the whole index, which costs milliseconds even at 10,000 tools.
+_OPTIMIZE = "INSERT INTO tools_fts(tools_fts) VALUES('optimize')"
 
 _COLS = (
     "id, name, description, source, mcp_server, input_schema, output_schema, capabilities, "
@@ -209,6 +216,23 @@ def _row(t: ToolDescriptor, now: str) -> tuple[Any, ...]:
     )
 
 
+_W = ", ".join(str(x) for x in WEIGHTS)
+_T_COLS = ", ".join(f"t.{c.strip()}" for c in _COLS.split(","))
+# No filter: rank in the FTS table alone, then read just the winners' rows.
+_TOP = (
+    f"SELECT {_T_COLS}, f.score, t.stems FROM (SELECT rowid, bm25(tools_fts, {_W}) AS score"
+    " FROM tools_fts WHERE tools_fts MATCH ? ORDER BY score, rowid LIMIT ?) f"
+    " CROSS JOIN tools t ON t.rowid = f.rowid"
+)
+# Filters need the tools row before the limit. CROSS JOIN keeps FTS the outer loop:
+# driving FTS by rowid lookups (which the planner may pick for an IN filter) re-runs
+# the MATCH for every row.
+_TOP_FILTERED = (
+    f"SELECT {_T_COLS}, bm25(tools_fts, {_W}) AS score, t.stems FROM tools_fts CROSS JOIN tools t"
+    " ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where} ORDER BY score, t.rowid LIMIT ?"
+)
+
+
 def _stems(name: str, description: str, capabilities: str, keywords: str) -> str:
     """The ``stems`` column: each FTS column's terms as ``" a b "`` (see
     :func:`worker.catalog.stem.padded`), in column order, joined by :data:`STEMS_SEP`."""
@@ -231,7 +255,7 @@ def _descriptor(r: Sequence[Any]) -> ToolDescriptor:
         output_schema=json.loads(r[6]) if r[6] else None,
         capabilities=tuple(json.loads(r[7])),
         keywords=tuple(json.loads(r[8])),
-        examples=tuple(json.loads(r[9])),
+        examples=tuple(json.loads(r[9])) if r[9] != "[]" else (),
         indexed_at=r[10],
         version=r[11],
         requires_approval=bool(r[12]),
@@ -249,7 +273,9 @@ class CatalogIndex:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(
+            str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
@@ -268,6 +294,7 @@ class CatalogIndex:
                     db.execute("ALTER TABLE tools ADD COLUMN stems TEXT NOT NULL DEFAULT ''")
                 rows = db.execute("SELECT rowid, name, description, capabilities, keywords FROM tools").fetchall()
                 db.executemany("UPDATE tools SET stems=? WHERE rowid=?", [(_stems(*r[1:]), r[0]) for r in rows])
+                db.execute(_OPTIMIZE)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -321,6 +348,8 @@ class CatalogIndex:
                     " status_message=excluded.status_message",
                     (key, source, description, len(ids), now, status_message),
                 )
+                if changed or stale:
+                    db.execute(_OPTIMIZE)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -342,6 +371,8 @@ class CatalogIndex:
         with self._lock:
             cur = self._db.execute("DELETE FROM tools WHERE source=? AND mcp_server=?", (source, mcp_server))
             self._db.execute("DELETE FROM tool_sources WHERE name=?", (source_key(source, mcp_server),))
+            if cur.rowcount:
+                self._db.execute(_OPTIMIZE)
             return cur.rowcount
 
     # -- reading ----------------------------------------------------------------------
@@ -405,36 +436,39 @@ class CatalogIndex:
         capabilities: Sequence[str] = (),
         sources: Sequence[str] = (),
         allowed_ids: set[str] | frozenset[str] | None = None,
-    ) -> list[tuple[Any, ...]]:
+        wait: bool = True,
+    ) -> list[tuple[Any, ...]] | None:
         """Best ``limit`` rows for an FTS ``match`` expression (already escaped) by BM25
-        (weights :data:`WEIGHTS`; lower is better; ties by rowid). Each row is the columns
-        of ``_COLS`` (:func:`descriptor_from_row` decodes them), then the bm25 score, then
-        ``stems``. Filters are applied in SQL, before the limit."""
+        (weights :data:`WEIGHTS`; lower is better; ties by rowid), in no particular order.
+        Each row is the columns of ``_COLS`` (:func:`descriptor_from_row` decodes them),
+        then the bm25 score, then ``stems``. Filters are applied in SQL, before the limit.
+
+        With ``wait=False`` it never waits (for callers on an event loop): None when another
+        thread holds the index or SQLite reports the database busy."""
         if allowed_ids is not None and not allowed_ids:
             return []
-        w = ", ".join(str(x) for x in WEIGHTS)
-        cols = ", ".join(f"t.{c.strip()}" for c in _COLS.split(","))
         where, params = _filters(capabilities, sources)
-        with self._lock:
-            if allowed_ids is not None:
-                self._set_allowed(allowed_ids)
-                where += " AND t.id IN temp.allowed_ids"
-            if where == "1":
-                # Rank in the FTS table alone, then read just the winners' rows.
-                sql = (
-                    f"SELECT {cols}, f.score, t.stems FROM (SELECT rowid, bm25(tools_fts, {w}) AS score"
-                    " FROM tools_fts WHERE tools_fts MATCH ? ORDER BY score, rowid LIMIT ?) f"
-                    " JOIN tools t ON t.rowid = f.rowid ORDER BY f.score, f.rowid"
-                )
-                return self._db.execute(sql, [match, limit]).fetchall()
-            # CROSS JOIN keeps FTS the outer loop: driving FTS by rowid lookups (which the
-            # planner may otherwise pick for an IN filter) re-runs the MATCH per row.
-            sql = (
-                f"SELECT {cols}, bm25(tools_fts, {w}) AS score, t.stems FROM tools_fts CROSS JOIN tools t"
-                f" ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where}"
-                " ORDER BY score, t.rowid LIMIT ?"
-            )
-            return self._db.execute(sql, [match, *params, limit]).fetchall()
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            if not wait:
+                self._db.execute("PRAGMA busy_timeout=0")
+            try:
+                if allowed_ids is not None:
+                    self._set_allowed(allowed_ids)
+                    where += " AND t.id IN temp.allowed_ids"
+                if where == "1":
+                    return self._db.execute(_TOP, (match, limit)).fetchall()
+                return self._db.execute(_TOP_FILTERED.format(where=where), [match, *params, limit]).fetchall()
+            except sqlite3.OperationalError as e:
+                if not wait and getattr(e, "sqlite_errorcode", 0) & 0xFF in _BUSY:
+                    return None
+                raise
+            finally:
+                if not wait:
+                    self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        finally:
+            self._lock.release()
 
     def _set_allowed(self, allowed_ids: set[str] | frozenset[str]) -> None:
         """Make ``temp.allowed_ids`` hold exactly ``allowed_ids``. Callers pass the same set

@@ -27,6 +27,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -137,11 +138,11 @@ class _Scorer:
     """Confidence and matched fields for the rows of one query."""
 
     def __init__(self, terms: list[str], weights: list[float]) -> None:
-        # Each term as FTS terms, " t " (a phrase when the tokenizer splits it).
-        self.pairs = [(t, w, padded(t)) for t, w in zip(terms, weights, strict=True)]
+        # Each term as FTS terms, " t " (a phrase when the tokenizer splits it); expanded
+        # terms (weight < 1) are not the user's words.
+        self.terms = [(t, w, padded(t), w >= 1.0) for t, w in zip(terms, weights, strict=True)]
         self.base = sum(w for w in weights if w >= 1.0) or 1.0
-        self.originals = [t for t, w in zip(terms, weights, strict=True) if w >= 1.0]
-        self.exact = tuple(self.originals)
+        self.exact = tuple(t for t, w in zip(terms, weights, strict=True) if w >= 1.0)
 
     def score(self, stems: str, name: str) -> tuple[float, dict[str, int]]:
         """(confidence, term -> best field index) of a row with stored ``stems``: the
@@ -149,14 +150,15 @@ class _Scorer:
         a phrase never spans two fields, and the SEPs before it number its field)."""
         best: dict[str, int] = {}
         got = 0.0
-        for t, w, ph in self.pairs:
+        in_name = 0
+        for t, w, ph, original in self.terms:
             i = stems.find(ph)
             if i >= 0:
                 col = best[t] = stems.count(STEMS_SEP, 0, i)
                 got += FIELD_CREDIT[col] * w
+                in_name += original and col == 0
         conf = 0.15 + 0.8 * min(1.0, got / self.base)
-        originals = self.originals
-        if originals and all(best.get(t) == 0 for t in originals):
+        if self.exact and in_name == len(self.exact):
             conf += 0.04  # every word of the query is in the tool's name (1.0 is kept for an exact name)
         if _name_words(name) == self.exact:
             conf = 1.0
@@ -183,12 +185,22 @@ def _ms(t0: float) -> float:
 
 
 class Catalog:
-    """The tool catalog: one index plus an optional chat provider."""
+    """The tool catalog: one index plus an optional chat provider.
+
+    ``inline_max_tools``: up to this many indexed tools, a search runs on the event loop
+    when it can do so without waiting (see :meth:`_fast`); 0 sends every search to a
+    thread. At 2,000 tools a FAST query costs about a millisecond of CPU.
+    """
+
+    inline_max_tools = 2000
 
     def __init__(self, index: CatalogIndex, llm: ChatProvider | None = None) -> None:
         self.index = index
         self.llm = llm
         self._count: int | None = None
+        # Searches take the index lock in turn anyway; one warm thread of their own hands
+        # them over faster than the shared default executor (no context copy, no pool).
+        self._searcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="catalog-search")
 
     @classmethod
     def open(cls, db_path: Path | str, llm: ChatProvider | None = None) -> Catalog:
@@ -199,6 +211,7 @@ class Catalog:
         if close is not None:
             await close()
         await asyncio.to_thread(self.index.close)
+        self._searcher.shutdown(wait=False, cancel_futures=True)
 
     # -- indexing ---------------------------------------------------------------------
 
@@ -343,11 +356,17 @@ class Catalog:
         """(the best ``keep`` hits, how many candidates FTS returned)."""
         if not terms:
             return [], 0  # nothing searchable (only punctuation): no results, not an error
-        # One thread hop for the query and the scoring; the scoring is pure Python on
-        # at most ``limit`` rows.
-        return await asyncio.to_thread(
-            self._fast_sync, terms, weights, expanded, capabilities, sources, allowed_ids, limit, keep
-        )
+        args = (terms, weights, expanded, capabilities, sources, allowed_ids, limit, keep)
+        if self._count is not None and self._count <= self.inline_max_tools:
+            # A small index answers in well under a millisecond, less than twice what
+            # handing the query to a thread and back costs; run it here unless that
+            # would mean waiting (a writer holds the index, or the database is busy).
+            done = self._fast_sync(*args, wait=False)
+            if done is not None:
+                return done
+        done = await asyncio.get_running_loop().run_in_executor(self._searcher, self._fast_sync, *args)
+        assert done is not None  # a search that may wait always finishes
+        return done
 
     def _fast_sync(
         self,
@@ -359,10 +378,20 @@ class Catalog:
         allowed_ids: set[str] | None,
         limit: int,
         keep: int,
-    ) -> tuple[list[SearchHit], int]:
+        wait: bool = True,
+    ) -> tuple[list[SearchHit], int] | None:
+        """The search itself, on whatever thread calls it; None only with ``wait=False``
+        when it would have to wait for the index."""
         rows = self.index.fts_top(
-            fts_query(terms), limit=limit, capabilities=capabilities, sources=sources, allowed_ids=allowed_ids
+            fts_query(terms),
+            limit=limit,
+            capabilities=capabilities,
+            sources=sources,
+            allowed_ids=allowed_ids,
+            wait=wait,
         )
+        if rows is None:
+            return None
         scorer = _Scorer(terms, weights)
         scored = []
         for r in rows:

@@ -185,3 +185,38 @@ async def test_a_database_from_before_stems_is_upgraded(tmp_path: Path) -> None:
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT count(*) FROM tools WHERE stems = ''").fetchone()[0] == 0
     db.close()
+
+
+async def test_allowed_rows_follow_writes_by_another_connection(tmp_path: Path) -> None:
+    c = Catalog.open(tmp_path / "t.db")
+    zep = make_descriptor(source="custom", name="zeppelin_polish", description="Polish the zeppelin hull")
+    other = make_descriptor(source="custom", name="other", description="Unrelated zeppelin helper")
+    await c.index_tools("custom", [zep, other])
+    allowed = {zep.id}
+
+    async def found() -> list[str]:
+        return [h.tool.id for h in (await c.search("zeppelin", allowed_ids=allowed, max_results=10)).results]
+
+    assert await found() == [zep.id]
+    # Another process rewrites the allowed tool under a new rowid and gives its old rowid
+    # to a tool the caller may not run.
+    db = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    cols = (
+        "id, name, description, source, mcp_server, input_schema, output_schema, capabilities, keywords, examples,"
+        " indexed_at, version, requires_approval, content_hash, stems"
+    )
+    old_rowid = db.execute("SELECT rowid FROM tools WHERE id=?", (zep.id,)).fetchone()[0]
+    db.execute("BEGIN")
+    db.execute(f"CREATE TEMP TABLE keep AS SELECT {cols} FROM tools WHERE id=?", (zep.id,))
+    db.execute("DELETE FROM tools WHERE id=?", (zep.id,))
+    db.execute(
+        f"INSERT INTO tools (rowid, {cols}) SELECT ?, 'custom:intruder', 'intruder', description, source,"
+        " mcp_server, input_schema, output_schema, capabilities, keywords, examples, indexed_at, version,"
+        " requires_approval, content_hash, stems FROM keep",
+        (old_rowid,),
+    )
+    db.execute(f"INSERT INTO tools ({cols}) SELECT {cols} FROM keep")
+    db.execute("COMMIT")
+    db.close()
+    assert await found() == [zep.id]
+    await c.aclose()

@@ -218,19 +218,20 @@ def _row(t: ToolDescriptor, now: str) -> tuple[Any, ...]:
 
 _W = ", ".join(str(x) for x in WEIGHTS)
 _T_COLS = ", ".join(f"t.{c.strip()}" for c in _COLS.split(","))
-# No filter: rank in the FTS table alone, then read just the winners' rows.
+# Rank in the FTS table (joined with ``tools`` only when a filter needs its columns),
+# then read just the winners' rows. CROSS JOIN keeps FTS the outer loop: driving FTS by
+# rowid lookups (which the planner may pick for an IN filter) re-runs the MATCH per row;
+# ``+rowid`` likewise keeps the allowed-rowid test a plain per-row check.
 _TOP = (
-    f"SELECT {_T_COLS}, f.score, t.stems FROM (SELECT rowid, bm25(tools_fts, {_W}) AS score"
-    " FROM tools_fts WHERE tools_fts MATCH ? ORDER BY score, rowid LIMIT ?) f"
-    " CROSS JOIN tools t ON t.rowid = f.rowid"
+    f"SELECT {_T_COLS}, f.score, t.stems FROM (SELECT tools_fts.rowid AS rowid, bm25(tools_fts, {_W}) AS score"
+    " FROM tools_fts{join} WHERE tools_fts MATCH ?{where} ORDER BY score, rowid LIMIT ?) f"
+    " CROSS JOIN tools t ON t.rowid = f.rowid{outer}"
 )
-# Filters need the tools row before the limit. CROSS JOIN keeps FTS the outer loop:
-# driving FTS by rowid lookups (which the planner may pick for an IN filter) re-runs
-# the MATCH for every row.
-_TOP_FILTERED = (
-    f"SELECT {_T_COLS}, bm25(tools_fts, {_W}) AS score, t.stems FROM tools_fts CROSS JOIN tools t"
-    " ON t.rowid = tools_fts.rowid WHERE tools_fts MATCH ? AND {where} ORDER BY score, t.rowid LIMIT ?"
-)
+_JOIN = " CROSS JOIN tools t ON t.rowid = tools_fts.rowid"
+_IN_ALLOWED_ROWIDS = " AND +tools_fts.rowid IN temp.allowed_rowids"
+# Checked again by id on the winners: a stale rowid can cost a candidate, never let one
+# that is not allowed through.
+_IN_ALLOWED_IDS = " WHERE t.id IN temp.allowed_ids"
 
 
 def _stems(name: str, description: str, capabilities: str, keywords: str) -> str:
@@ -281,7 +282,9 @@ class CatalogIndex:
         self._db.executescript(_SCHEMA)
         if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             self._migrate()
+        self._writes = 0  # bumped by every write of ours (PRAGMA data_version counts the others')
         self._allowed: frozenset[str] | None = None  # the ids in temp.allowed_ids
+        self._allowed_key: tuple[int, int] | None = None  # (data_version, _writes) of temp.allowed_rowids
 
     def _migrate(self) -> None:
         """Bring a database written by an older version up to date: add and fill ``stems``."""
@@ -326,6 +329,7 @@ class CatalogIndex:
                 raise ValueError(f"tool {t[0]!r} does not belong to source {key!r}")
         ids = {r[0] for r in rows}
         with self._lock:
+            self._writes += 1
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -369,6 +373,7 @@ class CatalogIndex:
     def remove_source(self, source: Source, *, mcp_server: str = "") -> int:
         """Drop a source and all its tools (e.g. an MCP server removed from the config)."""
         with self._lock:
+            self._writes += 1
             cur = self._db.execute("DELETE FROM tools WHERE source=? AND mcp_server=?", (source, mcp_server))
             self._db.execute("DELETE FROM tool_sources WHERE name=?", (source_key(source, mcp_server),))
             if cur.rowcount:
@@ -454,12 +459,15 @@ class CatalogIndex:
             if not wait:
                 self._db.execute("PRAGMA busy_timeout=0")
             try:
+                join = "" if where == "1" else _JOIN
+                where = "" if where == "1" else f" AND {where}"
+                outer = ""
                 if allowed_ids is not None:
                     self._set_allowed(allowed_ids)
-                    where += " AND t.id IN temp.allowed_ids"
-                if where == "1":
-                    return self._db.execute(_TOP, (match, limit)).fetchall()
-                return self._db.execute(_TOP_FILTERED.format(where=where), [match, *params, limit]).fetchall()
+                    where += _IN_ALLOWED_ROWIDS
+                    outer = _IN_ALLOWED_IDS
+                sql = _TOP.format(join=join, where=where, outer=outer)
+                return self._db.execute(sql, [match, *params, limit]).fetchall()
             except sqlite3.OperationalError as e:
                 if not wait and getattr(e, "sqlite_errorcode", 0) & 0xFF in _BUSY:
                     return None
@@ -471,23 +479,30 @@ class CatalogIndex:
             self._lock.release()
 
     def _set_allowed(self, allowed_ids: set[str] | frozenset[str]) -> None:
-        """Make ``temp.allowed_ids`` hold exactly ``allowed_ids``. Callers pass the same set
-        search after search (the tools a registry can run), so it is rewritten only when
-        it changes. Call with the lock held."""
-        if self._allowed is not None and self._allowed == allowed_ids:
-            return
+        """Make ``temp.allowed_ids`` hold exactly ``allowed_ids`` and ``temp.allowed_rowids``
+        their rows. Callers pass the same set search after search (the tools a registry
+        can run), so the ids are rewritten only when the set changes and the rowids when
+        it or the tools table does. Call with the lock held."""
         db = self._db
+        key = (int(db.execute("PRAGMA data_version").fetchone()[0]), self._writes)
+        same_ids = self._allowed is not None and self._allowed == allowed_ids
+        if same_ids and self._allowed_key == key:
+            return
+        self._allowed = self._allowed_key = None
         db.execute("CREATE TEMP TABLE IF NOT EXISTS allowed_ids (id TEXT PRIMARY KEY) WITHOUT ROWID")
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS allowed_rowids (rowid INTEGER PRIMARY KEY)")
         db.execute("BEGIN")
         try:
-            db.execute("DELETE FROM temp.allowed_ids")
-            db.executemany("INSERT INTO temp.allowed_ids VALUES (?)", [(i,) for i in allowed_ids])
+            if not same_ids:
+                db.execute("DELETE FROM temp.allowed_ids")
+                db.executemany("INSERT INTO temp.allowed_ids VALUES (?)", [(i,) for i in allowed_ids])
+            db.execute("DELETE FROM temp.allowed_rowids")
+            db.execute("INSERT INTO temp.allowed_rowids SELECT t.rowid FROM tools t WHERE t.id IN temp.allowed_ids")
             db.execute("COMMIT")
         except BaseException:
-            self._allowed = None
             db.execute("ROLLBACK")
             raise
-        self._allowed = frozenset(allowed_ids)
+        self._allowed, self._allowed_key = frozenset(allowed_ids), key
 
 
 def _filters(capabilities: Sequence[str], sources: Sequence[str]) -> tuple[str, list[Any]]:

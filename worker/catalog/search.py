@@ -157,7 +157,7 @@ class _Scorer:
         got = 0.0
         in_name = 0
         for t, w, ph, original in self.terms:
-            i = stems.find(ph)
+            i = stems.find(ph) if ph != "  " else -1  # a term with no FTS terms matches nothing
             if i >= 0:
                 col = best[t] = stems.count(STEMS_SEP, 0, i)
                 got += FIELD_CREDIT[col] * w

@@ -211,9 +211,7 @@ def test_keywords() -> None:
 
 
 def test_requires_approval_and_ids() -> None:
-    assert make_descriptor(
-        source="builtin", name="shell_execute", description="Run a command"
-    ).requires_approval
+    assert make_descriptor(source="builtin", name="shell_execute", description="Run a command").requires_approval
     assert make_descriptor(source="builtin", name="write_file", description="Write a file").requires_approval
     r = make_descriptor(source="builtin", name="read_file", description="Read a file")
     assert not r.requires_approval and r.id == "builtin:read_file"

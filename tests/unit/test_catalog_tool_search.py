@@ -38,15 +38,9 @@ async def small_catalog() -> Catalog:
     )
     await c.index_tools(
         "custom",
-        [
-            make_descriptor(
-                source="custom", name="webhook_post", description="POST a notification to webhook endpoints"
-            )
-        ],
+        [make_descriptor(source="custom", name="webhook_post", description="POST a notification to webhook endpoints")],
     )
-    await c.index_builtin(
-        [{"type": "function", "function": {"name": "read_file", "description": "Read a file"}}]
-    )
+    await c.index_builtin([{"type": "function", "function": {"name": "read_file", "description": "Read a file"}}])
     return c
 
 
@@ -124,9 +118,7 @@ async def test_never_returns_tools_the_caller_cannot_run() -> None:
 
 async def test_capabilities_and_max_results() -> None:
     c = await small_catalog()
-    out = await tool_search(
-        c, ToolSearchArgs(query="send notification", capabilities=["http"]), allowed_ids=None
-    )
+    out = await tool_search(c, ToolSearchArgs(query="send notification", capabilities=["http"]), allowed_ids=None)
     assert [r["name"] for r in out["results"]] == ["webhook_post"]
     out = await tool_search(c, ToolSearchArgs(query="send notification", max_results=1), allowed_ids=None)
     assert out["results_count"] == 1

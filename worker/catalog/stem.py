@@ -249,4 +249,7 @@ def stems(text: str) -> list[str]:
 def padded(text: str) -> str:
     """``text``'s terms as ``" a b c "``: a phrase ``" a b "`` occurs in it as a substring
     exactly when FTS5 would match it as a phrase."""
-    return " " + " ".join(stems(text)) + " "
+    low = text.lower()
+    if low.isascii():  # the common case, without the Unicode folding of tokens()
+        return " " + " ".join(map(stem, _ASCII_TOKEN.findall(low))) + " "
+    return " " + " ".join(map(stem, tokens(text))) + " "

@@ -5,6 +5,11 @@ Services write JSON lines; a terminal gets readable console lines. Everything go
 loggers (uvicorn, mcp, docker) are routed through the same renderer, so a service writes
 one format only.
 
+structlog's own events (one per tool call, on the hot path of every request) are rendered
+and written directly by structlog, not handed to the stdlib ``logging`` machinery: going
+through a ``LogRecord``, a handler and ``ProcessorFormatter`` cost about a third of the
+service's own per-request CPU. Only foreign stdlib records take the formatter path.
+
 :func:`redact` runs before rendering and keeps file contents and secrets out of the logs:
 values of keys that carry content (``content``, ``old_str``, ``arguments``, ``stdout``...)
 are replaced by their size, keys that look like credentials by ``"[redacted]"``, and every
@@ -53,16 +58,30 @@ def _size(value: Any) -> str:
     return "[omitted]"
 
 
+#: What :func:`redact` does with a key: "secret", "content" or "" (cut long strings only).
+#: Keys are a small, fixed vocabulary (the call sites' keyword names), so it is cached.
+_KEY_ACTION: dict[str, str] = {}
+
+
+def _action(key: str) -> str:
+    action = _KEY_ACTION.get(key)
+    if action is None:
+        low = key.lower()
+        action = "secret" if any(m in low for m in SECRET_MARKERS) else "content" if low in CONTENT_KEYS else ""
+        if len(_KEY_ACTION) < 4096:  # a bound, should a caller ever log arbitrary keys
+            _KEY_ACTION[key] = action
+    return action
+
+
 def redact(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
     """structlog processor: drop file contents and secrets, cut long strings."""
-    for key in list(event_dict):
+    for key, value in list(event_dict.items()):
         if key == "event":
             continue
-        low = key.lower()
-        value = event_dict[key]
-        if any(m in low for m in SECRET_MARKERS):
+        action = _action(key)
+        if action == "secret":
             event_dict[key] = "[redacted]"
-        elif low in CONTENT_KEYS:
+        elif action == "content":
             event_dict[key] = _size(value)
         elif isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
             event_dict[key] = value[:MAX_FIELD_CHARS] + f"...[{len(value) - MAX_FIELD_CHARS} more chars]"
@@ -106,13 +125,9 @@ def configure_logging(
         redact,
     ]
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.format_exc_info,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        logger_factory=_NamedWriteLoggerFactory(out),
         # Not cached, so tests can still capture with structlog.testing.capture_logs.
         cache_logger_on_first_use=False,
     )
@@ -131,6 +146,39 @@ def configure_logging(
         lg.handlers.clear()
         lg.propagate = True
     _configured = True
+
+
+class _NamedWriteLogger(structlog.WriteLogger):
+    """structlog's direct writer, with the ``name`` that ``add_logger_name`` reads."""
+
+    def __init__(self, file: TextIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+class _NamedWriteLoggerFactory:
+    """One writer per logger name (structlog asks again for every event, as loggers are
+    not cached, so that ``capture_logs`` keeps working)."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+        self._loggers: dict[str, _NamedWriteLogger] = {}
+
+    def __call__(self, *args: Any) -> _NamedWriteLogger:
+        # structlog.get_logger("worker.http") passes the name through; an unnamed logger
+        # is named after the module that logs, as the stdlib factory does.
+        name = args[0] if args and isinstance(args[0], str) else _caller_module()
+        logger = self._loggers.get(name)
+        if logger is None:
+            logger = self._loggers[name] = _NamedWriteLogger(self._file, name)
+        return logger
+
+
+def _caller_module() -> str:
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(("structlog", __name__)):
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", "?"))
 
 
 def is_configured() -> bool:

@@ -46,7 +46,9 @@ from .service import (
     WorkspaceExists,
     WorkspaceNotFound,
     Workspaces,
+    encode_json,
     parse_tool_arguments,
+    result_dict,
     tool_message_content,
 )
 from .settings import Settings
@@ -425,8 +427,17 @@ def create_app(
         log.info("workspace.deleted", workspace_id=workspace_id, files_deleted=delete_files)
         return {"id": workspace_id, "sandbox_stopped": stopped, "files_deleted": delete_files}
 
-    @app.post("/v1/workspaces/{workspace_id}/execute", tags=["tools"], dependencies=auth, responses=call_errors)
-    async def execute(request: Request, workspace_id: WorkspaceId, body: ExecuteRequest) -> ToolResultOut:
+    # The hot routes answer with bytes encoded once from the result: validating the result
+    # into a response model and re-encoding it would cost more than the tool call itself
+    # for a small read. ``response_model`` keeps the OpenAPI document as it was.
+    @app.post(
+        "/v1/workspaces/{workspace_id}/execute",
+        tags=["tools"],
+        dependencies=auth,
+        responses=call_errors,
+        response_model=ToolResultOut,
+    )
+    async def execute(request: Request, workspace_id: WorkspaceId, body: ExecuteRequest) -> Response:
         path = workspaces.path(workspace_id)
         runner = runner_of(request)
         async with runner.slot():
@@ -438,10 +449,16 @@ def create_app(
                 subtask_id=body.subtask_id,
                 known_tools=known_tools(request),
             )
-        return ToolResultOut(**result.to_dict())
+        return Response(encode_json(result_dict(result)), media_type="application/json")
 
-    @app.post("/v1/workspaces/{workspace_id}/tool_calls", tags=["tools"], dependencies=auth, responses=call_errors)
-    async def tool_calls(request: Request, workspace_id: WorkspaceId, calls: list[ToolCall]) -> list[ToolMessage]:
+    @app.post(
+        "/v1/workspaces/{workspace_id}/tool_calls",
+        tags=["tools"],
+        dependencies=auth,
+        responses=call_errors,
+        response_model=list[ToolMessage],
+    )
+    async def tool_calls(request: Request, workspace_id: WorkspaceId, calls: list[ToolCall]) -> Response:
         """Run an assistant message's ``tool_calls`` in order; returns the tool messages
         to append to the conversation. A malformed arguments string becomes a message
         explaining it, so the model can correct itself."""
@@ -457,8 +474,8 @@ def create_app(
                 else:
                     result = await runner.execute(call.function.name, args, path, call_id=call.id, known_tools=known)
                     content = tool_message_content(result)
-                out.append(ToolMessage(tool_call_id=call.id, content=content))
-        return out
+                out.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
     app.router.routes.append(Route("/v1/workspaces/{workspace_id}/mcp", endpoint=_McpEndpoint(app)))

@@ -15,6 +15,7 @@ several apps in one process (tests, an embedded server) never collide.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -89,14 +90,23 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts()))
+        # Label children by value: ``labels()`` validates and locks on every lookup, and
+        # the label values are a small bounded set (tool names x outcomes).
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def observe(self, tool: str, result: ToolResult, seconds: float) -> str:
         """Count one call; returns its outcome label."""
         outcome = outcome_of(result)
         # Callers map unknown tool names (they come from clients) to one label value, so
         # a client cannot grow the metric's cardinality without bound.
-        self.calls.labels(tool=tool, outcome=outcome).inc()
-        self.latency.labels(tool=tool).observe(seconds)
+        children = self._children.get((tool, outcome))
+        if children is None:
+            children = self._children[(tool, outcome)] = (
+                self.calls.labels(tool=tool, outcome=outcome),
+                self.latency.labels(tool=tool),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
         return outcome
 
     def render(self) -> bytes:

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -107,7 +108,12 @@ class Workspaces:
         """The directory of an existing workspace. Raises InvalidWorkspaceId, WorkspaceNotFound."""
         p = self.root / check_workspace_id(ws_id)
         # A symlink under the root could point anywhere on the host: never a workspace.
-        if p.is_symlink() or not p.is_dir():
+        # One lstat (not is_symlink + is_dir): this runs on every call.
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(p).st_mode)
+        except OSError:
+            is_dir = False
+        if not is_dir:
             raise WorkspaceNotFound(f"Workspace {ws_id!r} not found")
         return p
 
@@ -210,6 +216,28 @@ class CallRunner:
         # the service adds only the metrics.
         self.metrics.observe(label, result, seconds)
         return result
+
+
+def result_dict(result: ToolResult) -> dict[str, Any]:
+    """``result`` as the JSON object the surfaces return (``ToolResult.to_dict`` without
+    its deep copy: the dict is encoded right away and never mutated)."""
+    return {
+        "success": result.success,
+        "output": result.output,
+        "data": result.data,
+        "files_changed": result.files_changed,
+        "error": result.error,
+    }
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON for a response body. Never raises for a tool's output: values
+    JSON cannot hold become strings, and text with lone surrogates (undecodable file
+    names) is escaped rather than refused."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"), default=str).encode()
 
 
 def tool_message_content(result: ToolResult) -> str:

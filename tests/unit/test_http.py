@@ -171,6 +171,25 @@ async def test_symlinked_workspace_is_not_a_workspace(svc: Service, tmp_path: Pa
     assert "link" not in [w["id"] for w in (await svc.client.get("/v1/workspaces")).json()]
 
 
+async def test_a_file_or_missing_entry_under_the_root_is_not_a_workspace(svc: Service) -> None:
+    await svc.workspace()
+    (svc.root / "plain").write_text("not a directory")
+    for ws in ("plain", "absent"):
+        r = await svc.client.post(f"/v1/workspaces/{ws}/execute", json={"tool": "list_directory", "arguments": {}})
+        assert r.status_code == 404, r.text
+
+
+async def test_execute_answers_the_result_as_utf8_json(svc: Service) -> None:
+    await svc.workspace()
+    await svc.execute("w1", "write_file", path="u.txt", content="héllo ✓\n")
+    r = await svc.client.post("/v1/workspaces/w1/execute", json={"tool": "read_file", "arguments": {"path": "u.txt"}})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert "héllo ✓".encode() in r.content
+    body = r.json()
+    assert set(body) == {"success", "output", "data", "files_changed", "error"}
+    assert body["success"] is True and body["error"] is None and "héllo ✓" in body["output"]
+
+
 async def test_execute_write_then_read(svc: Service) -> None:
     path = await svc.workspace()
     res = await svc.execute("w1", "write_file", path="pkg/mod.py", content="x = 1\n")

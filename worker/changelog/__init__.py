@@ -13,13 +13,14 @@ from .errors import (
     UndoConflictError,
     UndoRefusedError,
 )
-from .model import Entry, Limits, Summary, UndoResult, UndoStep
+from .model import Durability, Entry, Limits, Summary, UndoResult, UndoStep
 from .shellscan import ShellToken
 
 __all__ = [
     "Changelog",
     "ChangelogError",
     "ChangelogStorageError",
+    "Durability",
     "Entry",
     "EntryNotFoundError",
     "Limits",

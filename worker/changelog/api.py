@@ -15,7 +15,7 @@ from typing import Any
 from sandbox.base import Sandbox, WriteResult
 
 from .diff import Content, first_before, read_now, summarize, unified
-from .model import Entry, Limits, Summary, UndoResult
+from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, recorded_write, workspace_dir
 from .shellscan import ShellToken, ShellTracker
@@ -32,12 +32,26 @@ class Changelog:
         self._shell = ShellTracker(core)
 
     @classmethod
-    def open(cls, data_dir: Path, workspace: Path, *, limits: Limits | None = None) -> Changelog:
+    def open(
+        cls,
+        data_dir: Path,
+        workspace: Path,
+        *,
+        limits: Limits | None = None,
+        durability: Durability | None = None,
+    ) -> Changelog:
         """Open (creating) the changelog of ``workspace`` under ``data_dir``.
 
-        Raises ChangelogStorageError when the store cannot be opened.
+        ``durability`` (default ``limits.durability``, "full") chooses what a recorded
+        change survives: "full" a power cut, "process" only the death of a process (no
+        fsync; see :data:`~worker.changelog.model.Durability`).
+        Raises ChangelogStorageError when the store cannot be opened, ValueError for an
+        unknown ``durability``.
         """
-        core = ChangelogCore(workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits or Limits())
+        limits = limits or Limits()
+        if durability is not None:
+            limits = Limits.model_validate({**limits.model_dump(), "durability": durability})
+        core = ChangelogCore(workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits)
         with core.store.tx() as db:
             if core.store.meta("workspace") is None:
                 Store.set_meta(db, "workspace", str(core.workspace))

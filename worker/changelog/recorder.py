@@ -3,16 +3,27 @@
 
 Write protocol (the order is the crash-safety argument):
 
-1. take the workspace lock (in-process + ``flock``), resolve entries a crashed writer left
-   ``pending``;
+1. take the workspace lock (in-process + ``flock``);
 2. read the before-image *through the sandbox* (never from the host);
 3. commit, durably, the entry as ``pending`` together with the before- and after-image
-   blobs; a full disk fails here, before the workspace is touched;
+   blobs; a full disk fails here, before the workspace is touched. The same transaction
+   first checks for entries a crashed writer left ``pending``: if there are any, nothing
+   is written, they are settled (by hashing their files) and the commit is retried;
 4. ``sandbox.write`` with a precondition on exactly the content recorded (temp file,
    fsync, rename in the agent: the file is wholly old or wholly new);
 5. mark the entry ``applied`` (or ``failed`` when the agent refused) and update the
    shell baseline. A crash between 3 and 5 leaves ``pending``; step 1 of the next user
    hashes the file and settles it as applied or failed.
+
+Step 5 for a success is off the caller's path: it is queued on the changelog's database
+thread and the write returns at once. Every later use of this changelog in this process
+queues behind it on that one thread, so it sees the entry settled; another process that
+comes first settles it by hash in its step 1 (the same outcome), and the late update
+then finds the entry no longer pending and changes nothing.
+
+Durability (:data:`~worker.changelog.model.Durability`): "full" fsyncs the commit of
+step 3 and the file of step 4; "process" does neither. Both keep the order of steps 3
+and 4 and the atomic rename, which is what survives SIGKILL of any process.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
+
 from sandbox.base import Sandbox, WriteResult
 from sandbox.errors import AgentError, ConflictError, NotAFileError, PathNotFoundError
 
@@ -37,6 +50,7 @@ from .paths import canonical
 from .store import Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
+log = structlog.get_logger("worker.changelog")
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -65,7 +79,8 @@ class ChangelogCore:
         self.workspace = Path(os.path.realpath(workspace))
         self.limits = limits
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="changelog-db")
-        self.store = Store(root / "changelog.sqlite3")
+        self.fsync = limits.durability == "full"
+        self.store = Store(root / "changelog.sqlite3", fsync=self.fsync)
         self.lock = WorkspaceLock(root / "lock")
         self.snapshot_key = "loom-changelog-" + root.name
 
@@ -100,8 +115,12 @@ class ChangelogCore:
 
     # -- the single-change primitive ---------------------------------------------------
 
-    def _begin_tx(self, fields: dict[str, Any], blobs: list[tuple[str, bytes]]) -> int:
+    def _begin_tx(self, fields: dict[str, Any], blobs: list[tuple[str, bytes]], *, settled: bool) -> int | None:
+        """Record the entry; None (nothing written) when ``settled`` is False and entries
+        are still pending, which then need :meth:`recover` first."""
         with self.store.tx() as db:
+            if not settled and db.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone():
+                return None
             for digest, data in blobs:
                 Store.put_blob(db, digest, data)
             return Store.insert_entry(db, **fields)
@@ -110,13 +129,28 @@ class ChangelogCore:
         self, entry_id: int, state: str, baseline: tuple[str, str | None] | None, reverts: int | None
     ) -> None:
         # Not fsync'd: if this is lost the entry stays pending and recovery settles it.
+        # Only a still-pending entry: another process's recovery may have settled it (and
+        # moved the baseline on) while this update waited in the queue.
         with self.store.tx(durable=False) as db:
-            db.execute("UPDATE entries SET state = ? WHERE id = ?", (state, entry_id))
-            if state == "applied":
+            cur = db.execute("UPDATE entries SET state = ? WHERE id = ? AND state = 'pending'", (state, entry_id))
+            if state == "applied" and cur.rowcount == 1:
                 if baseline is not None:
                     _baseline_after_change(db, *baseline)
                 if reverts is not None:
                     db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
+
+    def _finish_quietly(
+        self, entry_id: int, state: str, baseline: tuple[str, str | None] | None, reverts: int | None
+    ) -> None:
+        try:
+            self._finish_tx(entry_id, state, baseline, reverts)
+        except ChangelogStorageError as e:
+            # The entry stays pending; the next user's recovery settles it by hash.
+            log.warning("changelog.finish_deferred", entry_id=entry_id, error=str(e)[:300])
+
+    def _finish_later(self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None) -> None:
+        """Queue step 5 of a successful change on the database thread (see the module docstring)."""
+        self._pool.submit(self._finish_quietly, entry_id, "applied", baseline, reverts)
 
     async def change(
         self,
@@ -167,17 +201,29 @@ class ChangelogCore:
             "note": note or cur.note,
             "reverts": reverts,
         }
-        entry_id = await self.db(self._begin_tx, fields, blobs)
+        # Settling a crashed writer's entries is folded into the recording transaction:
+        # any pending entry was there before the caller took the lock (this process's own
+        # step 5 runs before this on the database thread), and recovery only hashes
+        # files, so what the caller read through the sandbox is still what it read.
+        entry_id = await self.db(self._begin_tx, fields, blobs, settled=False)
+        if entry_id is None:
+            await self.recover(sandbox)
+            entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
+        assert entry_id is not None
         try:
             if data is None:
                 await sandbox.remove(path, expect_sha256=expect_sha256)
                 result = None
-            else:
+            elif self.fsync:
                 result = await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
+            else:
+                result = await sandbox.write(
+                    path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=False
+                )
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise
-        await self.db(self._finish_tx, entry_id, "applied", (path, after), reverts)
+        self._finish_later(entry_id, (path, after), reverts)
         return entry_id, result
 
     # -- recovery ----------------------------------------------------------------------
@@ -247,15 +293,13 @@ async def recorded_write(
     does not hold, NotAFileError, PathEscapeError, ...), ChangelogStorageError.
     """
     async with core.lock:
-        # Three independent round trips at once (the agent serves requests concurrently):
-        # settling a crashed writer's entries only hashes files, it never writes them.
-        _, canon, first = await asyncio.gather(
-            core.recover(sandbox), canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
+        # Two independent round trips at once (the agent serves requests concurrently).
+        # Entries a crashed writer left pending are settled by ``change`` when it finds any.
+        canon, first = await asyncio.gather(
+            canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
         )
-        for res in (_, canon):
-            if isinstance(res, BaseException):
-                raise res
-        assert not isinstance(canon, BaseException)
+        if isinstance(canon, BaseException):
+            raise canon
         rel, st = canon
         if st is not None and st.type == "dir":
             raise NotAFileError(f"Not a file: {path} is a directory", code="not_a_file")

@@ -75,12 +75,15 @@ def _entry(row: Sequence[Any]) -> Entry:
 class Store:
     """One workspace's changelog database. Not thread-safe: use it from one thread."""
 
-    def __init__(self, path: Path) -> None:
-        """Open (creating) the database. Raises ChangelogStorageError."""
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        """Open (creating) the database. ``fsync=False`` commits without fsync
+        (``synchronous=NORMAL`` in WAL mode): a committed transaction survives the death of
+        any process, not a power cut. Raises ChangelogStorageError."""
+        self._fsync = fsync
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             self._db.execute("PRAGMA busy_timeout=60000")
             with self.tx():
                 for stmt in _SCHEMA.split(";"):
@@ -97,13 +100,15 @@ class Store:
     @contextlib.contextmanager
     def tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction. ``durable=False`` skips the commit fsync (safe against a
-        process crash, not a power cut) for records that recovery can rebuild.
+        process crash, not a power cut) for records that recovery can rebuild; a store
+        opened with ``fsync=False`` never fsyncs.
 
         Raises ChangelogStorageError (disk full, I/O error, busy beyond the timeout).
         """
         db = self._db
+        switch = not durable and self._fsync  # a NORMAL connection has nothing to switch
         try:
-            if not durable:
+            if switch:
                 db.execute("PRAGMA synchronous=NORMAL")
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -116,7 +121,7 @@ class Store:
         except sqlite3.Error as e:
             raise ChangelogStorageError(f"changelog storage failed: {e}") from e
         finally:
-            if not durable:
+            if switch:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("PRAGMA synchronous=FULL")
 

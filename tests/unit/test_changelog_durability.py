@@ -1,0 +1,109 @@
+"""Changelog durability modes, the deferred settling of a successful write, and pending
+entries found when recording (a crashed writer's): settled by hash before the new entry."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.base import Sandbox, WriteResult
+from worker.changelog import Changelog, Limits
+
+
+def h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class SpySandbox:
+    """Forwards to a real sandbox, remembering the keyword arguments of each write."""
+
+    def __init__(self, box: Sandbox) -> None:
+        self._box = box
+        self.writes: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._box, name)
+
+    async def write(self, path: str, data: bytes, **kw: Any) -> WriteResult:
+        self.writes.append(kw)
+        return await self._box.write(path, data, **kw)
+
+
+@pytest.fixture
+async def box(local_backend: Any, workspace: Path) -> AsyncIterator[SpySandbox]:
+    yield SpySandbox(await local_backend.get(workspace))
+
+
+def synchronous(cl: Changelog) -> int:
+    return int(cl._core.store.query("PRAGMA synchronous")[0][0])
+
+
+async def test_full_is_the_default_and_fsyncs(tmp_path: Path, workspace: Path, box: Any) -> None:
+    async with Changelog.open(tmp_path / "data", workspace) as cl:
+        assert cl.limits.durability == "full"
+        assert synchronous(cl) == 2  # FULL
+        await cl.write(box, "a.txt", b"one")
+    assert box.writes and all(kw.get("fsync", True) is True for kw in box.writes)
+
+
+@pytest.mark.parametrize("how", ["argument", "limits"])
+async def test_process_durability_skips_both_fsyncs(tmp_path: Path, workspace: Path, box: Any, how: str) -> None:
+    kw: dict[str, Any] = {"durability": "process"} if how == "argument" else {"limits": Limits(durability="process")}
+    async with Changelog.open(tmp_path / "data", workspace, **kw) as cl:
+        assert cl.limits.durability == "process"
+        assert synchronous(cl) == 1  # NORMAL: WAL commits without fsync
+        await cl.write(box, "a.txt", b"one", call_id="c1")
+        await cl.write(box, "a.txt", b"two", call_id="c2")
+        assert [kw.get("fsync") for kw in box.writes] == [False, False]
+        assert [(e.op, e.state) for e in await cl.log()] == [("create", "applied"), ("modify", "applied")]
+        await cl.undo(box, all=True)
+    assert not (workspace / "a.txt").exists()
+    assert [kw.get("fsync") for kw in box.writes][-1] is False  # the undo's own write too
+
+
+def test_unknown_durability_is_refused(tmp_path: Path, workspace: Path) -> None:
+    with pytest.raises(ValueError):
+        Changelog.open(tmp_path / "data", workspace, durability="sometimes")  # type: ignore[arg-type]
+
+
+async def test_entries_are_settled_when_read_back_in_the_same_process(
+    tmp_path: Path, workspace: Path, box: Any
+) -> None:
+    async with Changelog.open(tmp_path / "data", workspace) as cl:
+        for i in range(20):
+            await cl.write(box, "f.txt", b"v%d" % i)
+            assert (await cl.log())[-1].state == "applied"
+
+
+async def test_a_pending_entry_is_settled_before_the_next_is_recorded(
+    tmp_path: Path, workspace: Path, box: Any
+) -> None:
+    async with Changelog.open(tmp_path / "data", workspace) as cl:
+        # As if the writer died right after the agent wrote: the entry stays pending.
+        cl._core._finish_later = lambda *a: None  # type: ignore[method-assign]
+        await cl.write(box, "a.txt", b"one")
+    async with Changelog.open(tmp_path / "data", workspace) as cl:
+        assert [e.state for e in await cl.log()] == ["pending"]
+        await cl.write(box, "a.txt", b"two")
+        log = await cl.log()
+    assert [(e.op, e.state) for e in log] == [("create", "applied"), ("modify", "applied")]
+    assert log[1].before_hash == log[0].after_hash == h(b"one")
+
+
+async def test_a_late_settle_does_not_undo_another_writers_progress(tmp_path: Path, workspace: Path, box: Any) -> None:
+    data = tmp_path / "data"
+    async with Changelog.open(data, workspace) as a, Changelog.open(data, workspace) as b:
+        a._core._finish_later = lambda *args: None  # type: ignore[method-assign]
+        await a.write(box, "a.txt", b"one")
+        first = (await a.log())[0]
+        await b.write(box, "a.txt", b"two")  # settles A's entry by hash, then records its own
+        # A's deferred settle finally runs: the entry is no longer pending, nothing changes.
+        await a._core.db(a._core._finish_tx, first.id, "applied", ("a.txt", first.after_hash), None)
+        rows = await b._core.db(b._core.store.query, "SELECT sha256 FROM baseline WHERE path = 'a.txt'")
+        log = await b.log()
+    assert rows == [(h(b"two"),)]
+    assert [(e.op, e.state) for e in log] == [("create", "applied"), ("modify", "applied")]

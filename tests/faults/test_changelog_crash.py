@@ -36,15 +36,22 @@ WRITER = textwrap.dedent(
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             lim = int(os.environ["FSIZE_LIMIT"])
             resource.setrlimit(resource.RLIMIT_FSIZE, (lim, lim))
-        cl = Changelog.open(Path(data), ws)
+        cl = Changelog.open(Path(data), ws, durability=os.environ.get("DURABILITY", "full"))
+        edit = os.environ.get("EDIT") == "1"
         print("ready", flush=True)
         rnd = random.Random(tag)
         for i in range(count):
             name = f"f{rnd.randrange(files)}.txt"
             size = int(os.environ.get("WRITE_SIZE", "0")) or rnd.randrange(10, 200_000)
             body = (f"{tag}-{i}:".encode() * (size // 8 + 1))[:size]
+            expect = None
+            if edit:  # as edit_file does: read, then write conditionally on what was read
+                try:
+                    expect = (await box.read(name, max_bytes=1 << 20)).sha256
+                except Exception:
+                    expect = None
             try:
-                await cl.write(box, name, body, tool="write_file", call_id=f"{tag}-{i}")
+                await cl.write(box, name, body, tool="write_file", call_id=f"{tag}-{i}", expect_sha256=expect)
             except Exception as e:
                 print("error", type(e).__name__, e, flush=True)
                 sys.exit(3)
@@ -106,12 +113,18 @@ async def check_consistent(data: Path, ws: Path, initial: dict[str, str] | None 
 
 
 @pytest.mark.slow
-async def test_sigkill_writer_in_a_loop(tmp_path: Path, workspace: Path) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"EDIT": "1", "DURABILITY": "process"}],
+    ids=["write-full", "edit-process"],
+)
+async def test_sigkill_writer_in_a_loop(tmp_path: Path, workspace: Path, env: dict[str, str]) -> None:
     data = tmp_path / "data"
     rnd = random.Random(1234)
     killed = 0
+    SETTLED.clear()
     for cycle in range(25):
-        proc = spawn(data, workspace, f"k{cycle}", 10_000, 4)
+        proc = spawn(data, workspace, f"k{cycle}", 10_000, 4, **env)
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
         await asyncio.sleep(rnd.uniform(0.0, 0.15))

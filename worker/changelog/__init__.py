@@ -1,8 +1,8 @@
 """Host-side workspace changelog (Loom Spec 11) with undo that also covers shell commands.
 
 Modules: ``api`` (:class:`Changelog`), ``recorder`` (record-before-write, recovery),
-``shellscan`` (baseline + change scan), ``undo``, ``diff``, ``store`` (SQLite), ``model``,
-``paths``, ``errors``.
+``write`` (the tools' recorded write), ``shellscan`` (baseline + change scan), ``undo``,
+``diff``, ``store`` (SQLite), ``model``, ``paths``, ``errors``.
 """
 
 from .api import Changelog

@@ -17,10 +17,11 @@ from sandbox.base import Sandbox, WriteResult
 from .diff import Content, first_before, read_now, summarize, unified
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
-from .recorder import ChangelogCore, recorded_write, workspace_dir
+from .recorder import ChangelogCore, workspace_dir
 from .shellscan import ShellToken, ShellTracker
 from .store import Store
 from .undo import select, undo
+from .write import recorded_write
 
 
 class Changelog:

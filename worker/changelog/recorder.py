@@ -42,11 +42,10 @@ from typing import Any, TypeVar
 import structlog
 
 from sandbox.base import Sandbox, WriteResult
-from sandbox.errors import AgentError, ConflictError, NotAFileError, PathNotFoundError
+from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 
 from .errors import ChangelogStorageError
 from .model import Entry, Kind, Limits, Origin
-from .paths import canonical
 from .store import Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
@@ -115,24 +114,51 @@ class ChangelogCore:
 
     # -- the single-change primitive ---------------------------------------------------
 
-    def _begin_tx(self, fields: dict[str, Any], blobs: list[tuple[str, bytes]], *, settled: bool) -> int | None:
+    def _begin_tx(
+        self,
+        fields: dict[str, Any],
+        blobs: list[tuple[str, bytes]],
+        *,
+        settled: bool,
+        require_blob: str | None = None,
+    ) -> int | None:
         """Record the entry; None (nothing written) when ``settled`` is False and entries
-        are still pending, which then need :meth:`recover` first."""
+        are still pending, which then need :meth:`recover` first, or when the blob
+        ``require_blob`` is not stored."""
         with self.store.tx() as db:
             if not settled and db.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone():
+                return None
+            if (
+                require_blob is not None
+                and not db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (require_blob,)).fetchone()
+            ):
                 return None
             for digest, data in blobs:
                 Store.put_blob(db, digest, data)
             return Store.insert_entry(db, **fields)
 
+    def _drop_tx(self, entry_id: int) -> None:
+        """Delete a pending entry whose change was never attempted, or refused as a conflict."""
+        with self.store.tx(durable=False) as db:
+            db.execute("DELETE FROM entries WHERE id = ? AND state = 'pending'", (entry_id,))
+
     def _finish_tx(
-        self, entry_id: int, state: str, baseline: tuple[str, str | None] | None, reverts: int | None
+        self,
+        entry_id: int,
+        state: str,
+        baseline: tuple[str, str | None] | None,
+        reverts: int | None,
+        mode: int | None = None,
     ) -> None:
         # Not fsync'd: if this is lost the entry stays pending and recovery settles it.
         # Only a still-pending entry: another process's recovery may have settled it (and
         # moved the baseline on) while this update waited in the queue.
         with self.store.tx(durable=False) as db:
-            cur = db.execute("UPDATE entries SET state = ? WHERE id = ? AND state = 'pending'", (state, entry_id))
+            cur = db.execute(
+                "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode) "
+                "WHERE id = ? AND state = 'pending'",
+                (state, mode, entry_id),
+            )
             if state == "applied" and cur.rowcount == 1:
                 if baseline is not None:
                     _baseline_after_change(db, *baseline)
@@ -140,17 +166,19 @@ class ChangelogCore:
                     db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
 
     def _finish_quietly(
-        self, entry_id: int, state: str, baseline: tuple[str, str | None] | None, reverts: int | None
+        self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None, mode: int | None
     ) -> None:
         try:
-            self._finish_tx(entry_id, state, baseline, reverts)
+            self._finish_tx(entry_id, "applied", baseline, reverts, mode)
         except ChangelogStorageError as e:
             # The entry stays pending; the next user's recovery settles it by hash.
             log.warning("changelog.finish_deferred", entry_id=entry_id, error=str(e)[:300])
 
-    def _finish_later(self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None) -> None:
+    def _finish_later(
+        self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None, mode: int | None = None
+    ) -> None:
         """Queue step 5 of a successful change on the database thread (see the module docstring)."""
-        self._pool.submit(self._finish_quietly, entry_id, "applied", baseline, reverts)
+        self._pool.submit(self._finish_quietly, entry_id, baseline, reverts, mode)
 
     async def change(
         self,
@@ -175,6 +203,54 @@ class ChangelogCore:
         the outcome is unknown, e.g. the sandbox was lost), ChangelogStorageError before
         anything was written.
         """
+        fields, blobs, after = self.entry(
+            path,
+            data,
+            cur,
+            tool=tool,
+            call_id=call_id,
+            subtask_id=subtask_id,
+            origin=origin,
+            reverts=reverts,
+            note=note,
+        )
+        # Settling a crashed writer's entries is folded into the recording transaction:
+        # any pending entry was there before the caller took the lock (this process's own
+        # step 5 runs before this on the database thread), and recovery only hashes
+        # files, so what the caller read through the sandbox is still what it read.
+        entry_id = await self.db(self._begin_tx, fields, blobs, settled=False)
+        if entry_id is None:
+            await self.recover(sandbox)
+            entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
+        assert entry_id is not None
+        result = await self.apply(
+            sandbox,
+            entry_id,
+            path,
+            data,
+            after,
+            expect_sha256=expect_sha256,
+            expect_absent=expect_absent,
+            reverts=reverts,
+        )
+        return entry_id, result
+
+    def entry(
+        self,
+        path: str,
+        data: bytes | None,
+        cur: Current,
+        *,
+        tool: str,
+        call_id: str | None,
+        subtask_id: str | None,
+        origin: Origin,
+        reverts: int | None = None,
+        note: str | None = None,
+        before_stored: bool = False,
+    ) -> tuple[dict[str, Any], list[tuple[str, bytes]], str | None]:
+        """The row and the blobs that record changing ``path`` from ``cur`` to ``data``,
+        and the after hash. ``before_stored``: ``cur.sha``'s blob is already stored."""
         after = sha256(data) if data is not None else None
         op = "delete" if data is None else ("create" if cur.kind is None else "modify")
         blobs = []
@@ -182,7 +258,7 @@ class ChangelogCore:
             blobs.append((cur.sha, cur.data))
         if data is not None and after is not None and len(data) <= self.limits.max_file_bytes:
             blobs.append((after, data))
-        restorable = cur.kind is None or (cur.kind == "file" and cur.data is not None)
+        restorable = cur.kind is None or (cur.kind == "file" and (cur.data is not None or before_stored))
         fields = {
             "ts": time.time(),
             "call_id": call_id,
@@ -201,15 +277,25 @@ class ChangelogCore:
             "note": note or cur.note,
             "reverts": reverts,
         }
-        # Settling a crashed writer's entries is folded into the recording transaction:
-        # any pending entry was there before the caller took the lock (this process's own
-        # step 5 runs before this on the database thread), and recovery only hashes
-        # files, so what the caller read through the sandbox is still what it read.
-        entry_id = await self.db(self._begin_tx, fields, blobs, settled=False)
-        if entry_id is None:
-            await self.recover(sandbox)
-            entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
-        assert entry_id is not None
+        return fields, blobs, after
+
+    async def apply(
+        self,
+        sandbox: Sandbox,
+        entry_id: int,
+        path: str,
+        data: bytes | None,
+        after: str | None,
+        *,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        reverts: int | None,
+        mode: int | None = None,
+        drop_on_conflict: bool = False,
+    ) -> WriteResult | None:
+        """Step 4 and 5 for the recorded entry ``entry_id``. Raises the sandbox's errors
+        (the entry is then ``failed``, or deleted for a conflict when ``drop_on_conflict``:
+        the change was refused before anything was written)."""
         try:
             if data is None:
                 await sandbox.remove(path, expect_sha256=expect_sha256)
@@ -220,11 +306,17 @@ class ChangelogCore:
                 result = await sandbox.write(
                     path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=False
                 )
+        except ConflictError:
+            if drop_on_conflict:
+                await self.db(self._drop_tx, entry_id)
+            else:
+                await self.db(self._finish_tx, entry_id, "failed", None, None)
+            raise
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise
-        self._finish_later(entry_id, (path, after), reverts)
-        return entry_id, result
+        self._finish_later(entry_id, (path, after), reverts, mode)
+        return result
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -273,57 +365,3 @@ def _baseline_after_change(db: Any, path: str, after: str | None) -> None:
         "racy) VALUES (?, 'file', -1, -1, 0, 0, ?, NULL, ?, 0)",
         (path, after, "ok" if kept else "too_large"),
     )
-
-
-async def recorded_write(
-    core: ChangelogCore,
-    sandbox: Sandbox,
-    path: str,
-    data: bytes,
-    *,
-    expect_sha256: str | None,
-    expect_absent: bool,
-    tool: str,
-    call_id: str | None,
-    subtask_id: str | None,
-) -> WriteResult:
-    """The ``ChangeRecorder.write`` implementation (see the module docstring for the order).
-
-    Raises the sandbox's errors unchanged (ConflictError when the caller's precondition
-    does not hold, NotAFileError, PathEscapeError, ...), ChangelogStorageError.
-    """
-    async with core.lock:
-        # Two independent round trips at once (the agent serves requests concurrently).
-        # Entries a crashed writer left pending are settled by ``change`` when it finds any.
-        canon, first = await asyncio.gather(
-            canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
-        )
-        if isinstance(canon, BaseException):
-            raise canon
-        rel, st = canon
-        if st is not None and st.type == "dir":
-            raise NotAFileError(f"Not a file: {path} is a directory", code="not_a_file")
-        cur = first if rel == path and not isinstance(first, BaseException) else await core.current(sandbox, rel)
-        if st is not None:
-            cur.mode = st.mode
-        if expect_absent and cur.kind is not None:
-            raise ConflictError(f"Conflict: {path} already exists", code="conflict")
-        if expect_sha256 is not None and cur.sha != expect_sha256:
-            what = "changed since it was read" if cur.kind is not None else "no longer exists"
-            raise ConflictError(f"Conflict: {path} {what}", code="conflict")
-        if cur.kind is not None and cur.sha is None:
-            raise ChangelogStorageError(f"cannot record {path}: its content could not be hashed")
-        _, result = await core.change(
-            sandbox,
-            rel,
-            data,
-            cur,
-            expect_sha256=cur.sha,
-            expect_absent=cur.kind is None,
-            tool=tool,
-            call_id=call_id,
-            subtask_id=subtask_id,
-            origin="tool",
-        )
-        assert result is not None
-        return result

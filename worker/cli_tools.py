@@ -64,8 +64,9 @@ class _Changelogs:
     """One open changelog per workspace (under ``settings.data_dir``), so CLI calls are
     recorded and can be undone with ``loom-worker undo``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, durability: str = "full") -> None:
         self.data_dir = data_dir
+        self.durability: Any = durability
         self._open: dict[Path, Any] = {}
 
     def recorder(self, root: Path) -> Any:
@@ -73,7 +74,7 @@ class _Changelogs:
         from .changelog import Changelog
 
         if root not in self._open:
-            self._open[root] = Changelog.open(self.data_dir, root)
+            self._open[root] = Changelog.open(self.data_dir, root, durability=self.durability)
         return self._open[root]
 
     async def aclose(self) -> None:
@@ -119,7 +120,7 @@ def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
-    changelogs = _Changelogs(settings.data_dir)
+    changelogs = _Changelogs(settings.data_dir, settings.durability)
     registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
@@ -161,7 +162,7 @@ def _cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
-    changelogs = _Changelogs(settings.data_dir)
+    changelogs = _Changelogs(settings.data_dir, settings.durability)
     registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")

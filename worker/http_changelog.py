@@ -21,6 +21,7 @@ from sandbox.errors import SandboxError
 from .changelog import (
     Changelog,
     ChangelogError,
+    Durability,
     Entry,
     EntryNotFoundError,
     Summary,
@@ -35,15 +36,16 @@ from .service import Workspaces
 class ChangelogPool:
     """One open :class:`Changelog` per workspace, for ``ToolRegistry(recorder_factory=...)``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, durability: Durability = "full") -> None:
         self.data_dir = Path(data_dir)
+        self.durability: Durability = durability
         self._open: dict[Path, Changelog] = {}
 
     def recorder(self, root: Path) -> Changelog:
         """The changelog of ``root``. Raises ChangelogStorageError."""
         cl = self._open.get(root)
         if cl is None:
-            cl = self._open[root] = Changelog.open(self.data_dir, root)
+            cl = self._open[root] = Changelog.open(self.data_dir, root, durability=self.durability)
         return cl
 
     async def aclose(self) -> None:

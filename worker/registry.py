@@ -334,10 +334,10 @@ def default_registry(
         # each workspace lives under settings.data_dir, outside the workspace.
         from .changelog import Changelog
 
-        data_dir = settings.data_dir
+        data_dir, durability = settings.data_dir, settings.durability
 
         def recorder_factory(root: Path) -> ChangeRecorder:
-            return Changelog.open(data_dir, root)
+            return Changelog.open(data_dir, root, durability=durability)
 
         own_recorders = True
     registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory)

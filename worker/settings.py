@@ -36,6 +36,11 @@ class Settings(BaseSettings):
 
     # -- data (issue 4) --------------------------------------------------------------
     data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
+    durability: Literal["full", "process"] = Field(
+        "full",
+        description="full: every recorded change and write is fsync'd (survives power loss); "
+        "process: no fsync (survives a killed worker or agent, not a power loss), much faster.",
+    )
 
     # -- service (issue 5) -----------------------------------------------------------
     workspace_root: Path = Field(Path("/srv/loom/workspaces"), description="Directory of HTTP workspaces.")

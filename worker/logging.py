@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections.abc import MutableMapping
 from typing import Any, Literal, TextIO
 
@@ -127,7 +128,7 @@ def configure_logging(
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=_NamedWriteLoggerFactory(out),
+        logger_factory=_StreamLoggerFactory(stream),
         # Not cached, so tests can still capture with structlog.testing.capture_logs.
         cache_logger_on_first_use=False,
     )
@@ -148,29 +149,45 @@ def configure_logging(
     _configured = True
 
 
-class _NamedWriteLogger(structlog.WriteLogger):
-    """structlog's direct writer, with the ``name`` that ``add_logger_name`` reads."""
+class _StreamLogger:
+    """structlog's final logger: writes each rendered line to the stream (``None`` means
+    whatever ``sys.stderr`` is at the time). As ``logging.Handler`` does, a closed or
+    broken stream never raises into the code that logs."""
 
-    def __init__(self, file: TextIO, name: str) -> None:
-        super().__init__(file)
-        self.name = name
-
-
-class _NamedWriteLoggerFactory:
-    """One writer per logger name (structlog asks again for every event, as loggers are
-    not cached, so that ``capture_logs`` keeps working)."""
-
-    def __init__(self, file: TextIO) -> None:
+    def __init__(self, file: TextIO | None, name: str) -> None:
         self._file = file
-        self._loggers: dict[str, _NamedWriteLogger] = {}
+        self.name = name  # read by structlog.stdlib.add_logger_name
 
-    def __call__(self, *args: Any) -> _NamedWriteLogger:
+    def msg(self, message: str) -> None:
+        out = self._file if self._file is not None else sys.stderr
+        try:
+            with _WRITE_LOCK:
+                out.write(message + "\n")
+                out.flush()
+        except (ValueError, OSError):
+            pass
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = failure = msg
+
+
+_WRITE_LOCK = threading.Lock()
+
+
+class _StreamLoggerFactory:
+    """One logger per name (structlog asks again for every event, as loggers are not
+    cached, so that ``capture_logs`` keeps working)."""
+
+    def __init__(self, file: TextIO | None) -> None:
+        self._file = file
+        self._loggers: dict[str, _StreamLogger] = {}
+
+    def __call__(self, *args: Any) -> _StreamLogger:
         # structlog.get_logger("worker.http") passes the name through; an unnamed logger
         # is named after the module that logs, as the stdlib factory does.
         name = args[0] if args and isinstance(args[0], str) else _caller_module()
         logger = self._loggers.get(name)
         if logger is None:
-            logger = self._loggers[name] = _NamedWriteLogger(self._file, name)
+            logger = self._loggers[name] = _StreamLogger(self._file, name)
         return logger
 
 

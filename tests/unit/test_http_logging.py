@@ -54,9 +54,10 @@ def test_events_below_the_level_are_dropped(stream: io.StringIO) -> None:
 
 def test_stdlib_records_share_the_format(stream: io.StringIO) -> None:
     configure_logging("json", "info", stream=stream)
-    logging.getLogger("uvicorn.error").info("Started %s", "server", extra={"color_message": "\x1b[1mStarted"})
+    # A name of its own: other tests' libraries may have disabled uvicorn's loggers.
+    logging.getLogger("loom.test.foreign").info("Started %s", "server", extra={"color_message": "\x1b[1mStarted"})
     [e] = lines(stream)
-    assert e["event"] == "Started server" and e["logger"] == "uvicorn.error" and e["level"] == "info"
+    assert e["event"] == "Started server" and e["logger"] == "loom.test.foreign" and e["level"] == "info"
     assert "color_message" not in e
 
 
@@ -95,3 +96,18 @@ def test_capture_logs_still_sees_events_after_configuration(stream: io.StringIO)
         structlog.get_logger("w").info("captured", k=1)
     assert logs == [{"event": "captured", "k": 1, "log_level": "info"}]
     assert stream.getvalue() == ""
+
+
+def test_a_closed_stream_never_raises_into_the_caller(stream: io.StringIO) -> None:
+    configure_logging("json", "info", stream=stream)
+    stream.close()
+    structlog.get_logger("w").info("lost, silently")
+
+
+def test_without_a_stream_events_follow_the_current_stderr(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configure_logging("json", "info")
+    monkeypatch.setattr("sys.stderr", stream)  # replaced after configuration, as test runners do
+    structlog.get_logger("w").info("here")
+    assert [e["event"] for e in lines(stream)] == ["here"]

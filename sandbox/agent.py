@@ -316,8 +316,20 @@ def op_read(req):
     finally:
         os.close(fd)
     try:
+        # A whole small file is read once; its first 8 KiB decide "binary" (NUL byte).
+        whole = fst.st_size <= min(max_bytes, 8192) and not req.get("line_range") and not req.get("offset")
         head = os.pread(f, 8192, 0)
         binary = b"\x00" in head
+        if whole and req.get("length") is None and len(head) == fst.st_size:
+            return {
+                "data": _b64(head),
+                "size": fst.st_size,
+                "truncated": False,
+                "sha256": hashlib.sha256(head).hexdigest(),
+                "mtime_ns": fst.st_mtime_ns,
+                "binary": binary,
+                "total_lines": None,
+            }
         line_range = req.get("line_range")
         total_lines = None
         digest = None

@@ -93,6 +93,20 @@ def _registry(args: argparse.Namespace, settings: Settings, changelogs: _Changel
     return default_registry(settings=settings, recorder_factory=changelogs.recorder)
 
 
+def _open_workspace(args: argparse.Namespace, settings: Settings) -> tuple[Path, _Changelogs, ToolRegistry] | int:
+    """The workspace, its changelogs and the registry for ``call``/``batch``, or the exit
+    code of a usage error (already reported on stderr)."""
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+    changelogs = _Changelogs(settings.data_dir, settings.durability)
+    registry = _registry(args, settings, changelogs)
+    if registry is None:
+        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    _ensure_logging(settings)
+    return ws, changelogs, registry
+
+
 def _workspace(value: str) -> Path | None:
     path = Path(value).expanduser().resolve()
     return path if path.is_dir() else None
@@ -117,14 +131,10 @@ def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     if args.tool not in names:
         _print(ToolResult.fail(f"Unknown tool '{args.tool}'. Available tools: {', '.join(names)}").to_dict())
         return 2
-    ws = _workspace(args.workspace)
-    if ws is None:
-        return _usage(f"--workspace {args.workspace} is not a directory")
-    changelogs = _Changelogs(settings.data_dir, settings.durability)
-    registry = _registry(args, settings, changelogs)
-    if registry is None:
-        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
-    _ensure_logging(settings)
+    opened = _open_workspace(args, settings)
+    if isinstance(opened, int):
+        return opened
+    ws, changelogs, registry = opened
 
     async def run() -> ToolResult:
         try:
@@ -159,14 +169,10 @@ def _parse_line(line: str) -> tuple[Any, str, Any]:
 
 
 def _cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
-    ws = _workspace(args.workspace)
-    if ws is None:
-        return _usage(f"--workspace {args.workspace} is not a directory")
-    changelogs = _Changelogs(settings.data_dir, settings.durability)
-    registry = _registry(args, settings, changelogs)
-    if registry is None:
-        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
-    _ensure_logging(settings)
+    opened = _open_workspace(args, settings)
+    if isinstance(opened, int):
+        return opened
+    ws, changelogs, registry = opened
 
     async def run() -> bool:
         try:

@@ -32,6 +32,7 @@ import selectors
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -52,6 +53,7 @@ _exec_lock = threading.Lock()
 _foreign_pids = set()  # type: set[int]  # helper processes (ripgrep) that the exec tree-kill must spare
 _foreign_lock = threading.Lock()
 _snapshots = {}  # type: dict
+_scan_lock = threading.Lock()
 _last_touch = [0.0]
 _subreaper = [False]
 _stdout = None
@@ -592,10 +594,15 @@ def op_list(req):
     return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
 
 
-def _scan_walk(dfd, prefix, exclude, out, limit):
+def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
     """Stat-only walk for change detection: no sorting, one lstat per non-directory
-    (directories are recognised from d_type for free), never following links."""
+    (directories are recognised from d_type for free), never following links. With
+    ``snap`` it also records the directory layout, watches each directory and notes
+    hard-linked files (see :class:`_Snapshot`)."""
     dirs = []
+    names = {}  # type: dict
+    if snap is not None:
+        snap.watch_dir(dfd, prefix)
     try:
         it = os.scandir(dfd)
     except OSError:
@@ -606,7 +613,7 @@ def _scan_walk(dfd, prefix, exclude, out, limit):
             try:
                 if e.is_dir(follow_symlinks=False):
                     if name not in exclude:
-                        dirs.append(name)
+                        dirs.append((name, e.inode()))
                     continue
                 st = e.stat(follow_symlinks=False)
             except OSError:
@@ -614,17 +621,343 @@ def _scan_walk(dfd, prefix, exclude, out, limit):
             if len(out) >= limit:
                 return True
             out[prefix + name] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
-    for name in dirs:
+            if snap is not None:
+                names[name] = True
+                if st.st_nlink > 1 and prefix + name not in snap.multi:
+                    snap.multi.add(prefix + name)
+                    snap.new_multi = True
+    if snap is not None:
+        snap.dirs[prefix] = dict(dirs)
+        snap.names[prefix] = names
+    for name, _ino in dirs:
         try:
             sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except OSError:
+            if snap is not None:
+                snap.dirs[prefix].pop(name, None)
             continue
         try:
-            if _scan_walk(sub, prefix + name + "/", exclude, out, limit):
+            if _scan_walk(sub, prefix + name + "/", exclude, out, limit, snap):
                 return True
         finally:
             os.close(sub)
     return False
+
+
+# Change notification for the snapshot scan. inotify reports which directories had an
+# entry created, deleted, renamed, written or re-stat'ed, so a scan after a command
+# re-reads only those instead of the whole tree (a 10,000-file workspace: ~0.1 ms
+# instead of ~25 ms). It is an accelerator, never the authority: anything it cannot vouch
+# for falls back to the stat walk (see _Snapshot).
+_IN_MASK = (
+    0x2  # IN_MODIFY
+    | 0x4  # IN_ATTRIB
+    | 0x8  # IN_CLOSE_WRITE
+    | 0x40  # IN_MOVED_FROM
+    | 0x80  # IN_MOVED_TO
+    | 0x100  # IN_CREATE
+    | 0x200  # IN_DELETE
+    | 0x400  # IN_DELETE_SELF
+    | 0x800  # IN_MOVE_SELF
+    | 0x1000000  # IN_ONLYDIR
+)
+_IN_Q_OVERFLOW = 0x4000
+_IN_IGNORED = 0x8000
+_IN_HEADER = struct.Struct("iIII")
+#: Most directories one snapshot watches (the kernel's per-user budget is shared with
+#: the host user's other programs); beyond it the scan is a full stat walk.
+MAX_WATCHES = 20000
+#: A full stat walk at least this often, even when inotify saw nothing: writes through a
+#: shared mmap and changes through a hard link outside the workspace raise no event.
+FULL_SCAN_EVERY = 300.0
+_libc = [None]  # type: list
+
+
+def _inotify():
+    """The libc handle for inotify, or None where it is unavailable."""
+    if _libc[0] is None:
+        try:
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.inotify_init1.argtypes = [ctypes.c_int]
+            lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+            _libc[0] = lib
+        except Exception:
+            _libc[0] = False
+    return _libc[0] or None
+
+
+class _Snapshot(object):
+    """One scan snapshot: the files by path, the directory layout, and (where the kernel
+    is Linux itself: under gVisor, edits made on the host side of the bind mount raise no
+    event inside the sandbox) an inotify instance watching every scanned directory.
+
+    An incremental scan is used only when every one of these holds: the caller names the
+    previous generation, the same path/exclude/limit, inotify is on, no directory went
+    unwatched, the event queue did not overflow, and the last full walk is younger than
+    FULL_SCAN_EVERY. Files with several hard links are re-stat'ed on every scan, since a
+    write through another link raises no event in their directory.
+    """
+
+    def __init__(self, params, watch):
+        self.params = params
+        self.generation = ""
+        self.files = {}  # type: dict
+        self.dirs = {}  # type: dict  # prefix -> {subdir name: inode}
+        self.names = {}  # type: dict  # prefix -> {file name: True}
+        self.wd_of = {}  # type: dict  # prefix -> wd
+        self.multi = set()  # type: set  # files with several hard links
+        self.new_multi = False
+        self.full_at = time.monotonic()
+        self.wds = {}  # type: dict  # wd -> prefix
+        self.fd = -1
+        self.broken = not watch
+        if watch:
+            lib = _inotify()
+            fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC) if lib is not None else -1
+            if fd < 0:
+                self.broken = True
+            else:
+                self.fd = fd
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def watch_dir(self, dfd, prefix):
+        if self.fd < 0:
+            return
+        if len(self.wds) >= MAX_WATCHES:
+            self.broken = True
+            return
+        # The descriptor's /proc path pins the exact directory we opened (no re-walk).
+        wd = _libc[0].inotify_add_watch(self.fd, ("/proc/self/fd/%d" % dfd).encode(), _IN_MASK)
+        if wd < 0:
+            self.broken = True  # ENOSPC (watch budget), EACCES, ...: fall back to walks
+            return
+        self.wds[wd] = prefix
+        self.wd_of[prefix] = wd
+
+    def usable(self, params, since):
+        return (
+            self.fd >= 0
+            and not self.broken
+            and params == self.params
+            and since == self.generation
+            and time.monotonic() - self.full_at < FULL_SCAN_EVERY
+        )
+
+    def drain(self, touched):
+        """The prefixes of directories that had events, or None when the queue overflowed.
+        Adds to ``touched`` the paths of files written to (content events)."""
+        dirty = set()  # type: set
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return dirty
+            except OSError:
+                return None
+            if not buf:
+                return dirty
+            off = 0
+            while off + 16 <= len(buf):
+                wd, mask, _cookie, size = _IN_HEADER.unpack_from(buf, off)
+                name = buf[off + 16 : off + 16 + size].rstrip(b"\x00")
+                off += 16 + size
+                if mask & _IN_Q_OVERFLOW:
+                    return None
+                prefix = self.wds.get(wd)
+                if prefix is None:
+                    continue
+                if name and mask & 0xA:  # IN_MODIFY | IN_CLOSE_WRITE
+                    touched.add(prefix + os.fsdecode(name))
+                if mask & _IN_IGNORED:  # the directory is gone (its parent has the event too)
+                    self.wds.pop(wd, None)
+                    if self.wd_of.get(prefix) == wd:
+                        del self.wd_of[prefix]
+                    dirty.add(prefix)
+                    continue
+                dirty.add(prefix)
+
+    def refresh(self, base_fd, base_prefix, exclude, limit):
+        """Re-read the directories inotify reported; returns (changed, removed) or None
+        when a full walk is needed instead."""
+        touched = set()  # type: set
+        dirty = self.drain(touched)
+        if dirty is None:
+            return None
+        changed = {}  # type: dict
+        removed = set()  # type: set
+        self.new_multi = False
+        for prefix in sorted(dirty, key=lambda p: p.count("/")):
+            if prefix not in self.dirs:
+                continue  # dropped with a parent, or rescanned as new already
+            dfd = _open_below(base_fd, prefix[len(base_prefix) :])
+            if dfd is None:
+                self._drop(prefix, removed)
+                parent = prefix[: prefix.rstrip("/").rfind("/") + 1] if prefix != base_prefix else None
+                if parent is not None and parent in self.dirs:
+                    sub = _open_below(base_fd, parent[len(base_prefix) :])
+                    if sub is not None:
+                        try:
+                            self._rescan(sub, parent, exclude, changed, removed)
+                        finally:
+                            os.close(sub)
+                continue
+            try:
+                self._rescan(dfd, prefix, exclude, changed, removed)
+            finally:
+                os.close(dfd)
+            if self.broken:
+                return None
+        if self.new_multi:
+            # A new hard link: its other names (in directories without an event) must be
+            # re-stat'ed from now on too.
+            inodes = {}  # type: dict
+            for path in self.multi:
+                v = self.files.get(path)
+                if v is not None:
+                    inodes[v[3]] = True
+            for path, v in self.files.items():
+                if v[3] in inodes:
+                    self.multi.add(path)
+        for path in list(self.multi):
+            if path in changed:
+                continue
+            cur = _lstat_below(base_fd, path[len(base_prefix) :])
+            old = self.files.get(path)
+            if cur is None or old is None:
+                self.multi.discard(path)
+                if old is not None and cur is None:
+                    del self.files[path]
+                    removed.add(path)
+                continue
+            if cur != old:
+                self.files[path] = cur
+                changed[path] = cur
+        # Written to but with the same stat (a same-size rewrite within one mtime tick):
+        # reported anyway, the host compares content hashes. This is what makes the
+        # host's "racy file" re-hashing unnecessary after an incremental scan.
+        for path in touched:
+            if path not in changed and path in self.files:
+                changed[path] = self.files[path]
+        if len(self.files) > limit:
+            return None
+        removed -= set(changed)
+        return changed, removed
+
+    def _drop(self, prefix, removed):
+        """Forget directory ``prefix`` and everything under it."""
+        todo = [prefix]
+        while todo:
+            p = todo.pop()
+            subs = self.dirs.pop(p, None)
+            if subs is None:
+                continue
+            todo.extend(p + name + "/" for name in subs)
+            for name in self.names.pop(p, ()):
+                path = p + name
+                self.files.pop(path, None)
+                self.multi.discard(path)
+                removed.add(path)
+            wd = self.wd_of.pop(p, None)
+            if wd is not None and self.wds.get(wd) == p:
+                del self.wds[wd]
+                _libc[0].inotify_rm_watch(self.fd, wd)
+
+    def _rescan(self, dfd, prefix, exclude, changed, removed):
+        """Re-read one directory (not recursively); new subdirectories are walked whole."""
+        files = {}
+        subdirs = {}
+        names = {}
+        try:
+            it = os.scandir(dfd)
+        except OSError:
+            it = None
+        if it is not None:
+            with it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            if e.name not in exclude:
+                                subdirs[e.name] = e.inode()
+                            continue
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    path = prefix + e.name
+                    files[path] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+                    names[e.name] = True
+                    if st.st_nlink > 1 and path not in self.multi:
+                        self.multi.add(path)
+                        self.new_multi = True
+        old_sub = self.dirs.get(prefix, {})
+        for name in self.names.get(prefix, ()):
+            if name not in names:
+                path = prefix + name
+                self.files.pop(path, None)
+                self.multi.discard(path)
+                removed.add(path)
+        self.names[prefix] = names
+        for path, v in files.items():
+            if self.files.get(path) != v:
+                self.files[path] = v
+                changed[path] = v
+        for name, ino in old_sub.items():
+            if subdirs.get(name) != ino:
+                self._drop(prefix + name + "/", removed)
+        self.dirs[prefix] = dict(subdirs)
+        for name, ino in subdirs.items():
+            if old_sub.get(name) == ino:
+                continue
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                self.dirs[prefix].pop(name, None)
+                continue
+            try:
+                fresh = {}  # type: dict
+                _scan_walk(sub, prefix + name + "/", exclude, fresh, 1 << 62, self)
+            finally:
+                os.close(sub)
+            for path, v in fresh.items():
+                self.files[path] = v
+                changed[path] = v
+
+
+def _open_below(base_fd, rel):
+    """A readable descriptor of directory ``rel`` under ``base_fd``, following no link at
+    all (a component swapped for a symlink means the directory is gone), or None."""
+    fd = os.dup(base_fd)
+    try:
+        for comp in rel.split("/"):
+            if not comp:
+                continue
+            nfd = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _lstat_below(base_fd, rel):
+    head, _, name = rel.rpartition("/")
+    dfd = _open_below(base_fd, head)
+    if dfd is None:
+        return None
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    return (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
 
 def op_scan(req):
@@ -632,29 +965,67 @@ def op_scan(req):
     exclude = set(req.get("exclude") or ())
     limit = int(req.get("max_files", 100000))
     key = req.get("snapshot")
+    since = req.get("since")
+    params = (path, tuple(sorted(exclude)), limit)
     dfd, parts = _open_dir(path)
     prefix = "" if not parts else _rel(parts) + "/"
-    current = {}  # type: dict
     try:
-        truncated = _scan_walk(dfd, prefix, exclude, current, limit)
+        with _scan_lock:
+            previous = _snapshots.get(key) if key else None
+            if previous is not None and previous.usable(params, since):
+                delta = previous.refresh(dfd, prefix, exclude, limit)
+                if delta is not None:
+                    previous.generation = os.urandom(8).hex()
+                    changed, removed = delta
+                    return {
+                        "entries": [[p, *v] for p, v in changed.items()],
+                        "removed": sorted(removed),
+                        "full": False,
+                        "truncated": False,
+                        "generation": previous.generation,
+                        "watched": True,
+                        "from_events": True,
+                    }
+            # A full stat walk (first scan, a restart, a fallback, or no snapshot key).
+            snap = _Snapshot(params, watch=bool(key) and _subreaper[0])
+            try:
+                truncated = _scan_walk(dfd, prefix, exclude, snap.files, limit, snap if key else None)
+            except BaseException:
+                snap.close()
+                raise
+            if truncated:
+                snap.broken = True
+            current = snap.files
+            snap.generation = generation = os.urandom(8).hex()
+            if key:
+                if previous is not None:
+                    previous.close()
+                _snapshots[key] = snap
+            else:
+                snap.close()
+            watched = not snap.broken and snap.fd >= 0
+            if previous is not None and since == previous.generation and params == previous.params:
+                old = previous.files
+                changed = [[p, *v] for p, v in current.items() if old.get(p) != v]
+                removed = [p for p in old if p not in current]
+                return {
+                    "entries": changed,
+                    "removed": removed,
+                    "full": False,
+                    "truncated": truncated,
+                    "generation": generation,
+                    "watched": watched,
+                }
+            return {
+                "entries": [[p, *v] for p, v in current.items()],
+                "removed": [],
+                "full": True,
+                "truncated": truncated,
+                "generation": generation,
+                "watched": watched,
+            }
     finally:
         os.close(dfd)
-    previous = _snapshots.get(key) if key else None
-    generation = os.urandom(8).hex()
-    if key:
-        _snapshots[key] = (generation, current)
-    if previous is not None and req.get("since") == previous[0]:
-        old = previous[1]
-        changed = [[p, *v] for p, v in current.items() if old.get(p) != v]
-        removed = [p for p in old if p not in current]
-        return {"entries": changed, "removed": removed, "full": False, "truncated": truncated, "generation": generation}
-    return {
-        "entries": [[p, *v] for p, v in current.items()],
-        "removed": [],
-        "full": True,
-        "truncated": truncated,
-        "generation": generation,
-    }
 
 
 # --------------------------------------------------------------------------- search
@@ -969,12 +1340,13 @@ def _own_children():
 
 
 def _kill_tree(grace, ctx=None):
-    """Kill every process the command started (TERM, ``grace`` seconds, then KILL)."""
+    """Kill every process the command started (TERM, ``grace`` seconds, then KILL).
+    Returns True when nothing was left to kill (as subreaper: no child at all)."""
     if _subreaper[0] and _own_children() == set():
-        return  # fast path: as subreaper, no child means nothing of the command is left
+        return True  # fast path: as subreaper, no child means nothing of the command is left
     pids = _command_pids(ctx)
     if not pids:
-        return
+        return False
     if grace > 0:
         _signal_all(pids, signal.SIGTERM)
         end = time.monotonic() + grace
@@ -982,12 +1354,12 @@ def _kill_tree(grace, ctx=None):
             _reap(pids)
             pids = _command_pids(ctx)
             if not pids:
-                return
+                return False
             time.sleep(0.02)
     for _ in range(500):
         pids = _command_pids(ctx)
         if not pids:
-            return
+            return False
         _signal_all(pids, signal.SIGSTOP)  # freeze first so a fork bomb cannot outrun us
         _signal_all(pids, signal.SIGKILL)
         _reap(pids)
@@ -1032,6 +1404,28 @@ def op_exec(req):
     cap = int(req.get("max_output", 256 * 1024))
     hard_limit = int(req.get("output_limit", 64 << 20))
     env, cwd = _command_env_cwd(req)
+    scan_req = req.get("scan")
+    if isinstance(scan_req, dict):
+        # The scans bracketing the command travel with it. Run only if the tree is known
+        # unchanged since the host's last scan; otherwise hand that scan back unrun, so
+        # the host records outside changes before the command can touch the same files.
+        pre = op_scan(scan_req)
+        if not (pre.get("from_events") and not pre["entries"] and not pre["removed"]):
+            return {"ran": False, "scan": pre}
+        scan_req = dict(scan_req)
+        scan_req["since"] = pre["generation"]
+    else:
+        scan_req = None
+    result = _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd)
+    if scan_req is not None:
+        try:
+            result["scan"] = op_scan(scan_req)
+        except Exception:
+            pass  # the host's next scan (a full diff) catches up
+    return result
+
+
+def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
     marker = os.urandom(8).hex()
     env["LOOM_CALL"] = marker
     with _exec_lock:
@@ -1061,7 +1455,8 @@ def op_exec(req):
                 "stderr_bytes": 0,
             }
         assert proc.stdout is not None and proc.stderr is not None
-        ctx = (proc.pid, _start_ticks(proc.pid) or 0, marker)
+        # The start time is only needed where orphans are hunted by heuristics (gVisor).
+        ctx = (proc.pid, 0 if _subreaper[0] else (_start_ticks(proc.pid) or 0), marker)
         try:
             # The OOM killer must pick the command, never the agent.
             with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
@@ -1110,7 +1505,7 @@ def op_exec(req):
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 outcome = "timeout"
-        _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
+        clean = _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
         # Drain what is left in the pipes now that every writer is dead.
         for fd in list(open_fds):
             try:
@@ -1127,7 +1522,7 @@ def op_exec(req):
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        if not (_subreaper[0] and _own_children() == set()):
+        if not clean and not (_subreaper[0] and _own_children() == set()):
             _reap(_command_pids(ctx))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
@@ -1136,7 +1531,9 @@ def op_exec(req):
             sig = -code
             exit_code = None
         if outcome is None:
-            oom_after = _oom_kills()
+            # The OOM killer sends SIGKILL, to the command or to a child (sh then exits 137).
+            killed = sig == signal.SIGKILL or (exit_code is not None and exit_code > 128)
+            oom_after = _oom_kills() if killed else None
             if oom_before is not None and oom_after is not None and oom_after > oom_before:
                 outcome = "oom"
             elif sig is not None:

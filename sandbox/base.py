@@ -102,6 +102,9 @@ class ExecResult:
     signal: int | None = None
     stdout_bytes: int = 0  # total produced, including what was cut
     stderr_bytes: int = 0
+    #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
+    #: (None when it could not, e.g. the sandbox was lost).
+    scan_after: ScanResult | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -129,6 +132,32 @@ class ScanResult:
     full: bool
     truncated: bool  # the file cap was hit; the tree is larger than ``entries``
     generation: str = ""
+    #: The agent watches the tree (inotify), so the next scan with this snapshot can be
+    #: incremental.
+    watched: bool = False
+    #: This result came from change events, not a stat walk: it also lists files written
+    #: to whose stat did not change, so the caller needs no "racy file" re-hashing.
+    from_events: bool = False
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """The arguments of :meth:`Sandbox.scan` for a scan that travels with an ``exec``."""
+
+    snapshot: str
+    since: str | None
+    path: str = "."
+    exclude: tuple[str, ...] = ()
+    max_files: int = 100_000
+
+
+class ScanFirst(Exception):
+    """``exec(scan=...)`` found changes made before the command: nothing was run. The
+    caller records ``scan`` (its ``generation`` is the new ``since``) and runs again."""
+
+    def __init__(self, scan: ScanResult) -> None:
+        super().__init__("the workspace changed before the command; scan first")
+        self.scan = scan
 
 
 @dataclass(frozen=True)
@@ -235,12 +264,19 @@ class Sandbox(abc.ABC):
         max_output: int = 256 * 1024,
         argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
+        scan: ScanRequest | None = None,
     ) -> ExecResult:
         """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
 
         Every process the command starts is killed when it ends or times out. A lost
         sandbox is reported as ``outcome="sandbox_lost"`` rather than raised, because the
         command may have had effects. Raises PathNotFoundError/PathEscapeError for ``cwd``.
+
+        With ``scan`` the snapshot scans that bracket a command travel with it (one round
+        trip instead of three): the agent scans first and runs the command only if nothing
+        changed since ``scan.since``, otherwise it raises :class:`ScanFirst` carrying that
+        scan, without running anything; after the command it scans again into
+        ``ExecResult.scan_after``.
         """
 
     @abc.abstractmethod

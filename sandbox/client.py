@@ -33,6 +33,8 @@ from .base import (
     ReadResult,
     Sandbox,
     ScanEntry,
+    ScanFirst,
+    ScanRequest,
     ScanResult,
     SearchMatch,
     SearchResult,
@@ -288,31 +290,7 @@ class AgentSandbox(Sandbox):
             },
             timeout=timeout,
         )
-        raw = r.get("entries")
-        removed = r.get("removed")
-        if not isinstance(raw, list) or not isinstance(removed, list) or len(raw) > max_files:
-            raise ProtocolError("agent sent an invalid scan")
-        entries = []
-        for item in raw:
-            if not isinstance(item, list) or len(item) != 6:
-                raise ProtocolError("agent sent an invalid scan entry")
-            entries.append(
-                ScanEntry(
-                    path=_relpath(item[0]),
-                    type=_etype(item[1]),
-                    size=_int(item[2], "size"),
-                    mtime_ns=_int(item[3], "mtime_ns", lo=-(1 << 62)),
-                    ino=_int(item[4], "ino"),
-                    mode=_int(item[5], "mode"),
-                )
-            )
-        return ScanResult(
-            entries=entries,
-            removed=[_relpath(p) for p in removed],
-            full=bool(r.get("full")),
-            truncated=bool(r.get("truncated")),
-            generation=_str(r.get("generation", ""), "generation", limit=64),
-        )
+        return _scan_result(r, max_files)
 
     async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         r = await self._call("hash", {"paths": list(paths)}, timeout=max(self._io_timeout, len(paths) * 0.1))
@@ -352,6 +330,7 @@ class AgentSandbox(Sandbox):
         max_output: int = 256 * 1024,
         argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
+        scan: ScanRequest | None = None,
     ) -> ExecResult:
         # One command at a time per connection: the agent kills the whole process subtree
         # it owns when a command ends, so two commands must not share it.
@@ -367,9 +346,17 @@ class AgentSandbox(Sandbox):
             }
             if argv is not None:
                 args["argv"] = argv
+            if scan is not None:
+                args["scan"] = {
+                    "snapshot": scan.snapshot,
+                    "since": scan.since,
+                    "path": scan.path,
+                    "exclude": list(scan.exclude),
+                    "max_files": scan.max_files,
+                }
             try:
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
-                r = await self._call("exec", args, timeout=timeout + 2.0)
+                r = await self._call("exec", args, timeout=timeout + 2.0 + (30.0 if scan is not None else 0.0))
             except (SandboxLostError, SandboxTimeoutError) as e:
                 return ExecResult(
                     exit_code=None,
@@ -379,6 +366,11 @@ class AgentSandbox(Sandbox):
                     duration_ms=(time.monotonic() - started) * 1000.0,
                     truncated=False,
                 )
+            if scan is not None and r.get("ran") is False:
+                raise ScanFirst(_scan_result(r.get("scan"), scan.max_files))
+            scan_after = None
+            if scan is not None and r.get("scan") is not None:
+                scan_after = _scan_result(r.get("scan"), scan.max_files)
             outcome = r.get("outcome")
             if outcome not in _OUTCOMES:
                 raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
@@ -397,12 +389,46 @@ class AgentSandbox(Sandbox):
                 signal=None if sig is None else _int(sig, "signal"),
                 stdout_bytes=_int(r.get("stdout_bytes", 0), "stdout_bytes"),
                 stderr_bytes=_int(r.get("stderr_bytes", 0), "stderr_bytes"),
+                scan_after=scan_after,
             )
 
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+def _scan_result(r: Any, max_files: int) -> ScanResult:
+    """Validate an agent's scan answer."""
+    if not isinstance(r, dict):
+        raise ProtocolError("agent sent an invalid scan")
+    raw = r.get("entries")
+    removed = r.get("removed")
+    if not isinstance(raw, list) or not isinstance(removed, list) or len(raw) > max_files:
+        raise ProtocolError("agent sent an invalid scan")
+    entries = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 6:
+            raise ProtocolError("agent sent an invalid scan entry")
+        entries.append(
+            ScanEntry(
+                path=_relpath(item[0]),
+                type=_etype(item[1]),
+                size=_int(item[2], "size"),
+                mtime_ns=_int(item[3], "mtime_ns", lo=-(1 << 62)),
+                ino=_int(item[4], "ino"),
+                mode=_int(item[5], "mode"),
+            )
+        )
+    return ScanResult(
+        entries=entries,
+        removed=[_relpath(p) for p in removed],
+        full=bool(r.get("full")),
+        watched=r.get("watched") is True,
+        from_events=r.get("from_events") is True,
+        truncated=bool(r.get("truncated")),
+        generation=_str(r.get("generation", ""), "generation", limit=64),
+    )
 
 
 def agent_info(r: dict[str, Any]) -> AgentInfo:

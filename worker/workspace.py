@@ -16,7 +16,7 @@ import asyncio
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sandbox.base import ExecResult, Sandbox, WriteResult
+from sandbox.base import ExecResult, Sandbox, ScanFirst, ScanResult, WriteResult
 from sandbox.errors import SandboxError
 
 
@@ -42,8 +42,14 @@ class ChangeRecorder(Protocol):
         """
         ...
 
-    async def before_shell(self, sandbox: Sandbox) -> object:
-        """Snapshot what is needed to see a command's changes; returns a token."""
+    async def before_shell(
+        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+    ) -> object:
+        """Snapshot what is needed to see a command's changes; returns a token.
+
+        With ``piggyback`` the token may carry a ``scan`` (:class:`ScanRequest`) for the
+        caller to send with the command; ``pending`` is the scan such a command handed
+        back unrun (:class:`ScanFirst`)."""
         ...
 
     async def after_shell(
@@ -55,6 +61,7 @@ class ChangeRecorder(Protocol):
         command: str,
         call_id: str | None,
         subtask_id: str | None,
+        result: ExecResult | None = None,
     ) -> list[str]:
         """Record what the command changed; returns those workspace-relative paths."""
         ...
@@ -77,7 +84,9 @@ class NullRecorder:
     ) -> WriteResult:
         return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
 
-    async def before_shell(self, sandbox: Sandbox) -> object:
+    async def before_shell(
+        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+    ) -> object:
         return None
 
     async def after_shell(
@@ -89,6 +98,7 @@ class NullRecorder:
         command: str,
         call_id: str | None,
         subtask_id: str | None,
+        result: ExecResult | None = None,
     ) -> list[str]:
         return []
 
@@ -148,11 +158,26 @@ class Workspace:
         result (``outcome="sandbox_lost"``), not raised.
         """
         async with self._mutation_lock:
-            token = await self.recorder.before_shell(self.sandbox)
-            result = await self.sandbox.exec(command, cwd=cwd, timeout=timeout, max_output=max_output)
+            token = await self.recorder.before_shell(self.sandbox, piggyback=True)
+            for attempt in range(3):
+                # The recorder's scans travel with the command when it can (one round trip).
+                scan = getattr(token, "scan", None) if attempt < 2 else None
+                try:
+                    result = await self.sandbox.exec(
+                        command, cwd=cwd, timeout=timeout, max_output=max_output, scan=scan
+                    )
+                    break
+                except ScanFirst as e:  # changed from outside since the last scan: record that first
+                    token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan)
             try:
                 changed = await self.recorder.after_shell(
-                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                    self.sandbox,
+                    token,
+                    tool=tool,
+                    command=command,
+                    call_id=call_id,
+                    subtask_id=subtask_id,
+                    result=result,
                 )
             except SandboxError:
                 if result.outcome != "sandbox_lost":

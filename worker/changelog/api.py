@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sandbox.base import Sandbox, WriteResult
+from sandbox.base import ExecResult, Sandbox, ScanResult, WriteResult
 
 from .diff import Content, first_before, read_now, summarize, unified
 from .model import Durability, Entry, Limits, Summary, UndoResult
@@ -114,21 +114,30 @@ class Changelog:
             subtask_id=subtask_id,
         )
 
-    async def before_shell(self, sandbox: Sandbox) -> ShellToken:
+    async def before_shell(
+        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+    ) -> ShellToken:
         """Make sure the baseline exists and is current before a command runs.
 
         The first call reads the whole workspace (within :class:`Limits`) through the
-        sandbox. Raises sandbox and storage errors.
+        sandbox. With ``piggyback`` the caller sends ``token.scan`` along with the command
+        (``Sandbox.exec(scan=...)``), so no separate scan is made when the agent's
+        snapshot is watched; ``pending`` is the scan an ``exec`` handed back unrun
+        (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes. Raises
+        sandbox and storage errors.
         """
         import time
 
         async with self._core.lock:
             await self._core.recover(sandbox)
-            if await self._shell.ready():
-                await self._shell.sync(sandbox, None)
-            else:
+            if not await self._shell.ready():
                 await self._shell.build(sandbox)
-        return ShellToken(started=time.time(), baseline_ready=True)
+            elif pending is not None:
+                await self._shell.sync(sandbox, None, result=pending)
+            elif not piggyback or self._shell.scan_request() is None:
+                await self._shell.sync(sandbox, None)
+            scan = self._shell.scan_request() if piggyback else None
+        return ShellToken(started=time.time(), baseline_ready=True, scan=scan)
 
     async def after_shell(
         self,
@@ -139,8 +148,11 @@ class Changelog:
         command: str = "",
         call_id: str | None = None,
         subtask_id: str | None = None,
+        result: ExecResult | None = None,
     ) -> list[str]:
         """Record every file the command created, modified or deleted; return their paths.
+        ``result`` is the command's result: its ``scan_after`` is used when the scan was
+        sent along with it.
 
         Raises sandbox and storage errors (a later scan then catches up: nothing is lost,
         though it may be attributed to the next command).
@@ -151,11 +163,12 @@ class Changelog:
             "call_id": call_id,
             "subtask_id": subtask_id,
         }
+        scanned = result.scan_after if result is not None and getattr(token, "scan", None) is not None else None
         async with self._core.lock:
             if not await self._shell.ready():
                 await self._shell.build(sandbox)
                 return []
-            return await self._shell.sync(sandbox, record)
+            return await self._shell.sync(sandbox, record, result=scanned)
 
     # -- log / diff / summary --------------------------------------------------------------
 

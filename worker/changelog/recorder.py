@@ -33,6 +33,7 @@ import concurrent.futures
 import functools
 import hashlib
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,13 +83,33 @@ class ChangelogCore:
         self.store = Store(root / "changelog.sqlite3", fsync=self.fsync)
         self.lock = WorkspaceLock(root / "lock")
         self.snapshot_key = "loom-changelog-" + root.name
+        self._peek: sqlite3.Connection | None = None
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking store call on the changelog's own thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
+    def _peek_pending(self) -> bool | None:
+        """Whether entries are pending, checked on the calling (event-loop) thread: an
+        indexed read of a WAL database never waits for writers and costs ~20 µs, a fifth
+        of a hop to the store's thread. With ``busy_timeout=0`` it cannot block either:
+        None (unknown) when SQLite is busy, and the caller asks the store's thread. It may
+        see our own not-yet-settled entries: then the store thread, which settles them
+        first, has the last word."""
+        try:
+            if self._peek is None:
+                self._peek = sqlite3.connect(self.store.path, timeout=0, isolation_level=None, check_same_thread=False)
+                self._peek.execute("PRAGMA query_only=1")
+            row = self._peek.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone()
+            return row is not None
+        except sqlite3.Error:
+            return None
+
     async def aclose(self) -> None:
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
         await self.db(self.store.close)
         self._pool.shutdown(wait=True)
         self.lock.close()
@@ -325,6 +346,8 @@ class ChangelogCore:
 
         Returns the settled entries. Raises infrastructure errors of the sandbox.
         """
+        if self._peek_pending() is False:
+            return []
         pending = await self.db(self.store.entries, "state = 'pending'")
         if not pending:
             return []

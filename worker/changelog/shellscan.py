@@ -19,6 +19,13 @@ Limits (:class:`~worker.changelog.model.Limits`), all reported, never silent:
 
 Racy files (modified within :data:`RACY_NS` of a scan, where a same-size rewrite could keep
 the same mtime tick) are re-hashed on the next scan, as git does for its index.
+
+Cheap scans: on a Linux kernel (runc) the agent watches every scanned directory with
+inotify, so the scan after a command re-reads only the directories that had events
+(``ScanResult.from_events``); such a result also lists files written to with an unchanged
+stat, so no racy re-hashing is needed. The agent falls back to a full stat walk on any
+doubt (queue overflow, watch budget, a restart, gVisor, and at least every
+``FULL_SCAN_EVERY`` seconds: writes through a shared mmap raise no event).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.base import Sandbox, ScanEntry
+from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
 from sandbox.errors import AgentError, PathNotFoundError
 
 from .recorder import ChangelogCore
@@ -84,6 +91,8 @@ class ShellToken:
 
     started: float
     baseline_ready: bool
+    #: The scan to send along with the command (``Sandbox.exec(scan=...)``), if any.
+    scan: ScanRequest | None = None
 
 
 @dataclass
@@ -112,6 +121,8 @@ class ShellTracker:
         self.core = core
         self.limits = core.limits
         self._generation: str | None = None
+        self._ready = False  # the baseline exists (once built it is never dropped)
+        self._watched = False  # the agent's snapshot at ``_generation`` is watched
 
     # -- store helpers (run on the db thread) -----------------------------------------
 
@@ -219,21 +230,37 @@ class ShellTracker:
             if data is not None and row.sha256:
                 batch.blobs.append((row.sha256, data))
         await self.core.db(self._commit, batch, rebuild=True)
-        self._generation = res.generation
+        self._generation, self._watched = res.generation, res.watched
 
     async def ready(self) -> bool:
-        return await self.core.db(self.core.store.meta, "baseline") == "1"
+        if not self._ready:
+            self._ready = await self.core.db(self.core.store.meta, "baseline") == "1"
+        return self._ready
 
     # -- change scan ---------------------------------------------------------------------
 
-    async def sync(self, sandbox: Sandbox, record: dict[str, Any] | None) -> list[str]:
+    def scan_request(self) -> ScanRequest | None:
+        """The scan to send along with the next command, or None when the agent's snapshot
+        is not watched (then a separate scan is cheaper than a refused command)."""
+        if self._generation is None or not self._watched:
+            return None
+        return ScanRequest(self.core.snapshot_key, self._generation, max_files=self.limits.max_files)
+
+    async def sync(
+        self, sandbox: Sandbox, record: dict[str, Any] | None, result: ScanResult | None = None
+    ) -> list[str]:
         """Bring the baseline up to date; with ``record`` also write entries for the changes.
+        ``result`` is a scan the agent already ran (with an ``exec``) from our generation.
 
         Returns the changed workspace-relative paths. Raises sandbox/storage errors (the
         next scan is then a full one, so nothing is lost).
         """
         since, self._generation = self._generation, None
-        res = await sandbox.scan(".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key, since=since)
+        if result is not None:
+            res = result
+        else:
+            res = await sandbox.scan(".", max_files=self.limits.max_files, snapshot=self.core.snapshot_key, since=since)
+        self._watched = res.watched
         if res.full:
             base = await self.core.db(self._all_rows)
             seen = {e.path for e in res.entries}
@@ -241,7 +268,9 @@ class ShellTracker:
             removed = [] if res.truncated else [p for p in base if p not in seen]
         else:
             changed, removed, base = res.entries, res.removed, None
-        racy = await self.core.db(self._racy)
+        # After an event-driven scan every write since the previous scan is reported, even
+        # one that kept the stat: only a stat walk needs the racy files re-hashed.
+        racy = [] if res.from_events else await self.core.db(self._racy)
         if not changed and not removed and not racy and not res.truncated:
             self._generation = res.generation
             return []

@@ -7,6 +7,7 @@ every undo write goes through the in-container agent over the bind-mounted works
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,10 +32,13 @@ from tests.unit.test_changelog import (
 from tests.unit.test_changelog_shell import (
     test_dir_swapped_for_symlink_before_undo_writes_nothing_outside,
     test_noop_command_records_nothing,
+    test_outside_change_between_commands_is_not_the_commands,
     test_oversized_and_ignored_are_recorded_not_restorable,
     test_planted_symlink_before_write_reads_nothing_outside,
     test_rename_by_mv_is_one_rename_entry,
     test_same_size_rewrite_within_a_tick_is_caught,
+    test_scan_travels_with_the_command_when_watched,
+    test_separate_scans_record_the_same,
     test_shell_create_modify_delete_and_undo_exact_bytes,
     test_symlinks_recorded_by_target,
     test_tampered_entry_path_is_refused,
@@ -54,10 +58,13 @@ __all__ = [
     "test_failed_write_marks_entry_failed_and_file_unchanged",
     "test_ids_monotonic_across_reopen",
     "test_noop_command_records_nothing",
+    "test_outside_change_between_commands_is_not_the_commands",
     "test_oversized_and_ignored_are_recorded_not_restorable",
     "test_planted_symlink_before_write_reads_nothing_outside",
     "test_rename_by_mv_is_one_rename_entry",
     "test_same_size_rewrite_within_a_tick_is_caught",
+    "test_scan_travels_with_the_command_when_watched",
+    "test_separate_scans_record_the_same",
     "test_shell_create_modify_delete_and_undo_exact_bytes",
     "test_storage_outside_workspace",
     "test_subtask_undo_touches_only_its_files",
@@ -99,3 +106,43 @@ async def test_restarted_container_changes_found_by_full_diff(docker_backend, cl
     assert sorted(await cl.after_shell(box2, token, command="(restart)")) == ["a", "b"]
     await cl.undo(box2, all=True)
     assert (workspace / "a").read_text() == "1" and not (workspace / "b").exists()
+
+
+async def test_change_scan_is_event_driven_for_an_ordinary_user(docker_backend, user_workspace: Path) -> None:
+    """inotify works inside the hardened container for a non-root uid with every
+    capability dropped (the agent watches its directories through /proc/self/fd)."""
+    for i in range(50):
+        (user_workspace / f"d{i % 5}").mkdir(exist_ok=True)
+        (user_workspace / f"d{i % 5}" / f"f{i}").write_text("x")
+    for p in [user_workspace, *user_workspace.rglob("*")]:
+        os.chown(p, 1000, 1000)
+    box = await docker_backend.get(user_workspace)
+    first = await box.scan(".", snapshot="k")
+    assert first.full and first.watched
+    r = await box.exec("echo y > d3/new && rm d1/f1")
+    assert r.exit_code == 0
+    second = await box.scan(".", snapshot="k", since=first.generation)
+    assert second.from_events and not second.full
+    assert [e.path for e in second.entries] == ["d3/new"] and second.removed == ["d1/f1"]
+
+
+async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_path: Path, workspace: Path) -> None:
+    """Under gVisor host-side edits of the bind mount raise no event in the sandbox, so
+    the agent never relies on inotify there; shell changes are still recorded."""
+    box = await runtime_backend.get(workspace)
+    (workspace / "a").write_text("1")
+    cl = Changelog.open(tmp_path / "data", workspace)
+    try:
+        from worker.workspace import Workspace
+
+        ws = Workspace(workspace, box, cl)
+        await ws.run_shell("true")
+        (workspace / "a").write_text("host")  # an outside edit between commands
+        r, changed = await ws.run_shell("echo 2 > a && echo n > b", call_id="c")
+        assert r.exit_code == 0 and changed == ["a", "b"]
+        scan = await box.scan(".", snapshot="probe")
+        assert scan.watched is (runtime_backend.spec.runtime == "runc")
+        await cl.undo(box, call_id="c")
+        assert (workspace / "a").read_text() == "host" and not (workspace / "b").exists()
+    finally:
+        await cl.aclose()

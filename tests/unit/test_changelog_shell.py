@@ -11,6 +11,7 @@ import pytest
 from sandbox.base import Sandbox
 from sandbox.errors import PathEscapeError
 from worker.changelog import Changelog, Limits, UndoRefusedError
+from worker.workspace import Workspace
 
 
 @pytest.fixture
@@ -26,10 +27,55 @@ async def cl(tmp_path: Path, workspace: Path) -> AsyncIterator[Changelog]:
 
 
 async def shell(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[str]:
+    """The production path: the scans travel with the command where the agent watches."""
+    r, changed = await Workspace(Path(cl.workspace), box, cl).run_shell(command, **kw)
+    assert r.exit_code == 0, r.stderr
+    return changed
+
+
+async def shell_separately(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[str]:
+    """The other path (custom tools): a scan before, the command, a scan after."""
     token = await cl.before_shell(box)
     r = await box.exec(command)
     assert r.exit_code == 0, r.stderr
     return await cl.after_shell(box, token, command=command, **kw)
+
+
+async def test_outside_change_between_commands_is_not_the_commands(cl, box, workspace: Path) -> None:
+    """The agent's pre-command scan finds an edit made on the host since the last command:
+    the command is not run until that edit is in the baseline (ScanFirst), so the entry
+    for the command's own change has the right before-image and the host edit is not
+    attributed to it."""
+    (workspace / "a.txt").write_text("a0")
+    assert await shell(cl, box, "echo a1 > a.txt", call_id="c1") == ["a.txt"]
+    (workspace / "a.txt").write_text("host edit")  # not through the worker
+    (workspace / "h.txt").write_text("host file")
+    assert await shell(cl, box, "echo a2 > a.txt && echo c > c.txt", call_id="c2") == ["a.txt", "c.txt"]
+    entries = await cl.log(call_id="c2")
+    assert sorted(e.path for e in entries) == ["a.txt", "c.txt"]
+    await cl.undo(box, call_id="c2")
+    assert (workspace / "a.txt").read_text() == "host edit"  # the before-image of c2, not c1's
+    assert not (workspace / "c.txt").exists() and (workspace / "h.txt").read_text() == "host file"
+
+
+async def test_separate_scans_record_the_same(cl, box, workspace: Path) -> None:
+    (workspace / "x").write_text("1")
+    assert await shell_separately(cl, box, "echo 2 > x && echo n > y", call_id="s") == ["x", "y"]
+    assert await shell(cl, box, "rm y", call_id="p") == ["y"]
+    assert await shell_separately(cl, box, "true") == []
+    await cl.undo(box, all=True)
+    assert (workspace / "x").read_text() == "1" and not (workspace / "y").exists()
+
+
+async def test_scan_travels_with_the_command_when_watched(cl, box, workspace: Path) -> None:
+    await shell(cl, box, "true")
+    token = await cl.before_shell(box, piggyback=True)
+    scan = token.scan  # type: ignore[attr-defined]
+    assert scan is not None  # a watched snapshot: no separate scan was made
+    r = await box.exec("echo z > z", scan=scan)
+    assert r.scan_after is not None and r.scan_after.from_events
+    assert [e.path for e in r.scan_after.entries] == ["z"]
+    assert await cl.after_shell(box, token, command="echo z > z", result=r) == ["z"]
 
 
 async def test_shell_create_modify_delete_and_undo_exact_bytes(cl, box, workspace: Path) -> None:
@@ -92,9 +138,7 @@ async def test_oversized_and_ignored_are_recorded_not_restorable(cl, box, worksp
     (workspace / "big").write_bytes(b"x" * 5000)
     (workspace / "node_modules" / "pkg").mkdir(parents=True)
     (workspace / "node_modules" / "pkg" / "i.js").write_text("1")
-    changed = await shell(
-        cl, box, "echo y > big && echo 2 > node_modules/pkg/i.js && echo 3 > node_modules/n.js"
-    )
+    changed = await shell(cl, box, "echo y > big && echo 2 > node_modules/pkg/i.js && echo 3 > node_modules/n.js")
     assert sorted(changed) == ["big", "node_modules/n.js", "node_modules/pkg/i.js"]
     by_path = {e.path: e for e in await cl.log()}
     assert not by_path["big"].restorable and "size cap" in (by_path["big"].note or "")
@@ -133,9 +177,7 @@ async def test_symlinks_recorded_by_target(cl, box, workspace: Path) -> None:
     assert (workspace / "target.txt").read_text() == "t"
 
 
-async def test_changes_after_agent_restart_are_found_by_full_diff(
-    cl, local_backend, box, workspace: Path
-) -> None:
+async def test_changes_after_agent_restart_are_found_by_full_diff(cl, local_backend, box, workspace: Path) -> None:
     (workspace / "a").write_text("1")
     token = await cl.before_shell(box)
     await local_backend.stop(workspace)  # the agent and its scan snapshot are gone
@@ -146,9 +188,7 @@ async def test_changes_after_agent_restart_are_found_by_full_diff(
     assert sorted(changed) == ["a", "b"]
 
 
-async def test_planted_symlink_before_write_reads_nothing_outside(
-    cl, box, workspace: Path, tmp_path: Path
-) -> None:
+async def test_planted_symlink_before_write_reads_nothing_outside(cl, box, workspace: Path, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP SECRET")
     (workspace / "innocent.txt").symlink_to(secret)

@@ -59,6 +59,11 @@ class Changelog:
         return cls(core)
 
     @property
+    def workspace(self) -> Path:
+        """The workspace directory (its real path) this changelog records."""
+        return self._core.workspace
+
+    @property
     def directory(self) -> Path:
         """Where this changelog's files live (outside the workspace)."""
         return self._core.root

@@ -444,27 +444,118 @@ def op_write(req):
             os.unlink(tmp, dir_fd=fd)
             raise
         os.close(f)
-        try:
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException:
-            os.unlink(tmp, dir_fd=fd)
-            raise
-        if durable:
-            try:
-                dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            except OSError:
-                pass
-        return {
+        result = {
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
             "created": st is None,
             "path": _rel(parts),
         }
+        if req.get("stage"):
+            # Written and fsync'd, not yet in place: the host records its changelog entry
+            # meanwhile and then sends ``commit`` (or ``abort``). The directory stays open,
+            # so the rename happens exactly where the checks were made.
+            if _staged:
+                _drop_staged(STAGE_TTL)
+            token = os.urandom(8).hex()
+            expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
+            with _staged_lock:
+                _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
+            fd = -1
+            return {"staged": token, "path": _rel(parts), "mode": None if st is None else st.st_mode}
+        _put_in_place(fd, tmp, name, durable)
+        return result
     finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _put_in_place(fd, tmp, name, durable):
+    try:
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        os.unlink(tmp, dir_fd=fd)
+        raise
+    if durable:
+        try:
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+
+_staged = {}  # type: dict
+_staged_lock = threading.Lock()
+STAGE_TTL = 120.0
+
+
+def _take_staged(req):
+    token = req.get("staged")
+    with _staged_lock:
+        item = _staged.pop(token, None) if isinstance(token, str) else None
+    if item is None:
+        raise Refused("invalid", "No staged write %r (committed, aborted or expired)" % (token,))
+    return item
+
+
+def op_commit(req):
+    """Put a staged write in place, if the target still is what the write expected."""
+    fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
+    try:
+        try:
+            here = _resolve(path, create_dirs=False)
+        except Refused:
+            here = None
+        try:
+            same = here is not None and here[1] == name and os.path.samestat(os.fstat(here[0]), os.fstat(fd))
+        finally:
+            if here is not None:
+                os.close(here[0])
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        try:
+            if not same:
+                raise Refused("conflict", "Conflict: %s was moved or relinked while being written" % path)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
+            _check_expect(fd, name, st, path, expect)
+        except BaseException:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        _put_in_place(fd, tmp, name, durable)
+        result = dict(result)
+        result["created"] = st is None
+        return result
+    finally:
+        os.close(fd)
+
+
+def op_abort(req):
+    fd, tmp, _name, _path, _expect, _durable, _result, _at = _take_staged(req)
+    try:
+        os.unlink(tmp, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return {"aborted": True}
+
+
+def _drop_staged(older_than=0.0):
+    """Remove staged temporaries the host never committed (it went away, or forgot)."""
+    now = time.monotonic()
+    with _staged_lock:
+        old = [t for t, item in _staged.items() if now - item[7] >= older_than]
+        items = [_staged.pop(t) for t in old]
+    for fd, tmp, *_rest in items:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except OSError:
+            pass
         os.close(fd)
 
 
@@ -1706,6 +1797,8 @@ FAST_OPS = {
     "remove": op_remove,
     "stat": op_stat,
     "hash": op_hash,
+    "commit": op_commit,
+    "abort": op_abort,
 }
 SLOW_OPS = {
     "list": op_list,
@@ -1844,7 +1937,8 @@ def main(config):
             _dispatch_slow(req)
         else:
             _handle(req)
-    # The host went away: leave nothing running behind us.
+    # The host went away: leave nothing running behind us, and no staged temporary.
+    _drop_staged()
     with _procs_lock:
         spawned = list(_procs)
     for pid in spawned:

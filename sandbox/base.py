@@ -16,7 +16,7 @@ import abc
 import builtins
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 Outcome = Literal["exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"]
 EntryType = Literal["file", "dir", "symlink", "other"]
@@ -51,6 +51,15 @@ class WriteResult:
     size: int
     sha256: str
     created: bool
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """A write made but not yet put in place (:meth:`Sandbox.stage_write`)."""
+
+    token: object
+    path: str  # the resolved workspace-relative path it will replace
+    mode: int | None  # st_mode of the file it replaces; None when creating
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,40 @@ class Sandbox(abc.ABC):
         ``expect_sha256`` / ``expect_absent`` make the write conditional on the current
         content. Raises ConflictError, NotAFileError, PathEscapeError, TooLargeError.
         """
+
+    async def stage_write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        fsync: bool = True,
+    ) -> StagedWrite:
+        """The first half of :meth:`write`: the new content written (and fsync'd) beside
+        ``path``, not yet in place, so the caller can record the change meanwhile. Finish
+        with :meth:`commit_write` (the conditions are checked again there) or
+        :meth:`abort_write`. ``StagedWrite.path`` is the resolved path (in-workspace links
+        followed). Raises like :meth:`write`. This default stages on the host side and
+        writes at commit; the agent sandbox stages in the workspace.
+        """
+        st: FileStat | None
+        try:
+            st = await self.stat(path)
+        except FileNotFoundError:
+            st = None
+        payload = (path, data, expect_sha256, expect_absent, fsync)
+        return StagedWrite(token=payload, path=st.path if st else path, mode=st.mode if st else None)
+
+    async def commit_write(self, staged: StagedWrite) -> WriteResult:
+        """Put a staged write in place if the target is still what it expected. Raises
+        ConflictError (nothing written), NotAFileError and infrastructure errors."""
+        args = cast(tuple[str, bytes, "str | None", bool, bool], staged.token)
+        return await self.write(args[0], args[1], expect_sha256=args[2], expect_absent=args[3], fsync=args[4])
+
+    async def abort_write(self, staged: StagedWrite) -> None:
+        """Drop a staged write (nothing changes in the workspace)."""
+        return None  # the default stages nothing in the workspace
 
     @abc.abstractmethod
     async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:

@@ -38,6 +38,7 @@ from .base import (
     ScanResult,
     SearchMatch,
     SearchResult,
+    StagedWrite,
     WriteResult,
 )
 from .connection import AgentConnection
@@ -181,6 +182,50 @@ class AgentSandbox(Sandbox):
             sha256=_str(r.get("sha256"), "sha256", limit=64),
             created=bool(r.get("created")),
         )
+
+    async def stage_write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        fsync: bool = True,
+    ) -> StagedWrite:
+        args = {
+            "fsync": fsync,
+            "path": path,
+            "data": base64.b64encode(data).decode(),
+            "expect_sha256": expect_sha256,
+            "expect_absent": expect_absent,
+            "mkdirs": True,
+            "stage": True,
+        }
+        conn = await self.connection()
+        r = await conn.request("write", args, timeout=self._io_timeout + DEADLINE_SLACK)
+        mode = r.get("mode")
+        return StagedWrite(
+            token=(conn, _str(r.get("staged"), "staged", limit=64)),
+            path=_relpath(r.get("path")),
+            mode=None if mode is None else _int(mode, "mode"),
+        )
+
+    async def commit_write(self, staged: StagedWrite) -> WriteResult:
+        conn, token = cast(tuple[AgentConnection, str], staged.token)
+        if conn is not self._conn:
+            # The agent that holds the staged file is gone (and removed it on exit).
+            raise SandboxLostError("The sandbox connection was lost before the staged write was committed")
+        r = await conn.request("commit", {"staged": token}, timeout=self._io_timeout + DEADLINE_SLACK)
+        return WriteResult(
+            size=_int(r.get("size"), "size"),
+            sha256=_str(r.get("sha256"), "sha256", limit=64),
+            created=bool(r.get("created")),
+        )
+
+    async def abort_write(self, staged: StagedWrite) -> None:
+        conn, token = cast(tuple[AgentConnection, str], staged.token)
+        if conn is self._conn and not conn.closed:
+            await conn.request("abort", {"staged": token}, timeout=self._io_timeout + DEADLINE_SLACK)
 
     async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:
         r = await self._call("remove", {"path": path, "expect_sha256": expect_sha256})

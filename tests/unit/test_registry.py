@@ -448,7 +448,7 @@ class SpyRecorder:
         self.events.append(("write", path, tool, call_id, subtask_id, expect_sha256, expect_absent))
         return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
 
-    async def before_shell(self, sandbox: Sandbox) -> object:
+    async def before_shell(self, sandbox: Sandbox, *, piggyback: bool = False, pending: object = None) -> object:
         self.active_shells += 1
         self.max_active = max(self.max_active, self.active_shells)
         self.events.append(("before",))
@@ -463,6 +463,7 @@ class SpyRecorder:
         command: str,
         call_id: str | None,
         subtask_id: str | None,
+        result: object = None,
     ) -> list[str]:
         self.active_shells -= 1
         self.events.append(("after", token, tool, command, call_id))

@@ -4,9 +4,10 @@ crash-safety argument are in :mod:`worker.changelog.recorder`).
 Two ways to find the before-image. The general one reads it through the sandbox, beside
 a ``stat`` that canonicalizes the path. The fast one serves the common edit: the caller
 read the file and passes its hash, and that content is already stored (the previous
-entry's after-image), so the entry is recorded while the path is checked, and the
-agent's write, conditional on exactly that hash, makes the before-image true or writes
-nothing.
+entry's after-image), so the entry is recorded while the agent stages the new content
+(written and fsync'd beside the file, path and hash checked), and the agent then puts it
+in place only if the file still has exactly that hash: the before-image is true or
+nothing is written.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from sandbox.base import Sandbox, WriteResult
-from sandbox.errors import ConflictError, NotAFileError
+from sandbox.errors import AgentError, ConflictError, NotAFileError
 
 from .errors import ChangelogStorageError
 from .paths import canonical
@@ -94,43 +95,49 @@ async def _write_known_before(
 ) -> WriteResult | None:
     """The fast path of an edit: the caller read the file (``expect_sha256``) and that
     content is already stored (typically the previous entry's after-image), so there is
-    no before-image to read. The entry is recorded *while* the path is checked, and the
-    agent's write is conditional on exactly ``expect_sha256``, so the entry's before-image
-    is what the write replaces, or nothing is written.
+    no before-image to read.
 
-    Returns None, with nothing recorded, when the path is not canonical, not a regular
-    file, the content is not stored or entries are pending: the general path then takes
-    over. Caller holds the lock. Raises like ``recorded_write``.
+    Two things happen at once: the entry is committed (durably) on the database thread,
+    and the agent *stages* the new content (temp file written and fsync'd beside the
+    target, resolving and checking the path and the expected hash). Only when both are
+    done does the agent put the file in place (``commit_write``: hash checked again,
+    rename, directory fsync). So the entry is durable before the file changes, as in
+    the general path, but its fsync and the file's overlap instead of adding up.
+
+    Returns None, with nothing recorded or written, when the path is not canonical or
+    not a regular file, the content is not stored or entries are pending: the general
+    path then takes over. Caller holds the lock. Raises like ``recorded_write``.
     """
     guess = Current("file", expect_sha256, None)
     fields, blobs, after = core.entry(
         path, data, guess, tool=tool, call_id=call_id, subtask_id=subtask_id, origin="tool", before_stored=True
     )
-    canon, entry_id = await asyncio.gather(
-        canonical(sandbox, path),
+    staged, entry_id = await asyncio.gather(
+        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync),
         core.db(core._begin_tx, fields, blobs, settled=False, require_blob=expect_sha256),
         return_exceptions=True,
     )
-    if isinstance(entry_id, BaseException):
-        raise entry_id
-    if entry_id is None:
+    usable = not isinstance(staged, BaseException) and staged.path == path and staged.mode is not None
+    if isinstance(entry_id, BaseException) or entry_id is None or not usable:
+        if not isinstance(staged, BaseException):
+            await sandbox.abort_write(staged)
+        if isinstance(entry_id, int):
+            await core.db(core._drop_tx, entry_id)  # never attempted: nothing was written
+        if isinstance(entry_id, BaseException):
+            raise entry_id
+        if isinstance(staged, ConflictError):
+            raise staged  # refused before anything was written (and nothing is recorded)
+        if isinstance(staged, BaseException) and not isinstance(staged, NotAFileError):
+            raise staged
         return None
-    if isinstance(canon, BaseException) or canon[0] != path or canon[1] is None or canon[1].type != "file":
-        await core.db(core._drop_tx, entry_id)  # never attempted: the general path decides
-        if isinstance(canon, BaseException):
-            raise canon
-        return None
-    result = await core.apply(
-        sandbox,
-        entry_id,
-        path,
-        data,
-        after,
-        expect_sha256=expect_sha256,
-        expect_absent=False,
-        reverts=None,
-        mode=canon[1].mode,
-        drop_on_conflict=True,
-    )
-    assert result is not None
+    assert not isinstance(staged, BaseException)
+    try:
+        result = await sandbox.commit_write(staged)
+    except ConflictError:
+        await core.db(core._drop_tx, entry_id)  # refused at the last check: nothing written
+        raise
+    except AgentError:
+        await core.db(core._finish_tx, entry_id, "failed", None, None)
+        raise
+    core._finish_later(entry_id, (path, after), None, staged.mode)
     return result

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import Sandbox, WriteResult
+from sandbox.base import Sandbox, StagedWrite, WriteResult
 from worker.changelog import Changelog, Limits
 
 
@@ -31,6 +31,10 @@ class SpySandbox:
     async def write(self, path: str, data: bytes, **kw: Any) -> WriteResult:
         self.writes.append(kw)
         return await self._box.write(path, data, **kw)
+
+    async def stage_write(self, path: str, data: bytes, **kw: Any) -> StagedWrite:
+        self.writes.append(kw)  # the staged half is where the file is written (and fsync'd)
+        return await self._box.stage_write(path, data, **kw)
 
 
 @pytest.fixture

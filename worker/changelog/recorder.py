@@ -239,6 +239,10 @@ class ChangelogCore:
         # any pending entry was there before the caller took the lock (this process's own
         # step 5 runs before this on the database thread), and recovery only hashes
         # files, so what the caller read through the sandbox is still what it read.
+        if data is not None:
+            return await self._staged_change(
+                sandbox, path, data, fields, blobs, after, expect_sha256, expect_absent, reverts
+            )
         entry_id = await self.db(self._begin_tx, fields, blobs, settled=False)
         if entry_id is None:
             await self.recover(sandbox)
@@ -254,6 +258,48 @@ class ChangelogCore:
             expect_absent=expect_absent,
             reverts=reverts,
         )
+        return entry_id, result
+
+    async def _staged_change(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes,
+        fields: dict[str, Any],
+        blobs: list[tuple[str, bytes]],
+        after: str | None,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        reverts: int | None,
+    ) -> tuple[int, WriteResult | None]:
+        """``change`` for a write: the entry's commit and the agent's staging of the new
+        content (temp file written and fsync'd) run at once; the file is put in place
+        only after both, so the entry is still durable before the file changes."""
+        staged, entry_id = await asyncio.gather(
+            sandbox.stage_write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=self.fsync),
+            self.db(self._begin_tx, fields, blobs, settled=False),
+            return_exceptions=True,
+        )
+        if isinstance(entry_id, BaseException) or isinstance(staged, BaseException):
+            if not isinstance(staged, BaseException):
+                await sandbox.abort_write(staged)
+            if isinstance(entry_id, int):
+                await self.db(self._finish_tx, entry_id, "failed", None, None)  # nothing was written
+            raise entry_id if isinstance(entry_id, BaseException) else staged  # type: ignore[misc]
+        if staged.path != path:  # a link planted since the path was canonicalized
+            await sandbox.abort_write(staged)
+            await self.db(self._finish_tx, entry_id, "failed", None, None) if entry_id is not None else None
+            raise ConflictError(f"Conflict: {path} now resolves to {staged.path}; nothing was written", code="conflict")
+        if entry_id is None:
+            await self.recover(sandbox)  # hashes files only: our staged temporary is untouched
+            entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
+        assert entry_id is not None
+        try:
+            result = await sandbox.commit_write(staged)
+        except AgentError:
+            await self.db(self._finish_tx, entry_id, "failed", None, None)
+            raise
+        self._finish_later(entry_id, (path, after), reverts, staged.mode)
         return entry_id, result
 
     def entry(

@@ -456,7 +456,9 @@ def op_write(req):
             # so the rename happens exactly where the checks were made.
             if _staged:
                 _drop_staged(STAGE_TTL)
-            token = os.urandom(8).hex()
+            token = req.get("token")
+            if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()) or token in _staged:
+                token = os.urandom(8).hex()
             expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
             with _staged_lock:
                 _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
@@ -517,7 +519,10 @@ def op_commit(req):
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             st = None
+        expect_path = req.get("expect_path")
         try:
+            if expect_path is not None and expect_path != result["path"]:
+                raise Refused("conflict", "Conflict: %s resolves to %s, not %s" % (path, result["path"], expect_path))
             if not same:
                 raise Refused("conflict", "Conflict: %s was moved or relinked while being written" % path)
             if st is not None and not stat.S_ISREG(st.st_mode):

@@ -231,31 +231,47 @@ class Sandbox(abc.ABC):
         expect_sha256: str | None = None,
         expect_absent: bool = False,
         fsync: bool = True,
+        token: str | None = None,
     ) -> StagedWrite:
         """The first half of :meth:`write`: the new content written (and fsync'd) beside
         ``path``, not yet in place, so the caller can record the change meanwhile. Finish
         with :meth:`commit_write` (the conditions are checked again there) or
         :meth:`abort_write`. ``StagedWrite.path`` is the resolved path (in-workspace links
-        followed). Raises like :meth:`write`. This default stages on the host side and
-        writes at commit; the agent sandbox stages in the workspace.
+        followed). A caller-chosen ``token`` (alphanumeric) lets it send the commit before
+        this call has returned. Raises like :meth:`write`. This default stages on the
+        host side and writes at commit; the agent sandbox stages in the workspace.
         """
         st: FileStat | None
         try:
             st = await self.stat(path)
         except FileNotFoundError:
             st = None
-        payload = (path, data, expect_sha256, expect_absent, fsync)
-        return StagedWrite(token=payload, path=st.path if st else path, mode=st.mode if st else None)
+        staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
+        pending = self.__dict__.setdefault("_host_staged", {})
+        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync)
+        return staged
 
-    async def commit_write(self, staged: StagedWrite) -> WriteResult:
-        """Put a staged write in place if the target is still what it expected. Raises
-        ConflictError (nothing written), NotAFileError and infrastructure errors."""
-        args = cast(tuple[str, bytes, "str | None", bool, bool], staged.token)
-        return await self.write(args[0], args[1], expect_sha256=args[2], expect_absent=args[3], fsync=args[4])
+    async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
+        """Put a staged write (or the one staged under a token) in place if the target is
+        still what it expected and, with ``expect_path``, resolves to that path. Raises
+        ConflictError (nothing written), NotAFileError, AgentError for an unknown token,
+        and infrastructure errors."""
+        from .errors import AgentError, ConflictError
 
-    async def abort_write(self, staged: StagedWrite) -> None:
-        """Drop a staged write (nothing changes in the workspace)."""
-        return None  # the default stages nothing in the workspace
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        item = self.__dict__.get("_host_staged", {}).pop(token, None)
+        if item is None:
+            raise AgentError(f"No staged write {token!r}", code="invalid")
+        path, data, expect_sha256, expect_absent, fsync = cast(tuple[str, bytes, "str | None", bool, bool], item)
+        if expect_path is not None and expect_path != path:
+            raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
+        return await self.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=fsync)
+
+    async def abort_write(self, staged: StagedWrite | str) -> None:
+        """Drop a staged write (nothing changes in the workspace). Never raises for an
+        unknown or already finished one."""
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        self.__dict__.get("_host_staged", {}).pop(token, None)
 
     @abc.abstractmethod
     async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:

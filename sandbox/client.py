@@ -42,7 +42,7 @@ from .base import (
     WriteResult,
 )
 from .connection import AgentConnection
-from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError
+from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError
 from .process import SandboxProcess
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
@@ -191,6 +191,7 @@ class AgentSandbox(Sandbox):
         expect_sha256: str | None = None,
         expect_absent: bool = False,
         fsync: bool = True,
+        token: str | None = None,
     ) -> StagedWrite:
         args = {
             "fsync": fsync,
@@ -200,32 +201,43 @@ class AgentSandbox(Sandbox):
             "expect_absent": expect_absent,
             "mkdirs": True,
             "stage": True,
+            "token": token,
         }
         conn = await self.connection()
         r = await conn.request("write", args, timeout=self._io_timeout + DEADLINE_SLACK)
         mode = r.get("mode")
+        got = _str(r.get("staged"), "staged", limit=64)
+        if token is not None and got != token:
+            await conn.request("abort", {"staged": got}, timeout=self._io_timeout + DEADLINE_SLACK)
+            raise ProtocolError("agent staged the write under another token")
         return StagedWrite(
-            token=(conn, _str(r.get("staged"), "staged", limit=64)),
+            token=got,
             path=_relpath(r.get("path")),
             mode=None if mode is None else _int(mode, "mode"),
         )
 
-    async def commit_write(self, staged: StagedWrite) -> WriteResult:
-        conn, token = cast(tuple[AgentConnection, str], staged.token)
-        if conn is not self._conn:
-            # The agent that holds the staged file is gone (and removed it on exit).
-            raise SandboxLostError("The sandbox connection was lost before the staged write was committed")
-        r = await conn.request("commit", {"staged": token}, timeout=self._io_timeout + DEADLINE_SLACK)
+    async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
+        # Staged files live in the agent that staged them (it removes them when it exits),
+        # so a commit on a fresh connection finds nothing: the agent says so.
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        args: dict[str, Any] = {"staged": token}
+        if expect_path is not None:
+            args["expect_path"] = expect_path
+        r = await self._call("commit", args)
         return WriteResult(
             size=_int(r.get("size"), "size"),
             sha256=_str(r.get("sha256"), "sha256", limit=64),
             created=bool(r.get("created")),
         )
 
-    async def abort_write(self, staged: StagedWrite) -> None:
-        conn, token = cast(tuple[AgentConnection, str], staged.token)
-        if conn is self._conn and not conn.closed:
-            await conn.request("abort", {"staged": token}, timeout=self._io_timeout + DEADLINE_SLACK)
+    async def abort_write(self, staged: StagedWrite | str) -> None:
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await conn.request("abort", {"staged": token}, timeout=self._io_timeout + DEADLINE_SLACK)
+            except AgentError:
+                pass  # already committed, aborted or expired
 
     async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:
         r = await self._call("remove", {"path": path, "expect_sha256": expect_sha256})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.base import Sandbox
-from sandbox.errors import ConflictError, PathEscapeError, SandboxLostError
+from sandbox.errors import AgentError, ConflictError, PathEscapeError
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -89,8 +89,8 @@ async def test_a_lost_agent_takes_its_staged_files_with_it(box: Sandbox, workspa
     staged = await box.stage_write("f.txt", b"never committed")
     conn = await box.connection()  # type: ignore[attr-defined]
     await conn.close("test: host went away")
-    with pytest.raises(SandboxLostError):
-        await box.commit_write(staged)
+    with pytest.raises(AgentError, match="No staged write"):
+        await box.commit_write(staged)  # a fresh agent: the staged file went with the old one
     assert not (workspace / "f.txt").exists()
     # The agent removes what it staged when its host goes away.
     for _ in range(100):
@@ -100,3 +100,28 @@ async def test_a_lost_agent_takes_its_staged_files_with_it(box: Sandbox, workspa
 
         await asyncio.sleep(0.05)
     assert user_files(workspace) == []
+
+
+async def test_commit_may_be_sent_before_the_stage_answers(box: Sandbox, workspace: Path) -> None:
+    """A caller-chosen token: the commit is queued behind the staging (the agent serves
+    them in order), so the entry's fsync and the file's overlap without a round trip."""
+    import asyncio
+
+    (workspace / "f.txt").write_text("v1")
+    sha = (await box.read("f.txt")).sha256
+    stage = asyncio.ensure_future(box.stage_write("f.txt", b"v2", expect_sha256=sha, token="t0ken"))
+    await asyncio.sleep(0)
+    result = await box.commit_write("t0ken", expect_path="f.txt")
+    assert (await stage).path == "f.txt" and result.size == 2
+    assert (workspace / "f.txt").read_text() == "v2"
+
+
+async def test_commit_refuses_another_resolved_path(box: Sandbox, workspace: Path) -> None:
+    (workspace / "real.txt").write_text("r")
+    (workspace / "link.txt").symlink_to("real.txt")
+    staged = await box.stage_write("link.txt", b"new")
+    assert staged.path == "real.txt"
+    with pytest.raises(ConflictError):
+        await box.commit_write(staged, expect_path="link.txt")
+    assert (workspace / "real.txt").read_text() == "r"
+    assert sorted(p.name for p in workspace.iterdir()) == ["link.txt", "real.txt"]

@@ -13,8 +13,9 @@ nothing is written.
 from __future__ import annotations
 
 import asyncio
+import secrets
 
-from sandbox.base import Sandbox, WriteResult
+from sandbox.base import Sandbox, StagedWrite, WriteResult
 from sandbox.errors import AgentError, ConflictError, NotAFileError
 
 from .errors import ChangelogStorageError
@@ -112,32 +113,55 @@ async def _write_known_before(
     fields, blobs, after = core.entry(
         path, data, guess, tool=tool, call_id=call_id, subtask_id=subtask_id, origin="tool", before_stored=True
     )
-    staged, entry_id = await asyncio.gather(
-        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync),
-        core.db(core._begin_tx, fields, blobs, settled=False, require_blob=expect_sha256),
-        return_exceptions=True,
+    # Our own token, so the commit can follow the entry's commit at once, queued in the
+    # agent behind the staging, with no wait for the staging's answer.
+    token = secrets.token_hex(8)
+    stage = asyncio.ensure_future(
+        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token)
     )
-    usable = not isinstance(staged, BaseException) and staged.path == path and staged.mode is not None
-    if isinstance(entry_id, BaseException) or entry_id is None or not usable:
-        if not isinstance(staged, BaseException):
-            await sandbox.abort_write(staged)
-        if isinstance(entry_id, int):
-            await core.db(core._drop_tx, entry_id)  # never attempted: nothing was written
-        if isinstance(entry_id, BaseException):
-            raise entry_id
-        if isinstance(staged, ConflictError):
-            raise staged  # refused before anything was written (and nothing is recorded)
-        if isinstance(staged, BaseException) and not isinstance(staged, NotAFileError):
-            raise staged
-        return None
-    assert not isinstance(staged, BaseException)
     try:
-        result = await sandbox.commit_write(staged)
-    except ConflictError:
-        await core.db(core._drop_tx, entry_id)  # refused at the last check: nothing written
+        entry_id = await core.db(core._begin_tx, fields, blobs, settled=False, require_blob=expect_sha256)
+    except BaseException:
+        await _abort(sandbox, stage, token)
         raise
+    if entry_id is None:  # not stored, or entries pending: the general path decides
+        await _abort(sandbox, stage, token)
+        return None
+    committed = asyncio.ensure_future(sandbox.commit_write(token, expect_path=path))
+    staged_err: BaseException | None = None
+    try:
+        staged = await stage
+    except Exception as e:  # refused at staging: the commit then finds nothing staged
+        staged_err = e
+        staged = None
+    try:
+        result = await committed
+    except ConflictError as e:
+        await core.db(core._drop_tx, entry_id)  # refused before anything was written
+        if isinstance(staged_err, NotAFileError):
+            return None
+        if staged_err is not None:
+            raise staged_err from None
+        if staged is not None and staged.path != path:
+            return None  # not canonical (a link): the general path records the real path
+        raise e
     except AgentError:
-        await core.db(core._finish_tx, entry_id, "failed", None, None)
+        await core.db(core._drop_tx, entry_id)  # nothing staged, so nothing written
+        if isinstance(staged_err, NotAFileError):
+            return None
+        if staged_err is not None:
+            raise staged_err from None
         raise
+    assert staged is not None
     core._finish_later(entry_id, (path, after), None, staged.mode)
     return result
+
+
+async def _abort(sandbox: Sandbox, stage: asyncio.Future[StagedWrite], token: str) -> None:
+    """Drop a staging that will not be committed (waiting for it first, so the abort
+    cannot overtake it)."""
+    try:
+        await stage
+    except Exception:
+        return  # refused or lost: nothing staged
+    await sandbox.abort_write(token)

@@ -1068,7 +1068,7 @@ def op_scan(req):
     try:
         with _scan_lock:
             previous = _snapshots.get(key) if key else None
-            if previous is not None and previous.usable(params, since):
+            if previous is not None and previous.usable(params, since) and not req.get("walk"):
                 delta = previous.refresh(dfd, prefix, exclude, limit)
                 if delta is not None:
                     previous.generation = os.urandom(8).hex()

@@ -348,11 +348,14 @@ class Sandbox(abc.ABC):
         snapshot: str | None = None,
         since: str | None = None,
         timeout: float = 60.0,
+        walk: bool = False,
     ) -> ScanResult:
         """Stat-only walk (no link following) for change detection.
 
         With ``snapshot`` the agent remembers this walk; a later scan with the same key
-        and ``since`` equal to the returned ``generation`` returns only the differences.
+        and ``since`` equal to the returned ``generation`` returns only the differences,
+        found from change events where the agent watches the tree (``watched``), else by
+        walking it again. ``walk=True`` forces the walk (a verification).
         """
 
     @abc.abstractmethod

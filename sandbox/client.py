@@ -335,6 +335,7 @@ class AgentSandbox(Sandbox):
         snapshot: str | None = None,
         since: str | None = None,
         timeout: float = 60.0,
+        walk: bool = False,
     ) -> ScanResult:
         r = await self._call(
             "scan",
@@ -344,6 +345,7 @@ class AgentSandbox(Sandbox):
                 "max_files": max_files,
                 "snapshot": snapshot,
                 "since": since,
+                "walk": walk,
             },
             timeout=timeout,
         )

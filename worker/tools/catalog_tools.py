@@ -127,6 +127,7 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
     # The workspace offers run_shell but no public "bracket anything" method; its lock is
     # what keeps a concurrent write out of this call's change set.
     async with ws._mutation_lock:
+        ws.forget(None)  # the command may change any file
         token = await ws.recorder.before_shell(ws.sandbox)
 
         async def after() -> list[str]:

@@ -14,11 +14,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox import protocol
-from sandbox.errors import ConflictError, PathNotFoundError
+from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
 from ..paths import require_file_path
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
+from ..workspace import Workspace
 
 #: Largest content write_file / edit_file will write (UTF-8 bytes).
 MAX_WRITE_BYTES = 10 << 20
@@ -61,6 +62,8 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     data["content"] = text
     if r.sha256:
         data["sha256"] = r.sha256
+        if lr is None and not r.truncated:
+            ws.remember(rel, r.data, r.sha256)  # an edit that follows can start from it
     if lr is not None:
         data.update(start_line=lr[0], end_line=min(lr[1], r.total_lines or 0), total_lines=r.total_lines)
     output = text
@@ -183,25 +186,57 @@ def apply_edits(text: str, edits: list[Edit], path: str) -> tuple[str, list[str]
     return text, snippets
 
 
+class _Stale(Exception):
+    """The remembered content an edit started from is not the file's: read it instead."""
+
+
 async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     rel = require_file_path(args.path, str(ws.root))
     edits = args.edit_list()
+    known = ws.known(rel)
+    if known is not None and b"\x00" not in known[0][:8192]:
+        # Start from what this worker last wrote or read there: the write is conditional
+        # on exactly that hash, so a stale guess writes nothing and we start over below.
+        try:
+            return await _edit(ws, ctx, rel, edits, known[0], known[1], True, speculative=True)
+        except _Stale:
+            ws.forget([rel])
     try:
         r = await ws.sandbox.read(rel, max_bytes=MAX_EDIT_BYTES)
     except PathNotFoundError:
         if edits[0].old_str != "":
             raise
-        original, sha, exists = b"", None, False
-    else:
-        if r.binary:
-            raise ToolError(f"Cannot edit {rel}: it is a binary file")
-        if r.truncated or r.sha256 is None:
-            raise ToolError(f"Cannot edit {rel}: the file is larger than {MAX_EDIT_BYTES} bytes")
-        original, sha, exists = r.data, r.sha256, True
+        return await _edit(ws, ctx, rel, edits, b"", None, False, speculative=False)
+    if r.binary:
+        raise ToolError(f"Cannot edit {rel}: it is a binary file")
+    if r.truncated or r.sha256 is None:
+        raise ToolError(f"Cannot edit {rel}: the file is larger than {MAX_EDIT_BYTES} bytes")
+    return await _edit(ws, ctx, rel, edits, r.data, r.sha256, True, speculative=False)
+
+
+async def _edit(
+    ws: Workspace,
+    ctx: ToolContext,
+    rel: str,
+    edits: list[Edit],
+    original: bytes,
+    sha: str | None,
+    exists: bool,
+    *,
+    speculative: bool,
+) -> ToolResult:
+    """Apply ``edits`` to ``original`` and write the result conditionally on ``sha``.
+    With ``speculative`` every failure that could come from a stale ``original`` raises
+    :class:`_Stale` instead of reaching the model."""
     # surrogateescape: invalid bytes round-trip unchanged instead of becoming U+FFFD.
     text = original.decode("utf-8", "surrogateescape")
-    new_text, snippets = apply_edits(text, edits, rel)
+    try:
+        new_text, snippets = apply_edits(text, edits, rel)
+    except ToolError:
+        if speculative:
+            raise _Stale() from None
+        raise
     try:
         new = new_text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
@@ -214,6 +249,8 @@ async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         "created": not exists,
     }
     if exists and new == original:
+        if speculative:
+            raise _Stale()  # "unchanged" must be about the file, not about our memory of it
         return ToolResult.ok(f"{rel} unchanged: the edits produce the same content", data)
     if len(new) > MAX_WRITE_BYTES:
         raise ToolError(f"Edited content too large: {len(new)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit")
@@ -228,7 +265,13 @@ async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
             subtask_id=ctx.subtask_id,
         )
     except ConflictError as e:
+        if speculative:
+            raise _Stale() from None
         raise ToolError(f"{e} (the file changed between read and write; read it again and retry)") from None
+    except (PathNotFoundError, NotAFileError):
+        if speculative:
+            raise _Stale() from None
+        raise
     head = f"{'Created' if not exists else 'Edited'} {rel}: {len(edits)} edit(s) applied"
     body = "\n".join(f"--- change {i} ---\n{s}" for i, s in enumerate(snippets, 1))
     return ToolResult.ok(f"{head}\n{body}", data, [rel])

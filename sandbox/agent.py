@@ -703,6 +703,8 @@ def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
         it = os.scandir(dfd)
     except OSError:
         return False
+    track = snap is not None
+    isreg = stat.S_ISREG
     with it:
         for e in it:
             name = e.name
@@ -716,11 +718,13 @@ def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
                 continue
             if len(out) >= limit:
                 return True
-            out[prefix + name] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
-            if snap is not None:
+            key = prefix + name
+            mode = st.st_mode
+            out[key] = ("file" if isreg(mode) else _type_of(mode), st.st_size, st.st_mtime_ns, st.st_ino, mode)
+            if track:
                 names[name] = True
-                if st.st_nlink > 1 and prefix + name not in snap.multi:
-                    snap.multi.add(prefix + name)
+                if st.st_nlink > 1 and key not in snap.multi:
+                    snap.multi.add(key)
                     snap.new_multi = True
     if snap is not None:
         snap.dirs[prefix] = dict(dirs)

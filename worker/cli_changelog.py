@@ -81,9 +81,7 @@ def _line(e: Entry) -> str:
     if not e.restorable:
         flags.append("not restorable")
     ids = " ".join(
-        x
-        for x in (f"call={e.call_id}" if e.call_id else "", f"subtask={e.subtask_id}" if e.subtask_id else "")
-        if x
+        x for x in (f"call={e.call_id}" if e.call_id else "", f"subtask={e.subtask_id}" if e.subtask_id else "") if x
     )
     extra = f"  [{', '.join(flags)}]" if flags else ""
     return f"{e.id:>6}  {ts}  {e.tool:<14} {e.op:<7} {path}  {ids}{extra}".rstrip()
@@ -152,11 +150,7 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
         if result.dry_run:
             sys.stdout.write(result.diff)
         for s in result.steps:
-            tail = (
-                f" (undo entry {s.undo_entry_id})"
-                if s.undo_entry_id
-                else (f": {s.message}" if s.message else "")
-            )
+            tail = f" (undo entry {s.undo_entry_id})" if s.undo_entry_id else (f": {s.message}" if s.message else "")
             print(f"entry {s.entry_id} {s.path}: {s.status}{tail}", file=sys.stderr)
     return 1 if result.failed and any(s.status == "failed" for s in result.failed) else 0
 

@@ -53,9 +53,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."
     )
-    stop_sandboxes_on_exit: bool = Field(
-        True, description="`serve` stops the sandboxes it used when it shuts down."
-    )
+    stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
 
     # -- catalog (issue 6) -----------------------------------------------------------
     tools_dir: Path | None = Field(None, description="Custom tool YAML files (default: <data_dir>/tools).")

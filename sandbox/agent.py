@@ -421,6 +421,9 @@ def op_write(req):
             raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
         _check_expect(fd, name, st, path, req)
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
+        create_mode = req.get("mode")
+        if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
+            mode = create_mode & 0o777  # a restored file gets its permissions back (never setuid)
         tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
         try:
             f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
@@ -435,8 +438,8 @@ def op_write(req):
             while view:
                 n = os.write(f, view)
                 view = view[n:]
-            if st is not None:
-                os.fchmod(f, mode)
+            if st is not None or mode != 0o666:
+                os.fchmod(f, mode)  # exactly, whatever the umask
             if durable:
                 os.fsync(f)
         except BaseException:

@@ -213,8 +213,12 @@ class Sandbox(abc.ABC):
         expect_absent: bool = False,
         mkdirs: bool = True,
         fsync: bool = True,
+        mode: int | None = None,
     ) -> WriteResult:
         """Atomically replace ``path`` (temp file, fsync, rename), creating parents.
+
+        An existing file keeps its permissions; a new one gets ``mode`` (permission bits,
+        e.g. an undone deletion of an executable), else 0o666 less the umask.
 
         ``fsync=False`` keeps the atomicity (a reader or a killed process sees the old or
         the new file, never a torn one) but not durability across a power loss.
@@ -232,6 +236,7 @@ class Sandbox(abc.ABC):
         expect_absent: bool = False,
         fsync: bool = True,
         token: str | None = None,
+        mode: int | None = None,
     ) -> StagedWrite:
         """The first half of :meth:`write`: the new content written (and fsync'd) beside
         ``path``, not yet in place, so the caller can record the change meanwhile. Finish
@@ -248,7 +253,7 @@ class Sandbox(abc.ABC):
             st = None
         staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
         pending = self.__dict__.setdefault("_host_staged", {})
-        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync)
+        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode)
         return staged
 
     async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
@@ -262,10 +267,14 @@ class Sandbox(abc.ABC):
         item = self.__dict__.get("_host_staged", {}).pop(token, None)
         if item is None:
             raise AgentError(f"No staged write {token!r}", code="invalid")
-        path, data, expect_sha256, expect_absent, fsync = cast(tuple[str, bytes, "str | None", bool, bool], item)
+        path, data, expect_sha256, expect_absent, fsync, mode = cast(
+            tuple[str, bytes, "str | None", bool, bool, "int | None"], item
+        )
         if expect_path is not None and expect_path != path:
             raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
-        return await self.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=fsync)
+        return await self.write(
+            path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=fsync, mode=mode
+        )
 
     async def abort_write(self, staged: StagedWrite | str) -> None:
         """Drop a staged write (nothing changes in the workspace). Never raises for an

@@ -167,8 +167,10 @@ class AgentSandbox(Sandbox):
         expect_absent: bool = False,
         mkdirs: bool = True,
         fsync: bool = True,
+        mode: int | None = None,
     ) -> WriteResult:
         args = {
+            "mode": mode,
             "fsync": fsync,
             "path": path,
             "data": base64.b64encode(data).decode(),
@@ -192,8 +194,10 @@ class AgentSandbox(Sandbox):
         expect_absent: bool = False,
         fsync: bool = True,
         token: str | None = None,
+        mode: int | None = None,
     ) -> StagedWrite:
         args = {
+            "mode": mode,
             "fsync": fsync,
             "path": path,
             "data": base64.b64encode(data).decode(),

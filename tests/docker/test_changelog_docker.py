@@ -42,6 +42,7 @@ from tests.unit.test_changelog_shell import (
     test_shell_create_modify_delete_and_undo_exact_bytes,
     test_symlinks_recorded_by_target,
     test_tampered_entry_path_is_refused,
+    test_undone_deletion_gets_its_permissions_back,
 )
 from worker.changelog import Changelog, Limits
 
@@ -73,6 +74,7 @@ __all__ = [
     "test_to_entry_reverts_only_later_entries",
     "test_undo_is_itself_recorded_and_redo_by_entry",
     "test_undo_twice_is_noop",
+    "test_undone_deletion_gets_its_permissions_back",
 ]
 
 

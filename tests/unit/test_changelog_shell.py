@@ -58,6 +58,19 @@ async def test_outside_change_between_commands_is_not_the_commands(cl, box, work
     assert not (workspace / "c.txt").exists() and (workspace / "h.txt").read_text() == "host file"
 
 
+async def test_undone_deletion_gets_its_permissions_back(cl, box, workspace: Path) -> None:
+    (workspace / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (workspace / "run.sh").chmod(0o755)
+    (workspace / "secret.txt").write_text("s")
+    (workspace / "secret.txt").chmod(0o600)
+    await shell(cl, box, "true")
+    assert sorted(await shell(cl, box, "rm run.sh secret.txt", call_id="rm")) == ["run.sh", "secret.txt"]
+    await cl.undo(box, call_id="rm")
+    assert (workspace / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (workspace / "secret.txt").stat().st_mode & 0o777 == 0o600
+    assert (workspace / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+
+
 async def test_separate_scans_record_the_same(cl, box, workspace: Path) -> None:
     (workspace / "x").write_text("1")
     assert await shell_separately(cl, box, "echo 2 > x && echo n > y", call_id="s") == ["x", "y"]

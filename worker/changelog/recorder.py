@@ -216,8 +216,10 @@ class ChangelogCore:
         origin: Origin,
         reverts: int | None = None,
         note: str | None = None,
+        mode: int | None = None,
     ) -> tuple[int, WriteResult | None]:
         """Record, then write ``data`` to (or with None, remove) ``path``. Caller holds the lock.
+        ``mode``: the permissions of a file this creates (an undone deletion).
 
         Returns the entry id and the sandbox's WriteResult (None for a removal). Raises the
         sandbox's error unchanged (the entry is then ``failed``, or left ``pending`` when
@@ -241,7 +243,7 @@ class ChangelogCore:
         # files, so what the caller read through the sandbox is still what it read.
         if data is not None:
             return await self._staged_change(
-                sandbox, path, data, fields, blobs, after, expect_sha256, expect_absent, reverts
+                sandbox, path, data, fields, blobs, after, expect_sha256, expect_absent, reverts, mode
             )
         entry_id = await self.db(self._begin_tx, fields, blobs, settled=False)
         if entry_id is None:
@@ -271,12 +273,20 @@ class ChangelogCore:
         expect_sha256: str | None,
         expect_absent: bool,
         reverts: int | None,
+        mode: int | None = None,
     ) -> tuple[int, WriteResult | None]:
         """``change`` for a write: the entry's commit and the agent's staging of the new
         content (temp file written and fsync'd) run at once; the file is put in place
         only after both, so the entry is still durable before the file changes."""
         staged, entry_id = await asyncio.gather(
-            sandbox.stage_write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=self.fsync),
+            sandbox.stage_write(
+                path,
+                data,
+                expect_sha256=expect_sha256,
+                expect_absent=expect_absent,
+                fsync=self.fsync,
+                mode=None if mode is None else mode & 0o777,
+            ),
             self.db(self._begin_tx, fields, blobs, settled=False),
             return_exceptions=True,
         )

@@ -227,6 +227,7 @@ async def _revert(
                 call_id=undo_call_id,
                 subtask_id=None,
                 origin="undo",
+                mode=e.before_mode,
             )
             target_path = e.new_path
         else:
@@ -252,6 +253,7 @@ async def _revert(
             call_id=undo_call_id,
             subtask_id=None,
             origin="undo",
+            mode=e.before_mode if cur.kind is None else None,
         )
         return UndoStep(entry_id=e.id, path=e.path, action=action, status="reverted", undo_entry_id=uid)
     except (AgentError, UndoRefusedError) as err:

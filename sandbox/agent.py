@@ -442,6 +442,7 @@ def op_write(req):
                 os.fchmod(f, mode)  # exactly, whatever the umask
             if durable:
                 os.fsync(f)
+            written = os.fstat(f)
         except BaseException:
             os.close(f)
             os.unlink(tmp, dir_fd=fd)
@@ -463,6 +464,7 @@ def op_write(req):
             if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()) or token in _staged:
                 token = os.urandom(8).hex()
             expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
+            expect["written"] = written
             with _staged_lock:
                 _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
             fd = -1
@@ -528,11 +530,28 @@ def op_commit(req):
                 raise Refused("conflict", "Conflict: %s resolves to %s, not %s" % (path, result["path"], expect_path))
             if not same:
                 raise Refused("conflict", "Conflict: %s was moved or relinked while being written" % path)
+            # Our temporary, untouched: not replaced (by a link, say) nor written to since.
+            try:
+                now = os.stat(tmp, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                now = None
+            was = expect["written"]
+            if now is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (
+                was.st_ino,
+                was.st_dev,
+                was.st_size,
+                was.st_mtime_ns,
+                was.st_ctime_ns,
+            ):
+                raise Refused("conflict", "Conflict: the staged content of %s was tampered with" % path)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
             _check_expect(fd, name, st, path, expect)
         except BaseException:
-            os.unlink(tmp, dir_fd=fd)
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
             raise
         _put_in_place(fd, tmp, name, durable)
         result = dict(result)
@@ -767,9 +786,20 @@ _IN_MASK = (
 _IN_Q_OVERFLOW = 0x4000
 _IN_IGNORED = 0x8000
 _IN_HEADER = struct.Struct("iIII")
-#: Most directories one snapshot watches (the kernel's per-user budget is shared with
-#: the host user's other programs); beyond it the scan is a full stat walk.
+#: Most directories one snapshot watches; beyond it the scan is a full stat walk. The
+#: kernel's budget (fs.inotify.max_user_watches) is per uid and shared with the host
+#: user's other programs (an IDE, a file syncer), so we never take more than a quarter.
 MAX_WATCHES = 20000
+
+
+def _watch_budget():
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches") as fh:
+            return min(MAX_WATCHES, int(fh.read().strip()) // 4)
+    except (OSError, ValueError):
+        return min(MAX_WATCHES, 2048)
+
+
 #: A full stat walk at least this often, even when inotify saw nothing: writes through a
 #: shared mmap and changes through a hard link outside the workspace raise no event.
 FULL_SCAN_EVERY = 300.0
@@ -815,6 +845,7 @@ class _Snapshot(object):
         self.wds = {}  # type: dict  # wd -> prefix
         self.fd = -1
         self.broken = not watch
+        self.budget = _watch_budget() if watch else 0
         if watch:
             lib = _inotify()
             fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC) if lib is not None else -1
@@ -831,7 +862,7 @@ class _Snapshot(object):
     def watch_dir(self, dfd, prefix):
         if self.fd < 0:
             return
-        if len(self.wds) >= MAX_WATCHES:
+        if len(self.wds) >= self.budget:
             self.broken = True
             return
         # The descriptor's /proc path pins the exact directory we opened (no re-walk).

@@ -125,3 +125,24 @@ async def test_commit_refuses_another_resolved_path(box: Sandbox, workspace: Pat
         await box.commit_write(staged, expect_path="link.txt")
     assert (workspace / "real.txt").read_text() == "r"
     assert sorted(p.name for p in workspace.iterdir()) == ["link.txt", "real.txt"]
+
+
+@pytest.mark.parametrize("how", ["rewrite", "symlink"])
+async def test_tampered_staged_temporary_is_refused(box: Sandbox, workspace: Path, tmp_path: Path, how: str) -> None:
+    """Between staging and commit a process in the sandbox could rewrite our temporary or
+    swap it for a link; the commit notices and writes nothing."""
+    import asyncio
+
+    (workspace / "f.txt").write_text("orig")
+    staged = await box.stage_write("f.txt", b"ours")
+    (tmp,) = [p for p in workspace.iterdir() if p.name.startswith(".f.txt.loom-")]
+    await asyncio.sleep(0.01)  # a later mtime/ctime tick
+    if how == "rewrite":
+        tmp.write_bytes(b"evil")
+    else:
+        tmp.unlink()
+        tmp.symlink_to(tmp_path)
+    with pytest.raises(ConflictError, match="tampered"):
+        await box.commit_write(staged)
+    assert (workspace / "f.txt").read_text() == "orig"
+    assert sorted(p.name for p in workspace.iterdir()) == ["f.txt"]

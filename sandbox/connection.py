@@ -1,9 +1,15 @@
 """One open request/response channel to a running agent.
 
 A transport gives raw bytes; this module turns them into matched request/response pairs
-with ids, host-side deadlines and failure translation. Everything the agent sends is
-untrusted: a line over :data:`~sandbox.protocol.MAX_RESPONSE_BYTES`, non-JSON, or an
-unknown id is a :class:`~sandbox.errors.ProtocolError` and ends the connection.
+with ids, host-side deadlines and failure translation. A transport either pushes bytes
+(:meth:`Transport.start`: an ``asyncio.Protocol`` calls the connection from
+``data_received``, so a response resolves its caller's future without waking a reader
+task first) or is pulled by a reader task (:meth:`Transport.read`).
+
+Everything the agent sends is untrusted: a line over
+:data:`~sandbox.protocol.MAX_RESPONSE_BYTES`, non-JSON, or a response without a valid id
+is a :class:`~sandbox.errors.ProtocolError` and ends the connection; a line without this
+connection's secret is dropped, and so is a late answer to a request already given up.
 """
 
 from __future__ import annotations
@@ -23,10 +29,19 @@ from . import protocol
 from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
 
 log = structlog.get_logger("sandbox.connection")
+_decode_json = json.JSONDecoder().decode
 
 
 class Transport(abc.ABC):
     """Raw bytes to and from one agent process."""
+
+    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
+        """Push mode: from now on call ``on_data(stdout, stderr)`` with every chunk as it
+        arrives and ``on_eof(reason)`` once when the stream ends (no more ``on_data`` after
+        it). Both are called from the event loop, never re-entrantly. Returns False when
+        this transport does not push; the connection then pulls with :meth:`read`.
+        """
+        return False
 
     @abc.abstractmethod
     async def read(self) -> tuple[bytes, bytes]:
@@ -41,6 +56,131 @@ class Transport(abc.ABC):
         """Close the stream; the agent sees EOF and exits, killing what it started."""
 
 
+class ProtocolFeed:
+    """The transport side of push mode, for a :class:`Transport` built on an
+    ``asyncio.Protocol``: the protocol hands it what arrives (:meth:`data`, :meth:`eof`)
+    and its write flow control (:meth:`pause_writing`, :meth:`resume_writing`); the
+    transport delegates :meth:`Transport.start`, :meth:`Transport.read` and the waits of
+    ``write`` and ``close`` to it.
+
+    Once started, bytes go straight to the connection. Before that (or if it is never
+    started) they are queued for :meth:`read`, and reading pauses above 1 MiB queued.
+    """
+
+    MAX_QUEUED = 1 << 20
+
+    def __init__(self, reading: Callable[[bool], None] | None = None) -> None:
+        self._reading = reading  # pause (False) / resume (True) the protocol's reading
+        self._on_data: Callable[[bytes, bytes], None] | None = None
+        self._on_eof: Callable[[str], None] | None = None
+        self.lost: str | None = None  # why the stream ended, once it has
+        self._queue: deque[tuple[bytes, bytes]] = deque()
+        self._queued = 0
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._closed_waiter: asyncio.Future[None] | None = None
+
+    # -- from the protocol ---------------------------------------------------------------
+
+    def data(self, out: bytes, err: bytes) -> None:
+        if self._on_data is not None:
+            self._on_data(out, err)
+            return
+        if self.lost is not None or not (out or err):
+            return
+        self._queue.append((out, err))
+        self._queued += len(out) + len(err)
+        if self._queued > self.MAX_QUEUED and self._reading is not None:
+            self._reading(False)
+        self._wake_reader()
+
+    def eof(self, exc: BaseException | None = None) -> None:
+        """The stream ended (``exc``: why, if it broke). Idempotent."""
+        if self.lost is not None:
+            return
+        self.lost = "agent exited" if exc is None else f"stream error: {exc!r}"
+        self._paused = False
+        while self._drain_waiters:
+            w = self._drain_waiters.popleft()
+            if not w.done():
+                w.set_exception(ConnectionResetError("Connection lost"))
+        self._wake_reader()
+        if self._closed_waiter is not None and not self._closed_waiter.done():
+            self._closed_waiter.set_result(None)
+        on_eof, self._on_eof, self._on_data = self._on_eof, None, None
+        if on_eof is not None:
+            on_eof(self.lost)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        while self._drain_waiters:
+            w = self._drain_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    # -- for the transport ---------------------------------------------------------------
+
+    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
+        """:meth:`Transport.start`: what is queued goes first, then everything as it comes."""
+        while self._queue:
+            on_data(*self._queue.popleft())
+        self._queued = 0
+        if self.lost is not None:
+            on_eof(self.lost)
+            return True
+        self._on_data, self._on_eof = on_data, on_eof
+        if self._reading is not None:
+            self._reading(True)
+        return True
+
+    async def read(self) -> tuple[bytes, bytes]:
+        """:meth:`Transport.read` (pull mode, when :meth:`start` was not called)."""
+        while not self._queue:
+            if self.lost is not None:
+                return b"", b""
+            self._read_waiter = asyncio.get_running_loop().create_future()
+            await self._read_waiter
+        out, err = self._queue.popleft()
+        self._queued -= len(out) + len(err)
+        if self._queued <= self.MAX_QUEUED // 2 and self.lost is None and self._reading is not None:
+            self._reading(True)
+        return out, err
+
+    def check_open(self) -> None:
+        """Raises ConnectionResetError once the stream has ended (before writing to it)."""
+        if self.lost is not None:
+            raise ConnectionResetError("Connection lost")
+
+    async def drain(self) -> None:
+        """Wait while the protocol's write buffer is above its high-water mark (a large
+        write); returns at once otherwise. Raises ConnectionResetError if the stream ends."""
+        while self._paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    async def wait_closed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for :meth:`eof`; False if it did not come."""
+        if self.lost is not None:
+            return True
+        if self._closed_waiter is None:
+            self._closed_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._closed_waiter), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _wake_reader(self) -> None:
+        w, self._read_waiter = self._read_waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
 class AgentConnection:
     """Matched requests over one :class:`Transport`; safe for concurrent callers."""
 
@@ -51,6 +191,8 @@ class AgentConnection:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._stderr: deque[bytes] = deque(maxlen=32)
         self._reader: asyncio.Task[None] | None = None
+        self._buf = bytearray()  # an incomplete response line
+        self._closer: asyncio.Task[None] | None = None  # push mode: closing after a protocol error
         self._write_lock = asyncio.Lock()
         self._hello: asyncio.Future[dict[str, Any]] | None = None
         self.closed = False
@@ -70,7 +212,8 @@ class AgentConnection:
         config = {**config, "nonce": self._nonce}
         self._hello = loop.create_future()
         self._pending[0] = self._hello
-        self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
+        if not self._transport.start(self._on_data, self._fail_all):
+            self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
         try:
             await self._transport.write(protocol.boot_payload(config))
             return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
@@ -97,15 +240,21 @@ class AgentConnection:
         if self.closed:
             raise SandboxLostError(f"Sandbox connection is closed ({self.close_reason})")
         rid = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = fut
         payload = dict(args)
         payload["id"] = rid
         payload["op"] = op
+        timer: asyncio.TimerHandle | None = None
         try:
             async with self._write_lock:
                 await self._transport.write(protocol.encode(payload))
-            resp = await asyncio.wait_for(fut, timeout)
+            # The deadline counts from the end of the write, as asyncio.wait_for did; one
+            # timer handle that fails the future is much cheaper than wait_for (a wrapper
+            # coroutine, a second future and done-callbacks on every call).
+            timer = loop.call_later(timeout, _expire, fut)
+            resp = await fut
         except TimeoutError:
             await self.close(f"no answer to {op} within {timeout:.1f}s")
             raise SandboxTimeoutError(f"The sandbox did not answer {op} within {timeout:.1f}s") from None
@@ -113,6 +262,8 @@ class AgentConnection:
             await self.close(f"write failed: {e!r}")
             raise SandboxLostError(f"The sandbox connection broke: {e}") from e
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(rid, None)
         if resp.get("ok") is True:
             result = resp.get("result")
@@ -126,25 +277,14 @@ class AgentConnection:
         raise agent_error(code, msg[:4000])
 
     async def _read_loop(self) -> None:
-        buf = bytearray()
+        """Pull mode: a task reads the transport and feeds what arrives."""
         reason = "agent exited"
         try:
             while True:
                 out, err = await self._transport.read()
-                if err:
-                    self._stderr.append(err[-4096:])
                 if not out and not err:
                     break
-                buf += out
-                while True:
-                    nl = buf.find(b"\n")
-                    if nl < 0:
-                        if len(buf) > protocol.MAX_RESPONSE_BYTES:
-                            raise ProtocolError("agent response line exceeds the size limit")
-                        break
-                    line = bytes(buf[:nl])
-                    del buf[: nl + 1]
-                    self._dispatch(line)
+                self._feed(out, err)
         except ProtocolError as e:
             reason = f"protocol error: {e}"
         except (OSError, asyncio.IncompleteReadError) as e:
@@ -155,11 +295,79 @@ class AgentConnection:
         finally:
             self._fail_all(reason)
 
-    def _dispatch(self, line: bytes) -> None:
+    def _on_data(self, out: bytes, err: bytes) -> None:
+        """Push mode: bytes straight from the transport's ``data_received``."""
+        if self.closed:
+            return  # after close or a protocol error nothing the agent sends counts
         try:
-            msg = json.loads(line)
-        except ValueError as e:
-            raise ProtocolError(f"agent sent a line that is not JSON: {line[:200]!r}") from e
+            self._feed(out, err)
+        except ProtocolError as e:
+            self._abandon(f"protocol error: {e}")
+        except Exception as e:  # a bug in an event handler: fail closed, never silently
+            log.exception("sandbox.dispatch_failed", connection=self._label)
+            self._abandon(f"internal error: {e!r}")
+
+    def _abandon(self, reason: str) -> None:
+        """End the connection from inside a callback: fail every caller now, then close
+        the stream (the agent sees EOF and exits) in the background."""
+        self._fail_all(reason)
+        if self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(
+                self._close_transport(), name=f"loom-{self._label}-close"
+            )
+
+    async def _close_transport(self) -> None:
+        try:
+            await self._transport.close()
+        except OSError:
+            pass
+
+    def _feed(self, out: bytes, err: bytes) -> None:
+        """Split stdout into lines and dispatch each; keep the stderr tail.
+
+        Raises ProtocolError for an oversized line or a malformed message.
+        """
+        if err:
+            self._stderr.append(err[-4096:])
+        if not out:
+            return
+        limit = protocol.MAX_RESPONSE_BYTES
+        buf = self._buf
+        start = 0
+        if buf:
+            nl = out.find(b"\n")
+            if nl < 0:
+                buf += out
+                if len(buf) > limit:
+                    raise ProtocolError("agent response line exceeds the size limit")
+                return
+            buf += memoryview(out)[:nl]
+            if len(buf) > limit:
+                raise ProtocolError("agent response line exceeds the size limit")
+            self._dispatch(buf)  # parsed into new objects: the buffer can be reused after
+            buf.clear()
+            start = nl + 1
+        end = len(out)
+        while start < end:
+            nl = out.find(b"\n", start)
+            if nl < 0:
+                if end - start > limit:
+                    raise ProtocolError("agent response line exceeds the size limit")
+                buf += memoryview(out)[start:]
+                return
+            if nl - start > limit:
+                raise ProtocolError("agent response line exceeds the size limit")
+            # The usual chunk is exactly one whole line: parse it without copying
+            # (JSON allows the trailing newline as whitespace).
+            self._dispatch(out if start == 0 and nl == end - 1 else out[start:nl])
+            start = nl + 1
+
+    def _dispatch(self, line: bytes | bytearray) -> None:
+        try:
+            # The agent writes UTF-8 (json.loads would also guess UTF-16/32 first).
+            msg = _decode_json(line.decode())
+        except ValueError as e:  # also UnicodeDecodeError
+            raise ProtocolError(f"agent sent a line that is not JSON: {bytes(line[:200])!r}") from e
         if not isinstance(msg, dict):
             raise ProtocolError("agent sent a non-object")
         if self._nonce is not None and msg.get("k") != self._nonce:
@@ -191,6 +399,7 @@ class AgentConnection:
                 fut.set_result(msg)
 
     def _fail_all(self, reason: str) -> None:
+        """The stream ended (or is being closed): every waiting caller gets SandboxLostError."""
         self.closed = True
         self.close_reason = self.close_reason or reason
         for handler in list(self.event_handlers.values()):
@@ -221,3 +430,9 @@ class AgentConnection:
             except (asyncio.CancelledError, Exception):
                 pass
         self._fail_all(reason)
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    """A request's timer: its deadline passed with no answer."""
+    if not fut.done():
+        fut.set_exception(TimeoutError())

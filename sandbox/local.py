@@ -8,47 +8,109 @@ commands: they would run on the host as the worker's own user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import protocol
 from .base import Sandbox, SandboxBackend
 from .client import AgentSandbox
-from .connection import AgentConnection, Transport
+from .connection import AgentConnection, ProtocolFeed, Transport
+
+
+class _AgentProcessProtocol(asyncio.SubprocessProtocol):
+    """The agent subprocess's pipes: stdout and stderr are pushed as they arrive."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.feed = ProtocolFeed(self._reading)
+        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._open = {1, 2}  # output pipes not closed yet
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self.feed.data(data, b"")
+        else:
+            self.feed.data(b"", data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        # End of stream once stdout and stderr are both closed, so the agent's last words
+        # (a traceback on stderr) are in the connection's diagnostics.
+        if fd in self._open:
+            self._open.discard(fd)
+            if not self._open or exc is not None:
+                self.feed.eof(exc)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.feed.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.feed.resume_writing()
+
+    def _reading(self, on: bool) -> None:
+        pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
+        if isinstance(pipe, asyncio.ReadTransport) and not pipe.is_closing():
+            if on:
+                pipe.resume_reading()
+            else:
+                pipe.pause_reading()
 
 
 class ProcessTransport(Transport):
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self._proc = proc
-        assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
-        self._stdout = proc.stdout
-        self._stdin = proc.stdin
-        self._stderr_task = asyncio.create_task(proc.stderr.read())
-        self._stderr_sent = False
+    """The agent as a host subprocess, its pipes read by a protocol (push mode)."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, proto: _AgentProcessProtocol) -> None:
+        self._transport = transport
+        self._proto = proto
+        stdin = transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        self._stdin = stdin
+
+    @classmethod
+    async def spawn(cls, *argv: str) -> ProcessTransport:
+        loop = asyncio.get_running_loop()
+        transport, proto = await loop.subprocess_exec(
+            _AgentProcessProtocol,
+            *argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        return cls(transport, proto)
+
+    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
+        return self._proto.feed.start(on_data, on_eof)
 
     async def read(self) -> tuple[bytes, bytes]:
-        data = await self._stdout.read(1 << 16)
-        if data:
-            return data, b""
-        if self._stderr_sent:
-            return b"", b""
-        self._stderr_sent = True
-        return b"", await self._stderr_task
+        return await self._proto.feed.read()
 
     async def write(self, data: bytes) -> None:
+        self._proto.feed.check_open()
+        if self._stdin.is_closing():
+            raise BrokenPipeError("the agent's stdin is closed")
         self._stdin.write(data)
-        await self._stdin.drain()
+        await self._proto.feed.drain()
 
     async def close(self) -> None:
         if not self._stdin.is_closing():
-            self._stdin.close()
+            self._stdin.close()  # EOF: the agent exits, killing what it started
         try:
-            await asyncio.wait_for(self._proc.wait(), 5)
+            await asyncio.wait_for(asyncio.shield(self._proto.exited), 5)
         except TimeoutError:
-            self._proc.kill()
-            await self._proc.wait()
-        if not self._stderr_task.done():
-            self._stderr_task.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                self._transport.kill()
+            await self._proto.exited
+        self._transport.close()
 
 
 class LocalProcessBackend(SandboxBackend):
@@ -59,17 +121,8 @@ class LocalProcessBackend(SandboxBackend):
         self._activity = activity_file or "/tmp/.loom-activity-local"
 
     async def _connect(self, workspace: Path) -> AgentConnection:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-c",
-            protocol.BOOTSTRAP,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=protocol.MAX_RESPONSE_BYTES,
-        )
-        conn = AgentConnection(ProcessTransport(proc), label=f"local:{workspace.name}")
+        transport = await ProcessTransport.spawn(sys.executable, "-I", "-c", protocol.BOOTSTRAP)
+        conn = AgentConnection(transport, label=f"local:{workspace.name}")
         await conn.start({"root": str(workspace), "activity_file": self._activity})
         return conn
 

@@ -42,31 +42,62 @@ def boot_payload(config: dict[str, Any]) -> bytes:
     return b"%d\n" % len(src) + src + encode(config)
 
 
+#: Compact separators; one instance, since ``json.dumps`` builds a new encoder for every
+#: call that passes options.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    return _ENCODER.encode(obj).encode() + b"\n"
 
 
 class Demuxer:
-    """Splits Docker's multiplexed attach stream into stdout bytes and stderr bytes."""
+    """Splits Docker's multiplexed attach stream into stdout bytes and stderr bytes.
+
+    Each frame is an 8-byte header (stream: 1 stdout, 2 stderr; big-endian payload size)
+    and the payload. A chunk that holds whole frames (the usual case: one response, one
+    frame) is sliced without being copied into a buffer first; a frame split across
+    chunks waits in the buffer until it is complete, without re-scanning what is there.
+    """
 
     _HEADER = struct.Struct(">BxxxL")
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._need = 0  # bytes the buffered partial frame needs before it can be parsed
 
-    def feed(self, data: bytes) -> tuple[bytes, bytes]:
-        """Returns the (stdout, stderr) payload bytes completed by ``data``."""
-        self._buf += data
-        out = bytearray()
-        err = bytearray()
-        while len(self._buf) >= 8:
-            stream, size = self._HEADER.unpack_from(self._buf)
-            if len(self._buf) < 8 + size:
+    def feed(self, data: bytes | memoryview) -> tuple[bytes, bytes]:
+        """Returns the (stdout, stderr) payload bytes completed by ``data``.
+
+        Nothing returned or kept refers to ``data``, so it may be a view of a buffer that
+        is reused for the next read.
+        """
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return b"", b""
+            data = bytes(buf)
+            buf.clear()
+        n = len(data)
+        pos = 0
+        out: list[bytes] = []
+        err: list[bytes] = []
+        unpack = self._HEADER.unpack_from
+        while n - pos >= 8:
+            stream, size = unpack(data, pos)
+            end = pos + 8 + size
+            if end > n:
                 break
-            payload = bytes(self._buf[8 : 8 + size])
-            del self._buf[: 8 + size]
-            if stream == 2:
-                err += payload
-            else:
-                out += payload
-        return bytes(out), bytes(err)
+            (err if stream == 2 else out).append(bytes(data[pos + 8 : end]))  # a copy, not a view
+            pos = end
+        if pos < n:
+            buf += memoryview(data)[pos:]
+            self._need = 8 + unpack(data, pos)[1] if n - pos >= 8 else 8
+        return _join(out), _join(err)
+
+
+def _join(parts: list[bytes]) -> bytes:
+    if not parts:
+        return b""
+    return parts[0] if len(parts) == 1 else b"".join(parts)

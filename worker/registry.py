@@ -100,7 +100,10 @@ class ToolRegistry:
         # A caller-supplied factory owns what it makes (it may share one changelog between
         # registries); recorders made by default_registry's own factory are closed here.
         self._recorder_shared = True
-        self._workspaces: dict[Path, Workspace] = {}
+        self._workspaces: dict[Path, Workspace] = {}  # by real path: the source of truth
+        # The same workspaces by the caller's own spelling of an absolute path, so a call
+        # does not resolve it again (expanduser + realpath: a few lstat calls each time).
+        self._by_arg: dict[str, Workspace] = {}
         self._ws_lock = asyncio.Lock()
         self._closers: list[Callable[[], Awaitable[None]]] = []
         #: The tool catalog's side of this registry (``worker.tools.catalog_tools``), if attached.
@@ -163,36 +166,49 @@ class ToolRegistry:
     async def workspace(self, path: Path | str) -> Workspace:
         """The cached :class:`Workspace` of directory ``path`` (by real path).
 
+        An absolute ``path`` is remembered as given, so the next call with the same
+        spelling skips resolving it; a relative one (or ``~``) is resolved on every call,
+        since its meaning follows the working directory (or HOME). A symlink retargeted
+        later keeps its first workspace until :meth:`stop` or :meth:`aclose`.
+
         Raises ToolError when the directory does not exist, SandboxUnavailableError when
         no backend is configured or the sandbox cannot start.
         """
-        root = Path(path).expanduser().resolve()
-        ws = self._workspaces.get(root)
+        key = path if isinstance(path, str) else str(path)
+        ws = self._by_arg.get(key)
         if ws is not None:
             return ws
-        if self.backend is None:
-            raise SandboxUnavailableError("No sandbox backend is configured for this registry")
-        if not root.is_dir():
-            raise ToolError(f"Workspace directory not found: {root}")
-        async with self._ws_lock:
-            ws = self._workspaces.get(root)
-            if ws is None:
-                sandbox = await self.backend.get(root)
-                recorder = self._recorder_factory(root) if self._recorder_factory else None
-                ws = Workspace(root, sandbox, recorder)
-                self._workspaces[root] = ws
-            return ws
+        root = Path(key).expanduser().resolve()
+        ws = self._workspaces.get(root)
+        if ws is None:
+            if self.backend is None:
+                raise SandboxUnavailableError("No sandbox backend is configured for this registry")
+            if not root.is_dir():
+                raise ToolError(f"Workspace directory not found: {root}")
+            async with self._ws_lock:
+                ws = self._workspaces.get(root)
+                if ws is None:
+                    sandbox = await self.backend.get(root)
+                    recorder = self._recorder_factory(root) if self._recorder_factory else None
+                    ws = Workspace(root, sandbox, recorder)
+                    self._workspaces[root] = ws
+        if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
+            self._by_arg[key] = ws
+        return ws
 
     async def stop(self, path: Path | str) -> bool:
         """Forget the workspace and stop its sandbox. Returns False if none was running."""
         root = Path(path).expanduser().resolve()
-        self._workspaces.pop(root, None)
+        ws = self._workspaces.pop(root, None)
+        for key in [k for k, v in self._by_arg.items() if v is ws or v.root == root]:
+            del self._by_arg[key]
         return await self.backend.stop(root) if self.backend is not None else False
 
     async def aclose(self) -> None:
         """Close every workspace's recorder (the changelog store) and the backend's streams."""
         workspaces = list(self._workspaces.values())
         self._workspaces.clear()
+        self._by_arg.clear()
         closers, self._closers = self._closers, []
         for close in closers:
             await close()

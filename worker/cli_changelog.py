@@ -57,7 +57,7 @@ def _with_sandbox(
 
     async def run() -> T:
         try:
-            async with Changelog.open(settings.data_dir, ws, durability=settings.durability) as cl:
+            async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
                 return await fn(cl, await backend.get(ws))
         finally:
             await backend.aclose()
@@ -93,7 +93,7 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
         return _usage(f"--workspace {args.workspace} is not a directory")
 
     async def run() -> list[Entry]:
-        async with Changelog.open(settings.data_dir, ws, durability=settings.durability) as cl:
+        async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
             return await cl.log(path=args.path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
 
     for e in asyncio.run(run()):

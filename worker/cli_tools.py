@@ -64,9 +64,9 @@ class _Changelogs:
     """One open changelog per workspace (under ``settings.data_dir``), so CLI calls are
     recorded and can be undone with ``loom-worker undo``."""
 
-    def __init__(self, data_dir: Path, durability: str = "full") -> None:
+    def __init__(self, data_dir: Path, limits: Any = None) -> None:
         self.data_dir = data_dir
-        self.durability: Any = durability
+        self.limits: Any = limits
         self._open: dict[Path, Any] = {}
 
     def recorder(self, root: Path) -> Any:
@@ -74,7 +74,7 @@ class _Changelogs:
         from .changelog import Changelog
 
         if root not in self._open:
-            self._open[root] = Changelog.open(self.data_dir, root, durability=self.durability)
+            self._open[root] = Changelog.open(self.data_dir, root, limits=self.limits)
         return self._open[root]
 
     async def aclose(self) -> None:
@@ -99,7 +99,7 @@ def _open_workspace(args: argparse.Namespace, settings: Settings) -> tuple[Path,
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
-    changelogs = _Changelogs(settings.data_dir, settings.durability)
+    changelogs = _Changelogs(settings.data_dir, settings.changelog_limits())
     registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")

@@ -213,7 +213,7 @@ async def _default_registry_cm(settings: Settings) -> AsyncIterator[Any]:
         async with default_registry(settings) as registry:
             yield registry
         return
-    pool = ChangelogPool(settings.data_dir, settings.durability)
+    pool = ChangelogPool(settings.data_dir, settings.durability, limits=settings.changelog_limits())
     try:
         async with default_registry(settings, recorder_factory=pool.recorder) as registry:
             yield registry

@@ -24,6 +24,7 @@ from .changelog import (
     Durability,
     Entry,
     EntryNotFoundError,
+    Limits,
     Summary,
     UndoConflictError,
     UndoRefusedError,
@@ -36,16 +37,19 @@ from .service import Workspaces
 class ChangelogPool:
     """One open :class:`Changelog` per workspace, for ``ToolRegistry(recorder_factory=...)``."""
 
-    def __init__(self, data_dir: Path, durability: Durability = "full") -> None:
+    def __init__(self, data_dir: Path, durability: Durability = "full", *, limits: Limits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.durability: Durability = durability
+        self.limits = limits
         self._open: dict[Path, Changelog] = {}
 
     def recorder(self, root: Path) -> Changelog:
         """The changelog of ``root``. Raises ChangelogStorageError."""
         cl = self._open.get(root)
         if cl is None:
-            cl = self._open[root] = Changelog.open(self.data_dir, root, durability=self.durability)
+            cl = self._open[root] = Changelog.open(
+                self.data_dir, root, limits=self.limits, durability=None if self.limits else self.durability
+            )
         return cl
 
     async def aclose(self) -> None:

@@ -350,10 +350,10 @@ def default_registry(
         # each workspace lives under settings.data_dir, outside the workspace.
         from .changelog import Changelog
 
-        data_dir, durability = settings.data_dir, settings.durability
+        data_dir, limits = settings.data_dir, settings.changelog_limits()
 
         def recorder_factory(root: Path) -> ChangeRecorder:
-            return Changelog.open(data_dir, root, durability=durability)
+            return Changelog.open(data_dir, root, limits=limits)
 
         own_recorders = True
     registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory)

@@ -7,7 +7,7 @@ its own block below so they stay easy to find.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import platformdirs
 from pydantic import Field
@@ -41,6 +41,31 @@ class Settings(BaseSettings):
         description="full: every recorded change and write is fsync'd (survives power loss); "
         "process: no fsync (survives a killed worker or agent, not a power loss), much faster.",
     )
+    changelog_max_file_bytes: int = Field(
+        16 << 20, ge=0, le=16 << 20, description="Larger files changed by commands get no before-image."
+    )
+    changelog_max_total_bytes: int = Field(
+        1 << 30, ge=0, description="Content the shell baseline keeps per workspace; beyond it, stat only."
+    )
+    changelog_max_files: int = Field(200_000, ge=1, description="Files a change scan walks (beyond: reported).")
+    changelog_ignored_dirs: list[str] | None = Field(
+        None, description='Directory names tracked by stat only (JSON list; default ".git", "node_modules", ...).'
+    )
+
+    def changelog_limits(self) -> Any:
+        """The changelog's :class:`~worker.changelog.Limits` from these settings."""
+        from .changelog import Limits
+
+        extra: dict[str, Any] = {}
+        if self.changelog_ignored_dirs is not None:
+            extra["ignored_dirs"] = tuple(self.changelog_ignored_dirs)
+        return Limits(
+            max_file_bytes=self.changelog_max_file_bytes,
+            max_total_bytes=self.changelog_max_total_bytes,
+            max_files=self.changelog_max_files,
+            durability=self.durability,
+            **extra,
+        )
 
     # -- service (issue 5) -----------------------------------------------------------
     workspace_root: Path = Field(Path("/srv/loom/workspaces"), description="Directory of HTTP workspaces.")

@@ -111,3 +111,38 @@ async def test_a_late_settle_does_not_undo_another_writers_progress(tmp_path: Pa
         log = await b.log()
     assert rows == [(h(b"two"),)]
     assert [(e.op, e.state) for e in log] == [("create", "applied"), ("modify", "applied")]
+
+
+def test_limits_come_from_loom_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from worker.settings import Settings
+
+    monkeypatch.setenv("LOOM_CHANGELOG_MAX_FILE_BYTES", "1000")
+    monkeypatch.setenv("LOOM_CHANGELOG_MAX_TOTAL_BYTES", "50000")
+    monkeypatch.setenv("LOOM_CHANGELOG_MAX_FILES", "77")
+    monkeypatch.setenv("LOOM_CHANGELOG_IGNORED_DIRS", '["node_modules", "build"]')
+    monkeypatch.setenv("LOOM_DURABILITY", "process")
+    limits = Settings().changelog_limits()
+    assert (limits.max_file_bytes, limits.max_total_bytes, limits.max_files) == (1000, 50000, 77)
+    assert limits.ignored_dirs == ("node_modules", "build") and limits.durability == "process"
+    monkeypatch.setenv("LOOM_CHANGELOG_MAX_FILE_BYTES", str(64 << 20))
+    with pytest.raises(ValueError):
+        Settings()  # beyond what the agent reads at once: refused, not silently capped
+
+
+async def test_shell_limits_from_settings_are_enforced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workspace: Path, box: Any
+) -> None:
+    from worker.settings import Settings
+    from worker.workspace import Workspace
+
+    monkeypatch.setenv("LOOM_CHANGELOG_MAX_FILE_BYTES", "10")
+    async with Changelog.open(tmp_path / "data", workspace, limits=Settings().changelog_limits()) as cl:
+        ws = Workspace(workspace, box, cl)
+        await ws.run_shell("true")
+        _r, changed = await ws.run_shell("head -c 100 /dev/zero > big.bin && echo hi > small.txt", call_id="c")
+        assert changed == ["big.bin", "small.txt"]
+        restorable = {e.path: e.restorable for e in await cl.log(call_id="c")}
+        assert restorable == {"big.bin": True, "small.txt": True}  # created: undo removes them
+        _r, changed = await ws.run_shell("echo x >> big.bin && rm small.txt", call_id="d")
+        restorable = {e.path: e.restorable for e in await cl.log(call_id="d")}
+        assert restorable == {"big.bin": False, "small.txt": True}  # no before-image over 10 bytes

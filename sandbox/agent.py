@@ -1702,9 +1702,12 @@ _procs_lock = threading.Lock()
 MAX_PROCS = 16
 
 
-def _pump(proc):
+def _pump(proc, announced):
     pid = proc.pid
     err = _Capped(64 * 1024)
+    # No event before the host has the spawn's answer (and so its handler): it would be
+    # dropped as being about an unknown process.
+    announced.wait(30)
 
     def drain_err():
         while True:
@@ -1759,8 +1762,9 @@ def op_spawn(req):
         _foreign_pids.add(proc.pid)
     with _procs_lock:
         _procs[proc.pid] = proc
-    threading.Thread(target=_pump, args=(proc,), daemon=True).start()
-    return {"proc": proc.pid}
+    announced = threading.Event()
+    threading.Thread(target=_pump, args=(proc, announced), daemon=True).start()
+    return {"proc": proc.pid, "_after_send": announced.set}
 
 
 def _get_proc(req):
@@ -1871,10 +1875,12 @@ def _handle(req):
     rid = req.get("id")
     op = req.get("op")
     fn = FAST_OPS.get(op) or SLOW_OPS.get(op)
+    after = None
     try:
         if fn is None:
             raise Refused("invalid", "Unknown op %r" % (op,))
         result = fn(req)
+        after = result.pop("_after_send", None) if isinstance(result, dict) else None
         resp = {"id": rid, "ok": True, "result": result}
     except Refused as e:
         resp = {"id": rid, "ok": False, "code": e.code, "error": e.message}
@@ -1902,6 +1908,8 @@ def _handle(req):
     except Exception as e:  # never let one request kill the agent
         resp = {"id": rid, "ok": False, "code": "internal", "error": "%s: %s" % (type(e).__name__, e)}
     _send(resp)
+    if after is not None:
+        after()
 
 
 _work = queue.Queue()  # type: queue.Queue

@@ -29,6 +29,8 @@ from . import protocol
 from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
 
 log = structlog.get_logger("sandbox.connection")
+#: Most bytes of events held for processes whose handler is not registered yet.
+_EARLY_EVENT_BYTES = 4 << 20
 _decode_json = json.JSONDecoder().decode
 
 
@@ -201,6 +203,19 @@ class AgentConnection:
         self.forged = 0  # lines without this connection's secret, dropped
         #: Unsolicited events of long-lived processes, by process id (see sandbox.process).
         self.event_handlers: dict[int, Callable[[dict[str, Any]], None]] = {}
+        # Events that arrive before their process's handler: the spawn's answer and the
+        # process's first output can come in one chunk, before the spawner resumes.
+        self._early_events: dict[int, list[tuple[dict[str, Any], int]]] = {}
+        self._early_bytes = 0
+
+    def set_event_handler(self, proc: int, handler: Callable[[dict[str, Any]], None]) -> None:
+        """Route the events of process ``proc`` to ``handler``, first those that came early."""
+        self.event_handlers[proc] = handler
+        early = self._early_events.pop(proc, [])
+        for msg, size in early:
+            self._early_bytes -= size
+            if self.event_handlers.get(proc) is handler:
+                handler(msg)
 
     async def start(self, config: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
         """Deliver the agent and its config; return its hello.
@@ -380,6 +395,9 @@ class AgentConnection:
             handler = self.event_handlers.get(proc) if isinstance(proc, int) else None
             if handler is not None:
                 handler(msg)
+            elif isinstance(proc, int) and self._early_bytes + len(line) <= _EARLY_EVENT_BYTES:
+                self._early_events.setdefault(proc, []).append((msg, len(line)))
+                self._early_bytes += len(line)
             return
         rid = msg.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
@@ -405,6 +423,8 @@ class AgentConnection:
         for handler in list(self.event_handlers.values()):
             handler({"event": "lost", "reason": self.close_reason})
         self.event_handlers.clear()
+        self._early_events.clear()
+        self._early_bytes = 0
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(

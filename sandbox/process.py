@@ -30,7 +30,7 @@ class SandboxProcess:
         self.stderr_tail = b""
         self.lost = False
         self._eof = False
-        conn.event_handlers[pid] = self._on_event
+        conn.set_event_handler(pid, self._on_event)
 
     def _on_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("event")

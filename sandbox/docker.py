@@ -22,7 +22,7 @@ import socket
 import stat as statmod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import docker
 import docker.errors
@@ -111,8 +111,9 @@ class _AttachProtocol(asyncio.BufferedProtocol):
         self._buffer = memoryview(bytearray(self.BUFFER_SIZE))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports (uvicorn picks uvloop when it
+        # is installed) do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buffer
@@ -160,8 +161,7 @@ class DockerExecTransport(Transport):
             raise SandboxUnavailableError("Docker endpoint gives no plain socket (TLS/SSH hosts are not supported)")
         raw.setblocking(False)
         transport, proto = await asyncio.get_running_loop().create_connection(_AttachProtocol, sock=raw)
-        assert isinstance(transport, asyncio.Transport)
-        return cls(sock_io, transport, proto)
+        return cls(sock_io, cast(asyncio.Transport, transport), proto)
 
     def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
         return self._feed.start(on_data, on_eof)

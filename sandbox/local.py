@@ -13,11 +13,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from . import protocol
 from .base import Sandbox, SandboxBackend
 from .client import AgentSandbox
 from .connection import AgentConnection, ProtocolFeed, Transport
+from .errors import SandboxLostError
 
 
 class _AgentProcessProtocol(asyncio.SubprocessProtocol):
@@ -30,8 +32,7 @@ class _AgentProcessProtocol(asyncio.SubprocessProtocol):
         self._open = {1, 2}  # output pipes not closed yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.SubprocessTransport, transport)  # uvloop's is no subclass
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         if fd == 1:
@@ -73,8 +74,9 @@ class ProcessTransport(Transport):
         self._transport = transport
         self._proto = proto
         stdin = transport.get_pipe_transport(0)
-        assert isinstance(stdin, asyncio.WriteTransport)
-        self._stdin = stdin
+        if stdin is None:
+            raise SandboxLostError("the agent process has no stdin pipe")
+        self._stdin = cast(asyncio.WriteTransport, stdin)
 
     @classmethod
     async def spawn(cls, *argv: str) -> ProcessTransport:

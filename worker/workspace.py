@@ -106,7 +106,7 @@ class NullRecorder:
 
 #: Content remembered per workspace for edits (see :meth:`Workspace.known`).
 KNOWN_MAX_FILES = 64
-KNOWN_MAX_BYTES = 8 << 20
+KNOWN_MAX_BYTES = 2 << 20  # per workspace; a file over an eighth of it is not kept
 
 
 class Workspace:

@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import uvloop  # a declared dependency (pyproject): never skipped
 
 from tests.unit.test_uvloop import _session
 
-uvloop = pytest.importorskip("uvloop")
 pytestmark = pytest.mark.docker
 
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
-uvloop = pytest.importorskip("uvloop")
+import uvloop  # a declared dependency (pyproject): never skipped
 
 
 async def _session(backend: object, workspace: Path) -> None:

@@ -63,10 +63,10 @@ class UndoRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    entry: int | None = Field(None, ge=1, description="One entry.")
+    entry: int | None = Field(None, ge=1, le=(1 << 63) - 1, description="One entry.")
     call_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a call id.")
     subtask_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a subtask.")
-    to: int | None = Field(None, ge=0, description="Everything after entry N (0 = everything).")
+    to: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="Everything after entry N (0 = everything).")
     all: bool = Field(False, description="Everything.")
     dry_run: bool = Field(False, description="Return the diff it would apply; change nothing.")
     force: bool = Field(False, description="Overwrite files that changed since the entry.")

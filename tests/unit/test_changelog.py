@@ -175,6 +175,12 @@ async def test_unknown_selection_and_bad_selector(cl, box) -> None:
         await cl.undo(box, call_id="nope")
     with pytest.raises(ValueError):
         await cl.undo(box, all=True, entry=1)
+    # ids beyond SQLite's 64-bit range (schemathesis found a 500 for 2**63): not found
+    with pytest.raises(EntryNotFoundError):
+        await cl.undo(box, entry=1 << 63)
+    with pytest.raises(EntryNotFoundError):
+        await cl.undo(box, entry=-(1 << 70))
+    assert (await cl.undo(box, to=1 << 80)).steps == []  # nothing comes after such an id
 
 
 async def test_cumulative_diff_and_summary(cl, box, workspace: Path) -> None:

@@ -23,7 +23,8 @@ from .model import Entry, UndoResult, UndoStep
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, Current
 
-State = tuple[str | None, str | None]  # (kind or None when absent, sha256 for files)
+State = tuple[str | None, str | None]
+_MAX_ID = (1 << 63) - 1  # (kind or None when absent, sha256 for files)
 
 
 def select(
@@ -43,6 +44,12 @@ def select(
     given = [x is not None for x in (entry, call_id, subtask_id, to)] + [everything]
     if sum(given) != 1:
         raise ValueError("give exactly one of entry, call_id, subtask_id, to, all")
+    # SQLite integers are 64-bit signed: a larger id cannot exist (and would overflow the
+    # query); past the top, "after entry N" is simply nothing.
+    if entry is not None and not 0 <= entry <= _MAX_ID:
+        raise EntryNotFoundError(f"no changelog entry matches id {entry}")
+    if to is not None:
+        to = max(-1, min(to, _MAX_ID))
     params: list[object]
     if entry is not None:
         where, params = "id = ?", [entry]

@@ -20,8 +20,8 @@ import itertools
 import json
 import secrets
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import structlog
 
@@ -208,6 +208,11 @@ class AgentConnection:
         self._early_events: dict[int, list[tuple[dict[str, Any], int]]] = {}
         self._early_bytes = 0
 
+    @property
+    def direct(self) -> bool:
+        """True once traffic runs over the agent's direct channel (:meth:`go_direct`)."""
+        return isinstance(self._transport, _Spliced)
+
     def set_event_handler(self, proc: int, handler: Callable[[dict[str, Any]], None]) -> None:
         """Route the events of process ``proc`` to ``handler``, first those that came early."""
         self.event_handlers[proc] = handler
@@ -244,6 +249,52 @@ class AgentConnection:
         """The agent's last stderr lines (why it died), for error messages."""
         text = b"".join(self._stderr).decode("utf-8", "replace").strip()
         return text[-2000:] or self.close_reason or "no output"
+
+    async def go_direct(self, open_socket: Callable[[str], Awaitable[SocketTransport]], *, timeout: float) -> bool:
+        """Move this connection's traffic to the agent's direct channel (see the agent's
+        ``op_direct``): ask it to listen, connect with ``open_socket(path)`` and check the
+        first line carries this connection's secret. The old stream stays open: its end
+        still means the agent is gone, and its stderr still feeds :meth:`diagnostics`.
+
+        Returns False, staying on the current stream, when the agent's socket cannot be
+        reached (``open_socket`` raised OSError: no access to the container's /proc, a
+        worker inside another container, ...). Call it only while no request is in flight.
+
+        Raises SandboxLostError when the handshake fails after connecting (the agent may
+        have switched already, so this connection is closed), and whatever ``request``
+        raises for the offer itself.
+        """
+        if self._reader is not None or self._pending:
+            return False  # pull-mode transport, or traffic in flight: stay where we are
+        resp = await self.request("direct", {}, timeout=timeout)
+        path = resp.get("path")
+        if not isinstance(path, str) or not path.startswith("/tmp/"):
+            raise ProtocolError("agent answered direct with a bad path")
+        try:
+            sock = await asyncio.wait_for(open_socket(path), timeout)
+        except (OSError, TimeoutError) as e:
+            log.info("sandbox.direct_unavailable", connection=self._label, error=repr(e))
+            return False
+        try:
+            first = await asyncio.wait_for(sock.first_line(), timeout)
+            msg = _decode_json(first.decode())
+            if not isinstance(msg, dict) or msg.get("k") != self._nonce or msg.get("direct") is not True:
+                raise ProtocolError("the direct channel did not answer with this connection's secret")
+        except (OSError, TimeoutError, ValueError, ProtocolError) as e:
+            await sock.close()
+            await self.close(f"direct channel handshake failed: {e!r}")
+            raise SandboxLostError(f"The sandbox's direct channel failed its handshake: {e!r}") from e
+        old = self._transport
+        self._transport = _Spliced(old, sock)
+        sock.start(self._on_data, self._fail_all)
+        old.start(self._on_stderr, self._fail_all)
+        return True
+
+    def _on_stderr(self, out: bytes, err: bytes) -> None:
+        # After the move to the direct channel the agent writes nothing to the attach
+        # stream's stdout; anything there (a command writing into it) is ignored.
+        if err:
+            self._stderr.append(err[-4096:])
 
     async def request(self, op: str, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         """Send one request and wait for its answer.
@@ -456,3 +507,119 @@ def _expire(fut: asyncio.Future[Any]) -> None:
     """A request's timer: its deadline passed with no answer."""
     if not fut.done():
         fut.set_exception(TimeoutError())
+
+
+class _SocketProtocol(asyncio.BufferedProtocol):
+    """A plain byte stream (the agent's direct channel): what arrives goes to the feed."""
+
+    BUFFER_SIZE = 256 << 10
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.feed = ProtocolFeed(self._reading)
+        self._buffer = memoryview(bytearray(self.BUFFER_SIZE))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop: no isinstance
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.feed.data(bytes(self._buffer[:nbytes]), b"")
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.feed.eof(exc)
+
+    def pause_writing(self) -> None:
+        self.feed.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.feed.resume_writing()
+
+    def _reading(self, on: bool) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if on:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+
+class SocketTransport(Transport):
+    """The agent's direct channel: a unix socket the host connected to."""
+
+    def __init__(self, transport: asyncio.Transport, proto: _SocketProtocol) -> None:
+        self._transport = transport
+        self._feed = proto.feed
+        self._rest = b""  # what came after the first line
+
+    @classmethod
+    async def connect(cls, path: str) -> SocketTransport:
+        """Connect to the unix socket at ``path``. Raises OSError when it cannot."""
+        transport, proto = await asyncio.get_running_loop().create_unix_connection(_SocketProtocol, path)
+        return cls(cast(asyncio.Transport, transport), proto)
+
+    async def first_line(self) -> bytes:
+        """The first line the agent sends (pull mode, before :meth:`start`).
+
+        Raises ConnectionResetError if the stream ends first, ProtocolError if it is long.
+        """
+        buf = b""
+        while b"\n" not in buf:
+            out, _ = await self._feed.read()
+            if not out:
+                raise ConnectionResetError("the direct channel closed during its handshake")
+            buf += out
+            if len(buf) > 4096:
+                raise ProtocolError("the direct channel's first line is too long")
+        line, _, self._rest = buf.partition(b"\n")
+        return line
+
+    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
+        if self._rest:
+            on_data(self._rest, b"")
+            self._rest = b""
+        return self._feed.start(on_data, on_eof)
+
+    async def read(self) -> tuple[bytes, bytes]:
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            return rest, b""
+        return await self._feed.read()
+
+    async def write(self, data: bytes) -> None:
+        self._feed.check_open()
+        if self._transport.is_closing():
+            raise ConnectionResetError("Connection lost")
+        self._transport.write(data)
+        await self._feed.drain()
+
+    async def close(self) -> None:
+        if not self._transport.is_closing():
+            self._transport.close()
+        if not await self._feed.wait_closed(2):
+            self._transport.abort()
+
+
+class _Spliced(Transport):
+    """After :meth:`AgentConnection.go_direct`: requests and answers on the direct
+    channel, the original stream kept open as the agent's lifeline (and stderr)."""
+
+    def __init__(self, lifeline: Transport, direct: SocketTransport) -> None:
+        self.lifeline = lifeline
+        self.direct = direct
+
+    async def read(self) -> tuple[bytes, bytes]:  # pragma: no cover - push mode only
+        return await self.direct.read()
+
+    async def write(self, data: bytes) -> None:
+        await self.direct.write(data)
+
+    async def close(self) -> None:
+        try:
+            await self.direct.close()
+        finally:
+            await self.lifeline.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import socket
@@ -34,7 +35,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from . import __version__, protocol
 from .base import Sandbox, SandboxBackend
 from .client import AgentSandbox, agent_info
-from .connection import AgentConnection, ProtocolFeed, Transport
+from .connection import AgentConnection, ProtocolFeed, SocketTransport, Transport
 from .errors import (
     DaemonUnavailableError,
     ImageNotFoundError,
@@ -212,6 +213,7 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
+        self._direct_off = False  # the agents' direct channel proved unreachable
         self.restarts = 0
 
     # -- docker client ---------------------------------------------------------------
@@ -482,9 +484,48 @@ class DockerBackend(SandboxBackend):
                 continue
             if self.spec.runtime == "runsc":
                 await self._verify_gvisor(conn, container)
+            elif self.spec.direct and not self._direct_off:
+                conn = await self._go_direct(conn, container)
             return conn
         assert last is not None
         raise last
+
+    async def _go_direct(self, conn: AgentConnection, container: Any) -> AgentConnection:
+        """Move ``conn`` to the agent's direct channel: a unix socket on the container's
+        /tmp, reached through ``/proc/<pid>/root`` (~0.04 ms per round trip instead of
+        ~0.4 ms through the engine). Stays on the attach stream when that path is not
+        reachable (a worker without ptrace-read access to the container, or inside
+        another pid namespace) and from then on stops trying. gVisor never gets here:
+        its /tmp lives inside the sandbox kernel.
+
+        Raises SandboxLostError/SandboxUnavailableError only when starting a plain
+        replacement agent fails as well.
+        """
+        pid = (container.attrs.get("State") or {}).get("Pid") or 0
+        if not pid:
+            await self._call("inspect sandbox", container.reload)
+            pid = (container.attrs.get("State") or {}).get("Pid") or 0
+        if not isinstance(pid, int) or pid <= 0:
+            return conn
+        root = f"/proc/{pid}/root"
+
+        async def open_socket(path: str) -> SocketTransport:
+            full = root + path
+            if len(full.encode()) > 107:  # sun_path
+                raise OSError(errno.ENAMETOOLONG, "socket path too long", full)
+            return await SocketTransport.connect(full)
+
+        try:
+            if await conn.go_direct(open_socket, timeout=self.spec.agent_start_timeout):
+                return conn
+            self._direct_off = True  # not reachable from this process: do not ask again
+            return conn
+        except SandboxLostError as e:
+            # The agent may have moved already: this connection is closed. Start a plain
+            # one (the container is fine) and stay on attach streams from now on.
+            log.warning("sandbox.direct_failed", container=container.name, error=str(e))
+            self._direct_off = True
+            return await self._exec_agent(container)
 
     async def _verify_gvisor(self, conn: AgentConnection, container: Any) -> None:
         """Fail closed unless the agent really runs on gVisor's kernel."""

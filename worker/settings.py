@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     uid: int | None = Field(None, ge=0, description="Run as this uid instead of the workspace owner.")
     gid: int | None = Field(None, ge=0, description="Run as this gid instead of the workspace owner's.")
     idle_ttl: int = Field(900, ge=10, description="Seconds without calls before a sandbox exits by itself.")
+    direct_channel: bool = Field(
+        True,
+        description="Talk to runc sandboxes over a unix socket reached through /proc/<pid>/root "
+        "instead of the engine's attach stream (falls back to it when unreachable).",
+    )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
 
     # -- data (issue 4) --------------------------------------------------------------
@@ -106,4 +111,5 @@ class Settings(BaseSettings):
             "uid": self.uid,
             "gid": self.gid,
             "idle_ttl": self.idle_ttl,
+            "direct": self.direct_channel,
         }

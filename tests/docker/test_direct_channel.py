@@ -1,0 +1,221 @@
+"""The agent's direct channel: a unix socket on the container's /tmp that the host reaches
+through /proc/<pid>/root, replacing the engine's attach stream for requests (runc only).
+
+What must hold: traffic really moves to it; only the host can take it (a command racing
+to connect is turned away, an impostor listener is detected by the secret); nothing is
+left on /tmp; when the socket is out of reach the worker stays on the attach stream; a
+host vanishing mid-answer does not take the container's keeper down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import connection as connmod
+from sandbox.docker import DockerBackend
+from sandbox.errors import SandboxLostError
+from tests.docker.conftest import make_backend
+
+pytestmark = pytest.mark.docker
+
+
+async def _conn(backend: DockerBackend, ws: Path) -> connmod.AgentConnection:
+    box = await backend.get(ws)
+    return await box.connection()  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_runc_agents_talk_over_the_direct_channel(docker_ready: None, workspace: Path) -> None:
+    first = make_backend()
+    second = make_backend()  # a second worker process: exec'd agent in the same container
+    try:
+        (workspace / "a.txt").write_text("hello")
+        for backend in (first, second):
+            conn = await _conn(backend, workspace)
+            assert conn.direct, conn.close_reason
+            box = await backend.get(workspace)
+            assert (await box.read("a.txt")).data == b"hello"
+            r = await box.exec("echo out; echo err >&2; exit 3")
+            assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+        # the listener and its directory are gone once the host is connected
+        r = await (await second.get(workspace)).exec("ls -a /tmp")
+        assert "loom-direct" not in r.stdout.decode()
+    finally:
+        await second.aclose()
+        await first.remove_all_started()
+        await first.aclose()
+
+
+async def test_direct_off_keeps_the_attach_stream(docker_ready: None, workspace: Path) -> None:
+    backend = make_backend(direct=False)
+    try:
+        conn = await _conn(backend, workspace)
+        assert not conn.direct
+        assert (await (await backend.get(workspace)).exec("echo ok")).stdout == b"ok\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_a_command_in_the_sandbox_cannot_take_the_channel(docker_ready: None, workspace: Path) -> None:
+    """Offer the channel by hand, let a command connect first: the agent hangs up on it
+    (its pid is visible in the container's pid namespace) and still accepts the host."""
+    backend = make_backend(direct=False)
+    helper = make_backend(direct=False)
+    try:
+        conn = await _conn(backend, workspace)
+        offer = await conn.request("direct", {}, timeout=10)
+        path = offer["path"]
+        probe = (
+            "import socket,sys\n"
+            "s=socket.socket(socket.AF_UNIX)\n"
+            f"s.connect({path!r})\n"
+            "s.settimeout(3)\n"
+            "try:\n"
+            "    d=s.recv(100)\n"
+            "except OSError as e:\n"
+            "    d=repr(e).encode()\n"
+            "print('GOT', d)\n"
+        )
+        (workspace / "probe.py").write_text(probe)
+        r = await (await helper.get(workspace)).exec("python3 probe.py")
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.strip() == b"GOT b''", r.stdout  # hung up on, nothing received
+        # the host still gets in, and the secret proves it is talking to the agent
+        attrs = await backend.inspect(workspace)
+        assert attrs is not None
+        sock = await connmod.SocketTransport.connect(f"/proc/{attrs['State']['Pid']}/root{path}")
+        try:
+            first = json.loads(await asyncio.wait_for(sock.first_line(), 10))
+            assert first["direct"] is True
+            assert first["k"] == conn._nonce
+        finally:
+            await sock.close()
+    finally:
+        await helper.remove_all_started()
+        await helper.aclose()
+        await backend.aclose()
+
+
+async def test_unreachable_socket_falls_back_to_attach(
+    docker_ready: None, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(path: str) -> connmod.SocketTransport:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(refuse))
+    backend = make_backend()
+    try:
+        conn = await _conn(backend, workspace)
+        assert not conn.direct
+        box = await backend.get(workspace)
+        assert (await box.exec("echo still-works")).stdout == b"still-works\n"
+        assert backend._direct_off  # not asked again by this process
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_an_impostor_listener_is_detected(
+    docker_ready: None, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the path leads to someone else's listener (it cannot know the connection's
+    secret), the handshake fails closed and the worker carries on with a plain agent."""
+    d = tempfile.mkdtemp(prefix="loom-impostor-")
+    fake = os.path.join(d, "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(fake)
+    srv.listen(1)
+    srv.setblocking(False)
+    loop = asyncio.get_running_loop()
+
+    async def serve() -> None:
+        c, _ = await loop.sock_accept(srv)
+        await loop.sock_sendall(c, b'{"direct":true,"k":"not-the-secret"}\n')
+        await asyncio.sleep(2)
+        c.close()
+
+    server = asyncio.create_task(serve())
+    real = connmod.SocketTransport.connect
+
+    async def impostor(path: str) -> connmod.SocketTransport:
+        return await real(fake)
+
+    monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(impostor))
+    backend = make_backend()
+    try:
+        conn = await _conn(backend, workspace)
+        assert not conn.direct
+        box = await backend.get(workspace)
+        assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
+        assert backend._direct_off
+    finally:
+        server.cancel()
+        srv.close()
+        os.unlink(fake)
+        os.rmdir(d)
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_handshake_failure_after_connect_is_reported(docker_ready: None, workspace: Path) -> None:
+    """go_direct itself: a wrong secret closes that connection with SandboxLostError."""
+    backend = make_backend(direct=False)
+    d = tempfile.mkdtemp(prefix="loom-impostor-")
+    fake = os.path.join(d, "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(fake)
+    srv.listen(1)
+    srv.setblocking(False)
+    loop = asyncio.get_running_loop()
+
+    async def serve() -> None:
+        c, _ = await loop.sock_accept(srv)
+        await loop.sock_sendall(c, b'{"direct":true}\n')
+        await asyncio.sleep(2)
+        c.close()
+
+    server = asyncio.create_task(serve())
+    try:
+        conn = await _conn(backend, workspace)
+        with pytest.raises(SandboxLostError, match="handshake"):
+            await conn.go_direct(lambda path: connmod.SocketTransport.connect(fake), timeout=5)
+        assert conn.closed
+    finally:
+        server.cancel()
+        srv.close()
+        os.unlink(fake)
+        os.rmdir(d)
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready: None, workspace: Path) -> None:
+    """The container's main agent writes its answers to the socket without SIGPIPE: a host
+    that drops the connection during a large answer does not end the container."""
+    (workspace / "big.bin").write_bytes(os.urandom(8 << 20))
+    backend = make_backend()
+    try:
+        conn = await _conn(backend, workspace)
+        assert conn.direct
+        pid_before = (await backend.inspect(workspace) or {})["State"]["Pid"]
+        task = asyncio.create_task(conn.request("read", {"path": "big.bin", "max_bytes": 8 << 20}, timeout=30))
+        await asyncio.sleep(0.005)
+        await conn.close("test drops the host")
+        with pytest.raises(SandboxLostError):
+            await task
+        await asyncio.sleep(0.5)
+        attrs = await backend.inspect(workspace)
+        assert attrs is not None and attrs["State"]["Running"] and attrs["State"]["Pid"] == pid_before
+        box = await backend.get(workspace)
+        assert (await box.exec("echo alive")).stdout == b"alive\n"
+        assert (await box.connection()).direct  # type: ignore[attr-defined]
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

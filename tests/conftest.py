@@ -59,9 +59,7 @@ def require_docker() -> None:
 
 def gvisor_available() -> bool:
     try:
-        r = subprocess.run(
-            ["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, timeout=20
-        )
+        r = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return b'"runsc"' in r.stdout

@@ -38,9 +38,7 @@ def test_log_diff_undo(env: Path, workspace: Path, capsys: pytest.CaptureFixture
     assert len(out) == 2 and "create" in out[0] and "call=c2" in out[1]
     assert main(["diff", "--workspace", str(workspace), "--backend", "local"]) == 0
     assert "+two\n" in capsys.readouterr().out
-    assert (
-        main(["undo", "--workspace", str(workspace), "--call", "c2", "--dry-run", "--backend", "local"]) == 0
-    )
+    assert main(["undo", "--workspace", str(workspace), "--call", "c2", "--dry-run", "--backend", "local"]) == 0
     assert "-two\n+one\n" in capsys.readouterr().out
     assert (workspace / "a.txt").read_text() == "two\n"
     assert main(["undo", "--workspace", str(workspace), "--all", "--backend", "local"]) == 0

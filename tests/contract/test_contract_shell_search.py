@@ -136,6 +136,28 @@ async def test_search_caps_at_200_with_note(registry: ToolRegistry, workspace: P
     assert "more than 200 matches" in r.output
 
 
+async def test_search_results_are_sorted_and_the_same_every_time(registry: ToolRegistry, workspace: Path) -> None:
+    """ripgrep searches with several threads and finishes files in no fixed order: the
+    answer is sorted by path then line, and a capped answer keeps the first 200 in that
+    order, on every run."""
+    names = [f"d{i % 7}/f{i:03d}.txt" for i in range(120)]
+    for name in names:
+        (workspace / name).parent.mkdir(exist_ok=True)
+        (workspace / name).write_text("x\nhit a\ny\nhit b\n")
+    expected = sorted((n, line) for n in names for line in (2, 4))
+    outputs = set()
+    for _ in range(4):
+        r = await registry.execute("search_files", {"pattern": "hit"}, workspace)
+        assert r.success and r.data is not None and r.data["truncated"] is True
+        got = [(m["path"], m["line"]) for m in r.data["matches"]]
+        assert got == expected[:200]
+        outputs.add(r.output)
+    assert len(outputs) == 1
+    r = await registry.execute("search_files", {"pattern": "hit b", "path": "d3"}, workspace)
+    assert r.success and r.data is not None
+    assert [m["path"] for m in r.data["matches"]] == sorted(n for n in names if n.startswith("d3/"))
+
+
 @pytest.mark.parametrize("pattern", ["--pre=./evil.sh", "--pre=x", "-e", "--files"])
 async def test_search_dash_pattern_is_a_pattern(registry: ToolRegistry, workspace: Path, pattern: str) -> None:
     script = workspace / "evil.sh"

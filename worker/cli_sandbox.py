@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandbox.client import AgentSandbox
 from sandbox.errors import SandboxError, SandboxUnavailableError
 from sandbox.spec import SandboxSpec
 
@@ -142,6 +143,20 @@ async def _doctor(settings: Settings) -> int:
             box = await backend.get(ws)
             res = await box.exec("true")
             line(res.outcome == "exit", "sandbox start", f"container + agent answer ({settings.runtime})")
+            conn = await box.connection() if isinstance(box, AgentSandbox) else None
+            if conn is not None:
+                channel = (
+                    "unix socket (direct)"
+                    if conn.direct
+                    else "engine attach stream"
+                    + (
+                        ""
+                        if settings.runtime == "runsc" or not settings.direct_channel
+                        else " (the agent's socket is not reachable from this process: no ptrace-read "
+                        "access to the container, or the worker runs in another pid namespace)"
+                    )
+                )
+                _say(f"[note] agent channel: {channel}")
         except SandboxError as e:
             line(False, "sandbox start", str(e))
         finally:

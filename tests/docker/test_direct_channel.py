@@ -219,3 +219,32 @@ async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready:
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_doctor_checks_the_engine_and_names_the_agent_channel(docker_ready: None, direct: bool) -> None:
+    """`loom-worker doctor` on a working machine: every check passes (exit 0) and it says
+    which channel the agent answered on."""
+    import subprocess
+
+    from tests.conftest import SANDBOX_IMAGE
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "LOOM_IMAGE": SANDBOX_IMAGE,
+        "LOOM_LOG_LEVEL": "warning",
+        "LOOM_DIRECT_CHANNEL": "true" if direct else "false",
+    }
+    p = subprocess.run(
+        [str(root / ".venv" / "bin" / "loom-worker"), "doctor"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[ok] docker daemon" in p.stdout and "[ok] sandbox image" in p.stdout
+    assert "[ok] sandbox start" in p.stdout
+    expected = "agent channel: unix socket (direct)" if direct else "agent channel: engine attach stream\n"
+    assert expected in p.stdout, p.stdout

@@ -276,7 +276,8 @@ class AgentConnection:
             log.info("sandbox.direct_unavailable", connection=self._label, error=repr(e))
             return False
         try:
-            first = await asyncio.wait_for(sock.first_line(), timeout)
+            # The agent writes its first line as soon as it accepts: no long wait for it.
+            first = await asyncio.wait_for(sock.first_line(), min(timeout, 5.0))
             msg = _decode_json(first.decode())
             if not isinstance(msg, dict) or msg.get("k") != self._nonce or msg.get("direct") is not True:
                 raise ProtocolError("the direct channel did not answer with this connection's secret")

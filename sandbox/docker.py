@@ -19,6 +19,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import socket
 import stat as statmod
 from collections.abc import Callable
@@ -184,6 +185,41 @@ class DockerExecTransport(Transport):
             self._transport.abort()  # the agent does not take what is still buffered
         with contextlib.suppress(OSError):
             self._keep.close()
+
+
+_AGENT_SOCKET = re.compile(r"/tmp/(loom-direct-[A-Za-z0-9_]{1,64})/s")
+
+
+async def connect_agent_socket(pid: int, path: str) -> SocketTransport:
+    """Connect to the agent's socket at ``path`` inside the container whose process
+    ``pid`` (host pid namespace) is given, without following any link the sandbox could
+    have planted on the way.
+
+    A command in the container runs as the agent's uid, so between the agent's offer and
+    this connect it could swap the directory or the socket for a symlink, say to
+    ``/var/run/docker.sock``: resolved from the host, an absolute link leaves the
+    container. So the path is walked from ``/proc/<pid>/root`` one component at a time
+    with ``O_NOFOLLOW``, the last one must be a socket, and the connect goes through
+    ``/proc/self/fd`` to exactly that inode. (The handshake's secret would expose a
+    foreign listener anyway; this keeps a root worker from even connecting to one.)
+
+    Raises OSError when the path is malformed, unreachable, a link, or not a socket.
+    """
+    m = _AGENT_SOCKET.fullmatch(path)
+    if m is None:
+        raise OSError(errno.EINVAL, "unexpected agent socket path", path)
+    fds: list[int] = []
+    try:
+        fds.append(os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        for name in ("tmp", m.group(1)):
+            fds.append(os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        fds.append(os.open("s", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        if not statmod.S_ISSOCK(os.fstat(fds[-1]).st_mode):
+            raise OSError(errno.ENOTSOCK, "the agent's socket is not a socket", path)
+        return await SocketTransport.connect(f"/proc/self/fd/{fds[-1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class DockerSandbox(AgentSandbox):
@@ -507,13 +543,9 @@ class DockerBackend(SandboxBackend):
             pid = (container.attrs.get("State") or {}).get("Pid") or 0
         if not isinstance(pid, int) or pid <= 0:
             return conn
-        root = f"/proc/{pid}/root"
 
         async def open_socket(path: str) -> SocketTransport:
-            full = root + path
-            if len(full.encode()) > 107:  # sun_path
-                raise OSError(errno.ENAMETOOLONG, "socket path too long", full)
-            return await SocketTransport.connect(full)
+            return await connect_agent_socket(pid, path)
 
         try:
             if await conn.go_direct(open_socket, timeout=self.spec.agent_start_timeout):

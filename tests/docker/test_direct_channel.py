@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import connection as connmod
-from sandbox.docker import DockerBackend
+from sandbox.docker import DockerBackend, connect_agent_socket
 from sandbox.errors import SandboxLostError
 from tests.docker.conftest import make_backend
 
@@ -248,3 +248,44 @@ def test_doctor_checks_the_engine_and_names_the_agent_channel(docker_ready: None
     assert "[ok] sandbox start" in p.stdout
     expected = "agent channel: unix socket (direct)" if direct else "agent channel: engine attach stream\n"
     assert expected in p.stdout, p.stdout
+
+
+async def test_a_link_planted_at_the_socket_path_is_not_followed(docker_ready: None, workspace: Path) -> None:
+    """Between the offer and the connect, a command (same uid as the agent) swaps the socket,
+    then its directory, for a symlink to a socket on the host: the worker connects to
+    neither (resolved from the host, an absolute link would leave the container)."""
+    backend = make_backend(direct=False)
+    helper = make_backend(direct=False)
+    trap_dir = tempfile.mkdtemp(prefix="loom-trap-")
+    trap = os.path.join(trap_dir, "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(trap)
+    srv.listen(4)
+    srv.setblocking(False)
+    try:
+        conn = await _conn(backend, workspace)
+        attrs = await backend.inspect(workspace)
+        assert attrs is not None
+        pid = attrs["State"]["Pid"]
+        path = (await conn.request("direct", {}, timeout=10))["path"]
+        d = os.path.dirname(path)
+        box = await helper.get(workspace)
+        r = await box.exec(f"rm {path} && ln -s {trap} {path} && echo swapped")
+        assert r.stdout == b"swapped\n", r.stderr
+        with pytest.raises(OSError):
+            await connect_agent_socket(pid, path)
+        r = await box.exec(f"mv {d} {d}.x && ln -s {trap_dir} {d} && echo swapped")
+        assert r.stdout == b"swapped\n", r.stderr
+        with pytest.raises(OSError):
+            await connect_agent_socket(pid, path)
+        with pytest.raises(OSError):
+            await connect_agent_socket(pid, "/etc/../tmp/x/s")  # only the agent's own shape of path
+        with pytest.raises(BlockingIOError):
+            srv.accept()  # nobody ever connected to the host socket
+    finally:
+        srv.close()
+        os.unlink(trap)
+        os.rmdir(trap_dir)
+        await helper.remove_all_started()
+        await helper.aclose()
+        await backend.aclose()

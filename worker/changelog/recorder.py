@@ -15,11 +15,14 @@ Write protocol (the order is the crash-safety argument):
    shell baseline. A crash between 3 and 5 leaves ``pending``; step 1 of the next user
    hashes the file and settles it as applied or failed.
 
-Step 5 for a success is off the caller's path: it is queued on the changelog's database
-thread and the write returns at once. Every later use of this changelog in this process
-queues behind it on that one thread, so it sees the entry settled; another process that
-comes first settles it by hash in its step 1 (the same outcome), and the late update
-then finds the entry no longer pending and changes nothing.
+Step 5 for a success is off the caller's path: it is held in memory and the write returns
+at once. It is applied by whatever this process next does on the changelog's database
+thread, before that work: inside the next change's step-3 transaction (no commit of its
+own), or in front of any other store call (log, undo, a shell scan), or after
+``FINISH_DELAY`` of quiet. So every later use in this process sees the entry settled.
+Another process that comes first settles it by hash in its step 1 (the same outcome,
+baseline included), and the late update then finds the entry no longer pending and
+changes nothing. A crash before it is applied leaves the entry pending: recovery again.
 
 Durability (:data:`~worker.changelog.model.Durability`): "full" fsyncs the commit of
 step 3 and the file of step 4; "process" does neither. Both keep the order of steps 3
@@ -34,6 +37,7 @@ import functools
 import hashlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +55,9 @@ from .store import Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
 log = structlog.get_logger("worker.changelog")
+#: Seconds of quiet after which held step-5 updates are applied on their own.
+FINISH_DELAY = 0.005
+_Finish = tuple[int, tuple[str, str | None] | None, int | None, int | None]
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -84,11 +91,47 @@ class ChangelogCore:
         self.lock = WorkspaceLock(root / "lock")
         self.snapshot_key = "loom-changelog-" + root.name
         self._peek: sqlite3.Connection | None = None
+        # Step-5 updates not yet applied (see the module docstring): appended on the event
+        # loop, taken on the database thread.
+        self._finishes: list[_Finish] = []
+        self._finishes_lock = threading.Lock()
+        self._finish_timer: asyncio.TimerHandle | None = None
+        self._last_finish = 0.0
+        self._closed = False
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking store call on the changelog's own thread."""
+        """Run a blocking store call on the changelog's own thread (after this process's
+        held step-5 updates, so it sees them)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._pool, functools.partial(self._run, fn, args, kwargs))
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        # _begin_tx applies them inside its own transaction instead.
+        if self._finishes and getattr(fn, "__func__", None) is not ChangelogCore._begin_tx:
+            self._apply_finishes_quietly()
+        return fn(*args, **kwargs)
+
+    def _take_finishes(self) -> list[_Finish]:
+        with self._finishes_lock:
+            items, self._finishes = self._finishes, []
+        return items
+
+    def _requeue_finishes(self, items: list[_Finish]) -> None:
+        with self._finishes_lock:
+            self._finishes[:0] = items
+
+    def _apply_finishes_quietly(self) -> None:
+        """Apply the held step-5 updates in one transaction (database thread)."""
+        items = self._take_finishes()
+        if not items:
+            return
+        try:
+            with self.store.tx(durable=False) as db:
+                for item in items:
+                    _finish_in(db, item[0], "applied", *item[1:])
+        except ChangelogStorageError as e:
+            # The entries stay pending; the next user's recovery settles them by hash.
+            log.warning("changelog.finish_deferred", entries=[i[0] for i in items], error=str(e)[:300])
 
     def _peek_pending(self) -> bool | None:
         """Whether entries are pending, checked on the calling (event-loop) thread: an
@@ -101,12 +144,22 @@ class ChangelogCore:
             if self._peek is None:
                 self._peek = sqlite3.connect(self.store.path, timeout=0, isolation_level=None, check_same_thread=False)
                 self._peek.execute("PRAGMA query_only=1")
-            row = self._peek.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone()
-            return row is not None
+            rows = self._peek.execute("SELECT id FROM entries WHERE state = 'pending' LIMIT 64").fetchall()
         except sqlite3.Error:
             return None
+        if not rows:
+            return False
+        # This process's held step-5 updates are not a crashed writer's: every store call
+        # applies them first.
+        with self._finishes_lock:
+            own = {item[0] for item in self._finishes}
+        return len(rows) == 64 or any(r[0] not in own for r in rows)
 
     async def aclose(self) -> None:
+        self._closed = True
+        if self._finish_timer is not None:
+            self._finish_timer.cancel()
+            self._finish_timer = None
         if self._peek is not None:
             self._peek.close()
             self._peek = None
@@ -146,17 +199,35 @@ class ChangelogCore:
         """Record the entry; None (nothing written) when ``settled`` is False and entries
         are still pending, which then need :meth:`recover` first, or when the blob
         ``require_blob`` is not stored."""
-        with self.store.tx() as db:
-            if not settled and db.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone():
-                return None
-            if (
-                require_blob is not None
-                and not db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (require_blob,)).fetchone()
-            ):
-                return None
-            for digest, data in blobs:
-                Store.put_blob(db, digest, data)
-            return Store.insert_entry(db, **fields)
+        held = self._take_finishes()
+        try:
+            with self.store.tx() as db:
+                for item in held:  # this process's step 5 of earlier changes, in this commit
+                    _finish_in(db, item[0], "applied", *item[1:])
+                return self._record_in(db, fields, blobs, settled=settled, require_blob=require_blob)
+        except BaseException:
+            self._requeue_finishes(held)
+            raise
+
+    @staticmethod
+    def _record_in(
+        db: sqlite3.Connection,
+        fields: dict[str, Any],
+        blobs: list[tuple[str, bytes]],
+        *,
+        settled: bool,
+        require_blob: str | None,
+    ) -> int | None:
+        if not settled and db.execute("SELECT 1 FROM entries WHERE state = 'pending' LIMIT 1").fetchone():
+            return None
+        if (
+            require_blob is not None
+            and not db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (require_blob,)).fetchone()
+        ):
+            return None
+        for digest, data in blobs:
+            Store.put_blob(db, digest, data)
+        return Store.insert_entry(db, **fields)
 
     def _drop_tx(self, entry_id: int) -> None:
         """Delete a pending entry whose change was never attempted, or refused as a conflict."""
@@ -172,34 +243,29 @@ class ChangelogCore:
         mode: int | None = None,
     ) -> None:
         # Not fsync'd: if this is lost the entry stays pending and recovery settles it.
-        # Only a still-pending entry: another process's recovery may have settled it (and
-        # moved the baseline on) while this update waited in the queue.
         with self.store.tx(durable=False) as db:
-            cur = db.execute(
-                "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode) "
-                "WHERE id = ? AND state = 'pending'",
-                (state, mode, entry_id),
-            )
-            if state == "applied" and cur.rowcount == 1:
-                if baseline is not None:
-                    _baseline_after_change(db, *baseline)
-                if reverts is not None:
-                    db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
-
-    def _finish_quietly(
-        self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None, mode: int | None
-    ) -> None:
-        try:
-            self._finish_tx(entry_id, "applied", baseline, reverts, mode)
-        except ChangelogStorageError as e:
-            # The entry stays pending; the next user's recovery settles it by hash.
-            log.warning("changelog.finish_deferred", entry_id=entry_id, error=str(e)[:300])
+            _finish_in(db, entry_id, state, baseline, reverts, mode)
 
     def _finish_later(
         self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None, mode: int | None = None
     ) -> None:
-        """Queue step 5 of a successful change on the database thread (see the module docstring)."""
-        self._pool.submit(self._finish_quietly, entry_id, baseline, reverts, mode)
+        """Hold step 5 of a successful change until the next use of the database thread,
+        or ``FINISH_DELAY`` of quiet (see the module docstring). Event loop only."""
+        with self._finishes_lock:
+            self._finishes.append((entry_id, baseline, reverts, mode))
+        self._last_finish = time.monotonic()
+        if self._finish_timer is None and not self._closed:
+            self._finish_timer = asyncio.get_running_loop().call_later(FINISH_DELAY, self._finish_due)
+
+    def _finish_due(self) -> None:
+        self._finish_timer = None
+        if self._closed or not self._finishes:
+            return
+        wait = self._last_finish + FINISH_DELAY - time.monotonic()
+        if wait > 0:  # changes keep coming: each one's step 3 applies the earlier ones
+            self._finish_timer = asyncio.get_running_loop().call_later(wait, self._finish_due)
+            return
+        self._pool.submit(self._apply_finishes_quietly)
 
     async def change(
         self,
@@ -422,11 +488,36 @@ class ChangelogCore:
 
     def _settle_tx(self, e: Entry, state: str, note: str | None) -> None:
         with self.store.tx() as db:
-            db.execute("UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ?", (state, note, e.id))
-            if state == "applied":
+            cur = db.execute(
+                "UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ? AND state = 'pending'",
+                (state, note, e.id),
+            )
+            # Only if still pending: the writer's own step 5 may have come first.
+            if state == "applied" and cur.rowcount == 1:
                 _baseline_after_change(db, e.path, e.after_hash)
                 if e.reverts is not None:
                     db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (e.id, e.reverts))
+
+
+def _finish_in(
+    db: Any,
+    entry_id: int,
+    state: str,
+    baseline: tuple[str, str | None] | None,
+    reverts: int | None,
+    mode: int | None = None,
+) -> None:
+    """Step 5 inside a transaction. Only a still-pending entry: another process's recovery
+    may have settled it (and moved the baseline on) before this update."""
+    cur = db.execute(
+        "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode) WHERE id = ? AND state = 'pending'",
+        (state, mode, entry_id),
+    )
+    if state == "applied" and cur.rowcount == 1:
+        if baseline is not None:
+            _baseline_after_change(db, *baseline)
+        if reverts is not None:
+            db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
 
 
 def _baseline_after_change(db: Any, path: str, after: str | None) -> None:

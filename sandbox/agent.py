@@ -306,6 +306,7 @@ def op_hello(req):
         "kernel": os.uname().release,
         "subreaper": _subreaper[0],
         "ripgrep": bool(shutil.which("rg")),
+        "cpu_quota": _cpu_quota(),
     }
 
 
@@ -1171,12 +1172,75 @@ def _match_order(m):
     return (m[0], m[1])
 
 
-def _search_threads():
+_cpu_seen = [0.0, None]  # type: list  # (monotonic time, container CPU seconds) at the last search
+
+
+def _read_first(paths):
+    for path in paths:
+        try:
+            with open(path) as fh:
+                return fh.read()
+        except OSError:
+            continue
+    return None
+
+
+def _cpu_quota():
+    """How many CPUs the container's CFS quota allows (cgroup v1 or v2), None if unlimited."""
+    quota = _read_first(("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
+    period = _read_first(("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"))
     try:
-        n = len(os.sched_getaffinity(0))
+        if quota is not None and period is not None:
+            q = int(quota)
+            return q / float(int(period)) if q > 0 else None
+        v2 = _read_first(("/sys/fs/cgroup/cpu.max",))
+        if v2 is not None:
+            q2, p2 = v2.split()[:2]
+            return None if q2 == "max" else int(q2) / float(int(p2))
+    except ValueError:
+        pass
+    return None
+
+
+def _cpu_used():
+    """CPU seconds the container has used so far (cgroup v1 or v2), or None."""
+    v1 = _read_first(("/sys/fs/cgroup/cpuacct/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage"))
+    try:
+        if v1 is not None:
+            return int(v1) / 1e9
+        v2 = _read_first(("/sys/fs/cgroup/cpu.stat",))
+        if v2 is not None:
+            for line in v2.splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+    except ValueError:
+        pass
+    return None
+
+
+def _search_threads():
+    """ripgrep's thread count: every core the container may run on (at most 4), unless
+    the container has been using its CPU quota lately (the previous search a moment ago:
+    searches back to back), when more threads would only run into the quota and be
+    throttled; then as many as the quota allows."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(n, 4))
+        cores = os.cpu_count() or 1
+    cores = max(1, min(cores, 4))
+    quota = _cpu_quota()
+    if quota is None or cores == 1:
+        return cores
+    now = time.monotonic()
+    used = _cpu_used()
+    last_t, last_used = _cpu_seen
+    _cpu_seen[0], _cpu_seen[1] = now, used
+    if used is None or last_used is None or now - last_t > 0.25:
+        return cores
+    rate = (used - last_used) / max(now - last_t, 1e-3)  # CPUs in use since the last search
+    if rate > quota / 2.0:
+        return max(1, min(cores, int(quota)))
+    return cores
 
 
 def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
@@ -1201,7 +1265,8 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
     # Threads: ripgrep sizes its pool by the CPU *quota* (one thread under the default
     # 1-CPU limit), but a quota caps CPU time per 100 ms period, not parallelism: a search
     # is a burst well inside one period, so it may use every core the container can run
-    # on and still stay within its quota (5,000 files: ~47 ms on one thread, ~30 on two).
+    # on and still stay within its quota (5,000 files: ~47 ms on one thread, ~30 on two),
+    # unless the quota is being used up already (see _search_threads).
     argv += ["--threads", str(_search_threads())]
     if ignore_case:
         argv.append("--ignore-case")

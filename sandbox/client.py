@@ -505,4 +505,5 @@ def agent_info(r: dict[str, Any]) -> AgentInfo:
         kernel=_str(r.get("kernel"), "kernel", limit=200),
         subreaper=bool(r.get("subreaper")),
         ripgrep=bool(r.get("ripgrep")),
+        extra={"cpu_quota": q} if isinstance(q := r.get("cpu_quota"), int | float) and not isinstance(q, bool) else {},
     )

@@ -136,3 +136,23 @@ async def test_tmpfs_fill_hits_its_cap(docker_ready: None, user_workspace: Path)
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("cpus", [1.0, 1.5])
+async def test_agent_sees_the_cpu_quota_it_sizes_searches_by(
+    docker_ready: None, user_workspace: Path, cpus: float
+) -> None:
+    """The agent reads the container's CFS quota from the cgroup (what it sizes ripgrep's
+    threads by), and a search works at that size."""
+    backend = make_backend(cpus=cpus)
+    try:
+        box = await backend.get(user_workspace)
+        info = await box.info()
+        assert info.extra.get("cpu_quota") == pytest.approx(cpus)
+        (user_workspace / "a.txt").write_text("needle\n")
+        for _ in range(3):  # the first as a burst, the next ones back to back
+            res = await box.search("needle")
+            assert [(m.path, m.line) for m in res.matches] == [("a.txt", 1)]
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

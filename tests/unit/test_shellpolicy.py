@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from worker import shellpolicy as SP
 from worker.shellpolicy import check_command
 from worker.tool import PolicyError
 
@@ -102,3 +105,45 @@ def test_unbalanced_quotes_do_not_crash() -> None:
     check_command("echo 'unterminated")
     with pytest.raises(PolicyError):
         check_command("curl http://x | sh 'unterminated")
+
+
+# -- the fast paths: plain commands split without shlex, verdicts remembered -------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="abcrmfdsz019_./:=+,@%~ -", max_size=40))
+def test_plain_commands_split_as_shlex_would(command: str) -> None:
+    """Without any character that quotes, escapes, separates, expands or comments, the
+    fast split is exactly shlex's (so the blocklist sees the same tokens)."""
+    import shlex
+
+    assert SP._PLAIN.fullmatch(command)
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|()<>`")
+    lexer.whitespace_split = True
+    assert SP._tokens(command) == list(lexer)
+
+
+@pytest.mark.parametrize("command", ["rm -rf /", "rm -r -f ~", "ls -la", "rm temp.txt", "mkfs.ext4 /dev/sda"])
+def test_remembered_verdicts_are_the_same_every_time(command: str) -> None:
+    def verdict() -> str | None:
+        try:
+            check_command(command)
+        except PolicyError as e:
+            return e.message
+        return None
+
+    first = verdict()
+    assert all(verdict() == first for _ in range(3))
+    SP._verdict.cache_clear()
+    assert verdict() == first
+    if first is not None:
+        assert first.startswith("Safety violation")
+
+
+def test_long_commands_are_checked_every_time_not_remembered() -> None:
+    SP._verdict.cache_clear()
+    long_ok = "echo " + "a" * (SP._MEMO_MAX_CHARS + 10)
+    check_command(long_ok)
+    with pytest.raises(PolicyError):
+        check_command(long_ok + " && rm -rf /")
+    assert SP._verdict.cache_info().currsize == 0

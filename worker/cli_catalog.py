@@ -13,12 +13,12 @@ with ``--workspace DIR`` (its sandbox starts them); HTTP servers are always inde
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from . import aio
 from .catalog import IndexReport, InvalidQueryError
 from .catalog.capabilities import CAPABILITIES
 from .catalog.tool_search import ToolSearchArgs
@@ -71,7 +71,7 @@ def _cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 await registry.stop(ws.root)
 
     try:
-        report = asyncio.run(run())
+        report = aio.run(run())
     except Exception as e:  # no sandbox, unreadable workspace: say so, no traceback
         print(f"loom-worker: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -95,7 +95,7 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
             return await tools.search(registry, search_args, has_workspace=True)
 
     try:
-        out = asyncio.run(run())
+        out = aio.run(run())
     except InvalidQueryError as e:
         print(f"loom-worker: error: INVALID_QUERY: {e}", file=sys.stderr)
         return 2
@@ -110,7 +110,7 @@ def _cmd_sources(args: argparse.Namespace, settings: Settings) -> int:
             sources = await tools.catalog().list_sources()
             return {"sources": [s.__dict__ for s in sources], "load_errors": tools.errors}
 
-    out = asyncio.run(run())
+    out = aio.run(run())
     sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     return 1 if out["load_errors"] else 0
 

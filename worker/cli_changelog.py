@@ -11,7 +11,6 @@ no-isolation ``LocalProcessBackend`` so CLI tests run without Docker.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.errors import SandboxError
 
+from . import aio
 from .changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
 from .settings import Settings
 
@@ -62,7 +62,7 @@ def _with_sandbox(
         finally:
             await backend.aclose()
 
-    return asyncio.run(run())
+    return aio.run(run())
 
 
 def _workspace(value: str) -> Path | None:
@@ -96,7 +96,7 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
         async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
             return await cl.log(path=args.path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
 
-    for e in asyncio.run(run()):
+    for e in aio.run(run()):
         print(json.dumps(e.model_dump()) if args.json else _line(e))
     return 0
 

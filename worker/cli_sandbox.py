@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import sys
@@ -16,6 +15,7 @@ from sandbox.client import AgentSandbox
 from sandbox.errors import SandboxError, SandboxUnavailableError
 from sandbox.spec import SandboxSpec
 
+from . import aio
 from .settings import Settings
 
 
@@ -208,15 +208,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser("demo", help="Show a workspace sandbox at work: command, files, limits.")
     p.add_argument("--workspace", type=_existing_dir, help="Use this directory (default: a temporary one).")
     p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
-    p.set_defaults(func=lambda a, s: asyncio.run(_demo(s, a.workspace, a.runtime)))
+    p.set_defaults(func=lambda a, s: aio.run(_demo(s, a.workspace, a.runtime)))
 
     p = subparsers.add_parser("doctor", help="Check the Docker daemon, the sandbox image and gVisor.")
-    p.set_defaults(func=lambda a, s: asyncio.run(_doctor(s)))
+    p.set_defaults(func=lambda a, s: aio.run(_doctor(s)))
 
     p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")
     p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
-    p.set_defaults(func=lambda a, s: asyncio.run(_gc(s, a.all)))
+    p.set_defaults(func=lambda a, s: aio.run(_gc(s, a.all)))
 
     p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
     p.add_argument("--workspace", type=_existing_dir, required=True)
-    p.set_defaults(func=lambda a, s: asyncio.run(_stop(s, a.workspace)))
+    p.set_defaults(func=lambda a, s: aio.run(_stop(s, a.workspace)))

@@ -18,13 +18,13 @@ environment has ``LOOM_ALLOW_UNSAFE_LOCAL=1``; it exists so CLI tests run withou
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from . import aio
 from .registry import ToolRegistry, default_registry
 from .result import ToolResult
 from .settings import Settings
@@ -143,7 +143,7 @@ def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await changelogs.aclose()
 
-    result = asyncio.run(run())
+    result = aio.run(run())
     _print(result.to_dict())
     return 0 if result.success else 1
 
@@ -198,7 +198,7 @@ def _cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
                 _print({"id": call_id, **result.to_dict()})
         return all_ok
 
-    return 0 if asyncio.run(run()) else 1
+    return 0 if aio.run(run()) else 1
 
 
 # -- tools -------------------------------------------------------------------------------

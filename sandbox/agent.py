@@ -1553,8 +1553,22 @@ def _signal_all(pids, sig):
             pass
 
 
+def _no_children():
+    """True when this agent has no child process at all (any thread's, zombies included):
+    one ``waitid`` instead of reading every thread's children file."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    except (AttributeError, OSError):
+        pass
+    return False
+
+
 def _own_children():
     """Direct children of this agent (all threads), or None when the kernel cannot say."""
+    if _no_children():
+        return set()
     kids = set()  # type: set[int]
     try:
         for tid in os.listdir("/proc/self/task"):

@@ -1,7 +1,7 @@
 """Changelog benchmark: an edit_file-equivalent write through the changelog, and the
 change scan after a no-op shell command on a 10,000-file workspace.
 
-    .venv/bin/python bench/bench_changelog.py [--backend docker|local] [--files 10000] [--n 200]
+    .venv/bin/python bench/bench_changelog.py [--backend docker|local] [--files 10000] [--n 200] [--loop uvloop|asyncio]
         [--durability full|process|both]
 
 Prints a markdown table (p50 / p95 in milliseconds). Targets: write p50 <= 2 ms on
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from sandbox.base import Sandbox, SandboxBackend
+from worker import aio
 from worker.changelog import Changelog, Durability
 from worker.workspace import Workspace
 
@@ -114,13 +115,17 @@ async def bench_scan(box: Sandbox, cl: Changelog, n: int) -> tuple[list[float], 
     return scan, bracket, together, walks
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=("docker", "local"), default="docker")
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--durability", choices=("full", "process", "both"), default="both")
-    args = ap.parse_args()
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (as bench_tools)")
+    return ap.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
     modes: list[Durability] = ["full", "process"] if args.durability == "both" else [args.durability]
     with tempfile.TemporaryDirectory(prefix="loom-bench-") as tmp:
         ws = Path(tmp, "ws")
@@ -173,4 +178,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    cli = parse_args()
+    (asyncio.run if cli.loop == "asyncio" else aio.run)(main(cli))

@@ -389,7 +389,10 @@ class DockerBackend(SandboxBackend):
                 if container.status == "running" and same:
                     self._started.add(name)
                     return container
-                # Exited (idle TTL, OOM, killed), or made with other settings: replace it.
+                if container.status == "created" and same and await self._started_by_peer(name):
+                    continue  # another process created it and has just started it: adopt it
+                # Exited (idle TTL, OOM, killed), made with other settings, or created by a
+                # process that died before starting it: replace it.
                 await self._remove(container)
                 continue
             if ws.stat().st_uid == 0 and self.spec.uid is None:
@@ -409,7 +412,11 @@ class DockerBackend(SandboxBackend):
                 raise
             try:
                 await self._call("start sandbox", container.start)
-            except SandboxUnavailableError:
+            except SandboxUnavailableError as e:
+                if "marked for removal" in str(e) or "No such container" in str(e):
+                    # A peer took our fresh container for a stale one: start over.
+                    await asyncio.sleep(0.05)
+                    continue
                 await self._remove(container)
                 raise
             self._started.add(name)
@@ -417,6 +424,20 @@ class DockerBackend(SandboxBackend):
             log.info("sandbox.started", workspace=str(ws), container=name, runtime=self.spec.runtime)
             return container
         raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
+
+    async def _started_by_peer(self, name: str, wait: float = 5.0) -> bool:
+        """A container of ours sits in "created": a peer process made it and is about to
+        start it (create and start are two engine calls). Wait up to ``wait`` seconds for
+        it to run. False when it does not (its creator died in between) or it is gone."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            container = await self._find(name)
+            if container is None:
+                return True  # gone: the caller's next round creates it
+            if container.status != "created":
+                return container.status == "running"
+        return False
 
     async def _find(self, name: str) -> Any:
         client = self._docker()

@@ -204,3 +204,55 @@ async def test_config_change_replaces_the_container(docker_ready: None, workspac
         await a.aclose()
         await b.remove_all_started()
         await b.aclose()
+
+
+async def test_a_peer_container_not_yet_started_is_adopted_not_removed(docker_ready: None, workspace: Path) -> None:
+    """Create and start are two engine calls: a process that finds the workspace's
+    container still "created" (a peer is between the two) waits for it to run and adopts
+    it; removing it would make the peer's start fail ("marked for removal")."""
+    peer = make_backend()
+    backend = make_backend()
+    client = docker.from_env()
+    try:
+        created = await asyncio.to_thread(client.containers.create, **peer.container_config(workspace.resolve()))
+
+        async def start_late() -> None:
+            await asyncio.sleep(0.4)
+            await asyncio.to_thread(created.start)
+
+        starter = asyncio.create_task(start_late())
+        adopted = await backend.ensure_container(workspace.resolve())
+        await starter
+        assert adopted.id == created.id
+        created.reload()
+        assert created.status == "running"
+    finally:
+        for c in client.containers.list(all=True, filters={"name": container_name(workspace.resolve())}):
+            c.remove(force=True)
+        client.close()
+        await backend.aclose()
+        await peer.aclose()
+
+
+async def test_a_container_its_creator_never_started_is_replaced(
+    docker_ready: None, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make_backend()
+    client = docker.from_env()
+    real = DockerBackend._started_by_peer
+
+    async def short_wait(self: DockerBackend, name: str, wait: float = 5.0) -> bool:
+        return await real(self, name, wait=0.3)
+
+    monkeypatch.setattr(DockerBackend, "_started_by_peer", short_wait)
+    try:
+        orphan = await asyncio.to_thread(client.containers.create, **backend.container_config(workspace.resolve()))
+        box = await backend.get(workspace)
+        assert (await box.exec("echo up")).stdout == b"up\n"
+        attrs = await backend.inspect(workspace)
+        assert attrs is not None and attrs["Id"] != orphan.id and attrs["State"]["Running"]
+    finally:
+        for c in client.containers.list(all=True, filters={"name": container_name(workspace.resolve())}):
+            c.remove(force=True)
+        client.close()
+        await backend.aclose()

@@ -510,8 +510,16 @@ def _expire(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
-class _SocketProtocol(asyncio.BufferedProtocol):
-    """A plain byte stream (the agent's direct channel): what arrives goes to the feed."""
+class StreamProtocol(asyncio.BufferedProtocol):
+    """A byte stream from an agent on an ``asyncio`` protocol, handed to a
+    :class:`ProtocolFeed` as it arrives (``feed``), with the feed's flow control.
+
+    Buffered: the socket is read into one preallocated buffer (``recv_into``). A plain
+    ``Protocol`` gets a fresh ``recv(256 KiB)`` per read, whose allocation costs several
+    times the read of a small answer. This class passes the bytes on as stdout (the
+    agent's direct channel); :class:`~sandbox.docker` subclasses it to demux the engine's
+    attach frames in :meth:`buffer_updated`.
+    """
 
     BUFFER_SIZE = 256 << 10
 
@@ -521,16 +529,19 @@ class _SocketProtocol(asyncio.BufferedProtocol):
         self._buffer = memoryview(bytearray(self.BUFFER_SIZE))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop: no isinstance
+        # A cast, not an isinstance check: uvloop's transports (uvicorn picks uvloop when it
+        # is installed) do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        # A copy: the buffer is reused by the next read.
         self.feed.data(bytes(self._buffer[:nbytes]), b"")
 
     def eof_received(self) -> bool:
-        return False
+        return False  # the agent's side is done: close ours too (connection_lost follows)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.feed.eof(exc)
@@ -549,18 +560,45 @@ class _SocketProtocol(asyncio.BufferedProtocol):
                 self.transport.pause_reading()
 
 
-class SocketTransport(Transport):
-    """The agent's direct channel: a unix socket the host connected to."""
+class StreamTransport(Transport):
+    """A :class:`Transport` over an ``asyncio`` transport and its :class:`StreamProtocol`:
+    pushes what arrives (push mode) or queues it for :meth:`read`."""
 
-    def __init__(self, transport: asyncio.Transport, proto: _SocketProtocol) -> None:
+    def __init__(self, transport: asyncio.Transport, proto: StreamProtocol) -> None:
         self._transport = transport
         self._feed = proto.feed
+
+    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
+        return self._feed.start(on_data, on_eof)
+
+    async def read(self) -> tuple[bytes, bytes]:
+        return await self._feed.read()
+
+    async def write(self, data: bytes) -> None:
+        self._feed.check_open()
+        if self._transport.is_closing():
+            raise ConnectionResetError("Connection lost")
+        self._transport.write(data)
+        await self._feed.drain()  # returns at once unless the socket's buffer is full
+
+    async def close(self) -> None:
+        if not self._transport.is_closing():
+            self._transport.close()  # flushes what is buffered, then closes
+        if not await self._feed.wait_closed(2):
+            self._transport.abort()  # the agent does not take what is still buffered
+
+
+class SocketTransport(StreamTransport):
+    """The agent's direct channel: a unix socket the host connected to."""
+
+    def __init__(self, transport: asyncio.Transport, proto: StreamProtocol) -> None:
+        super().__init__(transport, proto)
         self._rest = b""  # what came after the first line
 
     @classmethod
     async def connect(cls, path: str) -> SocketTransport:
         """Connect to the unix socket at ``path``. Raises OSError when it cannot."""
-        transport, proto = await asyncio.get_running_loop().create_unix_connection(_SocketProtocol, path)
+        transport, proto = await asyncio.get_running_loop().create_unix_connection(StreamProtocol, path)
         return cls(cast(asyncio.Transport, transport), proto)
 
     async def first_line(self) -> bytes:
@@ -583,26 +621,13 @@ class SocketTransport(Transport):
         if self._rest:
             on_data(self._rest, b"")
             self._rest = b""
-        return self._feed.start(on_data, on_eof)
+        return super().start(on_data, on_eof)
 
     async def read(self) -> tuple[bytes, bytes]:
         if self._rest:
             rest, self._rest = self._rest, b""
             return rest, b""
-        return await self._feed.read()
-
-    async def write(self, data: bytes) -> None:
-        self._feed.check_open()
-        if self._transport.is_closing():
-            raise ConnectionResetError("Connection lost")
-        self._transport.write(data)
-        await self._feed.drain()
-
-    async def close(self) -> None:
-        if not self._transport.is_closing():
-            self._transport.close()
-        if not await self._feed.wait_closed(2):
-            self._transport.abort()
+        return await super().read()
 
 
 class _Spliced(Transport):

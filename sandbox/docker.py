@@ -36,7 +36,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from . import __version__, protocol
 from .base import Sandbox, SandboxBackend
 from .client import AgentSandbox, agent_info
-from .connection import AgentConnection, ProtocolFeed, SocketTransport, Transport
+from .connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
 from .errors import (
     DaemonUnavailableError,
     ImageNotFoundError,
@@ -96,29 +96,12 @@ def _translate(exc: Exception, what: str) -> Exception:
     return SandboxUnavailableError(f"{what}: {exc}")
 
 
-class _AttachProtocol(asyncio.BufferedProtocol):
-    """The attach stream: Docker's frames are demuxed as they arrive and handed on.
-
-    Buffered: the socket is read into one preallocated buffer (``recv_into``). A plain
-    ``Protocol`` gets a fresh ``recv(256 KiB)`` per read, whose allocation costs several
-    times the read of a small answer.
-    """
-
-    BUFFER_SIZE = 256 << 10
+class _AttachProtocol(StreamProtocol):
+    """The attach stream: Docker's frames are demuxed as they arrive and handed on."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.demux = protocol.Demuxer()
-        self.feed = ProtocolFeed(self._reading)
-        self._buffer = memoryview(bytearray(self.BUFFER_SIZE))
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A cast, not an isinstance check: uvloop's transports (uvicorn picks uvloop when it
-        # is installed) do not derive from asyncio.Transport.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         # The demuxer copies what it keeps: the buffer is reused by the next read.
@@ -126,35 +109,15 @@ class _AttachProtocol(asyncio.BufferedProtocol):
         if out or err:
             self.feed.data(out, err)
 
-    def eof_received(self) -> bool:
-        return False  # the agent's side is done: close ours too (connection_lost follows)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.feed.eof(exc)
-
-    def pause_writing(self) -> None:
-        self.feed.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.feed.resume_writing()
-
-    def _reading(self, on: bool) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            if on:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
-
-
-class DockerExecTransport(Transport):
+class DockerExecTransport(StreamTransport):
     """An attached ``docker exec`` stream (hijacked HTTP connection) on an
     ``asyncio.Protocol`` that pushes each response to the connection as it arrives
     (see :class:`~sandbox.connection.ProtocolFeed`)."""
 
     def __init__(self, sock_io: Any, transport: asyncio.Transport, proto: _AttachProtocol) -> None:
+        super().__init__(transport, proto)
         self._keep = sock_io  # keeps the HTTP response (and so the socket) alive
-        self._transport = transport
-        self._feed = proto.feed
 
     @classmethod
     async def open(cls, sock_io: Any) -> DockerExecTransport:
@@ -165,24 +128,8 @@ class DockerExecTransport(Transport):
         transport, proto = await asyncio.get_running_loop().create_connection(_AttachProtocol, sock=raw)
         return cls(sock_io, cast(asyncio.Transport, transport), proto)
 
-    def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
-        return self._feed.start(on_data, on_eof)
-
-    async def read(self) -> tuple[bytes, bytes]:
-        return await self._feed.read()
-
-    async def write(self, data: bytes) -> None:
-        self._feed.check_open()
-        if self._transport.is_closing():
-            raise ConnectionResetError("Connection lost")
-        self._transport.write(data)
-        await self._feed.drain()  # returns at once unless the socket's buffer is full
-
     async def close(self) -> None:
-        if not self._transport.is_closing():
-            self._transport.close()  # flushes what is buffered, then closes
-        if not await self._feed.wait_closed(2):
-            self._transport.abort()  # the agent does not take what is still buffered
+        await super().close()
         with contextlib.suppress(OSError):
             self._keep.close()
 

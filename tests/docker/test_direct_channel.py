@@ -10,10 +10,12 @@ host vanishing mid-answer does not take the container's keeper down with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,34 @@ from sandbox.errors import SandboxLostError
 from tests.docker.conftest import make_backend
 
 pytestmark = pytest.mark.docker
+
+
+@contextlib.asynccontextmanager
+async def fake_listener(first_line: bytes) -> AsyncIterator[str]:
+    """A unix socket on the host that answers a connect with ``first_line`` (not knowing
+    any connection's secret); yields its path."""
+    d = tempfile.mkdtemp(prefix="loom-impostor-")
+    path = os.path.join(d, "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+    srv.setblocking(False)
+    loop = asyncio.get_running_loop()
+
+    async def serve() -> None:
+        c, _ = await loop.sock_accept(srv)
+        await loop.sock_sendall(c, first_line)
+        await asyncio.sleep(2)
+        c.close()
+
+    server = asyncio.create_task(serve())
+    try:
+        yield path
+    finally:
+        server.cancel()
+        srv.close()
+        os.unlink(path)
+        os.rmdir(d)
 
 
 async def _conn(backend: DockerBackend, ws: Path) -> connmod.AgentConnection:
@@ -127,73 +157,37 @@ async def test_an_impostor_listener_is_detected(
 ) -> None:
     """If the path leads to someone else's listener (it cannot know the connection's
     secret), the handshake fails closed and the worker carries on with a plain agent."""
-    d = tempfile.mkdtemp(prefix="loom-impostor-")
-    fake = os.path.join(d, "s")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(fake)
-    srv.listen(1)
-    srv.setblocking(False)
-    loop = asyncio.get_running_loop()
-
-    async def serve() -> None:
-        c, _ = await loop.sock_accept(srv)
-        await loop.sock_sendall(c, b'{"direct":true,"k":"not-the-secret"}\n')
-        await asyncio.sleep(2)
-        c.close()
-
-    server = asyncio.create_task(serve())
     real = connmod.SocketTransport.connect
+    async with fake_listener(b'{"direct":true,"k":"not-the-secret"}\n') as fake:
 
-    async def impostor(path: str) -> connmod.SocketTransport:
-        return await real(fake)
+        async def impostor(path: str) -> connmod.SocketTransport:
+            return await real(fake)
 
-    monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(impostor))
-    backend = make_backend()
-    try:
-        conn = await _conn(backend, workspace)
-        assert not conn.direct
-        box = await backend.get(workspace)
-        assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
-        assert backend._direct_off
-    finally:
-        server.cancel()
-        srv.close()
-        os.unlink(fake)
-        os.rmdir(d)
-        await backend.remove_all_started()
-        await backend.aclose()
+        monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(impostor))
+        backend = make_backend()
+        try:
+            conn = await _conn(backend, workspace)
+            assert not conn.direct
+            box = await backend.get(workspace)
+            assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
+            assert backend._direct_off
+        finally:
+            await backend.remove_all_started()
+            await backend.aclose()
 
 
 async def test_handshake_failure_after_connect_is_reported(docker_ready: None, workspace: Path) -> None:
     """go_direct itself: a wrong secret closes that connection with SandboxLostError."""
     backend = make_backend(direct=False)
-    d = tempfile.mkdtemp(prefix="loom-impostor-")
-    fake = os.path.join(d, "s")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(fake)
-    srv.listen(1)
-    srv.setblocking(False)
-    loop = asyncio.get_running_loop()
-
-    async def serve() -> None:
-        c, _ = await loop.sock_accept(srv)
-        await loop.sock_sendall(c, b'{"direct":true}\n')
-        await asyncio.sleep(2)
-        c.close()
-
-    server = asyncio.create_task(serve())
-    try:
-        conn = await _conn(backend, workspace)
-        with pytest.raises(SandboxLostError, match="handshake"):
-            await conn.go_direct(lambda path: connmod.SocketTransport.connect(fake), timeout=5)
-        assert conn.closed
-    finally:
-        server.cancel()
-        srv.close()
-        os.unlink(fake)
-        os.rmdir(d)
-        await backend.remove_all_started()
-        await backend.aclose()
+    async with fake_listener(b'{"direct":true}\n') as fake:
+        try:
+            conn = await _conn(backend, workspace)
+            with pytest.raises(SandboxLostError, match="handshake"):
+                await conn.go_direct(lambda path: connmod.SocketTransport.connect(fake), timeout=5)
+            assert conn.closed
+        finally:
+            await backend.remove_all_started()
+            await backend.aclose()
 
 
 async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready: None, workspace: Path) -> None:

@@ -487,16 +487,10 @@ class ChangelogCore:
         return pending
 
     def _settle_tx(self, e: Entry, state: str, note: str | None) -> None:
+        # What the writer's own step 5 would have done (the shell baseline follows an
+        # applied change, an undo marks what it reverted), only if still pending.
         with self.store.tx() as db:
-            cur = db.execute(
-                "UPDATE entries SET state = ?, note = COALESCE(?, note) WHERE id = ? AND state = 'pending'",
-                (state, note, e.id),
-            )
-            # Only if still pending: the writer's own step 5 may have come first.
-            if state == "applied" and cur.rowcount == 1:
-                _baseline_after_change(db, e.path, e.after_hash)
-                if e.reverts is not None:
-                    db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (e.id, e.reverts))
+            _finish_in(db, e.id, state, (e.path, e.after_hash), e.reverts, note=note)
 
 
 def _finish_in(
@@ -506,12 +500,14 @@ def _finish_in(
     baseline: tuple[str, str | None] | None,
     reverts: int | None,
     mode: int | None = None,
+    note: str | None = None,
 ) -> None:
-    """Step 5 inside a transaction. Only a still-pending entry: another process's recovery
-    may have settled it (and moved the baseline on) before this update."""
+    """Step 5 inside a transaction (also recovery's settling). Only a still-pending entry:
+    another process's recovery, or the writer's own late step 5, may have come first."""
     cur = db.execute(
-        "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode) WHERE id = ? AND state = 'pending'",
-        (state, mode, entry_id),
+        "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode), note = COALESCE(?, note) "
+        "WHERE id = ? AND state = 'pending'",
+        (state, mode, note, entry_id),
     )
     if state == "applied" and cur.rowcount == 1:
         if baseline is not None:

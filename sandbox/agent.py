@@ -2036,12 +2036,14 @@ def _accept_direct(lst, d, path):
         if conn is None:
             _direct["state"] = "refused"
     conn.settimeout(None)
+    hello = json.dumps({"direct": True, "k": _nonce[0]}, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
-        # From here on every answer and event goes to the socket; the attach stream stays
-        # open only to tell either side that the other is gone.
+        # From here on every answer and event goes to the socket, after this first line
+        # (so nothing can come before it); the attach stream stays open only to tell
+        # either side that the other is gone.
         _stdout = _SocketOut(conn)
+        _stdout.write(hello)
         _direct["state"] = "open"
-    _send({"direct": True})
     _serve(conn.makefile("rb", buffering=256 << 10))
     _host_gone()
     if not _keeper_ttl[0]:
@@ -2081,8 +2083,8 @@ def _send(obj):
     obj["k"] = _nonce[0]
     line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
-        _stdout.write(line)  # type: ignore[union-attr]
-        _stdout.flush()  # type: ignore[union-attr]
+        _stdout.write(line)
+        _stdout.flush()
 
 
 def _handle(req):
@@ -2174,7 +2176,7 @@ def main(config):
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))
-    _stdout = sys.stdout.buffer  # type: ignore[assignment]
+    _stdout = sys.stdout.buffer
     ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     _subreaper[0] = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
     _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies

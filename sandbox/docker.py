@@ -196,7 +196,11 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
-        self._direct_off = False  # the agents' direct channel proved unreachable
+        # The agents' direct channel: unreachable from this process at all (no access to
+        # /proc/<pid>/root), or failed its handshake in these containers (possibly a
+        # command interfering): those stay on the attach stream.
+        self._direct_unreachable = False
+        self._direct_failed: set[str] = set()
         self.restarts = 0
 
     # -- docker client ---------------------------------------------------------------
@@ -488,7 +492,7 @@ class DockerBackend(SandboxBackend):
                 continue
             if self.spec.runtime == "runsc":
                 await self._verify_gvisor(conn, container)
-            elif self.spec.direct and not self._direct_off:
+            elif self.spec.direct and not self._direct_unreachable and container.name not in self._direct_failed:
                 conn = await self._go_direct(conn, container)
             return conn
         assert last is not None
@@ -511,6 +515,14 @@ class DockerBackend(SandboxBackend):
             pid = (container.attrs.get("State") or {}).get("Pid") or 0
         if not isinstance(pid, int) or pid <= 0:
             return conn
+        try:
+            os.close(os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as e:
+            # No access to the container's processes from here (another pid namespace, no
+            # ptrace-read access): true of every container, so do not ask again.
+            log.info("sandbox.direct_unavailable", container=container.name, error=repr(e))
+            self._direct_unreachable = True
+            return conn
 
         async def open_socket(path: str) -> SocketTransport:
             return await connect_agent_socket(pid, path)
@@ -518,13 +530,15 @@ class DockerBackend(SandboxBackend):
         try:
             if await conn.go_direct(open_socket, timeout=self.spec.agent_start_timeout):
                 return conn
-            self._direct_off = True  # not reachable from this process: do not ask again
+            # The container's root was reachable but the socket was not (a command may
+            # have moved it): this container stays on the attach stream.
+            self._direct_failed.add(container.name)
             return conn
         except SandboxLostError as e:
             # The agent may have moved already: this connection is closed. Start a plain
             # one (the container is fine) and stay on attach streams from now on.
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
-            self._direct_off = True
+            self._direct_failed.add(container.name)
             return await self._exec_agent(container)
 
     async def _verify_gvisor(self, conn: AgentConnection, container: Any) -> None:

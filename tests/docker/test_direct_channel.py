@@ -17,6 +17,7 @@ import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,6 +137,9 @@ async def test_a_command_in_the_sandbox_cannot_take_the_channel(docker_ready: No
 async def test_unreachable_socket_falls_back_to_attach(
     docker_ready: None, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The container's root is reachable but its socket is not (a command may have moved
+    it): that container stays on the attach stream, and works."""
+
     async def refuse(path: str) -> connmod.SocketTransport:
         raise PermissionError(13, "Permission denied", path)
 
@@ -146,7 +150,46 @@ async def test_unreachable_socket_falls_back_to_attach(
         assert not conn.direct
         box = await backend.get(workspace)
         assert (await box.exec("echo still-works")).stdout == b"still-works\n"
-        assert backend._direct_off  # not asked again by this process
+        assert backend._direct_failed == {box.container_name} and not backend._direct_unreachable
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_no_access_to_container_processes_stops_asking(
+    docker_ready: None, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No access to /proc/<pid>/root at all (a worker in another pid namespace, as with
+    docker compose, or without ptrace-read access): true for every container, so the
+    process stays on attach streams without even asking the agents."""
+    import sandbox.docker as dmod
+
+    real_open = os.open
+
+    def guarded_open(path: object, *a: object, **k: object) -> int:
+        if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/root"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dmod.os, "open", guarded_open)
+    other = tmp_path / "other"
+    other.mkdir()
+    backend = make_backend()
+    try:
+        assert not (await _conn(backend, workspace)).direct
+        assert backend._direct_unreachable
+        asked: list[int] = []
+        real_go = connmod.AgentConnection.go_direct
+
+        async def counting(self: connmod.AgentConnection, *a: Any, **k: Any) -> bool:
+            asked.append(1)
+            return await real_go(self, *a, **k)
+
+        monkeypatch.setattr(connmod.AgentConnection, "go_direct", counting)
+        conn2 = await _conn(backend, other)
+        box2 = await backend.get(other)
+        assert (await box2.exec("echo ok")).stdout == b"ok\n"
+        assert asked == [] and not conn2.direct
     finally:
         await backend.remove_all_started()
         await backend.aclose()
@@ -170,7 +213,7 @@ async def test_an_impostor_listener_is_detected(
             assert not conn.direct
             box = await backend.get(workspace)
             assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
-            assert backend._direct_off
+            assert backend._direct_failed == {box.container_name}  # only that container stays on attach
         finally:
             await backend.remove_all_started()
             await backend.aclose()

@@ -57,6 +57,26 @@ async def fake_listener(first_line: bytes) -> AsyncIterator[str]:
         os.rmdir(d)
 
 
+@contextlib.asynccontextmanager
+async def own_backend(**spec: Any) -> AsyncIterator[DockerBackend]:
+    """A backend whose containers are removed when the block ends."""
+    backend = make_backend(**spec)
+    try:
+        yield backend
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def assert_stays_on_attach(backend: DockerBackend, workspace: Path) -> None:
+    """The direct channel failed for this container only: it works on the attach stream."""
+    conn = await _conn(backend, workspace)
+    assert not conn.direct
+    box = await backend.get(workspace)
+    assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
+    assert backend._direct_failed == {box.container_name} and not backend._direct_unreachable
+
+
 async def _conn(backend: DockerBackend, ws: Path) -> connmod.AgentConnection:
     box = await backend.get(ws)
     return await box.connection()  # type: ignore[attr-defined,no-any-return]
@@ -84,14 +104,10 @@ async def test_runc_agents_talk_over_the_direct_channel(docker_ready: None, work
 
 
 async def test_direct_off_keeps_the_attach_stream(docker_ready: None, workspace: Path) -> None:
-    backend = make_backend(direct=False)
-    try:
+    async with own_backend(direct=False) as backend:
         conn = await _conn(backend, workspace)
         assert not conn.direct
         assert (await (await backend.get(workspace)).exec("echo ok")).stdout == b"ok\n"
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_a_command_in_the_sandbox_cannot_take_the_channel(docker_ready: None, workspace: Path) -> None:
@@ -144,16 +160,8 @@ async def test_unreachable_socket_falls_back_to_attach(
         raise PermissionError(13, "Permission denied", path)
 
     monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(refuse))
-    backend = make_backend()
-    try:
-        conn = await _conn(backend, workspace)
-        assert not conn.direct
-        box = await backend.get(workspace)
-        assert (await box.exec("echo still-works")).stdout == b"still-works\n"
-        assert backend._direct_failed == {box.container_name} and not backend._direct_unreachable
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
+    async with own_backend() as backend:
+        await assert_stays_on_attach(backend, workspace)
 
 
 async def test_no_access_to_container_processes_stops_asking(
@@ -174,8 +182,7 @@ async def test_no_access_to_container_processes_stops_asking(
     monkeypatch.setattr(dmod.os, "open", guarded_open)
     other = tmp_path / "other"
     other.mkdir()
-    backend = make_backend()
-    try:
+    async with own_backend() as backend:
         assert not (await _conn(backend, workspace)).direct
         assert backend._direct_unreachable
         asked: list[int] = []
@@ -190,9 +197,6 @@ async def test_no_access_to_container_processes_stops_asking(
         box2 = await backend.get(other)
         assert (await box2.exec("echo ok")).stdout == b"ok\n"
         assert asked == [] and not conn2.direct
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_an_impostor_listener_is_detected(
@@ -207,16 +211,8 @@ async def test_an_impostor_listener_is_detected(
             return await real(fake)
 
         monkeypatch.setattr(connmod.SocketTransport, "connect", staticmethod(impostor))
-        backend = make_backend()
-        try:
-            conn = await _conn(backend, workspace)
-            assert not conn.direct
-            box = await backend.get(workspace)
-            assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
-            assert backend._direct_failed == {box.container_name}  # only that container stays on attach
-        finally:
-            await backend.remove_all_started()
-            await backend.aclose()
+        async with own_backend() as backend:
+            await assert_stays_on_attach(backend, workspace)
 
 
 async def test_handshake_failure_after_connect_is_reported(docker_ready: None, workspace: Path) -> None:
@@ -237,8 +233,7 @@ async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready:
     """The container's main agent writes its answers to the socket without SIGPIPE: a host
     that drops the connection during a large answer does not end the container."""
     (workspace / "big.bin").write_bytes(os.urandom(8 << 20))
-    backend = make_backend()
-    try:
+    async with own_backend() as backend:
         conn = await _conn(backend, workspace)
         assert conn.direct
         pid_before = (await backend.inspect(workspace) or {})["State"]["Pid"]
@@ -253,9 +248,6 @@ async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready:
         box = await backend.get(workspace)
         assert (await box.exec("echo alive")).stdout == b"alive\n"
         assert (await box.connection()).direct  # type: ignore[attr-defined]
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 @pytest.mark.parametrize("direct", [True, False])

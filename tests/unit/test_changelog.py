@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sandbox.base import Sandbox
 from sandbox.errors import ConflictError, NotAFileError
 from worker.changelog import Changelog, EntryNotFoundError, UndoConflictError
 
 
 def h(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
-
-
-@pytest.fixture
-async def box(local_backend, workspace: Path) -> Sandbox:
-    return await local_backend.get(workspace)
-
-
-@pytest.fixture
-async def cl(data_dir: Path, workspace: Path) -> AsyncIterator[Changelog]:
-    c = Changelog.open(data_dir, workspace)
-    yield c
-    await c.aclose()
 
 
 async def test_create_modify_records_before_image_and_undo_restores(cl, box, workspace: Path) -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sandbox.base import Sandbox
 from worker.changelog import Changelog
 from worker.changelog import recorder as recmod
 from worker.workspace import Workspace
@@ -23,23 +21,6 @@ from worker.workspace import Workspace
 
 def h(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
-
-
-@pytest.fixture
-async def box(local_backend, workspace: Path) -> Sandbox:
-    return await local_backend.get(workspace)
-
-
-@pytest.fixture
-async def cl(data_dir: Path, workspace: Path) -> AsyncIterator[Changelog]:
-    c = Changelog.open(data_dir, workspace)
-    yield c
-    await c.aclose()
 
 
 def on_disk(cl: Changelog) -> dict[int, str]:

@@ -49,6 +49,14 @@ MAX_READ = 16 << 20
 MAX_WRITE = 64 << 20
 KILL_GRACE = 0.5
 LINGER_AFTER_EXIT = 0.1
+#: Disk a single command may consume on the workspace's filesystem, and the free space no
+#: command or write may push it below (bytes; None/0: no check). See _DiskWatch.
+DISK_LIMIT = None
+DISK_RESERVE = 0
+DISK_POLL = 0.05
+#: A command is held to the reserve only once it has itself consumed this much, so one
+#: that writes nothing is not stopped because something else filled the disk.
+DISK_SLACK = 16 << 20
 
 _out_lock = threading.Lock()
 _exec_lock = threading.Lock()
@@ -406,6 +414,54 @@ def _check_expect(fd, name, st, path, req):
             raise Refused("conflict", "Conflict: %s changed since it was read" % path)
 
 
+def _disk_avail():
+    """Bytes an unprivileged writer may still use on the workspace's filesystem, or
+    None when the filesystem does not say."""
+    try:
+        st = os.statvfs(ROOT)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _check_reserve(growth, path):
+    if not DISK_RESERVE or growth <= 0:
+        return
+    avail = _disk_avail()
+    if avail is not None and avail - growth < DISK_RESERVE:
+        raise Refused(
+            "no_space",
+            "No space left for %s: writing %d more bytes would leave less than the %d bytes the "
+            "sandbox keeps free on the workspace's disk (%d available)" % (path, growth, DISK_RESERVE, avail),
+        )
+
+
+class _DiskWatch(object):
+    """Stops a command that fills the workspace's disk: more than DISK_LIMIT bytes
+    consumed since it started, or free space below DISK_RESERVE (once it has consumed
+    DISK_SLACK itself). The bind-mounted workspace is the host's disk, where the
+    container's limits do not reach; RLIMIT_FSIZE (the container's ``fsize`` ulimit)
+    bounds any one file, this bounds a command's total. It samples ``statvfs`` every
+    DISK_POLL seconds, so a command can overshoot by what it writes in one interval."""
+
+    def __init__(self, now):
+        self.start = _disk_avail()
+        self.next = now + DISK_POLL
+        self.used = 0
+
+    def exceeded(self, now):
+        if now < self.next or self.start is None:
+            return False
+        self.next = now + DISK_POLL
+        avail = _disk_avail()
+        if avail is None:
+            return False
+        self.used = max(self.used, self.start - avail)
+        if DISK_LIMIT and self.used > DISK_LIMIT:
+            return True
+        return bool(DISK_RESERVE) and avail < DISK_RESERVE and self.used > DISK_SLACK
+
+
 def op_write(req):
     path = req.get("path")
     data = base64.b64decode(req.get("data", ""))
@@ -423,6 +479,7 @@ def op_write(req):
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
         _check_expect(fd, name, st, path, req)
+        _check_reserve(len(data) - (st.st_size if st is not None else 0), path)
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
         create_mode = req.get("mode")
         if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
@@ -1712,6 +1769,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             sel.register(f.fileno(), selectors.EVENT_READ)
         deadline = started + timeout
         outcome = None
+        disk = _DiskWatch(started) if (DISK_LIMIT or DISK_RESERVE) else None
         exited_at = None
         open_fds = set(bufs)
         last_touch = started
@@ -1727,7 +1785,10 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             if now - last_touch > 30:
                 _touch()
                 last_touch = now
-            wait = min(deadline - now, 0.05 if exited_at is None else LINGER_AFTER_EXIT)
+            if disk is not None and disk.exceeded(now):
+                outcome = "disk_limit"
+                break
+            wait = min(deadline - now, DISK_POLL if exited_at is None else LINGER_AFTER_EXIT)
             for key, _ in sel.select(max(wait, 0)):
                 try:
                     chunk = os.read(key.fd, 65536)
@@ -1741,11 +1802,18 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             if sum(b.total for b in bufs.values()) > hard_limit:
                 outcome = "output_limit"
                 break
-        if outcome is None and proc.poll() is None:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        while outcome is None and proc.poll() is None:
+            # Its output is closed but it still runs: wait for it, watching the disk.
+            now = time.monotonic()
+            if now >= deadline:
                 outcome = "timeout"
+            elif disk is not None and disk.exceeded(now):
+                outcome = "disk_limit"
+            else:
+                try:
+                    proc.wait(min(deadline - now, DISK_POLL) if disk is not None else deadline - now)
+                except subprocess.TimeoutExpired:
+                    pass
         clean = _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
         # Drain what is left in the pipes now that every writer is dead.
         for fd in list(open_fds):
@@ -1781,7 +1849,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
                 outcome = "signal"
             else:
                 outcome = "exit"
-        if outcome in ("timeout", "output_limit"):
+        if outcome in ("timeout", "output_limit", "disk_limit"):
             exit_code = None
         out, t1 = out_buf.value()
         err, t2 = err_buf.value()
@@ -1795,6 +1863,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             "signal": sig,
             "stdout_bytes": out_buf.total,
             "stderr_bytes": err_buf.total,
+            "disk_used": disk.used if disk is not None and outcome == "disk_limit" else None,
         }
 
 
@@ -2170,12 +2239,14 @@ def _keeper(ttl):
 
 
 def main(config):
-    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, _stdout
+    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     _nonce[0] = config.get("nonce")
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))
+    DISK_LIMIT = int(config.get("disk_limit") or 0) or None
+    DISK_RESERVE = int(config.get("disk_reserve") or 0)
     _stdout = sys.stdout.buffer
     ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     _subreaper[0] = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
 
-Outcome = Literal["exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"]
+Outcome = Literal["exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"]
 EntryType = Literal["file", "dir", "symlink", "other"]
 
 #: Directory names skipped by list/search/scan unless the caller passes its own list.
@@ -114,6 +114,8 @@ class ExecResult:
     #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
     #: (None when it could not, e.g. the sandbox was lost).
     scan_after: ScanResult | None = None
+    #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
+    disk_used: int | None = None
 
     @property
     def timed_out(self) -> bool:

@@ -49,7 +49,7 @@ from .process import SandboxProcess
 Connector = Callable[[bool], Awaitable[AgentConnection]]
 
 _TYPES = {"file", "dir", "symlink", "other"}
-_OUTCOMES = {"exit", "timeout", "oom", "output_limit", "signal", "sandbox_lost"}
+_OUTCOMES = {"exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"}
 
 #: Host deadline = the operation's own budget + this slack for the round trip.
 DEADLINE_SLACK = 5.0
@@ -453,6 +453,7 @@ class AgentSandbox(Sandbox):
                 stdout_bytes=_int(r.get("stdout_bytes", 0), "stdout_bytes"),
                 stderr_bytes=_int(r.get("stderr_bytes", 0), "stderr_bytes"),
                 scan_after=scan_after,
+                disk_used=_opt_int(r.get("disk_used"), "disk_used"),
             )
 
     async def close(self) -> None:

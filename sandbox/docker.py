@@ -306,7 +306,10 @@ class DockerBackend(SandboxBackend):
             "privileged": False,
             "ipc_mode": "private",
             "mounts": self._mounts(ws),
-            "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0)],
+            "ulimits": [
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="fsize", soft=spec.max_file_size, hard=spec.max_file_size),
+            ],
             "tty": False,
         }
 
@@ -430,7 +433,12 @@ class DockerBackend(SandboxBackend):
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
         await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, "keeper_ttl": self.spec.idle_ttl},
+            {
+                "root": WORKSPACE_MOUNT,
+                "activity_file": ACTIVITY_FILE,
+                "keeper_ttl": self.spec.idle_ttl,
+                **self.spec.agent_config(),
+            },
             timeout=self.spec.agent_start_timeout,
         )
         return conn
@@ -454,7 +462,7 @@ class DockerBackend(SandboxBackend):
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
         await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE},
+            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **self.spec.agent_config()},
             timeout=self.spec.agent_start_timeout,
         )
         return conn

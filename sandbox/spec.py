@@ -50,6 +50,13 @@ class SandboxSpec(BaseModel):
     pids: int = Field(256, ge=16, le=65536)
     tmp_size: int = 256 << 20
     home_size: int = 128 << 20
+    #: The workspace is a bind mount of the host's disk, beyond the container's memory
+    #: and tmpfs limits: no file a sandbox process writes may grow past ``max_file_size``
+    #: (RLIMIT_FSIZE), no command may consume more than ``disk_limit`` of that disk, and
+    #: none may push its free space below ``disk_reserve`` (the agent stops it).
+    max_file_size: int = 4 << 30
+    disk_limit: int = 8 << 30
+    disk_reserve: int = 1 << 30
     uid: int | None = Field(None, ge=0)
     gid: int | None = Field(None, ge=0)
     idle_ttl: int = Field(900, ge=10, description="seconds without a call before the container exits")
@@ -60,12 +67,23 @@ class SandboxSpec(BaseModel):
     #: per call). Falls back to the attach stream when the socket is not reachable.
     direct: bool = True
 
-    @field_validator("memory", "tmp_size", "home_size", mode="before")
+    @field_validator("memory", "tmp_size", "home_size", "max_file_size", mode="before")
     @classmethod
     def _size(cls, v: object) -> int:
         if isinstance(v, str | int) and not isinstance(v, bool):
             return parse_size(v)
         raise ValueError("size must be a number of bytes or a string like 512m")
+
+    @field_validator("disk_limit", "disk_reserve", mode="before")
+    @classmethod
+    def _size_or_zero(cls, v: object) -> int:
+        if isinstance(v, int | str) and not isinstance(v, bool) and str(v).strip() == "0":
+            return 0  # no such check
+        return cls._size(v)
+
+    def agent_config(self) -> dict[str, int]:
+        """What every agent of a sandbox is told at start (with its root and paths)."""
+        return {"disk_limit": self.disk_limit, "disk_reserve": self.disk_reserve}
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""

@@ -29,6 +29,13 @@ class Settings(BaseSettings):
     pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
     tmp_size: str = Field("256m", description="Size of the /tmp tmpfs.")
     home_size: str = Field("128m", description="Size of the $HOME tmpfs.")
+    max_file_size: str = Field("4g", description="Largest file a sandbox process may write (RLIMIT_FSIZE).")
+    disk_limit: str = Field(
+        "8g", description="Disk one command may consume in the workspace; beyond: stopped (0: none)."
+    )
+    disk_reserve: str = Field(
+        "1g", description="Free space kept on the workspace's disk: commands and writes stop short of it (0: none)."
+    )
     uid: int | None = Field(None, ge=0, description="Run as this uid instead of the workspace owner.")
     gid: int | None = Field(None, ge=0, description="Run as this gid instead of the workspace owner's.")
     idle_ttl: int = Field(900, ge=10, description="Seconds without calls before a sandbox exits by itself.")
@@ -108,6 +115,9 @@ class Settings(BaseSettings):
             "pids": self.pids,
             "tmp_size": self.tmp_size,
             "home_size": self.home_size,
+            "max_file_size": self.max_file_size,
+            "disk_limit": self.disk_limit,
+            "disk_reserve": self.disk_reserve,
             "uid": self.uid,
             "gid": self.gid,
             "idle_ttl": self.idle_ttl,

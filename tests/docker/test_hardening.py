@@ -40,6 +40,8 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert host["Memory"] == 1 << 30
     assert host["MemorySwap"] == host["Memory"]  # no swap on top of the memory limit
     assert host["PidsLimit"] == 256
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]}
+    assert ulimits == {"core": (0, 0), "fsize": (4 << 30, 4 << 30)}  # no core dumps; no file over 4 GiB
     assert host["Runtime"] == runtime_backend.spec.runtime
     assert host["LogConfig"]["Type"] == "none"  # agent traffic never lands in engine logs
     tmpfs = host["Tmpfs"]
@@ -57,7 +59,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
 
 
 async def test_limits_are_configurable(docker_ready: None, workspace: Path) -> None:
-    backend = make_backend(cpus=0.5, memory="256m", pids=64, tmp_size="8m")
+    backend = make_backend(cpus=0.5, memory="256m", pids=64, tmp_size="8m", max_file_size="1g")
     try:
         attrs = await _inspect(backend, workspace)
         host = attrs["HostConfig"]
@@ -65,6 +67,7 @@ async def test_limits_are_configurable(docker_ready: None, workspace: Path) -> N
         assert host["Memory"] == host["MemorySwap"] == 256 << 20
         assert host["PidsLimit"] == 64
         assert f"size={8 << 20}" in host["Tmpfs"]["/tmp"]
+        assert {u["Name"]: u["Hard"] for u in host["Ulimits"]}["fsize"] == 1 << 30
     finally:
         await backend.remove_all_started()
         await backend.aclose()

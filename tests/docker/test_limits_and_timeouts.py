@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.docker import DockerBackend
+from tests.conftest import gvisor_available
 from tests.docker.conftest import make_backend
 
 pytestmark = pytest.mark.docker
@@ -156,3 +158,93 @@ async def test_agent_sees_the_cpu_quota_it_sizes_searches_by(
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+# The workspace is a bind mount of the host's own disk, which the container's memory and
+# tmpfs limits do not cover: a command filling it would fill the host.
+FILL = "i=0; while :; do head -c 8388608 /dev/zero > fill$i || exit 9; i=$((i+1)); done"
+
+
+def _written(ws: Path) -> int:
+    return sum(p.stat().st_size for p in ws.glob("fill*"))
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_command_filling_the_workspace_disk_is_stopped(
+    docker_ready: None, user_workspace: Path, runtime: str
+) -> None:
+    if runtime == "runsc" and not gvisor_available():
+        pytest.skip("gVisor (runsc) is not registered with Docker")  # conftest fails it under REQUIRE_DOCKER
+    backend = make_backend(runtime, disk_limit="64m")
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec(FILL, timeout=120)
+        assert r.outcome == "disk_limit" and r.exit_code is None, r
+        assert r.disk_used is not None and r.disk_used > 64 << 20
+        # Stopped within a few sampling intervals, not at the timeout or a full disk.
+        assert 64 << 20 < _written(user_workspace) < 2 << 30
+        assert (await box.exec("echo alive; pgrep -x head || echo none")).stdout == b"alive\nnone\n"
+        # Deleting is fine, and a command that writes within the limit runs.
+        r = await box.exec("rm -f fill*; head -c 1048576 /dev/zero > small && echo ok")
+        assert (r.outcome, r.stdout) == ("exit", b"ok\n")
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_the_shell_tool_says_the_disk_limit_stopped_the_command(docker_ready: None, user_workspace: Path) -> None:
+    from worker import ToolRegistry
+
+    backend = make_backend(disk_limit="48m")
+    reg = ToolRegistry(backend=backend)
+    try:
+        res = await reg.execute("shell_execute", {"command": FILL, "timeout": 120}, user_workspace)
+        assert not res.success and res.data["outcome"] == "disk_limit"
+        assert res.error is not None and "disk" in res.error and "MB written" in res.error
+        assert res.data["exit_code"] is None and res.data["disk_used"] > 48 << 20
+    finally:
+        await reg.aclose()
+        await backend.remove_all_started()
+
+
+async def test_no_file_grows_past_max_file_size(docker_ready: None, user_workspace: Path) -> None:
+    backend = make_backend(max_file_size="8m")
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec("head -c 20000000 /dev/zero > big; echo rc=$?")
+        assert b"rc=0" not in r.stdout and b"File size limit exceeded" in r.stderr + r.stdout, r  # SIGXFSZ
+        assert (user_workspace / "big").stat().st_size <= 8 << 20
+        r = await box.exec("fallocate -l 100m pre 2>&1; echo rc=$?")  # allocates nothing, no data written
+        assert b"rc=0" not in r.stdout, r
+        assert not (user_workspace / "pre").exists() or (user_workspace / "pre").stat().st_size <= 8 << 20
+        assert (await box.exec("head -c 4194304 /dev/zero > ok && echo ok")).stdout == b"ok\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_commands_and_writes_keep_the_disk_reserve_free(docker_ready: None, user_workspace: Path) -> None:
+    """The reserve: free space no command or write may take. Set just below what is free
+    now, so that a little writing crosses it."""
+    from worker import ToolRegistry
+
+    st = os.statvfs(user_workspace)
+    avail = st.f_bavail * st.f_frsize
+    backend = make_backend(disk_reserve=avail - (48 << 20), disk_limit=0)
+    reg = ToolRegistry(backend=backend)
+    try:
+        box = await backend.get(user_workspace)
+        assert (await box.exec("echo small > s && echo ok")).stdout == b"ok\n"  # a little is fine
+        r = await box.exec(FILL, timeout=120)
+        assert r.outcome == "disk_limit", r
+        assert _written(user_workspace) < 2 << 30
+        # The tools' own writes stop short of the reserve too, with a message the model can act on.
+        res = await reg.execute("write_file", {"path": "w.txt", "content": "x" * (1 << 20)}, user_workspace)
+        assert not res.success and res.error is not None and "No space left" in res.error, res
+        assert not (user_workspace / "w.txt").exists()
+        await box.exec("rm -f fill*")
+        res = await reg.execute("write_file", {"path": "w.txt", "content": "x" * (1 << 20)}, user_workspace)
+        assert res.success, res.error
+    finally:
+        await reg.aclose()
+        await backend.remove_all_started()

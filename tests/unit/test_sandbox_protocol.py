@@ -121,6 +121,7 @@ async def test_more_bytes_than_asked_is_a_protocol_error() -> None:
         {"exit_code": "0", "stdout": "", "stderr": "", "outcome": "exit", "duration_ms": 1},
         {"exit_code": 0, "stdout": "!!notbase64", "stderr": "", "outcome": "exit", "duration_ms": 1},
         {"exit_code": 0, "stdout": "", "stderr": "", "outcome": "exit", "duration_ms": "fast"},
+        {"exit_code": None, "stdout": "", "stderr": "", "outcome": "disk_limit", "duration_ms": 1, "disk_used": "lots"},
     ],
 )
 async def test_malformed_exec_results_are_protocol_errors(result: dict[str, Any]) -> None:
@@ -208,3 +209,21 @@ async def test_gvisor_requested_but_not_registered_is_refused() -> None:
     with pytest.raises(RuntimeUnavailableError, match="runsc"):
         await backend.ensure_container(Path("/tmp"))
     assert not Engine.created
+
+
+def test_disk_limits_parse_and_reach_the_container_and_its_agents(tmp_path: Path) -> None:
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    spec = SandboxSpec(max_file_size="2g", disk_limit="0", disk_reserve="512m")
+    assert (spec.max_file_size, spec.disk_limit, spec.disk_reserve) == (2 << 30, 0, 512 << 20)
+    assert spec.agent_config() == {"disk_limit": 0, "disk_reserve": 512 << 20}
+    defaults = SandboxSpec()
+    assert (defaults.max_file_size, defaults.disk_limit, defaults.disk_reserve) == (4 << 30, 8 << 30, 1 << 30)
+    assert spec.fingerprint() != defaults.fingerprint()  # a running sandbox with other limits is replaced
+    with pytest.raises(ValueError):
+        SandboxSpec(max_file_size=0)  # an fsize of 0 would stop every write
+    with pytest.raises(ValueError):
+        SandboxSpec(disk_limit="lots")
+    cfg = DockerBackend(spec).container_config(tmp_path)
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in cfg["ulimits"]}["fsize"] == (2 << 30, 2 << 30)

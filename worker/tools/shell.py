@@ -44,13 +44,25 @@ class ShellArgs(BaseModel):
         return min(v, MAX_TIMEOUT)
 
 
-def _describe_failure(outcome: str, exit_code: int | None, signal: int | None, timeout: float) -> str:
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MB"
+
+
+def _describe_failure(
+    outcome: str, exit_code: int | None, signal: int | None, timeout: float, disk_used: int | None = None
+) -> str:
     if outcome == "timeout":
         return f"Command timed out after {timeout:g}s and was killed"
     if outcome == "oom":
         return "Command was killed: the sandbox ran out of memory"
     if outcome == "output_limit":
         return "Command was stopped: it produced too much output"
+    if outcome == "disk_limit":
+        used = f" ({_mb(disk_used)} written)" if disk_used else ""
+        return (
+            f"Command was stopped: it used more of the workspace's disk than the sandbox allows{used}; "
+            "delete what it wrote or write less"
+        )
     if outcome == "signal":
         return f"Command was killed by signal {signal}"
     return f"Command exited with code {exit_code}"
@@ -87,13 +99,15 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     }
     if res.signal is not None:
         data["signal"] = res.signal
+    if res.disk_used is not None:
+        data["disk_used"] = res.disk_used
     output = stdout
     if stderr:
         output += ("" if not output or output.endswith("\n") else "\n") + "[stderr]\n" + stderr
     success = res.outcome == "exit" and res.exit_code == 0
     if success:
         return ToolResult.ok(output or "(no output)", data, changed)
-    error = _describe_failure(res.outcome, res.exit_code, res.signal, args.timeout)
+    error = _describe_failure(res.outcome, res.exit_code, res.signal, args.timeout, res.disk_used)
     tail = f"[{error}]"
     output = f"{output}\n{tail}" if output else tail
     return ToolResult(False, output, data, changed, error)

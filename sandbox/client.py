@@ -101,9 +101,20 @@ def _etype(v: Any) -> EntryType:
 class AgentSandbox(Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
-    def __init__(self, workspace: Path, connect: Connector, *, io_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        connect: Connector,
+        *,
+        io_timeout: float = 30.0,
+        on_exec_lost: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        """``on_exec_lost`` is awaited when the agent dies or stops answering while it
+        runs a command: the command may have escaped the agent's tree-kill (it killed or
+        froze its agent), so the backend resets the sandbox. It returns True when it did."""
         self.workspace = workspace
         self._connect = connect
+        self._on_exec_lost = on_exec_lost
         self._conn: AgentConnection | None = None
         self._conn_lock = asyncio.Lock()
         self._exec_lock = asyncio.Lock()
@@ -421,10 +432,16 @@ class AgentSandbox(Sandbox):
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
                 r = await self._call("exec", args, timeout=timeout + 2.0 + (30.0 if scan is not None else 0.0))
             except (SandboxLostError, SandboxTimeoutError) as e:
+                detail = str(e)
+                if self._on_exec_lost is not None and await self._on_exec_lost():
+                    detail += (
+                        "; the sandbox was restarted, so no process the command started is left "
+                        "(the workspace's files are kept)"
+                    )
                 return ExecResult(
                     exit_code=None,
                     stdout=b"",
-                    stderr=str(e).encode(),
+                    stderr=detail.encode(),
                     outcome="sandbox_lost",
                     duration_ms=(time.monotonic() - started) * 1000.0,
                     truncated=False,

@@ -571,11 +571,31 @@ class DockerBackend(SandboxBackend):
         box = self._boxes.get(ws)
         if box is None:
             box = DockerSandbox(
-                ws, lambda after_loss: self._connect(ws, after_loss=after_loss), io_timeout=self.spec.io_timeout
+                ws,
+                lambda after_loss: self._connect(ws, after_loss=after_loss),
+                io_timeout=self.spec.io_timeout,
+                on_exec_lost=lambda: self._reset_after_lost_exec(ws),
             )
             box.container_name = container_name(ws)
             self._boxes[ws] = box
         return box
+
+    async def _reset_after_lost_exec(self, ws: Path) -> bool:
+        """The agent died or froze while running a command (``kill -9 $PPID``, ``kill
+        -STOP -1``, ...). Processes the command started may have escaped the agent's
+        tree-kill, and a frozen keeper would keep the container past its idle TTL: remove
+        the container, so every one of its processes is gone; the next call starts a
+        fresh one. Other processes using it reconnect to the new one. True when removed."""
+        try:
+            container = await self._find(container_name(ws))
+            if container is None:
+                return True  # already gone (OOM, TTL): nothing of the command is left
+            await self._remove(container)
+        except SandboxUnavailableError as e:
+            log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
+            return False
+        log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name)
+        return True
 
     async def stop(self, workspace: Path) -> bool:
         ws = Path(workspace).resolve()

@@ -113,21 +113,23 @@ async def test_container_killed_during_a_call_reports_sandbox_lost_then_recovers
     assert again.outcome == "exit" and again.stdout == b"kept"
 
 
-async def test_agent_killed_from_inside_recovers_with_same_container(
-    docker_backend: DockerBackend, workspace: Path
-) -> None:
-    """A second worker's agent (started with exec) dies: it comes back in the same container."""
-    await (await docker_backend.get(workspace)).info()  # the first worker owns the main agent
+async def test_agent_killed_from_inside_resets_the_sandbox(docker_backend: DockerBackend, workspace: Path) -> None:
+    """A second worker's agent (started with exec) is killed by its own command: what the
+    command started could have escaped its tree-kill, so the sandbox is replaced, and
+    both workers carry on in the new one."""
+    first = await docker_backend.get(workspace)
+    await first.info()  # the first worker owns the main agent
     peer = make_backend()
     try:
         box = await peer.get(workspace)
         info = await box.info()
         before = await peer.inspect(workspace)
         r = await box.exec(f"kill -9 {info.pid}")
-        assert r.outcome == "sandbox_lost"
+        assert r.outcome == "sandbox_lost" and b"restarted" in r.stderr
         assert (await box.exec("echo back")).stdout == b"back\n"
         after = await peer.inspect(workspace)
-        assert before is not None and after is not None and before["Id"] == after["Id"]
+        assert before is not None and after is not None and before["Id"] != after["Id"]
+        assert (await first.exec("echo first")).stdout == b"first\n"
     finally:
         await peer.aclose()
 

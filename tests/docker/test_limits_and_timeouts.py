@@ -248,3 +248,36 @@ async def test_commands_and_writes_keep_the_disk_reserve_free(docker_ready: None
     finally:
         await reg.aclose()
         await backend.remove_all_started()
+
+
+# A command can take its own agent down (same uid): kill it, or freeze it. Whatever it
+# started then escapes the agent's tree-kill, and a frozen keeper never ends the container.
+ESCAPES = {
+    "agent_killed": ("(setsid sleep 1001 &); sleep 0.3; kill -9 $PPID; sleep 5", 10.0),
+    "agent_frozen": ("(setsid sleep 1002 &); kill -STOP $PPID; sleep 5", 1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPES))
+async def test_a_command_that_takes_its_agent_down_leaves_nothing_behind(
+    runtime_backend: DockerBackend, user_workspace: Path, case: str
+) -> None:
+    await (await runtime_backend.get(user_workspace)).info()  # the container's main agent
+    # A second worker process on the same sandbox: its agent is a `docker exec` one, whose
+    # orphans would go to the container's init rather than to an agent.
+    other = make_backend(runtime_backend.spec.runtime)
+    try:
+        box = await other.get(user_workspace)
+        command, timeout = ESCAPES[case]
+        r = await box.exec(command, timeout=timeout)
+        assert r.outcome == "sandbox_lost" and r.exit_code is None, r
+        assert b"restarted" in r.stderr, r.stderr
+        after = await box.exec("ps -eo stat,args")
+        assert after.outcome == "exit", after
+        assert b"sleep 100" not in after.stdout, after.stdout.decode()
+        assert not [ln for ln in after.stdout.decode().splitlines()[1:] if ln.startswith("T")], after.stdout
+        # The first worker's connection was to the old container: it reconnects by itself.
+        again = await (await runtime_backend.get(user_workspace)).exec("echo alive")
+        assert again.stdout == b"alive\n"
+    finally:
+        await other.aclose()

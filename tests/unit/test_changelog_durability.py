@@ -146,3 +146,30 @@ async def test_shell_limits_from_settings_are_enforced(
         _r, changed = await ws.run_shell("echo x >> big.bin && rm small.txt", call_id="d")
         restorable = {e.path: e.restorable for e in await cl.log(call_id="d")}
         assert restorable == {"big.bin": False, "small.txt": True}  # no before-image over 10 bytes
+
+
+def test_opening_waits_for_another_process_creating_the_database(tmp_path: Path) -> None:
+    """Two processes opening a new changelog at once: while one holds its first write
+    transaction, SQLite refuses the other's switch to WAL at once (no busy wait, a lock
+    upgrade that could deadlock). The store retries instead of failing the call."""
+    import sqlite3
+    import threading
+    import time
+
+    from worker.changelog.store import Store
+
+    path = tmp_path / "changelog.sqlite3"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE creating(x)")
+    timer = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    timer.start()
+    started = time.monotonic()
+    try:
+        store = Store(path)
+        assert time.monotonic() - started >= 0.2  # it did wait for the other transaction
+        assert store.query("PRAGMA journal_mode") == [("wal",)]
+        store.close()
+    finally:
+        timer.join()
+        other.close()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..sqlite_wal import enable_wal
 from .stem import padded
 
 Source = Literal["builtin", "custom", "mcp"]
@@ -277,7 +278,7 @@ class CatalogIndex:
         self._db = sqlite3.connect(
             str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
+        enable_wal(self._db, BUSY_TIMEOUT_MS / 1000)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..sqlite_wal import enable_wal
 from .errors import ChangelogStorageError
 from .model import Entry
 
@@ -82,7 +83,7 @@ class Store:
         self._fsync = fsync
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            enable_wal(self._db)
             self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             self._db.execute("PRAGMA busy_timeout=60000")
             with self.tx():

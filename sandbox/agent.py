@@ -57,6 +57,13 @@ DISK_POLL = 0.05
 #: A command is held to the reserve only once it has itself consumed this much, so one
 #: that writes nothing is not stopped because something else filled the disk.
 DISK_SLACK = 16 << 20
+#: For this long after starting a command the agent polls for its output and exit
+#: without sleeping (yielding the CPU on each round). A thread that sleeps lets its CPU go
+#: idle, and under virtualization (no guest halt-polling) waking an idle vCPU is slow:
+#: measured in the sandbox on this project's CI VM, `true` takes ~0.2 ms less this way
+#: and 8-13 ms commands ~1 ms less. Bounded: at most this much CPU per command.
+SPIN_WINDOW = 0.002
+_sched_yield = getattr(os, "sched_yield", lambda: None)
 
 _out_lock = threading.Lock()
 _exec_lock = threading.Lock()
@@ -1789,6 +1796,9 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
                 outcome = "disk_limit"
                 break
             wait = min(deadline - now, DISK_POLL if exited_at is None else LINGER_AFTER_EXIT)
+            if now - started < SPIN_WINDOW:
+                wait = 0
+                _sched_yield()
             for key, _ in sel.select(max(wait, 0)):
                 try:
                     chunk = os.read(key.fd, 65536)

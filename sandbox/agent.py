@@ -53,6 +53,11 @@ LINGER_AFTER_EXIT = 0.1
 #: command or write may push it below (bytes; None/0: no check). See _DiskWatch.
 DISK_LIMIT = None
 DISK_RESERVE = 0
+#: Files (inodes) a single command may create on the workspace's filesystem; and the share
+#: of its inodes no command may use up (a disk can be filled with empty files too).
+INODE_LIMIT = None
+INODE_RESERVE = 0.01
+INODE_SLACK = 10000
 DISK_POLL = 0.05
 #: A command is held to the reserve only once it has itself consumed this much, so one
 #: that writes nothing is not stopped because something else filled the disk.
@@ -424,11 +429,15 @@ def _check_expect(fd, name, st, path, req):
 def _disk_avail():
     """Bytes an unprivileged writer may still use on the workspace's filesystem, or
     None when the filesystem does not say."""
+    st = _statvfs()
+    return None if st is None else st.f_bavail * st.f_frsize
+
+
+def _statvfs():
     try:
-        st = os.statvfs(ROOT)
+        return os.statvfs(ROOT)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
 
 
 def _check_reserve(growth, path):
@@ -449,24 +458,36 @@ class _DiskWatch(object):
     DISK_SLACK itself). The bind-mounted workspace is the host's disk, where the
     container's limits do not reach; RLIMIT_FSIZE (the container's ``fsize`` ulimit)
     bounds any one file, this bounds a command's total. It samples ``statvfs`` every
-    DISK_POLL seconds, so a command can overshoot by what it writes in one interval."""
+    DISK_POLL seconds, so a command can overshoot by what it writes in one interval.
+    Inodes are held the same way (INODE_LIMIT, INODE_RESERVE) where the filesystem
+    counts them (f_files > 0)."""
 
     def __init__(self, now):
-        self.start = _disk_avail()
+        st = _statvfs()
+        self.start = None if st is None else (st.f_bavail * st.f_frsize, st.f_favail)
         self.next = now + DISK_POLL
         self.used = 0
+        self.files = 0
 
     def exceeded(self, now):
         if now < self.next or self.start is None:
             return False
         self.next = now + DISK_POLL
-        avail = _disk_avail()
-        if avail is None:
+        st = _statvfs()
+        if st is None:
             return False
-        self.used = max(self.used, self.start - avail)
+        avail = st.f_bavail * st.f_frsize
+        self.used = max(self.used, self.start[0] - avail)
         if DISK_LIMIT and self.used > DISK_LIMIT:
             return True
-        return bool(DISK_RESERVE) and avail < DISK_RESERVE and self.used > DISK_SLACK
+        if DISK_RESERVE and avail < DISK_RESERVE and self.used > DISK_SLACK:
+            return True
+        if st.f_files <= 0:
+            return False  # no inode accounting (btrfs, some network filesystems)
+        self.files = max(self.files, self.start[1] - st.f_favail)
+        if INODE_LIMIT and self.files > INODE_LIMIT:
+            return True
+        return st.f_favail < st.f_files * INODE_RESERVE and self.files > INODE_SLACK
 
 
 def op_write(req):
@@ -1776,7 +1797,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             sel.register(f.fileno(), selectors.EVENT_READ)
         deadline = started + timeout
         outcome = None
-        disk = _DiskWatch(started) if (DISK_LIMIT or DISK_RESERVE) else None
+        disk = _DiskWatch(started) if (DISK_LIMIT or DISK_RESERVE or INODE_LIMIT) else None
         exited_at = None
         open_fds = set(bufs)
         last_touch = started
@@ -2249,13 +2270,14 @@ def _keeper(ttl):
 
 
 def main(config):
-    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, _stdout
+    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     _nonce[0] = config.get("nonce")
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))
     DISK_LIMIT = int(config.get("disk_limit") or 0) or None
+    INODE_LIMIT = int(config.get("inode_limit") or 0) or None
     DISK_RESERVE = int(config.get("disk_reserve") or 0)
     _stdout = sys.stdout.buffer
     ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -57,6 +57,9 @@ class SandboxSpec(BaseModel):
     max_file_size: int = 4 << 30
     disk_limit: int = 8 << 30
     disk_reserve: int = 1 << 30
+    #: Files one command may create in the workspace (0: no limit); and none may use the
+    #: filesystem's last 1% of inodes.
+    inode_limit: int = Field(1_000_000, ge=0)
     uid: int | None = Field(None, ge=0)
     gid: int | None = Field(None, ge=0)
     idle_ttl: int = Field(900, ge=10, description="seconds without a call before the container exits")
@@ -83,7 +86,7 @@ class SandboxSpec(BaseModel):
 
     def agent_config(self) -> dict[str, int]:
         """What every agent of a sandbox is told at start (with its root and paths)."""
-        return {"disk_limit": self.disk_limit, "disk_reserve": self.disk_reserve}
+        return {"disk_limit": self.disk_limit, "disk_reserve": self.disk_reserve, "inode_limit": self.inode_limit}
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""

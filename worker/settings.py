@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     disk_limit: str = Field(
         "8g", description="Disk one command may consume in the workspace; beyond: stopped (0: none)."
     )
+    inode_limit: int = Field(1_000_000, ge=0, description="Files one command may create in the workspace (0: none).")
     disk_reserve: str = Field(
         "1g", description="Free space kept on the workspace's disk: commands and writes stop short of it (0: none)."
     )
@@ -118,6 +119,7 @@ class Settings(BaseSettings):
             "max_file_size": self.max_file_size,
             "disk_limit": self.disk_limit,
             "disk_reserve": self.disk_reserve,
+            "inode_limit": self.inode_limit,
             "uid": self.uid,
             "gid": self.gid,
             "idle_ttl": self.idle_ttl,

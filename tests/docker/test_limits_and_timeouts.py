@@ -192,6 +192,21 @@ async def test_a_command_filling_the_workspace_disk_is_stopped(
         await backend.aclose()
 
 
+async def test_a_command_creating_files_without_end_is_stopped(docker_ready: None, user_workspace: Path) -> None:
+    """Empty files fill a disk too (its inodes): a command may create only so many."""
+    backend = make_backend(inode_limit=500)
+    try:
+        box = await backend.get(user_workspace)
+        r = await box.exec("mkdir many && cd many && i=0; while :; do : > f$i; i=$((i+1)); done", timeout=120)
+        assert r.outcome == "disk_limit", r
+        assert 500 < len(os.listdir(user_workspace / "many")) < 200_000
+        r = await box.exec("rm -rf many && touch one && echo ok")
+        assert r.stdout == b"ok\n"
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
 async def test_the_shell_tool_says_the_disk_limit_stopped_the_command(docker_ready: None, user_workspace: Path) -> None:
     from worker import ToolRegistry
 

@@ -364,7 +364,7 @@ class AgentSandbox(Sandbox):
             },
             timeout=timeout,
         )
-        return _scan_result(r, max_files)
+        return scan_result(r, max_files)
 
     async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         r = await self._call("hash", {"paths": list(paths)}, timeout=max(self._io_timeout, len(paths) * 0.1))
@@ -447,10 +447,10 @@ class AgentSandbox(Sandbox):
                     truncated=False,
                 )
             if scan is not None and r.get("ran") is False:
-                raise ScanFirst(_scan_result(r.get("scan"), scan.max_files))
+                raise ScanFirst(scan_result(r.get("scan"), scan.max_files))
             scan_after = None
             if scan is not None and r.get("scan") is not None:
-                scan_after = _scan_result(r.get("scan"), scan.max_files)
+                scan_after = scan_result(r.get("scan"), scan.max_files)
             outcome = r.get("outcome")
             if outcome not in _OUTCOMES:
                 raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
@@ -479,7 +479,7 @@ class AgentSandbox(Sandbox):
             self._conn = None
 
 
-def _scan_result(r: Any, max_files: int) -> ScanResult:
+def scan_result(r: Any, max_files: int) -> ScanResult:
     """Validate an agent's scan answer."""
     if not isinstance(r, dict):
         raise ProtocolError("agent sent an invalid scan")

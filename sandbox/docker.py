@@ -34,8 +34,8 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from . import __version__, protocol
-from .base import Sandbox, SandboxBackend
-from .client import AgentSandbox, agent_info
+from .base import Sandbox, SandboxBackend, ScanResult
+from .client import AgentSandbox, agent_info, scan_result
 from .connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
 from .errors import (
     DaemonUnavailableError,
@@ -44,6 +44,7 @@ from .errors import (
     SandboxLostError,
     SandboxUnavailableError,
 )
+from .hostscan import HostScanner
 from .spec import ACTIVITY_FILE, HOME_DIR, LABEL_PREFIX, WORKSPACE_MOUNT, SandboxSpec
 
 log = structlog.get_logger("sandbox.docker")
@@ -170,9 +171,49 @@ async def connect_agent_socket(pid: int, path: str) -> SocketTransport:
 
 
 class DockerSandbox(AgentSandbox):
-    """An :class:`AgentSandbox` that knows its container (for tests and diagnostics)."""
+    """An :class:`AgentSandbox` that knows its container (for tests and diagnostics).
+
+    With ``host_scanner`` (gVisor sandboxes) scans of the workspace root run on the host
+    (see :mod:`sandbox.hostscan`): seconds per scan in the sandbox, milliseconds here.
+    """
 
     container_name: str
+    host_scanner: HostScanner | None = None
+
+    async def scan(
+        self,
+        path: str = ".",
+        *,
+        exclude: tuple[str, ...] = (),
+        max_files: int = 100_000,
+        snapshot: str | None = None,
+        since: str | None = None,
+        timeout: float = 60.0,
+        walk: bool = False,
+    ) -> ScanResult:
+        scanner = self.host_scanner
+        if scanner is not None and path == ".":
+            req = {
+                "path": path,
+                "exclude": list(exclude),
+                "max_files": max_files,
+                "snapshot": snapshot,
+                "since": since,
+                "walk": walk,
+            }
+            try:
+                return scan_result(await asyncio.to_thread(scanner.scan, req), max_files)
+            except (OSError, RecursionError) as e:
+                # The agent's full walk answers instead (slower, same result).
+                log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
+        return await super().scan(
+            path, exclude=exclude, max_files=max_files, snapshot=snapshot, since=since, timeout=timeout, walk=walk
+        )
+
+    async def close(self) -> None:
+        if self.host_scanner is not None:
+            self.host_scanner.close()
+        await super().close()
 
 
 class DockerBackend(SandboxBackend):
@@ -577,6 +618,8 @@ class DockerBackend(SandboxBackend):
                 on_exec_lost=lambda: self._reset_after_lost_exec(ws),
             )
             box.container_name = container_name(ws)
+            if self.spec.runtime == "runsc":
+                box.host_scanner = HostScanner(ws)
             self._boxes[ws] = box
         return box
 

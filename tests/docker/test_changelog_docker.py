@@ -130,7 +130,9 @@ async def test_change_scan_is_event_driven_for_an_ordinary_user(docker_backend, 
 
 async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_path: Path, workspace: Path) -> None:
     """Under gVisor host-side edits of the bind mount raise no event in the sandbox, so
-    the agent never relies on inotify there; shell changes are still recorded."""
+    the agent never relies on inotify there: the worker scans the workspace on the host
+    instead (sandbox/hostscan.py), where both the sandbox's writes and outside edits
+    raise events. Shell changes and outside edits are recorded either way."""
     box = await runtime_backend.get(workspace)
     (workspace / "a").write_text("1")
     cl = Changelog.open(tmp_path / "data", workspace)
@@ -144,6 +146,11 @@ async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_
         assert r.exit_code == 0 and changed == ["a", "b"]
         scan = await box.scan(".", snapshot="probe")
         assert scan.watched is (runtime_backend.spec.runtime == "runc")
+        # Event-driven on both runtimes: gVisor's through the host's inotify.
+        await box.exec("echo 3 > c")
+        again = await box.scan(".", snapshot="probe", since=scan.generation)
+        assert again.from_events and [e.path for e in again.entries] == ["c"]
+        await box.exec("rm c")
         await cl.undo(box, call_id="c")
         assert (workspace / "a").read_text() == "host" and not (workspace / "b").exists()
     finally:

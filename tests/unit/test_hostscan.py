@@ -1,0 +1,65 @@
+"""The host-side scan of a gVisor sandbox's workspace (sandbox/hostscan.py): metadata
+only, never through a link, event-driven between scans."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sandbox.hostscan import HostScanner
+
+
+def _paths(result: dict) -> list[str]:
+    return sorted(e[0] for e in result["entries"])
+
+
+def test_scans_the_workspace_and_nothing_a_link_points_to(tmp_path: Path) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "src").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    (ws / "src" / "a.py").write_text("a")
+    (ws / "to_outside").symlink_to(outside)  # a directory link out of the workspace
+    (ws / "src" / "to_secret").symlink_to(outside / "secret")
+    os.mkfifo(ws / "fifo")  # listed, never opened
+    scanner = HostScanner(ws)
+    try:
+        first = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000})
+        assert first["full"] and not first["watched"]  # never sent along with a command
+        assert _paths(first) == ["fifo", "src/a.py", "src/to_secret", "to_outside"]
+        kinds = {e[0]: e[1] for e in first["entries"]}
+        assert kinds["to_outside"] == "symlink" and kinds["src/to_secret"] == "symlink"
+        # A directory swapped for a link out of the workspace between scans: not followed.
+        (ws / "src" / "a.py").unlink()
+        (ws / "src" / "to_secret").unlink()
+        (ws / "src").rmdir()
+        (ws / "src").symlink_to(outside)
+        second = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000, "since": first["generation"]})
+        assert "secret" not in str(second["entries"])
+        assert {"src/a.py", "src/to_secret"} <= set(second["removed"])
+        assert {e[0]: e[1] for e in second["entries"]}.get("src") == "symlink"
+    finally:
+        scanner.close()
+
+
+def test_second_scan_comes_from_events(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for i in range(30):
+        d = ws / f"d{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}").write_text("x")
+    scanner = HostScanner(ws)
+    try:
+        first = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000})
+        assert len(first["entries"]) == 30
+        (ws / "d1" / "f1").write_text("changed")
+        (ws / "d2" / "new").write_text("n")
+        (ws / "d0" / "f0").unlink()
+        second = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000, "since": first["generation"]})
+        assert second["from_events"] and not second["full"]
+        assert _paths(second) == ["d1/f1", "d2/new"] and second["removed"] == ["d0/f0"]
+        # Asking without the right generation gives a full answer again.
+        third = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000, "since": "stale"})
+        assert third["full"] and len(third["entries"]) == 30
+    finally:
+        scanner.close()

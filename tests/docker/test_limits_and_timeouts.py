@@ -296,3 +296,21 @@ async def test_a_command_that_takes_its_agent_down_leaves_nothing_behind(
         assert again.stdout == b"alive\n"
     finally:
         await other.aclose()
+
+
+async def test_the_shell_tool_tells_the_model_its_command_took_the_sandbox_down(
+    docker_ready: None, user_workspace: Path
+) -> None:
+    from worker import ToolRegistry
+
+    backend = make_backend()
+    reg = ToolRegistry(backend=backend)
+    try:
+        res = await reg.execute("shell_execute", {"command": "kill -9 $PPID"}, user_workspace)
+        assert not res.success and res.error is not None
+        assert "killed or stopped" in res.error and "do not repeat" in res.error and "restarted" in res.error
+        again = await reg.execute("shell_execute", {"command": "echo back"}, user_workspace)
+        assert again.success and again.output == "back\n"
+    finally:
+        await reg.aclose()
+        await backend.remove_all_started()

@@ -87,7 +87,11 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     stderr = res.stderr.decode("utf-8", "replace")
     if res.outcome == "sandbox_lost":
         # Never dressed up as command output: the registry reports it as infrastructure.
-        raise SandboxLostError(f"the sandbox was lost while running the command: {stderr.strip()}")
+        raise SandboxLostError(
+            "the sandbox was lost while running the command (its agent was killed or stopped: by the "
+            "command itself, as `kill -9 -1` or `pkill python3` do, or from outside; do not repeat such "
+            f"a command): {stderr.strip()}"
+        )
     data: dict[str, Any] = {
         "exit_code": res.exit_code,
         "stdout": stdout,

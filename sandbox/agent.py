@@ -53,15 +53,15 @@ LINGER_AFTER_EXIT = 0.1
 #: command or write may push it below (bytes; None/0: no check). See _DiskWatch.
 DISK_LIMIT = None
 DISK_RESERVE = 0
+DISK_POLL = 0.05
+#: A command is held to the reserve only once it has itself consumed this much, so one
+#: that writes nothing is not stopped because something else filled the disk.
+DISK_SLACK = 16 << 20
 #: Files (inodes) a single command may create on the workspace's filesystem; and the share
 #: of its inodes no command may use up (a disk can be filled with empty files too).
 INODE_LIMIT = None
 INODE_RESERVE = 0.01
 INODE_SLACK = 10000
-DISK_POLL = 0.05
-#: A command is held to the reserve only once it has itself consumed this much, so one
-#: that writes nothing is not stopped because something else filled the disk.
-DISK_SLACK = 16 << 20
 #: For this long after starting a command the agent polls for its output and exit
 #: without sleeping (yielding the CPU on each round). A thread that sleeps lets its CPU go
 #: idle, and under virtualization (no guest halt-polling) waking an idle vCPU is slow:

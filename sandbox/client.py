@@ -352,19 +352,19 @@ class AgentSandbox(Sandbox):
         timeout: float = 60.0,
         walk: bool = False,
     ) -> ScanResult:
-        r = await self._call(
-            "scan",
-            {
-                "path": path,
-                "exclude": list(exclude),
-                "max_files": max_files,
-                "snapshot": snapshot,
-                "since": since,
-                "walk": walk,
-            },
-            timeout=timeout,
-        )
-        return scan_result(r, max_files)
+        req = {
+            "path": path,
+            "exclude": list(exclude),
+            "max_files": max_files,
+            "snapshot": snapshot,
+            "since": since,
+            "walk": walk,
+        }
+        return _scan_result(await self._scan(req, timeout), max_files)
+
+    async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The unchecked answer to a scan request (gVisor sandboxes answer some on the host)."""
+        return await self._call("scan", req, timeout=timeout)
 
     async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         r = await self._call("hash", {"paths": list(paths)}, timeout=max(self._io_timeout, len(paths) * 0.1))
@@ -447,10 +447,10 @@ class AgentSandbox(Sandbox):
                     truncated=False,
                 )
             if scan is not None and r.get("ran") is False:
-                raise ScanFirst(scan_result(r.get("scan"), scan.max_files))
+                raise ScanFirst(_scan_result(r.get("scan"), scan.max_files))
             scan_after = None
             if scan is not None and r.get("scan") is not None:
-                scan_after = scan_result(r.get("scan"), scan.max_files)
+                scan_after = _scan_result(r.get("scan"), scan.max_files)
             outcome = r.get("outcome")
             if outcome not in _OUTCOMES:
                 raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
@@ -479,7 +479,7 @@ class AgentSandbox(Sandbox):
             self._conn = None
 
 
-def scan_result(r: Any, max_files: int) -> ScanResult:
+def _scan_result(r: Any, max_files: int) -> ScanResult:
     """Validate an agent's scan answer."""
     if not isinstance(r, dict):
         raise ProtocolError("agent sent an invalid scan")

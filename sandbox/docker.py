@@ -34,8 +34,8 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from . import __version__, protocol
-from .base import Sandbox, SandboxBackend, ScanResult
-from .client import AgentSandbox, agent_info, scan_result
+from .base import Sandbox, SandboxBackend
+from .client import AgentSandbox, agent_info
 from .connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
 from .errors import (
     DaemonUnavailableError,
@@ -180,35 +180,15 @@ class DockerSandbox(AgentSandbox):
     container_name: str
     host_scanner: HostScanner | None = None
 
-    async def scan(
-        self,
-        path: str = ".",
-        *,
-        exclude: tuple[str, ...] = (),
-        max_files: int = 100_000,
-        snapshot: str | None = None,
-        since: str | None = None,
-        timeout: float = 60.0,
-        walk: bool = False,
-    ) -> ScanResult:
+    async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         scanner = self.host_scanner
-        if scanner is not None and path == ".":
-            req = {
-                "path": path,
-                "exclude": list(exclude),
-                "max_files": max_files,
-                "snapshot": snapshot,
-                "since": since,
-                "walk": walk,
-            }
+        if scanner is not None and req.get("path") == ".":
             try:
-                return scan_result(await asyncio.to_thread(scanner.scan, req), max_files)
+                return await asyncio.to_thread(scanner.scan, req)
             except (OSError, RecursionError) as e:
                 # The agent's full walk answers instead (slower, same result).
                 log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
-        return await super().scan(
-            path, exclude=exclude, max_files=max_files, snapshot=snapshot, since=since, timeout=timeout, walk=walk
-        )
+        return await super()._scan(req, timeout)
 
     async def close(self) -> None:
         if self.host_scanner is not None:

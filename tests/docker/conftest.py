@@ -19,14 +19,19 @@ def make_backend(runtime: str = "runc", **spec: object) -> DockerBackend:
     return DockerBackend(SandboxSpec(image=SANDBOX_IMAGE, runtime=runtime, **spec), worker_id="test")  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["runc", "runsc"])
-async def runtime_backend(request: pytest.FixtureRequest, docker_ready: None) -> AsyncIterator[DockerBackend]:
-    """The same test on runc and on gVisor. gVisor is required in CI (REQUIRE_DOCKER=1)."""
-    runtime = request.param
+def require_runtime(runtime: str) -> None:
+    """Skip a gVisor test where gVisor is not installed; fail it in CI (REQUIRE_DOCKER=1)."""
     if runtime == "runsc" and not gvisor_available():
         if REQUIRE_DOCKER:
             pytest.fail("REQUIRE_DOCKER=1 but the runsc runtime is not registered with Docker")
         pytest.skip("gVisor (runsc) is not registered with Docker")
+
+
+@pytest.fixture(params=["runc", "runsc"])
+async def runtime_backend(request: pytest.FixtureRequest, docker_ready: None) -> AsyncIterator[DockerBackend]:
+    """The same test on runc and on gVisor. gVisor is required in CI (REQUIRE_DOCKER=1)."""
+    runtime = request.param
+    require_runtime(runtime)
     backend = make_backend(runtime)
     try:
         yield backend

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.docker import DockerBackend
-from tests.conftest import gvisor_available
-from tests.docker.conftest import make_backend
+from tests.docker.conftest import make_backend, require_runtime
 
 pytestmark = pytest.mark.docker
 
@@ -173,8 +172,7 @@ def _written(ws: Path) -> int:
 async def test_a_command_filling_the_workspace_disk_is_stopped(
     docker_ready: None, user_workspace: Path, runtime: str
 ) -> None:
-    if runtime == "runsc" and not gvisor_available():
-        pytest.skip("gVisor (runsc) is not registered with Docker")  # conftest fails it under REQUIRE_DOCKER
+    require_runtime(runtime)
     backend = make_backend(runtime, disk_limit="64m")
     try:
         box = await backend.get(user_workspace)

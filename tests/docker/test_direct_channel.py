@@ -29,16 +29,21 @@ from tests.docker.conftest import make_backend
 pytestmark = pytest.mark.docker
 
 
+def _host_socket(prefix: str) -> tuple[socket.socket, str]:
+    """A listening, non-blocking unix socket on the host in a fresh directory, and its path."""
+    path = os.path.join(tempfile.mkdtemp(prefix=prefix), "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(4)
+    srv.setblocking(False)
+    return srv, path
+
+
 @contextlib.asynccontextmanager
 async def fake_listener(first_line: bytes) -> AsyncIterator[str]:
     """A unix socket on the host that answers a connect with ``first_line`` (not knowing
     any connection's secret); yields its path."""
-    d = tempfile.mkdtemp(prefix="loom-impostor-")
-    path = os.path.join(d, "s")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(path)
-    srv.listen(1)
-    srv.setblocking(False)
+    srv, path = _host_socket("loom-impostor-")
     loop = asyncio.get_running_loop()
 
     async def serve() -> None:
@@ -54,7 +59,7 @@ async def fake_listener(first_line: bytes) -> AsyncIterator[str]:
         server.cancel()
         srv.close()
         os.unlink(path)
-        os.rmdir(d)
+        os.rmdir(os.path.dirname(path))
 
 
 @contextlib.asynccontextmanager
@@ -285,12 +290,8 @@ async def test_a_link_planted_at_the_socket_path_is_not_followed(docker_ready: N
     neither (resolved from the host, an absolute link would leave the container)."""
     backend = make_backend(direct=False)
     helper = make_backend(direct=False)
-    trap_dir = tempfile.mkdtemp(prefix="loom-trap-")
-    trap = os.path.join(trap_dir, "s")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(trap)
-    srv.listen(4)
-    srv.setblocking(False)
+    srv, trap = _host_socket("loom-trap-")
+    trap_dir = os.path.dirname(trap)
     try:
         conn = await _conn(backend, workspace)
         attrs = await backend.inspect(workspace)

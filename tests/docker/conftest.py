@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,17 @@ pytestmark = pytest.mark.docker
 
 def make_backend(runtime: str = "runc", **spec: object) -> DockerBackend:
     return DockerBackend(SandboxSpec(image=SANDBOX_IMAGE, runtime=runtime, **spec), worker_id="test")  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[DockerBackend]:
+    """A backend with its own spec, whose containers are removed afterwards."""
+    backend = make_backend(runtime, **spec)
+    try:
+        yield backend
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
 
 
 def require_runtime(runtime: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.docker import DockerBackend
-from tests.docker.conftest import make_backend, require_runtime
+from tests.docker.conftest import make_backend, own_backend, require_runtime
 
 pytestmark = pytest.mark.docker
 
@@ -96,21 +96,16 @@ async def test_exit_codes_and_signals(docker_backend: DockerBackend, user_worksp
 async def test_memory_bomb_is_reported_as_oom_and_sandbox_keeps_serving(
     docker_ready: None, user_workspace: Path
 ) -> None:
-    backend = make_backend(memory="192m")
-    try:
+    async with own_backend(memory="192m") as backend:
         box = await backend.get(user_workspace)
         r = await box.exec("python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'", timeout=60)
         assert r.outcome == "oom", r
         again = await box.exec("echo alive")
         assert again.stdout == b"alive\n"
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_fork_bomb_is_contained(docker_ready: None, user_workspace: Path) -> None:
-    backend = make_backend(pids=64)
-    try:
+    async with own_backend(pids=64) as backend:
         box = await backend.get(user_workspace)
         r = await box.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=4)
         assert r.outcome in ("timeout", "exit")
@@ -118,14 +113,10 @@ async def test_fork_bomb_is_contained(docker_ready: None, user_workspace: Path) 
         lines = again.stdout.decode().split()
         assert lines[0] == "alive"
         assert int(lines[1]) < 10, again  # the bomb is gone, only init, keeper, agent, ps
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_tmpfs_fill_hits_its_cap(docker_ready: None, user_workspace: Path) -> None:
-    backend = make_backend(tmp_size="16m", home_size="8m")
-    try:
+    async with own_backend(tmp_size="16m", home_size="8m") as backend:
         box = await backend.get(user_workspace)
         r = await box.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; stat -c %s /tmp/fill")
         assert b"No space left on device" in r.stdout
@@ -134,9 +125,6 @@ async def test_tmpfs_fill_hits_its_cap(docker_ready: None, user_workspace: Path)
         assert b"No space left on device" in r.stdout
         assert int(r.stdout.split()[-1]) <= 8 << 20
         assert (await box.exec("echo alive")).stdout == b"alive\n"
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 @pytest.mark.parametrize("cpus", [1.0, 1.5])
@@ -145,8 +133,7 @@ async def test_agent_sees_the_cpu_quota_it_sizes_searches_by(
 ) -> None:
     """The agent reads the container's CFS quota from the cgroup (what it sizes ripgrep's
     threads by), and a search works at that size."""
-    backend = make_backend(cpus=cpus)
-    try:
+    async with own_backend(cpus=cpus) as backend:
         box = await backend.get(user_workspace)
         info = await box.info()
         assert info.extra.get("cpu_quota") == pytest.approx(cpus)
@@ -154,9 +141,6 @@ async def test_agent_sees_the_cpu_quota_it_sizes_searches_by(
         for _ in range(3):  # the first as a burst, the next ones back to back
             res = await box.search("needle")
             assert [(m.path, m.line) for m in res.matches] == [("a.txt", 1)]
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 # The workspace is a bind mount of the host's own disk, which the container's memory and
@@ -173,8 +157,7 @@ async def test_a_command_filling_the_workspace_disk_is_stopped(
     docker_ready: None, user_workspace: Path, runtime: str
 ) -> None:
     require_runtime(runtime)
-    backend = make_backend(runtime, disk_limit="64m")
-    try:
+    async with own_backend(runtime, disk_limit="64m") as backend:
         box = await backend.get(user_workspace)
         r = await box.exec(FILL, timeout=120)
         assert r.outcome == "disk_limit" and r.exit_code is None, r
@@ -185,24 +168,17 @@ async def test_a_command_filling_the_workspace_disk_is_stopped(
         # Deleting is fine, and a command that writes within the limit runs.
         r = await box.exec("rm -f fill*; head -c 1048576 /dev/zero > small && echo ok")
         assert (r.outcome, r.stdout) == ("exit", b"ok\n")
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_a_command_creating_files_without_end_is_stopped(docker_ready: None, user_workspace: Path) -> None:
     """Empty files fill a disk too (its inodes): a command may create only so many."""
-    backend = make_backend(inode_limit=500)
-    try:
+    async with own_backend(inode_limit=500) as backend:
         box = await backend.get(user_workspace)
         r = await box.exec("mkdir many && cd many && i=0; while :; do : > f$i; i=$((i+1)); done", timeout=120)
         assert r.outcome == "disk_limit", r
         assert 500 < len(os.listdir(user_workspace / "many")) < 200_000
         r = await box.exec("rm -rf many && touch one && echo ok")
         assert r.stdout == b"ok\n"
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_the_shell_tool_says_the_disk_limit_stopped_the_command(docker_ready: None, user_workspace: Path) -> None:
@@ -221,8 +197,7 @@ async def test_the_shell_tool_says_the_disk_limit_stopped_the_command(docker_rea
 
 
 async def test_no_file_grows_past_max_file_size(docker_ready: None, user_workspace: Path) -> None:
-    backend = make_backend(max_file_size="8m")
-    try:
+    async with own_backend(max_file_size="8m") as backend:
         box = await backend.get(user_workspace)
         r = await box.exec("head -c 20000000 /dev/zero > big; echo rc=$?")
         assert b"rc=0" not in r.stdout and b"File size limit exceeded" in r.stderr + r.stdout, r  # SIGXFSZ
@@ -231,9 +206,6 @@ async def test_no_file_grows_past_max_file_size(docker_ready: None, user_workspa
         assert b"rc=0" not in r.stdout, r
         assert not (user_workspace / "pre").exists() or (user_workspace / "pre").stat().st_size <= 8 << 20
         assert (await box.exec("head -c 4194304 /dev/zero > ok && echo ok")).stdout == b"ok\n"
-    finally:
-        await backend.remove_all_started()
-        await backend.aclose()
 
 
 async def test_commands_and_writes_keep_the_disk_reserve_free(docker_ready: None, user_workspace: Path) -> None:

@@ -565,20 +565,92 @@ def op_write(req):
 
 
 def _put_in_place(fd, tmp, name, durable):
+    """Rename the written temporary ``tmp`` over ``name`` (both in directory ``fd``).
+
+    Two costs are moved off the caller's path, onto the tidying thread (measured A/B on
+    edit_file with the changelog: -0.09 and -0.25 ms of ~1.5):
+
+    - the file being replaced stays open (O_PATH: no read permission needed) across the
+      rename and is closed afterwards. Freeing its inode and blocks is what made a
+      replacing rename cost ~0.15 ms, against ~0.02 ms with the inode still held;
+    - the directory's fsync (``durable``) runs just after the answer. What a power cut
+      needs is already on disk by then: the new content (fsync'd before the rename) and,
+      for a recorded change, its changelog entry (committed before the rename was asked
+      for). A power cut in the fraction of a millisecond before the directory reaches the
+      disk leaves the file wholly old, as if the write had come just after it.
+    """
+    try:
+        held = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        held = -1  # nothing to replace
     try:
         os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
     except BaseException:
+        if held >= 0:
+            os.close(held)
         os.unlink(tmp, dir_fd=fd)
         raise
+    dfd = -1
     if durable:
         try:
             dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
         except OSError:
             pass
+    if held >= 0 or dfd >= 0:
+        _later(lambda: (_close(held), _sync_close(dfd)))
+
+
+def _close(f):
+    if f >= 0:
+        os.close(f)
+
+
+def _sync_close(dfd):
+    if dfd < 0:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+_tidy = queue.Queue()  # type: queue.Queue
+_tidy_thread = []  # type: list
+_tidy_lock = threading.Lock()
+
+
+def _later(fn):
+    """Run ``fn`` on the tidying thread: after the current request is answered, in order."""
+    if not _tidy_thread:
+        with _tidy_lock:
+            if not _tidy_thread:
+                t = threading.Thread(target=_tidy_loop, daemon=True)
+                t.start()
+                _tidy_thread.append(t)
+    _tidy.put(fn)
+
+
+def _tidy_loop():
+    while True:
+        fn = _tidy.get()
+        try:
+            fn()
+        except Exception:
+            pass
+        finally:
+            _tidy.task_done()
+
+
+def _tidy_drain(timeout):
+    """Wait (at most ``timeout`` seconds) for what the tidying thread still has to do,
+    so an agent that exits has fsync'd the directories of its last writes."""
+    if not _tidy_thread:
+        return
+    done = threading.Event()
+    _tidy.put(done.set)
+    done.wait(timeout)
 
 
 _staged = {}  # type: dict
@@ -2336,6 +2408,7 @@ def _host_gone():
     staged temporary."""
     with _gone_lock:
         _drop_staged()
+        _tidy_drain(5.0)
         with _procs_lock:
             spawned = list(_procs)
         for pid in spawned:

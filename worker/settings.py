@@ -51,7 +51,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
     durability: Literal["full", "process"] = Field(
         "full",
-        description="full: every recorded change and write is fsync'd (survives power loss); "
+        description="full: a change's entry and new content are fsync'd before the file is replaced, "
+        "its directory right after the answer (survives power loss); "
         "process: no fsync (survives a killed worker or agent, not a power loss), much faster.",
     )
     changelog_max_file_bytes: int = Field(

@@ -240,3 +240,58 @@ async def test_tampered_entry_path_is_refused(cl, box, workspace: Path, tmp_path
         db.execute("UPDATE entries SET path = '../../etc/passwd'")
     with pytest.raises(UndoRefusedError, match="outside the workspace"):
         await cl.undo(box, all=True)
+
+
+ODD_NAMES = [
+    b"bad\xff\xfe.txt",  # not UTF-8
+    b"new\nline.txt",
+    b"tab\there",
+    b"caf\xc3\xa9.txt",  # UTF-8, not ASCII
+    b'sp ace "quote" \\back.txt',
+    b"esc\x1b[31mred",
+]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES, ids=repr)
+async def test_odd_file_names_are_recorded_and_undone(cl, box, workspace: Path, name: bytes) -> None:
+    """A file name is bytes: one a command creates that is not UTF-8 (or holds a newline,
+    an escape sequence ...) is recorded, listed in the log and undone like any other, and
+    the next commands keep working (before, such a name broke every later scan)."""
+    ws = os.fsencode(workspace)
+    (workspace / "keep.txt").write_text("kept")
+    Path(os.fsdecode(os.path.join(ws, b"seed"))).write_bytes(name)
+    await shell(cl, box, "true")  # the baseline
+    changed = await shell(cl, box, 'n=$(cat seed) && printf one > "$n" && mkdir -p "d-$n" && printf two > "d-$n/in"')
+    text = os.fsdecode(name)
+    assert sorted(changed) == sorted([text, f"d-{text}/in"])
+    assert await shell(cl, box, 'printf three > "$(printf x)"') == ["x"]  # still works
+    entries = await cl.log()
+    assert {e.path for e in entries} >= {text, f"d-{text}/in"}
+    assert text in (await cl.summary()).created
+    await cl.undo(box, all=True)
+    assert sorted(os.listdir(ws)) == sorted([b"keep.txt", b"seed", b"d-" + name])  # a created directory stays
+    assert os.listdir(os.path.join(ws, b"d-" + name)) == []
+
+
+async def test_odd_call_ids_and_paths_survive_a_reopen(tmp_path: Path, box, workspace: Path) -> None:
+    """The store keeps any str, NUL and lone surrogates included, and gives back exactly
+    what it was given (also after a reopen); ordinary text is stored as it is."""
+    from worker.changelog.store import _text, to_db
+
+    for s in ["plain", "caf\u00e9", "\udcff", "a\x00b", "\x000041", "x\udcffy\x00\x00z", ""]:
+        assert _text(to_db(s).encode()) == s
+    assert to_db("plain/caf\u00e9.txt") == "plain/caf\u00e9.txt"
+    c = Changelog.open(tmp_path / "data2", workspace)
+    try:
+        await c.write(box, "bad\udcff.txt", b"v1", call_id="call\udcfe\x00id", subtask_id="s\x00")
+    finally:
+        await c.aclose()
+    c = Changelog.open(tmp_path / "data2", workspace)
+    try:
+        (e,) = await c.log(call_id="call\udcfe\x00id")
+        assert (e.path, e.subtask_id) == ("bad\udcff.txt", "s\x00")
+        assert os.path.exists(os.path.join(os.fsencode(workspace), b"bad\xff.txt"))
+        await c.undo(box, subtask_id="s\x00")
+        assert not os.path.exists(os.path.join(os.fsencode(workspace), b"bad\xff.txt"))
+    finally:
+        await c.aclose()

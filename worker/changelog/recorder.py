@@ -51,7 +51,7 @@ from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 
 from .errors import ChangelogStorageError
 from .model import Entry, Kind, Limits, Origin
-from .store import Store, WorkspaceLock, sha256
+from .store import Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
 log = structlog.get_logger("worker.changelog")
@@ -211,7 +211,7 @@ class ChangelogCore:
 
     @staticmethod
     def _record_in(
-        db: sqlite3.Connection,
+        db: Connection,
         fields: dict[str, Any],
         blobs: list[tuple[str, bytes]],
         *,

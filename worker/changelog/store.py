@@ -67,6 +67,79 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# -- text that SQLite cannot hold as it is --------------------------------------------
+#
+# A Linux file name is bytes, not UTF-8: a command may create ``b"bad\xff.txt"``, which
+# reaches the host as the str "bad\udcff.txt" (surrogateescape), and a caller's call id
+# may hold a lone surrogate too. SQLite's TEXT must be UTF-8, so binding such a str
+# failed, and with it every later scan of the workspace (one odd file name made every
+# shell command an internal error). Such strings are stored with each NUL or surrogate
+# written as NUL + four hex digits: reversible, and no other string maps to the same
+# text (a stored NUL always starts an escape; file names never hold NUL). Everything
+# else is stored as it is, so ordinary rows read the same with any SQLite client.
+
+
+def _escape(text: str) -> str:
+    return "".join(f"\x00{ord(c):04x}" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while True:
+        j = text.find("\x00", i)
+        if j < 0:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:j])
+        out.append(chr(int(text[j + 1 : j + 5], 16)))
+        i = j + 5
+
+
+def to_db(value: Any) -> Any:
+    """``value`` as bound to SQLite (only a str that UTF-8 cannot hold changes)."""
+    if type(value) is str and ("\x00" in value or (not value.isascii() and _unencodable(value))):
+        return _escape(value)
+    return value
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _text(raw: bytes) -> str:
+    """SQLite TEXT back to the str that was stored (the connection's text factory)."""
+    text = raw.decode("utf-8", "surrogateescape")
+    return _unescape(text) if "\x00" in text else text
+
+
+def _params(params: Any) -> Any:
+    if isinstance(params, dict):
+        return {k: to_db(v) for k, v in params.items()}
+    return tuple(to_db(v) for v in params)
+
+
+class Connection:
+    """The store's SQLite connection with every bound parameter passed through
+    :func:`to_db` (reads are decoded by the connection's text factory)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.raw = db
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self.raw.execute(sql, _params(params))
+
+    def executemany(self, sql: str, rows: Iterable[Any]) -> sqlite3.Cursor:
+        return self.raw.executemany(sql, (_params(r) for r in rows))
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.in_transaction
+
+
 def _entry(row: Sequence[Any]) -> Entry:
     d = dict(zip(_ENTRY_FIELDS, row, strict=True))
     d["restorable"] = bool(d["restorable"])
@@ -82,8 +155,10 @@ class Store:
         any process, not a power cut. Raises ChangelogStorageError."""
         self._fsync = fsync
         try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
-            enable_wal(self._db)
+            raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+            raw.text_factory = _text
+            self._db = Connection(raw)
+            enable_wal(raw)
             self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             self._db.execute("PRAGMA busy_timeout=60000")
             with self.tx():
@@ -96,10 +171,10 @@ class Store:
         self.path = path
 
     def close(self) -> None:
-        self._db.close()
+        self._db.raw.close()
 
     @contextlib.contextmanager
-    def tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def tx(self, *, durable: bool = True) -> Iterator[Connection]:
         """One write transaction. ``durable=False`` skips the commit fsync (safe against a
         process crash, not a power cut) for records that recovery can rebuild; a store
         opened with ``fsync=False`` never fsyncs.
@@ -136,7 +211,7 @@ class Store:
     # -- blobs ----------------------------------------------------------------------
 
     @staticmethod
-    def put_blob(db: sqlite3.Connection, digest: str, data: bytes) -> None:
+    def put_blob(db: Connection, digest: str, data: bytes) -> None:
         db.execute("INSERT OR IGNORE INTO blobs(sha256, size, data) VALUES (?, ?, ?)", (digest, len(data), data))
 
     def get_blob(self, digest: str) -> bytes | None:
@@ -150,7 +225,7 @@ class Store:
     # -- entries --------------------------------------------------------------------
 
     @staticmethod
-    def insert_entry(db: sqlite3.Connection, **fields: Any) -> int:
+    def insert_entry(db: Connection, **fields: Any) -> int:
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         cur = db.execute(f"INSERT INTO entries({cols}) VALUES ({marks})", tuple(fields.values()))
@@ -173,7 +248,7 @@ class Store:
         return rows[0][0] if rows else None
 
     @staticmethod
-    def set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+    def set_meta(db: Connection, key: str, value: str) -> None:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
 

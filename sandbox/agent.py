@@ -1460,6 +1460,7 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
         _foreign_pids.add(proc.pid)
     matches = []  # type: list
     truncated = False
+    carry = b""  # a file name holding newlines arrives over several lines, before its NUL
     try:
         for raw in proc.stdout:
             if len(matches) >= max_matches:
@@ -1467,13 +1468,15 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
                 break
             fname, sep, rest = raw.partition(b"\x00")
             if not sep:
+                carry += raw
                 continue
+            fname, carry = carry + fname, b""
             lineno, _, text = rest.partition(b":")
             try:
                 n = int(lineno)
             except ValueError:
                 continue
-            name = fname.decode("utf-8", "replace")
+            name = fname.decode("utf-8", "surrogateescape")  # exact: the host quotes odd names
             if name.startswith("./"):
                 name = name[2:]
             matches.append([name, n, text.rstrip(b"\r\n").decode("utf-8", "replace")])

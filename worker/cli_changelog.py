@@ -24,6 +24,8 @@ from sandbox.errors import SandboxError
 
 from . import aio
 from .changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
+from .quoting import unquote_path
+from .result import safe_text
 from .settings import Settings
 
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
@@ -94,10 +96,12 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run() -> list[Entry]:
         async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
-            return await cl.log(path=args.path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
+            path = None if args.path is None else unquote_path(args.path)
+            return await cl.log(path=path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
 
     for e in aio.run(run()):
-        print(json.dumps(e.model_dump()) if args.json else _line(e))
+        e = e.shown()  # odd file names quoted, as git shows them
+        print(json.dumps(e.model_dump(), ensure_ascii=False) if args.json else _line(e))
     return 0
 
 
@@ -108,8 +112,8 @@ def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run(cl: Changelog, box: Sandbox) -> str:
         if args.summary:
-            return (await cl.summary()).model_dump_json(indent=2) + "\n"
-        return await cl.diff(box, args.path)
+            return (await cl.summary()).shown().model_dump_json(indent=2) + "\n"
+        return safe_text(await cl.diff(box, None if args.path is None else unquote_path(args.path)))
 
     try:
         sys.stdout.write(_with_sandbox(args, settings, ws, run))
@@ -144,6 +148,7 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
     except (UndoRefusedError, ChangelogError, SandboxError) as e:
         print(f"loom-worker undo: {e}", file=sys.stderr)
         return 1
+    result = result.shown()
     if args.json:
         print(result.model_dump_json())
     else:

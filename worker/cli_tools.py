@@ -26,7 +26,7 @@ from typing import Any
 
 from . import aio
 from .registry import ToolRegistry, default_registry
-from .result import ToolResult
+from .result import ToolResult, json_line
 from .settings import Settings
 from .tool import SCHEMA_FORMATS
 
@@ -113,7 +113,7 @@ def _workspace(value: str) -> Path | None:
 
 
 def _print(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+    sys.stdout.write(json_line(obj) + "\n")
     sys.stdout.flush()
 
 

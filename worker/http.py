@@ -96,6 +96,18 @@ class ExecuteRequest(_Model):
     subtask_id: str | None = Field(None, max_length=256)
 
 
+class SafeJSONResponse(JSONResponse):
+    """The service's JSON response: a lone surrogate that reached a field (bytes of a file
+    name or an output that are not UTF-8, which the tools and the changelog routes quote
+    first) is sent as a ``\\uXXXX`` escape instead of failing the request with a 500."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return encode_json(content)
+
+
 class ToolResultOut(_Model):
     success: bool
     output: str
@@ -267,6 +279,7 @@ def create_app(
         version=_pkg_version,
         description="Sandboxed tool execution for AI coding agents.",
         lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
     )
     app.state.settings = settings
     app.state.workspaces = workspaces

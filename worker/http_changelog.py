@@ -31,6 +31,8 @@ from .changelog import (
     UndoResult,
 )
 from .http import WorkspaceId
+from .quoting import unquote_path
+from .result import safe_text
 from .service import Workspaces
 
 
@@ -133,7 +135,8 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
         limit: int | None = Query(None, ge=1, le=100_000, description="Only the last N entries."),
     ) -> list[Entry]:
         _p, cl, _box = await changelog_and_box(request, workspace_id)
-        return await cl.log(path=path, call_id=call_id, subtask_id=subtask_id, limit=limit)
+        path = None if path is None else unquote_path(path)
+        return [e.shown() for e in await cl.log(path=path, call_id=call_id, subtask_id=subtask_id, limit=limit)]
 
     @app.get(f"{ws_path}/diff", tags=["changelog"], dependencies=auth, responses=responses)
     async def diff(
@@ -144,9 +147,9 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
     ) -> DiffOut | Summary:
         p, cl, box = await changelog_and_box(request, workspace_id)
         if summary:
-            return await cl.summary()
+            return (await cl.summary()).shown()
         async with request.app.state.runner.lock(p):
-            return DiffOut(diff=await cl.diff(box, path))
+            return DiffOut(diff=safe_text(await cl.diff(box, None if path is None else unquote_path(path))))
 
     @app.post(f"{ws_path}/undo", tags=["changelog"], dependencies=auth, responses=responses)
     async def undo(request: Request, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
@@ -174,7 +177,7 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
         runner = request.app.state.runner
         async with runner.slot(), runner.lock(p):
             try:
-                return await cl.undo(
+                result = await cl.undo(
                     box,
                     entry=body.entry,
                     call_id=body.call_id,
@@ -184,6 +187,7 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
                     dry_run=body.dry_run,
                     force=body.force,
                 )
+                return result.shown()
             except ValueError as e:
                 return JSONResponse(  # type: ignore[return-value]
                     {"detail": [{"loc": ["body"], "type": "value_error", "msg": str(e)}]}, status_code=422

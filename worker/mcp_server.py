@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from sandbox import __version__
 
 from .metrics import Metrics
+from .result import json_safe
 from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
 
 log = structlog.get_logger("worker.mcp")
@@ -72,7 +73,7 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
             return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
         return types.CallToolResult(
             content=[types.TextContent(text=tool_message_content(result))],
-            structured_content=result.to_dict(),
+            structured_content=json_safe(result.to_dict()),
             is_error=not result.success,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import PurePosixPath
 
+from .quoting import unquote_path
 from .tool import PolicyError, ToolError
 
 #: Where the workspace is mounted inside the sandbox container.
@@ -43,6 +44,7 @@ def normalize(path: str, workspace_root: str | None = None) -> str:
 
     Raises PolicyError ("Safety violation: ...") for a path that leaves the workspace.
     """
+    path = unquote_path(path)
     if "\x00" in path:
         raise PolicyError("Path contains a NUL byte")
     if len(path) > MAX_PATH_CHARS:
@@ -65,6 +67,10 @@ def normalize(path: str, workspace_root: str | None = None) -> str:
         return rel
     parts: list[str] = []
     for comp in path.split("/"):
+        if comp.startswith('"'):  # one quoted name, as list_directory shows it: dir/"bad\377"
+            comp = unquote_path(comp)
+            if "/" in comp or "\x00" in comp:
+                raise PolicyError(f"Path '{path}' has a quoted name holding '/' or NUL")
         if comp in ("", "."):
             continue
         if comp == "..":

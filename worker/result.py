@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .quoting import quote_path
+
 #: The most ``output`` may hold, in UTF-8 bytes, marker included.
 MAX_OUTPUT_BYTES = 10 * 1024
 
@@ -47,6 +49,53 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[str, bool
     omitted = len(raw) - len(head.encode()) - len(tail.encode())
     marker = f"\n\n[... {omitted} bytes omitted (output limit {limit} bytes) ...]\n\n"
     return head + marker + tail, True
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def safe_text(text: str) -> str:
+    """``text`` with any lone surrogate (bytes of a file name or an output that are not
+    UTF-8, carried by surrogateescape) replaced by U+FFFD, so every JSON encoder and UTF-8
+    stream takes it. Paths are quoted losslessly by the tools before this
+    (:func:`worker.quoting.quote_path`); this is the net for the rest."""
+    if text.isascii() or not _has_surrogate(text):
+        return text
+    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def safe_data(obj: Any) -> Any:
+    """``obj`` (JSON-like) with :func:`safe_text` applied to every string in it, for
+    serializers that refuse lone surrogates (pydantic's); a walk costs ~1 µs per item."""
+    if type(obj) is str:
+        return obj if obj.isascii() or not _has_surrogate(obj) else safe_text(obj)
+    if isinstance(obj, dict):
+        return {safe_data(k): safe_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [safe_data(v) for v in obj]
+    return obj
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` itself when every string in it is valid UTF-8 text, else :func:`safe_data`
+    of it (for serializers that refuse lone surrogates, e.g. pydantic's)."""
+    text = json.dumps(obj, ensure_ascii=False, default=str)
+    return safe_data(obj) if not text.isascii() and _has_surrogate(text) else obj
+
+
+def json_line(obj: Any) -> str:
+    """Compact JSON, non-ASCII kept as is, that any UTF-8 stream takes: when a lone
+    surrogate is in ``obj``, the whole line is ASCII with ``\\uXXXX`` escapes instead
+    (lossless for a Python or JavaScript reader)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
+    if not text.isascii() and _has_surrogate(text):
+        text = json.dumps(obj, separators=(",", ":"), default=str)
+    return text
 
 
 @dataclass
@@ -84,19 +133,22 @@ class ToolResult:
 
     def to_json(self) -> str:
         """Compact JSON (non-ASCII kept as is) for the model or a pipeline."""
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"), default=str)
+        return json_line(self.to_dict())
 
     def capped(self, limit: int = MAX_OUTPUT_BYTES) -> ToolResult:
-        """This result with ``output`` (and ``error``) cut to ``limit`` bytes.
+        """This result with ``output`` (and ``error``) cut to ``limit`` bytes, ready to
+        leave the worker: ``files_changed`` quoted (:func:`~worker.quoting.quote_path`), no
+        lone surrogate in the texts (:func:`safe_text`; ``data`` is made safe by the
+        serializers, only when needed: :func:`json_line`, the HTTP and MCP services).
 
         When ``output`` is cut, ``data["truncated"]`` and ``data["output_truncated"]``
         become true.
         """
-        output, cut = truncate_output(self.output, limit)
-        error = self.error if self.error is None else truncate_output(self.error, limit)[0]
+        output, cut = truncate_output(safe_text(self.output), limit)
+        error = self.error if self.error is None else truncate_output(safe_text(self.error), limit)[0]
         data = self.data
         if cut:
             data = dict(data or {})
             data["truncated"] = True
             data["output_truncated"] = True
-        return ToolResult(self.success, output, data, list(self.files_changed), error)
+        return ToolResult(self.success, output, data, [quote_path(p) for p in self.files_changed], error)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import structlog
 
 from .metrics import Metrics
-from .result import ToolResult
+from .result import ToolResult, json_line
 
 log = structlog.get_logger("worker.service")
 
@@ -232,12 +232,9 @@ def result_dict(result: ToolResult) -> dict[str, Any]:
 
 def encode_json(value: Any) -> bytes:
     """Compact UTF-8 JSON for a response body. Never raises for a tool's output: values
-    JSON cannot hold become strings, and text with lone surrogates (undecodable file
-    names) is escaped rather than refused."""
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode()
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":"), default=str).encode()
+    JSON cannot hold become strings, and text with lone surrogates (bytes that are not
+    UTF-8 in a value no tool quoted) is escaped rather than refused."""
+    return json_line(value).encode()
 
 
 def tool_message_content(result: ToolResult) -> str:

@@ -60,3 +60,39 @@ def test_undo_needs_one_selector(env: Path, workspace: Path) -> None:
     with pytest.raises(SystemExit) as ei:
         main(["undo", "--workspace", str(workspace)])
     assert ei.value.code == 2
+
+
+def test_odd_file_names_are_quoted_and_taken_back(
+    env: Path, workspace: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """A recorded file whose name is not UTF-8 (or holds a newline): log, diff and undo
+    print strict UTF-8, the name quoted as git does, and take the quoted name back."""
+    import asyncio
+    import json
+    import os
+
+    async def seed() -> None:
+        backend = LocalProcessBackend()
+        try:
+            box = await backend.get(workspace)
+            async with Changelog.open(env, workspace) as cl:
+                await cl.write(box, "bad\udcff.txt", b"one\n", call_id="c1")
+                await cl.write(box, "new\nline", b"two\n", call_id="c2")
+        finally:
+            await backend.aclose()
+
+    asyncio.run(seed())
+    assert main(["log", "--workspace", str(workspace), "--json"]) == 0
+    lines = capsysbinary.readouterr().out.decode("utf-8").splitlines()
+    assert [json.loads(x)["path"] for x in lines] == ['"bad\\377.txt"', '"new\\nline"']
+    assert main(["log", "--workspace", str(workspace)]) == 0
+    assert len(capsysbinary.readouterr().out.decode("utf-8").splitlines()) == 2  # no forged line
+    assert main(["log", "--workspace", str(workspace), "--path", '"bad\\377.txt"', "--json"]) == 0
+    assert len(capsysbinary.readouterr().out.decode("utf-8").splitlines()) == 1
+    assert main(["diff", "--workspace", str(workspace), "--backend", "local", '"new\\nline"']) == 0
+    out = capsysbinary.readouterr().out.decode("utf-8")
+    assert '+++ "b/new\\nline"' in out and "bad" not in out
+    assert main(["undo", "--workspace", str(workspace), "--all", "--backend", "local", "--json"]) == 0
+    steps = json.loads(capsysbinary.readouterr().out.decode("utf-8"))["steps"]
+    assert [s["path"] for s in steps] == ['"new\\nline"', '"bad\\377.txt"']
+    assert os.listdir(workspace) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -453,3 +454,44 @@ async def test_changelog_routes_say_when_nothing_is_recorded(svc: Service) -> No
     await svc.workspace()
     r = await svc.client.get("/v1/workspaces/w1/changelog")
     assert r.status_code == 409 and "no changelog" in r.json()["detail"]
+
+
+async def test_odd_file_names_over_http(tmp_path: Path, local_backend: Any) -> None:
+    """A command that creates a file whose name is not UTF-8: every route answers strict
+    UTF-8 JSON with the name quoted as git does, and takes the quoted name back."""
+    from worker.http_changelog import ChangelogPool
+
+    pool = ChangelogPool(tmp_path / "data")
+    try:
+        reg = ToolRegistry(backend=local_backend, recorder_factory=pool.recorder)
+        async with running(tmp_path / "r", reg) as svc:
+            path = await svc.workspace()
+            c = svc.client
+            body = {"tool": "shell_execute", "arguments": {"command": "true"}}
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).status_code == 200
+            cmd = "printf 'a\\n' > \"$(printf 'bad\\377.txt')\""
+            r = await c.post("/v1/workspaces/w1/execute", json={"tool": "shell_execute", "arguments": {"command": cmd}})
+            assert r.status_code == 200, r.text
+            r.content.decode("utf-8")  # strict
+            assert r.json()["files_changed"] == ['"bad\\377.txt"']
+            body = {"tool": "list_directory", "arguments": {"path": "."}}
+            listing = (await c.post("/v1/workspaces/w1/execute", json=body)).json()
+            assert '"bad\\377.txt"' in listing["output"].splitlines()[1]
+            body = {"tool": "read_file", "arguments": {"path": '"bad\\377.txt"'}}
+            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
+
+            r = await c.get("/v1/workspaces/w1/changelog")
+            assert r.status_code == 200, r.text
+            assert [e["path"] for e in r.json()] == ['"bad\\377.txt"']
+            r = await c.get("/v1/workspaces/w1/changelog", params={"path": '"bad\\377.txt"'})
+            assert len(r.json()) == 1
+            r = await c.get("/v1/workspaces/w1/diff")
+            assert r.status_code == 200 and '+++ "b/bad\\377.txt"' in r.json()["diff"]
+            r = await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})
+            assert r.json()["created"] == ['"bad\\377.txt"']
+            r = await c.post("/v1/workspaces/w1/undo", json={"all": True})
+            assert r.status_code == 200, r.text
+            assert [s["path"] for s in r.json()["steps"]] == ['"bad\\377.txt"']
+            assert os.listdir(os.fsencode(path)) == []
+    finally:
+        await pool.aclose()

@@ -41,3 +41,12 @@ def test_openapi_still_documents_the_response_models() -> None:
     calls = doc["paths"]["/v1/workspaces/{workspace_id}/tool_calls"]["post"]["responses"]["200"]
     schema = calls["content"]["application/json"]["schema"]
     assert schema["type"] == "array" and schema["items"] == {"$ref": "#/components/schemas/ToolMessage"}
+
+
+def test_the_default_response_never_fails_on_a_lone_surrogate() -> None:
+    from worker.http import SafeJSONResponse
+
+    name = b"bad\xff.txt".decode("utf-8", "surrogateescape")
+    r = SafeJSONResponse({"detail": f"Not found: {name}"})
+    assert json.loads(r.body.decode("utf-8")) == {"detail": f"Not found: {name}"}
+    assert SafeJSONResponse({"ok": "caf\u00e9"}).body == '{"ok":"caf\u00e9"}'.encode()

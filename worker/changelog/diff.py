@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from sandbox.base import Sandbox
 
+from ..quoting import quote_path
 from .model import Entry, Summary
 
 #: What a path holds in a diff: None = absent; bytes = content; str = a placeholder.
@@ -21,8 +22,10 @@ def unified(path: str, old: Content, new: Content, *, old_path: str | None = Non
     """A git-style unified diff of one path ('' when equal)."""
     if old == new:
         return ""
-    a = f"a/{old_path or path}" if old is not None else "/dev/null"
-    b = f"b/{path}" if new is not None else "/dev/null"
+    # Quoted like git's headers when a name is not plain text (a newline would end the
+    # header line early and a patch tool would read another file name).
+    a = quote_path(f"a/{old_path or path}") if old is not None else "/dev/null"
+    b = quote_path(f"b/{path}") if new is not None else "/dev/null"
     if isinstance(old, str) or isinstance(new, str):
         note = old if isinstance(old, str) else new
         return f"--- {a}\n+++ {b}\n@@ {note!s} @@\n"

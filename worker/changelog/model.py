@@ -15,6 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..quoting import quote_path
+from ..result import safe_text
+
 Op = Literal["create", "modify", "delete", "rename"]
 State = Literal["pending", "applied", "failed"]
 Origin = Literal["tool", "shell", "undo"]
@@ -59,6 +62,19 @@ class Entry(BaseModel):
     def reverted(self) -> bool:
         return self.reverted_by is not None
 
+    def shown(self) -> Entry:
+        """This entry as the CLI and the HTTP API show it: paths that are not plain text
+        quoted (:func:`~worker.quoting.quote_path`), the note safe for any UTF-8 stream."""
+        return self.model_copy(
+            update={
+                "path": quote_path(self.path),
+                "new_path": None if self.new_path is None else quote_path(self.new_path),
+                "note": None if self.note is None else safe_text(self.note),
+                "call_id": None if self.call_id is None else safe_text(self.call_id),
+                "subtask_id": None if self.subtask_id is None else safe_text(self.subtask_id),
+            }
+        )
+
 
 class UndoStep(BaseModel):
     """What undo did (or, in a dry run, would do) for one entry."""
@@ -86,6 +102,16 @@ class UndoResult(BaseModel):
     def reverted(self) -> list[int]:
         return [s.entry_id for s in self.steps if s.status in ("reverted", "would_revert")]
 
+    def shown(self) -> UndoResult:
+        """As :meth:`Entry.shown`: quoted paths, safe messages and diff."""
+        steps = [
+            s.model_copy(
+                update={"path": quote_path(s.path), "message": None if s.message is None else safe_text(s.message)}
+            )
+            for s in self.steps
+        ]
+        return self.model_copy(update={"steps": steps, "diff": safe_text(self.diff)})
+
     @property
     def failed(self) -> list[UndoStep]:
         return [s for s in self.steps if s.status in ("failed", "not_restorable")]
@@ -101,6 +127,17 @@ class Summary(BaseModel):
     deleted: list[str]
     renamed: list[tuple[str, str]]
     not_restorable: list[str]
+
+    def shown(self) -> Summary:
+        """As :meth:`Entry.shown`: paths that are not plain text quoted."""
+        q = quote_path
+        return Summary(
+            created=[q(p) for p in self.created],
+            modified=[q(p) for p in self.modified],
+            deleted=[q(p) for p in self.deleted],
+            renamed=[(q(a), q(b)) for a, b in self.renamed],
+            not_restorable=[q(p) for p in self.not_restorable],
+        )
 
 
 class Limits(BaseModel):

@@ -17,6 +17,7 @@ from sandbox import protocol
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
 from ..paths import require_file_path
+from ..quoting import quote_path
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
 from ..workspace import Workspace
@@ -54,10 +55,10 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     rel = require_file_path(args.path, str(ws.root))
     lr = (args.line_range[0], args.line_range[1]) if args.line_range else None
     r = await ws.sandbox.read(rel, line_range=lr, max_bytes=args.max_bytes)
-    data: dict[str, Any] = {"path": rel, "size": r.size, "truncated": r.truncated, "binary": r.binary}
+    data: dict[str, Any] = {"path": quote_path(rel), "size": r.size, "truncated": r.truncated, "binary": r.binary}
     if r.binary:
         data["content"] = None
-        return ToolResult.ok(f"{rel} is a binary file ({r.size} bytes); its content is not shown.", data)
+        return ToolResult.ok(f"{quote_path(rel)} is a binary file ({r.size} bytes); its content is not shown.", data)
     text = r.data.decode("utf-8", "replace")
     data["content"] = text
     if r.sha256:
@@ -68,7 +69,7 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
         data.update(start_line=lr[0], end_line=min(lr[1], r.total_lines or 0), total_lines=r.total_lines)
     output = text
     if lr is not None and not text and (r.total_lines or 0) < lr[0]:
-        output = f"(no lines in range {lr[0]}-{lr[1]}: {rel} has {r.total_lines} lines)"
+        output = f"(no lines in range {lr[0]}-{lr[1]}: {quote_path(rel)} has {r.total_lines} lines)"
     elif r.size == 0:
         output = "(empty file)"
     if r.truncated:
@@ -99,8 +100,8 @@ async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     res = await ws.write(rel, data, tool="write_file", call_id=ctx.call_id, subtask_id=ctx.subtask_id)
     verb = "Created" if res.created else "Wrote"
     return ToolResult.ok(
-        f"{verb} {rel} ({res.size} bytes)",
-        {"path": rel, "bytes_written": res.size, "created": res.created, "sha256": res.sha256},
+        f"{verb} {quote_path(rel)} ({res.size} bytes)",
+        {"path": quote_path(rel), "bytes_written": res.size, "created": res.created, "sha256": res.sha256},
         [rel],
     )
 
@@ -209,9 +210,9 @@ async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
             raise
         return await _edit(ws, ctx, rel, edits, b"", None, False, speculative=False)
     if r.binary:
-        raise ToolError(f"Cannot edit {rel}: it is a binary file")
+        raise ToolError(f"Cannot edit {quote_path(rel)}: it is a binary file")
     if r.truncated or r.sha256 is None:
-        raise ToolError(f"Cannot edit {rel}: the file is larger than {MAX_EDIT_BYTES} bytes")
+        raise ToolError(f"Cannot edit {quote_path(rel)}: the file is larger than {MAX_EDIT_BYTES} bytes")
     return await _edit(ws, ctx, rel, edits, r.data, r.sha256, True, speculative=False)
 
 
@@ -242,7 +243,7 @@ async def _edit(
     except UnicodeEncodeError:
         raise ToolError("old_str/new_str contain invalid Unicode (lone surrogates)") from None
     data: dict[str, Any] = {
-        "path": rel,
+        "path": quote_path(rel),
         "edits_applied": len(edits),
         "original_bytes": len(original),
         "new_bytes": len(new),
@@ -251,7 +252,7 @@ async def _edit(
     if exists and new == original:
         if speculative:
             raise _Stale()  # "unchanged" must be about the file, not about our memory of it
-        return ToolResult.ok(f"{rel} unchanged: the edits produce the same content", data)
+        return ToolResult.ok(f"{quote_path(rel)} unchanged: the edits produce the same content", data)
     if len(new) > MAX_WRITE_BYTES:
         raise ToolError(f"Edited content too large: {len(new)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit")
     try:
@@ -272,7 +273,7 @@ async def _edit(
         if speculative:
             raise _Stale() from None
         raise
-    head = f"{'Created' if not exists else 'Edited'} {rel}: {len(edits)} edit(s) applied"
+    head = f"{'Created' if not exists else 'Edited'} {quote_path(rel)}: {len(edits)} edit(s) applied"
     body = "\n".join(f"--- change {i} ---\n{s}" for i, s in enumerate(snippets, 1))
     return ToolResult.ok(f"{head}\n{body}", data, [rel])
 

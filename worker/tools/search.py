@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox.base import ListEntry
 
 from ..paths import normalize
+from ..quoting import quote_path
 from ..result import ToolResult
 from ..tool import Tool, ToolContext
 
@@ -36,16 +37,16 @@ async def search_files(args: SearchArgs, ctx: ToolContext) -> ToolResult:
         timeout=SEARCH_TIMEOUT,
     )
     data: dict[str, Any] = {
-        "matches": [{"path": m.path, "line": m.line, "text": m.text} for m in res.matches],
+        "matches": [{"path": quote_path(m.path), "line": m.line, "text": m.text} for m in res.matches],
         "count": len(res.matches),
         "truncated": res.truncated,
         "engine": res.engine,
     }
     if not res.matches:
-        where = f" in {rel}" if rel != "." else ""
+        where = f" in {quote_path(rel)}" if rel != "." else ""
         only = f" (files matching {args.file_pattern})" if args.file_pattern else ""
         return ToolResult.ok(f"No matches for /{args.pattern}/{where}{only}", data)
-    lines = [f"{m.path}:{m.line}: {m.text}" for m in res.matches]
+    lines = [f"{quote_path(m.path)}:{m.line}: {m.text}" for m in res.matches]
     if res.truncated:
         lines.append(f"[more than {MAX_MATCHES} matches; showing the first {MAX_MATCHES}. Narrow the pattern or path]")
     return ToolResult.ok("\n".join(lines), data)
@@ -73,15 +74,16 @@ def render_tree(entries: list[ListEntry], base: str) -> list[str]:
         kids = sorted(children.get(parent, []), key=lambda e: (e.type != "dir", e.path.rsplit("/", 1)[-1]))
         for e in kids:
             name = e.path.rsplit("/", 1)[-1]
+            shown = quote_path(name)  # a newline in a name must not forge a line
             if e.type == "dir":
-                lines.append(f"{'  ' * indent}{name}/")
+                lines.append(f"{'  ' * indent}{shown}/")
                 emit(f"{parent}/{name}" if parent else name, indent + 1)
             elif e.type == "symlink":
-                lines.append(f"{'  ' * indent}{name}@")
+                lines.append(f"{'  ' * indent}{shown}@")
             elif e.type == "other":
-                lines.append(f"{'  ' * indent}{name} (special file)")
+                lines.append(f"{'  ' * indent}{shown} (special file)")
             else:
-                lines.append(f"{'  ' * indent}{name}")
+                lines.append(f"{'  ' * indent}{shown}")
 
     emit("", 0)
     return lines
@@ -92,11 +94,13 @@ async def list_directory(args: ListArgs, ctx: ToolContext) -> ToolResult:
     rel = normalize(args.path, str(ws.root))
     res = await ws.sandbox.list(rel, depth=args.depth, max_entries=MAX_LIST_ENTRIES)
     data: dict[str, Any] = {
-        "path": rel,
-        "entries": [{"path": e.path, "type": e.type, "size": e.size, "depth": e.depth} for e in res.entries],
+        "path": quote_path(rel),
+        "entries": [
+            {"path": quote_path(e.path), "type": e.type, "size": e.size, "depth": e.depth} for e in res.entries
+        ],
         "truncated": res.truncated,
     }
-    header = "./" if rel == "." else rel + "/"
+    header = "./" if rel == "." else quote_path(rel) + "/"
     if not res.entries:
         return ToolResult.ok(f"{header}\n(empty directory)", data)
     lines = [header] + ["  " + line for line in render_tree(res.entries, rel)]

@@ -51,7 +51,8 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[str, bool
     return head + marker + tail, True
 
 
-def _has_surrogate(text: str) -> bool:
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (UTF-8 cannot encode it)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -64,7 +65,7 @@ def safe_text(text: str) -> str:
     UTF-8, carried by surrogateescape) replaced by U+FFFD, so every JSON encoder and UTF-8
     stream takes it. Paths are quoted losslessly by the tools before this
     (:func:`worker.quoting.quote_path`); this is the net for the rest."""
-    if text.isascii() or not _has_surrogate(text):
+    if text.isascii() or not has_surrogate(text):
         return text
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
 
@@ -73,7 +74,7 @@ def safe_data(obj: Any) -> Any:
     """``obj`` (JSON-like) with :func:`safe_text` applied to every string in it, for
     serializers that refuse lone surrogates (pydantic's); a walk costs ~1 µs per item."""
     if type(obj) is str:
-        return obj if obj.isascii() or not _has_surrogate(obj) else safe_text(obj)
+        return obj if obj.isascii() or not has_surrogate(obj) else safe_text(obj)
     if isinstance(obj, dict):
         return {safe_data(k): safe_data(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -85,7 +86,7 @@ def json_safe(obj: Any) -> Any:
     """``obj`` itself when every string in it is valid UTF-8 text, else :func:`safe_data`
     of it (for serializers that refuse lone surrogates, e.g. pydantic's)."""
     text = json.dumps(obj, ensure_ascii=False, default=str)
-    return safe_data(obj) if not text.isascii() and _has_surrogate(text) else obj
+    return safe_data(obj) if not text.isascii() and has_surrogate(text) else obj
 
 
 def json_line(obj: Any) -> str:
@@ -93,7 +94,7 @@ def json_line(obj: Any) -> str:
     surrogate is in ``obj``, the whole line is ASCII with ``\\uXXXX`` escapes instead
     (lossless for a Python or JavaScript reader)."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
-    if not text.isascii() and _has_surrogate(text):
+    if not text.isascii() and has_surrogate(text):
         text = json.dumps(obj, separators=(",", ":"), default=str)
     return text
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..result import has_surrogate
 from ..sqlite_wal import enable_wal
 from .errors import ChangelogStorageError
 from .model import Entry
@@ -97,17 +98,9 @@ def _unescape(text: str) -> str:
 
 def to_db(value: Any) -> Any:
     """``value`` as bound to SQLite (only a str that UTF-8 cannot hold changes)."""
-    if type(value) is str and ("\x00" in value or (not value.isascii() and _unencodable(value))):
+    if type(value) is str and ("\x00" in value or (not value.isascii() and has_surrogate(value))):
         return _escape(value)
     return value
-
-
-def _unencodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _text(raw: bytes) -> str:

@@ -18,13 +18,17 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-async def _seed(data: Path, workspace: Path) -> None:
+_TWO_WRITES = (("a.txt", b"one\n", "c1"), ("a.txt", b"two\n", "c2"))
+
+
+async def _seed(data: Path, workspace: Path, writes: tuple[tuple[str, bytes, str], ...] = _TWO_WRITES) -> None:
+    """Record ``writes`` (path, content, call id) through the changelog, in order."""
     backend = LocalProcessBackend()
     try:
         box = await backend.get(workspace)
         async with Changelog.open(data, workspace) as cl:
-            await cl.write(box, "a.txt", b"one\n", call_id="c1")
-            await cl.write(box, "a.txt", b"two\n", call_id="c2")
+            for path, data_, call_id in writes:
+                await cl.write(box, path, data_, call_id=call_id)
     finally:
         await backend.aclose()
 
@@ -71,17 +75,7 @@ def test_odd_file_names_are_quoted_and_taken_back(
     import json
     import os
 
-    async def seed() -> None:
-        backend = LocalProcessBackend()
-        try:
-            box = await backend.get(workspace)
-            async with Changelog.open(env, workspace) as cl:
-                await cl.write(box, "bad\udcff.txt", b"one\n", call_id="c1")
-                await cl.write(box, "new\nline", b"two\n", call_id="c2")
-        finally:
-            await backend.aclose()
-
-    asyncio.run(seed())
+    asyncio.run(_seed(env, workspace, (("bad\udcff.txt", b"one\n", "c1"), ("new\nline", b"two\n", "c2"))))
     assert main(["log", "--workspace", str(workspace), "--json"]) == 0
     lines = capsysbinary.readouterr().out.decode("utf-8").splitlines()
     assert [json.loads(x)["path"] for x in lines] == ['"bad\\377.txt"', '"new\\nline"']

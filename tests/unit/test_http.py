@@ -73,6 +73,19 @@ async def running(root: Path, registry: Any, **overrides: Any) -> AsyncIterator[
             yield Service(client, app, root)
 
 
+@asynccontextmanager
+async def recording_service(tmp_path: Path, backend: Any) -> AsyncIterator[Service]:
+    """The service with the real changelog (one per workspace, under ``tmp_path/data``)."""
+    from worker.http_changelog import ChangelogPool
+
+    pool = ChangelogPool(tmp_path / "data")
+    try:
+        async with running(tmp_path / "r", ToolRegistry(backend=backend, recorder_factory=pool.recorder)) as s:
+            yield s
+    finally:
+        await pool.aclose()
+
+
 @pytest.fixture
 async def svc(tmp_path: Path, local_backend: Any) -> AsyncIterator[Service]:
     async with running(tmp_path / "root", ToolRegistry(backend=local_backend)) as s:
@@ -397,57 +410,50 @@ async def test_openapi_document_describes_the_api(svc: Service) -> None:
 
 
 async def test_changelog_diff_and_undo(tmp_path: Path, local_backend: Any) -> None:
-    from worker.http_changelog import ChangelogPool
+    async with recording_service(tmp_path, local_backend) as svc:
+        path = await svc.workspace()
+        c = svc.client
+        body = {
+            "tool": "write_file",
+            "arguments": {"path": "m.py", "content": "a = 1\n"},
+            "call_id": "w1",
+        }
+        assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
+        body = {
+            "tool": "edit_file",
+            "arguments": {"path": "m.py", "old_str": "1", "new_str": "2"},
+            "call_id": "e1",
+        }
+        assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
+        body = {"tool": "shell_execute", "arguments": {"command": "echo x > made.txt"}, "call_id": "s1"}
+        assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["files_changed"] == ["made.txt"]
 
-    pool = ChangelogPool(tmp_path / "data")
-    try:
-        reg = ToolRegistry(backend=local_backend, recorder_factory=pool.recorder)
-        async with running(tmp_path / "r", reg) as svc:
-            path = await svc.workspace()
-            c = svc.client
-            body = {
-                "tool": "write_file",
-                "arguments": {"path": "m.py", "content": "a = 1\n"},
-                "call_id": "w1",
-            }
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
-            body = {
-                "tool": "edit_file",
-                "arguments": {"path": "m.py", "old_str": "1", "new_str": "2"},
-                "call_id": "e1",
-            }
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
-            body = {"tool": "shell_execute", "arguments": {"command": "echo x > made.txt"}, "call_id": "s1"}
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["files_changed"] == ["made.txt"]
+        entries = (await c.get("/v1/workspaces/w1/changelog")).json()
+        assert [(e["call_id"], e["path"]) for e in entries] == [
+            ("w1", "m.py"),
+            ("e1", "m.py"),
+            ("s1", "made.txt"),
+        ]
+        only = (await c.get("/v1/workspaces/w1/changelog", params={"call_id": "e1"})).json()
+        assert [e["call_id"] for e in only] == ["e1"]
+        diff = (await c.get("/v1/workspaces/w1/diff", params={"path": "m.py"})).json()["diff"]
+        assert "+a = 2" in diff
+        summary = (await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})).json()
+        assert sorted(summary["created"]) == ["m.py", "made.txt"]
 
-            entries = (await c.get("/v1/workspaces/w1/changelog")).json()
-            assert [(e["call_id"], e["path"]) for e in entries] == [
-                ("w1", "m.py"),
-                ("e1", "m.py"),
-                ("s1", "made.txt"),
-            ]
-            only = (await c.get("/v1/workspaces/w1/changelog", params={"call_id": "e1"})).json()
-            assert [e["call_id"] for e in only] == ["e1"]
-            diff = (await c.get("/v1/workspaces/w1/diff", params={"path": "m.py"})).json()["diff"]
-            assert "+a = 2" in diff
-            summary = (await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})).json()
-            assert sorted(summary["created"]) == ["m.py", "made.txt"]
-
-            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "all": True})
-            assert r.status_code == 422
-            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "dry_run": True})
-            assert r.status_code == 200 and r.json()["dry_run"] is True
-            assert (path / "m.py").read_text() == "a = 2\n"
-            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1"})
-            assert r.status_code == 200, r.text
-            assert [s["status"] for s in r.json()["steps"]] == ["reverted"]
-            assert (path / "m.py").read_text() == "a = 1\n"
-            r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "s1"})
-            assert r.status_code == 200 and not (path / "made.txt").exists()
-            r = await c.post("/v1/workspaces/w1/undo", json={"entry": 999})
-            assert r.status_code == 404
-    finally:
-        await pool.aclose()
+        r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "all": True})
+        assert r.status_code == 422
+        r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1", "dry_run": True})
+        assert r.status_code == 200 and r.json()["dry_run"] is True
+        assert (path / "m.py").read_text() == "a = 2\n"
+        r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "e1"})
+        assert r.status_code == 200, r.text
+        assert [s["status"] for s in r.json()["steps"]] == ["reverted"]
+        assert (path / "m.py").read_text() == "a = 1\n"
+        r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "s1"})
+        assert r.status_code == 200 and not (path / "made.txt").exists()
+        r = await c.post("/v1/workspaces/w1/undo", json={"entry": 999})
+        assert r.status_code == 404
 
 
 async def test_changelog_routes_say_when_nothing_is_recorded(svc: Service) -> None:
@@ -459,39 +465,32 @@ async def test_changelog_routes_say_when_nothing_is_recorded(svc: Service) -> No
 async def test_odd_file_names_over_http(tmp_path: Path, local_backend: Any) -> None:
     """A command that creates a file whose name is not UTF-8: every route answers strict
     UTF-8 JSON with the name quoted as git does, and takes the quoted name back."""
-    from worker.http_changelog import ChangelogPool
+    async with recording_service(tmp_path, local_backend) as svc:
+        path = await svc.workspace()
+        c = svc.client
+        body = {"tool": "shell_execute", "arguments": {"command": "true"}}
+        assert (await c.post("/v1/workspaces/w1/execute", json=body)).status_code == 200
+        cmd = "printf 'a\\n' > \"$(printf 'bad\\377.txt')\""
+        r = await c.post("/v1/workspaces/w1/execute", json={"tool": "shell_execute", "arguments": {"command": cmd}})
+        assert r.status_code == 200, r.text
+        r.content.decode("utf-8")  # strict
+        assert r.json()["files_changed"] == ['"bad\\377.txt"']
+        body = {"tool": "list_directory", "arguments": {"path": "."}}
+        listing = (await c.post("/v1/workspaces/w1/execute", json=body)).json()
+        assert '"bad\\377.txt"' in listing["output"].splitlines()[1]
+        body = {"tool": "read_file", "arguments": {"path": '"bad\\377.txt"'}}
+        assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
 
-    pool = ChangelogPool(tmp_path / "data")
-    try:
-        reg = ToolRegistry(backend=local_backend, recorder_factory=pool.recorder)
-        async with running(tmp_path / "r", reg) as svc:
-            path = await svc.workspace()
-            c = svc.client
-            body = {"tool": "shell_execute", "arguments": {"command": "true"}}
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).status_code == 200
-            cmd = "printf 'a\\n' > \"$(printf 'bad\\377.txt')\""
-            r = await c.post("/v1/workspaces/w1/execute", json={"tool": "shell_execute", "arguments": {"command": cmd}})
-            assert r.status_code == 200, r.text
-            r.content.decode("utf-8")  # strict
-            assert r.json()["files_changed"] == ['"bad\\377.txt"']
-            body = {"tool": "list_directory", "arguments": {"path": "."}}
-            listing = (await c.post("/v1/workspaces/w1/execute", json=body)).json()
-            assert '"bad\\377.txt"' in listing["output"].splitlines()[1]
-            body = {"tool": "read_file", "arguments": {"path": '"bad\\377.txt"'}}
-            assert (await c.post("/v1/workspaces/w1/execute", json=body)).json()["success"]
-
-            r = await c.get("/v1/workspaces/w1/changelog")
-            assert r.status_code == 200, r.text
-            assert [e["path"] for e in r.json()] == ['"bad\\377.txt"']
-            r = await c.get("/v1/workspaces/w1/changelog", params={"path": '"bad\\377.txt"'})
-            assert len(r.json()) == 1
-            r = await c.get("/v1/workspaces/w1/diff")
-            assert r.status_code == 200 and '+++ "b/bad\\377.txt"' in r.json()["diff"]
-            r = await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})
-            assert r.json()["created"] == ['"bad\\377.txt"']
-            r = await c.post("/v1/workspaces/w1/undo", json={"all": True})
-            assert r.status_code == 200, r.text
-            assert [s["path"] for s in r.json()["steps"]] == ['"bad\\377.txt"']
-            assert os.listdir(os.fsencode(path)) == []
-    finally:
-        await pool.aclose()
+        r = await c.get("/v1/workspaces/w1/changelog")
+        assert r.status_code == 200, r.text
+        assert [e["path"] for e in r.json()] == ['"bad\\377.txt"']
+        r = await c.get("/v1/workspaces/w1/changelog", params={"path": '"bad\\377.txt"'})
+        assert len(r.json()) == 1
+        r = await c.get("/v1/workspaces/w1/diff")
+        assert r.status_code == 200 and '+++ "b/bad\\377.txt"' in r.json()["diff"]
+        r = await c.get("/v1/workspaces/w1/diff", params={"summary": "true"})
+        assert r.json()["created"] == ['"bad\\377.txt"']
+        r = await c.post("/v1/workspaces/w1/undo", json={"all": True})
+        assert r.status_code == 200, r.text
+        assert [s["path"] for s in r.json()["steps"]] == ['"bad\\377.txt"']
+        assert os.listdir(os.fsencode(path)) == []

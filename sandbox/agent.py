@@ -768,6 +768,24 @@ def op_remove(req):
         os.close(fd)
 
 
+def op_mkdir(req):
+    """Create directory ``path`` and any missing parent (the changelog's undo of a removed
+    directory); one that already exists is left as it is."""
+    path = req.get("path")
+    if not _split(path):
+        return {"created": False}  # the workspace root
+    fd, name, parts, st = _resolve(path, follow_last=False, create_dirs=True)
+    try:
+        if st is None:
+            os.mkdir(name, 0o777, dir_fd=fd)
+            return {"created": True}
+        if stat.S_ISDIR(st.st_mode):
+            return {"created": False}
+        raise Refused("conflict", "Cannot create directory %s: something else is there" % path)
+    finally:
+        os.close(fd)
+
+
 def op_stat(req):
     path = req.get("path", ".")
     fd, name, parts, st = _resolve(path, follow_last=False)
@@ -872,9 +890,15 @@ def op_list(req):
     return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
 
 
+# A directory in a scan: its existence only. Its mtime, size and mode change with every
+# entry made in it, and the changelog records the entries themselves.
+_DIR = ("dir", 0, 0, 0, 0)
+
+
 def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
     """Stat-only walk for change detection: no sorting, one lstat per non-directory
-    (directories are recognised from d_type for free), never following links. With
+    (directories are recognised from d_type for free, and listed as ``_DIR``), never
+    following links. With
     ``snap`` it also records the directory layout, watches each directory and notes
     hard-linked files (see :class:`_Snapshot`)."""
     dirs = []
@@ -893,7 +917,10 @@ def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
             try:
                 if e.is_dir(follow_symlinks=False):
                     if name not in exclude:
+                        if len(out) >= limit:
+                            return True
                         dirs.append((name, e.inode()))
+                        out[prefix + name] = _DIR
                     continue
                 st = e.stat(follow_symlinks=False)
             except OSError:
@@ -1150,6 +1177,9 @@ class _Snapshot(object):
             subs = self.dirs.pop(p, None)
             if subs is None:
                 continue
+            if p:
+                self.files.pop(p[:-1], None)
+                removed.add(p[:-1])
             todo.extend(p + name + "/" for name in subs)
             for name in self.names.pop(p, ()):
                 path = p + name
@@ -1212,7 +1242,7 @@ class _Snapshot(object):
                 self.dirs[prefix].pop(name, None)
                 continue
             try:
-                fresh = {}  # type: dict
+                fresh = {prefix + name: _DIR}  # type: dict
                 _scan_walk(sub, prefix + name + "/", exclude, fresh, 1 << 62, self)
             finally:
                 os.close(sub)
@@ -2240,6 +2270,7 @@ FAST_OPS = {
     "read": op_read,
     "write": op_write,
     "remove": op_remove,
+    "mkdir": op_mkdir,
     "stat": op_stat,
     "hash": op_hash,
     "commit": op_commit,

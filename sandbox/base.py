@@ -292,6 +292,15 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def mkdir(self, path: str) -> bool:
+        """Create directory ``path`` and its missing parents. Returns False if it already
+        existed as a directory.
+
+        Raises ConflictError when something other than a directory is there,
+        PathEscapeError.
+        """
+
+    @abc.abstractmethod
     async def stat(self, path: str) -> FileStat:
         """lstat ``path`` inside the workspace. Raises PathNotFoundError, PathEscapeError."""
 

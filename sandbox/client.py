@@ -258,6 +258,10 @@ class AgentSandbox(Sandbox):
         r = await self._call("remove", {"path": path, "expect_sha256": expect_sha256})
         return bool(r.get("removed"))
 
+    async def mkdir(self, path: str) -> bool:
+        r = await self._call("mkdir", {"path": path})
+        return bool(r.get("created"))
+
     async def stat(self, path: str) -> FileStat:
         r = await self._call("stat", {"path": path})
         target = r.get("target")

@@ -30,7 +30,12 @@ from tests.unit.test_changelog import (
     test_undo_twice_is_noop,
 )
 from tests.unit.test_changelog_shell import (
+    test_a_directory_that_was_there_stays,
+    test_a_made_directory_still_holding_other_files_is_left_with_a_reason,
     test_dir_swapped_for_symlink_before_undo_writes_nothing_outside,
+    test_directories_a_command_made_are_undone,
+    test_directories_a_command_removed_come_back,
+    test_directories_a_tool_write_made_are_not_taken_for_a_command,
     test_noop_command_records_nothing,
     test_outside_change_between_commands_is_not_the_commands,
     test_oversized_and_ignored_are_recorded_not_restorable,
@@ -49,12 +54,17 @@ from worker.changelog import Changelog, Limits
 pytestmark = pytest.mark.docker
 
 __all__ = [
+    "test_a_directory_that_was_there_stays",
+    "test_a_made_directory_still_holding_other_files_is_left_with_a_reason",
     "test_binary_bytes_restored_exactly",
     "test_conflict_refused_then_forced",
     "test_create_modify_delete_then_undo_all_leaves_absent",
     "test_create_modify_records_before_image_and_undo_restores",
     "test_cumulative_diff_and_summary",
     "test_dir_swapped_for_symlink_before_undo_writes_nothing_outside",
+    "test_directories_a_command_made_are_undone",
+    "test_directories_a_command_removed_come_back",
+    "test_directories_a_tool_write_made_are_not_taken_for_a_command",
     "test_dry_run_returns_diff_and_changes_nothing",
     "test_failed_write_marks_entry_failed_and_file_unchanged",
     "test_ids_monotonic_across_reopen",
@@ -142,8 +152,8 @@ async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_
         ws = Workspace(workspace, box, cl)
         await ws.run_shell("true")
         (workspace / "a").write_text("host")  # an outside edit between commands
-        r, changed = await ws.run_shell("echo 2 > a && echo n > b", call_id="c")
-        assert r.exit_code == 0 and changed == ["a", "b"]
+        r, changed = await ws.run_shell("echo 2 > a && echo n > b && mkdir -p m/n && echo f > m/n/f", call_id="c")
+        assert r.exit_code == 0 and sorted(changed) == ["a", "b", "m/n/f"]
         scan = await box.scan(".", snapshot="probe")
         assert scan.watched is (runtime_backend.spec.runtime == "runc")
         # Event-driven on both runtimes: gVisor's through the host's inotify.
@@ -153,5 +163,6 @@ async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_
         await box.exec("rm c")
         await cl.undo(box, call_id="c")
         assert (workspace / "a").read_text() == "host" and not (workspace / "b").exists()
+        assert not (workspace / "m").exists()  # the directories the command made are gone too
     finally:
         await cl.aclose()

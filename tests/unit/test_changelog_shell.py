@@ -269,8 +269,7 @@ async def test_odd_file_names_are_recorded_and_undone(cl, box, workspace: Path, 
     assert {e.path for e in entries} >= {text, f"d-{text}/in"}
     assert text in (await cl.summary()).created
     await cl.undo(box, all=True)
-    assert sorted(os.listdir(ws)) == sorted([b"keep.txt", b"seed", b"d-" + name])  # a created directory stays
-    assert os.listdir(os.path.join(ws, b"d-" + name)) == []
+    assert sorted(os.listdir(ws)) == sorted([b"keep.txt", b"seed"])  # the directory made is gone too
 
 
 async def test_odd_call_ids_and_paths_survive_a_reopen(tmp_path: Path, box, workspace: Path) -> None:
@@ -295,3 +294,116 @@ async def test_odd_call_ids_and_paths_survive_a_reopen(tmp_path: Path, box, work
         assert not os.path.exists(os.path.join(os.fsencode(workspace), b"bad\xff.txt"))
     finally:
         await c.aclose()
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root``: a file's bytes, None for a directory."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+async def test_directories_a_command_made_are_undone(cl, box, workspace: Path) -> None:
+    """``mkdir -p`` and a file in it, an empty directory: entries for each directory,
+    ordered so that undoing in reverse empties a directory before removing it; undo
+    leaves exactly the tree there was. files_changed lists the files only."""
+    (workspace / "src").mkdir()
+    (workspace / "src" / "a.py").write_bytes(b"a\n")
+    before = _tree(workspace)
+    await shell(cl, box, "true")  # the baseline
+    changed = await shell(cl, box, "mkdir -p build/x/y empty && printf o > build/x/y/out.o", call_id="c1")
+    assert changed == ["build/x/y/out.o"]
+    entries = await cl.log()
+    made = [e.path for e in entries if e.after_kind == "dir"]
+    assert sorted(made) == ["build", "build/x", "build/x/y", "empty"]
+    assert all(e.op == "create" and e.restorable and e.call_id == "c1" for e in entries)
+    ids = {e.path: e.id for e in entries}
+    assert ids["build"] < ids["build/x"] < ids["build/x/y"] < ids["build/x/y/out.o"]
+    assert "build" in (await cl.summary()).created
+    dry = await cl.undo(box, call_id="c1", dry_run=True)
+    assert "(dir)" not in dry.diff and "build/x/y/out.o" in dry.diff  # directories have no content to show
+    assert "(dir)" not in await cl.diff(box)
+    result = await cl.undo(box, call_id="c1")
+    assert {s.status for s in result.steps} == {"reverted"}
+    assert _tree(workspace) == before
+    assert await shell(cl, box, "true") == []  # the baseline followed the undo
+    assert (await cl.undo(box, call_id="c1")).steps[0].status == "already_reverted"
+
+
+async def test_directories_a_command_removed_come_back(cl, box, workspace: Path) -> None:
+    """``rm -rf`` of a tree with an empty directory in it: undo makes the directories again
+    (the empty one too) and puts every file back, bytes exact."""
+    (workspace / "d" / "sub").mkdir(parents=True)
+    (workspace / "d" / "empty" / "deeper").mkdir(parents=True)
+    (workspace / "d" / "sub" / "f.bin").write_bytes(b"\x00\xffdata")
+    (workspace / "d" / "top.txt").write_bytes(b"top\n")
+    before = _tree(workspace)
+    await shell(cl, box, "true")
+    assert sorted(await shell(cl, box, "rm -rf d", call_id="rm")) == ["d/sub/f.bin", "d/top.txt"]
+    removed = {e.path: e.id for e in await cl.log() if e.before_kind == "dir"}
+    assert sorted(removed) == ["d", "d/empty", "d/empty/deeper", "d/sub"]
+    assert removed["d/empty/deeper"] < removed["d/empty"] < removed["d"]  # contents first
+    result = await cl.undo(box, all=True)
+    assert {s.status for s in result.steps} == {"reverted"}, result.steps
+    assert _tree(workspace) == before
+
+
+async def test_a_directory_that_was_there_stays(cl, box, workspace: Path) -> None:
+    """A command that only puts a file into an existing (empty) directory: undo removes
+    the file and keeps the directory, which the command did not make."""
+    (workspace / "keep").mkdir()
+    await shell(cl, box, "true")
+    assert await shell(cl, box, "printf x > keep/f", call_id="c") == ["keep/f"]
+    assert [e.path for e in await cl.log()] == ["keep/f"]
+    await cl.undo(box, call_id="c")
+    assert _tree(workspace) == {"keep": None}
+
+
+async def test_a_made_directory_still_holding_other_files_is_left_with_a_reason(cl, box, workspace: Path) -> None:
+    """Undoing the command that made a directory, while a later command's file is still in
+    it: the first command's file goes, the directory stays, and the step says why."""
+    await shell(cl, box, "true")
+    await shell(cl, box, "mkdir d && printf 1 > d/first", call_id="one")
+    await shell(cl, box, "printf 2 > d/second", call_id="two")
+    result = await cl.undo(box, call_id="one")
+    step = next(s for s in result.steps if s.path == "d")
+    assert step.status == "failed" and "not empty" in (step.message or "")
+    assert _tree(workspace) == {"d": None, "d/second": b"2"}
+    await cl.undo(box, call_id="two")
+    assert _tree(workspace) == {"d": None}
+
+
+async def test_directories_a_tool_write_made_are_not_taken_for_a_command(cl, box, workspace: Path) -> None:
+    """write_file into new directories makes them; the next command's scan must not
+    record them as the command's."""
+    await shell(cl, box, "true")
+    ws = Workspace(workspace, box, cl)
+    await ws.write("new/deep/file.txt", b"x", tool="write_file", call_id="w")
+    assert await shell(cl, box, "true", call_id="after") == []
+    assert [e.call_id for e in await cl.log()] == ["w"]
+
+
+async def test_a_files_only_baseline_is_upgraded_without_entries(tmp_path: Path, box, workspace: Path) -> None:
+    """A baseline written before directories were listed (version "1"): the next scan adds
+    the workspace's directories to it without recording them as made."""
+    (workspace / "a" / "b").mkdir(parents=True)
+    (workspace / "a" / "b" / "f").write_text("f")
+    cl = Changelog.open(tmp_path / "data", workspace)
+    try:
+        await shell(cl, box, "true")
+        core = cl._core
+        await core.db(_downgrade, core)
+    finally:
+        await cl.aclose()
+    cl = Changelog.open(tmp_path / "data", workspace)  # a new process: the agent's scan is a full one
+    try:
+        assert await shell(cl, box, "true") == []
+        assert await cl.log() == []
+        assert await shell(cl, box, "mkdir a/c", call_id="m") == []
+        assert [(e.path, e.after_kind) for e in await cl.log()] == [("a/c", "dir")]
+    finally:
+        await cl.aclose()
+
+
+def _downgrade(core) -> None:  # type: ignore[no-untyped-def]
+    with core.store.tx() as db:
+        db.execute("DELETE FROM baseline WHERE type = 'dir'")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'baseline'")

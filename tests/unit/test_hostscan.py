@@ -26,9 +26,10 @@ def test_scans_the_workspace_and_nothing_a_link_points_to(tmp_path: Path) -> Non
     try:
         first = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000})
         assert first["full"] and not first["watched"]  # never sent along with a command
-        assert _paths(first) == ["fifo", "src/a.py", "src/to_secret", "to_outside"]
+        assert _paths(first) == ["fifo", "src", "src/a.py", "src/to_secret", "to_outside"]
         kinds = {e[0]: e[1] for e in first["entries"]}
         assert kinds["to_outside"] == "symlink" and kinds["src/to_secret"] == "symlink"
+        assert kinds["src"] == "dir"  # directories are listed (existence only), never entered through a link
         # A directory swapped for a link out of the workspace between scans: not followed.
         (ws / "src" / "a.py").unlink()
         (ws / "src" / "to_secret").unlink()
@@ -51,7 +52,7 @@ def test_second_scan_comes_from_events(tmp_path: Path) -> None:
     scanner = HostScanner(ws)
     try:
         first = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000})
-        assert len(first["entries"]) == 30
+        assert len(first["entries"]) == 33  # 30 files and their 3 directories
         (ws / "d1" / "f1").write_text("changed")
         (ws / "d2" / "new").write_text("n")
         (ws / "d0" / "f0").unlink()
@@ -60,6 +61,6 @@ def test_second_scan_comes_from_events(tmp_path: Path) -> None:
         assert _paths(second) == ["d1/f1", "d2/new"] and second["removed"] == ["d0/f0"]
         # Asking without the right generation gives a full answer again.
         third = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000, "since": "stale"})
-        assert third["full"] and len(third["entries"]) == 30
+        assert third["full"] and len(third["entries"]) == 33
     finally:
         scanner.close()

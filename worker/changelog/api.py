@@ -206,7 +206,8 @@ class Changelog:
 
         Raises ChangelogStorageError, sandbox infrastructure errors.
         """
-        firsts = first_before(await self.log())
+        # Directories (made or removed by a command) have no content to diff.
+        firsts = first_before(e for e in await self.log() if "dir" not in (e.before_kind, e.after_kind))
         out = []
         for p, e in sorted(firsts.items()):
             if (path is not None and p != path) or not is_safe_relpath(p):

@@ -13,6 +13,10 @@ Limits (:class:`~worker.changelog.model.Limits`), all reported, never silent:
   by stat and hash only: its changes are entries with ``restorable=False``;
 * files under an ignored directory (``.git``, ``node_modules``, ...) are tracked by stat
   only; a command's changes there become one not-restorable entry per directory;
+* directories are baseline rows too (existence only: their mtime and mode change with
+  every entry made in them), so a command's ``mkdir``/``rm -r`` are entries that undo
+  reverses (an empty directory removed, a removed one made again); they are not listed
+  in the returned changed paths (``files_changed``);
 * symlinks are recorded by target string; the agent has no symlink operation, so a
   created link can be undone (removed) but a changed or deleted one cannot;
 * a workspace over ``max_files`` files is reported with a ``truncated`` entry.
@@ -43,6 +47,10 @@ from .recorder import ChangelogCore
 from .store import BASELINE_COLUMNS, Store
 
 RACY_NS = 1_000_000_000
+#: The baseline's format: "2" lists directories too. A baseline of version "1" (files
+#: only) is upgraded by the next scan, which adds its directories without recording
+#: them as created.
+BASELINE_VERSION = "2"
 _READ_CONCURRENCY = 16
 
 
@@ -123,6 +131,7 @@ class ShellTracker:
         self._generation: str | None = None
         self._ready = False  # the baseline exists (once built it is never dropped)
         self._watched = False  # the agent's snapshot at ``_generation`` is watched
+        self._dirs_known: bool | None = None  # the baseline lists directories (version 2)
 
     # -- store helpers (run on the db thread) -----------------------------------------
 
@@ -157,7 +166,7 @@ class ShellTracker:
                 f"INSERT OR REPLACE INTO baseline({BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [r.values() for r in batch.rows],
             )
-            Store.set_meta(db, "baseline", "1")
+            Store.set_meta(db, "baseline", BASELINE_VERSION)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -169,6 +178,9 @@ class ShellTracker:
         row = Row(e.path, e.type, e.size, e.mtime_ns, e.ino, e.mode, None, None, "other", racy)
         if ignored_root(e.path, self.limits.ignored_dirs) is not None:
             row.status = "ignored"
+            return row, None
+        if e.type == "dir":
+            row.status, row.racy = "dir", 0
             return row, None
         if e.type == "symlink":
             try:
@@ -231,10 +243,11 @@ class ShellTracker:
                 batch.blobs.append((row.sha256, data))
         await self.core.db(self._commit, batch, rebuild=True)
         self._generation, self._watched = res.generation, res.watched
+        self._dirs_known = True
 
     async def ready(self) -> bool:
         if not self._ready:
-            self._ready = await self.core.db(self.core.store.meta, "baseline") == "1"
+            self._ready = await self.core.db(self.core.store.meta, "baseline") in ("1", BASELINE_VERSION)
         return self._ready
 
     # -- change scan ---------------------------------------------------------------------
@@ -276,6 +289,8 @@ class ShellTracker:
             return []
         paths = sorted({e.path for e in changed} | set(removed) | set(racy))
         rows = base if base is not None else await self.core.db(self._rows, paths)
+        if self._dirs_known is None:
+            self._dirs_known = await self.core.db(self.core.store.meta, "baseline") == BASELINE_VERSION
         batch = await self._diff(sandbox, changed, removed, racy, rows, record)
         if record is not None and res.truncated:
             batch.entries.append(
@@ -292,6 +307,7 @@ class ShellTracker:
             )
         if batch.rows or batch.deleted or batch.entries or batch.blobs:
             await self.core.db(self._commit, batch)
+            self._dirs_known = True
         self._generation = res.generation
         return batch.changed
 
@@ -329,7 +345,11 @@ class ShellTracker:
             b = rows.get(e.path)
             if row.status == "ignored":
                 batch.rows.append(row)
-                ignored.setdefault(ignored_root(e.path, self.limits.ignored_dirs) or "", []).append(e.path)
+                if row.type != "dir":
+                    ignored.setdefault(ignored_root(e.path, self.limits.ignored_dirs) or "", []).append(e.path)
+                continue
+            if row.type == "dir" and b is None and not self._dirs_known:
+                batch.rows.append(row)  # an old baseline's directory, not a new one
                 continue
             if data is not None and row.sha256:
                 batch.blobs.append((row.sha256, data))
@@ -344,7 +364,8 @@ class ShellTracker:
             batch.deleted.append(p)
             root = ignored_root(p, self.limits.ignored_dirs)
             if root is not None:
-                ignored.setdefault(root, []).append(p)
+                if b.type != "dir":
+                    ignored.setdefault(root, []).append(p)
             elif _is_move(b, created.get(b.ino)):
                 _e, row, _d = created.pop(b.ino)
                 batch.changed += [p, row.path]
@@ -356,6 +377,9 @@ class ShellTracker:
                 self._change(batch, record, b, None)
         for _e, row, _d in created.values():
             self._change(batch, record, None, row)
+        # Directories made come before what was put in them and directories removed after
+        # what they held, so undoing in reverse order empties a directory before removing it.
+        batch.entries.sort(key=_dir_order)
         for root, files in sorted(ignored.items()):
             batch.changed += files
             if record is not None:
@@ -375,11 +399,12 @@ class ShellTracker:
 
     def _change(self, batch: _Batch, record: dict[str, Any] | None, b: Row | None, a: Row | None) -> None:
         path = (a or b).path  # type: ignore[union-attr]
-        batch.changed.append(path)
+        if (a or b).type != "dir":  # type: ignore[union-attr]
+            batch.changed.append(path)  # files_changed: files (and links) only
         if record is None:
             return
         op = "create" if b is None else ("delete" if a is None else "modify")
-        if b is None:
+        if b is None or (b.type == "dir" and a is None):
             restorable, note = True, None
         elif b.type == "file" and b.status == "ok" and (a is None or a.type == "file"):
             restorable, note = True, None
@@ -391,6 +416,15 @@ class ShellTracker:
         batch.entries.append(_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))
 
 
+def _dir_order(e: dict[str, Any]) -> tuple[int, int]:
+    depth = e["path"].count("/")
+    if e["op"] == "create" and e["after_kind"] == "dir":
+        return (0, depth)
+    if e["op"] == "delete" and e["before_kind"] == "dir":
+        return (2, -depth)
+    return (1, 0)
+
+
 def _is_move(b: Row, c: tuple[ScanEntry, Row, bytes | None] | None) -> bool:
     # Same inode *and* same content: a freed inode is often reused at once by a new file.
     return c is not None and b.type == "file" and b.status == "ok" and c[1].sha256 == b.sha256
@@ -399,6 +433,8 @@ def _is_move(b: Row, c: tuple[ScanEntry, Row, bytes | None] | None) -> bool:
 def _why_not(b: Row, a: Row | None) -> str:
     if b.type == "symlink":
         return f"was a symlink -> {b.target}; the sandbox cannot recreate symlinks"
+    if b.type == "dir":
+        return f"was a directory, now {'a ' + a.type if a else 'absent'}; not restorable"
     if b.type != "file":
         return "was a special file; it cannot be recreated"
     if b.status != "ok":

@@ -21,7 +21,7 @@ from .diff import Content, read_now, unified
 from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
 from .model import Entry, UndoResult, UndoStep
 from .paths import is_safe_relpath
-from .recorder import ChangelogCore, Current
+from .recorder import ChangelogCore, Current, _finish_in
 
 State = tuple[str | None, str | None]
 _MAX_ID = (1 << 63) - 1  # (kind or None when absent, sha256 for files)
@@ -203,8 +203,8 @@ async def _content(core: ChangelogCore, sandbox: Sandbox, path: str, st: State, 
 async def _net_diff(core: ChangelogCore, sandbox: Sandbox, initial: dict[str, State], final: dict[str, State]) -> str:
     parts = []
     for p in sorted(initial):
-        if initial[p] == final[p]:
-            continue
+        if initial[p] == final[p] or "dir" in (initial[p][0], final[p][0]):
+            continue  # directories have no content to show
         old = await _content(core, sandbox, p, initial[p], now=True)
         new = await _content(core, sandbox, p, final[p], now=False)
         parts.append(unified(p, old, new))
@@ -215,6 +215,8 @@ async def _revert(
     core: ChangelogCore, sandbox: Sandbox, e: Entry, *, force: bool, undo_call_id: str | None
 ) -> UndoStep:
     action = _action(e)
+    if "dir" in (e.before_kind, e.after_kind) and e.op in ("create", "delete"):
+        return await _revert_dir(core, sandbox, e, undo_call_id=undo_call_id)
     try:
         before = None
         if e.before_kind == "file" and e.before_hash:
@@ -265,6 +267,66 @@ async def _revert(
         return UndoStep(entry_id=e.id, path=e.path, action=action, status="reverted", undo_entry_id=uid)
     except (AgentError, UndoRefusedError) as err:
         return UndoStep(entry_id=e.id, path=e.path, action=action, status="failed", message=str(err))
+
+
+async def _revert_dir(core: ChangelogCore, sandbox: Sandbox, e: Entry, *, undo_call_id: str | None) -> UndoStep:
+    """Undo a directory a command made (removed only when empty: whatever is still in it
+    was not put there by the changes being undone) or removed (made again, empty; the
+    undo of its files' deletions fills it). Recorded before it is done, like a write."""
+    make = e.op == "delete"
+    action: Literal["restore", "remove"] = "restore" if make else "remove"
+    try:
+        st = await sandbox.stat(e.path)
+        now = st.type
+    except PathNotFoundError:
+        now = None
+    if now is not None and now != "dir":
+        why = f"{e.path} is now a {now}; left as it is"
+        return UndoStep(entry_id=e.id, path=e.path, action=action, status="failed", message=why)
+    if (now == "dir") == make:  # already as the undo would leave it (forced past a conflict)
+        await core.db(_mark, core, e.id)
+        return UndoStep(entry_id=e.id, path=e.path, action=action, status="reverted")
+    fields, _blobs, _after = core.entry(
+        e.path,
+        None,
+        Current(None if make else "dir"),
+        tool="undo",
+        call_id=undo_call_id,
+        subtask_id=None,
+        origin="undo",
+        reverts=e.id,
+        note=f"undo of entry {e.id}",
+    )
+    fields.update(op="create" if make else "delete", after_kind="dir" if make else None, restorable=1)
+    uid = await core.db(core._begin_tx, fields, [], settled=True)
+    assert uid is not None
+    try:
+        if make:
+            await sandbox.mkdir(e.path)
+        else:
+            await sandbox.remove(e.path)  # refused unless empty
+    except AgentError as err:
+        await core.db(core._finish_tx, uid, "failed", None, None)
+        why = str(err)
+        if not make and "not empty" in why.lower():
+            why = f"directory {e.path} is not empty (it holds files the undone changes did not make); left in place"
+        return UndoStep(entry_id=e.id, path=e.path, action=action, status="failed", message=why)
+    await core.db(_dir_done, core, uid, e.id, e.path, make)
+    return UndoStep(entry_id=e.id, path=e.path, action=action, status="reverted", undo_entry_id=uid)
+
+
+def _dir_done(core: ChangelogCore, uid: int, reverts: int, path: str, made: bool) -> None:
+    """Step 5 of a directory's undo: the entry applied, the baseline in step."""
+    with core.store.tx(durable=False) as db:
+        _finish_in(db, uid, "applied", None, reverts)
+        if made:
+            db.execute(
+                "INSERT OR IGNORE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, status, "
+                "racy) VALUES (?, 'dir', 0, 0, 0, 0, NULL, NULL, 'dir', 0)",
+                (path,),
+            )
+        else:
+            db.execute("DELETE FROM baseline WHERE path = ?", (path,))
 
 
 def _mark(core: ChangelogCore, entry_id: int) -> None:

@@ -75,6 +75,8 @@ def _workspace(value: str) -> Path | None:
 def _line(e: Entry) -> str:
     ts = datetime.datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S")
     path = f"{e.path} -> {e.new_path}" if e.new_path else e.path
+    if e.op in ("create", "delete") and "dir" in (e.before_kind, e.after_kind):
+        path += "/"  # a directory made or removed, as ls -F shows one
     flags: list[str] = [e.state] if e.state != "applied" else []
     if e.reverted:
         flags.append(f"reverted by {e.reverted_by}")

@@ -90,3 +90,30 @@ def test_odd_file_names_are_quoted_and_taken_back(
     steps = json.loads(capsysbinary.readouterr().out.decode("utf-8"))["steps"]
     assert [s["path"] for s in steps] == ['"new\\nline"', '"bad\\377.txt"']
     assert os.listdir(workspace) == []
+
+
+def test_directories_a_command_made_show_and_undo(
+    env: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``log`` marks a directory entry as ls -F does; ``undo --all`` removes it."""
+    import asyncio
+
+    from worker.workspace import Workspace
+
+    async def seed() -> None:
+        backend = LocalProcessBackend()
+        try:
+            box = await backend.get(workspace)
+            async with Changelog.open(env, workspace) as cl:
+                ws = Workspace(workspace, box, cl)
+                await ws.run_shell("true")
+                await ws.run_shell("mkdir -p out/x && echo o > out/x/f", call_id="m")
+        finally:
+            await backend.aclose()
+
+    asyncio.run(seed())
+    assert main(["log", "--workspace", str(workspace)]) == 0
+    out = capsys.readouterr().out
+    assert " out/  " in out and " out/x/  " in out and " out/x/f  " in out
+    assert main(["undo", "--workspace", str(workspace), "--all", "--backend", "local"]) == 0
+    assert list(workspace.iterdir()) == []

@@ -768,16 +768,152 @@ def op_remove(req):
         os.close(fd)
 
 
+def _rmtree_at(dfd, name, counts):
+    """Remove directory ``name`` under ``dfd`` and everything in it, never following a
+    link (each level is opened O_NOFOLLOW from its parent's descriptor, so a directory
+    swapped for a symlink mid-walk is unlinked as a link, not entered). A directory the
+    command made unwritable (0555, as Go's module cache does) is made writable first: we
+    own it. ``counts`` = [files, dirs, bytes] removed."""
+    try:
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP):
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            os.unlink(name, dir_fd=dfd)
+            counts[0] += 1
+            counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            return
+        raise
+    try:
+        st = os.fstat(sub)
+        if st.st_mode & 0o700 != 0o700:
+            try:
+                os.fchmod(sub, stat.S_IMODE(st.st_mode) | 0o700)
+            except OSError:
+                pass  # not ours: the unlinks below say so
+        with os.scandir(sub) as it:
+            entries = list(it)
+        for ent in entries:
+            if ent.is_dir(follow_symlinks=False):
+                _rmtree_at(sub, ent.name, counts)
+                continue
+            try:
+                size = ent.stat(follow_symlinks=False).st_size if ent.is_file(follow_symlinks=False) else 0
+                os.unlink(ent.name, dir_fd=sub)
+            except FileNotFoundError:
+                continue
+            counts[0] += 1
+            counts[2] += size
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=dfd)
+    counts[1] += 1
+
+
+def op_remove_tree(req):
+    """Remove ``path`` whatever it is: a directory with everything in it (the changelog's
+    undo of a directory tree a command made), a file or a link. Absent: nothing to do."""
+    path = req.get("path")
+    if not _split(path):
+        raise Refused("escape", "Refusing to remove the workspace root")
+    fd, name, parts, st = _resolve(path, follow_last=False)
+    counts = [0, 0, 0]
+    try:
+        if st is None:
+            return {"removed": False, "files": 0, "dirs": 0, "bytes": 0}
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                _rmtree_at(fd, name, counts)
+            else:
+                os.unlink(name, dir_fd=fd)
+                counts[0] += 1
+                counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise Refused(
+                "conflict",
+                "Cannot remove %s: %s (removed %d files and %d directories before that)"
+                % (path, e.strerror, counts[0], counts[1]),
+            )
+        return {"removed": True, "files": counts[0], "dirs": counts[1], "bytes": counts[2]}
+    finally:
+        os.close(fd)
+
+
+def op_chmod(req):
+    """Set the permission bits of ``path`` (a file or directory; never a link, never
+    followed out of the workspace)."""
+    path = req.get("path")
+    mode = req.get("mode")
+    if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+        raise Refused("invalid", "mode must be an integer in 0..0o7777")
+    fd, name, parts, st = _resolve(path, follow_last=False)
+    try:
+        if st is None:
+            raise Refused("not_found", "Not found: %s" % path)
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused("not_a_file", "Not a file: %s is a symlink (a link has no mode of its own)" % path)
+        if name is None:
+            target = os.dup(fd)
+        else:
+            target = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            # An O_PATH descriptor pins the inode we checked; fchmod() refuses O_PATH, the
+            # /proc link to it does not (and never resolves to another file).
+            os.chmod("/proc/self/fd/%d" % target, mode)
+        except OSError as e:
+            raise Refused("permission", "Cannot change the mode of %s: %s" % (path, e.strerror))
+        finally:
+            os.close(target)
+        return {"mode": mode}
+    finally:
+        os.close(fd)
+
+
+def op_symlink(req):
+    """Create symlink ``path`` -> ``target`` (the changelog's undo of a removed or
+    changed link). The target is stored as given, never resolved here; ``path`` must be
+    absent. Reading through the link later is held to the workspace like any path."""
+    path = req.get("path")
+    target = req.get("target")
+    if not isinstance(target, str) or not target or "\x00" in target:
+        raise Refused("invalid", "target must be a non-empty string without NUL")
+    if not _split(path):
+        raise Refused("escape", "Refusing to replace the workspace root")
+    fd, name, parts, st = _resolve(path, follow_last=False, create_dirs=True)
+    try:
+        if st is not None:
+            raise Refused("conflict", "Cannot create symlink %s: something is already there" % path)
+        try:
+            os.symlink(target, name, dir_fd=fd)
+        except OSError as e:
+            raise Refused("conflict", "Cannot create symlink %s: %s" % (path, e.strerror))
+        return {"created": True}
+    finally:
+        os.close(fd)
+
+
 def op_mkdir(req):
     """Create directory ``path`` and any missing parent (the changelog's undo of a removed
-    directory); one that already exists is left as it is."""
+    directory); one that already exists is left as it is. ``mode``: the new directory's
+    permission bits (set exactly, not masked by the umask)."""
     path = req.get("path")
+    mode = req.get("mode")
+    if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+        raise Refused("invalid", "mode must be an integer in 0..0o7777")
     if not _split(path):
         return {"created": False}  # the workspace root
     fd, name, parts, st = _resolve(path, follow_last=False, create_dirs=True)
     try:
         if st is None:
-            os.mkdir(name, 0o777, dir_fd=fd)
+            os.mkdir(name, 0o777 if mode is None else 0o700, dir_fd=fd)
+            if mode is not None:
+                sub = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    os.chmod("/proc/self/fd/%d" % sub, mode)
+                finally:
+                    os.close(sub)
             return {"created": True}
         if stat.S_ISDIR(st.st_mode):
             return {"created": False}
@@ -890,9 +1026,18 @@ def op_list(req):
     return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
 
 
-# A directory in a scan: its existence only. Its mtime, size and mode change with every
+# A directory in a scan: its existence and its mode. Its mtime and size change with every
 # entry made in it, and the changelog records the entries themselves.
 _DIR = ("dir", 0, 0, 0, 0)
+
+
+def _dir_row(e):
+    """The scan row of directory entry ``e``: one lstat per directory, for its mode (a
+    ``chmod`` of a directory is a change undo must reverse)."""
+    try:
+        return ("dir", 0, 0, 0, e.stat(follow_symlinks=False).st_mode)
+    except OSError:
+        return _DIR
 
 
 def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
@@ -920,7 +1065,7 @@ def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
                         if len(out) >= limit:
                             return True
                         dirs.append((name, e.inode()))
-                        out[prefix + name] = _DIR
+                        out[prefix + name] = _dir_row(e)
                     continue
                 st = e.stat(follow_symlinks=False)
             except OSError:
@@ -1207,6 +1352,7 @@ class _Snapshot(object):
                         if e.is_dir(follow_symlinks=False):
                             if e.name not in exclude:
                                 subdirs[e.name] = e.inode()
+                                files[prefix + e.name] = _dir_row(e)
                             continue
                         st = e.stat(follow_symlinks=False)
                     except OSError:
@@ -1242,7 +1388,7 @@ class _Snapshot(object):
                 self.dirs[prefix].pop(name, None)
                 continue
             try:
-                fresh = {prefix + name: _DIR}  # type: dict
+                fresh = {prefix + name: files.get(prefix + name, _DIR)}  # type: dict
                 _scan_walk(sub, prefix + name + "/", exclude, fresh, 1 << 62, self)
             finally:
                 os.close(sub)
@@ -2271,6 +2417,8 @@ FAST_OPS = {
     "write": op_write,
     "remove": op_remove,
     "mkdir": op_mkdir,
+    "chmod": op_chmod,
+    "symlink": op_symlink,
     "stat": op_stat,
     "hash": op_hash,
     "commit": op_commit,
@@ -2279,6 +2427,7 @@ FAST_OPS = {
 SLOW_OPS = {
     "direct": op_direct,
     "list": op_list,
+    "remove_tree": op_remove_tree,
     "scan": op_scan,
     "search": op_search,
     "exec": op_exec,

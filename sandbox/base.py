@@ -63,6 +63,16 @@ class StagedWrite:
 
 
 @dataclass(frozen=True)
+class TreeRemoval:
+    """What :meth:`Sandbox.remove_tree` removed."""
+
+    removed: bool
+    files: int = 0  # files, links and other non-directories
+    dirs: int = 0
+    bytes: int = 0  # sizes of the regular files
+
+
+@dataclass(frozen=True)
 class FileStat:
     path: str
     type: EntryType
@@ -292,12 +302,39 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def mkdir(self, path: str) -> bool:
+    async def mkdir(self, path: str, *, mode: int | None = None) -> bool:
         """Create directory ``path`` and its missing parents. Returns False if it already
-        existed as a directory.
+        existed as a directory. ``mode``: the new directory's permission bits, exactly
+        (default: 0o777 less the umask).
 
         Raises ConflictError when something other than a directory is there,
         PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def remove_tree(self, path: str) -> TreeRemoval:
+        """Remove ``path`` and, for a directory, everything in it, never following a link.
+        Absent is not an error (``removed=False``).
+
+        Raises ConflictError when something could not be removed (what was removed before
+        that is gone), PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def chmod(self, path: str, mode: int) -> None:
+        """Set the permission bits (``0..0o7777``) of a file or directory (never a link).
+
+        Raises PathNotFoundError, NotAFileError (a symlink), AgentError (code
+        ``permission``),
+        PathEscapeError.
+        """
+
+    @abc.abstractmethod
+    async def symlink(self, path: str, target: str) -> None:
+        """Create the symlink ``path`` -> ``target`` (stored as given); ``path`` must be
+        absent. Missing parents are made.
+
+        Raises ConflictError when something is at ``path``, PathEscapeError.
         """
 
     @abc.abstractmethod

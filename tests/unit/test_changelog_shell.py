@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.base import Sandbox
 from sandbox.errors import PathEscapeError
-from worker.changelog import Changelog, Limits, UndoRefusedError
+from worker.changelog import Changelog, Limits, UndoConflictError, UndoRefusedError
 from worker.workspace import Workspace
 
 
@@ -153,15 +153,24 @@ async def test_oversized_and_ignored_are_recorded_not_restorable(cl, box, worksp
     (workspace / "node_modules" / "pkg" / "i.js").write_text("1")
     changed = await shell(cl, box, "echo y > big && echo 2 > node_modules/pkg/i.js && echo 3 > node_modules/n.js")
     assert sorted(changed) == ["big", "node_modules/n.js", "node_modules/pkg/i.js"]
-    by_path = {e.path: e for e in await cl.log()}
-    assert not by_path["big"].restorable and "size cap" in (by_path["big"].note or "")
-    nm = by_path["node_modules"]
-    assert not nm.restorable and "2 file(s)" in (nm.note or "")
+    by_op = {(e.path, e.op): e for e in await cl.log()}
+    big = by_op["big", "modify"]
+    assert not big.restorable and "size cap" in (big.note or "")
+    # The existing file under an ignored directory had no before-image; the new one needs none.
+    changed_nm = by_op["node_modules", "modify"]
+    assert not changed_nm.restorable and "pkg/i.js" in (changed_nm.note or "") and changed_nm.tree_files == 1
+    made_nm = by_op["node_modules", "create"]
+    assert made_nm.restorable and made_nm.is_group and made_nm.tree_files == 1 and "n.js" in (made_nm.note or "")
     res = await cl.undo(box, all=True)
-    assert {s.path: s.status for s in res.steps} == {
-        "big": "not_restorable",
-        "node_modules": "not_restorable",
-    }
+    assert sorted((s.path, s.status) for s in res.steps) == [
+        ("big", "not_restorable"),
+        ("node_modules", "not_restorable"),
+        ("node_modules", "reverted"),
+    ]
+    (lost,) = [s for s in res.steps if s.path == "node_modules" and s.status == "not_restorable"]
+    assert lost.paths == ["node_modules/pkg/i.js"]
+    assert not (workspace / "node_modules" / "n.js").exists()
+    assert (workspace / "node_modules" / "pkg" / "i.js").read_text() == "2\n"
     assert (await cl.summary()).not_restorable == ["big", "node_modules"]
 
 
@@ -183,10 +192,10 @@ async def test_symlinks_recorded_by_target(cl, box, workspace: Path) -> None:
     assert sorted(changed) == ["new-link", "old-link"]
     by_path = {e.path: e for e in await cl.log()}
     assert by_path["new-link"].after_kind == "symlink" and by_path["new-link"].restorable
-    assert by_path["old-link"].before_kind == "symlink" and not by_path["old-link"].restorable
-    assert "target.txt" in (by_path["old-link"].note or "")
+    assert by_path["old-link"].before_kind == "symlink" and by_path["old-link"].restorable
     await cl.undo(box, all=True)
-    assert not os.path.lexists(workspace / "new-link")  # a created link can be removed
+    assert not os.path.lexists(workspace / "new-link")  # a created link is removed
+    assert os.readlink(workspace / "old-link") == "target.txt"  # a removed one is made again
     assert (workspace / "target.txt").read_text() == "t"
 
 
@@ -357,18 +366,21 @@ async def test_a_directory_that_was_there_stays(cl, box, workspace: Path) -> Non
     assert _tree(workspace) == {"keep": None}
 
 
-async def test_a_made_directory_still_holding_other_files_is_left_with_a_reason(cl, box, workspace: Path) -> None:
+async def test_a_made_directory_goes_with_what_later_calls_put_in_it(cl, box, workspace: Path) -> None:
     """Undoing the command that made a directory, while a later command's file is still in
-    it: the first command's file goes, the directory stays, and the step says why."""
+    it: the directory goes with everything in it, and the step says what it took."""
     await shell(cl, box, "true")
     await shell(cl, box, "mkdir d && printf 1 > d/first", call_id="one")
     await shell(cl, box, "printf 2 > d/second", call_id="two")
+    preview = await cl.undo(box, call_id="one", dry_run=True)
+    assert "everything still in it" in (next(s for s in preview.steps if s.path == "d").message or "")
     result = await cl.undo(box, call_id="one")
     step = next(s for s in result.steps if s.path == "d")
-    assert step.status == "failed" and "not empty" in (step.message or "")
-    assert _tree(workspace) == {"d": None, "d/second": b"2"}
-    await cl.undo(box, call_id="two")
-    assert _tree(workspace) == {"d": None}
+    assert step.status == "reverted" and "1 file(s)" in (step.message or "")
+    assert _tree(workspace) == {}
+    # The later command's change is now a conflict (its file is gone), never silently redone.
+    with pytest.raises(UndoConflictError):
+        await cl.undo(box, call_id="two")
 
 
 async def test_directories_a_tool_write_made_are_not_taken_for_a_command(cl, box, workspace: Path) -> None:

@@ -57,6 +57,26 @@ class Entry(BaseModel):
     note: str | None = None
     reverts: int | None = None  # for undo entries: the entry this one reverted
     reverted_by: int | None = None  # the undo entry that reverted this one
+    #: The permission bits after the change (a ``chmod`` is a ``modify`` whose hashes match).
+    after_mode: int | None = None
+    #: A *tree* or *group* entry stands for many paths at once, so that a command making
+    #: 50,000 files in ``node_modules`` is one entry, not 50,000: a directory tree a
+    #: command made (``op='create'``, ``after_kind='dir'``: undo removes it with
+    #: everything in it), or the paths a command created or changed under an ignored
+    #: directory (``path`` is that directory; the paths are the entry's *members*). These
+    #: count the files (links and other non-directories included) and their bytes.
+    tree_files: int | None = None
+    tree_bytes: int | None = None
+
+    @property
+    def is_group(self) -> bool:
+        """Whether this entry's paths are its members (not ``path`` itself)."""
+        return self.tree_files is not None and self.after_kind == "dir" and self.before_kind == "dir"
+
+    @property
+    def is_tree(self) -> bool:
+        """A directory made together with everything in it (undo removes the whole tree)."""
+        return self.tree_files is not None and self.op == "create" and self.after_kind == "dir" and not self.before_kind
 
     @property
     def reverted(self) -> bool:
@@ -87,6 +107,8 @@ class UndoStep(BaseModel):
     status: Literal["reverted", "would_revert", "already_reverted", "not_restorable", "failed"]
     undo_entry_id: int | None = None
     message: str | None = None
+    #: For a not-restorable step of a group entry: every path it could not put back.
+    paths: list[str] = []
 
 
 class UndoResult(BaseModel):
@@ -106,7 +128,11 @@ class UndoResult(BaseModel):
         """As :meth:`Entry.shown`: quoted paths, safe messages and diff."""
         steps = [
             s.model_copy(
-                update={"path": quote_path(s.path), "message": None if s.message is None else safe_text(s.message)}
+                update={
+                    "path": quote_path(s.path),
+                    "message": None if s.message is None else safe_text(s.message),
+                    "paths": [quote_path(p) for p in s.paths],
+                }
             )
             for s in self.steps
         ]
@@ -156,10 +182,12 @@ class Limits(BaseModel):
     #: (about 1 ms each on an SSD, far more on a busy disk) and keeps every guarantee
     #: except surviving a power loss: record-before-write, whole-old-or-whole-new files.
     durability: Durability = "full"
-    #: Directory names whose files are tracked by stat only (changes are reported, one
-    #: aggregated not-restorable entry per directory per command).
+    #: Directory names whose files are tracked by stat only: what a command makes there
+    #: is recorded (one entry per tree, or per such directory and command) and undone by
+    #: removing it; a file that was there before and changes cannot be restored. ``.git``
+    #: is not among them: its object store alone is stat-only (objects are only ever
+    #: added), its small files (HEAD, refs, index, config, logs) keep their content.
     ignored_dirs: tuple[str, ...] = (
-        ".git",
         "node_modules",
         "__pycache__",
         ".venv",

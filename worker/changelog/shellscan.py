@@ -44,7 +44,7 @@ from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
 from sandbox.errors import AgentError, PathNotFoundError
 
 from .recorder import ChangelogCore
-from .store import BASELINE_COLUMNS, Store
+from .store import BASELINE_COLUMNS, Store, sha256
 
 RACY_NS = 1_000_000_000
 #: The baseline's format: "2" lists directories too. A baseline of version "1" (files
@@ -112,14 +112,37 @@ class _Batch:
     changed: list[str] = field(default_factory=list)
 
 
+#: Under a ``.git`` directory, these hold what git only ever adds to (objects, LFS
+#: content): tracked by stat only, while the small files that say where the repository
+#: stands (HEAD, refs, packed-refs, config, index, logs) keep their content, so an agent's
+#: ``git commit``/``checkout -b``/``reset``/``stash`` can be undone exactly.
+GIT_STORES = frozenset({"objects", "lfs"})
+
+
 def ignored_root(path: str, ignored: Iterable[str]) -> str | None:
-    """The ignored directory ``path`` lies under (``a/node_modules``), or None."""
+    """The stat-only directory ``path`` lies strictly under (``a/node_modules``,
+    ``.git/objects``), or None."""
     parts = path.split("/")
     names = set(ignored)
     for i, comp in enumerate(parts[:-1]):
         if comp in names:
             return "/".join(parts[: i + 1])
+        if comp == ".git" and i + 1 < len(parts) - 1 and parts[i + 1] in GIT_STORES:
+            return "/".join(parts[: i + 2])
     return None
+
+
+def tree_name(path: str, ignored: Iterable[str]) -> bool:
+    """Whether a directory made at ``path`` is recorded as one tree entry: an ignored
+    directory (``node_modules``, ``.venv``, ``__pycache__``...) or a repository (``.git``)."""
+    name = path.rpartition("/")[2]
+    return name == ".git" or name in set(ignored)
+
+
+def symlink_digest(target: str) -> str:
+    """The hash a symlink is recorded under: sha256 of its target (the blob stores the
+    target, so a removed or changed link can be made again)."""
+    return sha256(target.encode("utf-8", "surrogateescape"))
 
 
 class ShellTracker:
@@ -160,7 +183,10 @@ class ShellTracker:
             for digest, data in batch.blobs:
                 Store.put_blob(db, digest, data)
             for e in batch.entries:
-                Store.insert_entry(db, **e)
+                members = e.pop("_members", None)
+                entry_id = Store.insert_entry(db, **e)
+                if members:
+                    Store.put_members(db, entry_id, members)
             db.executemany("DELETE FROM baseline WHERE path = ?", [(p,) for p in batch.deleted])
             db.executemany(
                 f"INSERT OR REPLACE INTO baseline({BASELINE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -188,7 +214,10 @@ class ShellTracker:
             except PathNotFoundError:
                 pass
             row.status = "symlink"
-            return row, None
+            if row.target is None:
+                return row, None
+            row.sha256 = symlink_digest(row.target)
+            return row, row.target.encode("utf-8", "surrogateescape")
         if e.type != "file":
             return row, None
         if e.size > self.limits.max_file_bytes or budget[0] < e.size:
@@ -320,7 +349,23 @@ class ShellTracker:
         rows: dict[str, Row],
         record: dict[str, Any] | None,
     ) -> _Batch:
+        """The baseline rows, blobs and entries for one scan's differences.
+
+        Entries, by kind of change:
+
+        * a directory made whole whose name is ignored or ``.git`` (``node_modules``,
+          ``.venv``, ``__pycache__``, a ``git init``) is one *tree* entry with the count
+          and size of what it holds; its files get no entries of their own;
+        * what a command creates or changes under a directory that is tracked by stat only
+          (an existing ``node_modules``, ``.git/objects``) is one *group* entry per such
+          directory per command: creations (undone by removing them) apart from changes to
+          files whose content was never kept (not restorable, unless an undo also removes
+          the tree they are in);
+        * everything else, one entry per path: content, kind (file, symlink, directory)
+          and permission bits, so undo can put each back exactly.
+        """
         batch = _Batch()
+        ignored_names = self.limits.ignored_dirs
         budget = [self.limits.max_total_bytes - await self.core.db(self._kept_bytes)]
         changed_paths = {e.path for e in changed}
         recheck = [p for p in racy if p not in changed_paths and p not in removed]
@@ -336,36 +381,49 @@ class ShellTracker:
                     batch.rows.append(b)
                 else:  # rewritten within one mtime tick: treat as changed, stat unknown
                     changed.append(ScanEntry(p, "file", b.size, -1, 0, b.mode))
+        described = [(e, row, data) for e, row, data in await self._describe_all(sandbox, changed, budget) if row]
+        new = {row.path: row for _e, row, _d in described if rows.get(row.path) is None}
+        trees = _tree_roots(new, ignored_names)
         created: dict[int, tuple[ScanEntry, Row, bytes | None]] = {}
         gone: dict[str, Row] = {p: rows[p] for p in removed if p in rows}
-        ignored: dict[str, list[str]] = {}
-        for e, row, data in await self._describe_all(sandbox, changed, budget):
-            if row is None:
-                continue
+        groups: dict[str, _Group] = {}
+        for e, row, data in described:
             b = rows.get(e.path)
-            if row.status == "ignored":
-                batch.rows.append(row)
-                if row.type != "dir":
-                    ignored.setdefault(ignored_root(e.path, self.limits.ignored_dirs) or "", []).append(e.path)
-                continue
-            if row.type == "dir" and b is None and not self._dirs_known:
-                batch.rows.append(row)  # an old baseline's directory, not a new one
-                continue
             if data is not None and row.sha256:
                 batch.blobs.append((row.sha256, data))
             batch.rows.append(row)
-            if b is not None and b.type == row.type and b.sha256 == row.sha256 and b.target == row.target:
-                continue  # touched, not changed
-            if b is None and row.type == "file" and row.ino:
-                created[row.ino] = (e, row, data)
-            else:
-                self._change(batch, record, b, row)
+            if b is None:
+                if row.path in trees:
+                    continue  # its one entry is made below
+                tree = _covering(row.path, trees)
+                if tree is not None:
+                    trees[tree].add(row)
+                    continue
+                if row.type == "dir" and not self._dirs_known:
+                    continue  # an old baseline's directory, not a new one
+                root = ignored_root(row.path, ignored_names)
+                if root is not None:
+                    groups.setdefault(root, _Group(root)).add_created(row, new)
+                elif row.type == "file" and row.ino:
+                    created[row.ino] = (e, row, data)
+                else:
+                    self._change(batch, record, None, row)
+                continue
+            if row.status == "ignored" and b.status == "ignored":
+                if b.type != row.type or (row.type != "dir" and not b.same_stat(e)):
+                    root = ignored_root(row.path, ignored_names) or ""
+                    groups.setdefault(root, _Group(root)).add_changed(b)
+                continue
+            if b.type == row.type and b.sha256 == row.sha256 and b.target == row.target:
+                if not _mode_changed(b, row):
+                    continue  # touched, not changed
+            self._change(batch, record, b, row)
         for p, b in gone.items():
             batch.deleted.append(p)
-            root = ignored_root(p, self.limits.ignored_dirs)
-            if root is not None:
-                if b.type != "dir":
-                    ignored.setdefault(root, []).append(p)
+            root = ignored_root(p, ignored_names)
+            if root is not None and b.status == "ignored":
+                if gone.get(p.rpartition("/")[0]) is None or p.rpartition("/")[0] == root:
+                    groups.setdefault(root, _Group(root)).add_changed(b)
             elif _is_move(b, created.get(b.ino)):
                 _e, row, _d = created.pop(b.ino)
                 batch.changed += [p, row.path]
@@ -377,24 +435,17 @@ class ShellTracker:
                 self._change(batch, record, b, None)
         for _e, row, _d in created.values():
             self._change(batch, record, None, row)
+        for made in trees.values():
+            batch.changed.append(made.row.path + "/")
+            if record is not None:
+                batch.entries.append(made.entry(record))
         # Directories made come before what was put in them and directories removed after
         # what they held, so undoing in reverse order empties a directory before removing it.
         batch.entries.sort(key=_dir_order)
-        for root, files in sorted(ignored.items()):
-            batch.changed += files
+        for _root, group in sorted(groups.items()):
+            batch.changed += group.files()
             if record is not None:
-                batch.entries.append(
-                    _entry(
-                        record,
-                        "modify",
-                        root,
-                        restorable=False,
-                        note=(
-                            f"{len(files)} file(s) changed under ignored directory {root} "
-                            "(content not kept): " + ", ".join(sorted(files)[:5]) + (" ..." if len(files) > 5 else "")
-                        ),
-                    )
-                )
+                batch.entries += group.entries(record)
         return batch
 
     def _change(self, batch: _Batch, record: dict[str, Any] | None, b: Row | None, a: Row | None) -> None:
@@ -404,16 +455,164 @@ class ShellTracker:
         if record is None:
             return
         op = "create" if b is None else ("delete" if a is None else "modify")
-        if b is None or (b.type == "dir" and a is None):
-            restorable, note = True, None
-        elif b.type == "file" and b.status == "ok" and (a is None or a.type == "file"):
-            restorable, note = True, None
-        else:
-            restorable = False
-            note = _why_not(b, a)
+        note = None if b is None else _why_not(b)
+        restorable = note is None
         if a is not None and a.type == "symlink":
             note = (note + "; " if note else "") + f"now a symlink -> {a.target}"
         batch.entries.append(_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))
+
+
+class _Tree:
+    """A directory a command made whole, and everything made in it (one entry)."""
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+        self.files = 0
+        self.dirs = 0
+        self.bytes = 0
+
+    def add(self, row: Row) -> None:
+        if row.type == "dir":
+            self.dirs += 1
+        else:
+            self.files += 1
+            self.bytes += max(row.size, 0) if row.type == "file" else 0
+
+    def entry(self, record: dict[str, Any]) -> dict[str, Any]:
+        e = _entry(
+            record,
+            "create",
+            self.row.path,
+            after=self.row,
+            restorable=True,
+            note=f"made with {_count(self.files, self.dirs, self.bytes)} in it",
+        )
+        e.update(tree_files=self.files, tree_bytes=self.bytes)
+        return e
+
+
+class _Group:
+    """What one command did under one stat-only directory that already existed."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.created: list[Row] = []  # the topmost made (a directory stands for its content)
+        self.inside: dict[str, list[int]] = {}  # topmost made directory -> [files, dirs, bytes]
+        self.changed: list[Row] = []  # modified or removed, content never kept
+
+    def add_created(self, row: Row, new: dict[str, Row]) -> None:
+        parent = row.path.rpartition("/")[0]
+        top = None
+        while parent and parent != self.root:
+            if parent in new:
+                top = parent
+            parent = parent.rpartition("/")[0]
+        if top is None:
+            self.created.append(row)
+            if row.type == "dir":
+                self.inside.setdefault(row.path, [0, 0, 0])
+            else:
+                self.inside[row.path] = [1, 0, max(row.size, 0) if row.type == "file" else 0]
+            return
+        c = self.inside.setdefault(top, [0, 0, 0])
+        if row.type == "dir":
+            c[1] += 1
+        else:
+            c[0] += 1
+            c[2] += max(row.size, 0) if row.type == "file" else 0
+
+    def add_changed(self, b: Row) -> None:
+        self.changed.append(b)
+
+    def files(self) -> list[str]:
+        out = [r.path + ("/" if r.type == "dir" else "") for r in self.created]
+        return out + [r.path for r in self.changed if r.type != "dir"]
+
+    def entries(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        if self.created:
+            files = sum(c[0] for c in self.inside.values())
+            dirs = sum(c[1] for c in self.inside.values()) + sum(r.type == "dir" for r in self.created)
+            size = sum(c[2] for c in self.inside.values())
+            names = sorted(r.path[len(self.root) + 1 :] for r in self.created)
+            e = _entry(
+                record,
+                "create",
+                self.root,
+                restorable=True,
+                note=f"made {_count(files, dirs, size)} under {self.root}: " + _some(names),
+            )
+            e.update(before_kind="dir", after_kind="dir", tree_files=files, tree_bytes=size)
+            e["_members"] = [(r.path, r.type) for r in self.created]
+            out.append(e)
+        if self.changed:
+            names = sorted(r.path[len(self.root) + 1 :] for r in self.changed)
+            e = _entry(
+                record,
+                "modify",
+                self.root,
+                restorable=False,
+                note=(
+                    f"{len(self.changed)} path(s) that existed before changed or removed under {self.root} "
+                    "(tracked by stat only, content not kept): " + _some(names)
+                ),
+            )
+            nondirs = [r for r in self.changed if r.type != "dir"]
+            e.update(
+                before_kind="dir",
+                after_kind="dir",
+                tree_files=len(nondirs),
+                tree_bytes=sum(max(r.size, 0) for r in nondirs if r.type == "file"),
+            )
+            e["_members"] = [(r.path, r.type) for r in self.changed]
+            out.append(e)
+        return out
+
+
+def _tree_roots(new: dict[str, Row], ignored: Iterable[str]) -> dict[str, _Tree]:
+    """The new directories recorded as one tree entry each: named as an ignored directory
+    or ``.git``, not inside another such new tree nor inside a stat-only directory (there
+    the group entry of that directory covers them)."""
+    out: dict[str, _Tree] = {}
+    for path in sorted(new, key=lambda p: p.count("/")):
+        row = new[path]
+        if row.type != "dir" or not tree_name(path, ignored) or ignored_root(path, ignored) is not None:
+            continue
+        if _covering(path, out) is None:
+            out[path] = _Tree(row)
+    return out
+
+
+def _covering(path: str, trees: dict[str, _Tree]) -> str | None:
+    """The tree in ``trees`` that ``path`` lies strictly inside, or None."""
+    parent = path.rpartition("/")[0]
+    while parent:
+        if parent in trees:
+            return parent
+        parent = parent.rpartition("/")[0]
+    return None
+
+
+def _mode_changed(b: Row, a: Row) -> bool:
+    # A mode of 0 is unknown (a row written by a tool's change or an undo, or a directory
+    # of a baseline from before directories had modes): refreshed, not a change.
+    return b.mode != 0 and (b.mode & 0o7777) != (a.mode & 0o7777)
+
+
+def _count(files: int, dirs: int, size: int) -> str:
+    return f"{files} file(s) and {dirs} director{'y' if dirs == 1 else 'ies'}, {_size(size)}"
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
+
+
+def _some(names: list[str], k: int = 5) -> str:
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
 def _dir_order(e: dict[str, Any]) -> tuple[int, int]:
@@ -430,20 +629,22 @@ def _is_move(b: Row, c: tuple[ScanEntry, Row, bytes | None] | None) -> bool:
     return c is not None and b.type == "file" and b.status == "ok" and c[1].sha256 == b.sha256
 
 
-def _why_not(b: Row, a: Row | None) -> str:
-    if b.type == "symlink":
-        return f"was a symlink -> {b.target}; the sandbox cannot recreate symlinks"
+def _why_not(b: Row) -> str | None:
+    """Why the state ``b`` cannot be put back, or None when it can."""
     if b.type == "dir":
-        return f"was a directory, now {'a ' + a.type if a else 'absent'}; not restorable"
+        return None
+    if b.type == "symlink":
+        return None if b.sha256 else "was a symlink whose target could not be read"
     if b.type != "file":
-        return "was a special file; it cannot be recreated"
+        return "was a special file (FIFO, socket or device); it cannot be made again"
     if b.status != "ok":
         return {
             "too_large": "before-image not kept: over the per-file size cap",
             "over_cap": "before-image not kept: the baseline's total size cap was reached",
             "unreadable": "before-image not kept: the file was unreadable",
+            "ignored": "before-image not kept: under a directory tracked by stat only",
         }.get(b.status, b.status)
-    return f"type changed to {a.type if a else 'absent'}; not restorable"
+    return None
 
 
 def _entry(
@@ -469,7 +670,8 @@ def _entry(
         "after_hash": after.sha256 if after else None,
         "before_kind": _kind(before),
         "after_kind": _kind(after),
-        "before_mode": before.mode if before else None,
+        "before_mode": before.mode if before and before.mode else None,
+        "after_mode": after.mode if after and after.mode else None,
         "state": "applied",
         "origin": "shell",
         "restorable": int(restorable),

@@ -31,7 +31,7 @@ from ..sqlite_wal import enable_wal
 from .errors import ChangelogStorageError
 from .model import Entry
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,11 +54,17 @@ CREATE TABLE IF NOT EXISTS baseline(
   ino INTEGER NOT NULL, mode INTEGER NOT NULL, sha256 TEXT, target TEXT, status TEXT NOT NULL,
   racy INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS baseline_racy ON baseline(racy) WHERE racy = 1;
+CREATE TABLE IF NOT EXISTS members(
+  entry_id INTEGER NOT NULL, path TEXT NOT NULL, type TEXT NOT NULL, PRIMARY KEY(entry_id, path));
 """
+#: Columns added after schema 1, with their types: added to an older database when it is
+#: opened (``ALTER TABLE ... ADD COLUMN``: cheap, no rewrite; old rows read NULL).
+_ADDED_COLUMNS = (("after_mode", "INTEGER"), ("tree_files", "INTEGER"), ("tree_bytes", "INTEGER"))
 
 ENTRY_COLUMNS = (
     "id, ts, call_id, subtask_id, tool, op, path, new_path, before_hash, after_hash, before_kind, "
-    "after_kind, before_mode, state, origin, restorable, note, reverts, reverted_by"
+    "after_kind, before_mode, state, origin, restorable, note, reverts, reverted_by, after_mode, "
+    "tree_files, tree_bytes"
 )
 _ENTRY_FIELDS = [c.strip() for c in ENTRY_COLUMNS.split(",")]
 BASELINE_COLUMNS = "path, type, size, mtime_ns, ino, mode, sha256, target, status, racy"
@@ -158,7 +164,11 @@ class Store:
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
-                self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,))
+                have = {r[1] for r in self._db.execute("PRAGMA table_info(entries)").fetchall()}
+                for col, typ in _ADDED_COLUMNS:
+                    if col not in have:
+                        self._db.execute(f"ALTER TABLE entries ADD COLUMN {col} {typ}")
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except sqlite3.Error as e:
             raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
         self.path = path
@@ -233,6 +243,19 @@ class Store:
     def entry(self, entry_id: int) -> Entry | None:
         found = self.entries("id = ?", (entry_id,))
         return found[0] if found else None
+
+    @staticmethod
+    def put_members(db: Connection, entry_id: int, members: Iterable[tuple[str, str]]) -> None:
+        """The paths (with their types) a group entry covers (see ``Entry.tree_files``)."""
+        db.executemany(
+            "INSERT OR IGNORE INTO members(entry_id, path, type) VALUES (?, ?, ?)",
+            ((entry_id, p, t) for p, t in members),
+        )
+
+    def members(self, entry_id: int) -> list[tuple[str, str]]:
+        """The (path, type) pairs of a group entry, sorted by path."""
+        rows = self.query("SELECT path, type FROM members WHERE entry_id = ? ORDER BY path", (entry_id,))
+        return [(r[0], r[1]) for r in rows]
 
     # -- meta -----------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ async def test_creations_under_an_existing_ignored_dir_are_one_group(cl, box, wo
     (workspace / "node_modules" / "old").mkdir(parents=True)
     (workspace / "node_modules" / "old" / "keep.js").write_text("old")
     before = tree_state(workspace)
-    await shell(cl, box, "mkdir -p node_modules/new/x && echo 1 > node_modules/new/x/i.js && echo 2 > node_modules/n.js")
+    await shell(cl, box, "mkdir -p node_modules/new/x && echo 1 > node_modules/new/x/i.js && echo 2 >node_modules/n.js")
     (entry,) = await cl.log()
     assert entry.is_group and entry.op == "create" and entry.path == "node_modules"
     assert entry.tree_files == 2 and "new" in (entry.note or "") and "n.js" in (entry.note or "")

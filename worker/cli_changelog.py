@@ -75,9 +75,14 @@ def _workspace(value: str) -> Path | None:
 def _line(e: Entry) -> str:
     ts = datetime.datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S")
     path = f"{e.path} -> {e.new_path}" if e.new_path else e.path
-    if e.op in ("create", "delete") and "dir" in (e.before_kind, e.after_kind):
+    if e.is_group:
+        path += "/*"  # paths under it, its members
+    elif e.op in ("create", "delete") and "dir" in (e.before_kind, e.after_kind):
         path += "/"  # a directory made or removed, as ls -F shows one
     flags: list[str] = [e.state] if e.state != "applied" else []
+    what = e.what()
+    if what:
+        flags.insert(0, what)
     if e.reverted:
         flags.append(f"reverted by {e.reverted_by}")
     if e.reverts is not None:
@@ -157,8 +162,11 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
         if result.dry_run:
             sys.stdout.write(result.diff)
         for s in result.steps:
-            tail = f" (undo entry {s.undo_entry_id})" if s.undo_entry_id else (f": {s.message}" if s.message else "")
+            tail = f" (undo entry {s.undo_entry_id})" if s.undo_entry_id else ""
+            tail += f": {s.message}" if s.message and (s.status != "reverted" or s.undo_entry_id is None) else ""
             print(f"entry {s.entry_id} {s.path}: {s.status}{tail}", file=sys.stderr)
+            for p in s.paths:  # each path that cannot be put back, one a line
+                print(f"  not restorable: {p}", file=sys.stderr)
     return 1 if result.failed and any(s.status == "failed" for s in result.failed) else 0
 
 

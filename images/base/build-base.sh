@@ -11,7 +11,15 @@
 #        LOOM_BASE_FORCE=1 to rebuild anyway.
 set -euo pipefail
 TAG="${1:-loom-base:bookworm}"
-if [ "${LOOM_BASE_FORCE:-0}" != 1 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
+# Everything the sandbox image needs is installed here, in one debootstrap run, so the
+# Dockerfile needs no network at all (the proxy's TLS interception is never involved).
+# python3-venv brings ensurepip (pip and setuptools wheels): `python3 -m venv` works.
+PKGS=python3,python3-venv,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
+# The image is labelled with its package list: a machine that built it from another list
+# (an older checkout) rebuilds it instead of silently keeping the old one.
+STAMP=$(printf '%s' "$PKGS" | sha256sum | cut -c1-16)
+if [ "${LOOM_BASE_FORCE:-0}" != 1 ] \
+   && [ "$(docker image inspect -f '{{index .Config.Labels "dev.loom.base-pkgs"}}' "$TAG" 2>/dev/null)" = "$STAMP" ]; then
   echo "[base] $TAG already present"
   exit 0
 fi
@@ -22,9 +30,6 @@ if [ -z "$MIRROR" ]; then
            | grep -oE 'https?://[^ ]+' | head -n1 || true)
   MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 fi
-# Everything the sandbox image needs is installed here, in one debootstrap run, so the
-# Dockerfile needs no network at all (the proxy's TLS interception is never involved).
-PKGS=python3,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
 ROOT=$(mktemp -d /tmp/loom-base.XXXXXX)
 trap 'rm -rf "$ROOT"' EXIT
 echo "[base] debootstrap bookworm (minbase + $PKGS) from $MIRROR into $ROOT"
@@ -37,5 +42,5 @@ echo "[base] importing into docker as $TAG"
 tar -C "$ROOT" -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
-  --change 'CMD ["/bin/bash"]' - "$TAG" >/dev/null
+  --change 'CMD ["/bin/bash"]' --change "LABEL dev.loom.base-pkgs=$STAMP" - "$TAG" >/dev/null
 echo "[base] done: $(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.0f MB", $1/1e6}')"

@@ -29,9 +29,19 @@ from tests.unit.test_changelog import (
     test_undo_is_itself_recorded_and_redo_by_entry,
     test_undo_twice_is_noop,
 )
+from tests.unit.test_changelog_exact_undo import (
+    test_a_dry_run_touches_nothing,
+    test_a_file_made_then_rewritten_in_an_ignored_dir_needs_no_before_image,
+    test_a_file_over_the_cap_is_the_only_loss,
+    test_a_git_session_is_undone_exactly,
+    test_a_made_node_modules_is_one_entry_and_undone,
+    test_creations_under_an_existing_ignored_dir_are_one_group,
+    test_modes_symlinks_and_changes_of_kind_are_undone,
+    test_undo_of_one_command_removes_only_its_creations,
+)
 from tests.unit.test_changelog_shell import (
     test_a_directory_that_was_there_stays,
-    test_a_made_directory_still_holding_other_files_is_left_with_a_reason,
+    test_a_made_directory_goes_with_what_later_calls_put_in_it,
     test_dir_swapped_for_symlink_before_undo_writes_nothing_outside,
     test_directories_a_command_made_are_undone,
     test_directories_a_command_removed_come_back,
@@ -55,11 +65,17 @@ pytestmark = pytest.mark.docker
 
 __all__ = [
     "test_a_directory_that_was_there_stays",
-    "test_a_made_directory_still_holding_other_files_is_left_with_a_reason",
+    "test_a_dry_run_touches_nothing",
+    "test_a_file_made_then_rewritten_in_an_ignored_dir_needs_no_before_image",
+    "test_a_file_over_the_cap_is_the_only_loss",
+    "test_a_git_session_is_undone_exactly",
+    "test_a_made_directory_goes_with_what_later_calls_put_in_it",
+    "test_a_made_node_modules_is_one_entry_and_undone",
     "test_binary_bytes_restored_exactly",
     "test_conflict_refused_then_forced",
     "test_create_modify_delete_then_undo_all_leaves_absent",
     "test_create_modify_records_before_image_and_undo_restores",
+    "test_creations_under_an_existing_ignored_dir_are_one_group",
     "test_cumulative_diff_and_summary",
     "test_dir_swapped_for_symlink_before_undo_writes_nothing_outside",
     "test_directories_a_command_made_are_undone",
@@ -68,6 +84,7 @@ __all__ = [
     "test_dry_run_returns_diff_and_changes_nothing",
     "test_failed_write_marks_entry_failed_and_file_unchanged",
     "test_ids_monotonic_across_reopen",
+    "test_modes_symlinks_and_changes_of_kind_are_undone",
     "test_noop_command_records_nothing",
     "test_outside_change_between_commands_is_not_the_commands",
     "test_oversized_and_ignored_are_recorded_not_restorable",
@@ -83,6 +100,7 @@ __all__ = [
     "test_tampered_entry_path_is_refused",
     "test_to_entry_reverts_only_later_entries",
     "test_undo_is_itself_recorded_and_redo_by_entry",
+    "test_undo_of_one_command_removes_only_its_creations",
     "test_undo_twice_is_noop",
     "test_undone_deletion_gets_its_permissions_back",
 ]
@@ -101,8 +119,9 @@ async def box(docker_backend, workspace: Path) -> Sandbox:
 @pytest.fixture
 async def cl(request: pytest.FixtureRequest, data_dir: Path, workspace: Path) -> AsyncIterator[Changelog]:
     # The shell scenarios expect a 1000-byte per-file cap (see the unit shell module).
-    shell = request.function.__module__.endswith("test_changelog_shell")
-    c = Changelog.open(data_dir, workspace, limits=Limits(max_file_bytes=1000) if shell else None)
+    module = request.function.__module__
+    cap = 1000 if module.endswith("test_changelog_shell") else 4096 if module.endswith("exact_undo") else None
+    c = Changelog.open(data_dir, workspace, limits=Limits(max_file_bytes=cap) if cap else None)
     yield c
     await c.aclose()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from sandbox.base import ExecResult, Sandbox, ScanResult, WriteResult
 
+from ..quoting import quote_path
 from .diff import Content, first_before, read_now, summarize, unified
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
@@ -220,6 +221,14 @@ class Changelog:
                 old = None
             now = await read_now(sandbox, p, self._core.limits.max_file_bytes)
             out.append(unified(p, old, now))
+        # Trees and groups: what was made there, counted, as ``diff -r`` says "Only in".
+        for e in await self.log():
+            if e.tree_files is None or e.op != "create" or e.reverted or e.state != "applied":
+                continue
+            if path is not None and not (e.path == path or e.path.startswith(path + "/")):
+                continue
+            where = e.path + "/" if e.is_tree else e.path + "/*"
+            out.append(f"Only in b: {quote_path(where)} ({e.what()}; entry {e.id}, content not shown)\n")
         return "".join(out)
 
     # -- undo --------------------------------------------------------------------------

@@ -68,6 +68,26 @@ class Entry(BaseModel):
     tree_files: int | None = None
     tree_bytes: int | None = None
 
+    def what(self) -> str:
+        """A few words for what a tree, group, mode or link entry stands for ('' for a
+        plain file change), as ``log`` shows it."""
+        if self.tree_files is not None:
+            n, kind = self.tree_files, "tree" if self.is_tree else "group"
+            return f"{kind}: {n} file{'' if n == 1 else 's'}, {size_text(self.tree_bytes or 0)}"
+        if (
+            self.op == "modify"
+            and self.before_kind == self.after_kind
+            and self.before_hash == self.after_hash
+            and self.before_mode
+            and self.after_mode
+        ):
+            return f"mode {self.before_mode & 0o7777:o} -> {self.after_mode & 0o7777:o}"
+        if self.before_kind != self.after_kind and self.before_kind and self.after_kind:
+            return f"{self.before_kind} -> {self.after_kind}"
+        if "symlink" in (self.before_kind, self.after_kind):
+            return "symlink"
+        return ""
+
     @property
     def is_group(self) -> bool:
         """Whether this entry's paths are its members (not ``path`` itself)."""
@@ -197,3 +217,15 @@ class Limits(BaseModel):
         ".pytest_cache",
         ".ruff_cache",
     )
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes, readably (``45 bytes``, ``1.5 KiB``, ``20.0 MiB``)."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"

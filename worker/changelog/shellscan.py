@@ -43,6 +43,7 @@ from typing import Any
 from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
 from sandbox.errors import AgentError, PathNotFoundError
 
+from .model import size_text
 from .recorder import ChangelogCore
 from .store import BASELINE_COLUMNS, Store, sha256
 
@@ -569,14 +570,30 @@ class _Group:
         return out
 
 
+#: A new directory holding more new paths than this is one tree entry whatever its name
+#: (``pip install --target deps``, an unpacked archive): a user reads one line, not
+#: hundreds. Its files' content is still kept in the baseline, so later edits of them
+#: stay restorable; smaller new directories get an entry per path (and a diff).
+TREE_MIN_PATHS = 64
+
+
 def _tree_roots(new: dict[str, Row], ignored: Iterable[str]) -> dict[str, _Tree]:
     """The new directories recorded as one tree entry each: named as an ignored directory
-    or ``.git``, not inside another such new tree nor inside a stat-only directory (there
-    the group entry of that directory covers them)."""
+    or ``.git``, or holding more than :data:`TREE_MIN_PATHS` new paths; not inside
+    another such new tree nor inside a stat-only directory (there the group entry of that
+    directory covers them)."""
+    inside: dict[str, int] = {}
+    for path in new:
+        parent = path.rpartition("/")[0]
+        while parent in new:
+            inside[parent] = inside.get(parent, 0) + 1
+            parent = parent.rpartition("/")[0]
     out: dict[str, _Tree] = {}
     for path in sorted(new, key=lambda p: p.count("/")):
         row = new[path]
-        if row.type != "dir" or not tree_name(path, ignored) or ignored_root(path, ignored) is not None:
+        if row.type != "dir" or ignored_root(path, ignored) is not None:
+            continue
+        if not tree_name(path, ignored) and inside.get(path, 0) <= TREE_MIN_PATHS:
             continue
         if _covering(path, out) is None:
             out[path] = _Tree(row)
@@ -600,15 +617,7 @@ def _mode_changed(b: Row, a: Row) -> bool:
 
 
 def _count(files: int, dirs: int, size: int) -> str:
-    return f"{files} file(s) and {dirs} director{'y' if dirs == 1 else 'ies'}, {_size(size)}"
-
-
-def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} bytes"
+    return f"{files} file(s) and {dirs} director{'y' if dirs == 1 else 'ies'}, {size_text(size)}"
 
 
 def _some(names: list[str], k: int = 5) -> str:

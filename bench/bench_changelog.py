@@ -2,7 +2,7 @@
 change scan after a no-op shell command on a 10,000-file workspace.
 
     .venv/bin/python bench/bench_changelog.py [--backend docker|local] [--files 10000] [--n 200] [--loop uvloop|asyncio]
-        [--durability full|process|both]
+        [--durability full|process|both] [--runtime runc|runsc] [--tree-files 20000] [--tree-rounds 5]
 
 Prints a markdown table (p50 / p95 in milliseconds). Targets: write p50 <= 2 ms on
 Docker; scan p50 <= 50 ms. The scan rows show the event-driven scan (inotify, runc), the
@@ -11,6 +11,10 @@ the fallback (gVisor, queue overflow, restarts, the periodic verification). The 
 measured for each changelog durability: "full" (fsync of the changelog commit and of the
 file: survives a power cut) and "process" (no fsync: survives SIGKILL of any process, not
 a power cut).
+
+The tree rows (issue 14): a command creating 20,000 files in an ignored directory (an npm
+install), then a no-op command: the change scan after each, the entries the creation made
+(target <= 10), and its undo (target <= 2 s); the no-op's scan target is 50 ms.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _backend(kind: str) -> SandboxBackend:
+async def _backend(kind: str, runtime: str = "runc") -> SandboxBackend:
     if kind == "local":
         from sandbox.local import LocalProcessBackend
 
@@ -42,7 +46,7 @@ async def _backend(kind: str) -> SandboxBackend:
     from sandbox.docker import DockerBackend
     from sandbox.spec import SandboxSpec
 
-    return DockerBackend(SandboxSpec(), worker_id="bench")
+    return DockerBackend(SandboxSpec(runtime=runtime), worker_id="bench")  # type: ignore[arg-type]
 
 
 async def bench_write(box: Sandbox, cl: Changelog, n: int, name: str) -> tuple[list[float], list[float]]:
@@ -115,6 +119,39 @@ async def bench_scan(box: Sandbox, cl: Changelog, n: int) -> tuple[list[float], 
     return scan, bracket, together, walks
 
 
+_MAKE_TREE = """python3 -c "
+import os
+for i in range({dirs}):
+    d = 'node_modules/@scope/p%d/lib' % i
+    os.makedirs(d)
+    for j in range(20):
+        open('%s/f%d.js' % (d, j), 'w').write('module.exports = %d;' % j)
+" """
+
+
+async def bench_tree(
+    box: Sandbox, cl: Changelog, files: int, rounds: int
+) -> tuple[list[float], list[float], list[float], list[int]]:
+    """A command creating ``files`` files in an ignored directory (an npm install), then a
+    no-op command: the change scan after each (scan + diff + recording), the entries the
+    creation made, and the undo of that command (removing the tree)."""
+    made, noop, undo, entries = [], [], [], []
+    for r in range(rounds):
+        for command, out in ((_MAKE_TREE.format(dirs=files // 20), made), ("true", noop)):
+            token = await cl.before_shell(box)
+            res = await box.exec(command, timeout=600)
+            assert res.exit_code == 0, res.stderr
+            t = time.perf_counter()
+            await cl.after_shell(box, token, command=command, call_id=f"tree{r}-{command[:4]}")
+            out.append((time.perf_counter() - t) * 1000)
+        entries.append(len(await cl.log(call_id=f"tree{r}-pyth")))
+        t = time.perf_counter()
+        result = await cl.undo(box, call_id=f"tree{r}-pyth")
+        undo.append((time.perf_counter() - t) * 1000)
+        assert [s.status for s in result.steps] == ["reverted"] * len(result.steps), result.steps
+    return made, noop, undo, entries
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=("docker", "local"), default="docker")
@@ -122,6 +159,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--durability", choices=("full", "process", "both"), default="both")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (as bench_tools)")
+    ap.add_argument("--runtime", choices=("runc", "runsc"), default="runc", help="Docker runtime of the sandbox")
+    ap.add_argument("--tree-files", type=int, default=20_000, help="files the tree-creating command makes")
+    ap.add_argument("--tree-rounds", type=int, default=5, help="rounds of create/no-op/undo (0: skip)")
     return ap.parse_args()
 
 
@@ -133,7 +173,7 @@ async def main(args: argparse.Namespace) -> None:
             d = ws / f"pkg{i // 100:03d}"
             d.mkdir(parents=True, exist_ok=True)
             (d / f"mod{i % 100:02d}.py").write_text(f"# module {i}\nVALUE = {i}\n")
-        backend = await _backend(args.backend)
+        backend = await _backend(args.backend, args.runtime)
         try:
             box = await backend.get(ws)
             async with Changelog.open(Path(tmp, "data"), ws) as cl:
@@ -145,6 +185,7 @@ async def main(args: argparse.Namespace) -> None:
                 await cl.after_shell(box, await cl.before_shell(box))
                 raw_write, raw_write_nofsync, raw_scan = await bench_floor(box, args.n)
                 scan, bracket, together, walks = await bench_scan(box, cl, max(20, args.n // 5))
+                tree = await bench_tree(box, cl, args.tree_files, args.tree_rounds) if args.tree_rounds else None
             edits: dict[str, tuple[list[float], list[float]]] = {}
             for mode in modes:
                 async with Changelog.open(Path(tmp, "data"), ws, durability=mode) as cl:
@@ -169,7 +210,18 @@ async def main(args: argparse.Namespace) -> None:
         ("shell `true` with the changelog, scans travel with the command (Workspace.run_shell)", together, "-"),
         (f"fallback: full stat walk + diff of {args.files} files (no events used)", walks, "-"),
     ]
-    print(f"\nbackend: {args.backend}; baseline of {args.files} files built in {baseline_s:.2f} s\n")
+    if tree is not None:
+        made, noop, undone, _entries = tree
+        k = args.tree_files
+        rows += [
+            (f"change scan after a command creating {k} files in node_modules", made, "-"),
+            (f"change scan after a no-op command, the {k}-file tree in place", noop, "<= 50 ms"),
+            (f"undo of the {k}-file creation (the tree removed)", undone, "<= 2000 ms"),
+        ]
+    where = f"{args.backend} ({args.runtime})" if args.backend == "docker" else args.backend
+    print(f"\nbackend: {where}; baseline of {args.files} files built in {baseline_s:.2f} s\n")
+    if tree is not None:
+        print(f"entries made by each {args.tree_files}-file creation: {tree[3]} (target <= 10)\n")
     print("| measurement | n | p50 ms | p95 ms | mean ms | target |")
     print("|---|---|---|---|---|---|")
     for name, xs, target in rows:

@@ -256,7 +256,19 @@ class ShellTracker:
                     return e, None, None  # vanished since the scan: the next scan reports it
                 return e, row, data
 
-        return list(await asyncio.gather(*(one(e) for e in entries)))
+        # Rows that need no read (stat-only paths, directories) are made here: a task each
+        # cost ~15 µs, a third of the scan after an install of 20,000 files.
+        out: list[tuple[ScanEntry, Row | None, bytes | None]] = []
+        slow: list[ScanEntry] = []
+        for e in entries:
+            if e.type == "dir" or ignored_root(e.path, self.limits.ignored_dirs) is not None:
+                row, _ = await self._describe(sandbox, e, budget, now_ns)  # returns at once
+                out.append((e, row, None))
+            else:
+                slow.append(e)
+        if slow:
+            out += await asyncio.gather(*(one(e) for e in slow))
+        return out
 
     # -- baseline ----------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     )
     changelog_max_files: int = Field(200_000, ge=1, description="Files a change scan walks (beyond: reported).")
     changelog_ignored_dirs: list[str] | None = Field(
-        None, description='Directory names tracked by stat only (JSON list; default ".git", "node_modules", ...).'
+        None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
 
     def changelog_limits(self) -> Any:

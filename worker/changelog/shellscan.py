@@ -11,14 +11,16 @@ Limits (:class:`~worker.changelog.model.Limits`), all reported, never silent:
 
 * a file over ``max_file_bytes``, or beyond ``max_total_bytes`` of kept content, is tracked
   by stat and hash only: its changes are entries with ``restorable=False``;
-* files under an ignored directory (``.git``, ``node_modules``, ...) are tracked by stat
-  only; a command's changes there become one not-restorable entry per directory;
-* directories are baseline rows too (existence only: their mtime and mode change with
-  every entry made in them), so a command's ``mkdir``/``rm -r`` are entries that undo
-  reverses (an empty directory removed, a removed one made again); they are not listed
-  in the returned changed paths (``files_changed``);
-* symlinks are recorded by target string; the agent has no symlink operation, so a
-  created link can be undone (removed) but a changed or deleted one cannot;
+* files under an ignored directory (``node_modules``, ``.venv``, caches; in ``.git`` only
+  ``objects/`` and ``lfs/``) are tracked by stat only. What a command creates needs no
+  before-image: a directory made whole is one *tree* entry, creations under an existing
+  ignored directory one *group* entry per directory and command (paths in ``members``);
+  changes to files that were there before are one not-restorable group entry;
+* directories are baseline rows too (existence and mode: their mtime changes with every
+  entry made in them), so a command's ``mkdir``/``rm -r``/``chmod`` are entries that undo
+  reverses; they are not listed in the returned changed paths (``files_changed``);
+* symlinks are recorded by target (the target is the row's content, hashed and kept), so
+  a link made, removed or retargeted is undone;
 * a workspace over ``max_files`` files is reported with a ``truncated`` entry.
 
 Racy files (modified within :data:`RACY_NS` of a scan, where a same-size rewrite could keep

@@ -163,7 +163,7 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
             sys.stdout.write(result.diff)
         for s in result.steps:
             tail = f" (undo entry {s.undo_entry_id})" if s.undo_entry_id else ""
-            tail += f": {s.message}" if s.message and (s.status != "reverted" or s.undo_entry_id is None) else ""
+            tail += f": {s.message}" if s.message else ""
             print(f"entry {s.entry_id} {s.path}: {s.status}{tail}", file=sys.stderr)
             for p in s.paths:  # each path that cannot be put back, one a line
                 print(f"  not restorable: {p}", file=sys.stderr)

@@ -80,7 +80,7 @@ def _line(e: Entry) -> str:
     elif e.op in ("create", "delete") and "dir" in (e.before_kind, e.after_kind):
         path += "/"  # a directory made or removed, as ls -F shows one
     flags: list[str] = [e.state] if e.state != "applied" else []
-    what = e.what()
+    what = e.describe()
     if what:
         flags.insert(0, what)
     if e.reverted:

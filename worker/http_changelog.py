@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,7 +32,7 @@ from .changelog import (
     UndoResult,
 )
 from .http import WorkspaceId
-from .quoting import unquote_path
+from .quoting import quote_path, unquote_path
 from .result import safe_text
 from .service import Workspaces
 
@@ -137,6 +138,15 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
         _p, cl, _box = await changelog_and_box(request, workspace_id)
         path = None if path is None else unquote_path(path)
         return [e.shown() for e in await cl.log(path=path, call_id=call_id, subtask_id=subtask_id, limit=limit)]
+
+    @app.get(f"{ws_path}/changelog/{{entry_id}}/members", tags=["changelog"], dependencies=auth, responses=responses)
+    async def members(
+        request: Request, workspace_id: WorkspaceId, entry_id: int = PathParam(ge=0, le=(1 << 63) - 1)
+    ) -> list[str]:
+        """The paths a group entry stands for (``detail`` says ``group: ...``), quoted as
+        the changelog quotes paths; [] for any other entry. 404 for an unknown entry."""
+        _p, cl, _box = await changelog_and_box(request, workspace_id)
+        return [quote_path(p) for p in await cl.members(entry_id)]
 
     @app.get(f"{ws_path}/diff", tags=["changelog"], dependencies=auth, responses=responses)
     async def diff(

@@ -456,6 +456,36 @@ async def test_changelog_diff_and_undo(tmp_path: Path, local_backend: Any) -> No
         assert r.status_code == 404
 
 
+async def test_changelog_shows_trees_groups_and_modes_readably(tmp_path: Path, local_backend: Any) -> None:
+    """A made tree, a group of creations under an existing ignored directory and a chmod:
+    each entry says what it stands for (``detail``), the group's paths are listed by the
+    members route, the diff names the tree, and undo gives the tree back as it was."""
+    async with recording_service(tmp_path, local_backend) as svc:
+        path = await svc.workspace()
+        (path / "node_modules").mkdir()
+        (path / "run.sh").write_text("#!/bin/sh\n")
+        (path / "run.sh").chmod(0o644)
+        c = svc.client
+        command = "mkdir -p .venv/bin && echo x > .venv/bin/py && echo 1 > node_modules/a.js && chmod 755 run.sh"
+        body = {"tool": "shell_execute", "arguments": {"command": command}, "call_id": "s1"}
+        r = (await c.post("/v1/workspaces/w1/execute", json=body)).json()
+        assert sorted(r["files_changed"]) == [".venv/", "node_modules/a.js", "run.sh"]
+        entries = {e["path"]: e for e in (await c.get("/v1/workspaces/w1/changelog")).json()}
+        assert entries[".venv"]["detail"] == "tree: 1 file, 2 bytes" and entries[".venv"]["tree_files"] == 1
+        assert entries["node_modules"]["detail"].startswith("group: 1 file")
+        assert entries["run.sh"]["detail"] == "mode 644 -> 755"
+        group = entries["node_modules"]["id"]
+        members = (await c.get(f"/v1/workspaces/w1/changelog/{group}/members")).json()
+        assert members == ["node_modules/a.js"]
+        assert (await c.get("/v1/workspaces/w1/changelog/99999/members")).status_code == 404
+        diff = (await c.get("/v1/workspaces/w1/diff")).json()["diff"]
+        assert "Only in b: .venv/ (tree: 1 file" in diff
+        r = await c.post("/v1/workspaces/w1/undo", json={"call_id": "s1"})
+        assert r.status_code == 200 and {s["status"] for s in r.json()["steps"]} == {"reverted"}
+        assert sorted(p.name for p in path.iterdir()) == ["node_modules", "run.sh"]
+        assert (path / "run.sh").stat().st_mode & 0o777 == 0o644 and not any((path / "node_modules").iterdir())
+
+
 async def test_changelog_routes_say_when_nothing_is_recorded(svc: Service) -> None:
     await svc.workspace()
     r = await svc.client.get("/v1/workspaces/w1/changelog")

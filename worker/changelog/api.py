@@ -16,6 +16,7 @@ from sandbox.base import ExecResult, Sandbox, ScanResult, WriteResult
 
 from ..quoting import quote_path
 from .diff import Content, first_before, read_now, summarize, unified
+from .errors import EntryNotFoundError
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
@@ -198,6 +199,13 @@ class Changelog:
     async def entry(self, entry_id: int) -> Entry | None:
         return await self._core.db(self._core.store.entry, entry_id)
 
+    async def members(self, entry_id: int) -> list[str]:
+        """The paths a group entry stands for, sorted ([] for another entry). Raises
+        EntryNotFoundError for an unknown id, ChangelogStorageError."""
+        if await self.entry(entry_id) is None:
+            raise EntryNotFoundError(f"no changelog entry matches id {entry_id}")
+        return [p for p, _t in await self._core.db(self._core.store.members, entry_id)]
+
     async def summary(self) -> Summary:
         """Net created/modified/deleted/renamed paths. Raises ChangelogStorageError."""
         return summarize(await self.log())
@@ -228,7 +236,7 @@ class Changelog:
             if path is not None and not (e.path == path or e.path.startswith(path + "/")):
                 continue
             where = e.path + "/" if e.is_tree else e.path + "/*"
-            out.append(f"Only in b: {quote_path(where)} ({e.what()}; entry {e.id}, content not shown)\n")
+            out.append(f"Only in b: {quote_path(where)} ({e.describe()}; entry {e.id}, content not shown)\n")
         return "".join(out)
 
     # -- undo --------------------------------------------------------------------------

@@ -67,8 +67,10 @@ class Entry(BaseModel):
     #: count the files (links and other non-directories included) and their bytes.
     tree_files: int | None = None
     tree_bytes: int | None = None
+    #: As the CLI and the HTTP API show an entry (:meth:`shown`): :meth:`describe`.
+    detail: str | None = None
 
-    def what(self) -> str:
+    def describe(self) -> str:
         """A few words for what a tree, group, mode or link entry stands for ('' for a
         plain file change), as ``log`` shows it."""
         if self.tree_files is not None:
@@ -112,6 +114,7 @@ class Entry(BaseModel):
                 "note": None if self.note is None else safe_text(self.note),
                 "call_id": None if self.call_id is None else safe_text(self.call_id),
                 "subtask_id": None if self.subtask_id is None else safe_text(self.subtask_id),
+                "detail": self.describe() or None,
             }
         )
 

@@ -171,3 +171,23 @@ async def test_a_dry_run_touches_nothing(cl, box, workspace: Path) -> None:
     preview = await cl.undo(box, all=True, dry_run=True)
     assert {s.status for s in preview.steps} == {"would_revert"}
     assert tree_state(workspace) == state
+
+
+@pytest.mark.parametrize(
+    ("path", "root"),
+    [
+        (".git/HEAD", None),
+        (".git/refs/heads/main", None),
+        (".git/objects", None),
+        (".git/objects/ab/cdef", ".git/objects"),
+        (".git/modules/sub/objects/pack/p.pack", ".git/modules/sub/objects"),
+        ("vendor/.git/lfs/objects/x", "vendor/.git/lfs"),
+        ("src/objects/model.py", None),
+        ("node_modules/pkg/.git/objects/x", "node_modules"),
+        ("a/__pycache__/m.pyc", "a/__pycache__"),
+    ],
+)
+def test_what_is_tracked_by_stat_only(path: str, root: str | None) -> None:
+    from worker.changelog.shellscan import ignored_root
+
+    assert ignored_root(path, Limits().ignored_dirs) == root

@@ -127,11 +127,11 @@ def ignored_root(path: str, ignored: Iterable[str]) -> str | None:
     ``.git/objects``), or None."""
     parts = path.split("/")
     names = set(ignored)
+    in_git = False  # submodules keep their stores under .git/modules/<name>/objects
     for i, comp in enumerate(parts[:-1]):
-        if comp in names:
+        if comp in names or (in_git and comp in GIT_STORES):
             return "/".join(parts[: i + 1])
-        if comp == ".git" and i + 1 < len(parts) - 1 and parts[i + 1] in GIT_STORES:
-            return "/".join(parts[: i + 2])
+        in_git = in_git or comp == ".git"
     return None
 
 

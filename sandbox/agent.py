@@ -325,7 +325,9 @@ def op_hello(req):
         "python": sys.version.split()[0],
         "kernel": os.uname().release,
         "subreaper": _subreaper[0],
-        "ripgrep": bool(shutil.which("rg")),
+        "ripgrep": _rg_command() is not None,
+        # Commands run with the image's own /bin/sh: an image without one cannot serve.
+        "shell": os.access("/bin/sh", os.X_OK),
         "cpu_quota": _cpu_quota(),
     }
 
@@ -1584,9 +1586,20 @@ def _search_threads():
     return cores
 
 
+def _rg_command():
+    """How to run ripgrep: the agent runtime's own copy (through the runtime's loader, so
+    it runs in any image), else the image's ``rg`` on its PATH, else None (the search
+    falls back to Python)."""
+    lib = os.path.join(sys.prefix, "lib")
+    loader, rg = os.path.join(lib, "loader"), os.path.join(sys.prefix, "bin", "rg")
+    if os.access(loader, os.X_OK) and os.access(rg, os.X_OK):
+        return [loader, "--library-path", lib, rg]
+    found = shutil.which("rg", path=_IMAGE_ENV.get("PATH") or BASE_ENV["PATH"])
+    return [found] if found else None
+
+
 def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
-    argv = [
-        rg,
+    argv = list(rg) + [
         "--no-config",
         "--line-number",
         "--with-filename",
@@ -1738,7 +1751,7 @@ def op_search(req):
     # that order are kept: the answer is the same on every run unless there are over ten
     # times as many matches as asked for (then it is some ``max_matches`` of them).
     collect = min(max_matches * 10, 20000)
-    rg = shutil.which("rg") if not req.get("force_python") else None
+    rg = _rg_command() if not req.get("force_python") else None
     if rg:
         target = "./" + _rel(parts) if parts else "."
         matches, truncated = _search_rg(rg, pattern, target, glob, exclude, collect, ignore_case)
@@ -1963,10 +1976,20 @@ def _oom_kills():
     return None
 
 
+#: The container's environment as the agent found it at start: the image's ENV (its
+#: PATH, its tool settings) plus what the worker set (HOME, USER, LANG, per-workspace
+#: variables). Commands start from it, so an image behaves as its author meant.
+_IMAGE_ENV = {}  # type: dict
+
+
 def _command_env_cwd(req):
-    """The environment (non-interactive base + the caller's valid strings) and the real
-    working directory (resolved inside the workspace) for a process the host asks for."""
-    env = dict(BASE_ENV)
+    """The environment (the image's, then the non-interactive base, then the caller's
+    valid strings) and the real working directory (resolved inside the workspace) for a
+    process the host asks for."""
+    env = dict(_IMAGE_ENV)
+    env.update(BASE_ENV)
+    if _IMAGE_ENV.get("PATH"):
+        env["PATH"] = _IMAGE_ENV["PATH"]  # the image's own PATH (/usr/local/go/bin, ...)
     env["HOME"] = os.environ.get("HOME", "/tmp")
     env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
     for k, v in (req.get("env") or {}).items():
@@ -2536,6 +2559,7 @@ def main(config):
     global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT, _stdout
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     _nonce[0] = config.get("nonce")
+    _IMAGE_ENV.update(os.environ)
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))

@@ -40,12 +40,21 @@ from .connection import AgentConnection, SocketTransport, StreamProtocol, Stream
 from .errors import (
     DaemonUnavailableError,
     ImageNotFoundError,
+    ImageUnusableError,
     RuntimeUnavailableError,
     SandboxLostError,
     SandboxUnavailableError,
 )
 from .hostscan import HostScanner
-from .spec import ACTIVITY_FILE, HOME_DIR, LABEL_PREFIX, WORKSPACE_MOUNT, SandboxSpec
+from .spec import (
+    ACTIVITY_FILE,
+    AGENT_COMMAND,
+    HOME_DIR,
+    LABEL_PREFIX,
+    RUNTIME_MOUNT,
+    WORKSPACE_MOUNT,
+    SandboxSpec,
+)
 
 log = structlog.get_logger("sandbox.docker")
 T = TypeVar("T")
@@ -55,6 +64,7 @@ LABEL_WS = f"{LABEL_PREFIX}.workspace"
 LABEL_WS_HASH = f"{LABEL_PREFIX}.workspace-hash"
 LABEL_VERSION = f"{LABEL_PREFIX}.version"
 LABEL_SPEC = f"{LABEL_PREFIX}.spec"
+LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
 
 
 def workspace_key(workspace: Path) -> str:
@@ -86,7 +96,9 @@ _retry = retry(
 def _translate(exc: Exception, what: str) -> Exception:
     if isinstance(exc, docker.errors.ImageNotFound):
         return ImageNotFoundError(
-            f"{what}: image not found ({exc.explanation}); build it with `loom-worker build-image` or scripts/setup"
+            f"{what}: image not found ({exc.explanation}). The project's images are built by scripts/setup "
+            "(or `loom-worker build-image`); an image of your own must be on this engine: `docker build -t NAME .` "
+            "or `docker load -i FILE` (no registry is pulled from)"
         )
     if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError
@@ -217,6 +229,8 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
+        self._runtime_volume: str | None = None
+        self._runtime_lock = asyncio.Lock()
         # The agents' direct channel: unreachable from this process at all (no access to
         # /proc/<pid>/root), or failed its handshake in these containers (possibly a
         # command interfering): those stay on the attach stream.
@@ -258,6 +272,8 @@ class DockerBackend(SandboxBackend):
 
     def _mounts(self, ws: Path) -> list[Mount]:
         mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
+        if self._runtime_volume:
+            mounts.append(Mount(target=RUNTIME_MOUNT, source=self._runtime_volume, type="volume", read_only=True))
         # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
         # host later uses the repository: the sandbox must not be able to plant them. Both
         # are mounted read-only, and .git itself is bound onto itself so that it is a mount
@@ -294,7 +310,9 @@ class DockerBackend(SandboxBackend):
             # to it over the attach stream (no `docker exec`, and its Python boots while the
             # engine finishes the start); once that client goes (StdinOnce), it stays as the
             # keeper that ends the container after the idle TTL. Other processes exec their own.
-            "command": ["python3", "-I", "-S", "-c", protocol.BOOTSTRAP],
+            # The agent runs from the runtime volume whatever the image holds; the image's
+            # own ENTRYPOINT must not wrap it (an entrypoint set here also drops its CMD).
+            "entrypoint": [*AGENT_COMMAND, protocol.BOOTSTRAP],
             "stdin_open": True,
             "detach": False,  # with stdin_open: StdinOnce, see above
             # Agent traffic (file contents!) must not end up in the engine's container logs.
@@ -308,6 +326,7 @@ class DockerBackend(SandboxBackend):
                 LABEL_WS_HASH: workspace_key(ws),
                 LABEL_VERSION: __version__,
                 LABEL_SPEC: spec.fingerprint(),
+                LABEL_RUNTIME: self._runtime_volume or "",
             },
             "hostname": "sandbox",
             "network_mode": "none",
@@ -353,14 +372,18 @@ class DockerBackend(SandboxBackend):
 
         Raises ImageNotFoundError, RuntimeUnavailableError, DaemonUnavailableError.
         """
-        await self._check_runtime()
+        await self.prepare()
         name = container_name(ws)
         client = self._docker()
         for _attempt in range(5):
             container = await self._find(name)
             if container is not None:
                 labels = container.labels or {}
-                same = labels.get(LABEL_SPEC) == self.spec.fingerprint() and labels.get(LABEL_WS) == str(ws)
+                same = (
+                    labels.get(LABEL_SPEC) == self.spec.fingerprint()
+                    and labels.get(LABEL_WS) == str(ws)
+                    and labels.get(LABEL_RUNTIME, "") == self._runtime_volume
+                )
                 if container.status == "running" and same:
                     self._started.add(name)
                     return container
@@ -399,6 +422,55 @@ class DockerBackend(SandboxBackend):
             log.info("sandbox.started", workspace=str(ws), container=name, runtime=self.spec.runtime)
             return container
         raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
+
+    async def prepare(self) -> None:
+        """What every container needs before :meth:`container_config` can describe it:
+        the runtime checked (gVisor in effect when asked for) and the agent runtime's
+        volume in place. Idempotent and cheap after the first call.
+
+        Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
+        """
+        await self._check_runtime()
+        await self._ensure_runtime_volume()
+
+    async def _ensure_runtime_volume(self) -> None:
+        """Make sure the agent runtime of :attr:`SandboxSpec.agent_runtime_image` is in a
+        volume (``loom-agent-runtime-<image id>``), once per image version: the engine
+        fills an empty named volume from the image when a container first mounts it, so
+        creating (never starting) one container does the copy. Several workers may race
+        here; volume create is idempotent and the copy happens once.
+
+        Raises ImageNotFoundError (the runtime image is not built), DaemonUnavailableError.
+        """
+        if self._runtime_volume is not None:
+            return
+        async with self._runtime_lock:
+            if self._runtime_volume is not None:
+                return
+            client = self._docker()
+            image = await self._call(
+                "agent runtime image " + self.spec.agent_runtime_image, client.images.get, self.spec.agent_runtime_image
+            )
+            volume = "loom-agent-runtime-" + image.id.split(":")[-1][:12]
+
+            def fill() -> None:
+                try:
+                    client.volumes.get(volume)
+                    return
+                except docker.errors.NotFound:
+                    pass
+                client.volumes.create(volume, labels={LABEL_WORKER: "1", LABEL_RUNTIME: image.id})
+                helper = client.containers.create(
+                    image.id,
+                    command=["/opt/loom-runtime/lib/loader"],
+                    mounts=[Mount(target="/opt/loom-runtime", source=volume, type="volume")],
+                    network_mode="none",
+                    labels={LABEL_WORKER: "1"},
+                )
+                helper.remove(force=True)
+
+            await self._call("fill the agent runtime volume", fill)
+            self._runtime_volume = volume
 
     async def _started_by_peer(self, name: str, wait: float = 5.0) -> bool:
         """A container of ours sits in "created": a peer process made it and is about to
@@ -453,7 +525,7 @@ class DockerBackend(SandboxBackend):
         sock_io = await self._call("attach sandbox agent", attach)
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
-        await conn.start(
+        hello = await conn.start(
             {
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
@@ -462,7 +534,19 @@ class DockerBackend(SandboxBackend):
             },
             timeout=self.spec.agent_start_timeout,
         )
+        await self._check_image(conn, hello)
         return conn
+
+    async def _check_image(self, conn: AgentConnection, hello: dict[str, Any]) -> None:
+        """Refuse an image the tools cannot work in, at once and saying why (the agent
+        itself runs in any image). Raises ImageUnusableError."""
+        if hello.get("shell") is False:
+            await conn.close()
+            raise ImageUnusableError(
+                f"image {self.spec.image} has no /bin/sh: shell_execute runs commands with the image's own "
+                "/bin/sh, so this image cannot be a sandbox. Add a shell to it (for example busybox) or use "
+                "another image."
+            )
 
     async def _exec_agent(self, container: Any) -> AgentConnection:
         api = self._docker().api
@@ -470,7 +554,7 @@ class DockerBackend(SandboxBackend):
         def start() -> Any:
             ex = api.exec_create(
                 container.id,
-                ["python3", "-I", "-S", "-c", protocol.BOOTSTRAP],
+                [*AGENT_COMMAND, protocol.BOOTSTRAP],
                 stdin=True,
                 stdout=True,
                 stderr=True,
@@ -482,10 +566,11 @@ class DockerBackend(SandboxBackend):
         sock_io = await self._call("start sandbox agent", start)
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
-        await conn.start(
+        hello = await conn.start(
             {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **self.spec.agent_config()},
             timeout=self.spec.agent_start_timeout,
         )
+        await self._check_image(conn, hello)
         return conn
 
     async def _settle(self, ws: Path) -> None:
@@ -511,6 +596,10 @@ class DockerBackend(SandboxBackend):
                     conn = await self._attach_agent(container)
                 else:
                     conn = await self._exec_agent(container)
+            except ImageUnusableError:
+                with contextlib.suppress(SandboxUnavailableError):
+                    await self._remove(container)
+                raise
             except (SandboxLostError, SandboxUnavailableError) as e:
                 # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                 last = e

@@ -6,6 +6,7 @@
     ├── SandboxUnavailableError        infrastructure: the box cannot be used right now
     │   ├── DaemonUnavailableError     the Docker daemon does not answer
     │   ├── ImageNotFoundError         the sandbox image is not built   (also LookupError)
+    │   ├── ImageUnusableError         the image cannot be a sandbox (no /bin/sh)
     │   ├── RuntimeUnavailableError    runsc requested but not in effect (fail closed)
     │   └── SandboxLostError           the agent or container died / stopped answering mid-call
     ├── SandboxTimeoutError            the host-side deadline passed     (also TimeoutError)
@@ -46,6 +47,10 @@ class DaemonUnavailableError(SandboxUnavailableError):
 
 class ImageNotFoundError(SandboxUnavailableError, LookupError):
     """The configured sandbox image does not exist on the engine."""
+
+
+class ImageUnusableError(SandboxUnavailableError):
+    """The image exists but cannot be a sandbox (it has no ``/bin/sh``, for one)."""
 
 
 class RuntimeUnavailableError(SandboxUnavailableError):

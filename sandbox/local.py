@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -81,9 +82,14 @@ class ProcessTransport(Transport):
     @classmethod
     async def spawn(cls, *argv: str) -> ProcessTransport:
         loop = asyncio.get_running_loop()
+        # What a container's agent finds: a PATH, HOME and USER, not this process's whole
+        # environment (commands start from the agent's, see the agent's _IMAGE_ENV).
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "USER") if k in os.environ}
+        env["LANG"] = "C.UTF-8"
         transport, proto = await loop.subprocess_exec(
             _AgentProcessProtocol,
             *argv,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -18,6 +18,21 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 WORKSPACE_MOUNT = "/workspace"
+#: Where the agent runtime (images/runtime: CPython, its standard library, ripgrep and
+#: glibc's loader) is mounted read-only in every sandbox, outside the workspace.
+RUNTIME_MOUNT = "/.loom"
+#: How the agent starts in any image: through the runtime's own dynamic loader, with the
+#: runtime's libraries on the loader's command line (not LD_LIBRARY_PATH, which commands
+#: would inherit), so neither the image's interpreter nor its C library is involved.
+AGENT_COMMAND = (
+    f"{RUNTIME_MOUNT}/lib/loader",
+    "--library-path",
+    f"{RUNTIME_MOUNT}/lib",
+    f"{RUNTIME_MOUNT}/bin/python3",
+    "-I",
+    "-S",
+    "-c",
+)
 HOME_DIR = "/home/sandbox"
 ACTIVITY_FILE = "/tmp/.loom-activity"
 LABEL_PREFIX = "dev.loom"
@@ -44,6 +59,8 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     image: str = "loom-sandbox:latest"
+    #: The image the agent runtime is copied from (into a read-only volume per version).
+    agent_runtime_image: str = "loom-agent-runtime:latest"
     runtime: Literal["runc", "runsc"] = "runc"
     cpus: float = Field(1.0, gt=0, le=64)
     memory: int = Field(1 << 30, description="bytes; swap is set equal, i.e. no swap")

@@ -50,7 +50,12 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert cfg["User"] == "1000:1000"
     # Only the workspace is mounted from the host: no docker socket, no other host path.
     mounts = attrs["Mounts"]
-    assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == [(str(user_workspace), "/workspace", True)]
+    binds = [(m["Source"], m["Destination"], m["RW"]) for m in mounts if m["Type"] == "bind"]
+    assert binds == [(str(user_workspace), "/workspace", True)]
+    # The agent runtime: a read-only volume outside the workspace, and nothing else.
+    (runtime,) = [m for m in mounts if m["Type"] != "bind"]
+    assert (runtime["Type"], runtime["Destination"], runtime["RW"]) == ("volume", "/.loom", False)
+    assert runtime["Name"].startswith("loom-agent-runtime-")
     assert not any("docker.sock" in str(m) for m in mounts)
     labels = cfg["Labels"]
     assert labels["dev.loom.worker"] == "1"
@@ -110,7 +115,8 @@ async def test_git_hooks_symlinked_out_are_not_mounted(docker_backend: DockerBac
     await (await docker_backend.get(workspace)).info()
     attrs = await docker_backend.inspect(workspace)
     assert attrs is not None
-    assert sorted(m["Source"] for m in attrs["Mounts"]) == [str(workspace), str(workspace / ".git")]
+    binds = sorted(m["Source"] for m in attrs["Mounts"] if m["Type"] == "bind")
+    assert binds == [str(workspace), str(workspace / ".git")]
 
 
 class _RuncPretendingRunsc(DockerBackend):

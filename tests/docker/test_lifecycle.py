@@ -216,6 +216,7 @@ async def test_a_peer_container_not_yet_started_is_adopted_not_removed(docker_re
     backend = make_backend()
     client = docker.from_env()
     try:
+        await peer.prepare()
         created = await asyncio.to_thread(client.containers.create, **peer.container_config(workspace.resolve()))
 
         async def start_late() -> None:
@@ -248,6 +249,7 @@ async def test_a_container_its_creator_never_started_is_replaced(
 
     monkeypatch.setattr(DockerBackend, "_started_by_peer", short_wait)
     try:
+        await backend.prepare()
         orphan = await asyncio.to_thread(client.containers.create, **backend.container_config(workspace.resolve()))
         box = await backend.get(workspace)
         assert (await box.exec("echo up")).stdout == b"up\n"

@@ -26,7 +26,7 @@ from typing import Any, cast
 import structlog
 
 from . import protocol
-from .errors import ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
+from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
 
 log = structlog.get_logger("sandbox.connection")
 #: Most bytes of events held for processes whose handler is not registered yet.
@@ -261,12 +261,18 @@ class AgentConnection:
         worker inside another container, ...). Call it only while no request is in flight.
 
         Raises SandboxLostError when the handshake fails after connecting (the agent may
-        have switched already, so this connection is closed), and whatever ``request``
-        raises for the offer itself.
+        have switched already, so this connection is closed), and the infrastructure
+        errors ``request`` raises for the offer itself (a refusal by the agent: False).
         """
         if self._reader is not None or self._pending:
             return False  # pull-mode transport, or traffic in flight: stay where we are
-        resp = await self.request("direct", {}, timeout=timeout)
+        try:
+            resp = await self.request("direct", {}, timeout=timeout)
+        except AgentError as e:
+            # The agent could not listen (an image whose /tmp is not writable to it, for
+            # one: runc gives the tmpfs the mode of the image's own /tmp): stay here.
+            log.info("sandbox.direct_refused", connection=self._label, error=str(e))
+            return False
         path = resp.get("path")
         if not isinstance(path, str) or not path.startswith("/tmp/"):
             raise ProtocolError("agent answered direct with a bad path")

@@ -49,6 +49,7 @@ from .hostscan import HostScanner
 from .spec import (
     ACTIVITY_FILE,
     AGENT_COMMAND,
+    CA_BUNDLE_PATH,
     HOME_DIR,
     LABEL_PREFIX,
     RUNTIME_MOUNT,
@@ -220,6 +221,8 @@ class DockerBackend(SandboxBackend):
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.spec = spec or SandboxSpec()
+        #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
+        self._specs: dict[Path, SandboxSpec] = {}
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._base_url = base_url
         self._client_factory = client_factory
@@ -266,14 +269,18 @@ class DockerBackend(SandboxBackend):
 
     def _owner(self, ws: Path) -> tuple[int, int]:
         st = ws.stat()
-        uid = self.spec.uid if self.spec.uid is not None else st.st_uid
-        gid = self.spec.gid if self.spec.gid is not None else (st.st_gid if self.spec.uid is None else uid)
+        spec = self.spec_of(ws)
+        uid = spec.uid if spec.uid is not None else st.st_uid
+        gid = spec.gid if spec.gid is not None else (st.st_gid if spec.uid is None else uid)
         return uid, gid
 
     def _mounts(self, ws: Path) -> list[Mount]:
         mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
         if self._runtime_volume:
             mounts.append(Mount(target=RUNTIME_MOUNT, source=self._runtime_volume, type="volume", read_only=True))
+        spec = self.spec_of(ws)
+        if spec.ca_bundle:
+            mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
         # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
         # host later uses the repository: the sandbox must not be able to plant them. Both
         # are mounted read-only, and .git itself is bound onto itself so that it is a mount
@@ -301,7 +308,7 @@ class DockerBackend(SandboxBackend):
     def container_config(self, ws: Path) -> dict[str, Any]:
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
         uid, gid = self._owner(ws)
-        spec = self.spec
+        spec = self.spec_of(ws)
         tmpfs_opts = "rw,nosuid,nodev"  # exec allowed: agents run scripts they write to /tmp
         return {
             "image": spec.image,
@@ -319,7 +326,7 @@ class DockerBackend(SandboxBackend):
             "log_config": docker.types.LogConfig(type="none"),
             "user": f"{uid}:{gid}",
             "working_dir": WORKSPACE_MOUNT,
-            "environment": {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"},
+            "environment": spec.environment(uid),
             "labels": {
                 LABEL_WORKER: "1",
                 LABEL_WS: str(ws),
@@ -353,8 +360,8 @@ class DockerBackend(SandboxBackend):
             "tty": False,
         }
 
-    async def _check_runtime(self) -> None:
-        if self.spec.runtime != "runsc" or self._runsc_checked:
+    async def _check_runtime(self, spec: SandboxSpec) -> None:
+        if spec.runtime != "runsc" or self._runsc_checked:
             return
         info = await self._call("docker info", lambda: self._docker().info())
         if "runsc" not in (info.get("Runtimes") or {}):
@@ -372,7 +379,8 @@ class DockerBackend(SandboxBackend):
 
         Raises ImageNotFoundError, RuntimeUnavailableError, DaemonUnavailableError.
         """
-        await self.prepare()
+        spec = self.spec_of(ws)
+        await self.prepare(spec)
         name = container_name(ws)
         client = self._docker()
         for _attempt in range(5):
@@ -380,7 +388,7 @@ class DockerBackend(SandboxBackend):
             if container is not None:
                 labels = container.labels or {}
                 same = (
-                    labels.get(LABEL_SPEC) == self.spec.fingerprint()
+                    labels.get(LABEL_SPEC) == spec.fingerprint()
                     and labels.get(LABEL_WS) == str(ws)
                     and labels.get(LABEL_RUNTIME, "") == self._runtime_volume
                 )
@@ -393,7 +401,7 @@ class DockerBackend(SandboxBackend):
                 # process that died before starting it: replace it.
                 await self._remove(container)
                 continue
-            if ws.stat().st_uid == 0 and self.spec.uid is None:
+            if ws.stat().st_uid == 0 and spec.uid is None:
                 log.warning(
                     "sandbox.root_workspace",
                     workspace=str(ws),
@@ -419,18 +427,18 @@ class DockerBackend(SandboxBackend):
                 raise
             self._started.add(name)
             self._fresh.add(name)
-            log.info("sandbox.started", workspace=str(ws), container=name, runtime=self.spec.runtime)
+            log.info("sandbox.started", workspace=str(ws), container=name, runtime=spec.runtime, image=spec.image)
             return container
         raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
 
-    async def prepare(self) -> None:
+    async def prepare(self, spec: SandboxSpec | None = None) -> None:
         """What every container needs before :meth:`container_config` can describe it:
         the runtime checked (gVisor in effect when asked for) and the agent runtime's
         volume in place. Idempotent and cheap after the first call.
 
         Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
         """
-        await self._check_runtime()
+        await self._check_runtime(spec or self.spec)
         await self._ensure_runtime_volume()
 
     async def _ensure_runtime_volume(self) -> None:
@@ -514,7 +522,7 @@ class DockerBackend(SandboxBackend):
                 return
             await asyncio.sleep(0.05)
 
-    async def _attach_agent(self, container: Any) -> AgentConnection:
+    async def _attach_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
         """Talk to the container's main process (an agent waiting for its source)."""
         api = self._docker().api
 
@@ -529,26 +537,26 @@ class DockerBackend(SandboxBackend):
             {
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
-                "keeper_ttl": self.spec.idle_ttl,
-                **self.spec.agent_config(),
+                "keeper_ttl": spec.idle_ttl,
+                **spec.agent_config(),
             },
-            timeout=self.spec.agent_start_timeout,
+            timeout=spec.agent_start_timeout,
         )
-        await self._check_image(conn, hello)
+        await self._check_image(conn, hello, spec)
         return conn
 
-    async def _check_image(self, conn: AgentConnection, hello: dict[str, Any]) -> None:
+    async def _check_image(self, conn: AgentConnection, hello: dict[str, Any], spec: SandboxSpec) -> None:
         """Refuse an image the tools cannot work in, at once and saying why (the agent
         itself runs in any image). Raises ImageUnusableError."""
         if hello.get("shell") is False:
             await conn.close()
             raise ImageUnusableError(
-                f"image {self.spec.image} has no /bin/sh: shell_execute runs commands with the image's own "
+                f"image {spec.image} has no /bin/sh: shell_execute runs commands with the image's own "
                 "/bin/sh, so this image cannot be a sandbox. Add a shell to it (for example busybox) or use "
                 "another image."
             )
 
-    async def _exec_agent(self, container: Any) -> AgentConnection:
+    async def _exec_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
         api = self._docker().api
 
         def start() -> Any:
@@ -567,10 +575,10 @@ class DockerBackend(SandboxBackend):
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
         hello = await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **self.spec.agent_config()},
-            timeout=self.spec.agent_start_timeout,
+            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()},
+            timeout=spec.agent_start_timeout,
         )
-        await self._check_image(conn, hello)
+        await self._check_image(conn, hello, spec)
         return conn
 
     async def _settle(self, ws: Path) -> None:
@@ -590,12 +598,13 @@ class DockerBackend(SandboxBackend):
         last: Exception | None = None
         for attempt in range(2):
             container = await self.ensure_container(ws)
+            spec = self.spec_of(ws)
             try:
                 if container.name in self._fresh:
                     self._fresh.discard(container.name)
-                    conn = await self._attach_agent(container)
+                    conn = await self._attach_agent(container, spec)
                 else:
-                    conn = await self._exec_agent(container)
+                    conn = await self._exec_agent(container, spec)
             except ImageUnusableError:
                 with contextlib.suppress(SandboxUnavailableError):
                     await self._remove(container)
@@ -608,15 +617,15 @@ class DockerBackend(SandboxBackend):
                     await self._remove(container)
                 self.restarts += 1
                 continue
-            if self.spec.runtime == "runsc":
+            if spec.runtime == "runsc":
                 await self._verify_gvisor(conn, container)
-            elif self.spec.direct and not self._direct_unreachable and container.name not in self._direct_failed:
-                conn = await self._go_direct(conn, container)
+            elif spec.direct and not self._direct_unreachable and container.name not in self._direct_failed:
+                conn = await self._go_direct(conn, container, spec)
             return conn
         assert last is not None
         raise last
 
-    async def _go_direct(self, conn: AgentConnection, container: Any) -> AgentConnection:
+    async def _go_direct(self, conn: AgentConnection, container: Any, spec: SandboxSpec) -> AgentConnection:
         """Move ``conn`` to the agent's direct channel: a unix socket on the container's
         /tmp, reached through ``/proc/<pid>/root`` (~0.04 ms per round trip instead of
         ~0.4 ms through the engine). Stays on the attach stream when that path is not
@@ -646,7 +655,7 @@ class DockerBackend(SandboxBackend):
             return await connect_agent_socket(pid, path)
 
         try:
-            if await conn.go_direct(open_socket, timeout=self.spec.agent_start_timeout):
+            if await conn.go_direct(open_socket, timeout=spec.agent_start_timeout):
                 return conn
             # The container's root was reachable but the socket was not (a command may
             # have moved it): this container stays on the attach stream.
@@ -657,7 +666,7 @@ class DockerBackend(SandboxBackend):
             # one (the container is fine) and stay on attach streams from now on.
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
             self._direct_failed.add(container.name)
-            return await self._exec_agent(container)
+            return await self._exec_agent(container, spec)
 
     async def _verify_gvisor(self, conn: AgentConnection, container: Any) -> None:
         """Fail closed unless the agent really runs on gVisor's kernel."""
@@ -674,20 +683,43 @@ class DockerBackend(SandboxBackend):
 
     # -- SandboxBackend ------------------------------------------------------------------
 
+    def spec_of(self, workspace: Path) -> SandboxSpec:
+        """The spec ``workspace``'s sandbox is made with: its own (:meth:`configure`) or
+        the backend's."""
+        return self._specs.get(workspace, self.spec)
+
+    async def configure(self, workspace: Path, spec: SandboxSpec | None) -> bool:
+        """Make ``workspace``'s sandbox with ``spec`` from now on (None: the backend's
+        default). A running container made with other settings is replaced at the next
+        call (the workspace's files are kept). Returns True when the spec changed."""
+        ws = Path(workspace).resolve()
+        old = self.spec_of(ws)
+        if spec is None or spec == self.spec:
+            self._specs.pop(ws, None)
+        else:
+            self._specs[ws] = spec
+        if self.spec_of(ws) == old:
+            return False
+        box = self._boxes.pop(ws, None)
+        if box is not None:
+            await box.close()  # the next get() connects to (and so replaces) the container
+        return True
+
     async def get(self, workspace: Path) -> Sandbox:
         ws = Path(workspace).resolve()
         if not ws.is_dir():
             raise SandboxUnavailableError(f"Workspace {ws} is not a directory")
         box = self._boxes.get(ws)
         if box is None:
+            spec = self.spec_of(ws)
             box = DockerSandbox(
                 ws,
                 lambda after_loss: self._connect(ws, after_loss=after_loss),
-                io_timeout=self.spec.io_timeout,
+                io_timeout=spec.io_timeout,
                 on_exec_lost=lambda: self._reset_after_lost_exec(ws),
             )
             box.container_name = container_name(ws)
-            if self.spec.runtime == "runsc":
+            if spec.runtime == "runsc":
                 box.host_scanner = HostScanner(ws)
             self._boxes[ws] = box
         return box
@@ -780,6 +812,12 @@ class DockerBackend(SandboxBackend):
         """``docker info`` (raises DaemonUnavailableError)."""
         result: dict[str, Any] = await self._call("docker info", lambda: self._docker().info())
         return result
+
+    async def runtimes(self) -> set[str]:
+        """The OCI runtimes the engine has (``runc``, ``runsc``...). Raises
+        DaemonUnavailableError."""
+        info = await self._call("docker info", lambda: self._docker().info())
+        return set((info.get("Runtimes") or {}).keys())
 
     async def image_exists(self) -> bool:
         client = self._docker()

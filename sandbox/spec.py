@@ -34,6 +34,19 @@ AGENT_COMMAND = (
     "-c",
 )
 HOME_DIR = "/home/sandbox"
+#: Where a trusted CA bundle (:attr:`SandboxSpec.ca_bundle`) is mounted, and the variables
+#: that make it the trust store of the usual tools (OpenSSL, Python requests, pip, Node,
+#: git, curl). SSL_CERT_FILE replaces the system store: the bundle should hold the public
+#: roots as well as the extra CA (as the host's ca-certificates.crt does).
+CA_BUNDLE_PATH = "/etc/loom/ca-bundle.pem"
+CA_ENV_VARS = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CURL_CA_BUNDLE",
+)
 ACTIVITY_FILE = "/tmp/.loom-activity"
 LABEL_PREFIX = "dev.loom"
 
@@ -82,6 +95,10 @@ class SandboxSpec(BaseModel):
     idle_ttl: int = Field(900, ge=10, description="seconds without a call before the container exits")
     agent_start_timeout: float = 20.0
     io_timeout: float = 30.0
+    #: Environment variables every process in the sandbox gets (per-workspace settings).
+    env: dict[str, str] = Field(default_factory=dict)
+    #: A PEM file on the engine's host, mounted read-only as the sandbox's trust store.
+    ca_bundle: str | None = None
     #: Talk to runc agents over a unix socket on the container's /tmp, reached through
     #: /proc/<pid>/root, instead of through the engine's attach stream (~10x lower latency
     #: per call). Falls back to the attach stream when the socket is not reachable.
@@ -100,6 +117,13 @@ class SandboxSpec(BaseModel):
         if isinstance(v, int | str) and not isinstance(v, bool) and str(v).strip() == "0":
             return 0  # no such check
         return cls._size(v)
+
+    def environment(self, uid: int) -> dict[str, str]:
+        """The container's environment (on top of the image's own)."""
+        env = {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8", **self.env}
+        if self.ca_bundle:
+            env.update(dict.fromkeys(CA_ENV_VARS, CA_BUNDLE_PATH))
+        return env
 
     def agent_config(self) -> dict[str, int]:
         """What every agent of a sandbox is told at start (with its root and paths)."""

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "worker.cli_changelog",  # log, diff, undo
     "worker.cli_service",  # serve, mcp
     "worker.cli_catalog",  # tools search / tools index (extends `tools`)
+    "worker.cli_workspace",  # workspace set / show
 )
 
 

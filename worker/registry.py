@@ -44,6 +44,18 @@ from .result import ToolResult
 from .tool import SCHEMA_FORMATS, Tool, ToolContext, ToolError
 from .tools import BUILTIN_NAMES, builtin_tools
 from .workspace import ChangeRecorder, Workspace
+from .workspace_settings import (
+    Caps,
+    Configs,
+    Configured,
+    SettingsError,
+    SettingsStore,
+    WorkspaceSettings,
+    check,
+    effective,
+    parse,
+    spec_for,
+)
 
 log = structlog.get_logger("worker.registry")
 
@@ -93,9 +105,13 @@ class ToolRegistry:
         backend: SandboxBackend | None = None,
         recorder_factory: RecorderFactory | None = None,
         tools: Iterable[Tool] | None = None,
+        configs: Configs | None = None,
     ) -> None:
         self._tools: dict[str, Tool] = {}
         self.backend = backend
+        #: Per-workspace settings (``default_registry`` sets them up): each workspace's
+        #: sandbox is made with its own spec, re-read when its settings file changes.
+        self.configs = configs
         self._recorder_factory = recorder_factory
         # A caller-supplied factory owns what it makes (it may share one changelog between
         # registries); recorders made by default_registry's own factory are closed here.
@@ -177,9 +193,13 @@ class ToolRegistry:
         key = path if isinstance(path, str) else str(path)
         ws = self._by_arg.get(key)
         if ws is not None:
+            if self.configs is not None and self.configs.store.changed(ws.root):
+                return await self._reconfigure(ws.root)
             return ws
         root = Path(key).expanduser().resolve()
         ws = self._workspaces.get(root)
+        if ws is not None and self.configs is not None and self.configs.store.changed(root):
+            ws = await self._reconfigure(root)
         if ws is None:
             if self.backend is None:
                 raise SandboxUnavailableError("No sandbox backend is configured for this registry")
@@ -188,6 +208,7 @@ class ToolRegistry:
             async with self._ws_lock:
                 ws = self._workspaces.get(root)
                 if ws is None:
+                    await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
                     ws = Workspace(root, sandbox, recorder)
@@ -195,6 +216,81 @@ class ToolRegistry:
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
         return ws
+
+    async def _apply_settings(self, root: Path) -> bool:
+        """Give the backend ``root``'s spec (its settings over the defaults). True when it
+        changed. Raises SandboxUnavailableError for a settings file that is not valid."""
+        configure = getattr(self.backend, "configure", None)
+        if self.configs is None or configure is None:
+            return False
+        try:
+            spec = self.configs.spec(root)
+        except (SettingsError, OSError) as e:
+            raise SandboxUnavailableError(f"The workspace's settings cannot be used: {e}") from e
+        return bool(await configure(root, spec))
+
+    async def _reconfigure(self, root: Path) -> Workspace:
+        """The workspace's settings file changed (here or in another process): from now
+        on its sandbox is made with the new spec; the changelog stays."""
+        async with self._ws_lock:
+            old = self._workspaces.get(root)
+            if not await self._apply_settings(root) and old is not None:
+                return old
+            assert self.backend is not None
+            sandbox = await self.backend.get(root)
+            recorder: ChangeRecorder | None
+            if old is not None:
+                recorder = old.recorder
+            else:
+                recorder = self._recorder_factory(root) if self._recorder_factory else None
+            ws = Workspace(root, sandbox, recorder)
+            self._workspaces[root] = ws
+            for key in [k for k, v in self._by_arg.items() if v is old]:
+                self._by_arg[key] = ws
+            return ws
+
+    async def workspace_settings(self, path: Path | str) -> tuple[WorkspaceSettings, dict[str, Any]]:
+        """A workspace's own settings and the effective ones its sandbox is made with.
+        Raises ToolError (no such directory), SettingsError (the file is not valid),
+        ValueError when this registry has no per-workspace settings."""
+        root = self._settings_root(path)
+        assert self.configs is not None
+        return self.configs.store.load(root), effective(self.configs.spec(root))
+
+    async def configure_workspace(self, path: Path | str, changes: dict[str, Any]) -> Configured:
+        """Change a workspace's settings (a value of None removes that override) after
+        checking every value; the sandbox is recreated with them at its next call (the
+        workspace's files are kept).
+
+        Raises SettingsError naming the refused field (nothing is stored then), ToolError
+        (no such directory), ValueError when this registry has no per-workspace settings,
+        DaemonUnavailableError when the engine must be asked about a runtime and does not
+        answer, OSError when the settings cannot be written.
+        """
+        root = self._settings_root(path)
+        assert self.configs is not None
+        before = self.configs.store.load(root)
+        new = parse(changes, before)
+        runtimes = None
+        ask = getattr(self.backend, "runtimes", None)
+        if new.runtime is not None and ask is not None:
+            runtimes = await ask()
+        check(new, self.configs.caps, runtimes)
+        old_spec = self.configs.spec(root)
+        spec = spec_for(self.configs.base, new)
+        if new != before:
+            self.configs.store.save(root, new)
+        if root in self._workspaces:
+            await self._reconfigure(root)
+        return Configured(new, effective(spec), spec != old_spec)
+
+    def _settings_root(self, path: Path | str) -> Path:
+        if self.configs is None:
+            raise ValueError("this registry has no per-workspace settings (use default_registry)")
+        root = Path(path).expanduser().resolve()
+        if not root.is_dir():
+            raise ToolError(f"Workspace directory not found: {root}")
+        return root
 
     async def stop(self, path: Path | str) -> bool:
         """Forget the workspace and stop its sandbox. Returns False if none was running."""
@@ -356,7 +452,8 @@ def default_registry(
             return Changelog.open(data_dir, root, limits=limits)
 
         own_recorders = True
-    registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory)
+    configs = Configs(SettingsStore(settings.data_dir), settings.sandbox_spec_kwargs(), Caps.from_settings(settings))
+    registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory, configs=configs)
     registry._recorder_shared = not own_recorders
     if catalog if catalog is not None else settings.catalog:
         # tool_search, the custom YAML tools and the configured MCP servers' tools.

@@ -22,7 +22,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
 
     # -- sandbox (issue 2) -----------------------------------------------------------
-    image: str = Field("loom-sandbox:latest", description="Sandbox image (needs python3 >= 3.8).")
+    image: str = Field("loom-sandbox:latest", description="Sandbox image (any Linux image with /bin/sh).")
+    agent_runtime_image: str = Field(
+        "loom-agent-runtime:latest", description="Image the agent's own interpreter is mounted from (images/runtime)."
+    )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; runsc = gVisor.")
     cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox.")
     memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
@@ -46,6 +49,17 @@ class Settings(BaseSettings):
         "instead of the engine's attach stream (falls back to it when unreachable).",
     )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+    ca_bundle: Path | None = Field(
+        None,
+        description="PEM file on the host mounted read-only into sandboxes as the trust store of pip, npm, git, "
+        "curl, requests and Node (a TLS-intercepting proxy's CA); per workspace too.",
+    )
+
+    # -- per-workspace settings: the operator's caps (issue 15) -------------------------
+    max_cpus: float = Field(4.0, gt=0, le=64, description="Most CPUs a workspace's settings may ask for.")
+    max_memory: str = Field("8g", description="Most memory a workspace's settings may ask for.")
+    max_pids: int = Field(4096, ge=16, le=65536, description="Most processes a workspace's settings may ask for.")
+    max_idle_ttl: int = Field(86_400, ge=10, description="Longest idle TTL a workspace's settings may ask for.")
 
     # -- data (issue 4) --------------------------------------------------------------
     data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
@@ -125,4 +139,6 @@ class Settings(BaseSettings):
             "gid": self.gid,
             "idle_ttl": self.idle_ttl,
             "direct": self.direct_channel,
+            "agent_runtime_image": self.agent_runtime_image,
+            "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
         }

@@ -1,0 +1,127 @@
+"""``loom-worker workspace set|show``: one workspace's own sandbox settings.
+
+The settings live on the host next to the workspace's changelog (see
+:mod:`worker.workspace_settings`); the sandbox is recreated with them at the workspace's
+next call, its files kept. Exit codes: 0 ok, 2 a refused value (the message names the
+field; nothing is stored), 1 the settings could not be stored or the engine could not be
+asked about a runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import aio
+from .changelog.model import size_text
+from .settings import Settings
+
+_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle")
+
+
+def _usage(message: str) -> int:
+    print(f"loom-worker workspace: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, Any] | str:
+    """The requested changes, or a usage message."""
+    out: dict[str, Any] = {}
+    for name in ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "ca_bundle"):
+        value = getattr(args, name)
+        if value is not None:
+            out[name] = value
+    env = dict(current_env)
+    touched = False
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            return f"--env {item!r}: use KEY=VALUE"
+        env[key] = value
+        touched = True
+    for name in args.unset or []:
+        if name.startswith("env."):
+            env.pop(name[4:], None)
+            touched = True
+        elif name in _FIELDS:
+            out[name] = None
+        else:
+            return f"--unset {name!r}: not a setting (one of {', '.join(_FIELDS)}, or env.NAME)"
+    if touched:
+        out["env"] = env or None
+    if args.ca_bundle is not None:
+        out["ca_bundle"] = str(Path(args.ca_bundle).expanduser().resolve())
+    return out
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return
+    own = result.get("settings") or {}
+    for key, value in result["effective"].items():
+        if key == "env":
+            value = " ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        elif key == "memory":
+            value = f"{size_text(value)} ({value} bytes)"
+        source = "workspace" if key in own else "default"
+        print(f"{key:<10} {value if value is not None else '-'}  ({source})")
+    if "message" in result:
+        print(result["message"], file=sys.stderr)
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox.errors import SandboxError
+
+    from .registry import default_registry
+    from .tool import ToolError
+    from .workspace_settings import SettingsError
+
+    async with default_registry(settings, catalog=False) as registry:
+        try:
+            if args.action == "show":
+                own, eff = await registry.workspace_settings(args.workspace)
+                _print({"workspace": str(args.workspace), "settings": own.set_fields(), "effective": eff}, args.json)
+                return 0
+            own, _eff = await registry.workspace_settings(args.workspace)
+            changes = _changes(args, dict(own.env or {}))
+            if isinstance(changes, str):
+                return _usage(changes)
+            if not changes:
+                return _usage("nothing to set (see loom-worker workspace set --help)")
+            done = await registry.configure_workspace(args.workspace, changes)
+        except SettingsError as e:
+            return _usage(str(e))
+        except ToolError as e:
+            return _usage(str(e))
+        except (SandboxError, OSError) as e:
+            print(f"loom-worker workspace: {e}", file=sys.stderr)
+            return 1
+        _print({"workspace": str(args.workspace), **done.as_dict()}, args.json)
+        return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("workspace", help="Show or change one workspace's sandbox settings.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in (("show", "Show its own and the effective settings."), ("set", "Change its settings.")):
+        q = actions.add_parser(name, help=text)
+        q.add_argument("--workspace", "-w", required=True, type=Path, help="The workspace directory.")
+        q.add_argument("--json", action="store_true", help="Print JSON.")
+        q.set_defaults(func=lambda a, s: aio.run(_run(a, s)))
+        if name != "set":
+            continue
+        q.add_argument("--image", help="Sandbox image (any image with /bin/sh).")
+        q.add_argument("--runtime", help="runc, or runsc for gVisor.")
+        q.add_argument("--cpus", type=float, help="CPU limit.")
+        q.add_argument("--memory", help="Memory limit, e.g. 2g.")
+        q.add_argument("--pids", type=int, help="Process limit.")
+        q.add_argument("--idle-ttl", dest="idle_ttl", type=int, help="Seconds without calls before it exits.")
+        q.add_argument("--env", action="append", metavar="KEY=VALUE", help="Set a variable (repeatable).")
+        q.add_argument("--ca-bundle", dest="ca_bundle", help="PEM file on the host: the sandbox's trust store.")
+        q.add_argument(
+            "--unset", action="append", metavar="NAME", help="Back to the default: a setting, or env.KEY (repeatable)."
+        )

@@ -1,0 +1,311 @@
+"""Per-workspace settings: the image, runtime, limits, environment and trust store one
+workspace's sandbox is made with, on top of the process-wide ``LOOM_*`` defaults.
+
+Stored on the host next to the workspace's changelog
+(``$LOOM_DATA_DIR/workspaces/<hash>/settings.json``, mode 0600), never in the workspace and
+never mounted into a sandbox: a setting the agent could change would let it lift its own
+limits. The operator changes them through the Python API
+(:meth:`~worker.registry.ToolRegistry.configure_workspace`), the CLI (``loom-worker
+workspace set``) or the HTTP API (``PATCH /v1/workspaces/{id}``); a change takes effect at
+the workspace's next call, which replaces its container (the files are kept).
+
+Every value is checked before anything is stored: unknown keys, bad sizes, a runtime the
+engine does not have, limits above the operator's caps (``LOOM_MAX_CPUS``,
+``LOOM_MAX_MEMORY``, ``LOOM_MAX_PIDS``, ``LOOM_MAX_IDLE_TTL``) raise :class:`SettingsError`
+naming the field, and nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sandbox.spec import SandboxSpec, parse_size
+
+from .changelog.recorder import workspace_dir
+
+SETTINGS_FILE = "settings.json"
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: Variables the worker owns in a sandbox: the agent runtime must not be steered through
+#: the dynamic loader, and HOME/USER belong to the sandbox's tmpfs home.
+_RESERVED_ENV = re.compile(r"^(LD_|LOOM_)|^(HOME|USER)$")
+
+
+class SettingsError(ValueError):
+    """A setting was refused; ``field`` names it (``memory``, ``env.FOO``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class WorkspaceSettings(BaseModel):
+    """What one workspace overrides; ``None`` (absent) keeps the process default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str | None = Field(None, min_length=1, max_length=512, description="Sandbox image (any image with /bin/sh).")
+    runtime: Literal["runc", "runsc"] | None = Field(None, description="OCI runtime; runsc = gVisor.")
+    cpus: float | None = Field(None, gt=0, le=64, description="CPU limit.")
+    memory: str | None = Field(None, max_length=32, description="Memory limit, e.g. 2g (swap is set equal).")
+    pids: int | None = Field(None, ge=16, le=65536, description="Process limit.")
+    idle_ttl: int | None = Field(None, ge=10, description="Seconds without calls before the sandbox exits.")
+    env: dict[str, str] | None = Field(None, description="Environment variables of every process in the sandbox.")
+    ca_bundle: str | None = Field(
+        None, max_length=4096, description="PEM file on the host: the trust store of pip, npm, git, curl, Node."
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (v != v.strip() or any(c.isspace() or c == "\x00" for c in v)):
+            raise ValueError("an image name has no spaces")
+        return v
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        n = parse_size(v)  # ValueError: "not a size"
+        if n < 64 << 20:
+            raise ValueError("at least 64m")
+        return v.strip().lower()
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        if len(v) > 256:
+            raise ValueError("at most 256 variables")
+        for key, value in v.items():
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"{key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if _RESERVED_ENV.search(key):
+                raise ValueError(f"{key} is the worker's own (LD_*, LOOM_*, HOME, USER)")
+            if "\x00" in value or len(value) > 32768:
+                raise ValueError(f"{key}: a value has no NUL and at most 32768 characters")
+        return dict(sorted(v.items()))
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca(cls, v: str | None) -> str | None:
+        if v is not None and not os.path.isabs(v):
+            raise ValueError("an absolute path on the host")
+        return v
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields this workspace overrides."""
+        return self.model_dump(exclude_none=True)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The operator's upper bounds for per-workspace settings."""
+
+    max_cpus: float = 4.0
+    max_memory: int = 8 << 30
+    max_pids: int = 4096
+    max_idle_ttl: int = 86_400
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Caps:
+        return cls(
+            max_cpus=settings.max_cpus,
+            max_memory=parse_size(settings.max_memory),
+            max_pids=settings.max_pids,
+            max_idle_ttl=settings.max_idle_ttl,
+        )
+
+
+def parse(changes: dict[str, Any], base: WorkspaceSettings | None = None) -> WorkspaceSettings:
+    """``base`` with ``changes`` applied (a value of None removes that override).
+
+    Raises SettingsError naming the first bad field (unknown ones included).
+    """
+    merged = dict((base or WorkspaceSettings()).set_fields())
+    for key, value in changes.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    try:
+        return WorkspaceSettings.model_validate(merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(WorkspaceSettings.model_fields)
+            msg = f"unknown setting (known: {known})"
+        raise SettingsError(field, msg) from None
+
+
+def check(s: WorkspaceSettings, caps: Caps, runtimes: set[str] | None) -> None:
+    """The checks a model cannot make alone: the operator's caps, the engine's runtimes
+    (None: not asked), the CA bundle on disk. Raises SettingsError."""
+    if s.cpus is not None and s.cpus > caps.max_cpus:
+        raise SettingsError("cpus", f"{s.cpus} is above the operator's cap of {caps.max_cpus} (LOOM_MAX_CPUS)")
+    if s.memory is not None and parse_size(s.memory) > caps.max_memory:
+        raise SettingsError(
+            "memory", f"{s.memory} is above the operator's cap of {caps.max_memory} bytes (LOOM_MAX_MEMORY)"
+        )
+    if s.pids is not None and s.pids > caps.max_pids:
+        raise SettingsError("pids", f"{s.pids} is above the operator's cap of {caps.max_pids} (LOOM_MAX_PIDS)")
+    if s.idle_ttl is not None and s.idle_ttl > caps.max_idle_ttl:
+        raise SettingsError(
+            "idle_ttl", f"{s.idle_ttl} s is above the operator's cap of {caps.max_idle_ttl} s (LOOM_MAX_IDLE_TTL)"
+        )
+    if s.runtime is not None and runtimes is not None and s.runtime not in runtimes:
+        raise SettingsError(
+            "runtime", f"{s.runtime} is not installed on this Docker engine (it has: {', '.join(sorted(runtimes))})"
+        )
+    if s.ca_bundle is not None:
+        check_ca_bundle("ca_bundle", s.ca_bundle)
+
+
+def check_ca_bundle(field: str, path: str) -> None:
+    """A readable PEM file with at least one certificate. Raises SettingsError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError as e:
+        raise SettingsError(field, f"cannot read {path}: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise SettingsError(field, f"{path} holds no PEM certificate")
+
+
+def spec_for(base: dict[str, Any], s: WorkspaceSettings) -> SandboxSpec:
+    """The sandbox spec of a workspace: the process defaults ``base`` (``Settings.
+    sandbox_spec_kwargs()``) with its overrides. Raises ValueError for a bad default."""
+    kw = dict(base)
+    for key, value in s.set_fields().items():
+        kw[key] = value
+    return SandboxSpec(**kw)
+
+
+class SettingsStore:
+    """The settings files of the workspaces under one data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self._cache: dict[Path, tuple[tuple[int, int, int] | None, WorkspaceSettings]] = {}
+
+    def path(self, workspace: Path) -> Path:
+        return workspace_dir(self.data_dir, workspace) / SETTINGS_FILE
+
+    def _stamp(self, workspace: Path) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path(workspace))
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def changed(self, workspace: Path) -> bool:
+        """Whether the file differs from what :meth:`load` last read (one stat: cheap
+        enough for every call, so a change made by another process is seen at once)."""
+        cached = self._cache.get(workspace)
+        return cached is None or cached[0] != self._stamp(workspace)
+
+    def load(self, workspace: Path) -> WorkspaceSettings:
+        """The stored settings (none set when there is no file). Raises SettingsError for a
+        file that does not parse (it was edited by hand), OSError when it cannot be read."""
+        stamp = self._stamp(workspace)
+        cached = self._cache.get(workspace)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        if stamp is None:
+            s = WorkspaceSettings()
+        else:
+            try:
+                raw = json.loads(self.path(workspace).read_text())
+            except ValueError as e:
+                raise SettingsError("settings", f"{self.path(workspace)} is not JSON: {e}") from None
+            if isinstance(raw, dict):
+                raw.pop("workspace", None)  # written for a reader of the file, not a setting
+            s = parse(raw if isinstance(raw, dict) else {"settings": raw})
+        self._cache[workspace] = (stamp, s)
+        return s
+
+    def save(self, workspace: Path, s: WorkspaceSettings) -> None:
+        """Write atomically (temp file, fsync, rename), readable by this user only.
+        Raises OSError."""
+        path = self.path(workspace)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        body = json.dumps({"workspace": str(workspace), **s.set_fields()}, indent=2, sort_keys=True) + "\n"
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._cache.pop(workspace, None)
+
+
+@dataclass
+class Configured:
+    """What :meth:`~worker.registry.ToolRegistry.configure_workspace` did."""
+
+    settings: WorkspaceSettings  # what the workspace overrides now
+    effective: dict[str, Any]  # what its sandbox is made with
+    changed: bool  # the sandbox's spec changed: its container is replaced at the next call
+
+    @property
+    def message(self) -> str:
+        if not self.changed:
+            return "Nothing changed for the sandbox."
+        return (
+            "Saved. The sandbox is recreated with these settings at the workspace's next call; "
+            "the workspace's files are kept."
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings.set_fields(),
+            "effective": self.effective,
+            "recreate": self.changed,
+            "message": self.message,
+        }
+
+
+def effective(spec: SandboxSpec) -> dict[str, Any]:
+    """The settings a sandbox is made with, as the operator sees them."""
+    return {
+        "image": spec.image,
+        "runtime": spec.runtime,
+        "cpus": spec.cpus,
+        "memory": spec.memory,
+        "pids": spec.pids,
+        "idle_ttl": spec.idle_ttl,
+        "env": dict(spec.env),
+        "ca_bundle": spec.ca_bundle,
+    }
+
+
+class Configs:
+    """One registry's view of the per-workspace settings: the store, the process
+    defaults they override, and the operator's caps."""
+
+    def __init__(self, store: SettingsStore, base: dict[str, Any], caps: Caps) -> None:
+        self.store = store
+        self.base = base
+        self.caps = caps
+
+    def spec(self, workspace: Path) -> SandboxSpec:
+        """Raises SettingsError (a settings file edited into something invalid)."""
+        return spec_for(self.base, self.store.load(workspace))

@@ -52,6 +52,7 @@ from .service import (
     tool_message_content,
 )
 from .settings import Settings
+from .workspace_settings import SettingsError, WorkspaceSettings
 
 log = structlog.get_logger("worker.http")
 
@@ -82,6 +83,9 @@ class _Model(BaseModel):
 
 class CreateWorkspace(_Model):
     name: str | None = Field(None, pattern=WORKSPACE_ID_PATTERN, description="Id to use (random when absent).")
+    settings: WorkspaceSettings | None = Field(
+        None, description="Its own sandbox settings (image, runtime, limits, env, CA bundle); see PATCH."
+    )
 
 
 class WorkspaceOut(_Model):
@@ -415,8 +419,15 @@ def create_app(
         dependencies=auth,
         responses={**errors, 409: {"model": Problem, "description": "Name already taken"}},
     )
-    async def create_workspace(body: CreateWorkspace | None = None) -> WorkspaceOut:
-        info = await workspaces.create(body.name if body else None)
+    async def create_workspace(request: Request, body: CreateWorkspace | None = None) -> WorkspaceOut:
+        from .http_settings import create_with, refused
+
+        try:
+            info = await create_with(
+                request.app.state.registry, workspaces, body.name if body else None, body.settings if body else None
+            )
+        except SettingsError as e:
+            return refused(e, "settings")  # type: ignore[return-value]
         log.info("workspace.created", workspace_id=info.id)
         return WorkspaceOut(id=info.id, path=info.path)
 
@@ -557,3 +568,6 @@ def _add_changelog_routes(
     except ImportError:  # the changelog is not part of this build
         return
     add_routes(app, workspaces, auth, responses)
+    from .http_settings import add_routes as add_settings_routes
+
+    add_settings_routes(app, workspaces, auth, responses)

@@ -254,7 +254,7 @@ class SettingsStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self._cache.pop(workspace, None)
+        self._cache[workspace] = (self._stamp(workspace), s)
 
 
 @dataclass

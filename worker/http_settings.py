@@ -1,0 +1,92 @@
+"""HTTP routes for one workspace's own sandbox settings (see :mod:`worker.workspace_settings`).
+
+    GET    /v1/workspaces/{id}            its settings and the effective ones
+    PATCH  /v1/workspaces/{id}            {"memory": "2g", "image": null, ...}: change them
+    (and ``POST /v1/workspaces`` takes {"name"?, "settings"?}: see :func:`create_with`)
+
+A refused value is a 422 whose ``detail`` names the field, as FastAPI's own validation
+errors do (``{"detail": [{"loc": ["body", "memory"], "msg": ...}]}``); nothing is stored.
+A change takes effect at the workspace's next call, which recreates its container (the
+files are kept); the answer says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from .http import WorkspaceId
+from .service import Workspaces
+from .workspace_settings import SettingsError, WorkspaceSettings
+
+
+def refused(e: SettingsError, *where: str) -> JSONResponse:
+    """The 422 for a refused setting, in FastAPI's own shape."""
+    loc = ["body", *where, *e.field.split(".")]
+    return JSONResponse({"detail": [{"loc": loc, "msg": e.message, "type": "value_error"}]}, status_code=422)
+
+
+async def check_settings(registry: Any, given: WorkspaceSettings) -> None:
+    """What the body model cannot check alone (caps, the engine's runtimes, the CA file).
+    Raises SettingsError."""
+    from .workspace_settings import check
+
+    configs = getattr(registry, "configs", None)
+    if configs is None:
+        return
+    runtimes = None
+    ask = getattr(registry.backend, "runtimes", None)
+    if given.runtime is not None and ask is not None:
+        runtimes = await ask()
+    check(given, configs.caps, runtimes)
+
+
+def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
+    """Mount the routes on ``app`` (whose state holds ``registry``)."""
+    responses = {**responses, 422: {"description": "A refused setting; detail[0].loc names it"}}
+    ws_path = "/v1/workspaces/{workspace_id}"
+
+    def registry_of(request: Request) -> Any:
+        registry = request.app.state.registry
+        if getattr(registry, "configs", None) is None:
+            raise SettingsError("settings", "this service has no per-workspace settings")
+        return registry
+
+    @app.get(ws_path, tags=["workspaces"], dependencies=auth, responses=responses)
+    async def show(request: Request, workspace_id: WorkspaceId) -> dict[str, Any]:
+        """The workspace: its path, its own settings and those its sandbox is made with."""
+        path = workspaces.path(workspace_id)
+        try:
+            own, eff = await registry_of(request).workspace_settings(path)
+        except SettingsError as e:
+            return refused(e)  # type: ignore[return-value]
+        return {"id": workspace_id, "path": str(path), "settings": own.set_fields(), "effective": eff}
+
+    @app.patch(ws_path, tags=["workspaces"], dependencies=auth, responses=responses)
+    async def change(request: Request, workspace_id: WorkspaceId, body: WorkspaceSettings) -> dict[str, Any]:
+        """Change the settings: a field given replaces the workspace's value, a field given
+        as null goes back to the process default, a field left out stays as it is. The
+        sandbox is recreated with them at the next call (files kept)."""
+        path = workspaces.path(workspace_id)
+        changes = {name: getattr(body, name) for name in body.model_fields_set}
+        try:
+            done = await registry_of(request).configure_workspace(path, changes)
+        except SettingsError as e:
+            return refused(e)  # type: ignore[return-value]
+        return {"id": workspace_id, **done.as_dict()}
+
+
+async def create_with(
+    registry: Any, workspaces: Workspaces, name: str | None, settings: WorkspaceSettings | None
+) -> Any:
+    """``POST /v1/workspaces``: check the settings first (nothing is created when one is
+    refused), then make the directory and store them. Raises SettingsError,
+    InvalidWorkspaceId, WorkspaceExists."""
+    if settings is not None and settings.set_fields():
+        await check_settings(registry, settings)
+    info = await workspaces.create(name)
+    if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
+        await registry.configure_workspace(info.path, settings.set_fields())
+    return info

@@ -1,0 +1,162 @@
+"""Real project environments on the real engine: per-workspace settings (image, limits,
+env, CA bundle) applied, changed and kept out of the sandbox's reach; images the worker
+cannot use refused at once and clearly."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from tests.conftest import SANDBOX_IMAGE
+from tests.docker.conftest import require_runtime
+from worker.registry import ToolRegistry, default_registry
+from worker.settings import Settings
+from worker.workspace_settings import SettingsStore
+
+pytestmark = pytest.mark.docker
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+@pytest.fixture
+async def registry(docker_ready: None, tmp_path: Path) -> AsyncIterator[ToolRegistry]:
+    settings = Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, catalog=False)
+    reg = default_registry(settings)
+    try:
+        yield reg
+    finally:
+        for ws in list(reg._workspaces):
+            await reg.stop(ws)
+        await reg.aclose()
+
+
+def _container(workspace: Path) -> Any:
+    client = docker.from_env()
+    try:
+        (c,) = client.containers.list(filters={"label": f"dev.loom.workspace={workspace}"})
+        return c
+    finally:
+        client.close()
+
+
+async def run(registry: ToolRegistry, ws: Path, command: str) -> str:
+    r = await registry.execute("shell_execute", {"command": command}, workspace=str(ws))
+    assert r.success, r.output
+    return r.output
+
+
+MEMORY_LIMIT = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+
+
+async def test_two_workspaces_with_their_own_image_and_memory(registry: ToolRegistry, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    await registry.configure_workspace(a, {"memory": "512m", "env": {"WHO": "a"}})
+    await registry.configure_workspace(b, {"image": "loom-test-busybox:latest", "memory": "768m", "env": {"WHO": "b"}})
+    out_a, out_b = await asyncio.gather(
+        run(registry, a, f"echo $WHO; {MEMORY_LIMIT}; command -v python3 || echo no-python"),
+        run(registry, b, f"echo $WHO; {MEMORY_LIMIT}; command -v python3 || echo no-python"),
+    )
+    assert out_a.split()[:2] == ["a", str(512 << 20)] and "no-python" not in out_a
+    assert out_b.split()[:2] == ["b", str(768 << 20)] and "no-python" in out_b
+    ca, cb = _container(a), _container(b)
+    assert (ca.attrs["Config"]["Image"], ca.attrs["HostConfig"]["Memory"]) == (SANDBOX_IMAGE, 512 << 20)
+    assert (cb.attrs["Config"]["Image"], cb.attrs["HostConfig"]["Memory"]) == ("loom-test-busybox:latest", 768 << 20)
+
+
+async def test_a_change_recreates_the_sandbox_and_keeps_the_files(registry: ToolRegistry, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    await run(registry, ws, "echo kept > notes.txt")
+    first = _container(ws).id
+    done = await registry.configure_workspace(ws, {"cpus": 0.5, "pids": 128, "env": {"STAGE": "two"}})
+    assert done.changed and "files are kept" in done.message
+    assert (await run(registry, ws, "cat notes.txt; echo $STAGE")).split() == ["kept", "two"]
+    c = _container(ws)
+    assert c.id != first
+    assert (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["PidsLimit"]) == (500_000_000, 128)
+    # No change, no new container.
+    assert not (await registry.configure_workspace(ws, {"cpus": 0.5})).changed
+    await run(registry, ws, "true")
+    assert _container(ws).id == c.id
+
+
+async def test_a_change_made_by_another_process_is_used_at_the_next_call(
+    registry: ToolRegistry, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    await run(registry, ws, "true")
+    store = SettingsStore(tmp_path / "data")  # what `loom-worker workspace set` does in its own process
+    store.save(ws, store.load(ws).model_copy(update={"env": {"FROM": "cli"}}))
+    assert (await run(registry, ws, "echo $FROM")).strip() == "cli"
+
+
+async def test_the_sandbox_cannot_see_or_change_its_settings(registry: ToolRegistry, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    await registry.configure_workspace(ws, {"memory": "512m"})
+    path = SettingsStore(tmp_path / "data").path(ws)
+    assert path.exists() and not path.is_relative_to(ws)
+    out = await run(
+        registry,
+        ws,
+        f"test -e {path} && echo visible || echo absent; grep -l 512m -r / 2>/dev/null"
+        " --include=settings.json | head -3; mount | grep -c loom-worker || true",
+    )
+    assert out.split()[0] == "absent" and "settings.json" not in out
+    before = path.read_bytes()
+    r = await registry.execute("write_file", {"path": "../settings.json", "content": "{}"}, workspace=str(ws))
+    assert not r.success and path.read_bytes() == before
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_an_image_that_cannot_serve_is_refused_at_once(
+    registry: ToolRegistry, tmp_path: Path, runtime: str
+) -> None:
+    """A missing image, and one without /bin/sh: an infrastructure error naming the image
+    and what to do, long before the agent's start timeout (it used to hang for 40 s)."""
+    require_runtime(runtime)
+    cases = {
+        "loom-test-no-such-image:1": ("image not found", "docker load"),
+        "loom-test-nosh:latest": ("has no /bin/sh", "busybox"),
+    }
+    for image, words in cases.items():
+        ws = tmp_path / image.replace(":", "_")
+        ws.mkdir()
+        await registry.configure_workspace(ws, {"image": image, "runtime": runtime})
+        r = await registry.execute("shell_execute", {"command": "true"}, workspace=str(ws))
+        assert not r.success and (r.data or {}).get("error_kind") == "infrastructure", r.output
+        assert image.split(":")[0] in r.output and all(w in r.output for w in words), r.output
+        assert "did not start" not in r.output  # decided at once, not by the agent's start timeout
+
+
+async def test_the_ca_bundle_is_the_trust_store_of_the_usual_tools(registry: ToolRegistry, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    await registry.configure_workspace(ws, {"ca_bundle": HOST_CA})
+    names = [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "PIP_CERT",
+        "NODE_EXTRA_CA_CERTS",
+        "GIT_SSL_CAINFO",
+        "CURL_CA_BUNDLE",
+    ]
+    out = await run(registry, ws, " ; ".join(f'echo "${n}"' for n in names))
+    paths = out.split("\n")[: len(names)]
+    assert len(set(paths)) == 1 and paths[0].startswith("/") and not paths[0].startswith("/workspace")
+    stats = await run(
+        registry, ws, "python3 -c 'import ssl; print(ssl.create_default_context().cert_store_stats()[\"x509_ca\"])'"
+    )
+    assert int(stats.split()[0]) > 10  # the host's bundle, loaded through SSL_CERT_FILE
+    r = await registry.execute("shell_execute", {"command": 'echo x >> "$SSL_CERT_FILE"'}, workspace=str(ws))
+    assert not r.success  # mounted read-only
+    # A missing or non-PEM file is refused before anything is stored.
+    with pytest.raises(ValueError, match="ca_bundle"):
+        await registry.configure_workspace(ws, {"ca_bundle": str(tmp_path / "missing.pem")})

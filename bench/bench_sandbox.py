@@ -13,7 +13,14 @@ the same container:
 It prints one markdown table with p50/p99 in milliseconds and the speed-up over
 `docker exec`. Timings on a shared machine are noisy: compare ratios, not absolutes.
 
+With ``--images A,B,C`` it instead compares images (issue 15: any image works, its agent
+runs from the mounted runtime): read 4 KiB, exec `true` and cold start on each image, the
+images interleaved round by round in one run, with each one's ratio to the first image
+(target: within 20 %).
+
 Usage: .venv/bin/python bench/bench_sandbox.py [--iterations N] [--cold N] [--runtimes runc,runsc]
+       .venv/bin/python bench/bench_sandbox.py --runtimes runc,runsc \\
+           --images loom-sandbox:latest,loom-test-busybox:latest,loom-test-musl:latest
 """
 
 from __future__ import annotations
@@ -127,6 +134,57 @@ async def bench_runtime(runtime: str, n: int, cold_n: int) -> list[tuple[str, li
     return rows
 
 
+async def bench_images(images: list[str], runtime: str, n: int, cold_n: int, rounds: int = 10) -> None:
+    """read / exec `true` / cold start per image, interleaved (round r measures every image
+    in turn), so a slow phase of the machine hits them all alike."""
+    backends = {img: DockerBackend(SandboxSpec(image=img, runtime=runtime), worker_id="bench") for img in images}  # type: ignore[arg-type]
+    results: dict[str, dict[str, list[float]]] = {img: {"read": [], "exec": [], "cold": []} for img in images}
+    workspaces: list[Path] = []
+    try:
+        boxes = {}
+        for img, backend in backends.items():
+            ws = Path(tempfile.mkdtemp(prefix="loom-bench-")).resolve()
+            workspaces.append(ws)
+            make_tree(ws, files=20)
+            boxes[img] = await backend.get(ws)
+            await timed(lambda b=boxes[img]: b.read("data.txt"), 20)
+            await timed(lambda b=boxes[img]: b.exec("true"), 20)
+        per = max(1, n // rounds)
+        for _ in range(rounds):
+            for img, box in boxes.items():
+                results[img]["read"] += await timed(lambda b=box: b.read("data.txt"), per)
+                results[img]["exec"] += await timed(lambda b=box: b.exec("true"), per)
+        for _ in range(cold_n):
+            for img, backend in backends.items():
+                cws = Path(tempfile.mkdtemp(prefix="loom-cold-")).resolve()
+                t = time.perf_counter()
+                await (await backend.get(cws)).exec("true")
+                results[img]["cold"].append((time.perf_counter() - t) * 1000)
+                await backend.stop(cws)
+                shutil.rmtree(cws, ignore_errors=True)
+    finally:
+        for backend in backends.values():
+            await backend.remove_all_started()
+            await backend.aclose()
+        for ws in workspaces:
+            shutil.rmtree(ws, ignore_errors=True)
+    base = results[images[0]]
+    print(
+        f"\nruntime {runtime}; {n} reads and {n} execs per image in {rounds} interleaved rounds; {cold_n} cold starts\n"
+    )
+    print("| image | read 4 KiB p50 ms | exec `true` p50 ms | cold start p50 ms ", end="")
+    print("| read / first | exec / first | cold / first |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for img in images:
+        r = results[img]
+        ratios = [pct(r[k], 0.5) / pct(base[k], 0.5) for k in ("read", "exec", "cold")]
+        print(
+            f"| {img} | {pct(r['read'], 0.5):.3f} | {pct(r['exec'], 0.5):.3f} | {pct(r['cold'], 0.5):.0f} | "
+            + " | ".join(f"{x:.2f}" for x in ratios)
+            + " |"
+        )
+
+
 def gvisor_registered() -> bool:
     client = docker.from_env()
     try:
@@ -153,7 +211,14 @@ async def main() -> None:
     ap.add_argument("--iterations", type=int, default=500)
     ap.add_argument("--cold", type=int, default=10)
     ap.add_argument("--runtimes", default="runc,runsc")
+    ap.add_argument("--images", help="compare these images (comma-separated; the first is the reference)")
     args = ap.parse_args()
+    if args.images:
+        for runtime in args.runtimes.split(","):
+            if runtime == "runsc" and not gvisor_registered():
+                continue
+            await bench_images(args.images.split(","), runtime, args.iterations, args.cold)
+        return
     rows = []
     for runtime in args.runtimes.split(","):
         if runtime == "runsc" and not gvisor_registered():

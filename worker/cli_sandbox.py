@@ -218,5 +218,5 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=lambda a, s: aio.run(_gc(s, a.all)))
 
     p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
-    p.add_argument("--workspace", type=_existing_dir, required=True)
+    p.add_argument("--workspace", "-w", type=_existing_dir, required=True)
     p.set_defaults(func=lambda a, s: aio.run(_stop(s, a.workspace)))

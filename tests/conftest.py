@@ -22,6 +22,8 @@ import pytest
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
+#: The small Debian image (python3, git, ripgrep): one of the contract suite's images.
+MINIMAL_IMAGE = os.environ.get("LOOM_TEST_MINIMAL_IMAGE", "loom-sandbox:minimal")
 REQUIRE_DOCKER = os.environ.get("REQUIRE_DOCKER") == "1"
 
 

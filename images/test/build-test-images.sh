@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Images that prove "any image works" (the agent brings its own interpreter and libc):
+#   loom-test-busybox:latest  nothing but Debian's static busybox (no python, no libc)
+#   loom-test-musl:latest     musl as the only C library (Debian's musl), a musl-linked
+#                             program, busybox for the shell: Debian packages no musl-linked
+#                             shell, and a static busybox has no libc of its own
+#   loom-test-nosh:latest     no /bin/sh at all (the worker must refuse it clearly)
+# Built offline from Debian packages (apt-get download + dpkg-deb -x + docker import).
+# Idempotent: an image labelled with this script's hash is kept.
+set -euo pipefail
+cd "$(dirname "$0")"
+STAMP=$(sha256sum "$(basename "$0")" | cut -c1-16)
+have() { [ "$(docker image inspect -f '{{index .Config.Labels "dev.loom.test-image"}}' "$1" 2>/dev/null)" = "$STAMP" ]; }
+if have loom-test-busybox:latest && have loom-test-musl:latest && have loom-test-nosh:latest; then
+  echo "[test-images] present"; exit 0
+fi
+command -v musl-gcc >/dev/null || { apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -q musl-tools >/dev/null; }
+WORK=$(mktemp -d /tmp/loom-test-images.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+( cd "$WORK" && apt-get download -q busybox-static musl >/dev/null 2>&1 || { apt-get update -q >/dev/null; apt-get download -q busybox-static musl >/dev/null; } )
+
+skeleton() {  # $1: root. /tmp must be 1777: runc gives the tmpfs the mode of the image's /tmp.
+  mkdir -p "$1/bin" "$1/etc" "$1/workspace" "$1/root"
+  install -d -m 1777 "$1/tmp"
+  printf 'root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000::/home/sandbox:/bin/sh\n' >"$1/etc/passwd"
+  printf 'root:x:0:\nsandbox:x:1000:\n' >"$1/etc/group"
+}
+busybox_into() {  # $1: root, $2: where the applet links go (bin)
+  dpkg-deb -x "$WORK"/busybox-static_*.deb "$WORK/bb"
+  cp "$WORK/bb/bin/busybox" "$1/bin/busybox"
+  for a in $("$1/bin/busybox" --list); do [ -e "$1/bin/$a" ] || ln -s busybox "$1/bin/$a"; done
+}
+import() {  # $1: root, $2: tag
+  tar -C "$1" -c . | docker import --change 'ENV PATH=/usr/local/bin:/bin' --change 'WORKDIR /workspace' \
+    --change "LABEL dev.loom.test-image=$STAMP" --change 'CMD ["/bin/sh"]' - "$2" >/dev/null
+  echo "[test-images] $2: $(docker image inspect -f '{{.Size}}' "$2" | awk '{printf "%.1f MB", $1/1e6}')"
+}
+
+R="$WORK/busybox"; skeleton "$R"; busybox_into "$R"; import "$R" loom-test-busybox:latest
+
+R="$WORK/nosh"; skeleton "$R"; mkdir -p "$R/opt/bb"; cp "$R/../bb/bin/busybox" "$R/opt/bb/busybox"
+import "$R" loom-test-nosh:latest
+
+R="$WORK/musl"; skeleton "$R"; busybox_into "$R"
+dpkg-deb -x "$WORK"/musl_*.deb "$R"
+cat >"$WORK/musl-hello.c" <<'C'
+#include <stdio.h>
+int main(void) { puts("hello from musl"); return 0; }
+C
+mkdir -p "$R/usr/local/bin"
+musl-gcc -O2 -o "$R/usr/local/bin/musl-hello" "$WORK/musl-hello.c"
+if find "$R" -name 'libc.so.6' -o -name 'ld-linux-x86-64.so.2' | grep -q .; then echo "glibc in the musl image" >&2; exit 1; fi
+import "$R" loom-test-musl:latest

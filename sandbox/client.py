@@ -108,11 +108,13 @@ class AgentSandbox(Sandbox):
         connect: Connector,
         *,
         io_timeout: float = 30.0,
-        on_exec_lost: Callable[[], Awaitable[bool]] | None = None,
+        on_exec_lost: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         """``on_exec_lost`` is awaited when the agent dies or stops answering while it
         runs a command: the command may have escaped the agent's tree-kill (it killed or
-        froze its agent), so the backend resets the sandbox. It returns True when it did."""
+        froze its agent), so the backend resets the sandbox. It returns ``"reset"`` when it
+        did, ``"oom"`` when the engine had killed the sandbox for memory (the result is
+        then the command's ``oom``), None when it could not tell or do anything."""
         self.workspace = workspace
         self._connect = connect
         self._on_exec_lost = on_exec_lost
@@ -457,7 +459,20 @@ class AgentSandbox(Sandbox):
                 r = await self._call("exec", args, timeout=timeout + 2.0 + (30.0 if scan is not None else 0.0))
             except (SandboxLostError, SandboxTimeoutError) as e:
                 detail = str(e)
-                if self._on_exec_lost is not None and await self._on_exec_lost():
+                why = await self._on_exec_lost() if self._on_exec_lost is not None else None
+                if why == "oom":
+                    # The engine killed the whole sandbox for memory (gVisor's sentry is one
+                    # process to the host's cgroup): the command's own doing, a limit hit.
+                    return ExecResult(
+                        exit_code=None,
+                        stdout=b"",
+                        stderr=b"",
+                        outcome="oom",
+                        duration_ms=(time.monotonic() - started) * 1000.0,
+                        truncated=False,
+                        signal=9,
+                    )
+                if why is not None:
                     detail += (
                         "; the sandbox was restarted, so no process the command started is left "
                         "(the workspace's files are kept)"

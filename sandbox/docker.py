@@ -724,22 +724,33 @@ class DockerBackend(SandboxBackend):
             self._boxes[ws] = box
         return box
 
-    async def _reset_after_lost_exec(self, ws: Path) -> bool:
+    async def _reset_after_lost_exec(self, ws: Path) -> str | None:
         """The agent died or froze while running a command (``kill -9 $PPID``, ``kill
-        -STOP -1``, ...). Processes the command started may have escaped the agent's
-        tree-kill, and a frozen keeper would keep the container past its idle TTL: remove
-        the container, so every one of its processes is gone; the next call starts a
-        fresh one. Other processes using it reconnect to the new one. True when removed."""
+        -STOP -1``, ...), or the whole sandbox was killed. Processes the command started may
+        have escaped the agent's tree-kill, and a frozen keeper would keep the container past
+        its idle TTL: remove the container, so every one of its processes is gone; the next
+        call starts a fresh one. Other processes using it reconnect to the new one.
+
+        Returns "oom" when the engine killed the container for memory (under gVisor the
+        host's cgroup sees the sandbox as one process, so a command's allocation past the
+        limit takes the sandbox: still the command's out-of-memory, not an infrastructure
+        failure), "reset" when it removed it otherwise, None when it could not."""
         try:
             container = await self._find(container_name(ws))
+            for _ in range(15):  # an OOM kill ends the container within moments: let it settle
+                if container is None or container.status not in ("running", "restarting"):
+                    break
+                await asyncio.sleep(0.1)
+                await self._call("inspect sandbox", container.reload)
             if container is None:
-                return True  # already gone (OOM, TTL): nothing of the command is left
+                return "reset"  # already gone (TTL, removed): nothing of the command is left
+            oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
             await self._remove(container)
         except SandboxUnavailableError as e:
             log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
-            return False
-        log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name)
-        return True
+            return None
+        log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name, oom=oom)
+        return "oom" if oom else "reset"
 
     async def stop(self, workspace: Path) -> bool:
         ws = Path(workspace).resolve()

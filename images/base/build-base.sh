@@ -19,10 +19,12 @@ TAG="${1:-loom-base:bookworm}"
 # Dockerfile needs no network at all (the proxy's TLS interception is never involved).
 # python3-venv brings ensurepip (pip and setuptools wheels): `python3 -m venv` works.
 PKGS=python3,python3-venv,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
-[ "$DEV" = 1 ] && PKGS="$PKGS,python3-pip,nodejs,npm,build-essential,curl,jq,unzip,patch,less,openssh-client"
+# The practical image's extras go in with apt inside the chroot, after debootstrap: its own
+# installer fails to configure npm's few hundred node-* packages in one pass.
+DEV_PKGS="python3-pip nodejs npm build-essential curl jq unzip patch less openssh-client"
 # The image is labelled with its package list: a machine that built it from another list
 # (an older checkout) rebuilds it instead of silently keeping the old one.
-STAMP=$(printf '%s' "$PKGS" | sha256sum | cut -c1-16)
+STAMP=$(printf '%s' "$PKGS" "$([ "$DEV" = 1 ] && echo "$DEV_PKGS")" | sha256sum | cut -c1-16)
 if [ "${LOOM_BASE_FORCE:-0}" != 1 ] \
    && [ "$(docker image inspect -f '{{index .Config.Labels "dev.loom.base-pkgs"}}' "$TAG" 2>/dev/null)" = "$STAMP" ]; then
   echo "[base] $TAG already present"
@@ -40,6 +42,18 @@ trap 'rm -rf "$ROOT"' EXIT
 echo "[base] debootstrap bookworm (minbase + $PKGS) from $MIRROR into $ROOT"
 debootstrap --variant=minbase --include="$PKGS" bookworm "$ROOT" "$MIRROR" \
   | awk '/^I: (Retrieving|Validating|Extracting|Installing|Configuring) /{n++; if (n%40==0) print "[base] ... " $0; next} {print "[base] " $0}'
+if [ "$DEV" = 1 ]; then
+  echo "[base] apt-get install $DEV_PKGS (in the chroot)"
+  cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+  echo "deb $MIRROR bookworm main" >"$ROOT/etc/apt/sources.list"
+  mount -t proc proc "$ROOT/proc"
+  trap 'umount "$ROOT/proc" 2>/dev/null || true; rm -rf "$ROOT"' EXIT
+  chroot "$ROOT" sh -c "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends $DEV_PKGS >/tmp/apt.log 2>&1 || { tail -30 /tmp/apt.log; exit 1; }"
+  umount "$ROOT/proc"
+  rm -f "$ROOT/tmp/apt.log"
+  : >"$ROOT/etc/resolv.conf"
+fi
 # Trim what a sandbox never needs: apt lists, caches, docs, man pages.
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/var/cache/apt/* "$ROOT"/usr/share/doc/* \
        "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/* "$ROOT"/usr/share/info/*

@@ -160,3 +160,34 @@ async def test_the_ca_bundle_is_the_trust_store_of_the_usual_tools(registry: Too
     # A missing or non-PEM file is refused before anything is stored.
     with pytest.raises(ValueError, match="ca_bundle"):
         await registry.configure_workspace(ws, {"ca_bundle": str(tmp_path / "missing.pem")})
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_the_default_image_is_one_an_agent_can_work_in(
+    registry: ToolRegistry, user_workspace: Path, runtime: str
+) -> None:
+    """pip, venv, node, npm, a C compiler and git run as the sandbox user on the read-only
+    root, their caches and config in $HOME or /tmp."""
+    require_runtime(runtime)
+    await registry.configure_workspace(user_workspace, {"image": "loom-sandbox:latest", "runtime": runtime})
+    script = " && ".join(
+        [
+            "id -u",
+            "pip --version",
+            "python3 -m venv .venv && .venv/bin/pip --version",
+            "node -e 'console.log(\"node\", process.version)'",
+            "npm --version",
+            "mkdir -p app && cd app && npm init -y >/dev/null && cd ..",
+            "printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > h.c && cc -o h h.c && ./h",
+            "git init -q repo && git -C repo -c user.email=a@b -c user.name=a commit -q --allow-empty -m x",
+            "curl --version | head -1 && jq --version && unzip -v | head -1 && patch --version | head -1",
+            "touch /etc/x 2>/dev/null && echo root-writable || echo root-read-only",
+        ]
+    )
+    r = await registry.execute("shell_execute", {"command": script, "timeout": 300}, workspace=str(user_workspace))
+    assert r.success, r.output
+    out = r.output
+    assert out.splitlines()[0] == "1000"
+    for word in ("pip ", "node v", "compiled", "curl ", "jq-", "root-read-only"):
+        assert word in out, (word, out)
+    assert (user_workspace / "app" / "package.json").exists() and (user_workspace / "repo" / ".git").is_dir()

@@ -54,7 +54,10 @@ def _describe_failure(
     if outcome == "timeout":
         return f"Command timed out after {timeout:g}s and was killed"
     if outcome == "oom":
-        return "Command was killed: the sandbox ran out of memory"
+        return (
+            "Command was killed: it needed more memory than the sandbox's memory limit allows; "
+            "use less (smaller inputs, fewer parallel jobs) or ask the operator for a larger limit"
+        )
     if outcome == "output_limit":
         return "Command was stopped: it produced too much output"
     if outcome == "disk_limit":

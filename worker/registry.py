@@ -32,6 +32,8 @@ import structlog
 from sandbox.base import SandboxBackend
 from sandbox.errors import (
     AgentError,
+    ImageNotFoundError,
+    ImageUnusableError,
     PathEscapeError,
     PathNotFoundError,
     ProtocolError,
@@ -66,8 +68,12 @@ CORE_TOOLS = BUILTIN_NAMES
 
 
 def _infra(kind: str, err: Exception) -> ToolResult:
+    # A missing or unusable image does not go away by itself: "retry later" would only
+    # make the model repeat the call. It is still the operator's problem, not the call's.
+    lasting = isinstance(err, ImageNotFoundError | ImageUnusableError)
+    advice = "the workspace's image must be fixed by its operator" if lasting else "retry later"
     return ToolResult.fail(
-        f"{kind} (infrastructure failure, not a problem with the tool call; retry later): {err}",
+        f"{kind} (infrastructure failure, not a problem with the tool call; {advice}): {err}",
         data={"error_kind": "infrastructure", "exception": type(err).__name__},
     )
 

@@ -367,9 +367,9 @@ class DockerBackend(SandboxBackend):
         if "runsc" not in (info.get("Runtimes") or {}):
             raise RuntimeUnavailableError(
                 "gVisor (runsc) was requested but the Docker engine has no 'runsc' runtime registered; "
-                "refusing to run without it. Install Debian's runsc and register it in "
-                "/etc/docker/daemon.json "
-                "(see scripts/setup), or set LOOM_RUNTIME=runc."
+                "refusing to run without it. Run scripts/setup (it installs the runsc this "
+                "project needs, not bookworm's, whose statx breaks `ls -l`, and registers it in "
+                "/etc/docker/daemon.json), or set LOOM_RUNTIME=runc."
             )
         self._runsc_checked = True
 

@@ -34,7 +34,7 @@ from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from . import __version__, protocol
-from .base import Sandbox, SandboxBackend
+from .base import Sandbox, SandboxBackend, TreeRemoval
 from .client import AgentSandbox, agent_info
 from .connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
 from .errors import (
@@ -186,8 +186,9 @@ async def connect_agent_socket(pid: int, path: str) -> SocketTransport:
 class DockerSandbox(AgentSandbox):
     """An :class:`AgentSandbox` that knows its container (for tests and diagnostics).
 
-    With ``host_scanner`` (gVisor sandboxes) scans of the workspace root run on the host
-    (see :mod:`sandbox.hostscan`): seconds per scan in the sandbox, milliseconds here.
+    With ``host_scanner`` (gVisor sandboxes) scans of the workspace root and the removal of
+    whole trees run on the host (see :mod:`sandbox.hostscan`): seconds in the sandbox,
+    milliseconds here.
     """
 
     container_name: str
@@ -202,6 +203,17 @@ class DockerSandbox(AgentSandbox):
                 # The agent's full walk answers instead (slower, same result).
                 log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
         return await super()._scan(req, timeout)
+
+    async def remove_tree(self, path: str) -> TreeRemoval:
+        scanner = self.host_scanner
+        if scanner is not None:
+            try:
+                removed, (files, dirs, size) = await asyncio.to_thread(scanner.remove_tree, path)
+                return TreeRemoval(removed=removed, files=files, dirs=dirs, bytes=size)
+            except (OSError, ValueError, RecursionError) as e:
+                # The agent removes what is left (slower, same result).
+                log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
+        return await super().remove_tree(path)
 
     async def close(self) -> None:
         if self.host_scanner is not None:

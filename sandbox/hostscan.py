@@ -18,6 +18,7 @@ never from host paths.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,44 @@ class HostScanner:
             os.close(fd)
         result["watched"] = False
         return result
+
+    def remove_tree(self, path: str) -> tuple[bool, list[int]]:
+        """Remove workspace-relative ``path`` with everything in it (the changelog's undo of
+        a tree a command made), on the host: in the sandbox every unlink of a 20,000-file
+        ``node_modules`` pays gVisor's system-call interception (~4 s), here ~0.5 s. The
+        agent's own code does it (``_rmtree_at``: each level opened O_NOFOLLOW from its
+        parent's descriptor, a link unlinked as a link, never entered), starting from a
+        descriptor of the workspace reached without following any link.
+
+        Returns (removed, [files, dirs, bytes]). Raises ValueError for a path that is not a
+        plain relative one or goes through a link (the agent, which resolves in-workspace
+        links, answers then), OSError (the caller then asks the agent).
+        """
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"not a plain workspace-relative path: {path!r}")
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            parent = agent._open_below(root, "/".join(parts[:-1]))
+        finally:
+            os.close(root)
+        if parent is None:
+            raise ValueError(f"{path!r} goes through a link or a missing directory")
+        counts = [0, 0, 0]
+        try:
+            try:
+                st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return False, counts
+            if stat.S_ISDIR(st.st_mode):
+                agent._rmtree_at(parent, parts[-1], counts)
+            else:
+                os.unlink(parts[-1], dir_fd=parent)
+                counts[0] += 1
+                counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        finally:
+            os.close(parent)
+        return True, counts
 
     def close(self) -> None:
         """Release the inotify instances."""

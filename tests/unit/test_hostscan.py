@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from sandbox.hostscan import HostScanner
 
 
@@ -64,3 +66,29 @@ def test_second_scan_comes_from_events(tmp_path: Path) -> None:
         assert third["full"] and len(third["entries"]) == 33
     finally:
         scanner.close()
+
+
+def test_host_removal_of_a_tree_never_follows_a_link(tmp_path: Path) -> None:
+    """The undo of a tree a command made, run on the host for gVisor: links inside are
+    removed as links (what they point to outside is untouched), a path through a link or
+    with '..' is refused (the agent answers then)."""
+    from sandbox.hostscan import HostScanner
+
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "node_modules" / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep")
+    (ws / "node_modules" / "a" / "b" / "f.js").write_text("x" * 10)
+    (ws / "node_modules" / "out").symlink_to(outside)
+    (ws / "node_modules" / "a" / "ro").mkdir()
+    (ws / "node_modules" / "a" / "ro" / "g.js").write_text("y")
+    (ws / "node_modules" / "a" / "ro").chmod(0o555)  # as Go's module cache leaves it
+    (ws / "via").symlink_to(ws / "node_modules")
+    scanner = HostScanner(ws)
+    for bad in ("../outside", "", "/etc", "via/a", "node_modules/../x"):
+        with pytest.raises(ValueError):
+            scanner.remove_tree(bad)
+    removed, (files, dirs, size) = scanner.remove_tree("node_modules")
+    assert removed and (files, dirs, size) == (3, 4, 11)
+    assert not (ws / "node_modules").exists() and (outside / "precious.txt").read_text() == "keep"
+    assert scanner.remove_tree("node_modules") == (False, [0, 0, 0])

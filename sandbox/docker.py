@@ -843,14 +843,24 @@ class DockerBackend(SandboxBackend):
         return set((info.get("Runtimes") or {}).keys())
 
     async def image_exists(self) -> bool:
+        """Whether the default spec's image is on the engine (raises DaemonUnavailableError)."""
+        return await self.has_image(self.spec.image)
+
+    async def has_image(self, image: str) -> bool:
+        """Whether ``image`` is on the engine (nothing is pulled). Raises
+        DaemonUnavailableError."""
         client = self._docker()
 
         def get() -> bool:
             try:
-                client.images.get(self.spec.image)
+                client.images.get(image)
                 return True
             except docker.errors.ImageNotFound:
                 return False
+            except docker.errors.APIError as e:
+                if e.status_code == 400:  # not a valid reference: not an image we have
+                    return False
+                raise
 
         return await self._call("inspect image", get)
 

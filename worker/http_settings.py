@@ -28,21 +28,6 @@ def refused(e: SettingsError, *where: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": e.message, "type": "value_error"}]}, status_code=422)
 
 
-async def check_settings(registry: Any, given: WorkspaceSettings) -> None:
-    """What the body model cannot check alone (caps, the engine's runtimes, the CA file).
-    Raises SettingsError."""
-    from .workspace_settings import check
-
-    configs = getattr(registry, "configs", None)
-    if configs is None:
-        return
-    runtimes = None
-    ask = getattr(registry.backend, "runtimes", None)
-    if given.runtime is not None and ask is not None:
-        runtimes = await ask()
-    check(given, configs.caps, runtimes)
-
-
 def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
     """Mount the routes on ``app`` (whose state holds ``registry``)."""
     responses = {**responses, 422: {"description": "A refused setting; detail[0].loc names it"}}
@@ -84,8 +69,8 @@ async def create_with(
     """``POST /v1/workspaces``: check the settings first (nothing is created when one is
     refused), then make the directory and store them. Raises SettingsError,
     InvalidWorkspaceId, WorkspaceExists."""
-    if settings is not None and settings.set_fields():
-        await check_settings(registry, settings)
+    if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
+        await registry.check_settings(settings)
     info = await workspaces.create(name)
     if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
         await registry.configure_workspace(info.path, settings.set_fields())

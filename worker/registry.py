@@ -277,11 +277,7 @@ class ToolRegistry:
         assert self.configs is not None
         before = self.configs.store.load(root)
         new = parse(changes, before)
-        runtimes = None
-        ask = getattr(self.backend, "runtimes", None)
-        if new.runtime is not None and ask is not None:
-            runtimes = await ask()
-        check(new, self.configs.caps, runtimes)
+        await self.check_settings(new, before)
         old_spec = self.configs.spec(root)
         spec = spec_for(self.configs.base, new)
         if new != before:
@@ -289,6 +285,32 @@ class ToolRegistry:
         if root in self._workspaces:
             await self._reconfigure(root)
         return Configured(new, effective(spec), spec != old_spec)
+
+    async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
+        """Every check of ``new`` (a workspace's settings, replacing ``before``): the
+        operator's caps, the CA file, and what only the engine knows: a runtime it has, an
+        image it holds (a missing image would fail every later call of the workspace, so
+        it is refused here, naming it). Values unchanged from ``before`` are not asked
+        about again.
+
+        Raises SettingsError naming the field, DaemonUnavailableError when the engine must
+        be asked and does not answer, ValueError when this registry has no settings.
+        """
+        if self.configs is None:
+            raise ValueError("this registry has no per-workspace settings (use default_registry)")
+        runtimes = None
+        ask = getattr(self.backend, "runtimes", None)
+        if new.runtime is not None and ask is not None:
+            runtimes = await ask()
+        check(new, self.configs.caps, runtimes)
+        has_image = getattr(self.backend, "has_image", None)
+        if new.image is not None and has_image is not None and (before is None or new.image != before.image):
+            if not await has_image(new.image):
+                raise SettingsError(
+                    "image",
+                    f"{new.image} is not on this Docker engine (no registry is pulled from): build it "
+                    "(`docker build -t NAME .`) or load it (`docker load -i FILE`) first",
+                )
 
     def _settings_root(self, path: Path | str) -> Path:
         if self.configs is None:

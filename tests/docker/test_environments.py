@@ -16,7 +16,7 @@ from tests.conftest import SANDBOX_IMAGE
 from tests.docker.conftest import require_runtime
 from worker.registry import ToolRegistry, default_registry
 from worker.settings import Settings
-from worker.workspace_settings import SettingsStore
+from worker.workspace_settings import SettingsError, SettingsStore
 
 pytestmark = pytest.mark.docker
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -120,8 +120,18 @@ async def test_an_image_that_cannot_serve_is_refused_at_once(
     registry: ToolRegistry, tmp_path: Path, runtime: str
 ) -> None:
     """A missing image, and one without /bin/sh: an infrastructure error naming the image
-    and what to do, long before the agent's start timeout (it used to hang for 40 s)."""
+    and what to do, long before the agent's start timeout (it used to hang for 40 s). A
+    missing image is refused when it is set, and at the first call when it is the default
+    (or was removed after it was set)."""
     require_runtime(runtime)
+    ws = tmp_path / "missing-set"
+    ws.mkdir()
+    with pytest.raises(SettingsError) as refused:
+        await registry.configure_workspace(ws, {"image": "loom-test-no-such-image:1", "runtime": runtime})
+    assert refused.value.field == "image" and "loom-test-no-such-image:1" in refused.value.message
+    assert "docker load" in refused.value.message
+    assert SettingsStore(tmp_path / "data").load(ws.resolve()).image is None  # nothing stored
+
     cases = {
         "loom-test-no-such-image:1": ("image not found", "docker load"),
         "loom-test-nosh:latest": ("has no /bin/sh", "busybox"),
@@ -129,8 +139,12 @@ async def test_an_image_that_cannot_serve_is_refused_at_once(
     for image, words in cases.items():
         ws = tmp_path / image.replace(":", "_")
         ws.mkdir()
-        await registry.configure_workspace(ws, {"image": image, "runtime": runtime})
-        r = await registry.execute("shell_execute", {"command": "true"}, workspace=str(ws))
+        settings = Settings(data_dir=tmp_path / "data2", image=image, runtime=runtime, catalog=False)
+        async with default_registry(settings) as reg:
+            try:
+                r = await reg.execute("shell_execute", {"command": "true"}, workspace=str(ws))
+            finally:
+                await reg.stop(ws)
         assert not r.success and (r.data or {}).get("error_kind") == "infrastructure", r.output
         assert image.split(":")[0] in r.output and all(w in r.output for w in words), r.output
         assert "did not start" not in r.output  # decided at once, not by the agent's start timeout

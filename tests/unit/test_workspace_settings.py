@@ -124,6 +124,9 @@ class _Backend:
     async def runtimes(self) -> set[str]:
         return {"runc"}
 
+    async def has_image(self, image: str) -> bool:
+        return not image.startswith("missing")
+
     async def stop(self, workspace: Path) -> bool:
         return False
 
@@ -168,6 +171,9 @@ async def test_http_create_show_change_and_refuse(settings_service: Any) -> None
     r = await c.post("/v1/workspaces", json={"name": "big", "settings": {"memory": "64g"}})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "settings", "memory"]
     assert not (settings_service.root / "big").exists()  # nothing was created
+    r = await c.post("/v1/workspaces", json={"name": "gone", "settings": {"image": "missing:1"}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "settings", "image"]
+    assert "missing:1" in r.json()["detail"][0]["msg"] and not (settings_service.root / "gone").exists()
     r = await c.post("/v1/workspaces", json={"name": "odd", "settings": {"colour": "blue"}})
     assert r.status_code == 422 and "colour" in json.dumps(r.json()["detail"])
     r = await c.post("/v1/workspaces", json={"name": "w1", "settings": {"image": "x:1", "env": {"A": "1"}}})
@@ -178,6 +184,8 @@ async def test_http_create_show_change_and_refuse(settings_service: Any) -> None
     r = await c.patch("/v1/workspaces/w1", json={"image": None, "cpus": 2})
     assert r.status_code == 200 and r.json()["recreate"] is True and "files" in r.json()["message"]
     assert r.json()["settings"] == {"cpus": 2.0, "env": {"A": "1"}} and r.json()["effective"]["image"] == "default:1"
+    r = await c.patch("/v1/workspaces/w1", json={"image": "missing:2"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "image"
     r = await c.patch("/v1/workspaces/w1", json={"pids": 99999})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "pids"
     r = await c.patch("/v1/workspaces/w1", json={"cpus": 3})

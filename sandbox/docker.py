@@ -50,6 +50,7 @@ from .spec import (
     ACTIVITY_FILE,
     AGENT_COMMAND,
     CA_BUNDLE_PATH,
+    EGRESS_MOUNT,
     HOME_DIR,
     LABEL_PREFIX,
     RUNTIME_MOUNT,
@@ -293,6 +294,13 @@ class DockerBackend(SandboxBackend):
         spec = self.spec_of(ws)
         if spec.ca_bundle:
             mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
+        if spec.egress_dir:
+            # The gateway's socket (its directory, so a restarted gateway's new socket shows)
+            # and the resolv.conf naming the agent's stub resolver; both read-only.
+            mounts.append(Mount(target=EGRESS_MOUNT, source=spec.egress_dir, type="bind", read_only=True))
+            mounts.append(
+                Mount(target="/etc/resolv.conf", source=f"{spec.egress_dir}/resolv.conf", type="bind", read_only=True)
+            )
         # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
         # host later uses the repository: the sandbox must not be able to plant them. Both
         # are mounted read-only, and .git itself is bound onto itself so that it is a mount
@@ -370,6 +378,10 @@ class DockerBackend(SandboxBackend):
                 docker.types.Ulimit(name="fsize", soft=spec.max_file_size, hard=spec.max_file_size),
             ],
             "tty": False,
+            # With egress the agent's relay listens on the sandbox's own loopback on ports 53,
+            # 80 and 443 (no capability needed: the sandbox's network namespace has nothing
+            # else to protect).
+            **({"sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"}} if spec.egress_dir else {}),
         }
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "worker.cli_service",  # serve, mcp
     "worker.cli_catalog",  # tools search / tools index (extends `tools`)
     "worker.cli_workspace",  # workspace set / show
+    "worker.cli_egress",  # egress-log
 )
 
 

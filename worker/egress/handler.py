@@ -361,8 +361,17 @@ class Connection:
         counts = [0, 0]  # up, down
         verdict, reason = "allowed", "allowed"
         try:
-            client = await self._send_request(conn, req, upstream, host, port, path, counts)
-            await self._relay_response(upstream, client, conn, counts)
+            await self._send_request(conn, req, upstream, host, port, path, counts)
+            # The destination was asked to close after its answer (Connection: close), and
+            # so is the sandbox's connection: the answer goes back as it comes, unparsed.
+            pump = Pump(self.sock, upstream, self.served.budget)
+            self.sock.setblocking(True)
+            upstream.setblocking(True)
+            await pump.run(down_only=True)
+            counts[1] = pump.down
+            if pump.limited:
+                verdict = "limited"
+                reason = f"cut: over {self.served.budget.per_minute} bytes per minute for this workspace"
         except _Denied as d:
             verdict, reason = d.verdict, d.reason
             await self._refuse_http(conn, host, port, d)
@@ -383,7 +392,7 @@ class Connection:
         port: int,
         path: bytes,
         counts: list[int],
-    ) -> h11.Connection:
+    ) -> None:
         """The request, in origin form, with its body, hop-by-hop headers dropped."""
         client = h11.Connection(h11.CLIENT)
         authority = host if port == 80 else f"{host}:{port}"
@@ -406,33 +415,6 @@ class Connection:
                 await self.loop.sock_sendall(upstream, out)
                 out = b""
         await self.loop.sock_sendall(upstream, out)
-        return client
-
-    async def _relay_response(
-        self, upstream: socket.socket, client: h11.Connection, conn: h11.Connection, counts: list[int]
-    ) -> None:
-        while True:
-            event = client.next_event()
-            if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(self.loop.sock_recv(upstream, 1 << 18), 300)
-                client.receive_data(data)
-                continue
-            if isinstance(event, h11.Response | h11.InformationalResponse):
-                headers = [(k, v) for k, v in event.headers.raw_items() if k.lower() not in _HOP]
-                if isinstance(event, h11.Response):
-                    headers.append((b"Connection", b"close"))
-                out = conn.send(type(event)(status_code=event.status_code, headers=headers, reason=event.reason))
-            elif isinstance(event, h11.Data):
-                counts[1] += len(event.data)
-                if not self.served.budget.take(len(event.data)):
-                    raise _Denied(429, "limited", f"over {self.served.budget.per_minute} bytes per minute")
-                out = conn.send(h11.Data(data=event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                await self.loop.sock_sendall(self.sock, conn.send(h11.EndOfMessage()) or b"")
-                return
-            else:  # ConnectionClosed before the end
-                raise ValueError("the destination closed the connection mid-response")
-            await self.loop.sock_sendall(self.sock, out or b"")
 
     # -- a program that dialled a stub address itself ----------------------------------
 

@@ -67,11 +67,13 @@ class Pump:
         self.limited = False
         self._cut = threading.Event()
 
-    async def run(self) -> None:
-        """Move bytes until both directions ended (or the budget cut them)."""
+    async def run(self, *, down_only: bool = False) -> None:
+        """Move bytes until both directions ended (or the budget cut them); with
+        ``down_only`` only the destination's answer to the sandbox."""
         loop = asyncio.get_running_loop()
         done: list[asyncio.Future[None]] = []
-        for src, dst, upward in ((self.inner, self.outer, True), (self.outer, self.inner, False)):
+        ways = ((self.inner, self.outer, True), (self.outer, self.inner, False))
+        for src, dst, upward in ways[1:] if down_only else ways:
             fut: asyncio.Future[None] = loop.create_future()
             done.append(fut)
             threading.Thread(target=self._direction, args=(src, dst, upward, loop, fut), daemon=True).start()

@@ -245,6 +245,7 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
+        self._runsc_uds = False
         self._runtime_volume: str | None = None
         self._runtime_lock = asyncio.Lock()
         # The agents' direct channel: unreachable from this process at all (no access to
@@ -385,9 +386,18 @@ class DockerBackend(SandboxBackend):
         }
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
-        if spec.runtime != "runsc" or self._runsc_checked:
+        if spec.runtime != "runsc" or (self._runsc_checked and (self._runsc_uds or not spec.egress_dir)):
             return
         info = await self._call("docker info", lambda: self._docker().info())
+        runsc = (info.get("Runtimes") or {}).get("runsc") or {}
+        args = " ".join(runsc.get("runtimeArgs") or []) if isinstance(runsc, dict) else ""
+        self._runsc_uds = "--host-uds=open" in args or "--host-uds=all" in args
+        if spec.egress_dir and runsc and not self._runsc_uds:
+            raise RuntimeUnavailableError(
+                "this workspace may reach the network, but the engine's runsc runtime is not registered with "
+                "--host-uds=open, so its sandbox could not reach the egress gateway's socket. Run scripts/setup "
+                "(it registers runsc with that flag in /etc/docker/daemon.json), or use LOOM_RUNTIME=runc."
+            )
         if "runsc" not in (info.get("Runtimes") or {}):
             raise RuntimeUnavailableError(
                 "gVisor (runsc) was requested but the Docker engine has no 'runsc' runtime registered; "

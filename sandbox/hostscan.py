@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import agent
+from .agent import main as agent
 
 
 class HostScanner:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import agent as A
+from sandbox.agent import main as A
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import agent as A
+from sandbox.agent import main as A
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import agent as A
+from sandbox.agent import main as A
 
 
 @pytest.fixture

@@ -1,22 +1,4 @@
-"""loom-worker sandbox agent: the one program that runs inside every sandbox container.
-
-Standard library only, Python >= 3.8, one file: the host sends this source over the
-container's attached stream when it opens a connection (see ``sandbox.connection``), so
-any image with ``python3`` can be a sandbox image and agent and worker always match.
-
-Wire format: newline-delimited JSON on stdin/stdout. The first line is a config object;
-then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
-``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "code": "...",
-"error": "..."}``. Bytes travel base64-encoded. Requests are served concurrently (slow ops
-on threads); at most one ``exec`` runs at a time per agent, because the agent is the
-*child subreaper* of everything the command starts and kills that whole subtree when the
-command ends or times out (that is how ``setsid``, double forks and ``nohup &`` are
-caught: their orphans are re-parented to this process, never to PID 1).
-
-Paths are resolved here, component by component from an O_PATH descriptor of the
-workspace root, never following ``..`` or a symlink out of it; FIFOs, sockets and devices
-are refused *before* any open that could block.
-"""
+"""The agent's main loop and, for now, all of its operations (see the package's docstring)."""
 
 import base64
 import collections
@@ -2623,12 +2605,14 @@ def _host_gone():
         _kill_tree(0)
 
 
-if __name__ in ("__main__", "__loom_agent__"):
-    if __name__ == "__main__" and len(sys.argv) > 1:
-        _cfg = {"root": sys.argv[1]}
+def run(argv=None):
+    """Run the agent: the config from ``argv`` (``[root]``, when run by hand as
+    ``python3 -m sandbox.agent ROOT``) or else from the first line on stdin."""
+    if argv:
+        cfg = {"root": argv[0]}
     else:
-        _cfg = json.loads(sys.stdin.buffer.readline() or b"{}")
+        cfg = json.loads(sys.stdin.buffer.readline() or b"{}")
     try:
-        main(_cfg)
+        main(cfg)
     except KeyboardInterrupt:
         pass

@@ -13,35 +13,26 @@ import re
 import selectors
 import shutil
 import signal
-import socket
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from . import activity, channel, state
+from .errors import Refused, error_answer
+
 AGENT_VERSION = "1"
 
-ROOT = "/workspace"
-ROOT_FD = -1
-ACTIVITY_FILE = "/tmp/.loom-activity"
-MAX_READ = 16 << 20
-MAX_WRITE = 64 << 20
 KILL_GRACE = 0.5
 LINGER_AFTER_EXIT = 0.1
-#: Disk a single command may consume on the workspace's filesystem, and the free space no
-#: command or write may push it below (bytes; None/0: no check). See _DiskWatch.
-DISK_LIMIT = None
-DISK_RESERVE = 0
 DISK_POLL = 0.05
 #: A command is held to the reserve only once it has itself consumed this much, so one
 #: that writes nothing is not stopped because something else filled the disk.
 DISK_SLACK = 16 << 20
-#: Files (inodes) a single command may create on the workspace's filesystem; and the share
-#: of its inodes no command may use up (a disk can be filled with empty files too).
-INODE_LIMIT = None
+#: The share of the filesystem's inodes no command may use up (a disk can be filled with
+#: empty files too).
 INODE_RESERVE = 0.01
 INODE_SLACK = 10000
 #: For this long after starting a command the agent polls for its output and exit
@@ -52,15 +43,11 @@ INODE_SLACK = 10000
 SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
-_out_lock = threading.Lock()
 _exec_lock = threading.Lock()
 _foreign_pids = set()  # type: set[int]  # helper processes (ripgrep) that the exec tree-kill must spare
 _foreign_lock = threading.Lock()
 _snapshots = {}  # type: dict
 _scan_lock = threading.Lock()
-_last_touch = [0.0]
-_subreaper = [False]
-_stdout = None
 
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -79,13 +66,6 @@ BASE_ENV = {
 }
 
 
-class Refused(Exception):
-    def __init__(self, code, message):
-        Exception.__init__(self, message)
-        self.code = code
-        self.message = message
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -95,23 +75,6 @@ def _prctl(option, arg):
         return libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) == 0
     except Exception:
         return False
-
-
-def _b64(data):
-    return base64.b64encode(data).decode("ascii")
-
-
-def _touch():
-    now = time.time()
-    if now - _last_touch[0] < 1.0:
-        return
-    _last_touch[0] = now
-    try:
-        fd = os.open(ACTIVITY_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        os.close(fd)
-        os.utime(ACTIVITY_FILE, None)
-    except OSError:
-        pass
 
 
 def _type_of(mode):
@@ -143,8 +106,8 @@ def _split(path):
     if "\x00" in path:
         raise Refused("escape", "path contains a NUL byte")
     p = path
-    if p == ROOT or p.startswith(ROOT + "/"):
-        p = p[len(ROOT) :]
+    if p == state.ROOT or p.startswith(state.ROOT + "/"):
+        p = p[len(state.ROOT) :]
     elif p.startswith("/"):
         raise Refused("escape", "Path %r is outside the workspace" % path)
     parts = []  # type: list[str]
@@ -176,7 +139,7 @@ def _resolve(path, follow_last=True, create_dirs=False):
     stack = _split(path)
     cur = []  # type: list[str]
     hops = 0
-    fd = os.dup(ROOT_FD)
+    fd = os.dup(state.ROOT_FD)
     try:
         while stack:
             comp = stack.pop(0)
@@ -225,7 +188,7 @@ def _resolve(path, follow_last=True, create_dirs=False):
                 stack = base + stack
                 cur = []
                 os.close(fd)
-                fd = os.dup(ROOT_FD)
+                fd = os.dup(state.ROOT_FD)
                 continue
             if last:
                 return fd, comp, cur + [comp], st
@@ -306,7 +269,7 @@ def op_hello(req):
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "kernel": os.uname().release,
-        "subreaper": _subreaper[0],
+        "subreaper": state.subreaper,
         "ripgrep": _rg_command() is not None,
         # Commands run with the image's own /bin/sh: an image without one cannot serve.
         "shell": os.access("/bin/sh", os.X_OK),
@@ -316,7 +279,7 @@ def op_hello(req):
 
 def op_read(req):
     path = req.get("path", ".")
-    max_bytes = min(int(req.get("max_bytes") or MAX_READ), MAX_READ)
+    max_bytes = min(int(req.get("max_bytes") or state.MAX_READ), state.MAX_READ)
     fd, name, parts, st = _resolve(path)
     try:
         if name is None:
@@ -331,7 +294,7 @@ def op_read(req):
         binary = b"\x00" in head
         if whole and req.get("length") is None and len(head) == fst.st_size:
             return {
-                "data": _b64(head),
+                "data": channel.b64(head),
                 "size": fst.st_size,
                 "truncated": False,
                 "sha256": hashlib.sha256(head).hexdigest(),
@@ -382,7 +345,7 @@ def op_read(req):
             if offset == 0 and not truncated and len(data) == fst.st_size:
                 digest = hashlib.sha256(data).hexdigest()
         return {
-            "data": _b64(data),
+            "data": channel.b64(data),
             "size": fst.st_size,
             "truncated": truncated,
             "sha256": digest,
@@ -419,20 +382,20 @@ def _disk_avail():
 
 def _statvfs():
     try:
-        return os.statvfs(ROOT)
+        return os.statvfs(state.ROOT)
     except OSError:
         return None
 
 
 def _check_reserve(growth, path):
-    if not DISK_RESERVE or growth <= 0:
+    if not state.DISK_RESERVE or growth <= 0:
         return
     avail = _disk_avail()
-    if avail is not None and avail - growth < DISK_RESERVE:
+    if avail is not None and avail - growth < state.DISK_RESERVE:
         raise Refused(
             "no_space",
             "No space left for %s: writing %d more bytes would leave less than the %d bytes the "
-            "sandbox keeps free on the workspace's disk (%d available)" % (path, growth, DISK_RESERVE, avail),
+            "sandbox keeps free on the workspace's disk (%d available)" % (path, growth, state.DISK_RESERVE, avail),
         )
 
 
@@ -462,14 +425,14 @@ class _DiskWatch(object):
             return False
         avail = st.f_bavail * st.f_frsize
         self.used = max(self.used, self.start[0] - avail)
-        if DISK_LIMIT and self.used > DISK_LIMIT:
+        if state.DISK_LIMIT and self.used > state.DISK_LIMIT:
             return True
-        if DISK_RESERVE and avail < DISK_RESERVE and self.used > DISK_SLACK:
+        if state.DISK_RESERVE and avail < state.DISK_RESERVE and self.used > DISK_SLACK:
             return True
         if st.f_files <= 0:
             return False  # no inode accounting (btrfs, some network filesystems)
         self.files = max(self.files, self.start[1] - st.f_favail)
-        if INODE_LIMIT and self.files > INODE_LIMIT:
+        if state.INODE_LIMIT and self.files > state.INODE_LIMIT:
             return True
         return st.f_favail < st.f_files * INODE_RESERVE and self.files > INODE_SLACK
 
@@ -479,8 +442,8 @@ def op_write(req):
     data = base64.b64decode(req.get("data", ""))
     # fsync (file, then directory) unless the caller asked for process-crash safety only
     durable = req.get("fsync", True) is not False
-    if len(data) > MAX_WRITE:
-        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), MAX_WRITE))
+    if len(data) > state.MAX_WRITE:
+        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), state.MAX_WRITE))
     parts = _split(path)
     if not parts:
         raise Refused("not_a_file", "Not a file: the workspace root is a directory")
@@ -1421,7 +1384,7 @@ def op_scan(req):
         with _scan_lock:
             # gVisor: edits made on the host side of the bind mount raise no event in the
             # sandbox, so only runc (the subreaper bit says which) watches.
-            return scan_tree(dfd, prefix, req, _snapshots, _subreaper[0])
+            return scan_tree(dfd, prefix, req, _snapshots, state.subreaper)
     finally:
         os.close(dfd)
 
@@ -1576,7 +1539,7 @@ def _rg_command():
     loader, rg = os.path.join(lib, "loader"), os.path.join(sys.prefix, "bin", "rg")
     if os.access(loader, os.X_OK) and os.access(rg, os.X_OK):
         return [loader, "--library-path", lib, rg]
-    found = shutil.which("rg", path=_IMAGE_ENV.get("PATH") or BASE_ENV["PATH"])
+    found = shutil.which("rg", path=state.image_env.get("PATH") or BASE_ENV["PATH"])
     return [found] if found else None
 
 
@@ -1619,7 +1582,7 @@ def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
     argv += ["--regexp", pattern, "--", target]
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=state.ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -1856,7 +1819,7 @@ def _command_pids(ctx):
     spare.add(1)
     found = set()
     todo = [c for c in children.get(me, []) if c not in spare]
-    if ctx is not None and not _subreaper[0]:
+    if ctx is not None and not state.subreaper:
         sid, start, marker = ctx
         for pid, (ppid, session, pgrp, ticks) in table.items():
             if pid in spare or ppid == 0 or ticks < start:
@@ -1922,7 +1885,7 @@ def _own_children():
 def _kill_tree(grace, ctx=None):
     """Kill every process the command started (TERM, ``grace`` seconds, then KILL).
     Returns True when nothing was left to kill (as subreaper: no child at all)."""
-    if _subreaper[0] and _own_children() == set():
+    if state.subreaper and _own_children() == set():
         return True  # fast path: as subreaper, no child means nothing of the command is left
     pids = _command_pids(ctx)
     if not pids:
@@ -1958,20 +1921,14 @@ def _oom_kills():
     return None
 
 
-#: The container's environment as the agent found it at start: the image's ENV (its
-#: PATH, its tool settings) plus what the worker set (HOME, USER, LANG, per-workspace
-#: variables). Commands start from it, so an image behaves as its author meant.
-_IMAGE_ENV = {}  # type: dict
-
-
 def _command_env_cwd(req):
     """The environment (the image's, then the non-interactive base, then the caller's
     valid strings) and the real working directory (resolved inside the workspace) for a
     process the host asks for."""
-    env = dict(_IMAGE_ENV)
+    env = dict(state.image_env)
     env.update(BASE_ENV)
-    if _IMAGE_ENV.get("PATH"):
-        env["PATH"] = _IMAGE_ENV["PATH"]  # the image's own PATH (/usr/local/go/bin, ...)
+    if state.image_env.get("PATH"):
+        env["PATH"] = state.image_env["PATH"]  # the image's own PATH (/usr/local/go/bin, ...)
     env["HOME"] = os.environ.get("HOME", "/tmp")
     env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
     for k, v in (req.get("env") or {}).items():
@@ -1979,7 +1936,7 @@ def _command_env_cwd(req):
             env[k] = v
     cwd_fd, parts = _open_dir(req.get("cwd", "."))
     os.close(cwd_fd)
-    return env, ROOT + ("/" + "/".join(parts) if parts else "")
+    return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
 
 
 def op_exec(req):
@@ -2036,7 +1993,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             return {
                 "exit_code": 127,
                 "stdout": "",
-                "stderr": _b64(("%s\n" % e).encode()),
+                "stderr": channel.b64(("%s\n" % e).encode()),
                 "outcome": "exit",
                 "duration_ms": 0.0,
                 "truncated": False,
@@ -2046,7 +2003,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             }
         assert proc.stdout is not None and proc.stderr is not None
         # The start time is only needed where orphans are hunted by heuristics (gVisor).
-        ctx = (proc.pid, 0 if _subreaper[0] else (_start_ticks(proc.pid) or 0), marker)
+        ctx = (proc.pid, 0 if state.subreaper else (_start_ticks(proc.pid) or 0), marker)
         try:
             # The OOM killer must pick the command, never the agent.
             with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
@@ -2061,7 +2018,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             sel.register(f.fileno(), selectors.EVENT_READ)
         deadline = started + timeout
         outcome = None
-        disk = _DiskWatch(started) if (DISK_LIMIT or DISK_RESERVE or INODE_LIMIT) else None
+        disk = _DiskWatch(started) if (state.DISK_LIMIT or state.DISK_RESERVE or state.INODE_LIMIT) else None
         exited_at = None
         open_fds = set(bufs)
         last_touch = started
@@ -2075,7 +2032,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             if exited_at is not None and now - exited_at > LINGER_AFTER_EXIT:
                 break  # a background child still holds the pipe: do not wait for it
             if now - last_touch > 30:
-                _touch()
+                activity.touch()
                 last_touch = now
             if disk is not None and disk.exceeded(now):
                 outcome = "disk_limit"
@@ -2126,7 +2083,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        if not clean and not (_subreaper[0] and _own_children() == set()):
+        if not clean and not (state.subreaper and _own_children() == set()):
             _reap(_command_pids(ctx))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
@@ -2150,8 +2107,8 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
         err, t2 = err_buf.value()
         return {
             "exit_code": exit_code,
-            "stdout": _b64(out),
-            "stderr": _b64(err),
+            "stdout": channel.b64(out),
+            "stderr": channel.b64(err),
             "outcome": outcome,
             "duration_ms": duration,
             "truncated": bool(t1 or t2),
@@ -2197,7 +2154,7 @@ def _pump(proc, announced):
             chunk = b""
         if not chunk:
             break
-        _send({"event": "stdout", "proc": pid, "data": _b64(chunk)})
+        channel.send({"event": "stdout", "proc": pid, "data": channel.b64(chunk)})
     code = proc.wait()
     t.join(1.0)
     with _procs_lock:
@@ -2205,7 +2162,7 @@ def _pump(proc, announced):
     with _foreign_lock:
         _foreign_pids.discard(pid)
     tail, _ = err.value()
-    _send({"event": "exit", "proc": pid, "code": code, "stderr": _b64(tail)})
+    channel.send({"event": "exit", "proc": pid, "code": code, "stderr": channel.b64(tail)})
 
 
 def op_spawn(req):
@@ -2306,115 +2263,21 @@ def op_kill(req):
     return {"killed": True}
 
 
-# --------------------------------------------------------------------------- direct channel
-
-_direct = {"state": None}  # type: dict  # None -> "listening" -> "open" (once per agent)
-#: How long the listener waits for the host (it connects right after our answer).
-DIRECT_ACCEPT_TIMEOUT = 5.0
+# --------------------------------------------------------------------------- main loop
 
 
 def op_direct(req):
-    """Offer the host a faster channel than the attach stream.
-
-    Over ``docker attach``/``exec`` every message passes through the engine (two copies
-    and a pipe each way, ~0.4 ms per round trip); a unix socket is ~0.04 ms. The agent
-    listens in a fresh private directory on its /tmp; the host, outside the container,
-    reaches that socket through ``/proc/<container pid>/root`` (it needs ptrace-read
-    access to the container's processes; when it has none, it keeps the attach stream).
-
-    Only a peer *outside* this container's pid namespace is accepted (the kernel reports
-    its pid as 0): a command inside the sandbox that races to connect is turned away. The
-    first line on the socket carries this connection's secret, so the host knows it
-    reached this agent and not a listener planted by a command. The socket file is gone
-    as soon as the host is connected (or after DIRECT_ACCEPT_TIMEOUT).
-    """
-    if _direct["state"] is not None:
-        raise Refused("invalid", "the direct channel was already offered")
-    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
-    path = os.path.join(d, "s")
-    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        lst.bind(path)
-        lst.listen(4)
-    except OSError:
-        lst.close()
-        _rm_direct(d, path)
-        raise
-    _direct["state"] = "listening"
-
-    def after():
-        threading.Thread(target=_accept_direct, args=(lst, d, path), daemon=True).start()
-
-    return {"path": path, "_after_send": after}
+    """Offer the host the direct channel (see ``channel.offer_direct``)."""
+    return channel.offer_direct(_serve_direct)
 
 
-class _SocketOut(object):
-    """What ``_send`` writes to once the direct channel is open: one ``send`` per message,
-    without SIGPIPE (a host that vanished must not kill the container's keeper; the
-    reader sees the EOF and cleans up)."""
-
-    def __init__(self, sock):
-        self.sock = sock
-
-    def write(self, data):
-        try:
-            self.sock.sendall(data, socket.MSG_NOSIGNAL)
-        except OSError:
-            pass
-
-    def flush(self):
-        pass
-
-
-def _rm_direct(d, path):
-    for fn, arg in ((os.unlink, path), (os.rmdir, d)):
-        try:
-            fn(arg)
-        except OSError:
-            pass
-
-
-def _accept_direct(lst, d, path):
-    global _stdout
-    deadline = time.monotonic() + DIRECT_ACCEPT_TIMEOUT
-    conn = None
-    try:
-        while conn is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            lst.settimeout(left)
-            try:
-                c, _ = lst.accept()
-            except OSError:  # timeout: the host stayed on the attach stream
-                return
-            cred = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid = struct.unpack("3i", cred)[0]
-            if pid != 0:  # a process of this container, not the host
-                c.close()
-                continue
-            conn = c
-    finally:
-        lst.close()
-        _rm_direct(d, path)
-        if conn is None:
-            _direct["state"] = "refused"
-    conn.settimeout(None)
-    hello = json.dumps({"direct": True, "k": _nonce[0]}, separators=(",", ":")).encode("utf-8") + b"\n"
-    with _out_lock:
-        # From here on every answer and event goes to the socket, after this first line
-        # (so nothing can come before it); the attach stream stays open only to tell
-        # either side that the other is gone.
-        _stdout = _SocketOut(conn)
-        _stdout.write(hello)
-        _direct["state"] = "open"
-    _serve(conn.makefile("rb", buffering=256 << 10))
+def _serve_direct(reader):
+    """Serve the direct channel; when the host leaves it, the agent's work is over."""
+    _serve(reader)
     _host_gone()
-    if not _keeper_ttl[0]:
+    if not state.keeper_ttl:
         os._exit(0)
 
-
-# --------------------------------------------------------------------------- main loop
 
 FAST_OPS = {
     "hello": op_hello,
@@ -2442,19 +2305,6 @@ SLOW_OPS = {
 }
 
 
-_nonce = [None]
-
-
-def _send(obj):
-    # Every message carries the connection's secret: a command that manages to write into
-    # our stdout (gVisor does not honour non-dumpable for /proc/<pid>/fd) cannot forge one.
-    obj["k"] = _nonce[0]
-    line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
-    with _out_lock:
-        _stdout.write(line)
-        _stdout.flush()
-
-
 def _handle(req):
     rid = req.get("id")
     op = req.get("op")
@@ -2466,32 +2316,9 @@ def _handle(req):
         result = fn(req)
         after = result.pop("_after_send", None) if isinstance(result, dict) else None
         resp = {"id": rid, "ok": True, "result": result}
-    except Refused as e:
-        resp = {"id": rid, "ok": False, "code": e.code, "error": e.message}
-    except FileNotFoundError as e:
-        resp = {"id": rid, "ok": False, "code": "not_found", "error": "Not found: %s" % (e.filename or e)}
-    except PermissionError as e:
-        resp = {
-            "id": rid,
-            "ok": False,
-            "code": "permission",
-            "error": "Permission denied: %s" % (e.filename or e),
-        }
-    except NotADirectoryError as e:
-        resp = {
-            "id": rid,
-            "ok": False,
-            "code": "not_a_directory",
-            "error": "Not a directory: %s" % (e.filename or e),
-        }
-    except OSError as e:
-        code = "no_space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "os_error"
-        if e.errno == errno.EROFS:
-            code = "permission"
-        resp = {"id": rid, "ok": False, "code": code, "error": "%s: %s" % (e.strerror or e, e.filename or "")}
     except Exception as e:  # never let one request kill the agent
-        resp = {"id": rid, "ok": False, "code": "internal", "error": "%s: %s" % (type(e).__name__, e)}
-    _send(resp)
+        resp = error_answer(rid, e)
+    channel.send(resp)
     if after is not None:
         after()
 
@@ -2523,44 +2350,19 @@ def _dispatch_slow(req):
     _work.put(req)
 
 
-def _keeper(ttl):
-    """In the container's main agent: end the container after ``ttl`` seconds without a
-    request to any agent (they all touch the activity file), even with no worker left."""
-    t0 = time.time()
-    while True:
-        time.sleep(min(5.0, max(ttl / 10.0, 0.5)))
-        try:
-            last = os.stat(ACTIVITY_FILE).st_mtime
-        except OSError:
-            last = t0
-        if time.time() - max(last, t0) > ttl:
-            os._exit(0)
-
-
 def main(config):
-    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT, _stdout
-    ROOT = config.get("root", ROOT).rstrip("/") or "/"
-    _nonce[0] = config.get("nonce")
-    _IMAGE_ENV.update(os.environ)
-    ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
-    MAX_READ = int(config.get("max_read", MAX_READ))
-    MAX_WRITE = int(config.get("max_write", MAX_WRITE))
-    DISK_LIMIT = int(config.get("disk_limit") or 0) or None
-    INODE_LIMIT = int(config.get("inode_limit") or 0) or None
-    DISK_RESERVE = int(config.get("disk_reserve") or 0)
-    _stdout = sys.stdout.buffer
-    ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    _subreaper[0] = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
+    state.configure(config)
+    channel.open_stdout(sys.stdout.buffer)
+    state.subreaper = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
     _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies
     os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     stdin = sys.stdin.buffer
-    keeper_ttl = config.get("keeper_ttl")
-    _keeper_ttl[0] = keeper_ttl
+    keeper_ttl = state.keeper_ttl
     if keeper_ttl:
-        _touch()
-        threading.Thread(target=_keeper, args=(float(keeper_ttl),), daemon=True).start()
-    _send({"id": 0, "ok": True, "result": op_hello({})})
+        activity.touch()
+        threading.Thread(target=activity.keeper, args=(float(keeper_ttl),), daemon=True).start()
+    channel.send({"id": 0, "ok": True, "result": op_hello({})})
     _serve(stdin)
     _host_gone()
     if keeper_ttl:
@@ -2568,7 +2370,6 @@ def main(config):
         threading.Event().wait()
 
 
-_keeper_ttl = [None]
 _gone_lock = threading.Lock()
 
 
@@ -2578,13 +2379,13 @@ def _serve(reader):
         line = reader.readline()
         if not line:
             return
-        _touch()
+        activity.touch()
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
         except ValueError as e:
-            _send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
+            channel.send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
             continue
         if req.get("op") in SLOW_OPS:
             _dispatch_slow(req)

@@ -19,19 +19,18 @@ from typing import Any
 import pytest
 
 from sandbox.agent import main as A
+from sandbox.agent import state
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    saved = (A.ROOT, A.ROOT_FD)
-    A.ROOT = str(tmp_path)
-    A.ROOT_FD = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
     try:
         yield tmp_path
     finally:
         A._tidy_drain(5.0)
-        os.close(A.ROOT_FD)
-        A.ROOT, A.ROOT_FD = saved
+        os.close(state.ROOT_FD)
 
 
 def _open_fds() -> set[str]:

@@ -18,22 +18,21 @@ from pathlib import Path
 import pytest
 
 from sandbox.agent import main as A
+from sandbox.agent import state
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    saved = (A.ROOT, A.ROOT_FD, A._subreaper[0])
-    A.ROOT = str(tmp_path)
-    A.ROOT_FD = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
-    A._subreaper[0] = True  # a real Linux kernel: watching allowed
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
+    monkeypatch.setattr(state, "subreaper", True)  # a real Linux kernel: watching allowed
     try:
         yield tmp_path
     finally:
         for snap in A._snapshots.values():
             snap.close()
         A._snapshots.clear()
-        os.close(A.ROOT_FD)
-        A.ROOT, A.ROOT_FD, A._subreaper[0] = saved
+        os.close(state.ROOT_FD)
 
 
 def full_walk() -> dict[str, tuple]:
@@ -188,8 +187,8 @@ def test_overflow_and_watch_budget_fall_back_to_full_walk(root: Path, monkeypatc
     assert not res["watched"]
 
 
-def test_without_a_real_kernel_nothing_is_watched(root: Path) -> None:
-    A._subreaper[0] = False  # gVisor: host-side edits raise no event in the sandbox
+def test_without_a_real_kernel_nothing_is_watched(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "subreaper", False)  # gVisor: host-side edits raise no event in the sandbox
     res = scan(None)
     assert not res["watched"]
     (root / "f").write_text("x")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent import main as agent
+from .agent import paths
 
 
 class HostScanner:
@@ -68,7 +69,7 @@ class HostScanner:
             raise ValueError(f"not a plain workspace-relative path: {path!r}")
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            parent = agent._open_below(root, "/".join(parts[:-1]))
+            parent = paths.open_below(root, "/".join(parts[:-1]))
         finally:
             os.close(root)
         if parent is None:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from . import activity, channel, state
+from . import activity, channel, paths, state
 from .errors import Refused, error_answer
 
 AGENT_VERSION = "1"
@@ -77,176 +77,6 @@ def _prctl(option, arg):
         return False
 
 
-def _type_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "other"
-
-
-def _kind_name(mode):
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    return "not a regular file"
-
-
-def _split(path):
-    """Workspace-relative components of ``path``; ``..`` handled lexically."""
-    if not isinstance(path, str):
-        raise Refused("invalid", "path must be a string")
-    if "\x00" in path:
-        raise Refused("escape", "path contains a NUL byte")
-    p = path
-    if p == state.ROOT or p.startswith(state.ROOT + "/"):
-        p = p[len(state.ROOT) :]
-    elif p.startswith("/"):
-        raise Refused("escape", "Path %r is outside the workspace" % path)
-    parts = []  # type: list[str]
-    for comp in p.split("/"):
-        if comp in ("", "."):
-            continue
-        if comp == "..":
-            if not parts:
-                raise Refused("escape", "Path %r escapes the workspace" % path)
-            parts.pop()
-        else:
-            parts.append(comp)
-    return parts
-
-
-def _rel(parts):
-    return "/".join(parts) if parts else "."
-
-
-def _resolve(path, follow_last=True, create_dirs=False):
-    """Walk ``path`` from the workspace root without ever leaving it.
-
-    Returns ``(dir_fd, name, parts, st)``: an O_PATH descriptor of the parent directory
-    (the caller closes it), the final component's name (None for the root itself), the
-    resolved workspace-relative components and the final component's lstat (None when
-    it does not exist). Symlinks whose target stays inside the workspace are followed,
-    one hop at a time, by restarting the walk from the root; any other is refused.
-    """
-    stack = _split(path)
-    cur = []  # type: list[str]
-    hops = 0
-    fd = os.dup(state.ROOT_FD)
-    try:
-        while stack:
-            comp = stack.pop(0)
-            last = not stack
-            try:
-                st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if last:
-                    return fd, comp, cur + [comp], None
-                if not create_dirs:
-                    raise Refused("not_found", "Not found: %s (no directory %s)" % (path, _rel(cur + [comp])))
-                try:
-                    os.mkdir(comp, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode) and (follow_last or not last):
-                hops += 1
-                if hops > 40:
-                    raise Refused("escape", "Too many levels of symbolic links in %r" % path)
-                target = os.readlink(comp, dir_fd=fd)
-                if target.startswith("/"):
-                    try:
-                        base = _split(target)
-                    except Refused:
-                        raise Refused(
-                            "escape",
-                            "Path %r goes through a symlink (%s -> %s) that leaves the workspace"
-                            % (path, _rel(cur + [comp]), target),
-                        ) from None
-                else:
-                    base = list(cur)
-                    for t in target.split("/"):
-                        if t in ("", "."):
-                            continue
-                        if t == "..":
-                            if not base:
-                                raise Refused(
-                                    "escape",
-                                    "Path %r goes through a symlink (%s -> %s) that leaves the workspace"
-                                    % (path, _rel(cur + [comp]), target),
-                                )
-                            base.pop()
-                        else:
-                            base.append(t)
-                stack = base + stack
-                cur = []
-                os.close(fd)
-                fd = os.dup(state.ROOT_FD)
-                continue
-            if last:
-                return fd, comp, cur + [comp], st
-            if not stat.S_ISDIR(st.st_mode):
-                raise Refused("not_a_directory", "Not a directory: %s" % _rel(cur + [comp]))
-            try:
-                nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as e:
-                # Swapped for a link or a file between the lstat and the open.
-                raise Refused("escape", "Path %r changed while being resolved (%s)" % (path, e.strerror))
-            os.close(fd)
-            fd = nfd
-            cur.append(comp)
-        return fd, None, cur, os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_dir(path):
-    """A readable (not O_PATH) descriptor of directory ``path`` and its components."""
-    fd, name, parts, st = _resolve(path)
-    try:
-        if name is None:
-            return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), parts
-        if st is None:
-            raise Refused("not_found", "Not found: %s" % path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise Refused("not_a_directory", "Not a directory: %s" % path)
-        try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), parts
-        except OSError as e:
-            raise Refused("escape", "Directory %r changed while being opened (%s)" % (path, e.strerror))
-    finally:
-        os.close(fd)
-
-
-def _open_file(dir_fd, name, st, path):
-    """Open a regular file for reading; refuse anything else before a blocking open."""
-    if st is None:
-        raise Refused("not_found", "File not found: %s" % path)
-    if not stat.S_ISREG(st.st_mode):
-        raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
-    try:
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise Refused("not_found", "File not found: %s" % path)
-        if e.errno == errno.EACCES:
-            raise Refused("permission", "Permission denied: %s" % path)
-        raise Refused("escape", "File %r changed while being opened (%s)" % (path, e.strerror))
-    fst = os.fstat(f)
-    if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino:
-        os.close(f)
-        raise Refused("escape", "File %r changed while being opened" % path)
-    return f, fst
-
-
 def _hash_fd(f):
     h = hashlib.sha256()
     os.lseek(f, 0, 0)
@@ -280,11 +110,11 @@ def op_hello(req):
 def op_read(req):
     path = req.get("path", ".")
     max_bytes = min(int(req.get("max_bytes") or state.MAX_READ), state.MAX_READ)
-    fd, name, parts, st = _resolve(path)
+    fd, name, parts, st = paths.resolve(path)
     try:
         if name is None:
             raise Refused("not_a_file", "Not a file: %s is a directory" % path)
-        f, fst = _open_file(fd, name, st, path)
+        f, fst = paths.open_file(fd, name, st, path)
     finally:
         os.close(fd)
     try:
@@ -364,7 +194,7 @@ def _check_expect(fd, name, st, path, req):
     if expect:
         if st is None:
             raise Refused("conflict", "Conflict: %s no longer exists" % path)
-        f, _ = _open_file(fd, name, st, path)
+        f, _ = paths.open_file(fd, name, st, path)
         try:
             current = _hash_fd(f)
         finally:
@@ -444,15 +274,15 @@ def op_write(req):
     durable = req.get("fsync", True) is not False
     if len(data) > state.MAX_WRITE:
         raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), state.MAX_WRITE))
-    parts = _split(path)
+    parts = paths.split(path)
     if not parts:
         raise Refused("not_a_file", "Not a file: the workspace root is a directory")
-    fd, name, parts, st = _resolve(path, create_dirs=req.get("mkdirs", True))
+    fd, name, parts, st = paths.resolve(path, create_dirs=req.get("mkdirs", True))
     try:
         if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
             raise Refused("not_a_file", "Not a file: %s is a directory" % path)
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
+            raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
         _check_expect(fd, name, st, path, req)
         _check_reserve(len(data) - (st.st_size if st is not None else 0), path)
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
@@ -487,7 +317,7 @@ def op_write(req):
             "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
             "created": st is None,
-            "path": _rel(parts),
+            "path": paths.rel(parts),
         }
         if req.get("stage"):
             # Written and fsync'd, not yet in place: the host records its changelog entry
@@ -503,7 +333,7 @@ def op_write(req):
             with _staged_lock:
                 _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
             fd = -1
-            return {"staged": token, "path": _rel(parts), "mode": None if st is None else st.st_mode}
+            return {"staged": token, "path": paths.rel(parts), "mode": None if st is None else st.st_mode}
         _put_in_place(fd, tmp, name, durable)
         return result
     finally:
@@ -619,7 +449,7 @@ def op_commit(req):
     fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
     try:
         try:
-            here = _resolve(path, create_dirs=False)
+            here = paths.resolve(path, create_dirs=False)
         except Refused:
             here = None
         try:
@@ -652,7 +482,7 @@ def op_commit(req):
             ):
                 raise Refused("conflict", "Conflict: the staged content of %s was tampered with" % path)
             if st is not None and not stat.S_ISREG(st.st_mode):
-                raise Refused("not_a_file", "Not a file: %s is %s" % (path, _kind_name(st.st_mode)))
+                raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
             _check_expect(fd, name, st, path, expect)
         except BaseException:
             try:
@@ -695,9 +525,9 @@ def _drop_staged(older_than=0.0):
 
 def op_remove(req):
     path = req.get("path")
-    if not _split(path):
+    if not paths.split(path):
         raise Refused("escape", "Refusing to remove the workspace root")
-    fd, name, parts, st = _resolve(path, follow_last=False)
+    fd, name, parts, st = paths.resolve(path, follow_last=False)
     try:
         if st is None:
             return {"removed": False}
@@ -761,9 +591,9 @@ def op_remove_tree(req):
     """Remove ``path`` whatever it is: a directory with everything in it (the changelog's
     undo of a directory tree a command made), a file or a link. Absent: nothing to do."""
     path = req.get("path")
-    if not _split(path):
+    if not paths.split(path):
         raise Refused("escape", "Refusing to remove the workspace root")
-    fd, name, parts, st = _resolve(path, follow_last=False)
+    fd, name, parts, st = paths.resolve(path, follow_last=False)
     counts = [0, 0, 0]
     try:
         if st is None:
@@ -795,7 +625,7 @@ def op_chmod(req):
     mode = req.get("mode")
     if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
         raise Refused("invalid", "mode must be an integer in 0..0o7777")
-    fd, name, parts, st = _resolve(path, follow_last=False)
+    fd, name, parts, st = paths.resolve(path, follow_last=False)
     try:
         if st is None:
             raise Refused("not_found", "Not found: %s" % path)
@@ -826,9 +656,9 @@ def op_symlink(req):
     target = req.get("target")
     if not isinstance(target, str) or not target or "\x00" in target:
         raise Refused("invalid", "target must be a non-empty string without NUL")
-    if not _split(path):
+    if not paths.split(path):
         raise Refused("escape", "Refusing to replace the workspace root")
-    fd, name, parts, st = _resolve(path, follow_last=False, create_dirs=True)
+    fd, name, parts, st = paths.resolve(path, follow_last=False, create_dirs=True)
     try:
         if st is not None:
             raise Refused("conflict", "Cannot create symlink %s: something is already there" % path)
@@ -849,9 +679,9 @@ def op_mkdir(req):
     mode = req.get("mode")
     if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o7777):
         raise Refused("invalid", "mode must be an integer in 0..0o7777")
-    if not _split(path):
+    if not paths.split(path):
         return {"created": False}  # the workspace root
-    fd, name, parts, st = _resolve(path, follow_last=False, create_dirs=True)
+    fd, name, parts, st = paths.resolve(path, follow_last=False, create_dirs=True)
     try:
         if st is None:
             os.mkdir(name, 0o777 if mode is None else 0o700, dir_fd=fd)
@@ -871,7 +701,7 @@ def op_mkdir(req):
 
 def op_stat(req):
     path = req.get("path", ".")
-    fd, name, parts, st = _resolve(path, follow_last=False)
+    fd, name, parts, st = paths.resolve(path, follow_last=False)
     try:
         if st is None:
             raise Refused("not_found", "Not found: %s" % path)
@@ -879,8 +709,8 @@ def op_stat(req):
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(name, dir_fd=fd)
         return {
-            "path": _rel(parts),
-            "type": _type_of(st.st_mode),
+            "path": paths.rel(parts),
+            "type": paths.type_of(st.st_mode),
             "size": st.st_size,
             "mtime_ns": st.st_mtime_ns,
             "mode": st.st_mode,
@@ -894,12 +724,12 @@ def op_hash(req):
     out = {}  # type: dict
     for path in req.get("paths") or []:
         try:
-            fd, name, parts, st = _resolve(path)
+            fd, name, parts, st = paths.resolve(path)
             try:
                 if name is None or st is None or not stat.S_ISREG(st.st_mode):
                     out[path] = None
                     continue
-                f, _ = _open_file(fd, name, st, path)
+                f, _ = paths.open_file(fd, name, st, path)
                 try:
                     out[path] = _hash_fd(f)
                 finally:
@@ -954,7 +784,7 @@ def op_list(req):
     depth = max(1, min(int(req.get("depth", 2)), 20))
     exclude = set(req.get("exclude") or ())
     limit = int(req.get("max_entries", 5000))
-    dfd, parts = _open_dir(path)
+    dfd, parts = paths.open_dir(path)
     out = []
     counter = [0, False]
 
@@ -964,13 +794,13 @@ def op_list(req):
         except OSError:
             return
         counter[0] += 1
-        out.append([rel, _type_of(st.st_mode), st.st_size if not is_dir else 0, d])
+        out.append([rel, paths.type_of(st.st_mode), st.st_size if not is_dir else 0, d])
 
     try:
         _walk(dfd, "", 1, depth, exclude, visit, counter, limit)
     finally:
         os.close(dfd)
-    return {"base": _rel(parts), "entries": out, "truncated": counter[1]}
+    return {"base": paths.rel(parts), "entries": out, "truncated": counter[1]}
 
 
 # A directory in a scan: its existence and its mode. Its mtime and size change with every
@@ -1021,7 +851,7 @@ def _scan_walk(dfd, prefix, exclude, out, limit, snap=None):
                 return True
             key = prefix + name
             mode = st.st_mode
-            out[key] = ("file" if isreg(mode) else _type_of(mode), st.st_size, st.st_mtime_ns, st.st_ino, mode)
+            out[key] = ("file" if isreg(mode) else paths.type_of(mode), st.st_size, st.st_mtime_ns, st.st_ino, mode)
             if track:
                 names[name] = True
                 if st.st_nlink > 1 and key not in snap.multi:
@@ -1207,12 +1037,12 @@ class _Snapshot(object):
         for prefix in sorted(dirty, key=lambda p: p.count("/")):
             if prefix not in self.dirs:
                 continue  # dropped with a parent, or rescanned as new already
-            dfd = _open_below(base_fd, prefix[len(base_prefix) :])
+            dfd = paths.open_below(base_fd, prefix[len(base_prefix) :])
             if dfd is None:
                 self._drop(prefix, removed)
                 parent = prefix[: prefix.rstrip("/").rfind("/") + 1] if prefix != base_prefix else None
                 if parent is not None and parent in self.dirs:
-                    sub = _open_below(base_fd, parent[len(base_prefix) :])
+                    sub = paths.open_below(base_fd, parent[len(base_prefix) :])
                     if sub is not None:
                         try:
                             self._rescan(sub, parent, exclude, changed, removed)
@@ -1305,7 +1135,7 @@ class _Snapshot(object):
                     except OSError:
                         continue
                     path = prefix + e.name
-                    files[path] = (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+                    files[path] = (paths.type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
                     names[e.name] = True
                     if st.st_nlink > 1 and path not in self.multi:
                         self.multi.add(path)
@@ -1344,26 +1174,9 @@ class _Snapshot(object):
                 changed[path] = v
 
 
-def _open_below(base_fd, rel):
-    """A readable descriptor of directory ``rel`` under ``base_fd``, following no link at
-    all (a component swapped for a symlink means the directory is gone), or None."""
-    fd = os.dup(base_fd)
-    try:
-        for comp in rel.split("/"):
-            if not comp:
-                continue
-            nfd = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
-
-
 def _lstat_below(base_fd, rel):
     head, _, name = rel.rpartition("/")
-    dfd = _open_below(base_fd, head)
+    dfd = paths.open_below(base_fd, head)
     if dfd is None:
         return None
     try:
@@ -1374,12 +1187,12 @@ def _lstat_below(base_fd, rel):
         os.close(dfd)
     if stat.S_ISDIR(st.st_mode):
         return None
-    return (_type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
+    return (paths.type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
 
 def op_scan(req):
-    dfd, parts = _open_dir(req.get("path", "."))
-    prefix = "" if not parts else _rel(parts) + "/"
+    dfd, parts = paths.open_dir(req.get("path", "."))
+    prefix = "" if not parts else paths.rel(parts) + "/"
     try:
         with _scan_lock:
             # gVisor: edits made on the host side of the bind mount raise no event in the
@@ -1683,12 +1496,12 @@ def op_search(req):
     exclude = set(req.get("exclude") or ())
     max_matches = max(1, min(int(req.get("max_matches", 200)), 10000))
     ignore_case = bool(req.get("ignore_case"))
-    fd, name, parts, st = _resolve(path)
+    fd, name, parts, st = paths.resolve(path)
     try:
         if st is None:
             raise Refused("not_found", "Not found: %s" % path)
         if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise Refused("not_a_file", "Cannot search %s: it is %s" % (path, _kind_name(st.st_mode)))
+            raise Refused("not_a_file", "Cannot search %s: it is %s" % (path, paths.kind_name(st.st_mode)))
     finally:
         os.close(fd)
     # Matches come back sorted by path and line. ripgrep's threads finish files in no
@@ -1698,17 +1511,17 @@ def op_search(req):
     collect = min(max_matches * 10, 20000)
     rg = _rg_command() if not req.get("force_python") else None
     if rg:
-        target = "./" + _rel(parts) if parts else "."
+        target = "./" + paths.rel(parts) if parts else "."
         matches, truncated = _search_rg(rg, pattern, target, glob, exclude, collect, ignore_case)
         engine = "ripgrep"
     else:
         if stat.S_ISREG(st.st_mode):
-            dfd, _ = _open_dir(_rel(parts[:-1]))
-            prefix = _rel(parts[:-1]) + "/" if len(parts) > 1 else ""
+            dfd, _ = paths.open_dir(paths.rel(parts[:-1]))
+            prefix = paths.rel(parts[:-1]) + "/" if len(parts) > 1 else ""
             glob = parts[-1]
         else:
-            dfd, _ = _open_dir(path)
-            prefix = _rel(parts) + "/" if parts else ""
+            dfd, _ = paths.open_dir(path)
+            prefix = paths.rel(parts) + "/" if parts else ""
         try:
             matches, truncated = _search_py(pattern, dfd, prefix, glob, exclude, collect, ignore_case)
         finally:
@@ -1934,7 +1747,7 @@ def _command_env_cwd(req):
     for k, v in (req.get("env") or {}).items():
         if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
             env[k] = v
-    cwd_fd, parts = _open_dir(req.get("cwd", "."))
+    cwd_fd, parts = paths.open_dir(req.get("cwd", "."))
     os.close(cwd_fd)
     return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
 

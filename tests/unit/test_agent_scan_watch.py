@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.agent import main as A
-from sandbox.agent import state
+from sandbox.agent import paths, state
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def full_walk() -> dict[str, tuple]:
     out: dict[str, tuple] = {}
-    fd, _parts = A._open_dir(".")
+    fd, _parts = paths.open_dir(".")
     try:
         A._scan_walk(fd, "", set(), out, 1 << 30)
     finally:

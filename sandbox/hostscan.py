@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent import main as agent
-from .agent import paths
+from .agent import paths, tree
 
 
 class HostScanner:
@@ -81,7 +81,7 @@ class HostScanner:
             except FileNotFoundError:
                 return False, counts
             if stat.S_ISDIR(st.st_mode):
-                agent._rmtree_at(parent, parts[-1], counts)
+                tree.rmtree_at(parent, parts[-1], counts)
             else:
                 os.unlink(parts[-1], dir_fd=parent)
                 counts[0] += 1

@@ -3,9 +3,7 @@
 import base64
 import collections
 import ctypes
-import errno
 import fnmatch
-import hashlib
 import json
 import os
 import queue
@@ -20,21 +18,13 @@ import sys
 import threading
 import time
 
-from . import activity, channel, paths, state
+from . import activity, channel, disk, files, listing, paths, state, tidy, tree, write
 from .errors import Refused, error_answer
 
 AGENT_VERSION = "1"
 
 KILL_GRACE = 0.5
 LINGER_AFTER_EXIT = 0.1
-DISK_POLL = 0.05
-#: A command is held to the reserve only once it has itself consumed this much, so one
-#: that writes nothing is not stopped because something else filled the disk.
-DISK_SLACK = 16 << 20
-#: The share of the filesystem's inodes no command may use up (a disk can be filled with
-#: empty files too).
-INODE_RESERVE = 0.01
-INODE_SLACK = 10000
 #: For this long after starting a command the agent polls for its output and exit
 #: without sleeping (yielding the CPU on each round). A thread that sleeps lets its CPU go
 #: idle, and under virtualization (no guest halt-polling) waking an idle vCPU is slow:
@@ -77,17 +67,6 @@ def _prctl(option, arg):
         return False
 
 
-def _hash_fd(f):
-    h = hashlib.sha256()
-    os.lseek(f, 0, 0)
-    while True:
-        chunk = os.read(f, 1 << 20)
-        if not chunk:
-            break
-        h.update(chunk)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- file ops
 
 
@@ -105,702 +84,6 @@ def op_hello(req):
         "shell": os.access("/bin/sh", os.X_OK),
         "cpu_quota": _cpu_quota(),
     }
-
-
-def op_read(req):
-    path = req.get("path", ".")
-    max_bytes = min(int(req.get("max_bytes") or state.MAX_READ), state.MAX_READ)
-    fd, name, parts, st = paths.resolve(path)
-    try:
-        if name is None:
-            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
-        f, fst = paths.open_file(fd, name, st, path)
-    finally:
-        os.close(fd)
-    try:
-        # A whole small file is read once; its first 8 KiB decide "binary" (NUL byte).
-        whole = fst.st_size <= min(max_bytes, 8192) and not req.get("line_range") and not req.get("offset")
-        head = os.pread(f, 8192, 0)
-        binary = b"\x00" in head
-        if whole and req.get("length") is None and len(head) == fst.st_size:
-            return {
-                "data": channel.b64(head),
-                "size": fst.st_size,
-                "truncated": False,
-                "sha256": hashlib.sha256(head).hexdigest(),
-                "mtime_ns": fst.st_mtime_ns,
-                "binary": binary,
-                "total_lines": None,
-            }
-        line_range = req.get("line_range")
-        total_lines = None
-        digest = None
-        if line_range:
-            start, end = int(line_range[0]), int(line_range[1])
-            out = []
-            n = 0
-            size = 0
-            truncated = False
-            with os.fdopen(os.dup(f), "rb") as fh:
-                for line in fh:
-                    n += 1
-                    if start <= n <= end:
-                        if size + len(line) > max_bytes:
-                            out.append(line[: max_bytes - size])
-                            size = max_bytes
-                            truncated = True
-                        elif not truncated:
-                            out.append(line)
-                            size += len(line)
-            total_lines = n
-            data = b"".join(out)
-        else:
-            offset = int(req.get("offset") or 0)
-            length = req.get("length")
-            want = fst.st_size - offset if length is None else int(length)
-            want = max(0, min(want, fst.st_size - offset))
-            truncated = want > max_bytes
-            want = min(want, max_bytes)
-            chunks = []
-            pos = offset
-            remaining = want
-            while remaining > 0:
-                chunk = os.pread(f, min(remaining, 1 << 20), pos)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                pos += len(chunk)
-                remaining -= len(chunk)
-            data = b"".join(chunks)
-            if offset == 0 and not truncated and len(data) == fst.st_size:
-                digest = hashlib.sha256(data).hexdigest()
-        return {
-            "data": channel.b64(data),
-            "size": fst.st_size,
-            "truncated": truncated,
-            "sha256": digest,
-            "mtime_ns": fst.st_mtime_ns,
-            "binary": binary,
-            "total_lines": total_lines,
-        }
-    finally:
-        os.close(f)
-
-
-def _check_expect(fd, name, st, path, req):
-    expect = req.get("expect_sha256")
-    if req.get("expect_absent") and st is not None:
-        raise Refused("conflict", "Conflict: %s already exists" % path)
-    if expect:
-        if st is None:
-            raise Refused("conflict", "Conflict: %s no longer exists" % path)
-        f, _ = paths.open_file(fd, name, st, path)
-        try:
-            current = _hash_fd(f)
-        finally:
-            os.close(f)
-        if current != expect:
-            raise Refused("conflict", "Conflict: %s changed since it was read" % path)
-
-
-def _disk_avail():
-    """Bytes an unprivileged writer may still use on the workspace's filesystem, or
-    None when the filesystem does not say."""
-    st = _statvfs()
-    return None if st is None else st.f_bavail * st.f_frsize
-
-
-def _statvfs():
-    try:
-        return os.statvfs(state.ROOT)
-    except OSError:
-        return None
-
-
-def _check_reserve(growth, path):
-    if not state.DISK_RESERVE or growth <= 0:
-        return
-    avail = _disk_avail()
-    if avail is not None and avail - growth < state.DISK_RESERVE:
-        raise Refused(
-            "no_space",
-            "No space left for %s: writing %d more bytes would leave less than the %d bytes the "
-            "sandbox keeps free on the workspace's disk (%d available)" % (path, growth, state.DISK_RESERVE, avail),
-        )
-
-
-class _DiskWatch(object):
-    """Stops a command that fills the workspace's disk: more than DISK_LIMIT bytes
-    consumed since it started, or free space below DISK_RESERVE (once it has consumed
-    DISK_SLACK itself). The bind-mounted workspace is the host's disk, where the
-    container's limits do not reach; RLIMIT_FSIZE (the container's ``fsize`` ulimit)
-    bounds any one file, this bounds a command's total. It samples ``statvfs`` every
-    DISK_POLL seconds, so a command can overshoot by what it writes in one interval.
-    Inodes are held the same way (INODE_LIMIT, INODE_RESERVE) where the filesystem
-    counts them (f_files > 0)."""
-
-    def __init__(self, now):
-        st = _statvfs()
-        self.start = None if st is None else (st.f_bavail * st.f_frsize, st.f_favail)
-        self.next = now + DISK_POLL
-        self.used = 0
-        self.files = 0
-
-    def exceeded(self, now):
-        if now < self.next or self.start is None:
-            return False
-        self.next = now + DISK_POLL
-        st = _statvfs()
-        if st is None:
-            return False
-        avail = st.f_bavail * st.f_frsize
-        self.used = max(self.used, self.start[0] - avail)
-        if state.DISK_LIMIT and self.used > state.DISK_LIMIT:
-            return True
-        if state.DISK_RESERVE and avail < state.DISK_RESERVE and self.used > DISK_SLACK:
-            return True
-        if st.f_files <= 0:
-            return False  # no inode accounting (btrfs, some network filesystems)
-        self.files = max(self.files, self.start[1] - st.f_favail)
-        if state.INODE_LIMIT and self.files > state.INODE_LIMIT:
-            return True
-        return st.f_favail < st.f_files * INODE_RESERVE and self.files > INODE_SLACK
-
-
-def op_write(req):
-    path = req.get("path")
-    data = base64.b64decode(req.get("data", ""))
-    # fsync (file, then directory) unless the caller asked for process-crash safety only
-    durable = req.get("fsync", True) is not False
-    if len(data) > state.MAX_WRITE:
-        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), state.MAX_WRITE))
-    parts = paths.split(path)
-    if not parts:
-        raise Refused("not_a_file", "Not a file: the workspace root is a directory")
-    fd, name, parts, st = paths.resolve(path, create_dirs=req.get("mkdirs", True))
-    try:
-        if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
-            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
-        _check_expect(fd, name, st, path, req)
-        _check_reserve(len(data) - (st.st_size if st is not None else 0), path)
-        mode = (st.st_mode & 0o7777) if st is not None else 0o666
-        create_mode = req.get("mode")
-        if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
-            mode = create_mode & 0o777  # a restored file gets its permissions back (never setuid)
-        tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
-        try:
-            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
-        except PermissionError:
-            raise Refused("permission", "Permission denied: cannot write in the directory of %s" % path)
-        except OSError as e:
-            if e.errno == errno.EROFS:
-                raise Refused("permission", "Read-only: %s is on a read-only mount" % path)
-            raise
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(f, view)
-                view = view[n:]
-            if st is not None or mode != 0o666:
-                os.fchmod(f, mode)  # exactly, whatever the umask
-            if durable:
-                os.fsync(f)
-            written = os.fstat(f)
-        except BaseException:
-            os.close(f)
-            os.unlink(tmp, dir_fd=fd)
-            raise
-        os.close(f)
-        result = {
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "created": st is None,
-            "path": paths.rel(parts),
-        }
-        if req.get("stage"):
-            # Written and fsync'd, not yet in place: the host records its changelog entry
-            # meanwhile and then sends ``commit`` (or ``abort``). The directory stays open,
-            # so the rename happens exactly where the checks were made.
-            if _staged:
-                _drop_staged(STAGE_TTL)
-            token = req.get("token")
-            if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()) or token in _staged:
-                token = os.urandom(8).hex()
-            expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
-            expect["written"] = written
-            with _staged_lock:
-                _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
-            fd = -1
-            return {"staged": token, "path": paths.rel(parts), "mode": None if st is None else st.st_mode}
-        _put_in_place(fd, tmp, name, durable)
-        return result
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _put_in_place(fd, tmp, name, durable):
-    """Rename the written temporary ``tmp`` over ``name`` (both in directory ``fd``).
-
-    Two costs are moved off the caller's path, onto the tidying thread (measured A/B on
-    edit_file with the changelog: -0.09 and -0.25 ms of ~1.5):
-
-    - the file being replaced stays open (O_PATH: no read permission needed) across the
-      rename and is closed afterwards. Freeing its inode and blocks is what made a
-      replacing rename cost ~0.15 ms, against ~0.02 ms with the inode still held;
-    - the directory's fsync (``durable``) runs just after the answer. What a power cut
-      needs is already on disk by then: the new content (fsync'd before the rename) and,
-      for a recorded change, its changelog entry (committed before the rename was asked
-      for). A power cut in the fraction of a millisecond before the directory reaches the
-      disk leaves the file wholly old, as if the write had come just after it.
-    """
-    try:
-        held = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        held = -1  # nothing to replace
-    try:
-        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        if held >= 0:
-            os.close(held)
-        os.unlink(tmp, dir_fd=fd)
-        raise
-    dfd = -1
-    if durable:
-        try:
-            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-        except OSError:
-            pass
-    if held >= 0 or dfd >= 0:
-        _later(lambda: (_close(held), _sync_close(dfd)))
-
-
-def _close(f):
-    if f >= 0:
-        os.close(f)
-
-
-def _sync_close(dfd):
-    if dfd < 0:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-_tidy = queue.Queue()  # type: queue.Queue
-_tidy_thread = []  # type: list
-_tidy_lock = threading.Lock()
-
-
-def _later(fn):
-    """Run ``fn`` on the tidying thread: after the current request is answered, in order."""
-    if not _tidy_thread:
-        with _tidy_lock:
-            if not _tidy_thread:
-                t = threading.Thread(target=_tidy_loop, daemon=True)
-                t.start()
-                _tidy_thread.append(t)
-    _tidy.put(fn)
-
-
-def _tidy_loop():
-    while True:
-        fn = _tidy.get()
-        try:
-            fn()
-        except Exception:
-            pass
-        finally:
-            _tidy.task_done()
-
-
-def _tidy_drain(timeout):
-    """Wait (at most ``timeout`` seconds) for what the tidying thread still has to do,
-    so an agent that exits has fsync'd the directories of its last writes."""
-    if not _tidy_thread:
-        return
-    done = threading.Event()
-    _tidy.put(done.set)
-    done.wait(timeout)
-
-
-_staged = {}  # type: dict
-_staged_lock = threading.Lock()
-STAGE_TTL = 120.0
-
-
-def _take_staged(req):
-    token = req.get("staged")
-    with _staged_lock:
-        item = _staged.pop(token, None) if isinstance(token, str) else None
-    if item is None:
-        raise Refused("invalid", "No staged write %r (committed, aborted or expired)" % (token,))
-    return item
-
-
-def op_commit(req):
-    """Put a staged write in place, if the target still is what the write expected."""
-    fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
-    try:
-        try:
-            here = paths.resolve(path, create_dirs=False)
-        except Refused:
-            here = None
-        try:
-            same = here is not None and here[1] == name and os.path.samestat(os.fstat(here[0]), os.fstat(fd))
-        finally:
-            if here is not None:
-                os.close(here[0])
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        expect_path = req.get("expect_path")
-        try:
-            if expect_path is not None and expect_path != result["path"]:
-                raise Refused("conflict", "Conflict: %s resolves to %s, not %s" % (path, result["path"], expect_path))
-            if not same:
-                raise Refused("conflict", "Conflict: %s was moved or relinked while being written" % path)
-            # Our temporary, untouched: not replaced (by a link, say) nor written to since.
-            try:
-                now = os.stat(tmp, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                now = None
-            was = expect["written"]
-            if now is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (
-                was.st_ino,
-                was.st_dev,
-                was.st_size,
-                was.st_mtime_ns,
-                was.st_ctime_ns,
-            ):
-                raise Refused("conflict", "Conflict: the staged content of %s was tampered with" % path)
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
-            _check_expect(fd, name, st, path, expect)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=fd)
-            except OSError:
-                pass
-            raise
-        _put_in_place(fd, tmp, name, durable)
-        result = dict(result)
-        result["created"] = st is None
-        return result
-    finally:
-        os.close(fd)
-
-
-def op_abort(req):
-    fd, tmp, _name, _path, _expect, _durable, _result, _at = _take_staged(req)
-    try:
-        os.unlink(tmp, dir_fd=fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return {"aborted": True}
-
-
-def _drop_staged(older_than=0.0):
-    """Remove staged temporaries the host never committed (it went away, or forgot)."""
-    now = time.monotonic()
-    with _staged_lock:
-        old = [t for t, item in _staged.items() if now - item[7] >= older_than]
-        items = [_staged.pop(t) for t in old]
-    for fd, tmp, *_rest in items:
-        try:
-            os.unlink(tmp, dir_fd=fd)
-        except OSError:
-            pass
-        os.close(fd)
-
-
-def op_remove(req):
-    path = req.get("path")
-    if not paths.split(path):
-        raise Refused("escape", "Refusing to remove the workspace root")
-    fd, name, parts, st = paths.resolve(path, follow_last=False)
-    try:
-        if st is None:
-            return {"removed": False}
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                os.rmdir(name, dir_fd=fd)
-            except OSError as e:
-                raise Refused("conflict", "Cannot remove directory %s: %s" % (path, e.strerror))
-            return {"removed": True}
-        if req.get("expect_sha256"):
-            _check_expect(fd, name, st, path, req)
-        os.unlink(name, dir_fd=fd)
-        return {"removed": True}
-    finally:
-        os.close(fd)
-
-
-def _rmtree_at(dfd, name, counts):
-    """Remove directory ``name`` under ``dfd`` and everything in it, never following a
-    link (each level is opened O_NOFOLLOW from its parent's descriptor, so a directory
-    swapped for a symlink mid-walk is unlinked as a link, not entered). A directory the
-    command made unwritable (0555, as Go's module cache does) is made writable first: we
-    own it. ``counts`` = [files, dirs, bytes] removed."""
-    try:
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError as e:
-        if e.errno in (errno.ENOTDIR, errno.ELOOP):
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            os.unlink(name, dir_fd=dfd)
-            counts[0] += 1
-            counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
-            return
-        raise
-    try:
-        st = os.fstat(sub)
-        if st.st_mode & 0o700 != 0o700:
-            try:
-                os.fchmod(sub, stat.S_IMODE(st.st_mode) | 0o700)
-            except OSError:
-                pass  # not ours: the unlinks below say so
-        with os.scandir(sub) as it:
-            entries = list(it)
-        for ent in entries:
-            if ent.is_dir(follow_symlinks=False):
-                _rmtree_at(sub, ent.name, counts)
-                continue
-            try:
-                size = ent.stat(follow_symlinks=False).st_size if ent.is_file(follow_symlinks=False) else 0
-                os.unlink(ent.name, dir_fd=sub)
-            except FileNotFoundError:
-                continue
-            counts[0] += 1
-            counts[2] += size
-    finally:
-        os.close(sub)
-    os.rmdir(name, dir_fd=dfd)
-    counts[1] += 1
-
-
-def op_remove_tree(req):
-    """Remove ``path`` whatever it is: a directory with everything in it (the changelog's
-    undo of a directory tree a command made), a file or a link. Absent: nothing to do."""
-    path = req.get("path")
-    if not paths.split(path):
-        raise Refused("escape", "Refusing to remove the workspace root")
-    fd, name, parts, st = paths.resolve(path, follow_last=False)
-    counts = [0, 0, 0]
-    try:
-        if st is None:
-            return {"removed": False, "files": 0, "dirs": 0, "bytes": 0}
-        try:
-            if stat.S_ISDIR(st.st_mode):
-                _rmtree_at(fd, name, counts)
-            else:
-                os.unlink(name, dir_fd=fd)
-                counts[0] += 1
-                counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise Refused(
-                "conflict",
-                "Cannot remove %s: %s (removed %d files and %d directories before that)"
-                % (path, e.strerror, counts[0], counts[1]),
-            )
-        return {"removed": True, "files": counts[0], "dirs": counts[1], "bytes": counts[2]}
-    finally:
-        os.close(fd)
-
-
-def op_chmod(req):
-    """Set the permission bits of ``path`` (a file or directory; never a link, never
-    followed out of the workspace)."""
-    path = req.get("path")
-    mode = req.get("mode")
-    if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-        raise Refused("invalid", "mode must be an integer in 0..0o7777")
-    fd, name, parts, st = paths.resolve(path, follow_last=False)
-    try:
-        if st is None:
-            raise Refused("not_found", "Not found: %s" % path)
-        if stat.S_ISLNK(st.st_mode):
-            raise Refused("not_a_file", "Not a file: %s is a symlink (a link has no mode of its own)" % path)
-        if name is None:
-            target = os.dup(fd)
-        else:
-            target = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            # An O_PATH descriptor pins the inode we checked; fchmod() refuses O_PATH, the
-            # /proc link to it does not (and never resolves to another file).
-            os.chmod("/proc/self/fd/%d" % target, mode)
-        except OSError as e:
-            raise Refused("permission", "Cannot change the mode of %s: %s" % (path, e.strerror))
-        finally:
-            os.close(target)
-        return {"mode": mode}
-    finally:
-        os.close(fd)
-
-
-def op_symlink(req):
-    """Create symlink ``path`` -> ``target`` (the changelog's undo of a removed or
-    changed link). The target is stored as given, never resolved here; ``path`` must be
-    absent. Reading through the link later is held to the workspace like any path."""
-    path = req.get("path")
-    target = req.get("target")
-    if not isinstance(target, str) or not target or "\x00" in target:
-        raise Refused("invalid", "target must be a non-empty string without NUL")
-    if not paths.split(path):
-        raise Refused("escape", "Refusing to replace the workspace root")
-    fd, name, parts, st = paths.resolve(path, follow_last=False, create_dirs=True)
-    try:
-        if st is not None:
-            raise Refused("conflict", "Cannot create symlink %s: something is already there" % path)
-        try:
-            os.symlink(target, name, dir_fd=fd)
-        except OSError as e:
-            raise Refused("conflict", "Cannot create symlink %s: %s" % (path, e.strerror))
-        return {"created": True}
-    finally:
-        os.close(fd)
-
-
-def op_mkdir(req):
-    """Create directory ``path`` and any missing parent (the changelog's undo of a removed
-    directory); one that already exists is left as it is. ``mode``: the new directory's
-    permission bits (set exactly, not masked by the umask)."""
-    path = req.get("path")
-    mode = req.get("mode")
-    if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o7777):
-        raise Refused("invalid", "mode must be an integer in 0..0o7777")
-    if not paths.split(path):
-        return {"created": False}  # the workspace root
-    fd, name, parts, st = paths.resolve(path, follow_last=False, create_dirs=True)
-    try:
-        if st is None:
-            os.mkdir(name, 0o777 if mode is None else 0o700, dir_fd=fd)
-            if mode is not None:
-                sub = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-                try:
-                    os.chmod("/proc/self/fd/%d" % sub, mode)
-                finally:
-                    os.close(sub)
-            return {"created": True}
-        if stat.S_ISDIR(st.st_mode):
-            return {"created": False}
-        raise Refused("conflict", "Cannot create directory %s: something else is there" % path)
-    finally:
-        os.close(fd)
-
-
-def op_stat(req):
-    path = req.get("path", ".")
-    fd, name, parts, st = paths.resolve(path, follow_last=False)
-    try:
-        if st is None:
-            raise Refused("not_found", "Not found: %s" % path)
-        target = None
-        if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(name, dir_fd=fd)
-        return {
-            "path": paths.rel(parts),
-            "type": paths.type_of(st.st_mode),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "mode": st.st_mode,
-            "target": target,
-        }
-    finally:
-        os.close(fd)
-
-
-def op_hash(req):
-    out = {}  # type: dict
-    for path in req.get("paths") or []:
-        try:
-            fd, name, parts, st = paths.resolve(path)
-            try:
-                if name is None or st is None or not stat.S_ISREG(st.st_mode):
-                    out[path] = None
-                    continue
-                f, _ = paths.open_file(fd, name, st, path)
-                try:
-                    out[path] = _hash_fd(f)
-                finally:
-                    os.close(f)
-            finally:
-                os.close(fd)
-        except Refused:
-            out[path] = None
-    return {"hashes": out}
-
-
-def _walk(dir_fd, prefix, depth, max_depth, exclude, visit, counter, limit):
-    """Depth-first walk below an open directory fd, never following links."""
-    try:
-        with os.scandir(dir_fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError:
-        return
-    dirs = []
-    for e in entries:
-        if counter[0] >= limit:
-            counter[1] = True
-            return
-        try:
-            is_dir = e.is_dir(follow_symlinks=False)
-        except OSError:
-            continue
-        if is_dir and e.name in exclude:
-            continue
-        rel = prefix + e.name
-        visit(e, rel, depth, is_dir)
-        if is_dir:
-            dirs.append(e)
-    for e in dirs:
-        if max_depth is not None and depth >= max_depth:
-            continue
-        if counter[0] >= limit:
-            counter[1] = True
-            return
-        try:
-            sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
-            continue
-        try:
-            _walk(sub, prefix + e.name + "/", depth + 1, max_depth, exclude, visit, counter, limit)
-        finally:
-            os.close(sub)
-
-
-def op_list(req):
-    path = req.get("path", ".")
-    depth = max(1, min(int(req.get("depth", 2)), 20))
-    exclude = set(req.get("exclude") or ())
-    limit = int(req.get("max_entries", 5000))
-    dfd, parts = paths.open_dir(path)
-    out = []
-    counter = [0, False]
-
-    def visit(e, rel, d, is_dir):
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            return
-        counter[0] += 1
-        out.append([rel, paths.type_of(st.st_mode), st.st_size if not is_dir else 0, d])
-
-    try:
-        _walk(dfd, "", 1, depth, exclude, visit, counter, limit)
-    finally:
-        os.close(dfd)
-    return {"base": paths.rel(parts), "entries": out, "truncated": counter[1]}
 
 
 # A directory in a scan: its existence and its mode. Its mtime and size change with every
@@ -1464,7 +747,7 @@ def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
         if stat.S_ISREG(st.st_mode) and st.st_size <= 50 << 20:
             files.append(rel)
 
-    _walk(dfd, "", 1, None, exclude, visit, counter, 1 << 30)
+    listing.walk(dfd, "", 1, None, exclude, visit, counter, 1 << 30)
     for rel in files:
         try:
             f = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
@@ -1831,7 +1114,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             sel.register(f.fileno(), selectors.EVENT_READ)
         deadline = started + timeout
         outcome = None
-        disk = _DiskWatch(started) if (state.DISK_LIMIT or state.DISK_RESERVE or state.INODE_LIMIT) else None
+        disk_watch = disk.DiskWatch(started) if (state.DISK_LIMIT or state.DISK_RESERVE or state.INODE_LIMIT) else None
         exited_at = None
         open_fds = set(bufs)
         last_touch = started
@@ -1847,10 +1130,10 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             if now - last_touch > 30:
                 activity.touch()
                 last_touch = now
-            if disk is not None and disk.exceeded(now):
+            if disk_watch is not None and disk_watch.exceeded(now):
                 outcome = "disk_limit"
                 break
-            wait = min(deadline - now, DISK_POLL if exited_at is None else LINGER_AFTER_EXIT)
+            wait = min(deadline - now, disk.DISK_POLL if exited_at is None else LINGER_AFTER_EXIT)
             if now - started < SPIN_WINDOW:
                 wait = 0
                 _sched_yield()
@@ -1872,11 +1155,11 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             now = time.monotonic()
             if now >= deadline:
                 outcome = "timeout"
-            elif disk is not None and disk.exceeded(now):
+            elif disk_watch is not None and disk_watch.exceeded(now):
                 outcome = "disk_limit"
             else:
                 try:
-                    proc.wait(min(deadline - now, DISK_POLL) if disk is not None else deadline - now)
+                    proc.wait(min(deadline - now, disk.DISK_POLL) if disk_watch is not None else deadline - now)
                 except subprocess.TimeoutExpired:
                     pass
         clean = _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
@@ -1928,7 +1211,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             "signal": sig,
             "stdout_bytes": out_buf.total,
             "stderr_bytes": err_buf.total,
-            "disk_used": disk.used if disk is not None and outcome == "disk_limit" else None,
+            "disk_used": disk_watch.used if disk_watch is not None and outcome == "disk_limit" else None,
         }
 
 
@@ -2094,21 +1377,21 @@ def _serve_direct(reader):
 
 FAST_OPS = {
     "hello": op_hello,
-    "read": op_read,
-    "write": op_write,
-    "remove": op_remove,
-    "mkdir": op_mkdir,
-    "chmod": op_chmod,
-    "symlink": op_symlink,
-    "stat": op_stat,
-    "hash": op_hash,
-    "commit": op_commit,
-    "abort": op_abort,
+    "read": files.op_read,
+    "write": write.op_write,
+    "remove": tree.op_remove,
+    "mkdir": tree.op_mkdir,
+    "chmod": tree.op_chmod,
+    "symlink": tree.op_symlink,
+    "stat": files.op_stat,
+    "hash": files.op_hash,
+    "commit": write.op_commit,
+    "abort": write.op_abort,
 }
 SLOW_OPS = {
     "direct": op_direct,
-    "list": op_list,
-    "remove_tree": op_remove_tree,
+    "list": listing.op_list,
+    "remove_tree": tree.op_remove_tree,
     "scan": op_scan,
     "search": op_search,
     "exec": op_exec,
@@ -2210,8 +1493,8 @@ def _host_gone():
     """The host went away (either channel ended): leave nothing running behind us, and no
     staged temporary."""
     with _gone_lock:
-        _drop_staged()
-        _tidy_drain(5.0)
+        write.drop_staged()
+        tidy.drain(5.0)
         with _procs_lock:
             spawned = list(_procs)
         for pid in spawned:

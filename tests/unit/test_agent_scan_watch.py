@@ -4,7 +4,7 @@ Random file-system operations (create, rewrite, append, delete, chmod, mkdir, rm
 rename of files and directories, hard links, symlinks, a directory swapped for a file)
 run between scans; after each round the incremental result must describe exactly the
 same tree as a fresh full walk, and report exactly the paths whose stat changed. The
-agent module runs in this process, rooted at a temporary directory.
+agent's modules run in this process, rooted at a temporary directory.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.agent import main as A
-from sandbox.agent import paths, state
+from sandbox.agent import paths, scanwalk, snapshot, state
+from sandbox.agent import scan as agent_scan
 
 
 @pytest.fixture
@@ -29,9 +29,9 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     try:
         yield tmp_path
     finally:
-        for snap in A._snapshots.values():
+        for snap in agent_scan._snapshots.values():
             snap.close()
-        A._snapshots.clear()
+        agent_scan._snapshots.clear()
         os.close(state.ROOT_FD)
 
 
@@ -39,14 +39,14 @@ def full_walk() -> dict[str, tuple]:
     out: dict[str, tuple] = {}
     fd, _parts = paths.open_dir(".")
     try:
-        A._scan_walk(fd, "", set(), out, 1 << 30)
+        scanwalk.walk(fd, "", set(), out, 1 << 30)
     finally:
         os.close(fd)
     return out
 
 
 def scan(since: str | None, **kw) -> dict:
-    return A.op_scan({"path": ".", "snapshot": "k", "since": since, **kw})
+    return agent_scan.op_scan({"path": ".", "snapshot": "k", "since": since, **kw})
 
 
 def apply(view: dict[str, tuple], res: dict) -> dict[str, tuple]:
@@ -178,7 +178,7 @@ def test_wrong_generation_or_params_fall_back_to_full_diff(root: Path) -> None:
 def test_overflow_and_watch_budget_fall_back_to_full_walk(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(5):
         (root / f"d{i}").mkdir()
-    monkeypatch.setattr(A, "MAX_WATCHES", 3)
+    monkeypatch.setattr(snapshot, "MAX_WATCHES", 3)
     res = scan(None)
     assert not res["watched"]  # more directories than the budget: plain walks, still correct
     (root / "d4" / "new").write_text("x")

@@ -3,21 +3,32 @@
 import base64
 import collections
 import ctypes
-import fnmatch
 import json
 import os
 import queue
-import re
 import selectors
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
 
-from . import activity, channel, disk, files, listing, paths, scan, state, tidy, tree, write
+from . import (
+    activity,
+    cgroup,
+    channel,
+    disk,
+    environ,
+    files,
+    listing,
+    proctree,
+    scan,
+    search,
+    state,
+    tidy,
+    tree,
+    write,
+)
 from .errors import Refused, error_answer
 
 AGENT_VERSION = "1"
@@ -33,24 +44,6 @@ SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 _exec_lock = threading.Lock()
-_foreign_pids = set()  # type: set[int]  # helper processes (ripgrep) that the exec tree-kill must spare
-_foreign_lock = threading.Lock()
-
-BASE_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "CI": "1",
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "TERM": "dumb",
-    "DEBIAN_FRONTEND": "noninteractive",
-    "GIT_TERMINAL_PROMPT": "0",
-    "PIP_NO_INPUT": "1",
-    "NO_COLOR": "1",
-    # no __pycache__ in the workspace: stale bytecode and changelog noise
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -76,279 +69,14 @@ def op_hello(req):
         "python": sys.version.split()[0],
         "kernel": os.uname().release,
         "subreaper": state.subreaper,
-        "ripgrep": _rg_command() is not None,
+        "ripgrep": search.rg_command() is not None,
         # Commands run with the image's own /bin/sh: an image without one cannot serve.
         "shell": os.access("/bin/sh", os.X_OK),
-        "cpu_quota": _cpu_quota(),
+        "cpu_quota": cgroup.cpu_quota(),
     }
 
 
 # --------------------------------------------------------------------------- search
-
-
-def _match_order(m):
-    return (m[0], m[1])
-
-
-_cpu_seen = [0.0, None]  # type: list  # (monotonic time, container CPU seconds) at the last search
-
-
-def _read_first(paths):
-    for path in paths:
-        try:
-            with open(path) as fh:
-                return fh.read()
-        except OSError:
-            continue
-    return None
-
-
-def _cpu_quota():
-    """How many CPUs the container's CFS quota allows (cgroup v1 or v2), None if unlimited."""
-    quota = _read_first(("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
-    period = _read_first(("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us"))
-    try:
-        if quota is not None and period is not None:
-            q = int(quota)
-            return q / float(int(period)) if q > 0 else None
-        v2 = _read_first(("/sys/fs/cgroup/cpu.max",))
-        if v2 is not None:
-            q2, p2 = v2.split()[:2]
-            return None if q2 == "max" else int(q2) / float(int(p2))
-    except ValueError:
-        pass
-    return None
-
-
-def _cpu_used():
-    """CPU seconds the container has used so far (cgroup v1 or v2), or None."""
-    v1 = _read_first(("/sys/fs/cgroup/cpuacct/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage"))
-    try:
-        if v1 is not None:
-            return int(v1) / 1e9
-        v2 = _read_first(("/sys/fs/cgroup/cpu.stat",))
-        if v2 is not None:
-            for line in v2.splitlines():
-                if line.startswith("usage_usec "):
-                    return int(line.split()[1]) / 1e6
-    except ValueError:
-        pass
-    return None
-
-
-def _search_threads():
-    """ripgrep's thread count: every core the container may run on (at most 4), unless
-    the container has been using its CPU quota lately (the previous search a moment ago:
-    searches back to back), when more threads would only run into the quota and be
-    throttled; then as many as the quota allows."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    cores = max(1, min(cores, 4))
-    quota = _cpu_quota()
-    if quota is None or cores == 1:
-        return cores
-    now = time.monotonic()
-    used = _cpu_used()
-    last_t, last_used = _cpu_seen
-    _cpu_seen[0], _cpu_seen[1] = now, used
-    if used is None or last_used is None or now - last_t > 0.25:
-        return cores
-    rate = (used - last_used) / max(now - last_t, 1e-3)  # CPUs in use since the last search
-    if rate > quota / 2.0:
-        return max(1, min(cores, int(quota)))
-    return cores
-
-
-def _rg_command():
-    """How to run ripgrep: the agent runtime's own copy (through the runtime's loader, so
-    it runs in any image), else the image's ``rg`` on its PATH, else None (the search
-    falls back to Python)."""
-    lib = os.path.join(sys.prefix, "lib")
-    loader, rg = os.path.join(lib, "loader"), os.path.join(sys.prefix, "bin", "rg")
-    if os.access(loader, os.X_OK) and os.access(rg, os.X_OK):
-        return [loader, "--library-path", lib, rg]
-    found = shutil.which("rg", path=state.image_env.get("PATH") or BASE_ENV["PATH"])
-    return [found] if found else None
-
-
-def _search_rg(rg, pattern, target, glob, exclude, max_matches, ignore_case):
-    argv = list(rg) + [
-        "--no-config",
-        "--line-number",
-        "--with-filename",
-        "--no-heading",
-        "--null",
-        "--color",
-        "never",
-        "--no-ignore",
-        "--hidden",
-        "--no-messages",
-        "--max-columns",
-        "500",
-        "--max-columns-preview",
-        # No --max-filesize: it costs ripgrep an extra stat per file, ~20% of a search of
-        # many small files; a huge file is bounded by the search's timeout instead.
-    ]
-    # Threads: ripgrep sizes its pool by the CPU *quota* (one thread under the default
-    # 1-CPU limit), but a quota caps CPU time per 100 ms period, not parallelism: a search
-    # is a burst well inside one period, so it may use every core the container can run
-    # on and still stay within its quota (5,000 files: ~47 ms on one thread, ~30 on two),
-    # unless the quota is being used up already (see _search_threads).
-    argv += ["--threads", str(_search_threads())]
-    if ignore_case:
-        argv.append("--ignore-case")
-    if glob:
-        argv += ["--glob", glob]
-    # One alternation glob: ripgrep matches every path against every glob, and nine
-    # separate "!name" globs cost more than the search itself on a 5,000-file tree.
-    plain = sorted(ex for ex in exclude if not any(c in ex for c in ",{}[]*?\\!"))
-    if plain:
-        argv += ["--glob", "!{%s}" % ",".join(plain)]
-    for ex in sorted(set(exclude) - set(plain)):
-        argv += ["--glob", "!" + ex]
-    # --regexp makes a pattern that starts with "-" a pattern, never an option; "--" ends options.
-    argv += ["--regexp", pattern, "--", target]
-    proc = subprocess.Popen(
-        argv,
-        cwd=state.ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(BASE_ENV),
-        close_fds=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    with _foreign_lock:
-        _foreign_pids.add(proc.pid)
-    matches = []  # type: list
-    truncated = False
-    carry = b""  # a file name holding newlines arrives over several lines, before its NUL
-    try:
-        for raw in proc.stdout:
-            if len(matches) >= max_matches:
-                truncated = True
-                break
-            fname, sep, rest = raw.partition(b"\x00")
-            if not sep:
-                carry += raw
-                continue
-            fname, carry = carry + fname, b""
-            lineno, _, text = rest.partition(b":")
-            try:
-                n = int(lineno)
-            except ValueError:
-                continue
-            name = fname.decode("utf-8", "surrogateescape")  # exact: the host quotes odd names
-            if name.startswith("./"):
-                name = name[2:]
-            matches.append([name, n, text.rstrip(b"\r\n").decode("utf-8", "replace")])
-        if truncated:
-            proc.kill()
-        err = proc.stderr.read(65536).decode("utf-8", "replace")
-        code = proc.wait()
-    finally:
-        with _foreign_lock:
-            _foreign_pids.discard(proc.pid)
-        proc.stdout.close()
-        proc.stderr.close()
-    if code == 2 and not matches and ("regex" in err.lower() or "parse error" in err.lower()):
-        msg = err.strip().splitlines()
-        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, " ".join(m.strip() for m in msg[-4:])))
-    return matches, truncated
-
-
-def _search_py(pattern, dfd, prefix, glob, exclude, max_matches, ignore_case):
-    try:
-        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except re.error as e:
-        raise Refused("invalid_pattern", "Invalid regex %r: %s" % (pattern, e))
-    matches = []  # type: list
-    state = {"truncated": False}
-    files = []
-    counter = [0, False]
-
-    def visit(e, rel, d, is_dir):
-        if is_dir:
-            return
-        if glob and not (fnmatch.fnmatch(e.name, glob) or fnmatch.fnmatch(rel, glob)):
-            return
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            return
-        if stat.S_ISREG(st.st_mode) and st.st_size <= 50 << 20:
-            files.append(rel)
-
-    listing.walk(dfd, "", 1, None, exclude, visit, counter, 1 << 30)
-    for rel in files:
-        try:
-            f = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        except OSError:
-            continue
-        with os.fdopen(f, "rb") as fh:
-            head = fh.read(8192)
-            if b"\x00" in head:
-                continue
-            fh.seek(0)
-            for n, raw in enumerate(fh, 1):
-                # str matching, so "." is one character, not one byte of UTF-8
-                line = raw.decode("utf-8", "surrogateescape")
-                if rx.search(line):
-                    if len(matches) >= max_matches:
-                        state["truncated"] = True
-                        return matches, True
-                    text = raw.rstrip(b"\r\n")[:2000].decode("utf-8", "replace")[:500]
-                    matches.append([prefix + rel, n, text])
-    return matches, state["truncated"]
-
-
-def op_search(req):
-    pattern = req.get("pattern")
-    if not isinstance(pattern, str) or pattern == "":
-        raise Refused("invalid_pattern", "Invalid regex: the pattern is empty")
-    path = req.get("path", ".")
-    glob = req.get("glob") or None
-    exclude = set(req.get("exclude") or ())
-    max_matches = max(1, min(int(req.get("max_matches", 200)), 10000))
-    ignore_case = bool(req.get("ignore_case"))
-    fd, name, parts, st = paths.resolve(path)
-    try:
-        if st is None:
-            raise Refused("not_found", "Not found: %s" % path)
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise Refused("not_a_file", "Cannot search %s: it is %s" % (path, paths.kind_name(st.st_mode)))
-    finally:
-        os.close(fd)
-    # Matches come back sorted by path and line. ripgrep's threads finish files in no
-    # fixed order, so more than asked for is collected and the first ``max_matches`` in
-    # that order are kept: the answer is the same on every run unless there are over ten
-    # times as many matches as asked for (then it is some ``max_matches`` of them).
-    collect = min(max_matches * 10, 20000)
-    rg = _rg_command() if not req.get("force_python") else None
-    if rg:
-        target = "./" + paths.rel(parts) if parts else "."
-        matches, truncated = _search_rg(rg, pattern, target, glob, exclude, collect, ignore_case)
-        engine = "ripgrep"
-    else:
-        if stat.S_ISREG(st.st_mode):
-            dfd, _ = paths.open_dir(paths.rel(parts[:-1]))
-            prefix = paths.rel(parts[:-1]) + "/" if len(parts) > 1 else ""
-            glob = parts[-1]
-        else:
-            dfd, _ = paths.open_dir(path)
-            prefix = paths.rel(parts) + "/" if parts else ""
-        try:
-            matches, truncated = _search_py(pattern, dfd, prefix, glob, exclude, collect, ignore_case)
-        finally:
-            os.close(dfd)
-        engine = "python"
-    matches.sort(key=_match_order)
-    if len(matches) > max_matches:
-        del matches[max_matches:]
-        truncated = True
-    return {"matches": matches, "truncated": truncated, "engine": engine}
 
 
 # --------------------------------------------------------------------------- exec
@@ -388,187 +116,6 @@ class _Capped(object):
         return bytes(self.head) + marker + tail, True
 
 
-def _proc_table():
-    """{pid: (ppid, session, pgrp, starttime)} for every visible process."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        try:
-            rest = data[data.rindex(b")") + 2 :].split()
-            table[int(name)] = (int(rest[1]), int(rest[3]), int(rest[2]), int(rest[19]))
-        except (ValueError, IndexError):
-            continue
-    return table
-
-
-def _start_ticks(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            data = fh.read()
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _call_marker(pid):
-    """The LOOM_CALL value in a process's environment, '' if none, None if unreadable."""
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as fh:
-            env = fh.read()
-    except OSError:
-        return None
-    for item in env.split(b"\x00"):
-        if item.startswith(b"LOOM_CALL="):
-            return item[10:].decode("ascii", "replace")
-    return ""
-
-
-def _command_pids(ctx):
-    """Every process the current command started.
-
-    With the child-subreaper bit (runc) that is exactly this agent's process subtree:
-    orphans come back to us. Where the kernel lacks it (gVisor), orphans go to PID 1, so
-    we also take, among processes started after the command: those still in its session
-    or process group, those carrying its LOOM_CALL marker, and orphans of PID 1 that carry
-    no other call's marker (``setsid`` + ``env -i`` + double fork ends up there).
-    """
-    me = os.getpid()
-    table = _proc_table()
-    children = {}  # type: dict
-    for pid, info in table.items():
-        children.setdefault(info[0], []).append(pid)
-    with _foreign_lock:
-        spare = set(_foreign_pids)
-    spare.add(me)
-    spare.add(1)
-    found = set()
-    todo = [c for c in children.get(me, []) if c not in spare]
-    if ctx is not None and not state.subreaper:
-        sid, start, marker = ctx
-        for pid, (ppid, session, pgrp, ticks) in table.items():
-            if pid in spare or ppid == 0 or ticks < start:
-                continue
-            if session == sid or pgrp == sid:
-                todo.append(pid)
-                continue
-            mark = _call_marker(pid)
-            if mark == marker or (ppid == 1 and mark in ("", None)):
-                todo.append(pid)
-    while todo:
-        pid = todo.pop()
-        if pid in found or pid in spare:
-            continue
-        found.add(pid)
-        todo.extend(children.get(pid, []))
-    return sorted(found)
-
-
-def _reap(pids):
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except OSError:
-            pass
-
-
-def _signal_all(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def _no_children():
-    """True when this agent has no child process at all (any thread's, zombies included):
-    one ``waitid`` instead of reading every thread's children file."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    except (AttributeError, OSError):
-        pass
-    return False
-
-
-def _own_children():
-    """Direct children of this agent (all threads), or None when the kernel cannot say."""
-    if _no_children():
-        return set()
-    kids = set()  # type: set[int]
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            with open("/proc/self/task/%s/children" % tid) as fh:
-                kids.update(int(p) for p in fh.read().split())
-    except (OSError, ValueError):
-        return None
-    with _foreign_lock:
-        return kids - _foreign_pids
-
-
-def _kill_tree(grace, ctx=None):
-    """Kill every process the command started (TERM, ``grace`` seconds, then KILL).
-    Returns True when nothing was left to kill (as subreaper: no child at all)."""
-    if state.subreaper and _own_children() == set():
-        return True  # fast path: as subreaper, no child means nothing of the command is left
-    pids = _command_pids(ctx)
-    if not pids:
-        return False
-    if grace > 0:
-        _signal_all(pids, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while time.monotonic() < end:
-            _reap(pids)
-            pids = _command_pids(ctx)
-            if not pids:
-                return False
-            time.sleep(0.02)
-    for _ in range(500):
-        pids = _command_pids(ctx)
-        if not pids:
-            return False
-        _signal_all(pids, signal.SIGSTOP)  # freeze first so a fork bomb cannot outrun us
-        _signal_all(pids, signal.SIGKILL)
-        _reap(pids)
-        time.sleep(0.002)
-
-
-def _oom_kills():
-    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def _command_env_cwd(req):
-    """The environment (the image's, then the non-interactive base, then the caller's
-    valid strings) and the real working directory (resolved inside the workspace) for a
-    process the host asks for."""
-    env = dict(state.image_env)
-    env.update(BASE_ENV)
-    if state.image_env.get("PATH"):
-        env["PATH"] = state.image_env["PATH"]  # the image's own PATH (/usr/local/go/bin, ...)
-    env["HOME"] = os.environ.get("HOME", "/tmp")
-    env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
-    for k, v in (req.get("env") or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
-            env[k] = v
-    cwd_fd, parts = paths.open_dir(req.get("cwd", "."))
-    os.close(cwd_fd)
-    return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
-
-
 def op_exec(req):
     command = req.get("command")
     argv = req.get("argv")
@@ -580,7 +127,7 @@ def op_exec(req):
     timeout = float(req.get("timeout", 60))
     cap = int(req.get("max_output", 256 * 1024))
     hard_limit = int(req.get("output_limit", 64 << 20))
-    env, cwd = _command_env_cwd(req)
+    env, cwd = environ.command_env_cwd(req)
     scan_req = req.get("scan")
     if isinstance(scan_req, dict):
         # The scans bracketing the command travel with it. Run only if the tree is known
@@ -606,7 +153,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
     marker = os.urandom(8).hex()
     env["LOOM_CALL"] = marker
     with _exec_lock:
-        oom_before = _oom_kills()
+        oom_before = cgroup.oom_kills()
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -633,7 +180,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             }
         assert proc.stdout is not None and proc.stderr is not None
         # The start time is only needed where orphans are hunted by heuristics (gVisor).
-        ctx = (proc.pid, 0 if state.subreaper else (_start_ticks(proc.pid) or 0), marker)
+        ctx = (proc.pid, 0 if state.subreaper else (proctree.start_ticks(proc.pid) or 0), marker)
         try:
             # The OOM killer must pick the command, never the agent.
             with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
@@ -696,7 +243,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
                     proc.wait(min(deadline - now, disk.DISK_POLL) if disk_watch is not None else deadline - now)
                 except subprocess.TimeoutExpired:
                     pass
-        clean = _kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
+        clean = proctree.kill_tree(KILL_GRACE if outcome == "timeout" else 0, ctx)
         # Drain what is left in the pipes now that every writer is dead.
         for fd in list(open_fds):
             try:
@@ -713,8 +260,8 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        if not clean and not (state.subreaper and _own_children() == set()):
-            _reap(_command_pids(ctx))
+        if not clean and not (state.subreaper and proctree.own_children() == set()):
+            proctree.reap(proctree.command_pids(ctx))
         duration = (time.monotonic() - started) * 1000.0
         sig = None
         exit_code = code  # type: int | None
@@ -724,7 +271,7 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
         if outcome is None:
             # The OOM killer sends SIGKILL, to the command or to a child (sh then exits 137).
             killed = sig == signal.SIGKILL or (exit_code is not None and exit_code > 128)
-            oom_after = _oom_kills() if killed else None
+            oom_after = cgroup.oom_kills() if killed else None
             if oom_before is not None and oom_after is not None and oom_after > oom_before:
                 outcome = "oom"
             elif sig is not None:
@@ -789,8 +336,7 @@ def _pump(proc, announced):
     t.join(1.0)
     with _procs_lock:
         _procs.pop(pid, None)
-    with _foreign_lock:
-        _foreign_pids.discard(pid)
+    proctree.unspare(pid)
     tail, _ = err.value()
     channel.send({"event": "exit", "proc": pid, "code": code, "stderr": channel.b64(tail)})
 
@@ -802,7 +348,7 @@ def op_spawn(req):
     with _procs_lock:
         if len(_procs) >= MAX_PROCS:
             raise Refused("too_large", "Too many long-lived processes (max %d)" % MAX_PROCS)
-    env, cwd = _command_env_cwd(req)
+    env, cwd = environ.command_env_cwd(req)
     try:
         proc = subprocess.Popen(
             argv,
@@ -816,8 +362,7 @@ def op_spawn(req):
         )
     except OSError as e:
         raise Refused("not_found", "Cannot start %s: %s" % (argv[0], e.strerror or e))
-    with _foreign_lock:
-        _foreign_pids.add(proc.pid)
+    proctree.spare(proc.pid)
     with _procs_lock:
         _procs[proc.pid] = proc
     announced = threading.Event()
@@ -847,49 +392,9 @@ def op_stdin(req):
     return {"written": len(data)}
 
 
-def _kill_subtree(root, grace):
-    """TERM then KILL a process and everything below it."""
-
-    def tree():
-        table = _proc_table()
-        kids = {}  # type: dict
-        for pid, info in table.items():
-            kids.setdefault(info[0], []).append(pid)
-        out, todo = [], [root] if root in table else []
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(kids.get(pid, []))
-        return out
-
-    pids = tree()
-    _signal_all(pids, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while pids and time.monotonic() < end:
-        time.sleep(0.02)
-        pids = [p for p in tree() if _proc_table().get(p, (0, 0, 0, 0))[0] != 0 or p == root]
-        if all(_is_zombie(p) for p in pids):
-            break
-    for _ in range(100):
-        pids = [p for p in tree() if not _is_zombie(p)]
-        if not pids:
-            return
-        _signal_all(pids, signal.SIGKILL)
-        time.sleep(0.005)
-
-
-def _is_zombie(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            data = fh.read()
-        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] == b"Z"
-    except (OSError, ValueError):
-        return True
-
-
 def op_kill(req):
     proc = _get_proc(req)
-    _kill_subtree(proc.pid, float(req.get("grace", 0.5)))
+    proctree.kill_subtree(proc.pid, float(req.get("grace", 0.5)))
     return {"killed": True}
 
 
@@ -927,7 +432,7 @@ SLOW_OPS = {
     "list": listing.op_list,
     "remove_tree": tree.op_remove_tree,
     "scan": scan.op_scan,
-    "search": op_search,
+    "search": search.op_search,
     "exec": op_exec,
     "spawn": op_spawn,
     "stdin": op_stdin,
@@ -1032,8 +537,8 @@ def _host_gone():
         with _procs_lock:
             spawned = list(_procs)
         for pid in spawned:
-            _kill_subtree(pid, 0.2)
-        _kill_tree(0)
+            proctree.kill_subtree(pid, 0.2)
+        proctree.kill_tree(0)
 
 
 def run(argv=None):

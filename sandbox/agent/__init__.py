@@ -18,6 +18,36 @@ Paths are resolved here, component by component from an O_PATH descriptor of the
 workspace root, never following ``..`` or a symlink out of it; FIFOs, sockets and devices
 are refused *before* any open that could block.
 
-Importing this package does nothing: the host imports single modules of it (the scan code,
-for gVisor's host-side scans in ``sandbox.hostscan``), and the agent runs ``main``.
+The modules, each importing only those above it (no cycles)::
+
+    state      the config line's values and process-wide facts (read as ``state.X``)
+    errors     Refused, and how any exception becomes an error answer
+    activity   the idle clock: touch on requests, the keeper that ends an idle container
+    channel    framing (JSON lines with the secret, base64) and where answers go: stdout,
+               or the direct unix socket once the host takes it
+    paths      resolution from the root's descriptor, never leaving the workspace
+    tidy       the thread that does what may wait until after an answer
+    disk       the workspace disk's reserve, and DiskWatch for commands
+    files      read, stat, hash
+    write      atomic and staged writes, commit, abort
+    tree       remove, remove_tree, mkdir, chmod, symlink
+    listing    list
+    scanwalk   the stat-only walk of change scans;  snapshot: inotify-backed snapshots
+    scan       scan (also run on the host for gVisor, see ``sandbox.hostscan``)
+    cgroup     CPU quota and use, OOM kills
+    environ    the environment and cwd of processes started for the host
+    proctree   finding and killing what a command started; helpers spared from it
+    output     Capped: a stream's head and tail within a bound
+    search     ripgrep or Python
+    command    exec
+    spawn      long-lived processes with streamed stdio
+    main       the hello, dispatch, worker threads, the serve loop, the end of the agent
+
+Values that ``main`` used to rebind as globals live in ``state`` and are read at call
+time, never copied with ``from .state import X``; what belongs to one concern (staged
+writes, snapshots, spawned processes, the output target) stays in its module.
+
+Importing this package does nothing: the host imports single modules of it (the scan and
+tree code for ``sandbox.hostscan``; the tests), and in a sandbox the bundle runs ``main``.
+``python3 -m sandbox.agent ROOT`` runs an agent by hand, requests on stdin.
 """

@@ -23,10 +23,10 @@ def dir_row(e):
 
 def walk(dfd, prefix, exclude, out, limit, snap=None):
     """Stat-only walk for change detection: no sorting, one lstat per non-directory
-    (directories are recognised from d_type for free, and listed as ``_DIR``), never
-    following links. With
-    ``snap`` it also records the directory layout, watches each directory and notes
-    hard-linked files (see :class:`_Snapshot`)."""
+    (directories are recognised from d_type, and their row is ``dir_row``), never
+    following links. With ``snap`` it also records the directory layout, watches each
+    directory and notes hard-linked files (see ``snapshot.Snapshot``). Returns True when
+    it stopped at ``limit`` rows."""
     dirs = []
     names = {}  # type: dict
     if snap is not None:

@@ -34,6 +34,30 @@ def test_the_package_is_what_gets_bundled() -> None:
     assert shipped == {bundle.PACKAGE} | {f"{bundle.PACKAGE}.{n}" for n in names - {"__init__", "__main__"}}
 
 
+def _package_imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out |= {a.name for a in node.names} if node.module is None else {node.module}
+    return out
+
+
+def test_the_modules_import_each_other_without_cycles() -> None:
+    graph = {p.stem: _package_imports(p) for p in MODULES}
+    assert set().union(*graph.values()) <= set(graph), "a relative import of a module that is not there"
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path, name))
+        if name not in done:
+            for dep in sorted(graph[name]):
+                visit(dep, (*path, name))
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
 @pytest.mark.parametrize(("name", "src"), _sources(), ids=[n for n, _ in _sources()])
 def test_parses_with_python_3_8_grammar(name: str, src: str) -> None:
     ast.parse(src, filename=name, feature_version=(3, 8))

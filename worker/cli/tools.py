@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import aio
-from .registry import ToolRegistry, default_registry
-from .result import ToolResult, json_line
-from .settings import Settings
-from .tool import SCHEMA_FORMATS
+from .. import aio
+from ..registry import ToolRegistry, default_registry
+from ..result import ToolResult, json_line
+from ..settings import Settings
+from ..tool import SCHEMA_FORMATS
 
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
@@ -39,7 +39,7 @@ TOOLS_COMMAND_DEST = "tools_command"
 def _ensure_logging(settings: Settings) -> None:
     """Logs go to stderr, so stdout carries only results."""
     try:
-        from .logging import configure_logging  # the shared setup (issue 5), when present
+        from ..logging import configure_logging  # the shared setup (issue 5), when present
     except ImportError:
         import logging
 
@@ -71,7 +71,7 @@ class _Changelogs:
 
     def recorder(self, root: Path) -> Any:
         """Raises ChangelogStorageError when the store cannot be opened."""
-        from .changelog import Changelog
+        from ..changelog import Changelog
 
         if root not in self._open:
             self._open[root] = Changelog.open(self.data_dir, root, limits=self.limits)
@@ -221,7 +221,7 @@ def tools_subparsers(subparsers: argparse._SubParsersAction[Any]) -> argparse._S
     parser = subparsers.choices.get("tools")
     group = getattr(parser, "_loom_tools_subparsers", None)
     if group is None:
-        raise LookupError("the 'tools' command is not registered (worker.cli_tools.register first)")
+        raise LookupError("the 'tools' command is not registered (worker.cli.tools.register first)")
     return group
 
 

@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.errors import SandboxError
 
-from . import aio
-from .changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
-from .quoting import unquote_path
-from .result import safe_text
-from .settings import Settings
+from .. import aio
+from ..changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
+from ..quoting import unquote_path
+from ..result import safe_text
+from ..settings import Settings
 
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 T = TypeVar("T")

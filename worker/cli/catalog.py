@@ -1,6 +1,6 @@
 """``loom-worker tools search QUERY``, ``tools index``, ``tools sources`` (issue 6).
 
-Added to the ``tools`` group of :mod:`worker.cli_tools`; when that group is missing they
+Added to the ``tools`` group of :mod:`worker.cli.tools`; when that group is missing they
 are registered under a top-level ``catalog`` command instead. ``loom-worker tools``
 (the schema listing) is given the catalog's tools too: ``tool_search``, the custom YAML
 tools and the MCP tools indexed so far. Exit codes: 0 ok, 1 some source failed to
@@ -18,18 +18,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import aio
-from .catalog import IndexReport, InvalidQueryError
-from .catalog.capabilities import CAPABILITIES
-from .catalog.tool_search import ToolSearchArgs
-from .registry import ToolRegistry
-from .settings import Settings
-from .tools.catalog_tools import CatalogTools, install
+from .. import aio
+from ..catalog import IndexReport, InvalidQueryError
+from ..catalog.capabilities import CAPABILITIES
+from ..catalog.tool_search import ToolSearchArgs
+from ..registry import ToolRegistry
+from ..settings import Settings
+from ..tools.catalog_tools import CatalogTools, install
 
 
 def _logging(settings: Settings) -> None:
     """Logs (e.g. a custom tool file that failed to load) go to stderr; stdout is the result."""
-    from .logging import configure_logging
+    from ..logging import configure_logging
 
     configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
 
@@ -51,7 +51,7 @@ def _sandbox_registry(settings: Settings, backend: str) -> ToolRegistry:
         registry = ToolRegistry(backend=LocalProcessBackend())
         install(registry, CatalogTools.from_settings(settings))
         return registry
-    from .registry import default_registry
+    from ..registry import default_registry
 
     return default_registry(settings, catalog=True)
 
@@ -147,7 +147,7 @@ def _add(group: argparse._SubParsersAction[Any]) -> None:
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     try:
-        from .cli_tools import tools_subparsers
+        from .tools import tools_subparsers
 
         group = tools_subparsers(subparsers)
     except (ImportError, LookupError):

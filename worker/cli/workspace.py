@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import aio
-from .changelog.model import size_text
-from .settings import Settings
+from .. import aio
+from ..changelog.model import size_text
+from ..settings import Settings
 
 _FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle")
 
@@ -76,9 +76,9 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox.errors import SandboxError
 
-    from .registry import default_registry
-    from .tool import ToolError
-    from .workspace_settings import SettingsError
+    from ..registry import default_registry
+    from ..tool import ToolError
+    from ..workspace_settings import SettingsError
 
     async with default_registry(settings, catalog=False) as registry:
         try:

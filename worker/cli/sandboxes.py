@@ -15,8 +15,8 @@ from sandbox.client import AgentSandbox
 from sandbox.errors import SandboxError, SandboxUnavailableError
 from sandbox.spec import SandboxSpec
 
-from . import aio
-from .settings import Settings
+from .. import aio
+from ..settings import Settings
 
 
 def _backend(settings: Settings, **overrides: Any) -> Any:

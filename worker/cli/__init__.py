@@ -14,15 +14,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .settings import Settings
+from ..settings import Settings
 
 COMMAND_MODULES = (
-    "worker.cli_sandbox",  # demo, doctor, gc, stop, build-image
-    "worker.cli_tools",  # call, batch, tools
-    "worker.cli_changelog",  # log, diff, undo
-    "worker.cli_service",  # serve, mcp
-    "worker.cli_catalog",  # tools search / tools index (extends `tools`)
-    "worker.cli_workspace",  # workspace set / show
+    "worker.cli.sandboxes",  # demo, doctor, gc, stop, build-image
+    "worker.cli.tools",  # call, batch, tools
+    "worker.cli.changelog",  # log, diff, undo
+    "worker.cli.service",  # serve, mcp
+    "worker.cli.catalog",  # tools search / tools index (extends `tools`)
+    "worker.cli.workspace",  # workspace set / show
 )
 
 
@@ -56,6 +56,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings()
     return int(args.func(args, settings) or 0)
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .logging import configure_logging
-from .settings import Settings
+from ..logging import configure_logging
+from ..settings import Settings
 
 #: Test-only escape hatch: ``--backend local`` runs tools as host processes (NO isolation).
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from .http import UnsafeBindError, check_bind, create_app
+    from ..http import UnsafeBindError, check_bind, create_app
 
     updates: dict[str, Any] = {}
     if args.host:
@@ -71,8 +71,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from .mcp_server import serve_stdio
-    from .registry import ToolRegistry, default_registry
+    from ..mcp_server import serve_stdio
+    from ..registry import ToolRegistry, default_registry
 
     workspace: Path = args.workspace.expanduser()
     if not workspace.is_dir():

@@ -55,4 +55,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     settings = Settings()
     return int(args.func(args, settings) or 0)
-

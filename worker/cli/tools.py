@@ -37,21 +37,10 @@ TOOLS_COMMAND_DEST = "tools_command"
 
 
 def _ensure_logging(settings: Settings) -> None:
-    """Logs go to stderr, so stdout carries only results."""
-    try:
-        from ..logging import configure_logging  # the shared setup (issue 5), when present
-    except ImportError:
-        import logging
+    """Logs go to stderr, so stdout carries only results. Configured before the registry
+    is built: building it may already log (a custom tool file that does not load)."""
+    from ..logging import configure_logging
 
-        import structlog
-
-        structlog.configure(
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-            wrapper_class=structlog.make_filtering_bound_logger(
-                logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
-            ),
-        )
-        return
     configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
 
 
@@ -99,11 +88,13 @@ def _open_workspace(args: argparse.Namespace, settings: Settings) -> tuple[Path,
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
+    if getattr(args, "backend", "docker") == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
+        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    _ensure_logging(settings)
     changelogs = _Changelogs(settings.data_dir, settings.changelog_limits())
     registry = _registry(args, settings, changelogs)
     if registry is None:
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
-    _ensure_logging(settings)
     return ws, changelogs, registry
 
 

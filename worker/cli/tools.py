@@ -82,7 +82,7 @@ def read_arguments(value: str) -> dict[str, Any] | str:
     input). Returns the object, or the message of a usage error."""
     text: str | bytes
     if value in ("-", "@-"):
-        label, text = "--args -", sys.stdin.buffer.read()
+        label, text = f"--args {value}", sys.stdin.buffer.read()
     elif value.startswith("@"):
         label = f"--args {value}"
         try:
@@ -288,12 +288,14 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
                     return None
                 value = argv[i]
                 i += 1
+            if dest == "backend" and value not in ("docker", "local"):  # argparse checks each one
+                return None
             values[dest] = value
         elif values["tool"] is None:
             values["tool"] = arg
         else:
             return None
-    if values["tool"] is None or values["workspace"] is None or values["backend"] not in ("docker", "local"):
+    if values["tool"] is None or values["workspace"] is None:
         return None
     ns: Any = SimpleNamespace(command="call", func=_cmd_call, own_settings=True, **values)
     return ns

@@ -30,6 +30,25 @@ SINK: ContextVar[Sink | None] = ContextVar("loom_local_worker_log_sink", default
 _json = structlog.processors.JSONRenderer(sort_keys=False)
 
 
+def lifecycle(event: str, **fields: Any) -> None:
+    """Record a step of the worker's life (started, retiring, exit, a peer refused) in its
+    own log whatever ``LOOM_LOG_LEVEL`` says: ``loom-worker doctor`` reads the last one
+    to say why no worker is running."""
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    to_own_log({**fields, "event": event, "level": "info", "logger": "worker.localworker", "timestamp": stamp})
+
+
+def to_own_log(event_dict: EventDict) -> None:
+    """Write an event to the worker's own log (its stderr) as a JSON line."""
+    try:
+        sys.stderr.write(str(_json(None, "info", dict(event_dict))) + "\n")
+        sys.stderr.flush()
+    except (ValueError, OSError):
+        pass
+
+
 def _route(logger: Any, method: str, event_dict: EventDict) -> str:
     """Last processor: hand the event to the current call's sink, or render it as JSON
     for the worker's own log."""

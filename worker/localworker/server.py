@@ -16,8 +16,9 @@ of several CLI processes run side by side as they would in-process. It exits:
 - when its socket was removed or replaced, on ``shutdown`` (``loom-worker daemon stop``)
   and on SIGTERM/SIGINT, after the calls in flight have finished.
 
-A client that goes away mid-call (Ctrl-C) has its call cancelled, as Ctrl-C cancels an
-in-process call.
+A client that goes away mid-call (Ctrl-C, a CI job's timeout) does not cancel the call:
+it finishes, so what it changed is recorded in the changelog (in-process, the process
+ends with the call and a command's changes then go unrecorded).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ from .rundir import WorkerFiles
 log = get_logger("worker.localworker")
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:
+    """Write one frame, unless the client went away (then it is dropped)."""
+    if writer.is_closing():
+        return
+    try:
+        writer.write(wire.encode(frame))
+    except (RuntimeError, ConnectionError):  # uvloop: a transport closed under us
+        pass
 
 
 def peer_uid(sock: Any) -> int:
@@ -102,7 +113,7 @@ class LocalWorker:
         worker); stop once the connections open now have ended."""
         if self.retiring is None:
             self.retiring = reason
-            log.info("local_worker.retiring", reason=reason, active=self.active)
+            daemon_logs.lifecycle("local_worker.retiring", reason=reason, active=self.active)
             self._close_listener()
         if self.active == 0:
             self._stop.set()
@@ -143,26 +154,24 @@ class LocalWorker:
         except OSError:
             uid = -1
         if uid != os.getuid():
-            log.warning("local_worker.peer_refused", peer_uid=uid)
+            daemon_logs.lifecycle("local_worker.peer_refused", peer_uid=uid)
             writer.close()
             return
         self.active += 1
         try:
-            pending: asyncio.Future[bytes] | None = None
             while True:
-                line = await (pending if pending is not None else reader.readline())
-                pending = None
+                line = await reader.readline()
                 if not line:
                     break
                 try:
                     req = wire.decode(line)
                 except ValueError as e:
-                    writer.write(wire.encode({"id": None, "t": "error", "message": f"not a frame: {e}"}))
+                    _send(writer, {"id": None, "t": "error", "message": f"not a frame: {e}"})
                     await writer.drain()
                     continue
-                pending = await self._request(req, reader, writer)
+                await self._request(req, writer)
                 await writer.drain()
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as e:
+        except (ConnectionError, RuntimeError, ValueError, asyncio.LimitOverrunError) as e:
             # A broken pipe, or a frame over MAX_FRAME (the client checks that first).
             log.info("local_worker.connection_ended", error=repr(e))
         finally:
@@ -172,21 +181,18 @@ class LocalWorker:
             if self.retiring is not None:
                 self.retire(self.retiring)
 
-    async def _request(
-        self, req: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> asyncio.Future[bytes] | None:
+    async def _request(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         rid = req.get("id")
         op = req.get("op")
         if op == "status":
-            writer.write(wire.encode({"id": rid, "t": "status", **self.status()}))
+            _send(writer, {"id": rid, "t": "status", **self.status()})
         elif op == "shutdown":
-            writer.write(wire.encode({"id": rid, "t": "status", **self.status(), "stopping": True}))
+            _send(writer, {"id": rid, "t": "status", **self.status(), "stopping": True})
             self.retire("asked to stop")
         elif op == "call":
-            return await self._call(req, reader, writer)
+            await self._call(req, writer)
         else:
-            writer.write(wire.encode({"id": rid, "t": "error", "message": f"unknown op {op!r}"}))
-        return None
+            _send(writer, {"id": rid, "t": "error", "message": f"unknown op {op!r}"})
 
     def status(self) -> dict[str, Any]:
         return {
@@ -208,60 +214,49 @@ class LocalWorker:
             return "a file its tools were loaded from changed (custom tools, MCP servers, the MCP tool index)"
         return None
 
-    async def _call(
-        self, req: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> asyncio.Future[bytes] | None:
+    async def _call(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         rid = req.get("id")
         why = "it was started for other settings or code" if req.get("key") != self.key else self._stale()
         if why is not None:
-            writer.write(wire.encode({"id": rid, "t": "retry", "reason": why}))
+            _send(writer, {"id": rid, "t": "retry", "reason": why})
             self.retire(why)
-            return None
+            return
         render = client_renderer(self.settings.log_format, bool(req.get("tty")))
 
         def sink(event_dict: Any) -> None:
-            writer.write(wire.encode({"id": rid, "t": "log", "text": render(event_dict)}))
+            if writer.is_closing():  # the client went away: the worker's own log keeps it
+                daemon_logs.to_own_log(event_dict)
+            else:
+                _send(writer, {"id": rid, "t": "log", "text": render(event_dict)})
 
         for event in self.startup_events:
             sink(dict(event))
         ctx = contextvars.copy_context()
         ctx.run(SINK.set, sink)
         call_id = req.get("call_id")
-        task = asyncio.create_task(
-            self.calls.execute(
-                str(req.get("tool")),
-                req.get("arguments"),
-                str(req.get("workspace")),
-                None if call_id is None else str(call_id),
-                check_unknown=bool(req.get("check_unknown", True)),
-            ),
-            context=ctx,
-        )
-        reading: asyncio.Future[bytes] = asyncio.ensure_future(reader.readline())
-        both: list[asyncio.Future[Any]] = [task, reading]
-        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            try:
-                ended = not reading.result()
-            except (ConnectionError, ValueError, asyncio.LimitOverrunError):
-                ended = True
-            if ended:  # the client went away (Ctrl-C, killed): cancel, as Ctrl-C does in-process
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                log.info("local_worker.call_cancelled", tool=req.get("tool"), reason="the client went away")
-                return reading
+        # A client that goes away mid-call (Ctrl-C, a CI job's timeout) does not cancel
+        # it: cancelling would not stop a command in the sandbox (it runs to its own
+        # timeout either way), only skip recording what it changed. So the call finishes
+        # and its changes are in the changelog; the answer then goes nowhere.
         try:
-            code, result = await task
+            code, result = await asyncio.create_task(
+                self.calls.execute(
+                    str(req.get("tool")),
+                    req.get("arguments"),
+                    str(req.get("workspace")),
+                    None if call_id is None else str(call_id),
+                    check_unknown=bool(req.get("check_unknown", True)),
+                ),
+                context=ctx,
+            )
         except Exception as e:  # a bug: the client reports it as an infrastructure failure
             log.exception("local_worker.call_failed", tool=req.get("tool"))
-            writer.write(wire.encode({"id": rid, "t": "error", "message": f"{type(e).__name__}: {e}"}))
-            return reading
+            _send(writer, {"id": rid, "t": "error", "message": f"{type(e).__name__}: {e}"})
+            return
         self.served += 1
-        writer.write(wire.encode({"id": rid, "t": "result", "exit": code, "result": result}))
+        _send(writer, {"id": rid, "t": "result", "exit": code, "result": result})
         if self.inputs:  # what the call itself wrote (the catalog's index) is no change from outside
             self.baseline = fingerprint(self.inputs)
-        return reading
 
 
 def _say(line: str) -> None:
@@ -349,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> str:
         worker = LocalWorker(settings, args.key, files, calls, startup)
-        log.info("local_worker.started", key=args.key, backend=args.backend, idle_exit=worker.idle)
+        daemon_logs.lifecycle("local_worker.started", key=args.key, backend=args.backend, idle_exit=worker.idle)
         _say(f"ready {os.getpid()}")
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # the pipe is closed: the CLI has what it waited for
@@ -357,6 +352,6 @@ def main(argv: list[str] | None = None) -> int:
         return await worker.run(sock)
 
     reason = aio.run(serve())
-    log.info("local_worker.exit", reason=reason)
+    daemon_logs.lifecycle("local_worker.exit", reason=reason)
     sys.stderr.flush()
     return 0

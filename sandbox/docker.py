@@ -50,6 +50,7 @@ from .spec import (
     ACTIVITY_FILE,
     AGENT_COMMAND,
     CA_BUNDLE_PATH,
+    EGRESS_MOUNT,
     HOME_DIR,
     LABEL_PREFIX,
     RUNTIME_MOUNT,
@@ -244,6 +245,7 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         self._runsc_checked = False
+        self._runsc_uds = False
         self._runtime_volume: str | None = None
         self._runtime_lock = asyncio.Lock()
         # The agents' direct channel: unreachable from this process at all (no access to
@@ -293,6 +295,13 @@ class DockerBackend(SandboxBackend):
         spec = self.spec_of(ws)
         if spec.ca_bundle:
             mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
+        if spec.egress_dir:
+            # The gateway's socket (its directory, so a restarted gateway's new socket shows)
+            # and the resolv.conf naming the agent's stub resolver; both read-only.
+            mounts.append(Mount(target=EGRESS_MOUNT, source=spec.egress_dir, type="bind", read_only=True))
+            mounts.append(
+                Mount(target="/etc/resolv.conf", source=f"{spec.egress_dir}/resolv.conf", type="bind", read_only=True)
+            )
         # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
         # host later uses the repository: the sandbox must not be able to plant them. Both
         # are mounted read-only, and .git itself is bound onto itself so that it is a mount
@@ -370,12 +379,25 @@ class DockerBackend(SandboxBackend):
                 docker.types.Ulimit(name="fsize", soft=spec.max_file_size, hard=spec.max_file_size),
             ],
             "tty": False,
+            # With egress the agent's relay listens on the sandbox's own loopback on ports 53,
+            # 80 and 443 (no capability needed: the sandbox's network namespace has nothing
+            # else to protect).
+            **({"sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"}} if spec.egress_dir else {}),
         }
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
-        if spec.runtime != "runsc" or self._runsc_checked:
+        if spec.runtime != "runsc" or (self._runsc_checked and (self._runsc_uds or not spec.egress_dir)):
             return
         info = await self._call("docker info", lambda: self._docker().info())
+        runsc = (info.get("Runtimes") or {}).get("runsc") or {}
+        args = " ".join(runsc.get("runtimeArgs") or []) if isinstance(runsc, dict) else ""
+        self._runsc_uds = "--host-uds=open" in args or "--host-uds=all" in args
+        if spec.egress_dir and runsc and not self._runsc_uds:
+            raise RuntimeUnavailableError(
+                "this workspace may reach the network, but the engine's runsc runtime is not registered with "
+                "--host-uds=open, so its sandbox could not reach the egress gateway's socket. Run scripts/setup "
+                "(it registers runsc with that flag in /etc/docker/daemon.json), or use LOOM_RUNTIME=runc."
+            )
         if "runsc" not in (info.get("Runtimes") or {}):
             raise RuntimeUnavailableError(
                 "gVisor (runsc) was requested but the Docker engine has no 'runsc' runtime registered; "

@@ -47,6 +47,35 @@ CA_ENV_VARS = (
     "GIT_SSL_CAINFO",
     "CURL_CA_BUNDLE",
 )
+#: Network egress (when a workspace may reach hosts): the gateway's socket directory of
+#: the host is mounted read-only here, and the agent relays the sandbox's loopback
+#: listeners to its socket: an HTTP proxy at 127.0.0.1:EGRESS_PROXY_PORT, a stub
+#: resolver at 127.0.0.1:53 (the mounted resolv.conf names it) and, for the addresses the
+#: stub hands out (127.77.x.y), ports 80 and 443. The sandbox still has no interface but
+#: loopback; every decision is the gateway's.
+EGRESS_MOUNT = "/run/loom/egress"
+EGRESS_SOCKET = f"{EGRESS_MOUNT}/s"
+EGRESS_PROXY_PORT = 3128
+EGRESS_PROXY = f"http://127.0.0.1:{EGRESS_PROXY_PORT}"
+#: The clients' proxy settings: the usual variables (both cases), npm, pip, git, and
+#: Node's own fetch (NODE_USE_ENV_PROXY, Node 22.?+); loopback is never proxied.
+EGRESS_ENV = {
+    "HTTP_PROXY": EGRESS_PROXY,
+    "HTTPS_PROXY": EGRESS_PROXY,
+    "ALL_PROXY": EGRESS_PROXY,
+    "http_proxy": EGRESS_PROXY,
+    "https_proxy": EGRESS_PROXY,
+    "all_proxy": EGRESS_PROXY,
+    "NO_PROXY": "localhost,127.0.0.1,::1",
+    "no_proxy": "localhost,127.0.0.1,::1",
+    "npm_config_proxy": EGRESS_PROXY,
+    "npm_config_https_proxy": EGRESS_PROXY,
+    "PIP_PROXY": EGRESS_PROXY,
+    "NODE_USE_ENV_PROXY": "1",
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "http.proxy",
+    "GIT_CONFIG_VALUE_0": EGRESS_PROXY,
+}
 ACTIVITY_FILE = "/tmp/.loom-activity"
 LABEL_PREFIX = "dev.loom"
 
@@ -99,6 +128,9 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     #: A PEM file on the engine's host, mounted read-only as the sandbox's trust store.
     ca_bundle: str | None = None
+    #: The egress gateway's socket directory on the engine's host (None: no network at
+    #: all). The allowlist itself is not here: the gateway reads it per connection.
+    egress_dir: str | None = None
     #: Talk to runc agents over a unix socket on the container's /tmp, reached through
     #: /proc/<pid>/root, instead of through the engine's attach stream (~10x lower latency
     #: per call). Falls back to the attach stream when the socket is not reachable.
@@ -120,14 +152,25 @@ class SandboxSpec(BaseModel):
 
     def environment(self, uid: int) -> dict[str, str]:
         """The container's environment (on top of the image's own)."""
-        env = {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8", **self.env}
+        env = {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"}
+        if self.egress_dir:
+            env.update(EGRESS_ENV)
+        env.update(self.env)
         if self.ca_bundle:
             env.update(dict.fromkeys(CA_ENV_VARS, CA_BUNDLE_PATH))
         return env
 
-    def agent_config(self) -> dict[str, int]:
-        """What every agent of a sandbox is told at start (with its root and paths)."""
-        return {"disk_limit": self.disk_limit, "disk_reserve": self.disk_reserve, "inode_limit": self.inode_limit}
+    def agent_config(self) -> dict[str, object]:
+        """What every agent of a sandbox is told at start (with its root and paths). The
+        container's main agent also runs the egress relay when there is a gateway."""
+        config: dict[str, object] = {
+            "disk_limit": self.disk_limit,
+            "disk_reserve": self.disk_reserve,
+            "inode_limit": self.inode_limit,
+        }
+        if self.egress_dir:
+            config["egress"] = {"socket": EGRESS_SOCKET, "proxy_port": EGRESS_PROXY_PORT, "dns_port": 53}
+        return config
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""

@@ -261,6 +261,9 @@ def create_app(
             if reg is None:
                 reg = await stack.enter_async_context((registry_factory or _default_registry_cm)(settings))
             workspaces.ensure_root()
+            observers = getattr(reg, "egress_observers", None)
+            if observers is not None:
+                observers.append(box_metrics.observe_egress)
             runner = CallRunner(reg, box_metrics, max_concurrent=settings.max_concurrent_calls)
             runner_box["r"] = runner
             app.state.runner = runner
@@ -571,3 +574,6 @@ def _add_changelog_routes(
     from .http_settings import add_routes as add_settings_routes
 
     add_settings_routes(app, workspaces, auth, responses)
+    from .http_egress import add_routes as add_egress_routes
+
+    add_egress_routes(app, workspaces, auth, responses)

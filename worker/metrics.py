@@ -10,6 +10,8 @@ several apps in one process (tests, an embedded server) never collide.
     loom_sandboxes_live                           sandboxes this process has open
     loom_sandbox_restarts_total                   sandboxes restarted after being lost
     loom_http_rejected_total{reason}              429 busy, 401 auth, 413 too large
+    loom_egress_connections_total{kind, verdict}  egress attempts: allowed | denied | limited | error
+    loom_egress_bytes_total{direction}            bytes through the egress gateway: up | down
 """
 
 from __future__ import annotations
@@ -89,6 +91,15 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.egress = Counter(
+            "loom_egress_connections",
+            "Egress attempts (connections, plain-HTTP requests, name lookups) by kind and verdict.",
+            ["kind", "verdict"],
+            registry=self.registry,
+        )
+        self.egress_bytes = Counter(
+            "loom_egress_bytes", "Bytes through the egress gateway.", ["direction"], registry=self.registry
+        )
         self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts()))
         # Label children by value: ``labels()`` validates and locks on every lookup, and
         # the label values are a small bounded set (tool names x outcomes).
@@ -108,6 +119,14 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
         return outcome
+
+    def observe_egress(self, record: Any) -> None:
+        """Count one egress attempt (a :class:`worker.egress.log.EgressRecord`)."""
+        self.egress.labels(kind=record.kind, verdict=record.verdict).inc()
+        if record.bytes_up:
+            self.egress_bytes.labels(direction="up").inc(record.bytes_up)
+        if record.bytes_down:
+            self.egress_bytes.labels(direction="down").inc(record.bytes_down)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

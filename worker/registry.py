@@ -53,9 +53,7 @@ from .workspace_settings import (
     SettingsStore,
     WorkspaceSettings,
     check,
-    effective,
     parse,
-    spec_for,
 )
 
 log = get_logger("worker.registry")
@@ -129,6 +127,13 @@ class ToolRegistry:
         self._closers: list[Callable[[], Awaitable[None]]] = []
         #: The tool catalog's side of this registry (``worker.tools.catalog_tools``), if attached.
         self.catalog_tools: Any = None
+        #: Makes the egress gateway (``worker.egress``) the first time a workspace that
+        #: may reach the network is opened; ``default_registry`` sets it.
+        self.egress_factory: Callable[[], Any] | None = None
+        self.egress: Any = None
+        #: Told of every egress attempt (the service's metrics), once the gateway exists.
+        self.egress_observers: list[Callable[[Any], None]] = []
+        self._egress_roots: set[Path] = set()
         for tool in builtin_tools() if tools is None else tools:
             self.register(tool)
 
@@ -200,6 +205,8 @@ class ToolRegistry:
         if ws is not None:
             if self.configs is not None and self.configs.store.changed(ws.root):
                 return await self._reconfigure(ws.root)
+            if ws.root in self._egress_roots:
+                await self._serve_egress(ws.root)
             return ws
         root = Path(key).expanduser().resolve()
         ws = self._workspaces.get(root)
@@ -220,7 +227,45 @@ class ToolRegistry:
                     self._workspaces[root] = ws
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
+        if root in self._egress_roots:
+            await self._serve_egress(root)
         return ws
+
+    async def _serve_egress(self, root: Path) -> None:
+        """Make sure the egress gateway of a workspace allowed out is served (by this
+        process unless another one does). A gateway that cannot serve is logged, not
+        raised: the tools work without it, the sandbox's connections fail."""
+        if self._egress_gateway() is None:
+            return
+        try:
+            await self.egress.serve(root)
+        except OSError as e:
+            log.warning("egress.serve_failed", workspace=str(root), error=repr(e))
+
+    def _egress_gateway(self) -> Any:
+        if self.egress is None and self.egress_factory is not None:
+            self.egress = self.egress_factory()
+            self.egress.observers.extend(self.egress_observers)
+            self.add_closer(self.egress.aclose)
+        return self.egress
+
+    def egress_status(self, path: Path | str, *, limit: int = 100, verdict: str | None = None) -> dict[str, Any]:
+        """A workspace's egress: its allowlist now, whether this process serves its
+        gateway, and its newest log records (newest first). Raises ToolError (no such
+        directory), SettingsError (its settings file is not valid), ValueError (no
+        per-workspace settings here)."""
+        from .egress.log import EgressLog
+
+        root = self._settings_root(path)
+        assert self.configs is not None
+        policy = self.configs.policy(root)
+        records = EgressLog(self.configs.store.data_dir).read(root, limit=limit, verdict=verdict)
+        return {
+            "policy": list(policy.entries),
+            "enabled": bool(policy),
+            "serving": bool(self.egress is not None and self.egress.serving(root)),
+            "entries": records[::-1],
+        }
 
     async def _apply_settings(self, root: Path) -> bool:
         """Give the backend ``root``'s spec (its settings over the defaults). True when it
@@ -232,6 +277,13 @@ class ToolRegistry:
             spec = self.configs.spec(root)
         except (SettingsError, OSError) as e:
             raise SandboxUnavailableError(f"The workspace's settings cannot be used: {e}") from e
+        if spec.egress_dir:
+            self._egress_roots.add(root)
+            if self._egress_gateway() is not None:
+                # The directory must exist before a container can mount it.
+                await asyncio.to_thread(self.egress.prepare, root)
+        else:
+            self._egress_roots.discard(root)
         return bool(await configure(root, spec))
 
     async def _reconfigure(self, root: Path) -> Workspace:
@@ -260,7 +312,7 @@ class ToolRegistry:
         ValueError when this registry has no per-workspace settings."""
         root = self._settings_root(path)
         assert self.configs is not None
-        return self.configs.store.load(root), effective(self.configs.spec(root))
+        return self.configs.store.load(root), self.configs.effective(root)
 
     async def configure_workspace(self, path: Path | str, changes: dict[str, Any]) -> Configured:
         """Change a workspace's settings (a value of None removes that override) after
@@ -277,13 +329,14 @@ class ToolRegistry:
         before = self.configs.store.load(root)
         new = parse(changes, before)
         await self.check_settings(new, before)
-        old_spec = self.configs.spec(root)
-        spec = spec_for(self.configs.base, new)
+        old_spec = self.configs.spec(root, before)
+        spec = self.configs.spec(root, new)
+        egress_changed = self.configs.policy(root, before) != self.configs.policy(root, new)
         if new != before:
             self.configs.store.save(root, new)
         if root in self._workspaces:
             await self._reconfigure(root)
-        return Configured(new, effective(spec), spec != old_spec)
+        return Configured(new, self.configs.effective(root, new), spec != old_spec, egress_changed)
 
     async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
         """Every check of ``new`` (a workspace's settings, replacing ``before``): the
@@ -325,6 +378,9 @@ class ToolRegistry:
         ws = self._workspaces.pop(root, None)
         for key in [k for k, v in self._by_arg.items() if v is ws or v.root == root]:
             del self._by_arg[key]
+        self._egress_roots.discard(root)
+        if self.egress is not None:
+            await self.egress.release(root)
         return await self.backend.stop(root) if self.backend is not None else False
 
     async def aclose(self) -> None:
@@ -479,8 +535,18 @@ def default_registry(
             return Changelog.open(data_dir, root, limits=limits)
 
         own_recorders = True
-    configs = Configs(SettingsStore(settings.data_dir), settings.sandbox_spec_kwargs(), Caps.from_settings(settings))
+    from .egress.setup import egress_parts
+
+    egress_default, socket_dir, make_gateway = egress_parts(settings)
+    configs = Configs(
+        SettingsStore(settings.data_dir),
+        settings.sandbox_spec_kwargs(),
+        Caps.from_settings(settings),
+        egress_default=egress_default,
+        egress_socket_dir=socket_dir,
+    )
     registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory, configs=configs)
+    registry.egress_factory = lambda: make_gateway(configs)
     registry._recorder_shared = not own_recorders
     if catalog if catalog is not None else settings.catalog:
         # tool_search, the custom YAML tools and the configured MCP servers' tools.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -61,6 +61,27 @@ class Settings(BaseSettings):
     max_pids: int = Field(4096, ge=16, le=65536, description="Most processes a workspace's settings may ask for.")
     max_idle_ttl: int = Field(86_400, ge=10, description="Longest idle TTL a workspace's settings may ask for.")
 
+    # -- network egress (issue 16) ---------------------------------------------------------
+    egress_allow: str | None = Field(
+        None,
+        description="Default egress allowlist of every workspace, comma-separated (pypi.org, *.example.com, "
+        "host:8443, presets pypi/npm/debian/github, !denied.host). Unset: no network at all.",
+    )
+    egress_dir: Path | None = Field(
+        None,
+        description="Host directory of the egress gateway's sockets (default <data_dir>/egress); under "
+        "`docker compose up` a path that is the same inside the worker and on the host.",
+    )
+    egress_trusted_networks: str | None = Field(
+        None,
+        description="Networks the gateway may dial although private or local (an internal mirror, a test "
+        "server), comma-separated CIDRs; the allowlist still applies.",
+    )
+    egress_max_connections: int = Field(64, ge=1, le=4096, description="Open egress connections per workspace.")
+    egress_bytes_per_minute: str = Field(
+        "4g", description="Egress bytes per workspace per minute (both ways); a flood beyond is cut."
+    )
+
     # -- data (issue 4) --------------------------------------------------------------
     data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
     durability: Literal["full", "process"] = Field(
@@ -79,6 +100,33 @@ class Settings(BaseSettings):
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_allow(cls, v: str | None) -> str | None:
+        from .egress.policy import EgressPatternError, EgressPolicy, parse_allow_env
+
+        try:
+            EgressPolicy.parse(parse_allow_env(v))
+        except EgressPatternError as e:
+            raise ValueError(f"LOOM_EGRESS_ALLOW entry {e.entry!r} refused: {e.message}") from None
+        return v
+
+    @field_validator("egress_trusted_networks")
+    @classmethod
+    def _egress_trusted(cls, v: str | None) -> str | None:
+        from .egress.addresses import parse_networks
+
+        parse_networks(v)  # ValueError naming the entry
+        return v
+
+    @field_validator("egress_bytes_per_minute")
+    @classmethod
+    def _egress_rate(cls, v: str) -> str:
+        from sandbox.spec import parse_size
+
+        parse_size(v)
+        return v
 
     def changelog_limits(self) -> Any:
         """The changelog's :class:`~worker.changelog.Limits` from these settings."""

@@ -18,6 +18,7 @@ naming the field, and nothing changes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sandbox.spec import SandboxSpec, parse_size
 
 from .changelog.recorder import workspace_dir
+from .egress.policy import EgressPatternError, EgressPolicy
 
 SETTINGS_FILE = "settings.json"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -62,6 +64,11 @@ class WorkspaceSettings(BaseModel):
     env: dict[str, str] | None = Field(None, description="Environment variables of every process in the sandbox.")
     ca_bundle: str | None = Field(
         None, max_length=4096, description="PEM file on the host: the trust store of pip, npm, git, curl, Node."
+    )
+    egress: list[str] | None = Field(
+        None,
+        description="Hosts the sandbox may reach through the egress gateway (pypi.org, *.example.com, "
+        "host:8443, presets pypi/npm/debian/github, !denied.host); [] for none.",
     )
 
     @field_validator("image")
@@ -96,6 +103,16 @@ class WorkspaceSettings(BaseModel):
             if "\x00" in value or len(value) > 32768:
                 raise ValueError(f"{key}: a value has no NUL and at most 32768 characters")
         return dict(sorted(v.items()))
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        try:
+            return list(EgressPolicy.parse(v).entries)
+        except EgressPatternError as e:
+            raise ValueError(f"entry {e.entry!r} refused: {e.message}") from None
 
     @field_validator("ca_bundle")
     @classmethod
@@ -185,12 +202,16 @@ def check_ca_bundle(field: str, path: str) -> None:
         raise SettingsError(field, f"{path} holds no PEM certificate")
 
 
-def spec_for(base: dict[str, Any], s: WorkspaceSettings) -> SandboxSpec:
+def spec_for(base: dict[str, Any], s: WorkspaceSettings, egress_dir: Path | None = None) -> SandboxSpec:
     """The sandbox spec of a workspace: the process defaults ``base`` (``Settings.
-    sandbox_spec_kwargs()``) with its overrides. Raises ValueError for a bad default."""
+    sandbox_spec_kwargs()``) with its overrides; ``egress_dir``: the gateway's socket
+    directory to mount when the workspace may reach the network. Raises ValueError for a
+    bad default."""
     kw = dict(base)
     for key, value in s.set_fields().items():
-        kw[key] = value
+        if key != "egress":
+            kw[key] = value
+    kw["egress_dir"] = None if egress_dir is None else str(egress_dir)
     return SandboxSpec(**kw)
 
 
@@ -264,10 +285,13 @@ class Configured:
     settings: WorkspaceSettings  # what the workspace overrides now
     effective: dict[str, Any]  # what its sandbox is made with
     changed: bool  # the sandbox's spec changed: its container is replaced at the next call
+    egress_changed: bool = False  # the allowlist changed (applies to new connections at once)
 
     @property
     def message(self) -> str:
         if not self.changed:
+            if self.egress_changed:
+                return "Saved. The egress allowlist applies to the sandbox's new connections at once."
             return "Nothing changed for the sandbox."
         return (
             "Saved. The sandbox is recreated with these settings at the workspace's next call; "
@@ -283,9 +307,10 @@ class Configured:
         }
 
 
-def effective(spec: SandboxSpec) -> dict[str, Any]:
+def effective(spec: SandboxSpec, egress: EgressPolicy | None = None) -> dict[str, Any]:
     """The settings a sandbox is made with, as the operator sees them."""
     return {
+        "egress": list(egress.entries) if egress else [],
         "image": spec.image,
         "runtime": spec.runtime,
         "cpus": spec.cpus,
@@ -299,13 +324,49 @@ def effective(spec: SandboxSpec) -> dict[str, Any]:
 
 class Configs:
     """One registry's view of the per-workspace settings: the store, the process
-    defaults they override, and the operator's caps."""
+    defaults they override, and the operator's caps; with ``egress_socket_dir`` (the
+    gateway's, per workspace) a workspace allowed out gets its socket mounted."""
 
-    def __init__(self, store: SettingsStore, base: dict[str, Any], caps: Caps) -> None:
+    def __init__(
+        self,
+        store: SettingsStore,
+        base: dict[str, Any],
+        caps: Caps,
+        *,
+        egress_default: list[str] | None = None,
+        egress_socket_dir: Any = None,
+    ) -> None:
         self.store = store
         self.base = base
         self.caps = caps
+        #: ``LOOM_EGRESS_ALLOW``: the allowlist of workspaces that set none (parsed once).
+        self.egress_default = EgressPolicy.parse(egress_default or [])
+        self.egress_socket_dir = egress_socket_dir
 
-    def spec(self, workspace: Path) -> SandboxSpec:
-        """Raises SettingsError (a settings file edited into something invalid)."""
-        return spec_for(self.base, self.store.load(workspace))
+    def policy(self, workspace: Path, s: WorkspaceSettings | None = None) -> EgressPolicy:
+        """The workspace's egress allowlist (with ``s``: under those settings; else as
+        stored now): its own, else the default. Raises SettingsError (a settings file
+        edited into something invalid)."""
+        own = (s if s is not None else self.store.load(workspace)).egress
+        if own is None:
+            return self.egress_default
+        return _parsed_policy(tuple(own))
+
+    def spec(self, workspace: Path, s: WorkspaceSettings | None = None) -> SandboxSpec:
+        """The workspace's spec (with ``s``: under those settings). Raises SettingsError
+        (a settings file edited into something invalid)."""
+        if s is None:
+            s = self.store.load(workspace)
+        egress_dir = None
+        if self.egress_socket_dir is not None and self.policy(workspace, s):
+            egress_dir = self.egress_socket_dir(workspace)
+        return spec_for(self.base, s, egress_dir)
+
+    def effective(self, workspace: Path, s: WorkspaceSettings | None = None) -> dict[str, Any]:
+        return effective(self.spec(workspace, s), self.policy(workspace, s))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_policy(entries: tuple[str, ...]) -> EgressPolicy:
+    # Each egress connection asks for its workspace's policy: parse a list once.
+    return EgressPolicy.parse(entries)

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "worker.cli.service",  # serve, mcp
     "worker.cli.catalog",  # tools search / tools index (extends `tools`)
     "worker.cli.workspace",  # workspace set / show
+    "worker.cli.egress",  # egress-log
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
 )
 

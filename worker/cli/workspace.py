@@ -19,7 +19,7 @@ from . import path_arg
 if TYPE_CHECKING:
     from ..settings import Settings
 
-_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle")
+_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle", "egress")
 
 
 def _usage(message: str) -> int:
@@ -52,6 +52,10 @@ def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str,
             return f"--unset {name!r}: not a setting (one of {', '.join(_FIELDS)}, or env.NAME)"
     if touched:
         out["env"] = env or None
+    if args.egress is not None:
+        # "pypi,npm,!x.org"; "" or "none" for no network at all.
+        text = args.egress.strip()
+        out["egress"] = [] if text.lower() in ("", "none") else [e.strip() for e in text.split(",") if e.strip()]
     if args.ca_bundle is not None:
         from pathlib import Path
 
@@ -69,6 +73,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     for key, value in result["effective"].items():
         if key == "env":
             value = " ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        elif key == "egress":
+            value = ", ".join(value) if value else "none (no network)"
         elif key == "memory":
             value = f"{size_text(value)} ({value} bytes)"
         source = "workspace" if key in own else "default"
@@ -132,6 +138,12 @@ def register(sub: Any) -> None:
         q.add_argument("--idle-ttl", dest="idle_ttl", type=int, help="Seconds without calls before it exits.")
         q.add_argument("--env", action="append", metavar="KEY=VALUE", help="Set a variable (repeatable).")
         q.add_argument("--ca-bundle", dest="ca_bundle", help="PEM file on the host: the sandbox's trust store.")
+        q.add_argument(
+            "--egress",
+            metavar="LIST",
+            help="Hosts the sandbox may reach, comma-separated: pypi.org, *.example.com, host:8443, presets "
+            "pypi,npm,debian,github, !denied.host; 'none' for no network. Applies to new connections at once.",
+        )
         q.add_argument(
             "--unset", action="append", metavar="NAME", help="Back to the default: a setting, or env.KEY (repeatable)."
         )

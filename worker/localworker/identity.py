@@ -67,7 +67,14 @@ KEY_EXCLUDED = frozenset({"LOOM_CLI_DAEMON"})
 #: The settings that hold a path: a relative one depends on the working directory.
 #: (tests/unit/test_localworker_identity.py checks this against Settings' Path fields.)
 PATH_SETTINGS = frozenset(
-    {"LOOM_DATA_DIR", "LOOM_TOOLS_DIR", "LOOM_MCP_SERVERS_FILE", "LOOM_CA_BUNDLE", "LOOM_WORKSPACE_ROOT"}
+    {
+        "LOOM_DATA_DIR",
+        "LOOM_TOOLS_DIR",
+        "LOOM_MCP_SERVERS_FILE",
+        "LOOM_CA_BUNDLE",
+        "LOOM_WORKSPACE_ROOT",
+        "LOOM_EGRESS_DIR",
+    }
 )
 
 _code: str | None = None

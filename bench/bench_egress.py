@@ -1,0 +1,174 @@
+"""Egress benchmark: through the gateway from inside a sandbox versus the host directly,
+in one run, interleaved round by round.
+
+* time to first byte of a small HTTPS request to PyPI (curl's ``time_starttransfer``);
+* throughput of a large HTTPS download from a test server on this machine's loopback
+  (allowed by the operator's trusted-network override, ``LOOM_EGRESS_TRUSTED_NETWORKS``,
+  which is what it is for), curl's ``speed_download``; target: ratio >= 0.8;
+* ``pip install --target`` of a package with a few dependencies (requests: urllib3,
+  idna, charset-normalizer, certifi), wall time of the command.
+
+Inside the sandbox the timings are curl's and the command's own, so the tool call's
+overhead is not counted. The host reaches PyPI through this machine's TLS-intercepting
+proxy, and so does the gateway: both paths pay it.
+
+Usage: .venv/bin/python bench/bench_egress.py [--runtime runc|runsc] [--rounds 7] [--mb 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import trustme
+
+from worker.registry import default_registry
+from worker.settings import Settings
+
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
+PYPI_URL = "https://pypi.org/simple/six/"
+
+
+def big_server(mb: int) -> tuple[ThreadingHTTPServer, int]:
+    """An HTTPS server on 127.0.0.1 answering /big with ``mb`` MiB (self-signed)."""
+    chunk = os.urandom(1 << 20)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(mb << 20))
+            self.end_headers()
+            for _ in range(mb):
+                self.wfile.write(chunk)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ca = trustme.CA()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+def host_curl(args: list[str]) -> float:
+    out = subprocess.run(["curl", "-sS", "-o", "/dev/null", *args], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+PIP = "pip install -q --no-cache-dir --disable-pip-version-check"
+
+
+def host_pip(target: Path) -> float:
+    shutil.rmtree(target, ignore_errors=True)
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", *PIP.split(), "--target", str(target), "requests"],
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - t
+
+
+async def sandbox_cmd(registry: Any, ws: Path, command: str, timeout: float = 600) -> Any:
+    r = await registry.execute("shell_execute", {"command": command, "timeout": timeout}, workspace=str(ws))
+    if not r.success:
+        raise SystemExit(f"sandbox command failed: {command}\n{r.output}")
+    return r
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def main(args: argparse.Namespace) -> None:
+    srv, port = big_server(args.mb)
+    tmp = Path(tempfile.mkdtemp(prefix="loom-bench-egress-"))
+    ws = tmp / "ws"
+    ws.mkdir()
+    os.chown(ws, 1000, 1000)
+    settings = Settings(
+        data_dir=tmp / "data",
+        runtime=args.runtime,
+        ca_bundle=Path(HOST_CA),
+        egress_trusted_networks="127.0.0.1/32",
+        catalog=False,
+    )
+    rows: list[tuple[str, str, float, float, float]] = []
+    try:
+        async with default_registry(settings) as registry:
+            await registry.configure_workspace(ws, {"egress": ["pypi", f"127.0.0.1:{port}"]})
+            proxy = "-x http://127.0.0.1:3128 --noproxy ''"
+            await sandbox_cmd(registry, ws, f"curl -sS -o /dev/null {PYPI_URL}")  # warm: container, relay
+            ttfb_h, ttfb_s, tput_h, tput_s, pip_h, pip_s = [], [], [], [], [], []
+            for _ in range(args.rounds):
+                ttfb_h.append(await asyncio.to_thread(host_curl, ["-w", "%{time_starttransfer}", PYPI_URL]) * 1000)
+                r = await sandbox_cmd(registry, ws, f"curl -sS -o /dev/null -w '%{{time_starttransfer}}' {PYPI_URL}")
+                ttfb_s.append(float(r.output.strip()) * 1000)
+                big = f"https://127.0.0.1:{port}/big"
+                tput_h.append(await asyncio.to_thread(host_curl, ["-k", "-w", "%{speed_download}", big]) / 1e6)
+                r = await sandbox_cmd(registry, ws, f"curl -sS -k {proxy} -o /dev/null -w '%{{speed_download}}' {big}")
+                tput_s.append(float(r.output.strip()) / 1e6)
+            for _ in range(args.pip_rounds):
+                pip_h.append(await asyncio.to_thread(host_pip, tmp / "host-target"))
+                r = await sandbox_cmd(
+                    registry,
+                    ws,
+                    f"rm -rf /tmp/t && {PIP} --target /tmp/t requests",
+                )
+                pip_s.append(float((r.data or {})["duration_ms"]) / 1000)
+            status = registry.egress_status(ws, limit=10_000)
+            await registry.stop(ws)
+    finally:
+        srv.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [
+        ("time to first byte, small HTTPS request to PyPI", "ms", med(ttfb_h), med(ttfb_s), med(ttfb_h) / med(ttfb_s)),
+        (
+            f"download of {args.mb} MiB over HTTPS from a local server",
+            "MB/s",
+            med(tput_h),
+            med(tput_s),
+            med(tput_s) / med(tput_h),
+        ),
+        ("pip install --target: requests and its 4 dependencies", "s", med(pip_h), med(pip_s), med(pip_h) / med(pip_s)),
+    ]
+    allowed = sum(1 for e in status["entries"] if e["verdict"] == "allowed")
+    print(
+        f"runtime {args.runtime}; {args.rounds} interleaved rounds (pip: {args.pip_rounds}); medians; "
+        f"{allowed} allowed connections logged"
+    )
+    print()
+    print("| measurement | unit | host directly | sandbox through the gateway | ratio (gateway speed / direct) |")
+    print("|---|---|---:|---:|---:|")
+    for name, unit, h, s, ratio in rows:
+        print(f"| {name} | {unit} | {h:.1f} | {s:.1f} | {ratio:.2f} |")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runtime", choices=("runc", "runsc"), default="runc")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--pip-rounds", type=int, default=3)
+    ap.add_argument("--mb", type=int, default=256, help="size of the large download")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -57,7 +57,7 @@ ROOT_LOGGERS = ("sandbox", "worker")
 for _name in ROOT_LOGGERS:
     logging.getLogger(_name).addHandler(logging.NullHandler())
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_configured = structlog.is_configured
 
 
 def _size(value: Any) -> str:
@@ -108,32 +108,44 @@ class LibraryLogger:
         self._std = logging.getLogger(name)
         self._proxy = structlog.get_logger(name)  # lazy: reads structlog's config per event
 
+    # Each method tests the mode itself: on a service's hot path (one tool.call event per
+    # request) a shared helper would be one more Python call per event.
+
     def debug(self, event: str, **kw: Any) -> None:
-        self._log("debug", event, kw)
+        if _configured():
+            self._proxy.debug(event, **kw)
+        elif self._std.isEnabledFor(logging.DEBUG):
+            self._emit(logging.DEBUG, event, kw)
 
     def info(self, event: str, **kw: Any) -> None:
-        self._log("info", event, kw)
+        if _configured():
+            self._proxy.info(event, **kw)
+        elif self._std.isEnabledFor(logging.INFO):  # the common case in a library: one cached check
+            self._emit(logging.INFO, event, kw)
 
     def warning(self, event: str, **kw: Any) -> None:
-        self._log("warning", event, kw)
+        if _configured():
+            self._proxy.warning(event, **kw)
+        elif self._std.isEnabledFor(logging.WARNING):
+            self._emit(logging.WARNING, event, kw)
 
     def error(self, event: str, **kw: Any) -> None:
-        self._log("error", event, kw)
+        if _configured():
+            self._proxy.error(event, **kw)
+        elif self._std.isEnabledFor(logging.ERROR):
+            self._emit(logging.ERROR, event, kw)
 
     def exception(self, event: str, **kw: Any) -> None:
         """An error with the exception being handled attached."""
         kw.setdefault("exc_info", True)
-        self._log("error", event, kw)
+        if _configured():
+            self._proxy.error(event, **kw)
+        elif self._std.isEnabledFor(logging.ERROR):
+            self._emit(logging.ERROR, event, kw)
 
-    def _log(self, method: str, event: str, kw: dict[str, Any]) -> None:
-        if structlog.is_configured():
-            getattr(self._proxy, method)(event, **kw)
-            return
-        level = _LEVELS[method]
-        if not self._std.isEnabledFor(level):  # the common case in a library: one cached check
-            return
+    def _emit(self, level: int, event: str, kw: dict[str, Any]) -> None:
         exc_info = kw.pop("exc_info", None)
-        fields = redact(None, method, kw)
+        fields = redact(None, "", kw)
         text = " ".join([event, *(f"{k}={v!r}" for k, v in fields.items())])
         # stacklevel 3: the record names the module that logged, not this one.
         self._std.log(level, "%s", text, exc_info=exc_info, extra={"loom": {"event": event, **fields}}, stacklevel=3)

@@ -205,3 +205,21 @@ def test_a_sandbox_removed_under_the_worker(docker_ready: None, run: str, tmp_pa
         assert p.returncode == 0 and json.loads(p.stdout)["output"] == "1"
     finally:
         stop_sandbox(env, ws)
+
+
+def test_doctor_says_whether_the_local_worker_runs(docker_ready: None, run: str, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = base_env(run, tmp_path / "data", "1")
+    try:
+        p = cli(env, "doctor")
+        assert p.returncode == 0, p.stdout
+        assert b"[ok] local worker (CLI): not running: the next `loom-worker call` starts it" in p.stdout
+        assert cli(env, "call", "list_directory", "-w", str(ws)).returncode == 0
+        [status] = statuses(run).values()
+        p = cli(env, "doctor")
+        assert f"[ok] local worker (CLI): running: pid {status['pid']}".encode() in p.stdout
+        p = cli({**env, "LOOM_CLI_DAEMON": "0"}, "doctor")
+        assert b"[ok] local worker (CLI): off (LOOM_CLI_DAEMON=0)" in p.stdout
+    finally:
+        stop_sandbox(env, ws)

@@ -200,3 +200,13 @@ class Settings(BaseSettings):
             "agent_runtime_image": self.agent_runtime_image,
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
         }
+
+
+def describe_errors(error: Any) -> str:
+    """A pydantic ``ValidationError`` of :class:`Settings` as ``LOOM_NAME: problem; ...``,
+    naming the variables to fix."""
+    problems = []
+    for err in error.errors(include_url=False):
+        name = "LOOM_" + "_".join(str(p) for p in err["loc"][:1]).upper()
+        problems.append(f"{name}: {err['msg']}")
+    return "; ".join(problems)

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -403,3 +404,26 @@ def test_logs_reach_the_clients_stderr(env: dict[str, str], workspace: Path) -> 
         [e] = [e for e in events if e["event"] == "tool.call"]
         assert e["logger"] == "worker.registry" and e["tool"] == "list_directory" and e["success"] is True
         assert e["workspace"] == str(workspace) and e["level"] == "info"
+
+
+def test_files_of_workers_gone_for_a_week_are_pruned(env: dict[str, str], run: str, workspace: Path) -> None:
+    directory = Path(worker_dir(run))
+    directory.mkdir(mode=0o700)
+    old = [directory / f"d-{'0' * 24}.{ext}" for ext in ("lock", "log", "log.1")]
+    recent = directory / f"d-{'1' * 24}.log"
+    for path in [*old, recent]:
+        path.write_text("")
+    week_ago = time.time() - 8 * 86400
+    for path in old:
+        os.utime(path, (week_ago, week_ago))
+    call(env, workspace, "list_directory")  # starting a worker prunes
+    assert not any(p.exists() for p in old) and recent.exists()
+
+
+def test_a_worker_that_cannot_start_is_reported(env: dict[str, str], run: str, workspace: Path) -> None:
+    bad = {**env, "LOOM_CPUS": "many"}
+    p = cli(bad, "call", "list_directory", "-w", str(workspace), "--backend", "local")
+    assert p.returncode == 2 and p.stderr.decode().startswith("loom-worker: error: LOOM_CPUS: ")
+    p = cli(bad, "daemon", "status", "--backend", "local")
+    assert b"[FAIL] local worker: not running" in p.stdout
+    assert b"start_failed: the settings do not validate: LOOM_CPUS: " in p.stdout

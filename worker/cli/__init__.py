@@ -76,16 +76,12 @@ def load_settings() -> Settings:
     reported naming the variable, and the process exits 2 (raises SystemExit)."""
     from pydantic import ValidationError
 
-    from ..settings import Settings
+    from ..settings import Settings, describe_errors
 
     try:
         return Settings()
     except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            name = "LOOM_" + "_".join(str(p) for p in err["loc"][:1]).upper()
-            problems.append(f"{name}: {err['msg']}")
-        print(f"loom-worker: error: {'; '.join(problems)}", file=sys.stderr)
+        print(f"loom-worker: error: {describe_errors(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -121,7 +121,9 @@ def describe(report: dict[str, Any]) -> list[tuple[bool, str]]:
         lines.append((False, f"cannot be used: {this['problem']}; calls run in the CLI's own process"))
     elif report["enabled"]:
         last = this.get("last")
-        lines.append((True, "not running: the next `loom-worker call` starts it" + (f"; last: {last}" if last else "")))
+        failed = bool(last and last.startswith("start_failed"))  # then calls run in-process
+        text = "not running: the next `loom-worker call` starts it" + (f"; last: {last}" if last else "")
+        lines.append((not failed, text))
     for other in report.get("others", []):
         state = f"running, pid {other.get('pid')}" if other.get("running") else "not answering"
         lines.append((True, f"another worker of this user (other settings or code): {other['key']}, {state}"))

@@ -47,6 +47,8 @@ START_TIMEOUT = 30.0
 RETRY_SAFE = frozenset({"read_file", "list_directory", "search_files"})
 #: A worker's log is moved aside (``.log.1``) past this size when a new one starts.
 LOG_ROTATE_BYTES = 1 << 20
+#: Seconds after which the files of a worker that no longer runs are removed.
+PRUNE_AFTER = 7 * 86400
 
 
 class Unavailable(Exception):
@@ -189,7 +191,8 @@ def connect(files: WorkerFiles, key: str) -> WorkerClient | None:
 
 def note(files: WorkerFiles, event: str, **fields: Any) -> None:
     """Append one JSON line to the worker's log (what ``doctor`` shows as the last word)."""
-    line = json.dumps({"event": event, "timestamp": time.time(), **fields})
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    line = json.dumps({**fields, "event": event, "level": "info", "logger": "worker.cli", "timestamp": stamp})
     try:
         fd = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
@@ -234,6 +237,27 @@ def _read_ready(fd: int, deadline: float) -> str:
     return buf.split(b"\n", 1)[0].decode(errors="replace")
 
 
+def _prune(files: WorkerFiles) -> None:
+    """Remove the lock and log files of workers not seen for a week (every code change
+    makes a new key, so a development checkout would pile them up)."""
+    cutoff = time.time() - PRUNE_AFTER
+    try:
+        names = os.listdir(files.dir)
+    except OSError:
+        return
+    live = {n[: -len(".sock")] for n in names if n.endswith(".sock")}
+    for name in names:
+        stem = name.split(".", 1)[0]
+        if not name.startswith("d-") or stem in live or stem == f"d-{files.key}" or name.endswith(".sock"):
+            continue
+        path = os.path.join(files.dir, name)
+        try:
+            if os.lstat(path).st_mtime < cutoff:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def _start(files: WorkerFiles, key: str, backend: str) -> WorkerClient:
     import subprocess  # only when a worker must be started
 
@@ -243,6 +267,7 @@ def _start(files: WorkerFiles, key: str, backend: str) -> WorkerClient:
         client = connect(files, key)  # another CLI may have started it while we waited
         if client is not None:
             return client
+        _prune(files)
         try:
             if os.stat(files.log).st_size > LOG_ROTATE_BYTES:
                 os.replace(files.log, files.log + ".1")

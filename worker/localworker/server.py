@@ -37,7 +37,7 @@ from typing import Any
 from sandbox import __version__
 from sandbox.logs import get_logger
 
-from ..settings import Settings
+from ..settings import Settings, describe_errors
 from . import daemon_logs, wire
 from .calls import Calls
 from .daemon_logs import SINK, client_renderer
@@ -313,8 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings()
         daemon_logs.configure(settings.log_level)
-    except (ValidationError, ValueError) as e:
-        _say(f"error the settings do not validate: {str(e).splitlines()[0]}")
+    except ValidationError as e:
+        _say(f"error the settings do not validate: {describe_errors(e)}")
+        return 2
+    except ValueError as e:  # a log level logging does not know
+        _say(f"error the settings do not validate: {e}")
         return 2
     if daemon_key(args.backend) != args.key:
         _say("error this process's code, settings or identity give another key")

@@ -15,10 +15,13 @@ time from ``subprocess.run`` to its exit:
 * with ``--compare-with DIR``, the two calls run with ``PYTHONPATH=DIR`` too (another
   checkout of the project, e.g. the main branch before this change).
 
-The rows are interleaved round by round (one of each per round, ``--n`` rounds), so load
-from other users of the machine falls on all of them alike; the table gives medians and,
-for the calls, the ratio to the ``docker exec`` doing the same work, measured in the same
-rounds (target: at most 1, and the call's median at most 30 ms). The packages are
+The rows are interleaved round by round (one of each per round), so load from other users
+of the machine falls on all of them alike, in two phases: the fast rows (``--n`` rounds),
+then the in-process and ``--compare-with`` calls (``--n-slow`` rounds), each of which
+spends about a second of CPU on this 2-core machine and would otherwise load the fast
+rows' machine; each phase times ``docker exec`` again. The table gives medians and, for
+the calls, the ratio to the ``docker exec`` doing the same work in the same phase
+(target: at most 1, and the warm call's median at most 30 ms). The packages are
 byte-compiled first, as ``pip install`` does: with ``PYTHONDONTWRITEBYTECODE=1`` set
 (as on this machine) an editable checkout would otherwise compile its modules on every
 start.
@@ -58,7 +61,8 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=20, help="rounds (one of each command per round)")
+    ap.add_argument("--n", type=int, default=30, help="rounds of the fast rows (one of each per round)")
+    ap.add_argument("--n-slow", type=int, default=10, help="rounds of the in-process rows")
     ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
     ap.add_argument("--compare-with", type=Path, help="another checkout to time the calls with (PYTHONPATH)")
     args = ap.parse_args()
@@ -92,25 +96,34 @@ def main() -> None:
         from sandbox.docker import container_name
 
         container = container_name(ws)
-        rows: dict[str, tuple[list[str], dict[str, str]]] = {
+        cat = (["docker", "exec", container, "cat", "/workspace/read4k.txt"], env)
+        nop = (["docker", "exec", container, "true"], env)
+        fast: dict[str, tuple[list[str], dict[str, str]]] = {
             "call read_file, local worker": ([LOOM, *read], env),
-            "docker exec cat": (["docker", "exec", container, "cat", "/workspace/read4k.txt"], env),
+            "docker exec cat": cat,
             "call shell_execute true, local worker": ([LOOM, *true], env),
-            "docker exec true": (["docker", "exec", container, "true"], env),
-            "call read_file, in-process (LOOM_CLI_DAEMON=0)": ([LOOM, *read], off),
-            "call shell_execute true, in-process (LOOM_CLI_DAEMON=0)": ([LOOM, *true], off),
+            "docker exec true": nop,
             "loom-worker --help": ([LOOM, "--help"], env),
             "loom-worker tools (cached)": ([LOOM, "tools"], env),
             "python -c pass": ([sys.executable, "-c", "pass"], env),
         }
+        slow: dict[str, tuple[list[str], dict[str, str]]] = {
+            "call read_file, in-process (LOOM_CLI_DAEMON=0)": ([LOOM, *read], off),
+            "docker exec cat": cat,
+            "call shell_execute true, in-process (LOOM_CLI_DAEMON=0)": ([LOOM, *true], off),
+            "docker exec true": nop,
+        }
         if args.compare_with:
             other = {**off, "PYTHONPATH": str(args.compare_with.resolve())}
-            rows[f"call read_file, {args.compare_with}"] = ([LOOM, *read], other)
-            rows[f"call shell_execute true, {args.compare_with}"] = ([LOOM, *true], other)
-        times: dict[str, list[float]] = {name: [] for name in rows}
-        for _ in range(args.n):
-            for name, (argv, e) in rows.items():
-                times[name].append(timed(argv, e))
+            slow[f"call read_file, {args.compare_with}"] = ([LOOM, *read], other)
+            slow[f"call shell_execute true, {args.compare_with}"] = ([LOOM, *true], other)
+        phases = [(args.n, fast), (args.n_slow, slow)]
+        times: list[dict[str, list[float]]] = []
+        for n, rows in phases:
+            times.append({name: [] for name in rows})
+            for _ in range(n):
+                for name, (argv, e) in rows.items():
+                    times[-1][name].append(timed(argv, e))
         load = os.getloadavg()[0]
         status = subprocess.run([LOOM, "daemon", "status", "--json"], env=env, capture_output=True, text=True)
         served = json.loads(status.stdout)["this"].get("calls")
@@ -119,21 +132,19 @@ def main() -> None:
         subprocess.run([LOOM, "stop", "-w", str(ws)], env=off, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    med = {name: statistics.median(t) for name, t in times.items()}
-    vs = {
-        "call read_file": med["docker exec cat"],
-        "call shell_execute true": med["docker exec true"],
-    }
     print(
-        f"\n{os.cpu_count()} cores, load {load:.1f}; {args.n} interleaved rounds; image {args.image}; "
+        f"\n{os.cpu_count()} cores, load {load:.1f}; image {args.image}; "
         f"first call (starts the worker and the sandbox): {first:.0f} ms; the worker served {served} calls\n"
     )
-    print("| command | n | median ms | p90 ms | median / docker exec doing the same |")
-    print("|---|---:|---:|---:|---:|")
-    for name, t in times.items():
-        base = next((v for prefix, v in vs.items() if name.startswith(prefix)), None)
-        ratio = f"{med[name] / base:.2f}" if base else ""
-        print(f"| {name} | {len(t)} | {med[name]:.1f} | {pct(t, 0.9):.1f} | {ratio} |")
+    print("| phase | command | n | median ms | p90 ms | median / docker exec doing the same |")
+    print("|---|---|---:|---:|---:|---:|")
+    for phase, measured in enumerate(times, 1):
+        med = {name: statistics.median(t) for name, t in measured.items()}
+        vs = {"call read_file": med["docker exec cat"], "call shell_execute true": med["docker exec true"]}
+        for name, t in measured.items():
+            base = next((v for prefix, v in vs.items() if name.startswith(prefix)), None)
+            ratio = f"{med[name] / base:.2f}" if base else ""
+            print(f"| {phase} | {name} | {len(t)} | {med[name]:.1f} | {pct(t, 0.9):.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ time from ``subprocess.run`` to its exit:
   true`` on the very container the calls use (the Docker CLI, as a script would run it);
 * ``loom-worker --help``, ``loom-worker tools`` (from its cache) and ``python -c pass``
   (the interpreter's own start: the floor of any Python CLI);
-* with ``--compare-with DIR``, the two calls run with ``PYTHONPATH=DIR`` too (another
-  checkout of the project, e.g. the main branch before this change).
+* with ``--compare-with DIR``, the two calls, ``--help`` and ``tools`` run with
+  ``PYTHONPATH=DIR`` too (another checkout of the project, e.g. the main branch before this
+  change).
 
 The rows are interleaved round by round (one of each per round), so load from other users
 of the machine falls on all of them alike, in two phases: the fast rows (``--n`` rounds),
@@ -117,6 +118,8 @@ def main() -> None:
             other = {**off, "PYTHONPATH": str(args.compare_with.resolve())}
             slow[f"call read_file, {args.compare_with}"] = ([LOOM, *read], other)
             slow[f"call shell_execute true, {args.compare_with}"] = ([LOOM, *true], other)
+            slow[f"loom-worker --help, {args.compare_with}"] = ([LOOM, "--help"], other)
+            slow[f"loom-worker tools, {args.compare_with}"] = ([LOOM, "tools"], other)
         phases = [(args.n, fast), (args.n_slow, slow)]
         times: list[dict[str, list[float]]] = []
         for n, rows in phases:

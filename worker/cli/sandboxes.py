@@ -237,7 +237,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
     p.set_defaults(func=lambda a, s: _run(_demo(s, a.workspace, a.runtime)))
 
-    p = subparsers.add_parser("doctor", help="Check the Docker daemon, the sandbox image and gVisor.")
+    p = subparsers.add_parser(
+        "doctor", help="Check the Docker daemon, the sandbox image, gVisor and the CLI's local worker."
+    )
     p.set_defaults(func=lambda a, s: _run(_doctor(s)))
 
     p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")

@@ -180,3 +180,49 @@ def test_the_mcp_stdio_server_writes_only_protocol_on_stdout(workspace: Path, tm
     assert answers[1]["result"]["isError"] is False and answers[2]["result"]["isError"] is True
     events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert [e["success"] for e in events if e["event"] == "tool.call"] == [True, False]
+
+
+def test_the_service_logs_json_lines_to_stderr(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tmp_path / "workspaces"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LOOM_DATA_DIR": str(tmp_path / "data"),
+        "LOOM_WORKSPACE_ROOT": str(root),
+        "LOOM_LOG_FORMAT": "json",
+        "LOOM_LOG_LEVEL": "info",
+        "LOOM_STOP_SANDBOXES_ON_EXIT": "false",
+    }
+    server = subprocess.Popen(
+        [LOOM, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "the service did not come up"
+            time.sleep(0.1)
+        assert httpx.post(f"{base}/v1/workspaces", json={"name": "w"}, timeout=10).status_code in (200, 201)
+        r = httpx.post(f"{base}/v1/workspaces/w/execute", json={"tool": "no_such_tool", "arguments": {}}, timeout=30)
+        assert r.status_code == 200 and r.json()["success"] is False
+    finally:
+        server.terminate()
+        out, err = server.communicate(timeout=60)
+    assert out == ""
+    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    [call] = [e for e in events if e["event"] == "tool.call"]
+    assert call["logger"] == "worker.registry" and call["tool"] == "no_such_tool" and call["success"] is False
+    assert all(line.startswith("{") for line in err.splitlines() if line.strip()), err  # JSON lines only

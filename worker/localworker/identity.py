@@ -5,8 +5,8 @@ A local worker must answer exactly as the invocation would have in-process, so t
 
 - **who**: uid, gid, supplementary groups (the Docker socket's group) and umask (the
   modes of the changelog files it creates);
-- **which code**: the interpreter, and the size, mtime and inode of every file of the
-  ``worker`` and ``sandbox`` packages, plus the mtimes of the site-packages directories
+- **which code**: the interpreter, and the size, mtime and inode of every ``.py`` file of
+  the ``worker`` and ``sandbox`` packages, plus the mtimes of the site-packages directories
   (a ``pip install`` adds or removes a ``*.dist-info`` there). ``__version__`` alone is not
   enough: in an editable install it stays the same while the source changes. About 120
   ``stat`` calls, well under a millisecond;
@@ -121,6 +121,8 @@ def _walk(h: blake2b, top: str) -> None:
                 continue
             if e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
+                continue
+            if not e.name.endswith(".py"):  # an editor's swap file is no new version
                 continue
             h.update(f"{e.path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode(errors="surrogateescape"))
 

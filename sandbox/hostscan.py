@@ -8,11 +8,11 @@ of the bind mount, so the agent cannot keep an event-driven snapshot either.
 
 The host can: the workspace is a host directory, and the sandbox's writes reach it
 through the gofer as ordinary host writes. So for gVisor sandboxes the scan runs here,
-with the agent's own code (``scan_tree``: a stat-only walk from a directory descriptor,
-opening each subdirectory with O_NOFOLLOW relative to its parent, never following a link,
-plus an inotify snapshot), on the host kernel. Only metadata (names, types, sizes,
-mtimes, inodes, modes) is read here; file contents are still read through the agent,
-never from host paths.
+with the agent's own code (``sandbox.agent.scan.scan_tree``: a stat-only walk from a
+directory descriptor, opening each subdirectory with O_NOFOLLOW relative to its parent,
+never following a link, plus an inotify snapshot), on the host kernel. Only metadata
+(names, types, sizes, mtimes, inodes, modes) is read here; file contents are still read
+through the agent, never from host paths.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import agent
+from .agent import paths, scan, tree
 
 
 class HostScanner:
@@ -45,7 +45,7 @@ class HostScanner:
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             with self._lock:
-                result = agent.scan_tree(fd, "", req, self._snapshots, True)
+                result = scan.scan_tree(fd, "", req, self._snapshots, True)
         finally:
             os.close(fd)
         result["watched"] = False
@@ -55,9 +55,9 @@ class HostScanner:
         """Remove workspace-relative ``path`` with everything in it (the changelog's undo of
         a tree a command made), on the host: in the sandbox every unlink of a 20,000-file
         ``node_modules`` pays gVisor's system-call interception (~4 s), here ~0.5 s. The
-        agent's own code does it (``_rmtree_at``: each level opened O_NOFOLLOW from its
-        parent's descriptor, a link unlinked as a link, never entered), starting from a
-        descriptor of the workspace reached without following any link.
+        agent's own code does it (``sandbox.agent.tree.rmtree_at``: each level opened
+        O_NOFOLLOW from its parent's descriptor, a link unlinked as a link, never entered),
+        starting from a descriptor of the workspace reached without following any link.
 
         Returns (removed, [files, dirs, bytes]). Raises ValueError for a path that is not a
         plain relative one or goes through a link (the agent, which resolves in-workspace
@@ -68,7 +68,7 @@ class HostScanner:
             raise ValueError(f"not a plain workspace-relative path: {path!r}")
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            parent = agent._open_below(root, "/".join(parts[:-1]))
+            parent = paths.open_below(root, "/".join(parts[:-1]))
         finally:
             os.close(root)
         if parent is None:
@@ -80,7 +80,7 @@ class HostScanner:
             except FileNotFoundError:
                 return False, counts
             if stat.S_ISDIR(st.st_mode):
-                agent._rmtree_at(parent, parts[-1], counts)
+                tree.rmtree_at(parent, parts[-1], counts)
             else:
                 os.unlink(parts[-1], dir_fd=parent)
                 counts[0] += 1

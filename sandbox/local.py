@@ -83,7 +83,7 @@ class ProcessTransport(Transport):
     async def spawn(cls, *argv: str) -> ProcessTransport:
         loop = asyncio.get_running_loop()
         # What a container's agent finds: a PATH, HOME and USER, not this process's whole
-        # environment (commands start from the agent's, see the agent's _IMAGE_ENV).
+        # environment (commands start from the agent's, see sandbox.agent.state.image_env).
         env = {k: os.environ[k] for k in ("PATH", "HOME", "USER") if k in os.environ}
         env["LANG"] = "C.UTF-8"
         transport, proto = await loop.subprocess_exec(

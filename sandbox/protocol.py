@@ -1,8 +1,9 @@
-"""Wire format between the host and the in-container agent (see ``sandbox/agent.py``).
+"""Wire format between the host and the in-container agent (the package ``sandbox/agent/``).
 
 Newline-delimited JSON; bytes are base64. The host starts the agent with :data:`BOOTSTRAP`
-as ``python3 -c`` program, then writes the agent's source (length-prefixed) and one config
-line, so the agent always matches the worker version and no host path is mounted for it.
+as ``python3 -c`` program, then writes the agent (the bundle of its package, see
+``sandbox.bundle``) and one config line, so the agent always matches the worker version
+and no host path is mounted for it.
 
 Over a ``docker exec`` attach with ``tty=False`` the engine multiplexes stdout and stderr
 into frames with an 8-byte header; :class:`Demuxer` undoes that.
@@ -13,11 +14,13 @@ from __future__ import annotations
 import functools
 import json
 import struct
-from pathlib import Path
 from typing import Any
 
-#: The ``python3 -c`` program that loads the agent from stdin. It uses the same buffered
-#: stdin object the agent reads requests from, so no byte is lost between the two.
+from . import bundle
+
+#: The ``python3 -c`` program that loads the agent from stdin: a length-prefixed program
+#: (the bundle's loader, which reads the package's sources after it). It uses the same
+#: buffered stdin object the agent reads requests from, so no byte is lost between them.
 BOOTSTRAP = (
     "import sys;r=sys.stdin.buffer;n=int(r.readline());"
     "exec(compile(r.read(n),'loom-agent','exec'),{'__name__':'__loom_agent__'})"
@@ -31,15 +34,18 @@ MAX_WRITE_BYTES = 64 << 20
 
 
 @functools.cache
-def agent_source() -> bytes:
-    """The agent program, exactly as shipped with this worker version."""
-    return Path(__file__).with_name("agent.py").read_bytes()
+def agent_bundle() -> bytes:
+    """The agent exactly as shipped with this worker version: what a freshly started
+    :data:`BOOTSTRAP` reads before the config line (the bundle's loader, length-prefixed,
+    then the package's sources). Built from ``sandbox/agent/`` at first use.
+    """
+    loader, sources = bundle.build()
+    return b"%d\n" % len(loader) + loader + sources
 
 
 def boot_payload(config: dict[str, Any]) -> bytes:
-    """What to write to a freshly started bootstrap: the agent source, then its config."""
-    src = agent_source()
-    return b"%d\n" % len(src) + src + encode(config)
+    """What to write to a freshly started bootstrap: the agent, then its config."""
+    return agent_bundle() + encode(config)
 
 
 #: Compact separators; one instance, since ``json.dumps`` builds a new encoder for every

@@ -7,7 +7,7 @@ looking at the disk: ``..`` past the root, absolute paths elsewhere, NUL bytes.
 
 It is *not* the security boundary. Symlinks (to outside, dangling, swapped mid-call) can
 only be judged where the files are, and that authoritative check is done component by
-component by the in-container agent (``sandbox/agent.py``), which refuses with
+component by the in-container agent (``sandbox/agent/paths.py``), which refuses with
 ``PathEscapeError``.
 """
 

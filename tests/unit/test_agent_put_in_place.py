@@ -3,7 +3,7 @@
 The rename is answered before the directory's fsync and before the replaced file is
 closed (both on the tidying thread), but the new content is fsync'd before the rename,
 nothing leaks, and an agent that exits waits for the directories of its last writes.
-The agent module runs in this process, rooted at a temporary directory.
+The agent's modules run in this process, rooted at a temporary directory.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from typing import Any
 
 import pytest
 
-from sandbox import agent as A
+from sandbox.agent import state, tidy, write
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    saved = (A.ROOT, A.ROOT_FD)
-    A.ROOT = str(tmp_path)
-    A.ROOT_FD = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
     try:
         yield tmp_path
     finally:
-        A._tidy_drain(5.0)
-        os.close(A.ROOT_FD)
-        A.ROOT, A.ROOT_FD = saved
+        tidy.drain(5.0)
+        os.close(state.ROOT_FD)
 
 
 def _open_fds() -> set[str]:
@@ -40,7 +38,7 @@ def _open_fds() -> set[str]:
 
 def _write(path: str, data: bytes, **extra: Any) -> dict[str, Any]:
     req = {"path": path, "data": base64.b64encode(data).decode(), **extra}
-    result: dict[str, Any] = A.op_write(req)
+    result: dict[str, Any] = write.op_write(req)
     return result
 
 
@@ -69,7 +67,7 @@ def test_the_answer_comes_before_the_directory_fsync_and_after_the_files(
     (root / "sub").mkdir()
     (root / "sub" / "f.txt").write_bytes(b"old")
     spy = _FsyncSpy(os.fsync)
-    monkeypatch.setattr(A.os, "fsync", spy)
+    monkeypatch.setattr(write.os, "fsync", spy)
 
     result = _write("sub/f.txt", b"new content")  # returns although the dir fsync is blocked
 
@@ -89,9 +87,9 @@ def test_no_fsync_at_all_when_the_caller_asks_for_process_safety_only(
     (root / "f.txt").write_bytes(b"old")
     spy = _FsyncSpy(os.fsync)
     spy.release.set()
-    monkeypatch.setattr(A.os, "fsync", spy)
+    monkeypatch.setattr(write.os, "fsync", spy)
     _write("f.txt", b"new", fsync=False)
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     assert spy.calls == []
     assert (root / "f.txt").read_bytes() == b"new"
 
@@ -99,12 +97,12 @@ def test_no_fsync_at_all_when_the_caller_asks_for_process_safety_only(
 def test_replaced_files_are_released_and_nothing_leaks(root: Path) -> None:
     (root / "f.txt").write_bytes(b"0")
     _write("f.txt", b"warm-up")  # starts the tidying thread
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     before = _open_fds()
     for i in range(200):
         _write("f.txt", b"%d" % i * 100)
         _write(f"new-{i % 3}.txt", b"x")  # creates and replaces alike
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     assert _open_fds() == before
     assert (root / "f.txt").read_bytes() == b"199" * 100
     assert sorted(p.name for p in root.iterdir()) == ["f.txt", "new-0.txt", "new-1.txt", "new-2.txt"]
@@ -116,7 +114,7 @@ def test_the_replaced_file_is_held_across_the_rename_and_released_after(root: Pa
     (root / "f.txt").write_bytes(b"old" * 1000)
     old_ino = (root / "f.txt").stat().st_ino
     gate = threading.Event()
-    A._later(lambda: gate.wait(10))  # the tidying thread is busy: what follows queues
+    tidy.later(lambda: gate.wait(10))  # the tidying thread is busy: what follows queues
 
     _write("f.txt", b"new")
 
@@ -133,18 +131,18 @@ def test_the_replaced_file_is_held_across_the_rename_and_released_after(root: Pa
     assert (root / "f.txt").stat().st_ino != old_ino
     assert len(holding()) == 1  # still open, so the rename did not free it
     gate.set()
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     assert holding() == []
 
 
 def test_a_staged_write_commits_with_the_same_deferral(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (root / "f.txt").write_bytes(b"old")
     spy = _FsyncSpy(os.fsync)
-    monkeypatch.setattr(A.os, "fsync", spy)
+    monkeypatch.setattr(write.os, "fsync", spy)
     staged = _write("f.txt", b"staged", stage=True, token="t1")
     assert [k for k, _ in spy.calls] == ["file"]  # staged content is on disk before the commit
     assert (root / "f.txt").read_bytes() == b"old"
-    A.op_commit({"staged": staged["staged"]})
+    write.op_commit({"staged": staged["staged"]})
     assert (root / "f.txt").read_bytes() == b"staged"
     assert not spy.dir_synced.is_set()
     spy.release.set()
@@ -154,16 +152,16 @@ def test_a_staged_write_commits_with_the_same_deferral(root: Path, monkeypatch: 
 def test_a_failed_rename_leaves_no_temporary_and_no_open_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (root / "f.txt").write_bytes(b"old")
     _write("f.txt", b"warm-up")
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     before = _open_fds()
 
     def refuse(*_a: Any, **_k: Any) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(A.os, "rename", refuse)
+    monkeypatch.setattr(write.os, "rename", refuse)
     with pytest.raises(PermissionError):
         _write("f.txt", b"new")
-    A._tidy_drain(5.0)
+    tidy.drain(5.0)
     assert _open_fds() == before
     assert sorted(p.name for p in root.iterdir()) == ["f.txt"]
     assert (root / "f.txt").read_bytes() == b"warm-up"
@@ -172,8 +170,8 @@ def test_a_failed_rename_leaves_no_temporary_and_no_open_file(root: Path, monkey
 def test_an_exiting_agent_waits_for_its_last_directory_fsyncs(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (root / "f.txt").write_bytes(b"old")
     spy = _FsyncSpy(os.fsync)
-    monkeypatch.setattr(A.os, "fsync", spy)
+    monkeypatch.setattr(write.os, "fsync", spy)
     _write("f.txt", b"new")
     threading.Timer(0.2, spy.release.set).start()
-    A._tidy_drain(5.0)  # what _host_gone does before the agent ends
+    tidy.drain(5.0)  # what _host_gone does before the agent ends
     assert spy.dir_synced.is_set()

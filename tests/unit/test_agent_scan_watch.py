@@ -4,7 +4,7 @@ Random file-system operations (create, rewrite, append, delete, chmod, mkdir, rm
 rename of files and directories, hard links, symlinks, a directory swapped for a file)
 run between scans; after each round the incremental result must describe exactly the
 same tree as a fresh full walk, and report exactly the paths whose stat changed. The
-agent module runs in this process, rooted at a temporary directory.
+agent's modules run in this process, rooted at a temporary directory.
 """
 
 from __future__ import annotations
@@ -17,37 +17,36 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import agent as A
+from sandbox.agent import paths, scanwalk, snapshot, state
+from sandbox.agent import scan as agent_scan
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    saved = (A.ROOT, A.ROOT_FD, A._subreaper[0])
-    A.ROOT = str(tmp_path)
-    A.ROOT_FD = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
-    A._subreaper[0] = True  # a real Linux kernel: watching allowed
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
+    monkeypatch.setattr(state, "subreaper", True)  # a real Linux kernel: watching allowed
     try:
         yield tmp_path
     finally:
-        for snap in A._snapshots.values():
+        for snap in agent_scan._snapshots.values():
             snap.close()
-        A._snapshots.clear()
-        os.close(A.ROOT_FD)
-        A.ROOT, A.ROOT_FD, A._subreaper[0] = saved
+        agent_scan._snapshots.clear()
+        os.close(state.ROOT_FD)
 
 
 def full_walk() -> dict[str, tuple]:
     out: dict[str, tuple] = {}
-    fd, _parts = A._open_dir(".")
+    fd, _parts = paths.open_dir(".")
     try:
-        A._scan_walk(fd, "", set(), out, 1 << 30)
+        scanwalk.walk(fd, "", set(), out, 1 << 30)
     finally:
         os.close(fd)
     return out
 
 
 def scan(since: str | None, **kw) -> dict:
-    return A.op_scan({"path": ".", "snapshot": "k", "since": since, **kw})
+    return agent_scan.op_scan({"path": ".", "snapshot": "k", "since": since, **kw})
 
 
 def apply(view: dict[str, tuple], res: dict) -> dict[str, tuple]:
@@ -179,7 +178,7 @@ def test_wrong_generation_or_params_fall_back_to_full_diff(root: Path) -> None:
 def test_overflow_and_watch_budget_fall_back_to_full_walk(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(5):
         (root / f"d{i}").mkdir()
-    monkeypatch.setattr(A, "MAX_WATCHES", 3)
+    monkeypatch.setattr(snapshot, "MAX_WATCHES", 3)
     res = scan(None)
     assert not res["watched"]  # more directories than the budget: plain walks, still correct
     (root / "d4" / "new").write_text("x")
@@ -188,8 +187,8 @@ def test_overflow_and_watch_budget_fall_back_to_full_walk(root: Path, monkeypatc
     assert not res["watched"]
 
 
-def test_without_a_real_kernel_nothing_is_watched(root: Path) -> None:
-    A._subreaper[0] = False  # gVisor: host-side edits raise no event in the sandbox
+def test_without_a_real_kernel_nothing_is_watched(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "subreaper", False)  # gVisor: host-side edits raise no event in the sandbox
     res = scan(None)
     assert not res["watched"]
     (root / "f").write_text("x")

@@ -41,7 +41,7 @@ class ScriptedTransport(Transport):
     async def write(self, data: bytes) -> None:
         if not self.booted:
             self.booted = True
-            assert data.startswith(b"%d\n" % len(protocol.agent_source()))
+            assert data.startswith(protocol.agent_bundle())
             self.nonce = json.loads(data.rsplit(b"\n", 2)[-2])["nonce"]
             hello = {
                 "version": "1",

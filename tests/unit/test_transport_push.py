@@ -58,9 +58,9 @@ class FakeAgent:
         return line
 
     async def boot(self) -> None:
-        """Take the agent source and the config the host sends, answer with a hello."""
-        n = int(await self.read_line())
-        assert await self.read_exact(n) == protocol.agent_source()
+        """Take the agent bundle and the config the host sends, answer with a hello."""
+        bundle = protocol.agent_bundle()
+        assert await self.read_exact(len(bundle)) == bundle
         self.nonce = json.loads(await self.read_line())["nonce"]
         await self.send(frame(1, self.line({"id": 0, "ok": True, "result": {"version": "1"}})))
 

@@ -23,7 +23,7 @@ State = Literal["pending", "applied", "failed"]
 Origin = Literal["tool", "shell", "undo"]
 #: What a recorded change survives: "full" = a power cut (fsync of the changelog's commit
 #: and of the new content before the file is replaced; the directory's fsync follows the
-#: answer by a fraction of a millisecond, see ``sandbox/agent.py:_put_in_place``: a rename
+#: answer by a fraction of a millisecond, see ``sandbox/agent/write.py:_put_in_place``: a rename
 #: lost to a power cut leaves the old file, which recovery or the next scan records as
 #: such); "process" = the death (SIGKILL) of the
 #: worker, the agent or the container, not a power cut (no fsync; SQLite

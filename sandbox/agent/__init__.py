@@ -1,0 +1,53 @@
+"""loom-worker sandbox agent: the one program that runs inside every sandbox container.
+
+Standard library only, Python >= 3.8, one piece on the wire: the host bundles this package
+(``sandbox.bundle``) and sends it over the container's attached stream when it opens a
+connection (see ``sandbox.connection``), so any image can be a sandbox image (the agent
+runs on the mounted runtime's interpreter) and agent and worker always match.
+
+Wire format: newline-delimited JSON on stdin/stdout. The first line is a config object;
+then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
+``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "code": "...",
+"error": "..."}``. Bytes travel base64-encoded. Requests are served concurrently (slow ops
+on threads); at most one ``exec`` runs at a time per agent, because the agent is the
+*child subreaper* of everything the command starts and kills that whole subtree when the
+command ends or times out (that is how ``setsid``, double forks and ``nohup &`` are
+caught: their orphans are re-parented to this process, never to PID 1).
+
+Paths are resolved here, component by component from an O_PATH descriptor of the
+workspace root, never following ``..`` or a symlink out of it; FIFOs, sockets and devices
+are refused *before* any open that could block.
+
+The modules, each importing only those above it (no cycles)::
+
+    state      the config line's values and process-wide facts (read as ``state.X``)
+    errors     Refused, and how any exception becomes an error answer
+    activity   the idle clock: touch on requests, the keeper that ends an idle container
+    channel    framing (JSON lines with the secret, base64) and where answers go: stdout,
+               or the direct unix socket once the host takes it
+    paths      resolution from the root's descriptor, never leaving the workspace
+    tidy       the thread that does what may wait until after an answer
+    disk       the workspace disk's reserve, and DiskWatch for commands
+    files      read, stat, hash
+    write      atomic and staged writes, commit, abort
+    tree       remove, remove_tree, mkdir, chmod, symlink
+    listing    list
+    scanwalk   the stat-only walk of change scans;  snapshot: inotify-backed snapshots
+    scan       scan (also run on the host for gVisor, see ``sandbox.hostscan``)
+    cgroup     CPU quota and use, OOM kills
+    environ    the environment and cwd of processes started for the host
+    proctree   finding and killing what a command started; helpers spared from it
+    output     Capped: a stream's head and tail within a bound
+    search     ripgrep or Python
+    command    exec
+    spawn      long-lived processes with streamed stdio
+    main       the hello, dispatch, worker threads, the serve loop, the end of the agent
+
+Values that ``main`` used to rebind as globals live in ``state`` and are read at call
+time, never copied with ``from .state import X``; what belongs to one concern (staged
+writes, snapshots, spawned processes, the output target) stays in its module.
+
+Importing this package does nothing: the host imports single modules of it (the scan and
+tree code for ``sandbox.hostscan``; the tests), and in a sandbox the bundle runs ``main``.
+``python3 -m sandbox.agent ROOT`` runs an agent by hand, requests on stdin.
+"""

@@ -1,0 +1,208 @@
+"""The agent's entry point and main loop.
+
+:func:`run` takes the config line, :func:`main` sets the process up (subreaper, not
+dumpable, the idle keeper) and says hello, then requests are read until the host goes:
+fast operations inline on the reading thread, slow ones (anything that walks a tree or
+waits for a process) on reusable worker threads. When the host is gone, whatever the
+agent started is killed and no staged temporary is left behind.
+"""
+
+import ctypes
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+
+from . import (
+    activity,
+    cgroup,
+    channel,
+    command,
+    files,
+    listing,
+    proctree,
+    scan,
+    search,
+    spawn,
+    state,
+    tidy,
+    tree,
+    write,
+)
+from .errors import Refused, error_answer
+
+AGENT_VERSION = "1"
+_gone_lock = threading.Lock()
+
+
+def _prctl(option, arg):
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def op_hello(req):
+    return {
+        "version": AGENT_VERSION,
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "kernel": os.uname().release,
+        "subreaper": state.subreaper,
+        "ripgrep": search.rg_command() is not None,
+        # Commands run with the image's own /bin/sh: an image without one cannot serve.
+        "shell": os.access("/bin/sh", os.X_OK),
+        "cpu_quota": cgroup.cpu_quota(),
+    }
+
+
+def op_direct(req):
+    """Offer the host the direct channel (see ``channel.offer_direct``)."""
+    return channel.offer_direct(_serve_direct)
+
+
+def _serve_direct(reader):
+    """Serve the direct channel; when the host leaves it, the agent's work is over."""
+    _serve(reader)
+    _host_gone()
+    if not state.keeper_ttl:
+        os._exit(0)
+
+
+FAST_OPS = {
+    "hello": op_hello,
+    "read": files.op_read,
+    "write": write.op_write,
+    "remove": tree.op_remove,
+    "mkdir": tree.op_mkdir,
+    "chmod": tree.op_chmod,
+    "symlink": tree.op_symlink,
+    "stat": files.op_stat,
+    "hash": files.op_hash,
+    "commit": write.op_commit,
+    "abort": write.op_abort,
+}
+SLOW_OPS = {
+    "direct": op_direct,
+    "list": listing.op_list,
+    "remove_tree": tree.op_remove_tree,
+    "scan": scan.op_scan,
+    "search": search.op_search,
+    "exec": command.op_exec,
+    "spawn": spawn.op_spawn,
+    "stdin": spawn.op_stdin,
+    "kill": spawn.op_kill,
+}
+
+
+def _handle(req):
+    rid = req.get("id")
+    op = req.get("op")
+    fn = FAST_OPS.get(op) or SLOW_OPS.get(op)
+    after = None
+    try:
+        if fn is None:
+            raise Refused("invalid", "Unknown op %r" % (op,))
+        result = fn(req)
+        after = result.pop("_after_send", None) if isinstance(result, dict) else None
+        resp = {"id": rid, "ok": True, "result": result}
+    except Exception as e:  # never let one request kill the agent
+        resp = error_answer(rid, e)
+    channel.send(resp)
+    if after is not None:
+        after()
+
+
+_work = queue.Queue()  # type: queue.Queue  # slow requests for the worker threads
+_idle = [0]  # worker threads waiting for one
+_idle_lock = threading.Lock()
+
+
+def _worker():
+    while True:
+        req = _work.get()
+        _handle(req)
+        with _idle_lock:
+            _idle[0] += 1
+
+
+def _dispatch_slow(req):
+    """Slow ops run on reusable worker threads (a new thread per call costs ~0.1 ms);
+    one more thread is started whenever every worker is busy, so nothing waits."""
+    with _idle_lock:
+        if _idle[0] > 0:
+            _idle[0] -= 1
+            start = False
+        else:
+            start = True
+    if start:
+        threading.Thread(target=_worker, daemon=True).start()
+    _work.put(req)
+
+
+def main(config):
+    state.configure(config)
+    channel.open_stdout(sys.stdout.buffer)
+    state.subreaper = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
+    _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies
+    os.umask(0o022)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    stdin = sys.stdin.buffer
+    keeper_ttl = state.keeper_ttl
+    if keeper_ttl:
+        activity.touch()
+        threading.Thread(target=activity.keeper, args=(float(keeper_ttl),), daemon=True).start()
+    channel.send({"id": 0, "ok": True, "result": op_hello({})})
+    _serve(stdin)
+    _host_gone()
+    if keeper_ttl:
+        # The container's main process: stay as its keeper until the idle TTL ends it.
+        threading.Event().wait()
+
+
+def _serve(reader):
+    """Read requests until EOF: fast ops inline, slow ones on worker threads."""
+    while True:
+        line = reader.readline()
+        if not line:
+            return
+        activity.touch()
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("request is not an object")
+        except ValueError as e:
+            channel.send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
+            continue
+        if req.get("op") in SLOW_OPS:
+            _dispatch_slow(req)
+        else:
+            _handle(req)
+
+
+def _host_gone():
+    """The host went away (either channel ended): leave nothing running behind us, and no
+    staged temporary."""
+    with _gone_lock:
+        write.drop_staged()
+        tidy.drain(5.0)
+        spawn.kill_all()
+        proctree.kill_tree(0)
+
+
+def run(argv=None):
+    """Run the agent: the config from ``argv`` (``[root]``, when run by hand as
+    ``python3 -m sandbox.agent ROOT``) or else from the first line on stdin."""
+    if argv:
+        cfg = {"root": argv[0]}
+    else:
+        cfg = json.loads(sys.stdin.buffer.readline() or b"{}")
+    try:
+        main(cfg)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,235 @@
+"""Writing files atomically: ``write`` puts a temporary, written and fsync'd, in place with
+one rename; a staged write stops short of the rename until the host, having recorded its
+changelog entry, sends ``commit`` (or ``abort``). What can wait until after the answer
+(closing the replaced file, the directory's fsync) goes to the tidying thread."""
+
+import base64
+import errno
+import hashlib
+import os
+import stat
+import threading
+import time
+
+from . import disk, files, paths, state, tidy
+from .errors import Refused
+
+#: Staged writes by token: (directory fd, temporary, name, path, expectations, durable,
+#: answer, when). A staged write the host never commits is dropped after STAGE_TTL.
+_staged = {}  # type: dict
+_staged_lock = threading.Lock()
+STAGE_TTL = 120.0
+
+
+def op_write(req):
+    path = req.get("path")
+    data = base64.b64decode(req.get("data", ""))
+    # fsync (file, then directory) unless the caller asked for process-crash safety only
+    durable = req.get("fsync", True) is not False
+    if len(data) > state.MAX_WRITE:
+        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), state.MAX_WRITE))
+    parts = paths.split(path)
+    if not parts:
+        raise Refused("not_a_file", "Not a file: the workspace root is a directory")
+    fd, name, parts, st = paths.resolve(path, create_dirs=req.get("mkdirs", True))
+    try:
+        if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
+            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
+        files.check_expect(fd, name, st, path, req)
+        disk.check_reserve(len(data) - (st.st_size if st is not None else 0), path)
+        mode = (st.st_mode & 0o7777) if st is not None else 0o666
+        create_mode = req.get("mode")
+        if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
+            mode = create_mode & 0o777  # a restored file gets its permissions back (never setuid)
+        tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
+        try:
+            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        except PermissionError:
+            raise Refused("permission", "Permission denied: cannot write in the directory of %s" % path)
+        except OSError as e:
+            if e.errno == errno.EROFS:
+                raise Refused("permission", "Read-only: %s is on a read-only mount" % path)
+            raise
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(f, view)
+                view = view[n:]
+            if st is not None or mode != 0o666:
+                os.fchmod(f, mode)  # exactly, whatever the umask
+            if durable:
+                os.fsync(f)
+            written = os.fstat(f)
+        except BaseException:
+            os.close(f)
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        os.close(f)
+        result = {
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "created": st is None,
+            "path": paths.rel(parts),
+        }
+        if req.get("stage"):
+            # Written and fsync'd, not yet in place: the host records its changelog entry
+            # meanwhile and then sends ``commit`` (or ``abort``). The directory stays open,
+            # so the rename happens exactly where the checks were made.
+            if _staged:
+                drop_staged(STAGE_TTL)
+            token = req.get("token")
+            if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()) or token in _staged:
+                token = os.urandom(8).hex()
+            expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
+            expect["written"] = written
+            with _staged_lock:
+                _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
+            fd = -1
+            return {"staged": token, "path": paths.rel(parts), "mode": None if st is None else st.st_mode}
+        _put_in_place(fd, tmp, name, durable)
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _put_in_place(fd, tmp, name, durable):
+    """Rename the written temporary ``tmp`` over ``name`` (both in directory ``fd``).
+
+    Two costs are moved off the caller's path, onto the tidying thread (measured A/B on
+    edit_file with the changelog: -0.09 and -0.25 ms of ~1.5):
+
+    - the file being replaced stays open (O_PATH: no read permission needed) across the
+      rename and is closed afterwards. Freeing its inode and blocks is what made a
+      replacing rename cost ~0.15 ms, against ~0.02 ms with the inode still held;
+    - the directory's fsync (``durable``) runs just after the answer. What a power cut
+      needs is already on disk by then: the new content (fsync'd before the rename) and,
+      for a recorded change, its changelog entry (committed before the rename was asked
+      for). A power cut in the fraction of a millisecond before the directory reaches the
+      disk leaves the file wholly old, as if the write had come just after it.
+    """
+    try:
+        held = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        held = -1  # nothing to replace
+    try:
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        if held >= 0:
+            os.close(held)
+        os.unlink(tmp, dir_fd=fd)
+        raise
+    dfd = -1
+    if durable:
+        try:
+            dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            pass
+    if held >= 0 or dfd >= 0:
+        tidy.later(lambda: (_close(held), _sync_close(dfd)))
+
+
+def _close(f):
+    if f >= 0:
+        os.close(f)
+
+
+def _sync_close(dfd):
+    if dfd < 0:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _take_staged(req):
+    token = req.get("staged")
+    with _staged_lock:
+        item = _staged.pop(token, None) if isinstance(token, str) else None
+    if item is None:
+        raise Refused("invalid", "No staged write %r (committed, aborted or expired)" % (token,))
+    return item
+
+
+def op_commit(req):
+    """Put a staged write in place, if the target still is what the write expected."""
+    fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
+    try:
+        try:
+            here = paths.resolve(path, create_dirs=False)
+        except Refused:
+            here = None
+        try:
+            same = here is not None and here[1] == name and os.path.samestat(os.fstat(here[0]), os.fstat(fd))
+        finally:
+            if here is not None:
+                os.close(here[0])
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        expect_path = req.get("expect_path")
+        try:
+            if expect_path is not None and expect_path != result["path"]:
+                raise Refused("conflict", "Conflict: %s resolves to %s, not %s" % (path, result["path"], expect_path))
+            if not same:
+                raise Refused("conflict", "Conflict: %s was moved or relinked while being written" % path)
+            # Our temporary, untouched: not replaced (by a link, say) nor written to since.
+            try:
+                now = os.stat(tmp, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                now = None
+            was = expect["written"]
+            if now is None or (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (
+                was.st_ino,
+                was.st_dev,
+                was.st_size,
+                was.st_mtime_ns,
+                was.st_ctime_ns,
+            ):
+                raise Refused("conflict", "Conflict: the staged content of %s was tampered with" % path)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
+            files.check_expect(fd, name, st, path, expect)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+            raise
+        _put_in_place(fd, tmp, name, durable)
+        result = dict(result)
+        result["created"] = st is None
+        return result
+    finally:
+        os.close(fd)
+
+
+def op_abort(req):
+    fd, tmp, _name, _path, _expect, _durable, _result, _at = _take_staged(req)
+    try:
+        os.unlink(tmp, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return {"aborted": True}
+
+
+def drop_staged(older_than=0.0):
+    """Remove staged temporaries the host never committed (it went away, or forgot)."""
+    now = time.monotonic()
+    with _staged_lock:
+        old = [t for t, item in _staged.items() if now - item[7] >= older_than]
+        items = [_staged.pop(t) for t in old]
+    for fd, tmp, *_rest in items:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except OSError:
+            pass
+        os.close(fd)

@@ -334,6 +334,7 @@ class FakeWorker:
             except OSError:
                 return
             with conn:
+                conn.sendall(b'{"t":"hello","pid":0,"key":"fake"}\n')  # as a worker greets
                 data = b""
                 while not data.endswith(b"\n"):
                     chunk = conn.recv(65536)
@@ -427,3 +428,32 @@ def test_a_worker_that_cannot_start_is_reported(env: dict[str, str], run: str, w
     p = cli(bad, "daemon", "status", "--backend", "local")
     assert b"[FAIL] local worker: not running" in p.stdout
     assert b"start_failed: the settings do not validate: LOOM_CPUS: " in p.stdout
+
+
+def test_a_worker_that_stops_listening_with_a_call_queued_loses_nothing(
+    env: dict[str, str], run: str, workspace: Path
+) -> None:
+    """A client that connected to a worker just as it stopped listening (idle, out of date)
+    is reset before the worker greeted it, so it sent nothing: the call goes to a fresh
+    worker, once."""
+    import select
+
+    key = this_key(env, "local")
+    os.makedirs(worker_dir(run), mode=0o700, exist_ok=True)
+    path = os.path.join(worker_dir(run), f"d-{key}.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(8)
+
+    def stop_with_one_queued() -> None:
+        select.select([listener], [], [], 60)  # a connection waits in the backlog, not accepted
+        os.unlink(path)
+        listener.close()  # ... and is reset
+
+    closer = threading.Thread(target=stop_with_one_queued)
+    closer.start()
+    code, result = call(env, workspace, "write_file", {"path": "once.txt", "content": "written once"})
+    closer.join(timeout=60)
+    assert code == 0 and result["success"] is True, result
+    assert (workspace / "once.txt").read_text() == "written once"
+    assert only_worker(run)["calls"] == 1  # a real worker took it

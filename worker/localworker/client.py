@@ -43,6 +43,8 @@ _FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
 
 #: Seconds the CLI waits for a worker it started to say it listens.
 START_TIMEOUT = 30.0
+#: Seconds a worker has to greet a connection (it does so as it accepts it).
+GREETING_TIMEOUT = 10.0
 #: Calls that only read: after a lost worker they are run again in-process.
 RETRY_SAFE = frozenset({"read_file", "list_directory", "search_files"})
 #: A worker's log is moved aside (``.log.1``) past this size when a new one starts.
@@ -172,7 +174,12 @@ def _peer_uid(sock: _socket.socket) -> int:
 
 def connect(files: WorkerFiles, key: str) -> WorkerClient | None:
     """A connection to the running worker of ``files``, or None when none is running.
-    Raises Unavailable when something other than a worker of ours is there."""
+
+    A worker greets each connection it accepted (a ``hello`` frame) before the client
+    sends anything. So a listener that goes away with connections still in its backlog
+    (a worker that just stopped) resets them before any request was sent: that is "not
+    running", and the call can safely go elsewhere. Only after the greeting can a call be
+    lost. Raises Unavailable when something other than a worker of ours is there."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(files.socket)
@@ -186,7 +193,18 @@ def connect(files: WorkerFiles, key: str) -> WorkerClient | None:
     if uid != os.getuid():  # the directory is ours, so only root could have put it there
         sock.close()
         raise Unavailable(f"{files.socket} is served by uid {uid}, not by this user")
-    return WorkerClient(sock, files, key)
+    client = WorkerClient(sock, files, key)
+    sock.settimeout(GREETING_TIMEOUT)
+    try:
+        hello = wire.decode(client._readline())
+    except (OSError, ValueError):  # reset, closed or silent before greeting: not a live worker
+        client.close()
+        return None
+    sock.settimeout(None)
+    if hello.get("t") != "hello":
+        client.close()
+        raise Unavailable(f"{files.socket} answered something other than a local worker's greeting")
+    return client
 
 
 def note(files: WorkerFiles, event: str, **fields: Any) -> None:

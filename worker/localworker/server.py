@@ -120,11 +120,13 @@ class LocalWorker:
 
     def _close_listener(self) -> None:
         if self._server is not None:
-            self._server.close()
-            self._server = None
+            # The name first, so no new client finds it; then the listener. A client that
+            # connected in between is reset before its greeting, so it sent nothing.
             with contextlib.suppress(OSError):
                 if os.stat(self.files.socket).st_ino == self._sock_ino:  # not a successor's
                     os.unlink(self.files.socket)
+            self._server.close()
+            self._server = None
 
     async def _housekeeping(self) -> None:
         tick = max(0.05, min(2.0, self.idle / 4))
@@ -157,6 +159,9 @@ class LocalWorker:
             daemon_logs.lifecycle("local_worker.peer_refused", peer_uid=uid)
             writer.close()
             return
+        # Before anything else: a client sends nothing until it has this, so a connection
+        # reset before it (one queued when this worker stopped listening) lost nothing.
+        _send(writer, {"t": "hello", "pid": os.getpid(), "key": self.key})
         self.active += 1
         try:
             while True:
@@ -218,8 +223,8 @@ class LocalWorker:
         rid = req.get("id")
         why = "it was started for other settings or code" if req.get("key") != self.key else self._stale()
         if why is not None:
+            self.retire(why)  # first: the socket is gone before the client reads "retry"
             _send(writer, {"id": rid, "t": "retry", "reason": why})
-            self.retire(why)
             return
         render = client_renderer(self.settings.log_format, bool(req.get("tty")))
 
@@ -274,7 +279,8 @@ def bind(files: WorkerFiles) -> socket.socket | None:
     probe.settimeout(2)
     try:
         probe.connect(files.socket)
-        return None
+        if probe.recv(4096).startswith(b'{"t":"hello"'):  # only a worker that greets is alive
+            return None
     except OSError:
         pass
     finally:

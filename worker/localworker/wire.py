@@ -10,6 +10,7 @@ same path; today's frames::
       {"op": "status", "id": 2}              {"op": "shutdown", "id": 3}
 
     worker -> client
+      {"t": "hello", "pid": 4242, "key": K}   on accepting a connection, before any request
       {"id": 1, "t": "log", "text": "..."}            a log line for the client's stderr
       {"id": 1, "t": "result", "exit": 0, "result": {...}}                   (final)
       {"id": 1, "t": "retry", "reason": "..."}   not run: ask a fresh worker  (final)

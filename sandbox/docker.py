@@ -28,7 +28,6 @@ from typing import Any, TypeVar, cast
 
 import docker
 import docker.errors
-import structlog
 from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
@@ -46,6 +45,7 @@ from .errors import (
     SandboxUnavailableError,
 )
 from .hostscan import HostScanner
+from .logs import get_logger
 from .spec import (
     ACTIVITY_FILE,
     AGENT_COMMAND,
@@ -58,7 +58,7 @@ from .spec import (
     SandboxSpec,
 )
 
-log = structlog.get_logger("sandbox.docker")
+log = get_logger("sandbox.docker")
 T = TypeVar("T")
 
 LABEL_WORKER = f"{LABEL_PREFIX}.worker"

@@ -27,7 +27,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import structlog
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
@@ -36,6 +35,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import __version__ as _pkg_version
+from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .service import (
@@ -54,7 +54,7 @@ from .service import (
 from .settings import Settings
 from .workspace_settings import SettingsError, WorkspaceSettings
 
-log = structlog.get_logger("worker.http")
+log = get_logger("worker.http")
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 

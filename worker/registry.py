@@ -27,8 +27,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import structlog
-
 from sandbox.base import SandboxBackend
 from sandbox.errors import (
     AgentError,
@@ -40,6 +38,7 @@ from sandbox.errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
+from sandbox.logs import get_logger
 
 from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
@@ -57,7 +56,7 @@ from .workspace_settings import (
     parse,
 )
 
-log = structlog.get_logger("worker.registry")
+log = get_logger("worker.registry")
 
 RecorderFactory = Callable[[Path], ChangeRecorder]
 

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
+from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .result import ToolResult, json_line
 
-log = structlog.get_logger("worker.service")
+log = get_logger("worker.service")
 
 WORKSPACE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _ID_RE = re.compile(WORKSPACE_ID_PATTERN)

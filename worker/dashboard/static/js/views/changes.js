@@ -101,6 +101,12 @@ export function changesView(panel, id) {
     fill(list, groupByCall(entries).map((g) => groupCard(g)));
   }
 
+  function entryUndo(e) {
+    const b = button('Undo', () => openUndo(id, { entry: e.id }, `entry #${e.id}`), { kind: 'ghost danger' });
+    b.setAttribute('aria-label', `Undo entry #${e.id}`);
+    return b;
+  }
+
   function groupCard(g) {
     const live = g.entries.filter((e) => e.state === 'applied' && !e.reverted_by && e.origin !== 'undo');
     const title = g.call_id ? h('code', null, g.call_id) : h('span', { class: 'muted' }, 'changes made outside any call');
@@ -129,6 +135,7 @@ export function changesView(panel, id) {
     }
     const rows = g.entries.map((e) => {
       const [diffBtn, out] = diffToggle('Diff', async () => (await get(`${base}/changelog/diff`, { entry: e.id })).diff);
+      diffBtn.setAttribute('aria-label', `Diff of entry #${e.id}`);
       const undoable = e.state === 'applied' && !e.reverted_by;
       return h(
         'li',
@@ -141,7 +148,7 @@ export function changesView(panel, id) {
           entryFlags(e),
           h('span', { class: 'spacer' }),
           diffBtn,
-          undoable ? button('Undo', () => openUndo(id, { entry: e.id }, `entry #${e.id}`), { kind: 'ghost danger' }) : '',
+          undoable ? entryUndo(e) : '',
         ),
         !e.restorable && e.note ? h('p', { class: 'muted small' }, e.note) : '',
         out,

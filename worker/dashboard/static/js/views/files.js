@@ -6,16 +6,15 @@ import { execute } from '../api.js';
 import { button, errorBox, fill, fmtBytes, h, spinner, uiCallId } from '../dom.js';
 import { highlight, langOf } from '../highlight.js';
 
-function nameOf(path) {
-  // A quoted path ("dir/a\nb") is shown whole: splitting inside the quotes would change it.
-  if (path.startsWith('"')) return path;
-  const i = path.lastIndexOf('/');
-  return i < 0 ? path : path.slice(i + 1);
+// list_directory names each entry relative to the folder listed, quoted when it is not
+// plain text ("a\nb"); the tools take a path back one name at a time (dir/"a\nb"), so a
+// child's path is the folder's path, "/", and its name as shown.
+function childOf(dir, name) {
+  return dir === '.' ? name : `${dir}/${name}`;
 }
 
 function parentOf(path) {
   if (!path || path === '.') return null;
-  if (path.startsWith('"')) return '.';
   const i = path.lastIndexOf('/');
   return i < 0 ? '.' : path.slice(0, i);
 }
@@ -34,14 +33,11 @@ export function filesView(panel, id, arg) {
   function showCrumbs(path, isFile) {
     const parts = [h('a', { href: href(id, '.') }, 'workspace')];
     if (path !== '.') {
-      if (path.startsWith('"')) parts.push(' / ', h('code', { class: 'path' }, path));
-      else {
-        const segs = path.split('/');
-        segs.forEach((s, i) => {
-          const p = segs.slice(0, i + 1).join('/');
-          parts.push(' / ', i === segs.length - 1 ? h('code', { 'aria-current': 'page' }, s) : h('a', { href: href(id, p) }, s));
-        });
-      }
+      const segs = path.split('/');
+      segs.forEach((s, i) => {
+        const p = segs.slice(0, i + 1).join('/');
+        parts.push(' / ', i === segs.length - 1 ? h('code', { class: 'path', 'aria-current': 'page' }, s) : h('a', { href: href(id, p) }, s));
+      });
     }
     if (isFile) {
       const up = parentOf(path);
@@ -66,7 +62,7 @@ export function filesView(panel, id, arg) {
     const up = parentOf(path);
     const rows = entries
       .filter((e) => e.depth === undefined || e.depth <= 1)
-      .sort((a, b) => (a.type === 'dir') === (b.type === 'dir') ? a.path.localeCompare(b.path) : a.type === 'dir' ? -1 : 1)
+      .sort((a, b) => ((a.type === 'dir') === (b.type === 'dir') ? a.path.localeCompare(b.path) : a.type === 'dir' ? -1 : 1))
       .map((e) =>
         h(
           'tr',
@@ -74,7 +70,7 @@ export function filesView(panel, id, arg) {
           h(
             'td',
             { 'data-label': 'Name' },
-            h('a', { href: href(id, e.path, e.type === 'dir' ? 'd' : 'f'), class: `file ${e.type}` }, h('span', { class: 'icon', 'aria-hidden': 'true' }, e.type === 'dir' ? '▸' : e.type === 'symlink' ? '↪' : '·'), ' ', nameOf(e.path) + (e.type === 'dir' ? '/' : '')),
+            h('a', { href: href(id, childOf(path, e.path), e.type === 'dir' ? 'd' : 'f'), class: `file ${e.type}` }, h('span', { class: 'icon', 'aria-hidden': 'true' }, e.type === 'dir' ? '▸' : e.type === 'symlink' ? '↪' : '·'), ' ', e.path + (e.type === 'dir' ? '/' : '')),
           ),
           h('td', { 'data-label': 'Type' }, e.type),
           h('td', { 'data-label': 'Size', class: 'num' }, e.type === 'file' ? fmtBytes(e.size) : ''),

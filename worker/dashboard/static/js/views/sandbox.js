@@ -75,7 +75,7 @@ export function sandboxView(panel, id) {
         'table',
         { class: 'grid settings' },
         h('thead', null, h('tr', null, ['Setting', 'Effective', 'Own'].map((t) => h('th', { scope: 'col' }, t)))),
-        h('tbody', null, keys.map((k) => h('tr', null, h('th', { scope: 'row' }, k), h('td', { 'data-label': 'Effective' }, value(eff[k])), h('td', { 'data-label': 'Own' }, k in own ? value(own[k]) : h('span', { class: 'muted' }, 'default'))))),
+        h('tbody', null, keys.map((k) => h('tr', null, h('th', { scope: 'row' }, k), h('td', { 'data-label': 'Effective', title: String(eff[k] ?? '') }, k === 'memory' && typeof eff[k] === 'number' ? fmtBytes(eff[k]) : value(eff[k])), h('td', { 'data-label': 'Own' }, k in own ? value(own[k]) : h('span', { class: 'muted' }, 'default'))))),
       ),
     );
   }

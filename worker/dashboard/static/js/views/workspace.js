@@ -18,6 +18,9 @@ const TABS = [
   ['egress', 'Egress', egressView],
 ];
 
+// The page is rebuilt on every route change: a tab chosen by keyboard gets the focus back.
+let refocus = null;
+
 export function workspaceView(main, id, tab, arg) {
   const known = TABS.find((t) => t[0] === tab) || TABS[0];
   const path = h('p', { class: 'path muted small' });
@@ -52,11 +55,13 @@ export function workspaceView(main, id, tab, arg) {
     else if (ev.key === 'End') j = buttons.length - 1;
     if (j === null) return;
     ev.preventDefault();
-    buttons[j].focus();
+    refocus = TABS[j][0];
     buttons[j].click();
   });
   panel.setAttribute('aria-labelledby', `tab-${known[0]}`);
   fill(main, h('div', { class: 'page' }, head, list, panel));
+  if (refocus === known[0]) buttons[TABS.indexOf(known)].focus();
+  refocus = null;
 
   let alive = true;
   get(ws(id))

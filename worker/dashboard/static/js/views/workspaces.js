@@ -93,6 +93,12 @@ export function workspacesView(main) {
   const page = h('div', { class: 'page' }, h('h1', null, 'Workspaces'), list, createForm(() => load()));
   fill(main, page);
 
+  function deleteButton(id) {
+    const b = button('Delete…', () => confirmDelete(id, load), { kind: 'ghost danger' });
+    b.setAttribute('aria-label', `Delete workspace ${id}`);
+    return b;
+  }
+
   async function load() {
     let items;
     try {
@@ -116,7 +122,7 @@ export function workspacesView(main) {
         h('td', { 'data-label': 'Path', class: 'path' }, w.path),
         state,
         usage,
-        h('td', { class: 'actions' }, button('Delete…', () => confirmDelete(w.id, load), { kind: 'ghost danger', title: `Delete ${w.id}` })),
+        h('td', { class: 'actions' }, deleteButton(w.id)),
       );
       return { tr, state, usage, id: w.id };
     });
@@ -129,17 +135,20 @@ export function workspacesView(main) {
         h('tbody', null, rows.map((r) => r.tr)),
       ),
     );
-    // Sandbox states, a few at a time (each may ask the engine).
-    for (const r of rows.slice(0, 50)) {
-      if (!alive) return;
-      try {
-        const s = await get(`${ws(r.id)}/sandbox`);
-        fill(r.state, stateBadge(s));
-        if (s.usage && s.usage.memory_bytes !== null) r.usage.textContent = fmtBytes(s.usage.memory_bytes);
-      } catch (e) {
-        fill(r.state, stateBadge({ error: e instanceof ApiError ? e.message : String(e) }));
+    // Sandbox states, four at a time (each asks the engine), for the first 100.
+    const queue = rows.slice(0, 100);
+    const worker = async () => {
+      for (let r = queue.shift(); r && alive; r = queue.shift()) {
+        try {
+          const s = await get(`${ws(r.id)}/sandbox`);
+          fill(r.state, stateBadge(s));
+          if (s.usage && s.usage.memory_bytes !== null) r.usage.textContent = fmtBytes(s.usage.memory_bytes);
+        } catch (e) {
+          fill(r.state, stateBadge({ error: e instanceof ApiError ? e.message : String(e) }));
+        }
       }
-    }
+    };
+    await Promise.all([worker(), worker(), worker(), worker()]);
   }
 
   load();

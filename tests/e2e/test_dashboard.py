@@ -31,31 +31,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE, require_docker
+from tests.conftest import CHROMIUM, SANDBOX_IMAGE, require_chromium, require_docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.timeout(300)]
 
 TOKEN = "browser-test-token"
-CHROMIUM = os.environ.get("LOOM_TEST_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(__file__).parent / "screenshots"
 REPO = Path(__file__).resolve().parents[2]
 WIDE = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
-
-
-def require_chromium() -> None:
-    """Skip without a browser; under REQUIRE_DOCKER=1 (CI) that is a failure."""
-    problem = None
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problem = "playwright is not installed (pip install -e '.[test]')"
-    if problem is None and not os.access(CHROMIUM, os.X_OK):
-        problem = f"{CHROMIUM} is not installed (scripts/setup installs Debian's chromium)"
-    if problem:
-        if REQUIRE_DOCKER:
-            pytest.fail(f"REQUIRE_DOCKER=1 but {problem}")
-        pytest.skip(problem)
 
 
 def free_port() -> int:

@@ -133,9 +133,10 @@ export async function stream(method, path, { query, body, signal, onEvent, onOpe
 /**
  * Follow a stream for as long as the returned handle is not closed: reconnects after a
  * network error (1 s, then up to 10 s apart), resuming from the last event's id.
- * onState('live' | 'reconnecting' | 'error', detail).
+ * onState('live' | 'reconnecting' | 'error', detail). ``cursorOf(event)`` is where the
+ * resume cursor is (default: the event's id).
  */
-export function follow(path, { query = {}, onEvent, onState, resumeParam = 'after' }) {
+export function follow(path, { query = {}, onEvent, onState, resumeParam = 'after', cursorOf = (ev) => ev.id }) {
   const ctl = new AbortController();
   let last = query[resumeParam] !== undefined ? String(query[resumeParam]) : null;
   let delay = 1000;
@@ -153,7 +154,8 @@ export function follow(path, { query = {}, onEvent, onState, resumeParam = 'afte
             if (onState) onState('live');
           },
           onEvent: (ev) => {
-            if (ev.id) last = ev.id;
+            const c = cursorOf(ev);
+            if (c !== null && c !== undefined && c !== '') last = String(c);
             onEvent(ev);
           },
         });

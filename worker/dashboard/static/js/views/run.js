@@ -131,6 +131,13 @@ export function runView(panel, id) {
     if (!alive) return false;
     procs.classList.remove('hidden');
     const list = r.processes || [];
+    const ids = new Set(list.map((p) => String(p.id)));
+    for (const [key, f] of followers) {
+      if (!ids.has(key)) {
+        if (f.handle) f.handle.close();
+        followers.delete(key);
+      }
+    }
     fill(
       procs,
       h('h2', { id: 'procs-title' }, 'Background processes'),
@@ -150,10 +157,20 @@ export function runView(panel, id) {
       f.handle = follow(`${base}/processes/${encodeURIComponent(key)}/output`, {
         query: { follow: 1 },
         resumeParam: 'since',
+        cursorOf: (ev) => {
+          try {
+            const d = JSON.parse(ev.data);
+            return d.cursor !== undefined ? d.cursor : ev.id;
+          } catch {
+            return ev.id;
+          }
+        },
         onEvent: (ev) => {
           const d = JSON.parse(ev.data);
+          const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
           if (ev.event === 'output') pre.append(h('span', { class: d.stream === 'stderr' ? 'stderr' : null }, d.text));
           else if (ev.event === 'exit') pre.append(h('span', { class: 'muted' }, `\n[exited: ${d.outcome || ''} ${d.exit_code ?? ''}]\n`));
+          if (atEnd) pre.scrollTop = pre.scrollHeight; // follow the output unless the user scrolled up
         },
       });
     }

@@ -411,6 +411,13 @@ def test_run_a_command_and_browse_the_files(tab: Page, service: Service) -> None
     page.get_by_role("tab", name="Egress").click()
     expect(page.get_by_role("tabpanel")).to_contain_text("No network")
     tab.shot("egress")
+    # the command run here is in the timeline; the file views only when asked for
+    page.get_by_role("tab", name="Timeline").click()
+    expect(page.locator("tr.call:visible")).to_have_count(1)
+    expect(page.locator("tr.call:visible")).to_contain_text("echo made")
+    page.get_by_label("Show the dashboard's own reads").check()
+    expect(page.locator("tr.call:visible", has_text="list_directory").first).to_be_visible()
+    expect(page.locator("tr.call:visible", has_text="read_file")).to_have_count(1)
 
 
 def test_long_running_output_arrives_live(tab: Page, service: Service) -> None:

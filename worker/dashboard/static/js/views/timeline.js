@@ -7,7 +7,9 @@ import { diffView } from '../diffview.js';
 import { openUndo } from './undo.js';
 
 const PAGE = 100;
-const UI_PREFIX = 'dashboard-';
+// The dashboard's own file views (Files tab): hidden unless asked for. Commands it runs
+// (dashboard-run-...) change things and are always shown.
+const UI_READS = ['dashboard-list-', 'dashboard-read-'];
 
 export function outcomeOf(c) {
   if (c.success) return ['ok', 'ok'];
@@ -115,7 +117,7 @@ export function timelineView(panel, id) {
 
   function row(c) {
     const [label, tone] = outcomeOf(c);
-    const ui = (c.call_id || '').startsWith(UI_PREFIX);
+    const ui = UI_READS.some((p) => (c.call_id || '').startsWith(p));
     const tr = h(
       'tr',
       {

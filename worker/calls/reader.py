@@ -36,7 +36,8 @@ def _parse(line: bytes, cursor: int) -> dict[str, Any] | None:
 
 def page(directory: Path, *, before: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], int | None]:
     """Up to ``limit`` calls whose cursor is below ``before`` (all when None), newest
-    first, and the ``before`` of the next page (None when nothing older is left)."""
+    first, and the ``before`` of the next page (None when nothing older is left).
+    Raises OSError when the journal cannot be read (not for a missing one)."""
     out: list[dict[str, Any]] = []
     bases = segments(directory)
     for i in range(len(bases) - 1, -1, -1):
@@ -141,7 +142,8 @@ class Tail:
         return True
 
     def read(self) -> list[dict[str, Any]]:
-        """The complete calls appended since the last read (at most about 1 MiB of them)."""
+        """The complete calls appended since the last read (at most about 1 MiB of them).
+        Raises OSError when the journal cannot be read (not for a missing one)."""
         out: list[dict[str, Any]] = []
         for _ in range(4):  # at most a few segment boundaries per read
             if not self._segment():

@@ -101,8 +101,9 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
     ) -> Response:
         """The workspace's tool calls, newest first, a page at a time (follow ``next``)."""
         path = workspaces.path(workspace_id)
-        directory = journal_of(request).directory(path)
-        found, nxt = page(directory, before=before, limit=limit)
+        journal = journal_of(request)
+        journal.flush()  # this process's calls of this very loop turn too
+        found, nxt = page(journal.directory(path), before=before, limit=limit)
         return Response(encode_json({"calls": found, "next": nxt}), media_type="application/json")
 
     @app.get(
@@ -144,6 +145,7 @@ async def _events(journal: CallJournal, path: Any, after: int | None) -> AsyncIt
         yield ServerSentEvent(comment="ready")  # headers out now: the client knows it is connected
         while True:
             wake.clear()
+            journal.flush()
             for rec in tail.read():
                 yield ServerSentEvent(data=json_line(rec), event="call", id=str(rec["cursor"]))
             try:

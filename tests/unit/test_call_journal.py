@@ -3,6 +3,7 @@ writing processes, and the registry writing it (LocalProcessBackend, no Docker).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -277,13 +278,14 @@ async def test_the_registry_records_every_call_with_an_id(tmp_path: Path, local_
     await reg.execute("no_such_tool", {}, ws)
     await reg.execute("read_file", {"path": "a.txt"}, tmp_path / "missing")  # no workspace: not recorded
     await reg.execute("read_file", {"path": "a.txt"})  # none given: not recorded
+    await asyncio.sleep(0)  # written just after each call, at the loop's next turn
     calls = every_call(reg.journal.directory(ws))[::-1]
     assert [c["tool"] for c in calls] == ["write_file", "read_file", "read_file", "no_such_tool"]
     assert calls[0]["args"] == {"path": "a.txt", "content": "[5 chars]"} and calls[0]["files_changed"] == ["a.txt"]
     assert calls[0]["call_id"].startswith("call_") and len(calls[0]["call_id"]) == 21
     assert calls[1]["call_id"] == "mine" and calls[1]["subtask_id"] == "s1" and calls[1]["success"]
     assert not calls[2]["success"] and "Invalid arguments" in calls[2]["error"]
-    assert len(woken) == 4
+    assert 1 <= len(woken) <= 4  # one wake-up per write (calls queued in one turn share one)
     assert not (tmp_path / "data" / "workspaces").joinpath("missing").exists()
 
 
@@ -299,6 +301,7 @@ async def test_calls_without_an_id_are_recorded_in_the_changelog_under_the_new_i
     reg.journal = CallJournal(tmp_path / "data")
     try:
         await reg.execute("write_file", {"path": "a.txt", "content": "1"}, ws)
+        reg.journal.flush()
         (call,), _ = page(reg.journal.directory(ws))
         entries = await pool.recorder(ws).log()
         assert [e.call_id for e in entries] == [call["call_id"]]
@@ -312,3 +315,16 @@ def test_default_registry_has_a_journal_under_the_data_dir(tmp_path: Path) -> No
     reg = default_registry(data_dir=tmp_path, catalog=False, call_journal_bytes=1 << 20)
     assert isinstance(reg.journal, CallJournal)
     assert reg.journal.data_dir == tmp_path and reg.journal.max_bytes == 1 << 20
+
+
+async def test_queued_calls_are_written_by_close_or_at_once_without_a_loop(tmp_path: Path) -> None:
+    j = CallJournal(tmp_path / "data")
+    j.record(tmp_path, "read_file", {"path": "a"}, OK, 1.0, call_id="queued", subtask_id=None)
+    assert page(j.directory(tmp_path)) == ([], None)
+    j.close()  # a process ending writes what it queued
+    assert [c["call_id"] for c in page(j.directory(tmp_path))[0]] == ["queued"]
+    args = {"path": "before"}
+    j.record(tmp_path, "read_file", args, OK, 1.0, call_id="copied", subtask_id=None)
+    args["path"] = "after"  # the caller reuses its dict: the journal kept what was called
+    await asyncio.sleep(0)
+    assert page(j.directory(tmp_path))[0][0]["args"] == {"path": "before"}

@@ -75,6 +75,26 @@ def require_docker() -> None:
         pytest.skip(_PROBLEM)
 
 
+#: The browser the dashboard's tests drive (Debian's chromium; scripts/setup installs it).
+CHROMIUM = os.environ.get("LOOM_TEST_CHROMIUM", "/usr/bin/chromium")
+
+
+def require_chromium() -> None:
+    """Skip a browser test without Playwright or chromium; under REQUIRE_DOCKER=1 (CI)
+    that is a failure, as for the Docker tests."""
+    problem = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problem = "playwright is not installed (pip install -e '.[test]')"
+    if problem is None and not os.access(CHROMIUM, os.X_OK):
+        problem = f"{CHROMIUM} is not installed (scripts/setup installs Debian's chromium)"
+    if problem:
+        if REQUIRE_DOCKER:
+            pytest.fail(f"REQUIRE_DOCKER=1 but {problem}")
+        pytest.skip(problem)
+
+
 def gvisor_available() -> bool:
     try:
         r = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, timeout=20)

@@ -13,6 +13,9 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
     *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
     + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
+    + settings, egress, call history (:mod:`worker.http_calls`), per-call diffs
+      (:mod:`worker.http_changes`), sandbox state (:mod:`worker.http_sandbox`)
+    GET    /  and /ui/*                         the dashboard (:mod:`worker.dashboard`)
 
 Client input never produces a 500: bad bodies are 422 naming the field, unknown
 workspaces 404, a full service 429, a large body 413; tool failures are results
@@ -505,6 +508,16 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
+    from . import http_calls, http_changes, http_sandbox
+    from .dashboard import mount as mount_dashboard
+
+    for module in (http_calls, http_changes, http_sandbox):
+        module.add_routes(app, workspaces, auth, ws_errors)
+    mount_dashboard(
+        app,
+        token_required=bool(settings.api_token),
+        on_reject=lambda reason: box_metrics.rejected.labels(reason=reason).inc(),
+    )
     app.router.routes.append(Route("/v1/workspaces/{workspace_id}/mcp", endpoint=_McpEndpoint(app)))
     # Outermost: the limit applies before anything reads the body.
     app.add_middleware(

@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         1 << 30, ge=0, description="Content the shell baseline keeps per workspace; beyond it, stat only."
     )
     changelog_max_files: int = Field(200_000, ge=1, description="Files a change scan walks (beyond: reported).")
+    call_journal_bytes: int = Field(
+        16 << 20,
+        ge=0,
+        description="History of tool calls kept per workspace (the dashboard's timeline, GET .../calls); "
+        "0: none recorded.",
+    )
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )

@@ -29,15 +29,16 @@ CHUNK = 1 << 20
 SYNTHETIC = (127, 77)
 TRANSPARENT_PORTS = (80, 443)
 
-_state = {"socket": None, "active": 0}
+_socket = [""]  # the gateway's socket path, set by start()
+_active = [0]  # relayed connections open now
 _lock = threading.Lock()
-_bound = set()
+_bound = set()  # type: set  # the 127.77.x.y addresses listened on
 
 
 def start(config):
     """Start the relay's listeners (threads). ``config``: {"socket": path, "proxy_port":
     n, "dns_port": n}. Listeners that cannot bind are skipped (a command may hold the port)."""
-    _state["socket"] = config["socket"]
+    _socket[0] = str(config["socket"])
     try:
         lst = _listen("127.0.0.1", int(config.get("proxy_port", 3128)))
     except OSError:
@@ -82,7 +83,7 @@ def _listen(host, port):
 def _gateway(header):
     g = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        g.connect(_state["socket"])
+        g.connect(_socket[0])
         g.sendall(HEADER + header + b"\n")
     except OSError:
         g.close()
@@ -97,9 +98,9 @@ def _accept_loop(lst, kind):
         except OSError:
             continue
         with _lock:
-            full = _state["active"] >= MAX_CONNECTIONS
+            full = _active[0] >= MAX_CONNECTIONS
             if not full:
-                _state["active"] += 1
+                _active[0] += 1
         if full:
             conn.close()
             continue
@@ -131,7 +132,7 @@ def _serve(conn, header):
         conn.close()
     finally:
         with _lock:
-            _state["active"] -= 1
+            _active[0] -= 1
 
 
 def _pipe(src, dst):

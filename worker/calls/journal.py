@@ -41,13 +41,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import structlog
+from sandbox.logs import get_logger
 
 from ..changelog.recorder import workspace_dir
 from ..result import ToolResult, json_line
 from .brief import call_record
 
-log = structlog.get_logger("worker.calls")
+log = get_logger("worker.calls")
 
 #: Directory of the journal inside a workspace's data directory.
 DIRNAME = "calls"

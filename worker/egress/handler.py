@@ -197,7 +197,8 @@ class Connection:
 
     async def _proxy(self) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-        conn.receive_data(bytes(self.buf))
+        if self.buf:  # (h11 takes b"" for the end of the stream)
+            conn.receive_data(bytes(self.buf))
         self.buf.clear()
         event = await self._next_event(conn)
         if not isinstance(event, h11.Request):

@@ -41,6 +41,8 @@ The modules, each importing only those above it (no cycles)::
     search     ripgrep or Python
     command    exec
     spawn      long-lived processes with streamed stdio
+    supervisor the program that owns one background process (run apart from the agent)
+    processes  background processes: start, output, input, kill, list (via supervisors)
     relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
     main       the hello, dispatch, worker threads, the serve loop, the end of the agent
 

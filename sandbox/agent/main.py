@@ -22,6 +22,7 @@ from . import (
     command,
     files,
     listing,
+    processes,
     proctree,
     relay,
     scan,
@@ -98,6 +99,12 @@ SLOW_OPS = {
     "spawn": spawn.op_spawn,
     "stdin": spawn.op_stdin,
     "kill": spawn.op_kill,
+    "proc_start": processes.op_proc_start,
+    "proc_output": processes.op_proc_output,
+    "proc_input": processes.op_proc_input,
+    "proc_kill": processes.op_proc_kill,
+    "proc_list": processes.op_proc_list,
+    "proc_release": processes.op_proc_release,
 }
 
 

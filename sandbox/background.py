@@ -126,7 +126,8 @@ class BackgroundMixin:
         return int(_num(r.get("written"), "byte count"))
 
     async def process_kill(self, process_id: str, *, signal: int = 15, grace: float = 0.5) -> ProcessInfo:
-        r = await self._call("proc_kill", {"proc_id": process_id, "signal": signal, "grace": grace}, timeout=grace + 40.0)
+        args = {"proc_id": process_id, "signal": signal, "grace": grace}
+        r = await self._call("proc_kill", args, timeout=grace + 40.0)
         return process_info(r)
 
     async def process_release(self, process_id: str) -> None:

@@ -13,6 +13,7 @@ tree-kill and reaps them when they exit.
 import json
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -62,10 +63,33 @@ def _interpreter():
     return [sys.executable]
 
 
+#: The supervisor's ``-c`` program: its source follows on stdin (a short command line in
+#: ``ps``, not the whole program), then its config line, from the same buffered object.
+_BOOT = (
+    "import sys;r=sys.stdin.buffer;n=int(r.readline());"
+    "exec(compile(r.read(n),'loom-supervisor','exec'),{'__name__':'__main__'})"
+)
+
+
 def _supervisor_source():
     """The supervisor's program: its module's source, as this agent got it."""
     loader = supervisor.__spec__.loader  # type: Any
     return loader.get_source(supervisor.__name__)
+
+
+def _quiet(fn, *args):
+    """``fn(*args)`` with SIGPIPE held off this thread: the agent keeps SIGPIPE's default
+    (so commands inherit it), which would end the agent on a write to a supervisor that
+    just died. A SIGPIPE raised meanwhile is taken off (the write fails with EPIPE)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        return fn(*args)
+    finally:
+        try:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        except (OSError, AttributeError):
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _reap():
@@ -92,7 +116,7 @@ def _ask(pid_id, req, timeout):
                 "not_found",
                 "No process %s in this workspace (unknown, or it ended more than its linger time ago)" % pid_id,
             )
-        s.sendall(json.dumps(req).encode() + b"\n")
+        _quiet(s.sendall, json.dumps(req).encode() + b"\n")
         f = s.makefile("rb")
         line = f.readline()
         f.close()
@@ -118,7 +142,7 @@ def _all():
         if not name.endswith(".sock"):
             continue
         try:
-            out.append(_ask(name[:-5], {"op": "info"}, 2.0))
+            out.append(_ask(name[:-5], {"op": "info"}, 5.0))
         except Refused:
             continue
     return out
@@ -162,7 +186,7 @@ def op_proc_start(req):
     sup_env = {"PATH": "/usr/bin:/bin", "LOOM_CALL": cfg["marker"]}
     try:
         p = subprocess.Popen(
-            _interpreter() + ["-I", "-S", "-c", _supervisor_source()],
+            _interpreter() + ["-I", "-S", "-c", _BOOT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -176,11 +200,17 @@ def op_proc_start(req):
     proctree.spare(p.pid)
     with _lock:
         _started[p.pid] = p
-    try:
-        p.stdin.write(json.dumps(cfg).encode() + b"\n")
-        p.stdin.close()
-    except OSError:
-        pass
+    src = _supervisor_source().encode("utf-8")
+    boot = b"%d\n" % len(src) + src + json.dumps(cfg).encode() + b"\n"
+
+    def feed():
+        try:
+            p.stdin.write(boot)
+            p.stdin.close()
+        except OSError:
+            pass
+
+    _quiet(feed)
     line = [b""]
 
     def read():

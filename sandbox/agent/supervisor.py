@@ -29,6 +29,7 @@ import base64
 import ctypes
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -137,35 +138,32 @@ class Supervisor(object):
             restore_signals=True,
         )  # type: Any
         self.proc = proc
-        for pipe, stream in ((proc.stdout, self.out), (proc.stderr, self.err)):
-            t = threading.Thread(target=self._read, args=(pipe.fileno(), stream))
+        # Few threads: under gVisor's ptrace platform each is a host thread, counted
+        # against the container's pids limit like a process.
+        for target in (self._read, self._wait):
+            t = threading.Thread(target=target)
             t.daemon = True
             t.start()
-        t = threading.Thread(target=self._wait)
-        t.daemon = True
-        t.start()
-        timeout = float(cfg.get("timeout") or 0)
-        if timeout > 0:
-            t = threading.Thread(target=self._deadline, args=(timeout,))
-            t.daemon = True
-            t.start()
-        t = threading.Thread(target=self._keep_awake)
-        t.daemon = True
-        t.start()
 
-    def _read(self, fd, stream):
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                chunk = b""
-            with self.lock:
-                if not chunk:
-                    self.readers_done += 1
+    def _read(self):
+        """Both pipes, on one thread, until both end."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ, self.out)
+        sel.register(self.proc.stderr.fileno(), selectors.EVENT_READ, self.err)
+        while sel.get_map():
+            for key, _ in sel.select():
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except OSError:
+                    chunk = b""
+                with self.lock:
+                    if chunk:
+                        key.data.add(chunk)
+                    else:
+                        sel.unregister(key.fd)
+                        self.readers_done += 1
                     self.lock.notify_all()
-                    return
-                stream.add(chunk)
-                self.lock.notify_all()
+        sel.close()
 
     def _wait(self):
         """Reap every child (orphans come back to us as subreaper); the main one's status
@@ -209,22 +207,18 @@ class Supervisor(object):
             except OSError:
                 time.sleep(0.5)
 
-    def _deadline(self, timeout):
-        end = self.started + timeout
-        while self.ended is None:
-            left = end - time.time()
-            if left <= 0:
-                with self.lock:
-                    if self.ended is None and self.reason is None:
-                        self.reason = "timeout"
-                self.kill_tree(self.grace)
-                return
-            time.sleep(min(left, 1.0))
-
-    def _keep_awake(self):
-        """While the process runs, the sandbox is not idle (the keeper's clock)."""
+    def tick(self, now, last_touch):
+        """Called by the main loop about every 0.2 s: the timeout, and the keeper's
+        clock (while the process runs the sandbox is not idle). Returns the last touch."""
+        if self.ended is not None:
+            return last_touch
+        timeout = float(self.cfg.get("timeout") or 0)
+        if timeout > 0 and now - self.started > timeout and self.reason is None:
+            with self.lock:
+                self.reason = "timeout"
+            self.kill_tree(self.grace)
         path = self.cfg.get("activity_file")
-        while self.ended is None and path:
+        if path and now - last_touch >= 5.0:
             try:
                 os.utime(path, None)
             except OSError:
@@ -232,7 +226,8 @@ class Supervisor(object):
                     open(path, "a").close()
                 except OSError:
                     pass
-            time.sleep(5.0)
+            return now
+        return last_touch
 
     # -- its tree -----------------------------------------------------------------------
 
@@ -430,7 +425,7 @@ class Supervisor(object):
 
 
 def main():
-    cfg = json.loads(sys.stdin.buffer.readline())
+    cfg = json.loads(sys.stdin.buffer.readline())  # (the same buffer the bootstrap read us from)
     sup = Supervisor(cfg)
     path = os.path.join(cfg["dir"], cfg["id"] + ".sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -456,9 +451,12 @@ def main():
     t.daemon = True
     t.start()
     linger = float(cfg.get("linger", 600))
+    touched = 0.0
     while True:
         time.sleep(0.2)
-        if sup.released or (sup.ended is not None and time.time() - sup.ended > linger):
+        now = time.time()
+        touched = sup.tick(now, touched)
+        if sup.released or (sup.ended is not None and now - sup.ended > linger):
             break
     try:
         os.unlink(path)

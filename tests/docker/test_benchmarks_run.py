@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_cli.py", "--n", "2", "--n-slow", "1"],
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--journal"],
         ["bench/bench_egress.py", "--rounds", "1", "--pip-rounds", "1", "--mb", "8"],
+        ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
     ],
-    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal", "egress"],
+    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal", "egress", "processes"],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:
     env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}

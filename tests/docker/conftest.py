@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,24 @@ async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[Do
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+@contextlib.asynccontextmanager
+async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object) -> AsyncIterator[Any]:
+    """A default registry (catalog off, data under ``tmp_path``) whose sandboxes are
+    stopped afterwards. ``settings`` are ``worker.settings.Settings`` fields."""
+    from worker.registry import default_registry
+    from worker.settings import Settings
+
+    require_runtime(runtime)
+    s = Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, runtime=runtime, catalog=False, **settings)  # type: ignore[arg-type]
+    reg = default_registry(s)
+    try:
+        yield reg
+    finally:
+        for ws in list(reg._workspaces):
+            await reg.stop(ws)
+        await reg.aclose()
 
 
 def require_runtime(runtime: str) -> None:

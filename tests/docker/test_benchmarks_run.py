@@ -21,7 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40"],
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--loop", "asyncio"],
-        ["bench/bench_changelog.py", "--n", "5", "--files", "60", "--durability", "both"],
+        [
+            "bench/bench_changelog.py",
+            "--n",
+            "5",
+            "--files",
+            "60",
+            "--durability",
+            "both",
+            "--tree-files",
+            "300",
+            "--tree-rounds",
+            "1",
+        ],
         ["bench/bench_cli.py", "--n", "2", "--n-slow", "1"],
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--journal"],
         ["bench/bench_egress.py", "--rounds", "1", "--pip-rounds", "1", "--mb", "8"],
@@ -36,7 +48,6 @@ def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 3, p.stdout
     assert "p50" in rows[0] or "median" in rows[0] or "host directly" in rows[0]
-
 
 
 @pytest.mark.browser

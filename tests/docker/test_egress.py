@@ -22,10 +22,8 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import SANDBOX_IMAGE
-from tests.docker.conftest import require_runtime
-from worker.registry import ToolRegistry, default_registry
-from worker.settings import Settings
+from tests.docker.conftest import own_registry
+from worker.registry import ToolRegistry
 from worker.workspace_settings import SettingsError
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -35,17 +33,8 @@ REGISTRY_IP = socket.gethostbyname("pypi.org")  # a registry's address (here: th
 
 @pytest.fixture(params=["runc", "runsc"])
 async def registry(request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path) -> AsyncIterator[ToolRegistry]:
-    require_runtime(request.param)
-    settings = Settings(
-        data_dir=tmp_path / "data", image=SANDBOX_IMAGE, runtime=request.param, ca_bundle=HOST_CA, catalog=False
-    )
-    reg = default_registry(settings)
-    try:
+    async with own_registry(tmp_path, request.param, ca_bundle=HOST_CA) as reg:
         yield reg
-    finally:
-        for ws in list(reg._workspaces):
-            await reg.stop(ws)
-        await reg.aclose()
 
 
 def workspace(tmp_path: Path, name: str) -> Path:

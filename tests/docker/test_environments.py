@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from tests.conftest import SANDBOX_IMAGE
-from tests.docker.conftest import require_runtime
+from tests.docker.conftest import own_registry, require_runtime
 from worker.registry import ToolRegistry, default_registry
 from worker.settings import Settings
 from worker.workspace_settings import SettingsError, SettingsStore
@@ -24,14 +24,8 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 @pytest.fixture
 async def registry(docker_ready: None, tmp_path: Path) -> AsyncIterator[ToolRegistry]:
-    settings = Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, catalog=False)
-    reg = default_registry(settings)
-    try:
+    async with own_registry(tmp_path) as reg:
         yield reg
-    finally:
-        for ws in list(reg._workspaces):
-            await reg.stop(ws)
-        await reg.aclose()
 
 
 def _container(workspace: Path) -> Any:

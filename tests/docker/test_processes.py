@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from tests.conftest import SANDBOX_IMAGE
-from tests.docker.conftest import require_runtime
+from tests.docker.conftest import own_registry
 from worker.registry import ToolRegistry, default_registry
 from worker.settings import Settings
 
@@ -25,15 +25,8 @@ pytestmark = [pytest.mark.docker]
 
 @pytest.fixture(params=["runc", "runsc"])
 async def registry(request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path) -> AsyncIterator[ToolRegistry]:
-    require_runtime(request.param)
-    settings = Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, runtime=request.param, catalog=False)
-    reg = default_registry(settings)
-    try:
+    async with own_registry(tmp_path, request.param) as reg:
         yield reg
-    finally:
-        for ws in list(reg._workspaces):
-            await reg.stop(ws)
-        await reg.aclose()
 
 
 def workspace(tmp_path: Path, name: str = "ws") -> Path:
@@ -71,8 +64,13 @@ async def test_a_background_server_is_reached_by_later_calls(registry: ToolRegis
     fetch = "for i in $(seq 50); do curl -sf http://127.0.0.1:8000/index.html && exit 0; sleep 0.2; done; exit 1"
     r = await call(registry, ws, "shell_execute", command=fetch)
     assert r.success and "hello from the sandbox" in r.output, r.output
-    r = await call(registry, ws, "process_output", process_id=pid, wait_ms=2000)
-    assert "GET /index.html" in r.output and r.data["running"], r.output
+    seen = ""
+    for _ in range(10):  # ("Serving HTTP on ..." may come first)
+        r = await call(registry, ws, "process_output", process_id=pid, wait_ms=2000)
+        seen += r.output
+        if "GET /index.html" in seen:
+            break
+    assert "GET /index.html" in seen and r.data["running"], seen
     r = await call(registry, ws, "process_list")
     assert [p["process_id"] for p in r.data["processes"]] == [pid] and r.data["processes"][0]["running"]
     r = await call(registry, ws, "process_kill", process_id=pid)

@@ -30,6 +30,7 @@ from .base import (
     ListEntry,
     ListResult,
     Outcome,
+    OutputCallback,
     ReadResult,
     Sandbox,
     ScanEntry,
@@ -45,6 +46,7 @@ from .base import (
 from .connection import AgentConnection
 from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError
 from .process import SandboxProcess
+from .tunnel import SandboxTunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
@@ -123,6 +125,8 @@ class AgentSandbox(Sandbox):
         self._exec_lock = asyncio.Lock()
         self._io_timeout = io_timeout
         self.restarts = 0
+        #: The connection and request id of the command running now (for signals).
+        self._running: tuple[AgentConnection, int] | None = None
 
     async def connection(self) -> AgentConnection:
         conn = self._conn
@@ -418,6 +422,28 @@ class AgentSandbox(Sandbox):
         r = await self._call("hello", {})
         return agent_info(r)
 
+    async def open_tunnel(self, port: int) -> SandboxTunnel:
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise ValueError("port must be 1-65535")
+        conn = await self.connection()
+        return await SandboxTunnel.open(conn, port, timeout=self._io_timeout + DEADLINE_SLACK)
+
+    async def signal_command(self, signal: int) -> bool:
+        """Send ``signal`` (2 SIGINT, 15 SIGTERM or 9 SIGKILL) to the process group of the
+        command this sandbox runs now, as a terminal's Ctrl-C would. Returns False when
+        none runs. What the command leaves behind is killed when it ends, as always.
+
+        Raises ValueError for another signal, SandboxLostError.
+        """
+        if signal not in (2, 9, 15):
+            raise ValueError("signal must be 2, 9 or 15")
+        running = self._running
+        if running is None:
+            return False
+        conn, rid = running
+        await conn.notify("exec_signal", {"req": rid, "signal": signal})
+        return True
+
     # -- exec ------------------------------------------------------------------------
 
     async def exec(
@@ -431,6 +457,7 @@ class AgentSandbox(Sandbox):
         argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
         scan: ScanRequest | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ExecResult:
         # One command at a time per connection: the agent kills the whole process subtree
         # it owns when a command ends, so two commands must not share it.
@@ -454,9 +481,22 @@ class AgentSandbox(Sandbox):
                     "exclude": list(scan.exclude),
                     "max_files": scan.max_files,
                 }
+            on_event = None
+            if on_output is not None:
+                args["stream"] = True
+                on_event = _output_events(on_output)
+            deadline = timeout + 2.0 + (30.0 if scan is not None else 0.0) + DEADLINE_SLACK
             try:
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
-                r = await self._call("exec", args, timeout=timeout + 2.0 + (30.0 if scan is not None else 0.0))
+                conn = await self.connection()
+
+                def sent(rid: int) -> None:
+                    self._running = (conn, rid)
+
+                try:
+                    r = await conn.request("exec", args, timeout=deadline, on_event=on_event, on_sent=sent)
+                finally:
+                    self._running = None
             except (SandboxLostError, SandboxTimeoutError) as e:
                 detail = str(e)
                 why = await self._on_exec_lost() if self._on_exec_lost is not None else None
@@ -516,6 +556,22 @@ class AgentSandbox(Sandbox):
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+def _output_events(on_output: OutputCallback) -> Callable[[dict[str, Any]], None]:
+    """The handler of a streamed command's ``output`` events: checked, decoded, handed on."""
+
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg.get("event") != "output":
+            return  # "lost": the exec call itself reports it
+        stream = msg.get("stream")
+        if stream not in ("stdout", "stderr"):
+            raise ProtocolError(f"agent sent output of an unknown stream {stream!r:.40}")
+        data = _b64(msg.get("data"), "output", 1 << 20)
+        if data:
+            on_output(stream, data)
+
+    return on_event
 
 
 def _scan_result(r: Any, max_files: int) -> ScanResult:

@@ -6,6 +6,12 @@ with ids, host-side deadlines and failure translation. A transport either pushes
 ``data_received``, so a response resolves its caller's future without waking a reader
 task first) or is pulled by a reader task (:meth:`Transport.read`).
 
+Besides answers the agent sends events: a spawned process's output (routed by its
+``proc`` to :attr:`AgentConnection.event_handlers`), a streamed command's output (by its
+request's ``req``, see ``request(on_event=...)``) and a tunnel's bytes (by its
+``tunnel``, see :meth:`AgentConnection.set_stream_handler`). :meth:`AgentConnection.notify`
+sends a request the agent does not answer.
+
 Everything the agent sends is untrusted: a line over
 :data:`~sandbox.protocol.MAX_RESPONSE_BYTES`, non-JSON, or a response without a valid id
 is a :class:`~sandbox.errors.ProtocolError` and ends the connection; a line without this
@@ -207,6 +213,10 @@ class AgentConnection:
         # process's first output can come in one chunk, before the spawner resumes.
         self._early_events: dict[int, list[tuple[dict[str, Any], int]]] = {}
         self._early_bytes = 0
+        #: Events of one request (``req``: a streamed exec) or one tunnel (``tunnel``),
+        #: by (that key, its id); registered before anything can arrive for them.
+        self._streams: dict[tuple[str, int], Callable[[dict[str, Any]], None]] = {}
+        self._tunnel_ids = itertools.count(1)
 
     @property
     def direct(self) -> bool:
@@ -221,6 +231,19 @@ class AgentConnection:
             self._early_bytes -= size
             if self.event_handlers.get(proc) is handler:
                 handler(msg)
+
+    def set_stream_handler(self, kind: str, key: int, handler: Callable[[dict[str, Any]], None] | None) -> None:
+        """Route events carrying ``{kind: key}`` (``kind``: ``"req"`` or ``"tunnel"``) to
+        ``handler`` (None: drop them from now on). It also gets ``{"event": "lost"}``
+        when the connection ends."""
+        if handler is None:
+            self._streams.pop((kind, key), None)
+        else:
+            self._streams[(kind, key)] = handler
+
+    def new_tunnel_id(self) -> int:
+        """A tunnel id not used before on this connection (the host names tunnels)."""
+        return next(self._tunnel_ids)
 
     async def start(self, config: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
         """Deliver the agent and its config; return its hello.
@@ -303,8 +326,36 @@ class AgentConnection:
         if err:
             self._stderr.append(err[-4096:])
 
-    async def request(self, op: str, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    async def notify(self, op: str, args: dict[str, Any]) -> None:
+        """Send a request the agent does not answer (an op of its ``NOTIFY_OPS``).
+
+        Raises SandboxLostError when the connection is closed or the write fails.
+        """
+        if self.closed:
+            raise SandboxLostError(f"Sandbox connection is closed ({self.close_reason})")
+        payload = dict(args)
+        payload["op"] = op
+        try:
+            async with self._write_lock:
+                await self._transport.write(protocol.encode(payload))
+        except OSError as e:
+            await self.close(f"write failed: {e!r}")
+            raise SandboxLostError(f"The sandbox connection broke: {e}") from e
+
+    async def request(
+        self,
+        op: str,
+        args: dict[str, Any],
+        *,
+        timeout: float,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_sent: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
         """Send one request and wait for its answer.
+
+        ``on_event`` gets the events the agent sends for this request (``"req": id``),
+        all of them before the answer, and ``{"event": "lost"}`` if the connection ends
+        first. ``on_sent(id)`` is called once the request is written.
 
         Raises AgentError subclasses for refusals, SandboxLostError when the stream ends,
         SandboxTimeoutError when ``timeout`` passes (the connection is then closed,
@@ -320,9 +371,13 @@ class AgentConnection:
         payload["id"] = rid
         payload["op"] = op
         timer: asyncio.TimerHandle | None = None
+        if on_event is not None:
+            self._streams[("req", rid)] = on_event
         try:
             async with self._write_lock:
                 await self._transport.write(protocol.encode(payload))
+            if on_sent is not None:
+                on_sent(rid)
             # The deadline counts from the end of the write, as asyncio.wait_for did; one
             # timer handle that fails the future is much cheaper than wait_for (a wrapper
             # coroutine, a second future and done-callbacks on every call).
@@ -338,6 +393,8 @@ class AgentConnection:
             if timer is not None:
                 timer.cancel()
             self._pending.pop(rid, None)
+            if on_event is not None:
+                self._streams.pop(("req", rid), None)
         if resp.get("ok") is True:
             result = resp.get("result")
             if not isinstance(result, dict):
@@ -449,6 +506,14 @@ class AgentConnection:
             log.warning("sandbox.forged_message", connection=self._label, count=self.forged)
             return
         if "event" in msg:
+            if self._streams:
+                for kind in ("req", "tunnel"):
+                    key = msg.get(kind)
+                    if key is not None:
+                        stream = self._streams.get((kind, key)) if isinstance(key, int) else None
+                        if stream is not None:
+                            stream(msg)
+                        return  # an event of a stream given up: dropped
             proc = msg.get("proc")
             handler = self.event_handlers.get(proc) if isinstance(proc, int) else None
             if handler is not None:
@@ -481,6 +546,10 @@ class AgentConnection:
         for handler in list(self.event_handlers.values()):
             handler({"event": "lost", "reason": self.close_reason})
         self.event_handlers.clear()
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            stream({"event": "lost", "reason": self.close_reason})
         self._early_events.clear()
         self._early_bytes = 0
         for fut in self._pending.values():

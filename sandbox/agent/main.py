@@ -29,6 +29,7 @@ from . import (
     state,
     tidy,
     tree,
+    tunnel,
     write,
 )
 from .errors import Refused, error_answer
@@ -97,6 +98,16 @@ SLOW_OPS = {
     "spawn": spawn.op_spawn,
     "stdin": spawn.op_stdin,
     "kill": spawn.op_kill,
+    "tunnel_open": tunnel.op_tunnel_open,
+}
+#: Notifications: requests without an id, never answered (a failure is dropped; what they
+#: act on reports through its own events). They are cheap and run on the reading thread,
+#: in order.
+NOTIFY_OPS = {
+    "tunnel_send": tunnel.op_tunnel_send,
+    "tunnel_ack": tunnel.op_tunnel_ack,
+    "tunnel_close": tunnel.op_tunnel_close,
+    "exec_signal": command.op_exec_signal,
 }
 
 
@@ -179,7 +190,13 @@ def _serve(reader):
         except ValueError as e:
             channel.send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
             continue
-        if req.get("op") in SLOW_OPS:
+        op = req.get("op")
+        if op in NOTIFY_OPS and "id" not in req:
+            try:
+                NOTIFY_OPS[op](req)
+            except Exception:
+                pass
+        elif op in SLOW_OPS:
             _dispatch_slow(req)
         else:
             _handle(req)
@@ -191,6 +208,7 @@ def _host_gone():
     with _gone_lock:
         write.drop_staged()
         tidy.drain(5.0)
+        tunnel.close_all()
         spawn.kill_all()
         proctree.kill_tree(0)
 

@@ -1,0 +1,219 @@
+"""Tunnels to a port on the sandbox's loopback, over the agent's channel, with the agent
+run as a host subprocess (so "the sandbox's loopback" is this host's here; the Docker
+tests run the same code in containers). Real sockets, real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import tunnel as T
+from sandbox.errors import AgentError, TunnelClosedError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[int]:
+    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def _hash_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads to EOF, answers with the sha256 and size of what it got, then sends 8 MB."""
+    h = hashlib.sha256()
+    n = 0
+    while data := await reader.read(1 << 16):
+        h.update(data)
+        n += len(data)
+    writer.write(f"{h.hexdigest()} {n}\n".encode())
+    block = bytes(range(256)) * 4096
+    for _ in range(8):
+        writer.write(block)
+        await writer.drain()
+    writer.close()
+
+
+async def read_all(t: T.SandboxTunnel) -> bytes:
+    out = bytearray()
+    while data := await t.read():
+        out += data
+    return bytes(out)
+
+
+async def test_bytes_both_ways_with_half_close(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+    payload = os.urandom(5_000_000)
+    async with server(_hash_all) as port:
+        t = await box.open_tunnel(port)
+        assert t.address == "127.0.0.1"
+        await t.write(payload)
+        await t.write_eof()  # the server reads to EOF, then answers: reading goes on
+        got = await read_all(t)
+    head, _, rest = got.partition(b"\n")
+    assert head.decode() == f"{hashlib.sha256(payload).hexdigest()} {len(payload)}"
+    assert rest == bytes(range(256)) * 4096 * 8
+    assert t.error is None
+    with pytest.raises(TunnelClosedError):
+        await t.write(b"more")
+
+
+async def test_nothing_listening_is_a_clear_refusal(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(AgentError) as e:
+        await box.open_tunnel(free)
+    assert e.value.code == "connection_refused" and f"port {free}" in str(e.value)
+    with pytest.raises(ValueError):
+        await box.open_tunnel(70000)
+
+
+async def test_a_slow_reader_holds_at_most_the_window(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+    sent = asyncio.Event()
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):  # 32 MiB, far more than the window
+                writer.write(b"z" * (512 << 10))
+                await writer.drain()
+            sent.set()
+            writer.close()
+
+    async with server(flood) as port:
+        t = await box.open_tunnel(port)
+        for _ in range(50):  # nobody reads: the agent stops at the window
+            await asyncio.sleep(0.02)
+            assert t._buffered <= T.WINDOW
+        assert not sent.is_set()  # the server is held back by TCP, not buffered anywhere
+        assert len(await read_all(t)) == 32 << 20
+        assert sent.is_set()
+
+
+async def test_a_server_that_does_not_read_holds_our_writes(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+    release = asyncio.Event()
+
+    async def stubborn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        n = 0
+        while data := await reader.read(1 << 16):
+            n += len(data)
+        writer.write(b"%d" % n)
+        writer.close()
+
+    async with server(stubborn) as port:
+        t = await box.open_tunnel(port)
+        writing = asyncio.ensure_future(t.write(b"w" * (64 << 20)))
+        for _ in range(50):
+            await asyncio.sleep(0.02)
+            assert t._in_flight <= T.SEND_WINDOW
+        assert not writing.done()  # 64 MiB cannot all be somewhere in between
+        release.set()
+        await writing
+        await t.write_eof()
+        assert await read_all(t) == b"%d" % (64 << 20)
+
+
+async def test_many_tunnels_at_once(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def one(port: int, i: int) -> bytes:
+        t = await box.open_tunnel(port)
+        msg = os.urandom(100_000 + i)
+        await t.write(msg)
+        await t.write_eof()
+        assert await read_all(t) == msg
+        return msg
+
+    async with server(echo) as port:
+        await asyncio.gather(*(one(port, i) for i in range(40)))
+
+
+async def test_a_reset_and_a_lost_sandbox_end_the_tunnel(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        writer.transport.abort()
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async with server(reset) as port:
+        t = await box.open_tunnel(port)
+        await t.write(b"x")
+        assert await read_all(t) == b""
+        assert t.error is not None and "reset" in t.error.lower()
+    async with server(idle) as port:
+        t = await box.open_tunnel(port)
+        await box.close()
+        assert await read_all(t) == b""
+        assert t.error is not None and "lost" in t.error
+
+
+async def test_an_agent_that_ignores_the_window_loses_its_tunnel(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async with server(idle) as port:
+        t = await box.open_tunnel(port)
+        import base64
+
+        t._on_event({"event": "tunnel", "tunnel": t.id, "data": base64.b64encode(b"x" * (T.WINDOW + 1)).decode()})
+        assert t.closed and "window" in (t.error or "")
+        t2 = await box.open_tunnel(port)
+        t2._on_event({"event": "tunnel", "tunnel": t2.id, "data": "not base64!"})
+        assert t2.closed and "malformed" in (t2.error or "")
+        assert (await box.exec("echo fine")).stdout == b"fine\n"  # the connection lives on
+
+
+async def test_relay_joins_a_client_connection(local_backend: Any, workspace: Path) -> None:
+    box = await local_backend.get(workspace)
+
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        name = await reader.readline()
+        writer.write(b"hello " + name)
+        await writer.drain()
+        writer.close()
+
+    async with server(greet) as port:
+
+        async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await T.relay(await box.open_tunnel(port), reader, writer)
+
+        front = await asyncio.start_server(forward, "127.0.0.1", 0)
+        fport = front.sockets[0].getsockname()[1]
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", fport)
+            w.write(b"world\n")
+            await w.drain()
+            assert await r.read() == b"hello world\n"
+            w.close()
+        finally:
+            front.close()
+            await front.wait_closed()

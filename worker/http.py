@@ -10,6 +10,8 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     GET    /v1/workspaces
     DELETE /v1/workspaces/{id}?delete_files=false    stops its sandbox
     POST   /v1/workspaces/{id}/execute    {"tool", "arguments", "call_id"?, "subtask_id"?}
+    POST   /v1/workspaces/{id}/execute/stream  the same, answered with SSE (:mod:`worker.http_stream`)
+    *      /v1/workspaces/{id}/ports/{port}/{path}  a server in the sandbox (:mod:`worker.http_ports`)
     POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
     *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
     + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
@@ -505,6 +507,12 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
+    from . import http_ports, http_stream
+
+    http_stream.add_routes(app, workspaces, auth, ws_errors)
+    http_ports.add_routes(
+        app, workspaces, settings.api_token, lambda reason: box_metrics.rejected.labels(reason=reason).inc()
+    )
     app.router.routes.append(Route("/v1/workspaces/{workspace_id}/mcp", endpoint=_McpEndpoint(app)))
     # Outermost: the limit applies before anything reads the body.
     app.add_middleware(

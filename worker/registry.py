@@ -22,14 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import structlog
 
-from sandbox.base import SandboxBackend
+from sandbox.base import OutputCallback, SandboxBackend
 from sandbox.errors import (
     AgentError,
     ImageNotFoundError,
@@ -43,6 +43,7 @@ from sandbox.errors import (
 
 from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
+from .streaming import MAX_BUFFERED, ToolOutput, stream_call
 from .tool import SCHEMA_FORMATS, Tool, ToolContext, ToolError
 from .tools import BUILTIN_NAMES, builtin_tools
 from .workspace import ChangeRecorder, Workspace
@@ -417,10 +418,12 @@ class ToolRegistry:
         *,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ToolResult:
-        """Run one tool call. Never raises (except on cancellation); see the module table."""
+        """Run one tool call. Never raises (except on cancellation); see the module table.
+        ``on_output`` gets a command's output as it happens (``shell_execute``)."""
         started = time.perf_counter()
-        result = await self._execute(name, arguments, workspace, call_id, subtask_id)
+        result = await self._execute(name, arguments, workspace, call_id, subtask_id, on_output)
         result = result.capped()
         duration_ms = (time.perf_counter() - started) * 1000.0
         kind = (result.data or {}).get("error_kind") if not result.success else None
@@ -437,6 +440,30 @@ class ToolRegistry:
         )
         return result
 
+    def execute_stream(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None,
+        workspace: Path | str | None = None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        max_buffered: int = MAX_BUFFERED,
+    ) -> AsyncIterator[ToolOutput | ToolResult]:
+        """:meth:`execute` as an async iterator: a command's output as it happens
+        (:class:`~worker.streaming.ToolOutput` chunks; only ``shell_execute`` has any),
+        then the :class:`ToolResult`, last. Never raises for the call (see
+        :meth:`execute`). The call starts at once; a reader that stops early does not
+        stop it; see :mod:`worker.streaming` for what waits in memory (``max_buffered``).
+        Call it with an event loop running."""
+
+        def run(on_output: OutputCallback) -> Awaitable[ToolResult]:
+            return self.execute(
+                name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output
+            )
+
+        return stream_call(run, max_buffered=max_buffered)
+
     async def _execute(
         self,
         name: str,
@@ -444,6 +471,7 @@ class ToolRegistry:
         workspace: Path | str | None,
         call_id: str | None,
         subtask_id: str | None,
+        on_output: OutputCallback | None = None,
     ) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
@@ -470,7 +498,7 @@ class ToolRegistry:
                     ws = await self.workspace(workspace)
                 elif tool.needs_workspace:
                     raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
-                ctx = ToolContext(workspace=ws, call_id=call_id, subtask_id=subtask_id)
+                ctx = ToolContext(workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output)
                 return await tool.fn(args, ctx)
         except ToolError as e:
             return ToolResult.fail(e.message, data=e.data)

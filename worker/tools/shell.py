@@ -85,6 +85,7 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         max_output=MAX_STREAM_BYTES,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
+        on_output=ctx.on_output,
     )
     stdout = res.stdout.decode("utf-8", "replace")
     stderr = res.stderr.decode("utf-8", "replace")

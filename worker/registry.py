@@ -458,9 +458,7 @@ class ToolRegistry:
         Call it with an event loop running."""
 
         def run(on_output: OutputCallback) -> Awaitable[ToolResult]:
-            return self.execute(
-                name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output
-            )
+            return self.execute(name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output)
 
         return stream_call(run, max_buffered=max_buffered)
 

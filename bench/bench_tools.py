@@ -2,7 +2,7 @@
 ``docker exec`` into the same container doing the equivalent work, in the same run.
 
     .venv/bin/python bench/bench_tools.py [--n 200] [--search-n 50] [--files 5000] [--changelog]
-        [--loop uvloop|asyncio]
+        [--journal] [--loop uvloop|asyncio]
 
 Prints a markdown table of p50 / p99 in milliseconds and the docker-exec / registry ratio.
 ``docker exec`` is measured through the Docker SDK (``exec_run``: create + start + wait),
@@ -12,8 +12,11 @@ Targets (issue 3): read_file 4 KB p50 <= 0.5 ms, shell_execute ``true`` p50 <= 2
 search over a 5,000-file tree p50 <= 50 ms (searches 0.1 s apart, as an agent issues them;
 the back-to-back row shows the sandbox's CPU quota instead). Logging is set to WARNING so
 the numbers are the tool path, not the log renderer; ``--changelog`` records through the
-real changelog. The event loop is uvloop by default, as in the worker's CLI and HTTP
-service; ``--loop asyncio`` measures the default loop (about 0.15 ms more per call here).
+real changelog; ``--journal`` adds a table of read_file and shell_execute with the call
+journal (``worker.calls``, the dashboard's timeline) off and on (without a changelog),
+calls alternating on the same sandbox, and the journal's own cost. The event loop is
+uvloop by default, as in the worker's CLI and HTTP service; ``--loop asyncio`` measures
+the default loop (about 0.15 ms more per call here).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
     ap.add_argument("--changelog", action="store_true", help="record through worker.changelog")
+    ap.add_argument("--journal", action="store_true", help="also compare the call journal off and on")
     ap.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
@@ -103,6 +107,14 @@ async def main(args: argparse.Namespace) -> None:
         reg = ToolRegistry(backend=backend, recorder_factory=factory)
         try:
             await run(reg, backend, ws, args)
+            if args.journal:
+                from worker.calls import CallJournal
+
+                # Both without a changelog: two changelogs of one workspace in turn would
+                # re-sync each other's shell baseline, which is not what is measured here.
+                plain, journaled = ToolRegistry(backend=backend), ToolRegistry(backend=backend)
+                journaled.journal = CallJournal(Path(tmp, "data"))
+                await journal_cost(plain, journaled, ws, args.n)
         finally:
             for cl in changelogs:
                 await cl.aclose()
@@ -200,6 +212,48 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
             f"| {label} | {count} | {pct(a, 0.5):.2f} | {pct(a, 0.99):.2f} | "
             f"{pct(b, 0.5):.2f} | {pct(b, 0.99):.2f} | {ratio:.0f}x |"
         )
+
+
+async def journal_cost(off: ToolRegistry, on: ToolRegistry, ws: Path, n: int) -> None:
+    """read_file and shell_execute p50 without and with the call journal, one call of
+    each in turn on the same sandbox (the machine's drift hits both alike)."""
+    print("\ncall journal off and on (no changelog), calls alternating\n")
+    print("| tool | n | journal off p50 ms | journal on p50 ms | on - off (p50) |")
+    print("|---|---|---|---|---|")
+    for label, name, arguments in (
+        ("read_file (4 KB)", "read_file", {"path": "read4k.txt"}),
+        ("shell_execute `true`", "shell_execute", {"command": "true"}),
+    ):
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for reg in (off, on):  # warm both
+            for _ in range(20):
+                await reg.execute(name, arguments, ws)
+        for i in range(2 * n):
+            key, reg = ("off", off) if i % 4 in (0, 3) else ("on", on)  # off on on off: neither always first
+            t = time.perf_counter()
+            r = await reg.execute(name, arguments, ws)
+            times[key].append((time.perf_counter() - t) * 1000.0)
+            if not r.success:
+                raise SystemExit(f"{name} failed: {r.error}")
+        a, b = statistics.median(times["off"]), statistics.median(times["on"])
+        print(f"| {label} | {len(times['on'])} | {a:.3f} | {b:.3f} | {(b - a) * 1000:+.0f} µs |")
+    # The journal's own cost, alone: queueing the call (in the call's path), then building
+    # the record and appending its line (at the loop's next turn, after the caller has it).
+    journal = on.journal
+    assert journal is not None
+    result = await on.execute("read_file", {"path": "read4k.txt"}, ws)
+    queued, written = [], []
+    for i in range(2000):
+        t = time.perf_counter()
+        journal.record(ws, "read_file", {"path": "x"}, result, 0.2, call_id=f"c{i}", subtask_id=None, root=ws)
+        t2 = time.perf_counter()
+        journal.flush()
+        queued.append((t2 - t) * 1e6)
+        written.append((time.perf_counter() - t2) * 1e6)
+    print(
+        f"\nCallJournal, p50 over 2000 (hot loop): record (queued, in the call) {statistics.median(queued):.1f} µs; "
+        f"flush (record built, line appended, after the call) {statistics.median(written):.1f} µs"
+    )
 
 
 if __name__ == "__main__":

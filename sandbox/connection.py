@@ -29,12 +29,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import structlog
-
 from . import protocol
 from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError, agent_error
+from .logs import get_logger
 
-log = structlog.get_logger("sandbox.connection")
+log = get_logger("sandbox.connection")
 #: Most bytes of events held for processes whose handler is not registered yet.
 _EARLY_EVENT_BYTES = 4 << 20
 _decode_json = json.JSONDecoder().decode

@@ -22,13 +22,13 @@ import os
 import re
 import socket
 import stat as statmod
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import docker
 import docker.errors
-import structlog
 from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
@@ -46,6 +46,7 @@ from .errors import (
     SandboxUnavailableError,
 )
 from .hostscan import HostScanner
+from .logs import get_logger
 from .spec import (
     ACTIVITY_FILE,
     AGENT_COMMAND,
@@ -58,7 +59,7 @@ from .spec import (
     SandboxSpec,
 )
 
-log = structlog.get_logger("sandbox.docker")
+log = get_logger("sandbox.docker")
 T = TypeVar("T")
 
 LABEL_WORKER = f"{LABEL_PREFIX}.worker"
@@ -254,6 +255,7 @@ class DockerBackend(SandboxBackend):
         self._direct_unreachable = False
         self._direct_failed: set[str] = set()
         self.restarts = 0
+        self._cpu_seen: dict[str, tuple[int, float]] = {}  # container id -> (CPU ns, monotonic s)
 
     # -- docker client ---------------------------------------------------------------
 
@@ -890,3 +892,77 @@ class DockerBackend(SandboxBackend):
         """The raw ``docker inspect`` of a workspace's container, or None."""
         container = await self._find(container_name(Path(workspace).resolve()))
         return None if container is None else dict(container.attrs)
+
+    async def status(self, workspace: Path) -> dict[str, Any] | None:
+        """A workspace's container as it is now, without starting one (None when it has
+        none): its state, image, runtime and limits, and while it runs its CPU (percent
+        of one CPU since this backend last looked; two looks 0.1 s apart the first time)
+        and memory in use (page cache it can drop not counted, as ``docker stats``).
+        Raises DaemonUnavailableError."""
+        container = await self._find(container_name(Path(workspace).resolve()))
+        if container is None:
+            return None
+        attrs = container.attrs or {}
+        state, host, config = attrs.get("State") or {}, attrs.get("HostConfig") or {}, attrs.get("Config") or {}
+        nano = host.get("NanoCpus") or 0
+        out: dict[str, Any] = {
+            "container": container.name,
+            "status": state.get("Status"),
+            "running": state.get("Status") == "running",
+            "oom_killed": bool(state.get("OOMKilled")),
+            "started_at": state.get("StartedAt"),
+            "image": config.get("Image"),
+            "runtime": host.get("Runtime"),
+            "limits": {
+                "cpus": nano / 1e9 if nano else None,
+                "memory_bytes": host.get("Memory") or None,
+                "pids": host.get("PidsLimit") or None,
+            },
+            "usage": None,
+        }
+        if out["running"]:
+            out["usage"] = await self._usage(container)
+        return out
+
+    async def _usage(self, container: Any) -> dict[str, Any] | None:
+        def sample() -> dict[str, Any]:
+            stats: dict[str, Any] = container.stats(stream=False, one_shot=True)
+            return stats
+
+        try:
+            stats = await self._call("sandbox stats", sample)
+            now = time.monotonic()
+            seen = self._cpu_seen.get(container.id)
+            if seen is None or now - seen[1] > 60:
+                self._cpu_seen[container.id] = (_cpu_ns(stats), now)
+                await asyncio.sleep(0.1)
+                stats = await self._call("sandbox stats", sample)
+                now = time.monotonic()
+        except SandboxUnavailableError as e:
+            if "No such container" in str(e) or "404" in str(e):
+                return None  # it stopped between the two looks
+            raise
+        cpu = _cpu_ns(stats)
+        prev = self._cpu_seen.get(container.id)
+        if len(self._cpu_seen) > 512:
+            self._cpu_seen.clear()
+        self._cpu_seen[container.id] = (cpu, now)
+        mem = stats.get("memory_stats") or {}
+        detail = mem.get("stats") or {}
+        usage = mem.get("usage")
+        if isinstance(usage, int):
+            usage -= detail.get("total_inactive_file", detail.get("inactive_file", 0)) or 0
+        percent = None
+        if prev is not None and now > prev[1] and cpu >= prev[0]:
+            percent = round((cpu - prev[0]) / ((now - prev[1]) * 1e9) * 100, 1)
+        return {
+            "cpu_percent": percent,
+            "memory_bytes": usage if isinstance(usage, int) else None,
+            "memory_limit_bytes": mem.get("limit"),
+            "pids": (stats.get("pids_stats") or {}).get("current"),
+        }
+
+
+def _cpu_ns(stats: dict[str, Any]) -> int:
+    total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    return total if isinstance(total, int) else 0

@@ -20,6 +20,22 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+# The CLI's local worker outlives the command that started it: tests that run the CLI
+# get the in-process path unless they ask for the worker (tests/*/test_localworker*.py
+# do, and stop what they started).
+os.environ.setdefault("LOOM_CLI_DAEMON", "0")
+# The CLI's per-user files (local workers' sockets, the `tools` cache) go to a run
+# directory of this test session, never to the user's own.
+_RUN_DIR = tempfile.mkdtemp(prefix="loom-test-run-")
+os.environ["XDG_RUNTIME_DIR"] = _RUN_DIR
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the local workers the session started, and remove its run directory."""
+    from tests.workers import stop_workers
+
+    stop_workers(_RUN_DIR)
+    shutil.rmtree(_RUN_DIR, ignore_errors=True)
 
 SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
 #: The small Debian image (python3, git, ripgrep): one of the contract suite's images.
@@ -57,6 +73,26 @@ def require_docker() -> None:
         if REQUIRE_DOCKER:
             pytest.fail(f"REQUIRE_DOCKER=1 but {_PROBLEM}")
         pytest.skip(_PROBLEM)
+
+
+#: The browser the dashboard's tests drive (Debian's chromium; scripts/setup installs it).
+CHROMIUM = os.environ.get("LOOM_TEST_CHROMIUM", "/usr/bin/chromium")
+
+
+def require_chromium() -> None:
+    """Skip a browser test without Playwright or chromium; under REQUIRE_DOCKER=1 (CI)
+    that is a failure, as for the Docker tests."""
+    problem = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problem = "playwright is not installed (pip install -e '.[test]')"
+    if problem is None and not os.access(CHROMIUM, os.X_OK):
+        problem = f"{CHROMIUM} is not installed (scripts/setup installs Debian's chromium)"
+    if problem:
+        if REQUIRE_DOCKER:
+            pytest.fail(f"REQUIRE_DOCKER=1 but {problem}")
+        pytest.skip(problem)
 
 
 def gvisor_available() -> bool:

@@ -10,13 +10,41 @@ Public API::
             ...  # ToolOutput chunks as the command prints, then the ToolResult
 
 ``worker`` imports ``sandbox``, never the other way.
+
+The names below are imported on first use (PEP 562), not with the package: the
+``loom-worker`` command imports ``worker.cli``, and ``call`` through the local worker
+must not pay for pydantic, the registry and the Docker SDK (about 0.5 s) it never uses.
 """
 
-from .registry import ToolRegistry, default_registry
-from .result import ToolResult
-from .streaming import ToolOutput
-from .tool import PolicyError, Tool, ToolContext, ToolError
-from .workspace import ChangeRecorder, NullRecorder, Workspace
+from __future__ import annotations
+
+import importlib
+
+# Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .registry import ToolRegistry, default_registry
+    from .result import ToolResult
+    from .streaming import ToolOutput
+    from .tool import PolicyError, Tool, ToolContext, ToolError
+    from .workspace import ChangeRecorder, NullRecorder, Workspace
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "ChangeRecorder": ".workspace",
+    "NullRecorder": ".workspace",
+    "PolicyError": ".tool",
+    "Tool": ".tool",
+    "ToolContext": ".tool",
+    "ToolError": ".tool",
+    "ToolOutput": ".streaming",
+    "ToolRegistry": ".registry",
+    "ToolResult": ".result",
+    "Workspace": ".workspace",
+    "default_registry": ".registry",
+}
 
 __all__ = [
     "ChangeRecorder",
@@ -31,3 +59,16 @@ __all__ = [
     "Workspace",
     "default_registry",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -15,6 +15,9 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
     *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
     + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
+    + settings, egress, call history (:mod:`worker.http_calls`), per-call diffs
+      (:mod:`worker.http_changes`), sandbox state (:mod:`worker.http_sandbox`)
+    GET    /  and /ui/*                         the dashboard (:mod:`worker.dashboard`)
 
 Client input never produces a 500: bad bodies are 422 naming the field, unknown
 workspaces 404, a full service 429, a large body 413; tool failures are results
@@ -29,7 +32,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import structlog
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
@@ -38,6 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import __version__ as _pkg_version
+from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .service import (
@@ -56,7 +59,7 @@ from .service import (
 from .settings import Settings
 from .workspace_settings import SettingsError, WorkspaceSettings
 
-log = structlog.get_logger("worker.http")
+log = get_logger("worker.http")
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -507,11 +510,18 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
-    from . import http_ports, http_stream
+    from . import http_calls, http_changes, http_ports, http_sandbox, http_stream
+    from .dashboard import mount as mount_dashboard
 
-    http_stream.add_routes(app, workspaces, auth, ws_errors)
+    for module in (http_calls, http_changes, http_sandbox, http_stream):
+        module.add_routes(app, workspaces, auth, ws_errors)
     http_ports.add_routes(
         app, workspaces, settings.api_token, lambda reason: box_metrics.rejected.labels(reason=reason).inc()
+    )
+    mount_dashboard(
+        app,
+        token_required=bool(settings.api_token),
+        on_reject=lambda reason: box_metrics.rejected.labels(reason=reason).inc(),
     )
     app.router.routes.append(Route("/v1/workspaces/{workspace_id}/mcp", endpoint=_McpEndpoint(app)))
     # Outermost: the limit applies before anything reads the body.

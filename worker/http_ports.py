@@ -39,16 +39,16 @@ from typing import Any
 from urllib.parse import quote
 
 import h11
-import structlog
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from sandbox.errors import AgentError, SandboxError
+from sandbox.logs import get_logger
 
 from .service import InvalidWorkspaceId, WorkspaceNotFound, Workspaces
 
-log = structlog.get_logger("worker.http_ports")
+log = get_logger("worker.http_ports")
 
 PREFIX = "/v1/workspaces/{workspace_id}/ports/{port:int}"
 REALM = "loom-worker sandbox ports"

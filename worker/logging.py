@@ -14,6 +14,10 @@ service's own per-request CPU. Only foreign stdlib records take the formatter pa
 values of keys that carry content (``content``, ``old_str``, ``arguments``, ``stdout``...)
 are replaced by their size, keys that look like credentials by ``"[redacted]"``, and every
 other long string is cut.
+
+Library code never calls this: it logs through :func:`sandbox.logs.get_logger`, which is
+silent until an application configures logging (see that module). Only our entry points
+(the CLI, ``serve``, ``mcp``, the CLI's local worker) configure it, to **stderr** or a file.
 """
 
 from __future__ import annotations
@@ -27,72 +31,55 @@ from typing import Any, Literal, TextIO
 import structlog
 from structlog.typing import EventDict, Processor
 
-#: Keys whose values are file contents, command output or arguments that may embed them.
-CONTENT_KEYS = frozenset(
-    {
-        "content",
-        "old_str",
-        "new_str",
-        "edits",
-        "arguments",
-        "args",
-        "stdout",
-        "stderr",
-        "output",
-        "data",
-        "body",
-    }
-)
-#: Substrings of keys that name credentials.
-SECRET_MARKERS = ("token", "secret", "password", "passwd", "authorization", "api_key", "apikey", "cookie")
-#: Longest string kept as is in any other field.
-MAX_FIELD_CHARS = 512
+from sandbox.logs import CONTENT_KEYS, MAX_FIELD_CHARS, SECRET_MARKERS, redact
+
+__all__ = [
+    "CONTENT_KEYS",
+    "MAX_FIELD_CHARS",
+    "SECRET_MARKERS",
+    "configure_logging",
+    "is_configured",
+    "level_number",
+    "redact",
+    "renderer",
+    "shared_processors",
+]
 
 _configured = False
-
-
-def _size(value: Any) -> str:
-    if isinstance(value, str | bytes):
-        return f"[{len(value)} chars]" if isinstance(value, str) else f"[{len(value)} bytes]"
-    if isinstance(value, list | tuple | dict):
-        return f"[{type(value).__name__} of {len(value)}]"
-    return "[omitted]"
-
-
-#: What :func:`redact` does with a key: "secret", "content" or "" (cut long strings only).
-#: Keys are a small, fixed vocabulary (the call sites' keyword names), so it is cached.
-_KEY_ACTION: dict[str, str] = {}
-
-
-def _action(key: str) -> str:
-    action = _KEY_ACTION.get(key)
-    if action is None:
-        low = key.lower()
-        action = "secret" if any(m in low for m in SECRET_MARKERS) else "content" if low in CONTENT_KEYS else ""
-        if len(_KEY_ACTION) < 4096:  # a bound, should a caller ever log arbitrary keys
-            _KEY_ACTION[key] = action
-    return action
-
-
-def redact(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
-    """structlog processor: drop file contents and secrets, cut long strings."""
-    for key, value in list(event_dict.items()):
-        if key == "event":
-            continue
-        action = _action(key)
-        if action == "secret":
-            event_dict[key] = "[redacted]"
-        elif action == "content":
-            event_dict[key] = _size(value)
-        elif isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
-            event_dict[key] = value[:MAX_FIELD_CHARS] + f"...[{len(value) - MAX_FIELD_CHARS} more chars]"
-    return event_dict
 
 
 def _drop_color_message(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> EventDict:
     # uvicorn duplicates its message with ANSI colours in this extra field.
     event_dict.pop("color_message", None)
     return dict(event_dict)
+
+
+def level_number(level: str) -> int:
+    """The stdlib number of a level name (``info``, ``WARNING``...). Raises ValueError."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"Unknown log level {level!r}")
+    return numeric
+
+
+def shared_processors() -> list[Processor]:
+    """What every event goes through before it is rendered (ours and foreign stdlib ones)."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _drop_color_message,
+        redact,
+    ]
+
+
+def renderer(fmt: Literal["auto", "json", "console"], tty: bool) -> Processor:
+    """The last processor: console lines (coloured on a terminal) or JSON lines. ``auto``
+    means console when the output is a terminal (``tty``), JSON otherwise."""
+    if fmt == "console" or (fmt == "auto" and tty):
+        return structlog.dev.ConsoleRenderer(colors=tty)
+    return structlog.processors.JSONRenderer(sort_keys=False)
 
 
 def configure_logging(
@@ -108,25 +95,11 @@ def configure_logging(
     """
     global _configured
     out = stream or sys.stderr
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ValueError(f"Unknown log level {level!r}")
-    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
-    renderer: Processor = (
-        structlog.dev.ConsoleRenderer(colors=out.isatty())
-        if use_console
-        else structlog.processors.JSONRenderer(sort_keys=False)
-    )
-    shared: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _drop_color_message,
-        redact,
-    ]
+    numeric = level_number(level)
+    render = renderer(fmt, out.isatty())
+    shared = shared_processors()
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, structlog.processors.format_exc_info, render],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=_StreamLoggerFactory(stream),
         # Not cached, so tests can still capture with structlog.testing.capture_logs.
@@ -134,7 +107,7 @@ def configure_logging(
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, render],
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as types
-import structlog
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -39,13 +38,14 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from sandbox import __version__
+from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .result import ToolResult, json_safe
 from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
 from .streaming import ToolOutput
 
-log = structlog.get_logger("worker.mcp")
+log = get_logger("worker.mcp")
 
 SCOPE_KEY = "loom.workspace"
 

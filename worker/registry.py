@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-import structlog
+from typing import TYPE_CHECKING, Any
 
 from sandbox.base import OutputCallback, SandboxBackend
 from sandbox.errors import (
@@ -40,6 +39,7 @@ from sandbox.errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
+from sandbox.logs import get_logger
 
 from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
@@ -58,7 +58,10 @@ from .workspace_settings import (
     parse,
 )
 
-log = structlog.get_logger("worker.registry")
+if TYPE_CHECKING:
+    from .calls import CallJournal
+
+log = get_logger("worker.registry")
 
 RecorderFactory = Callable[[Path], ChangeRecorder]
 
@@ -136,6 +139,9 @@ class ToolRegistry:
         #: Told of every egress attempt (the service's metrics), once the gateway exists.
         self.egress_observers: list[Callable[[Any], None]] = []
         self._egress_roots: set[Path] = set()
+        #: The history of calls per workspace (:class:`worker.calls.CallJournal`), written
+        #: after every call; ``default_registry`` sets it.
+        self.journal: CallJournal | None = None
         for tool in builtin_tools() if tools is None else tools:
             self.register(tool)
 
@@ -421,7 +427,11 @@ class ToolRegistry:
         on_output: OutputCallback | None = None,
     ) -> ToolResult:
         """Run one tool call. Never raises (except on cancellation); see the module table.
-        ``on_output`` gets a command's output as it happens (``shell_execute``)."""
+        ``on_output`` gets a command's output as it happens (``shell_execute``).
+        A call without ``call_id`` gets a new one (``call_<16 hex>``), so that every call
+        can be found, diffed and undone by its id."""
+        if call_id is None:
+            call_id = "call_" + secrets.token_hex(8)
         started = time.perf_counter()
         result = await self._execute(name, arguments, workspace, call_id, subtask_id, on_output)
         result = result.capped()
@@ -438,6 +448,18 @@ class ToolRegistry:
             error=result.error[:200] if result.error else None,
             duration_ms=round(duration_ms, 3),
         )
+        if self.journal is not None and workspace is not None:
+            ws = self._by_arg.get(workspace if isinstance(workspace, str) else str(workspace))
+            self.journal.record(
+                workspace,
+                name,
+                arguments,
+                result,
+                duration_ms,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                root=None if ws is None else ws.root,
+            )
         return result
 
     def execute_stream(
@@ -573,6 +595,14 @@ def default_registry(
         egress_socket_dir=socket_dir,
     )
     registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory, configs=configs)
+    from .calls import CallJournal
+
+    journal = registry.journal = CallJournal(settings.data_dir, max_bytes=settings.call_journal_bytes)
+
+    async def close_journal() -> None:
+        journal.close()
+
+    registry.add_closer(close_journal)
     registry.egress_factory = lambda: make_gateway(configs)
     registry._recorder_shared = not own_recorders
     if catalog if catalog is not None else settings.catalog:

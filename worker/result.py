@@ -13,7 +13,19 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .jsontext import has_surrogate, json_line
 from .quoting import quote_path
+
+__all__ = [
+    "MAX_OUTPUT_BYTES",
+    "ToolResult",
+    "has_surrogate",
+    "json_line",
+    "json_safe",
+    "safe_data",
+    "safe_text",
+    "truncate_output",
+]
 
 #: The most ``output`` may hold, in UTF-8 bytes, marker included.
 MAX_OUTPUT_BYTES = 10 * 1024
@@ -51,15 +63,6 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[str, bool
     return head + marker + tail, True
 
 
-def has_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate (UTF-8 cannot encode it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def safe_text(text: str) -> str:
     """``text`` with any lone surrogate (bytes of a file name or an output that are not
     UTF-8, carried by surrogateescape) replaced by U+FFFD, so every JSON encoder and UTF-8
@@ -87,16 +90,6 @@ def json_safe(obj: Any) -> Any:
     of it (for serializers that refuse lone surrogates, e.g. pydantic's)."""
     text = json.dumps(obj, ensure_ascii=False, default=str)
     return safe_data(obj) if not text.isascii() and has_surrogate(text) else obj
-
-
-def json_line(obj: Any) -> str:
-    """Compact JSON, non-ASCII kept as is, that any UTF-8 stream takes: when a lone
-    surrogate is in ``obj``, the whole line is ASCII with ``\\uXXXX`` escapes instead
-    (lossless for a Python or JavaScript reader)."""
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
-    if not text.isascii() and has_surrogate(text):
-        text = json.dumps(obj, separators=(",", ":"), default=str)
-    return text
 
 
 @dataclass

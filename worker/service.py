@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
-
 from sandbox.base import OutputCallback
+from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .result import ToolResult, json_line
 from .streaming import ToolOutput, stream_call
 
-log = structlog.get_logger("worker.service")
+log = get_logger("worker.service")
 
 WORKSPACE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _ID_RE = re.compile(WORKSPACE_ID_PATTERN)

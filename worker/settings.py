@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         1 << 30, ge=0, description="Content the shell baseline keeps per workspace; beyond it, stat only."
     )
     changelog_max_files: int = Field(200_000, ge=1, description="Files a change scan walks (beyond: reported).")
+    call_journal_bytes: int = Field(
+        16 << 20,
+        ge=0,
+        description="History of tool calls kept per workspace (the dashboard's timeline, GET .../calls); "
+        "0: none recorded.",
+    )
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
@@ -156,6 +162,16 @@ class Settings(BaseSettings):
     )
     stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
 
+    # -- the CLI's local worker (issue 18) ---------------------------------------------
+    # The CLI reads LOOM_CLI_DAEMON from the environment itself, with the same meaning:
+    # constructing these settings costs more than a whole call through the worker.
+    cli_daemon: bool = Field(
+        True,
+        description="`loom-worker call` and `batch` go through a per-user local worker that keeps "
+        "connections warm (started on first use); false: every call runs in the CLI's own process.",
+    )
+    cli_daemon_idle: int = Field(900, ge=1, description="Seconds without calls before the local worker exits.")
+
     # -- catalog (issue 6) -----------------------------------------------------------
     tools_dir: Path | None = Field(None, description="Custom tool YAML files (default: <data_dir>/tools).")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint for tool search.")
@@ -190,3 +206,13 @@ class Settings(BaseSettings):
             "agent_runtime_image": self.agent_runtime_image,
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
         }
+
+
+def describe_errors(error: Any) -> str:
+    """A pydantic ``ValidationError`` of :class:`Settings` as ``LOOM_NAME: problem; ...``,
+    naming the variables to fix."""
+    problems = []
+    for err in error.errors(include_url=False):
+        name = "LOOM_" + "_".join(str(p) for p in err["loc"][:1]).upper()
+        problems.append(f"{name}: {err['msg']}")
+    return "; ".join(problems)

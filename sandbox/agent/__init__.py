@@ -45,6 +45,7 @@ The modules, each importing only those above it (no cycles)::
     search     ripgrep or Python
     command    exec
     spawn      long-lived processes with streamed stdio
+    relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
     tunnel     TCP connections to the sandbox's loopback, relayed over the channel
     main       the hello, dispatch, worker threads, the serve loop, the end of the agent
 

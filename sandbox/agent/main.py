@@ -23,6 +23,7 @@ from . import (
     files,
     listing,
     proctree,
+    relay,
     scan,
     search,
     spawn,
@@ -168,6 +169,10 @@ def main(config):
     if keeper_ttl:
         activity.touch()
         threading.Thread(target=activity.keeper, args=(float(keeper_ttl),), daemon=True).start()
+        egress = config.get("egress")
+        if isinstance(egress, dict) and egress.get("socket"):
+            # One relay per container: the keeper lives as long as the container does.
+            relay.start(egress)
     channel.send({"id": 0, "ok": True, "result": op_hello({})})
     _serve(stdin)
     _host_gone()

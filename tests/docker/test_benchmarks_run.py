@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SANDBOX_IMAGE
+from tests.conftest import SANDBOX_IMAGE, require_chromium
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40"],
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--loop", "asyncio"],
         ["bench/bench_changelog.py", "--n", "5", "--files", "60", "--durability", "both"],
+        ["bench/bench_cli.py", "--n", "2", "--n-slow", "1"],
+        ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--journal"],
     ],
-    ids=["tools", "tools-changelog-asyncio", "changelog"],
+    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal"],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:
     env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}
@@ -31,4 +33,17 @@ def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 4, p.stdout
-    assert "p50" in rows[0]
+    assert "p50" in rows[0] or "median" in rows[0]
+
+
+
+@pytest.mark.browser
+def test_dashboard_benchmark_prints_its_tables(docker_ready: None) -> None:
+    require_chromium()
+    env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}
+    argv = ["bench/bench_dashboard.py", "--calls", "4", "--other", "2", "--gap", "0.05"]
+    p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert any(r.startswith("| row paintable in the dashboard") for r in rows), p.stdout
+    assert any(r.startswith("| total |") for r in rows), p.stdout

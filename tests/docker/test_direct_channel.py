@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -269,9 +270,10 @@ def test_doctor_checks_the_engine_and_names_the_agent_channel(docker_ready: None
         "LOOM_IMAGE": SANDBOX_IMAGE,
         "LOOM_LOG_LEVEL": "warning",
         "LOOM_DIRECT_CHANNEL": "true" if direct else "false",
+        "PYTHONPATH": str(root),  # this checkout's code, also from a git worktree without a .venv
     }
     p = subprocess.run(
-        [str(root / ".venv" / "bin" / "loom-worker"), "doctor"],
+        [str(Path(sys.executable).with_name("loom-worker")), "doctor"],
         capture_output=True,
         text=True,
         env=env,

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,8 @@ def test_cli_call_default_backend_is_docker(workspace: Path, tmp_path: Path, doc
     (workspace / "hello.txt").write_text("from the host\n")
     env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "LOOM_LOG_LEVEL": "warning", "LOOM_DATA_DIR": str(tmp_path)}
     env.pop("LOOM_ALLOW_UNSAFE_LOCAL", None)
-    exe = str(ROOT / ".venv" / "bin" / "loom-worker")
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's code, also from a git worktree without a .venv
+    exe = str(Path(sys.executable).with_name("loom-worker"))
     try:
         p = subprocess.run(
             [

@@ -202,3 +202,20 @@ def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Any]) -> Non
         time.sleep(0.5)
     assert not any("tmp1" in line for line in sandboxes_for(root))
     assert not (root / "tmp1").exists()
+
+
+def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path, Any]) -> None:
+    api, _root, _ = stack
+    page = httpx.get(api.http.base_url.join("/"), timeout=30)  # no token: the page holds no data
+    assert page.status_code == 200 and '<script type="module" src="/ui/js/main.js">' in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert httpx.get(api.http.base_url.join("/ui/js/main.js"), timeout=30).status_code == 200
+    assert api.http.post("/v1/workspaces", json={"name": "dash"}).status_code == 201
+    api.tool_calls("dash", ("d1", "write_file", {"path": "a.txt", "content": "x"}), ("d2", "list_directory", {}))
+    calls = api.http.get("/v1/workspaces/dash/calls").json()["calls"]
+    assert [c["call_id"] for c in calls] == ["d2", "d1"] and calls[1]["files_changed"] == ["a.txt"]
+    diff = api.http.get("/v1/workspaces/dash/changelog/diff", params={"call_id": "d1"}).json()["diff"]
+    assert "+x" in diff
+    # a cross-site write is refused, whatever token it carries
+    r = api.http.post("/v1/workspaces", json={"name": "csrf"}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403

@@ -310,7 +310,7 @@ def test_default_registry_has_the_catalog(tmp_path: Path) -> None:
 
 async def _http(app: Any) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
             yield c
 
 

@@ -300,3 +300,19 @@ async def test_one_process_serves_a_socket_others_take_over(env: Env, tmp_path: 
     await other.aclose()
 
 
+
+
+async def test_a_request_arriving_after_the_header_line_is_served(env: Env) -> None:
+    """The agent's relay sends its header line first and the client's bytes as they come
+    (the bug this pins: the gateway took an empty buffer for the end of the stream)."""
+    env.policy[:] = [f"allowed.test:{env.tls_port}"]
+    reader, writer = await asyncio.open_unix_connection(env.socket)
+    writer.write(b"LOOM-EGRESS/1 proxy\n")
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    target = f"allowed.test:{env.tls_port}"
+    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head == b"HTTP/1.1 200 Connection established\r\n\r\n"  # no "Connection: close" in it
+    assert (await tls_get(env, reader, writer, "allowed.test", "/late")).endswith(b"hello from /late")
+    writer.close()

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from worker.cli import main
-from worker.cli_tools import tools_subparsers
+from worker.cli.tools import tools_subparsers
 
 
 @pytest.fixture(autouse=True)
@@ -171,7 +171,7 @@ def test_tools_prints_schemas(capsys: pytest.CaptureFixture[str], fmt: str) -> N
 def test_tools_group_can_be_extended() -> None:
     import argparse
 
-    from worker import cli_tools
+    from worker.cli import tools as cli_tools
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

@@ -3,25 +3,68 @@ custom (YAML) and MCP tools, searched by ``tool_search``, the CLI and HTTP.
 
 Entry points for the service and CLI: :func:`open_catalog` (from settings) and
 :func:`index_all` (every source, errors reported per file / per server).
+
+The submodules' names re-exported here are imported on first use (PEP 562): importing the
+package (the CLI's ``--help`` reads :mod:`.tags`) must not load SQLite, pydantic and the
+MCP SDK.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .custom import CustomTool, load_custom_tools
-from .index import IndexStats
-from .llm import OpenAICompatProvider
-from .mcp_source import MCPSource, index_mcp_sources, load_mcp_config
-from .search import Catalog, InvalidQueryError, SearchMode
-
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from worker.settings import Settings
 
-__all__ = ["Catalog", "IndexReport", "InvalidQueryError", "SearchMode", "index_all", "open_catalog"]
+    from .custom import CustomTool, load_custom_tools
+    from .index import IndexStats
+    from .llm import OpenAICompatProvider
+    from .mcp_source import MCPSource, index_mcp_sources, load_mcp_config
+    from .report import IndexReport
+    from .search import Catalog, InvalidQueryError, SearchMode
+
+__all__ = [
+    "Catalog",
+    "CustomTool",
+    "IndexReport",
+    "IndexStats",
+    "InvalidQueryError",
+    "MCPSource",
+    "OpenAICompatProvider",
+    "SearchMode",
+    "index_all",
+    "index_mcp_sources",
+    "load_custom_tools",
+    "load_mcp_config",
+    "open_catalog",
+]
+
+_LAZY = {
+    "CustomTool": ".custom",
+    "load_custom_tools": ".custom",
+    "IndexStats": ".index",
+    "IndexReport": ".report",
+    "OpenAICompatProvider": ".llm",
+    "MCPSource": ".mcp_source",
+    "index_mcp_sources": ".mcp_source",
+    "load_mcp_config": ".mcp_source",
+    "Catalog": ".search",
+    "InvalidQueryError": ".search",
+    "SearchMode": ".search",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
 
 
 def db_path(settings: Settings) -> Path:
@@ -38,6 +81,9 @@ def mcp_file(settings: Settings) -> Path:
 
 def open_catalog(settings: Settings) -> Catalog:
     """The catalog in the data directory, with a chat provider when one is configured."""
+    from .llm import OpenAICompatProvider
+    from .search import Catalog
+
     llm = None
     if settings.llm_base_url and settings.llm_model:
         llm = OpenAICompatProvider(
@@ -49,24 +95,14 @@ def open_catalog(settings: Settings) -> Catalog:
     return Catalog.open(db_path(settings), llm)
 
 
-@dataclass
-class IndexReport:
-    stats: dict[str, IndexStats] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # "custom:<file>" / "mcp:<server>" -> why
-    custom_tools: list[CustomTool] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "sources": {k: {"total": s.total, "written": s.written, "pruned": s.pruned} for k, s in self.stats.items()},
-            "errors": self.errors,
-        }
-        return out
-
-
 async def index_all(
     catalog: Catalog, settings: Settings, builtin_schemas: Sequence[dict[str, Any]], *, mcp: bool = True
 ) -> IndexReport:
     """Index builtin tools, custom YAML tools and (with ``mcp``) the configured MCP servers."""
+    from .custom import load_custom_tools
+    from .mcp_source import MCPSource, index_mcp_sources, load_mcp_config
+    from .report import IndexReport
+
     report = IndexReport()
     report.stats["builtin"] = await catalog.index_builtin(builtin_schemas)
     loaded = load_custom_tools(tools_dir(settings))

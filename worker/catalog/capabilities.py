@@ -13,26 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .index import Source, ToolDescriptor
-
-#: The closed set of capability tags (Go Loom registry).
-CAPABILITIES: tuple[str, ...] = (
-    "file_io",
-    "http",
-    "database",
-    "notification",
-    "shell",
-    "search",
-    "transform",
-    "validate",
-    "generate",
-    "analyze",
-    "web_search",
-    "code",
-    "git",
-    "kubernetes",
-    "aws",
-    "visualization",
-)
+from .tags import CAPABILITIES
 
 # Whole words (lower case, after splitting identifiers) that imply a tag. Multi-word
 # phrases are written with a space and matched as consecutive words.

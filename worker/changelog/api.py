@@ -15,6 +15,7 @@ from typing import Any
 from sandbox.base import ExecResult, Sandbox, ScanResult, WriteResult
 
 from ..quoting import quote_path
+from .changes import entries_diff
 from .diff import Content, first_before, read_now, summarize, unified
 from .errors import EntryNotFoundError
 from .model import Durability, Entry, Limits, Summary, UndoResult
@@ -238,6 +239,32 @@ class Changelog:
             where = e.path + "/" if e.is_tree else e.path + "/*"
             out.append(f"Only in b: {quote_path(where)} ({e.describe()}; entry {e.id}, content not shown)\n")
         return "".join(out)
+
+    async def changes(
+        self, *, entry: int | None = None, call_id: str | None = None, subtask_id: str | None = None
+    ) -> str:
+        """The diff of what one entry, a call or a subtask changed, each entry from its
+        recorded before-image to its recorded after-image (not the files now: see
+        :meth:`diff`). Raises ValueError (not exactly one selector), EntryNotFoundError,
+        ChangelogStorageError."""
+        if sum(x is not None for x in (entry, call_id, subtask_id)) != 1:
+            raise ValueError("give exactly one of entry, call_id, subtask_id")
+        if entry is not None:
+            found = await self.entry(entry)
+            if found is None:
+                raise EntryNotFoundError(f"no changelog entry matches id {entry}")
+            entries = [found]
+        else:
+            entries = await self.log(call_id=call_id, subtask_id=subtask_id)
+            if not entries:
+                what = f"call {call_id}" if call_id is not None else f"subtask {subtask_id}"
+                raise EntryNotFoundError(f"no changelog entry matches {what}")
+
+        async def get_blob(sha: str) -> bytes | None:
+            blob: bytes | None = await self._core.db(self._core.store.get_blob, sha)
+            return blob
+
+        return await entries_diff(entries, get_blob)
 
     # -- undo --------------------------------------------------------------------------
 

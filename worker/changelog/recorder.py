@@ -44,17 +44,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
-
 from sandbox.base import Sandbox, WriteResult
 from sandbox.errors import AgentError, ConflictError, PathNotFoundError
+from sandbox.logs import get_logger
 
 from .errors import ChangelogStorageError
 from .model import Entry, Kind, Limits, Origin
 from .store import Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
-log = structlog.get_logger("worker.changelog")
+log = get_logger("worker.changelog")
 #: Seconds of quiet after which held step-5 updates are applied on their own.
 FINISH_DELAY = 0.005
 _Finish = tuple[int, tuple[str, str | None] | None, int | None, int | None]

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from sandbox.base import FileStat, Sandbox, TreeRemoval
 from sandbox.errors import AgentError, PathNotFoundError
 
+from ..quoting import quote_path
 from .diff import Content, read_now, unified
 from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
 from .model import Entry, UndoResult, UndoStep
@@ -212,7 +213,10 @@ async def undo(
             after = {e.path: _before(e)}
         for p, w in want.items():
             if state[p] != w:
-                conflicts.append(f"{p}: entry {e.id} left it {_describe(w)}, it is now {_describe(state[p])}")
+                # quoted: the list reaches the HTTP API and the dashboard (a name may hold a newline)
+                conflicts.append(
+                    f"{quote_path(p)}: entry {e.id} left it {_describe(w)}, it is now {_describe(state[p])}"
+                )
         state.update(after)
         plan.append(e)
     if conflicts and not force:

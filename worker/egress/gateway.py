@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
+from sandbox.logs import get_logger
 
 from .handler import Connection, Served
 from .log import EgressLog, EgressRecord
@@ -36,7 +36,7 @@ from .pump import RateBudget
 from .setup import workspace_key
 from .upstream import Upstream
 
-log = structlog.get_logger("worker.egress")
+log = get_logger("worker.egress")
 
 SOCKET = "s"
 RESOLV_CONF = "resolv.conf"

@@ -197,7 +197,8 @@ class Connection:
 
     async def _proxy(self) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-        conn.receive_data(bytes(self.buf))
+        if self.buf:  # (h11 takes b"" for the end of the stream)
+            conn.receive_data(bytes(self.buf))
         self.buf.clear()
         event = await self._next_event(conn)
         if not isinstance(event, h11.Request):
@@ -244,8 +245,9 @@ class Connection:
                              address=d.address)
         self.served.active += 1
         try:
-            out = conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
-            await self.loop.sock_sendall(self.sock, out or b"")
+            # Written by hand: h11 would add "Connection: close" when the client sent it
+            # (npm does), and some proxy clients then give up on the tunnel.
+            await self.loop.sock_sendall(self.sock, b"HTTP/1.1 200 Connection established\r\n\r\n")
             self.buf = bytearray(conn.trailing_data[0])
             try:
                 first = await self._first_bytes(host, port)
@@ -256,6 +258,10 @@ class Connection:
                 upstream.close()
                 return self._log("connect", host, port, started, verdict="denied", reason=d.reason, rule=rule,
                                  address=str(addr))
+            except (OSError, EOFError) as e:
+                upstream.close()
+                return self._log("connect", host, port, started, verdict="error", reason=f"the client failed: {e}",
+                                 rule=rule, address=str(addr))
             await self._tunnel(upstream, first, host, port, started, "connect", rule, addr)
         finally:
             self.served.active -= 1

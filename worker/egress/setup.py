@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
+from sandbox.logs import get_logger
 
 from .policy import parse_allow_env
 
-log = structlog.get_logger("worker.egress")
+log = get_logger("worker.egress")
 
 
 def workspace_key(root: Path) -> str:

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
-import structlog
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.errors import SandboxError, SandboxLostError
+from sandbox.logs import get_logger
 
 from ..catalog import IndexReport, db_path, load_mcp_config, mcp_file, open_catalog, tools_dir
 from ..catalog.custom import CustomTool, CustomToolError, load_custom_tools
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..workspace import Workspace
 
-log = structlog.get_logger("worker.catalog")
+log = get_logger("worker.catalog")
 
 #: Added to a custom tool's / MCP server's own timeout for the registry's call deadline.
 DEADLINE_SLACK = 15.0

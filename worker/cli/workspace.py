@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import aio
-from .changelog.model import size_text
-from .settings import Settings
+from . import path_arg
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 _FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle", "egress")
 
@@ -57,11 +57,15 @@ def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str,
         text = args.egress.strip()
         out["egress"] = [] if text.lower() in ("", "none") else [e.strip() for e in text.split(",") if e.strip()]
     if args.ca_bundle is not None:
+        from pathlib import Path
+
         out["ca_bundle"] = str(Path(args.ca_bundle).expanduser().resolve())
     return out
 
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
+    from ..changelog.model import size_text
+
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -82,9 +86,9 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox.errors import SandboxError
 
-    from .registry import default_registry
-    from .tool import ToolError
-    from .workspace_settings import SettingsError
+    from ..registry import default_registry
+    from ..tool import ToolError
+    from ..workspace_settings import SettingsError
 
     async with default_registry(settings, catalog=False) as registry:
         try:
@@ -110,14 +114,20 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
 
+def _sync(args: argparse.Namespace, settings: Settings) -> int:
+    from .. import aio
+
+    return aio.run(_run(args, settings))
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("workspace", help="Show or change one workspace's sandbox settings.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in (("show", "Show its own and the effective settings."), ("set", "Change its settings.")):
         q = actions.add_parser(name, help=text)
-        q.add_argument("--workspace", "-w", required=True, type=Path, help="The workspace directory.")
+        q.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
         q.add_argument("--json", action="store_true", help="Print JSON.")
-        q.set_defaults(func=lambda a, s: aio.run(_run(a, s)))
+        q.set_defaults(func=_sync)
         if name != "set":
             continue
         q.add_argument("--image", help="Sandbox image (any image with /bin/sh).")

@@ -7,14 +7,16 @@ lines in a terminal (``LOOM_LOG_FORMAT``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .logging import configure_logging
-from .settings import Settings
+from . import path_arg
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..settings import Settings
 
 #: Test-only escape hatch: ``--backend local`` runs tools as host processes (NO isolation).
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
@@ -24,11 +26,11 @@ def register(sub: Any) -> None:
     serve = sub.add_parser("serve", help="Run the HTTP API (and MCP over streamable HTTP).")
     serve.add_argument("--host", help="Bind address (default LOOM_HOST or 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Port (default LOOM_PORT or 8080).")
-    serve.add_argument("--workspace-root", type=Path, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
+    serve.add_argument("--workspace-root", type=path_arg, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
     serve.set_defaults(func=_serve)
 
     mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
-    mcp.add_argument("--workspace", type=Path, required=True, help="Workspace directory.")
+    mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     mcp.set_defaults(func=_mcp)
 
@@ -36,7 +38,8 @@ def register(sub: Any) -> None:
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from .http import UnsafeBindError, check_bind, create_app
+    from ..http import UnsafeBindError, check_bind, create_app
+    from ..logging import configure_logging
 
     updates: dict[str, Any] = {}
     if args.host:
@@ -71,8 +74,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from .mcp_server import serve_stdio
-    from .registry import ToolRegistry, default_registry
+    from ..logging import configure_logging
+    from ..mcp_server import serve_stdio
+    from ..registry import ToolRegistry, default_registry
 
     workspace: Path = args.workspace.expanduser()
     if not workspace.is_dir():
@@ -97,6 +101,8 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
     async def main() -> None:
         async with registry:
             await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls)
+
+    import asyncio
 
     try:
         asyncio.run(main())

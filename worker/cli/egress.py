@@ -11,10 +11,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .settings import Settings
+from . import path_arg
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 
 def _size(n: int) -> str:
@@ -40,9 +42,9 @@ def _print(status: dict[str, Any]) -> None:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from .registry import default_registry
-    from .tool import ToolError
-    from .workspace_settings import SettingsError
+    from ..registry import default_registry
+    from ..tool import ToolError
+    from ..workspace_settings import SettingsError
 
     async with default_registry(settings, catalog=False) as registry:
         try:
@@ -57,12 +59,16 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
-    from . import aio
+def _sync(args: argparse.Namespace, settings: Settings) -> int:
+    from .. import aio
 
+    return aio.run(_run(args, settings))
+
+
+def register(sub: Any) -> None:
     p = sub.add_parser("egress-log", help="What a workspace's sandbox tried to reach, and the gateway's verdicts.")
-    p.add_argument("--workspace", "-w", required=True, type=Path, help="The workspace directory.")
+    p.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
     p.add_argument("--limit", "-n", type=int, default=50, help="The newest N records (default 50).")
     p.add_argument("--verdict", choices=("allowed", "denied", "limited", "error"), help="Only these.")
     p.add_argument("--json", action="store_true", help="Print JSON (newest first).")
-    p.set_defaults(func=lambda a, s: aio.run(_run(a, s)))
+    p.set_defaults(func=_sync)

@@ -11,22 +11,19 @@ no-isolation ``LocalProcessBackend`` so CLI tests run without Docker.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sandbox.base import Sandbox, SandboxBackend
-from sandbox.errors import SandboxError
+if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
+    from pathlib import Path
 
-from . import aio
-from .changelog import Changelog, ChangelogError, Entry, UndoConflictError, UndoRefusedError
-from .quoting import unquote_path
-from .result import safe_text
-from .settings import Settings
+    from sandbox.base import Sandbox, SandboxBackend
+
+    from ..changelog import Changelog, Entry
+    from ..settings import Settings
 
 UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 T = TypeVar("T")
@@ -57,6 +54,9 @@ def _with_sandbox(
     if backend is None:
         raise SystemExit(_usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)"))
 
+    from .. import aio
+    from ..changelog import Changelog
+
     async def run() -> T:
         try:
             async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
@@ -68,11 +68,15 @@ def _with_sandbox(
 
 
 def _workspace(value: str) -> Path | None:
+    from pathlib import Path
+
     path = Path(value).expanduser().resolve()
     return path if path.is_dir() else None
 
 
 def _line(e: Entry) -> str:
+    import datetime
+
     ts = datetime.datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S")
     path = f"{e.path} -> {e.new_path}" if e.new_path else e.path
     if e.is_group:
@@ -97,6 +101,10 @@ def _line(e: Entry) -> str:
 
 
 def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
+    from .. import aio
+    from ..changelog import Changelog
+    from ..quoting import unquote_path
+
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
@@ -113,6 +121,12 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox.errors import SandboxError
+
+    from ..changelog import ChangelogError
+    from ..quoting import unquote_path
+    from ..result import safe_text
+
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
@@ -131,6 +145,10 @@ def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox.errors import SandboxError
+
+    from ..changelog import ChangelogError, UndoConflictError, UndoRefusedError
+
     ws = _workspace(args.workspace)
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox.client import AgentSandbox
-from sandbox.errors import SandboxError, SandboxUnavailableError
-from sandbox.spec import SandboxSpec
+if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
+    from pathlib import Path
 
-from . import aio
-from .settings import Settings
+    from ..settings import Settings
+
+
+def _run(coro: Any) -> int:
+    from .. import aio
+
+    return int(aio.run(coro))
 
 
 def _backend(settings: Settings, **overrides: Any) -> Any:
     from sandbox.docker import DockerBackend  # the Docker SDK only when a command needs it
+    from sandbox.spec import SandboxSpec
 
     spec = SandboxSpec(**{**settings.sandbox_spec_kwargs(), **overrides})
     return DockerBackend(spec, base_url=settings.docker_host)
@@ -34,6 +36,12 @@ def _say(msg: str = "") -> None:
 
 
 async def _demo(settings: Settings, workspace: Path | None, runtime: str | None) -> int:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from sandbox.errors import SandboxError
+
     overrides = {"runtime": runtime} if runtime else {}
     backend = _backend(settings, **overrides)
     own = workspace is None
@@ -98,6 +106,13 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
 
 
 async def _doctor(settings: Settings) -> int:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from sandbox.client import AgentSandbox
+    from sandbox.errors import SandboxError, SandboxUnavailableError
+
     backend = _backend(settings)
     problems = 0
 
@@ -107,6 +122,12 @@ async def _doctor(settings: Settings) -> int:
         _say(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
         if not ok and fix:
             _say(f"       fix: {fix}")
+
+    # The CLI's local worker: never needed for correctness, so no problem counts here.
+    from .daemon import describe, local_worker_report
+
+    for ok, text in describe(local_worker_report("docker")):
+        _say(f"[{'ok' if ok else 'warn'}] local worker (CLI): {text}")
 
     try:
         info = await backend.daemon_info()
@@ -172,6 +193,8 @@ async def _doctor(settings: Settings) -> int:
 
 
 async def _gc(settings: Settings, all_running: bool) -> int:
+    from sandbox.errors import SandboxUnavailableError
+
     backend = _backend(settings)
     try:
         removed = await backend.gc(all_running=all_running)
@@ -185,6 +208,8 @@ async def _gc(settings: Settings, all_running: bool) -> int:
 
 
 async def _stop(settings: Settings, workspace: Path) -> int:
+    from sandbox.errors import SandboxUnavailableError
+
     backend = _backend(settings)
     try:
         stopped = await backend.stop(workspace)
@@ -198,6 +223,8 @@ async def _stop(settings: Settings, workspace: Path) -> int:
 
 
 def _existing_dir(value: str) -> Path:
+    from pathlib import Path
+
     p = Path(value).expanduser()
     if not p.is_dir():
         raise argparse.ArgumentTypeError(f"workspace {value!r} is not a directory")
@@ -208,15 +235,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser("demo", help="Show a workspace sandbox at work: command, files, limits.")
     p.add_argument("--workspace", type=_existing_dir, help="Use this directory (default: a temporary one).")
     p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
-    p.set_defaults(func=lambda a, s: aio.run(_demo(s, a.workspace, a.runtime)))
+    p.set_defaults(func=lambda a, s: _run(_demo(s, a.workspace, a.runtime)))
 
-    p = subparsers.add_parser("doctor", help="Check the Docker daemon, the sandbox image and gVisor.")
-    p.set_defaults(func=lambda a, s: aio.run(_doctor(s)))
+    p = subparsers.add_parser(
+        "doctor", help="Check the Docker daemon, the sandbox image, gVisor and the CLI's local worker."
+    )
+    p.set_defaults(func=lambda a, s: _run(_doctor(s)))
 
     p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")
     p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
-    p.set_defaults(func=lambda a, s: aio.run(_gc(s, a.all)))
+    p.set_defaults(func=lambda a, s: _run(_gc(s, a.all)))
 
     p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
     p.add_argument("--workspace", "-w", type=_existing_dir, required=True)
-    p.set_defaults(func=lambda a, s: aio.run(_stop(s, a.workspace)))
+    p.set_defaults(func=lambda a, s: _run(_stop(s, a.workspace)))

@@ -1,6 +1,6 @@
 """``loom-worker tools search QUERY``, ``tools index``, ``tools sources`` (issue 6).
 
-Added to the ``tools`` group of :mod:`worker.cli_tools`; when that group is missing they
+Added to the ``tools`` group of :mod:`worker.cli.tools`; when that group is missing they
 are registered under a top-level ``catalog`` command instead. ``loom-worker tools``
 (the schema listing) is given the catalog's tools too: ``tool_search``, the custom YAML
 tools and the MCP tools indexed so far. Exit codes: 0 ok, 1 some source failed to
@@ -15,27 +15,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import aio
-from .catalog import IndexReport, InvalidQueryError
-from .catalog.capabilities import CAPABILITIES
-from .catalog.tool_search import ToolSearchArgs
-from .registry import ToolRegistry
-from .settings import Settings
-from .tools.catalog_tools import CatalogTools, install
+from ..catalog.tags import CAPABILITIES
+
+if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
+    from ..catalog import IndexReport
+    from ..registry import ToolRegistry
+    from ..settings import Settings
+    from ..tools.catalog_tools import CatalogTools
+
+
+def _run(coro: Any) -> Any:
+    from .. import aio
+
+    return aio.run(coro)
 
 
 def _logging(settings: Settings) -> None:
     """Logs (e.g. a custom tool file that failed to load) go to stderr; stdout is the result."""
-    from .logging import configure_logging
+    from ..logging import configure_logging
 
     configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
 
 
 def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:
     """The builtin tools plus the catalog's, with no sandbox backend (nothing runs here)."""
+    from ..registry import ToolRegistry
+    from ..tools.catalog_tools import CatalogTools, install
+
     _logging(settings)
     registry = ToolRegistry()
     tools = CatalogTools.from_settings(settings)
@@ -44,6 +52,9 @@ def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:
 
 
 def _sandbox_registry(settings: Settings, backend: str) -> ToolRegistry:
+    from ..registry import ToolRegistry
+    from ..tools.catalog_tools import CatalogTools, install
+
     _logging(settings)
     if backend == "local":  # unit tests only: no isolation
         from sandbox.local import LocalProcessBackend
@@ -51,7 +62,7 @@ def _sandbox_registry(settings: Settings, backend: str) -> ToolRegistry:
         registry = ToolRegistry(backend=LocalProcessBackend())
         install(registry, CatalogTools.from_settings(settings))
         return registry
-    from .registry import default_registry
+    from ..registry import default_registry
 
     return default_registry(settings, catalog=True)
 
@@ -64,14 +75,14 @@ def _cmd_index(args: argparse.Namespace, settings: Settings) -> int:
                 return await tools.refresh(registry, None, mcp=not args.no_mcp)
         registry = _sandbox_registry(settings, args.backend)
         async with registry:
-            ws = await registry.workspace(Path(args.workspace))
+            ws = await registry.workspace(args.workspace)
             try:
                 return await registry.catalog_tools.refresh(registry, ws, mcp=not args.no_mcp)
             finally:
                 await registry.stop(ws.root)
 
     try:
-        report = aio.run(run())
+        report = _run(run())
     except Exception as e:  # no sandbox, unreadable workspace: say so, no traceback
         print(f"loom-worker: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -80,6 +91,9 @@ def _cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    from ..catalog import InvalidQueryError
+    from ..catalog.tool_search import ToolSearchArgs
+
     try:
         search_args = ToolSearchArgs(
             query=args.query, mode=args.mode, capabilities=args.capability or [], max_results=args.max
@@ -95,7 +109,7 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
             return await tools.search(registry, search_args, has_workspace=True)
 
     try:
-        out = aio.run(run())
+        out = _run(run())
     except InvalidQueryError as e:
         print(f"loom-worker: error: INVALID_QUERY: {e}", file=sys.stderr)
         return 2
@@ -110,18 +124,32 @@ def _cmd_sources(args: argparse.Namespace, settings: Settings) -> int:
             sources = await tools.catalog().list_sources()
             return {"sources": [s.__dict__ for s in sources], "load_errors": tools.errors}
 
-    out = aio.run(run())
+    out = _run(run())
     sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     return 1 if out["load_errors"] else 0
 
 
-def _cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    """``loom-worker tools``: every schema a ``default_registry`` offers, catalog tools included."""
-    if settings.catalog:
-        registry, _ = _plain_registry(settings)
-    else:
-        registry = ToolRegistry()
-    sys.stdout.write(json.dumps(registry.all_schemas(args.format), indent=2, ensure_ascii=False) + "\n")
+def _cmd_tools(args: argparse.Namespace, _settings: Settings | None) -> int:
+    """``loom-worker tools``: every schema a ``default_registry`` offers, catalog tools
+    included; from the cache when nothing it depends on changed (:mod:`.schema_cache`)."""
+    from . import schema_cache
+
+    text = schema_cache.load(args.format)
+    if text is None:
+        from ..localworker.inputs import registry_inputs
+        from ..registry import ToolRegistry
+        from . import load_settings
+
+        settings = load_settings()
+        if settings.catalog:
+            registry, tools = _plain_registry(settings)
+            problems = bool(tools.errors)
+        else:
+            registry, problems = ToolRegistry(), False
+        text = json.dumps(registry.all_schemas(args.format), indent=2, ensure_ascii=False) + "\n"
+        if not problems:  # a listing that logged a warning is built (and warns) each time
+            schema_cache.store(args.format, text, registry_inputs(settings, registry))
+    sys.stdout.write(text)
     return 0
 
 
@@ -131,7 +159,7 @@ def _add(group: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--mode", choices=("fast", "balanced", "accurate"), default="fast")
     p.add_argument("--capability", action="append", choices=CAPABILITIES, help="Filter (repeatable).")
     p.add_argument("--max", type=int, default=5, help="Maximum results (1-10).")
-    p.set_defaults(func=_cmd_search)
+    p.set_defaults(func=_cmd_search, own_settings=False)
     p = group.add_parser(
         "index",
         help="(Re)index builtin, custom and MCP tools.",
@@ -140,19 +168,20 @@ def _add(group: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--no-mcp", action="store_true", help="Skip the configured MCP servers.")
     p.add_argument("--workspace", "-w", default=None, help="Workspace whose sandbox runs the stdio MCP servers.")
     p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
-    p.set_defaults(func=_cmd_index)
+    p.set_defaults(func=_cmd_index, own_settings=False)
     p = group.add_parser("sources", help="Indexed tool sources, their status, and files that failed to load.")
-    p.set_defaults(func=_cmd_sources)
+    p.set_defaults(func=_cmd_sources, own_settings=False)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     try:
-        from .cli_tools import tools_subparsers
+        from .tools import tools_subparsers
 
         group = tools_subparsers(subparsers)
     except (ImportError, LookupError):
         p = subparsers.add_parser("catalog", help="Search and index the tool catalog.")
         group = p.add_subparsers(dest="catalog_command", metavar="SUBCOMMAND", parser_class=type(p))
     else:
-        subparsers.choices["tools"].set_defaults(func=_cmd_tools)
+        # (Its subcommands set own_settings=False: a parent's defaults reach them.)
+        subparsers.choices["tools"].set_defaults(func=_cmd_tools, own_settings=True)
     _add(group)

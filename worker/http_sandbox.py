@@ -1,0 +1,76 @@
+"""``GET /v1/workspaces/{id}/sandbox``: a workspace's sandbox as it is now.
+
+Whether its container runs, with which image, runtime and limits, and how much CPU and
+memory it uses at this moment. Looking never starts a sandbox. A backend that cannot say
+(the in-process test backend) answers ``"backend": null`` with nothing known.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.errors import SandboxUnavailableError
+
+from .http import WorkspaceId
+from .service import Workspaces
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    pids: int | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cpu_percent: float | None = Field(None, description="Percent of one CPU since the previous look.")
+    memory_bytes: int | None = Field(None, description="Memory in use (without page cache it can drop).")
+    memory_limit_bytes: int | None = None
+    pids: int | None = None
+
+
+class SandboxOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    backend: str | None = Field(description="docker, or null when the backend cannot say.")
+    exists: bool = Field(description="Whether the workspace has a container (running or not).")
+    running: bool
+    status: str | None = Field(None, description="The engine's state: running, exited, created, ...")
+    container: str | None = None
+    image: str | None = None
+    runtime: str | None = None
+    started_at: str | None = None
+    oom_killed: bool = False
+    limits: Limits = Field(default_factory=Limits)
+    usage: Usage | None = Field(None, description="While it runs.")
+
+
+def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
+    """Mount the route on ``app`` (whose state holds ``registry``)."""
+
+    @app.get(
+        "/v1/workspaces/{workspace_id}/sandbox",
+        tags=["workspaces"],
+        dependencies=auth,
+        responses={**responses, 503: {"description": "The Docker engine does not answer"}},
+    )
+    async def sandbox_status(request: Request, workspace_id: WorkspaceId) -> SandboxOut:
+        """The workspace's sandbox now: running or not, image, runtime, limits, CPU and
+        memory in use. Never starts it."""
+        path = workspaces.path(workspace_id)
+        backend = getattr(request.app.state.registry, "backend", None)
+        status = getattr(backend, "status", None)
+        if status is None:
+            return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
+        try:
+            found: dict[str, Any] | None = await status(path)
+        except SandboxUnavailableError as e:
+            return JSONResponse({"detail": f"Sandbox state unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
+        if found is None:
+            return SandboxOut(id=workspace_id, backend="docker", exists=False, running=False)
+        return SandboxOut(id=workspace_id, backend="docker", exists=True, **found)

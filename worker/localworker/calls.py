@@ -1,0 +1,85 @@
+"""How a ``loom-worker call`` (or one ``batch`` line) runs against a registry.
+
+The same code runs in the CLI's own process (the fallback, ``LOOM_CLI_DAEMON=0``) and in
+its local worker, so both paths give the same result and exit code by construction; the
+result leaves either one as ``ToolResult.to_dict()`` and is printed by the CLI with the
+same :func:`~worker.result.json_line`.
+
+Every change a call makes is recorded in its workspace's changelog under
+``settings.data_dir`` before it happens, so ``loom-worker undo`` can revert it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..registry import ToolRegistry, default_registry
+from ..settings import Settings
+
+#: Test-only: ``--backend local`` runs tools as host processes (NO isolation) and is
+#: refused unless the environment has ``LOOM_ALLOW_UNSAFE_LOCAL=1``.
+UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
+
+
+class Changelogs:
+    """One open changelog per workspace (under ``data_dir``), so CLI calls are recorded
+    and can be undone with ``loom-worker undo``."""
+
+    def __init__(self, data_dir: Path, limits: Any = None) -> None:
+        self.data_dir = data_dir
+        self.limits: Any = limits
+        self._open: dict[Path, Any] = {}
+
+    def recorder(self, root: Path) -> Any:
+        """Raises ChangelogStorageError when the store cannot be opened."""
+        from ..changelog import Changelog
+
+        if root not in self._open:
+            self._open[root] = Changelog.open(self.data_dir, root, limits=self.limits)
+        return self._open[root]
+
+    async def aclose(self) -> None:
+        for cl in self._open.values():
+            await cl.aclose()
+        self._open.clear()
+
+
+class Calls:
+    """The registry CLI calls run in: the Docker backend with the changelog and the tool
+    catalog (``default_registry``), or the test-only local backend (no isolation)."""
+
+    def __init__(self, settings: Settings, backend: str = "docker") -> None:
+        self.settings = settings
+        self.backend = backend
+        self.changelogs = Changelogs(settings.data_dir, settings.changelog_limits())
+        self.registry: ToolRegistry
+        if backend == "local":
+            from sandbox.local import LocalProcessBackend
+
+            self.registry = ToolRegistry(backend=LocalProcessBackend(), recorder_factory=self.changelogs.recorder)
+        else:
+            self.registry = default_registry(settings=settings, recorder_factory=self.changelogs.recorder)
+
+    async def execute(
+        self,
+        tool: str,
+        arguments: Any,
+        workspace: str,
+        call_id: str | None,
+        *,
+        check_unknown: bool = True,
+    ) -> tuple[int, dict[str, Any]]:
+        """Run one call; returns the exit code and the result as a dict. The exit code is
+        0 when the tool succeeded, 1 when it failed, and 2 (a usage error) for a tool this
+        registry does not have when ``check_unknown``. Never raises but on cancellation."""
+        result = await self.registry.execute(tool, arguments, workspace, call_id=call_id)
+        if check_unknown and self.registry.get(tool) is None:
+            return 2, result.to_dict()
+        return (0 if result.success else 1), result.to_dict()
+
+    async def aclose(self) -> None:
+        try:
+            await self.registry.aclose()
+        finally:
+            await self.changelogs.aclose()

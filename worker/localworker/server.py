@@ -1,0 +1,366 @@
+"""The local worker: one per user and key (see :mod:`.identity`), started by the CLI as
+``python -P -m worker.localworker --key K --backend B`` with stdout a pipe the CLI reads
+``ready`` (or ``error ...``) from and stderr its log file.
+
+It builds the registry once, exactly as an in-process call does (:class:`.calls.Calls`),
+and answers calls over a unix socket (mode 0600, in the user's 0700 run directory; each
+peer's uid is checked with ``SO_PEERCRED`` too). Each call runs in its own task, so calls
+of several CLI processes run side by side as they would in-process. It exits:
+
+- after ``LOOM_CLI_DAEMON_IDLE`` seconds with no connection (900 by default);
+- when the code under it changed (an upgrade, an edit of an editable install): new CLI
+  processes compute another key and start a new worker, and this one leaves;
+- when a file its registry was built from changed (a custom tool, the MCP servers file,
+  an MCP tool indexed by another process): the call that notices is answered ``retry``
+  before anything runs, and the CLI sends it to a fresh worker;
+- when its socket was removed or replaced, on ``shutdown`` (``loom-worker daemon stop``)
+  and on SIGTERM/SIGINT, after the calls in flight have finished.
+
+A client that goes away mid-call (Ctrl-C, a CI job's timeout) does not cancel the call:
+it finishes, so what it changed is recorded in the changelog (in-process, the process
+ends with the call and a command's changes then go unrecorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from sandbox import __version__
+from sandbox.logs import get_logger
+
+from ..settings import Settings, describe_errors
+from . import daemon_logs, wire
+from .calls import Calls
+from .daemon_logs import SINK, client_renderer
+from .identity import code_identity
+from .inputs import fingerprint, registry_inputs
+from .rundir import WorkerFiles
+
+log = get_logger("worker.localworker")
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:
+    """Write one frame, unless the client went away (then it is dropped)."""
+    if writer.is_closing():
+        return
+    try:
+        writer.write(wire.encode(frame))
+    except (RuntimeError, ConnectionError):  # uvloop: a transport closed under us
+        pass
+
+
+def peer_uid(sock: Any) -> int:
+    """The uid of the process at the other end of unix socket ``sock`` (SO_PEERCRED)."""
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return int(uid)
+
+
+class LocalWorker:
+    """The worker's state: the registry, the connections, and why it should stop."""
+
+    def __init__(self, settings: Settings, key: str, files: WorkerFiles, calls: Calls, startup: list[Any]) -> None:
+        self.settings = settings
+        self.key = key
+        self.files = files
+        self.calls = calls
+        #: Events logged while the registry was built (a custom tool file that did not
+        #: load): an in-process call logs them each time, so each call gets them too.
+        self.startup_events = startup
+        self.idle = settings.cli_daemon_idle
+        self.code = code_identity()
+        self.inputs = registry_inputs(settings, calls.registry)
+        self.baseline = fingerprint(self.inputs)
+        self.started = time.time()
+        self.served = 0
+        self.active = 0
+        self.last = time.monotonic()
+        self.retiring: str | None = None
+        self._sock_ino = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._stop = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, sock: socket.socket) -> str:
+        """Serve on listening ``sock`` until it is time to stop; returns why."""
+        self._sock_ino = os.stat(self.files.socket).st_ino
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, limit=wire.MAX_FRAME)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.retire, f"signal {signal.Signals(sig).name}")
+        house = asyncio.create_task(self._housekeeping())
+        try:
+            await self._stop.wait()
+        finally:
+            house.cancel()
+            self._close_listener()
+            await self.calls.aclose()
+        return self.retiring or "stopped"
+
+    def retire(self, reason: str) -> None:
+        """Take no new connections (the socket is removed, so the next CLI starts a fresh
+        worker); stop once the connections open now have ended."""
+        if self.retiring is None:
+            self.retiring = reason
+            daemon_logs.lifecycle("local_worker.retiring", reason=reason, active=self.active)
+            self._close_listener()
+        if self.active == 0:
+            self._stop.set()
+
+    def _close_listener(self) -> None:
+        if self._server is not None:
+            # The name first, so no new client finds it; then the listener. A client that
+            # connected in between is reset before its greeting, so it sent nothing.
+            with contextlib.suppress(OSError):
+                if os.stat(self.files.socket).st_ino == self._sock_ino:  # not a successor's
+                    os.unlink(self.files.socket)
+            self._server.close()
+            self._server = None
+
+    async def _housekeeping(self) -> None:
+        tick = max(0.05, min(2.0, self.idle / 4))
+        while True:
+            await asyncio.sleep(tick)
+            if self.retiring is not None:
+                self.retire(self.retiring)
+                continue
+            if self.active == 0 and time.monotonic() - self.last >= self.idle:
+                self.retire(f"idle for {self.idle} s")
+            elif code_identity(fresh=True) != self.code:
+                self.retire("the installed code changed")
+            else:
+                try:
+                    ours = os.stat(self.files.socket).st_ino == self._sock_ino
+                except OSError:
+                    ours = False
+                if not ours:
+                    self.retire("its socket was removed or replaced")
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            uid = peer_uid(sock)
+        except OSError:
+            uid = -1
+        if uid != os.getuid():
+            daemon_logs.lifecycle("local_worker.peer_refused", peer_uid=uid)
+            writer.close()
+            return
+        # Before anything else: a client sends nothing until it has this, so a connection
+        # reset before it (one queued when this worker stopped listening) lost nothing.
+        _send(writer, {"t": "hello", "pid": os.getpid(), "key": self.key})
+        self.active += 1
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                try:
+                    req = wire.decode(line)
+                except ValueError as e:
+                    _send(writer, {"id": None, "t": "error", "message": f"not a frame: {e}"})
+                    await writer.drain()
+                    continue
+                await self._request(req, writer)
+                await writer.drain()
+        except (ConnectionError, RuntimeError, ValueError, asyncio.LimitOverrunError) as e:
+            # A broken pipe, or a frame over MAX_FRAME (the client checks that first).
+            log.info("local_worker.connection_ended", error=repr(e))
+        finally:
+            self.active -= 1
+            self.last = time.monotonic()
+            writer.close()
+            if self.retiring is not None:
+                self.retire(self.retiring)
+
+    async def _request(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        rid = req.get("id")
+        op = req.get("op")
+        if op == "status":
+            _send(writer, {"id": rid, "t": "status", **self.status()})
+        elif op == "shutdown":
+            _send(writer, {"id": rid, "t": "status", **self.status(), "stopping": True})
+            self.retire("asked to stop")
+        elif op == "call":
+            await self._call(req, writer)
+        else:
+            _send(writer, {"id": rid, "t": "error", "message": f"unknown op {op!r}"})
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "key": self.key,
+            "version": __version__,
+            "backend": self.calls.backend,
+            "started": self.started,
+            "calls": self.served,
+            "active": self.active,
+            "idle_exit": self.idle,
+            "retiring": self.retiring,
+        }
+
+    def _stale(self) -> str | None:
+        if self.retiring is not None:
+            return f"this local worker is stopping ({self.retiring})"
+        if self.inputs and fingerprint(self.inputs) != self.baseline:
+            return "a file its tools were loaded from changed (custom tools, MCP servers, the MCP tool index)"
+        return None
+
+    async def _call(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        rid = req.get("id")
+        why = "it was started for other settings or code" if req.get("key") != self.key else self._stale()
+        if why is not None:
+            self.retire(why)  # first: the socket is gone before the client reads "retry"
+            _send(writer, {"id": rid, "t": "retry", "reason": why})
+            return
+        render = client_renderer(self.settings.log_format, bool(req.get("tty")))
+
+        def sink(event_dict: Any) -> None:
+            if writer.is_closing():  # the client went away: the worker's own log keeps it
+                daemon_logs.to_own_log(event_dict)
+            else:
+                _send(writer, {"id": rid, "t": "log", "text": render(event_dict)})
+
+        for event in self.startup_events:
+            sink(dict(event))
+        ctx = contextvars.copy_context()
+        ctx.run(SINK.set, sink)
+        call_id = req.get("call_id")
+        # A client that goes away mid-call (Ctrl-C, a CI job's timeout) does not cancel
+        # it: cancelling would not stop a command in the sandbox (it runs to its own
+        # timeout either way), only skip recording what it changed. So the call finishes
+        # and its changes are in the changelog; the answer then goes nowhere.
+        try:
+            code, result = await asyncio.create_task(
+                self.calls.execute(
+                    str(req.get("tool")),
+                    req.get("arguments"),
+                    str(req.get("workspace")),
+                    None if call_id is None else str(call_id),
+                    check_unknown=bool(req.get("check_unknown", True)),
+                ),
+                context=ctx,
+            )
+        except Exception as e:  # a bug: the client reports it as an infrastructure failure
+            log.exception("local_worker.call_failed", tool=req.get("tool"))
+            _send(writer, {"id": rid, "t": "error", "message": f"{type(e).__name__}: {e}"})
+            return
+        self.served += 1
+        _send(writer, {"id": rid, "t": "result", "exit": code, "result": result})
+        if self.inputs:  # what the call itself wrote (the catalog's index) is no change from outside
+            self.baseline = fingerprint(self.inputs)
+
+
+def _say(line: str) -> None:
+    """Tell the starting CLI (our stdout is its pipe); it may have stopped waiting."""
+    with contextlib.suppress(OSError):
+        os.write(1, (line + "\n").encode())
+
+
+def bind(files: WorkerFiles) -> socket.socket | None:
+    """A listening socket at ``files.socket`` (mode 0600), or None when a live worker
+    already answers there. Bound under a temporary name in the private directory and
+    renamed into place, so a client never finds a socket that does not listen yet, and a
+    stale one left by a killed worker is simply replaced. Raises OSError."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(files.socket)
+        if probe.recv(4096).startswith(b'{"t":"hello"'):  # only a worker that greets is alive
+            return None
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    tmp = f"{files.dir}/.d-{files.key}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(tmp)
+        os.chmod(tmp, 0o600)
+        sock.listen(128)
+        os.rename(tmp, files.socket)
+    except OSError:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start a local worker (see the module docstring). Returns the exit code."""
+    import argparse
+
+    from pydantic import ValidationError
+
+    from .. import aio
+    from .identity import daemon_key
+    from .rundir import RunDirError, worker_files
+
+    ap = argparse.ArgumentParser(prog="python -m worker.localworker")
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--backend", choices=("docker", "local"), default="docker")
+    args = ap.parse_args(argv)
+    try:
+        settings = Settings()
+        daemon_logs.configure(settings.log_level)
+    except ValidationError as e:
+        _say(f"error the settings do not validate: {describe_errors(e)}")
+        return 2
+    except ValueError as e:  # a log level logging does not know
+        _say(f"error the settings do not validate: {e}")
+        return 2
+    if daemon_key(args.backend) != args.key:
+        _say("error this process's code, settings or identity give another key")
+        return 2
+    try:
+        files = worker_files(args.key)
+    except RunDirError as e:
+        _say(f"error {e}")
+        return 1
+    startup: list[Any] = []
+    token = SINK.set(startup.append)
+    try:
+        calls = Calls(settings, args.backend)
+    except Exception as e:
+        _say(f"error the registry could not be built: {type(e).__name__}: {e}")
+        return 1
+    finally:
+        SINK.reset(token)
+    try:
+        sock = bind(files)
+    except OSError as e:
+        _say(f"error cannot listen at {files.socket}: {e}")
+        return 1
+    if sock is None:
+        _say("exists")
+        return 0
+
+    async def serve() -> str:
+        worker = LocalWorker(settings, args.key, files, calls, startup)
+        daemon_logs.lifecycle("local_worker.started", key=args.key, backend=args.backend, idle_exit=worker.idle)
+        _say(f"ready {os.getpid()}")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the pipe is closed: the CLI has what it waited for
+        os.close(devnull)
+        return await worker.run(sock)
+
+    reason = aio.run(serve())
+    daemon_logs.lifecycle("local_worker.exit", reason=reason)
+    sys.stderr.flush()
+    return 0

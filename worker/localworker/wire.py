@@ -1,0 +1,56 @@
+"""Frames between the CLI and its local worker: one JSON object per line, both ways.
+
+A request is answered by any number of frames with its ``id``, the last one *final*.
+That is what lets a later command stream (a process's output as it happens) through the
+same path; today's frames::
+
+    client -> worker
+      {"op": "call", "id": 1, "key": K, "tool": "read_file", "arguments": {...},
+       "workspace": "/abs/real/path", "call_id": null, "tty": false, "check_unknown": true}
+      {"op": "status", "id": 2}              {"op": "shutdown", "id": 3}
+
+    worker -> client
+      {"t": "hello", "pid": 4242, "key": K}   on accepting a connection, before any request
+      {"id": 1, "t": "log", "text": "..."}            a log line for the client's stderr
+      {"id": 1, "t": "result", "exit": 0, "result": {...}}                   (final)
+      {"id": 1, "t": "retry", "reason": "..."}   not run: ask a fresh worker  (final)
+      {"id": 1, "t": "error", "message": "..."}  a request it cannot read     (final)
+      {"id": 2, "t": "status", ...}                                          (final)
+
+JSON text never holds a raw newline, so a line is a frame. Text is UTF-8; a value with a
+lone surrogate (bytes of a file name that are not UTF-8, carried by surrogateescape) makes
+that frame ASCII with ``\\uXXXX`` escapes instead, which decodes to the same value.
+
+Standard library only: the client runs this on every call.
+"""
+
+from __future__ import annotations
+
+import json
+
+# Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+#: The largest frame a worker reads; the client runs a larger call in-process instead.
+MAX_FRAME = 512 << 20
+
+FINAL = frozenset({"result", "retry", "error", "status"})
+
+
+def encode(frame: dict[str, Any]) -> bytes:
+    """One frame, newline included."""
+    try:
+        return (json.dumps(frame, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate somewhere: escape everything instead
+        return (json.dumps(frame, separators=(",", ":"), default=str) + "\n").encode()
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """The frame in ``line``. Raises ValueError when it is not a JSON object."""
+    frame = json.loads(line)
+    if not isinstance(frame, dict):
+        raise ValueError("a frame must be a JSON object")
+    return frame

@@ -35,6 +35,10 @@ CHUNK = 256 << 10
 ACK_EVERY = 128 << 10
 
 
+#: Close notifications sent from callbacks, kept referenced until written.
+_PENDING: set[asyncio.Task[None]] = set()
+
+
 class SandboxTunnel:
     """One connection to ``port`` on the sandbox's loopback. Use :meth:`open`."""
 
@@ -71,8 +75,13 @@ class SandboxTunnel:
         conn.set_stream_handler("tunnel", tid, tunnel._on_event)
         try:
             r = await conn.request("tunnel_open", {"tunnel": tid, "port": port, "window": WINDOW}, timeout=timeout)
-        except BaseException:
+        except BaseException as e:
             conn.set_stream_handler("tunnel", tid, None)
+            if isinstance(e, asyncio.CancelledError) and not conn.closed:
+                # Given up while the agent may have opened it: it must not stay open there.
+                task = asyncio.get_running_loop().create_task(conn.notify("tunnel_close", {"tunnel": tid}))
+                _PENDING.add(task)
+                task.add_done_callback(_PENDING.discard)
             raise
         address = r.get("address")
         tunnel.address = address if isinstance(address, str) and len(address) < 64 else ""
@@ -181,10 +190,6 @@ class SandboxTunnel:
     async def close(self) -> None:
         """End the tunnel now (the server sees the connection closed). Idempotent."""
         self._end(None)
-
-
-#: Close notifications sent from callbacks, kept referenced until written.
-_PENDING: set[asyncio.Task[None]] = set()
 
 
 async def relay(tunnel: SandboxTunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:

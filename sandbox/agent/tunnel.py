@@ -61,6 +61,7 @@ class _Tunnel(object):
         self.interest = 0  # what the selector watches now
         self.unacked_writes = 0  # bytes written to the server not yet reported as acked
         self.quiet = False  # end it without telling the host (the host is gone)
+        self.announced = False  # the host has the open's answer: the server's bytes may flow
 
 
 def _event(t, **fields):
@@ -117,12 +118,19 @@ def op_tunnel_open(req):
             raise Refused("too_large", "Too many open tunnels (max %d)" % MAX_TUNNELS)
     sock, address = _connect(port)
     t = _Tunnel(tid, sock, window)
+    with _lock:
+        if tid in _tunnels:
+            sock.close()
+            raise Refused("conflict", "tunnel %d is already open" % tid)
+        # Known at once: the host's first bytes may come right after our answer, before
+        # ``after`` runs on this thread.
+        _tunnels[tid] = t
+        _start_pump()
 
     def after():
         # Only once the host has the answer: from now on the server's bytes may flow.
         with _lock:
-            _tunnels[tid] = t
-            _start_pump()
+            t.announced = True
         _wake()
 
     return {"tunnel": tid, "address": address, "_after_send": after}
@@ -281,7 +289,7 @@ def _settle(sel, registered):
             done = t.closing is not None or (t.read_eof and t.write_shut)
             want = 0
             if not done:
-                if not t.read_eof and t.credit > 0:
+                if not t.read_eof and t.credit > 0 and t.announced:
                     want |= selectors.EVENT_READ
                 if t.out:
                     want |= selectors.EVENT_WRITE

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,42 @@ async def test_relay_joins_a_client_connection(local_backend: Any, workspace: Pa
         finally:
             front.close()
             await front.wait_closed()
+
+
+def test_bytes_sent_right_after_the_open_answer_are_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the agent's own module: the host may send its first bytes as soon as it has the
+    open's answer, before the agent's thread has run what follows the answer."""
+    import base64
+    import io
+    import json
+
+    from sandbox.agent import channel
+    from sandbox.agent import tunnel as agent_tunnel
+
+    out = io.BytesIO()
+    monkeypatch.setattr(channel, "_out", out)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        answer = agent_tunnel.op_tunnel_open({"tunnel": 991, "port": srv.getsockname()[1]})
+        after = answer.pop("_after_send")
+        conn, _ = srv.accept()
+        with conn:
+            # The answer is on its way; the host's bytes arrive before ``after`` ran.
+            agent_tunnel.op_tunnel_send({"tunnel": 991, "data": base64.b64encode(b"early").decode()})
+            conn.settimeout(10)
+            assert conn.recv(100) == b"early"
+            conn.sendall(b"back")
+            after()
+            for _ in range(500):
+                events = [json.loads(line) for line in out.getvalue().splitlines()]
+                if any("data" in e for e in events):
+                    break
+                threading.Event().wait(0.01)
+            assert {"event": "tunnel", "tunnel": 991, "data": base64.b64encode(b"back").decode(), "k": None} in events
+            agent_tunnel.op_tunnel_close({"tunnel": 991})
+            for _ in range(500):  # its last event written while ``out`` is still the channel
+                if b'"closed":true' in out.getvalue():
+                    break
+                threading.Event().wait(0.01)
+            assert 991 not in agent_tunnel._tunnels

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
@@ -139,6 +139,40 @@ class ExecResult:
     @property
     def timed_out(self) -> bool:
         return self.outcome == "timeout"
+
+
+class ExecControl:
+    """A handle on one command while it runs, for its caller: :meth:`signal` passes a
+    signal to its process group (a Ctrl-C, as a terminal would). Give it to
+    ``exec(control=...)``; a signal sent before the command starts (it waits for the
+    workspace) is delivered as it starts."""
+
+    SIGNALS = (2, 9, 15)  # SIGINT, SIGKILL, SIGTERM
+
+    def __init__(self) -> None:
+        self._send: Callable[[int], Coroutine[object, object, None]] | None = None
+        self._pending: int | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def signal(self, sig: int) -> None:
+        """Send ``sig`` (2, 9 or 15) to the command's process group now, or as soon as it
+        starts. What it leaves running is killed when it ends, as always. Raises
+        ValueError for another signal, SandboxLostError."""
+        if sig not in self.SIGNALS:
+            raise ValueError("signal must be 2 (SIGINT), 9 (SIGKILL) or 15 (SIGTERM)")
+        if self._send is None:
+            self._pending = 9 if 9 in (sig, self._pending) else sig
+            return
+        await self._send(sig)
+
+    def bind(self, send: Callable[[int], Coroutine[object, object, None]] | None) -> None:
+        """For sandboxes: where signals go while the command runs (None once it ended)."""
+        self._send = send
+        if send is not None and self._pending is not None:
+            sig, self._pending = self._pending, None
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(send(sig))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
 
 @dataclass(frozen=True)
@@ -400,6 +434,7 @@ class Sandbox(abc.ABC):
         output_limit: int = 64 << 20,
         scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ExecResult:
         """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
 
@@ -415,7 +450,8 @@ class Sandbox(abc.ABC):
 
         With ``on_output`` the command's output is also handed over as the sandbox reads
         it (:data:`OutputCallback`), every chunk before this returns; the result still
-        holds the capped capture (``max_output``).
+        holds the capped capture (``max_output``). ``control`` lets the caller signal the
+        command while it runs (:class:`ExecControl`).
         """
 
     async def exec_stream(self, command: str, **kwargs: object) -> AsyncIterator[OutputChunk | ExecResult]:

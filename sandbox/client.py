@@ -25,6 +25,7 @@ from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
     EntryType,
+    ExecControl,
     ExecResult,
     FileStat,
     ListEntry,
@@ -125,8 +126,6 @@ class AgentSandbox(Sandbox):
         self._exec_lock = asyncio.Lock()
         self._io_timeout = io_timeout
         self.restarts = 0
-        #: The connection and request id of the command running now (for signals).
-        self._running: tuple[AgentConnection, int] | None = None
 
     async def connection(self) -> AgentConnection:
         conn = self._conn
@@ -428,22 +427,6 @@ class AgentSandbox(Sandbox):
         conn = await self.connection()
         return await SandboxTunnel.open(conn, port, timeout=self._io_timeout + DEADLINE_SLACK)
 
-    async def signal_command(self, signal: int) -> bool:
-        """Send ``signal`` (2 SIGINT, 15 SIGTERM or 9 SIGKILL) to the process group of the
-        command this sandbox runs now, as a terminal's Ctrl-C would. Returns False when
-        none runs. What the command leaves behind is killed when it ends, as always.
-
-        Raises ValueError for another signal, SandboxLostError.
-        """
-        if signal not in (2, 9, 15):
-            raise ValueError("signal must be 2, 9 or 15")
-        running = self._running
-        if running is None:
-            return False
-        conn, rid = running
-        await conn.notify("exec_signal", {"req": rid, "signal": signal})
-        return True
-
     # -- exec ------------------------------------------------------------------------
 
     async def exec(
@@ -458,6 +441,7 @@ class AgentSandbox(Sandbox):
         output_limit: int = 64 << 20,
         scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ExecResult:
         # One command at a time per connection: the agent kills the whole process subtree
         # it owns when a command ends, so two commands must not share it.
@@ -489,14 +473,20 @@ class AgentSandbox(Sandbox):
             try:
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
                 conn = await self.connection()
+                sent = None
+                if control is not None:
 
-                def sent(rid: int) -> None:
-                    self._running = (conn, rid)
+                    def sent(rid: int) -> None:
+                        async def send(sig: int) -> None:
+                            await conn.notify("exec_signal", {"req": rid, "signal": sig})
+
+                        control.bind(send)
 
                 try:
                     r = await conn.request("exec", args, timeout=deadline, on_event=on_event, on_sent=sent)
                 finally:
-                    self._running = None
+                    if control is not None:
+                        control.bind(None)
             except (SandboxLostError, SandboxTimeoutError) as e:
                 detail = str(e)
                 why = await self._on_exec_lost() if self._on_exec_lost is not None else None

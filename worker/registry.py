@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sandbox.base import OutputCallback, SandboxBackend
+from sandbox.base import ExecControl, OutputCallback, SandboxBackend
 from sandbox.errors import (
     AgentError,
     ImageNotFoundError,
@@ -425,15 +425,17 @@ class ToolRegistry:
         call_id: str | None = None,
         subtask_id: str | None = None,
         on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ToolResult:
         """Run one tool call. Never raises (except on cancellation); see the module table.
-        ``on_output`` gets a command's output as it happens (``shell_execute``).
+        ``on_output`` gets a command's output as it happens (``shell_execute``), and
+        ``control`` signals that command (a Ctrl-C passed on).
         A call without ``call_id`` gets a new one (``call_<16 hex>``), so that every call
         can be found, diffed and undone by its id."""
         if call_id is None:
             call_id = "call_" + secrets.token_hex(8)
         started = time.perf_counter()
-        result = await self._execute(name, arguments, workspace, call_id, subtask_id, on_output)
+        result = await self._execute(name, arguments, workspace, call_id, subtask_id, on_output, control)
         result = result.capped()
         duration_ms = (time.perf_counter() - started) * 1000.0
         kind = (result.data or {}).get("error_kind") if not result.success else None
@@ -471,16 +473,26 @@ class ToolRegistry:
         call_id: str | None = None,
         subtask_id: str | None = None,
         max_buffered: int = MAX_BUFFERED,
+        control: ExecControl | None = None,
     ) -> AsyncIterator[ToolOutput | ToolResult]:
         """:meth:`execute` as an async iterator: a command's output as it happens
         (:class:`~worker.streaming.ToolOutput` chunks; only ``shell_execute`` has any),
         then the :class:`ToolResult`, last. Never raises for the call (see
         :meth:`execute`). The call starts at once; a reader that stops early does not
         stop it; see :mod:`worker.streaming` for what waits in memory (``max_buffered``).
-        Call it with an event loop running."""
+        ``control`` signals the command (see :meth:`execute`). Call it with an event
+        loop running."""
 
         def run(on_output: OutputCallback) -> Awaitable[ToolResult]:
-            return self.execute(name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output)
+            return self.execute(
+                name,
+                arguments,
+                workspace,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                on_output=on_output,
+                control=control,
+            )
 
         return stream_call(run, max_buffered=max_buffered)
 
@@ -492,6 +504,7 @@ class ToolRegistry:
         call_id: str | None,
         subtask_id: str | None,
         on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
@@ -518,7 +531,9 @@ class ToolRegistry:
                     ws = await self.workspace(workspace)
                 elif tool.needs_workspace:
                     raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
-                ctx = ToolContext(workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output)
+                ctx = ToolContext(
+                    workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
+                )
                 return await tool.fn(args, ctx)
         except ToolError as e:
             return ToolResult.fail(e.message, data=e.data)

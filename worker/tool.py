@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from .result import ToolResult
 
 if TYPE_CHECKING:
-    from sandbox.base import OutputCallback
+    from sandbox.base import ExecControl, OutputCallback
 
     from .workspace import Workspace
 
@@ -57,6 +57,8 @@ class ToolContext:
     #: Where a tool that runs a command hands its output as it happens (the caller asked
     #: for a stream: ``ToolRegistry.execute_stream``); None: nobody listens.
     on_output: OutputCallback | None = None
+    #: Lets the caller signal the command the tool runs (a Ctrl-C passed on).
+    control: ExecControl | None = None
 
     def require_workspace(self) -> Workspace:
         """The workspace. Raises ToolError ("No workspace") when there is none."""

@@ -35,8 +35,12 @@ LINGER_AFTER_EXIT = 0.1
 SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 _exec_lock = threading.Lock()
-#: The command running now, for ``exec_signal``: (request id, Popen) or None.
+#: The command running now, for ``exec_signal``: (request id, Popen) or None; and
+#: signals that came for a request whose command had not started yet (it is on its way
+#: to a worker thread), delivered as it starts.
 _running = [None]  # type: list
+_early_signals = {}  # type: dict
+_signal_lock = threading.Lock()
 
 
 def op_exec(req):
@@ -117,7 +121,11 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
         streamed = {}  # type: dict
         if req.get("stream"):
             streamed = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
-        _running[0] = (rid, proc)
+        with _signal_lock:
+            _running[0] = (rid, proc)
+            early = _early_signals.pop(rid, None) if rid is not None else None
+        if early is not None:
+            _killpg(proc.pid, early)
         sel = selectors.DefaultSelector()
         for f in (proc.stdout, proc.stderr):
             os.set_blocking(f.fileno(), False)
@@ -190,7 +198,8 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             except OSError:
                 pass
         sel.close()
-        _running[0] = None
+        with _signal_lock:
+            _running[0] = None
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
@@ -239,13 +248,25 @@ def op_exec_signal(req):
     of the command that request ``req`` runs, if it still runs. Whatever it leaves behind
     is killed when it ends, as always."""
     sig = req.get("signal")
+    rid = req.get("req")
     if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         raise Refused("invalid", "signal must be 2, 15 or 9")
-    running = _running[0]
-    if running is None or running[0] != req.get("req"):
-        return {"sent": False}
+    with _signal_lock:
+        running = _running[0]
+        if running is None or running[0] != rid:
+            # Not started yet (or over): kept for the request, a few at most.
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                while len(_early_signals) >= 8:
+                    _early_signals.pop(next(iter(_early_signals)))
+                if _early_signals.get(rid) != signal.SIGKILL:
+                    _early_signals[rid] = sig
+            return {"sent": False}
+    return {"sent": _killpg(running[1].pid, sig)}
+
+
+def _killpg(pgid, sig):
     try:
-        os.killpg(running[1].pid, sig)
+        os.killpg(pgid, sig)
     except OSError:
-        return {"sent": False}
-    return {"sent": True}
+        return False
+    return True

@@ -8,7 +8,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from sandbox.base import ExecResult, OutputChunk
+import pytest
+
+from sandbox.base import ExecControl, ExecResult, OutputChunk
 
 
 async def _collect(box: Any, command: str, **kw: Any) -> tuple[list[OutputChunk], ExecResult]:
@@ -73,14 +75,27 @@ async def test_on_output_callback_and_argv(local_backend: Any, workspace: Path) 
 
 async def test_ctrl_c_reaches_the_command(local_backend: Any, workspace: Path) -> None:
     box = await local_backend.get(workspace)
-    assert await box.signal_command(2) is False  # nothing runs
+    control = ExecControl()
     result = None
-    async for item in box.exec_stream("trap 'echo got INT; exit 130' INT; echo ready; sleep 20 & wait", timeout=30):
+    script = "trap 'echo got INT; exit 130' INT; echo ready; sleep 20 & wait"
+    async for item in box.exec_stream(script, timeout=30, control=control):
         if isinstance(item, OutputChunk) and item.data == b"ready\n":
-            assert await box.signal_command(2) is True
+            await control.signal(2)
         elif isinstance(item, ExecResult):
             result = item
     assert result is not None and result.exit_code == 130 and result.stdout == b"ready\ngot INT\n"
+    with pytest.raises(ValueError):
+        await control.signal(11)
+
+
+async def test_a_signal_before_the_command_starts_reaches_it(
+    local_backend: Any, workspace: Path
+) -> None:
+    box = await local_backend.get(workspace)
+    control = ExecControl()
+    await control.signal(15)  # e.g. a Ctrl-C while the command waited for the workspace
+    r = await box.exec("sleep 20; echo never", timeout=30, control=control)
+    assert r.outcome == "signal" and r.signal == 15 and r.stdout == b""
 
 
 async def test_leaving_the_iterator_early_lets_the_command_finish(local_backend: Any, workspace: Path) -> None:

@@ -86,6 +86,7 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
         on_output=ctx.on_output,
+        control=ctx.control,
     )
     stdout = res.stdout.decode("utf-8", "replace")
     stderr = res.stderr.decode("utf-8", "replace")

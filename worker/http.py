@@ -158,15 +158,24 @@ class SearchProblem(_Model):
 
 
 class BodyLimit:
-    """Refuse bodies larger than ``limit`` bytes with 413, by Content-Length or while streaming."""
+    """Refuse bodies larger than ``limit`` bytes with 413, by Content-Length or while
+    streaming; not on paths ``exempt`` accepts (the port proxy streams bodies through,
+    holding none)."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        on_reject: Callable[[], None] = lambda: None,
+        exempt: Callable[[str], bool] = lambda _path: False,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.exempt(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         for k, v in scope.get("headers", []):
@@ -529,6 +538,7 @@ def create_app(
         BodyLimit,
         limit=settings.max_body_bytes,
         on_reject=lambda: box_metrics.rejected.labels(reason="too_large").inc(),
+        exempt=http_ports.is_proxied,
     )
     return app
 

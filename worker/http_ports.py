@@ -10,8 +10,10 @@ header is added (``X-Forwarded-Prefix: /v1/workspaces/{id}/ports/{port}``, for f
 that can serve under a prefix), and the request is sent with ``Connection: close`` (one
 tunnel per request). Paths, ``Host``, cookies, ``Location`` and bodies pass unchanged, so
 an app's links must be relative to work under the prefix (``href="static/app.js"``, not
-``"/static/app.js"``). Request and response bodies stream both ways. WebSockets are not
-carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker port-forward``.
+``"/static/app.js"``). Request and response bodies stream both ways, held to the
+tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to them).
+WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
+port-forward``.
 
 Only a service with a token (``LOOM_API_TOKEN``) proxies. The app is served from the
 service's own origin, so its scripts are same-origin with the API: without a token they
@@ -34,6 +36,7 @@ import base64
 import binascii
 import contextlib
 import hmac
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -70,6 +73,15 @@ HOP_BY_HOP = frozenset(
 )
 #: Largest response head accepted from the app.
 MAX_HEAD = 64 << 10
+
+
+_PROXIED = re.compile(r"^/v1/workspaces/[^/]+/ports/[0-9]+/")
+
+
+def is_proxied(path: str) -> bool:
+    """Whether ``path`` is one the proxy carries to an app (its bodies are streamed
+    through under flow control, so the API's body limit does not apply to them)."""
+    return _PROXIED.match(path) is not None
 
 
 def add_routes(app: Any, workspaces: Workspaces, token: str | None, on_reject: Callable[[str], None]) -> None:

@@ -229,7 +229,7 @@ async def test_the_proxy_passes_requests_and_answers(base_url: str, app_port: Th
         assert r.headers["content-type"] == "application/json"
         r = await c.head(f"{prefix}/")
         assert r.status_code == 200 and r.content == b""
-        payload = os.urandom(3_000_000)
+        payload = os.urandom(20 << 20)  # more than the API's body limit (16 MiB): streamed, not held
         r = await c.post(f"{prefix}/upload", content=payload)
         assert r.status_code == 201 and r.text == f"{hashlib.sha256(payload).hexdigest()} {len(payload)}"
         assert r.headers["set-cookie"] == "app=1; Path=/"

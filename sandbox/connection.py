@@ -10,7 +10,8 @@ Besides answers the agent sends events: a spawned process's output (routed by it
 ``proc`` to :attr:`AgentConnection.event_handlers`), a streamed command's output (by its
 request's ``req``, see ``request(on_event=...)``) and a tunnel's bytes (by its
 ``tunnel``, see :meth:`AgentConnection.set_stream_handler`). :meth:`AgentConnection.notify`
-sends a request the agent does not answer.
+sends a request the agent does not answer. A tunnel's bytes travel raw: a line with
+``"raw": N`` is followed by N bytes as they are (at most :data:`MAX_RAW`), either way.
 
 Everything the agent sends is untrusted: a line over
 :data:`~sandbox.protocol.MAX_RESPONSE_BYTES`, non-JSON, or a response without a valid id
@@ -36,6 +37,8 @@ from .logs import get_logger
 log = get_logger("sandbox.connection")
 #: Most bytes of events held for processes whose handler is not registered yet.
 _EARLY_EVENT_BYTES = 4 << 20
+#: Most raw bytes one message may carry, either way (the agent's ``channel.MAX_RAW``).
+MAX_RAW = 4 << 20
 _decode_json = json.JSONDecoder().decode
 
 
@@ -216,6 +219,10 @@ class AgentConnection:
         #: by (that key, its id); registered before anything can arrive for them.
         self._streams: dict[tuple[str, int], Callable[[dict[str, Any]], None]] = {}
         self._tunnel_ids = itertools.count(1)
+        # Raw bytes being received after the line that announced them (a tunnel's data).
+        self._raw_need = 0
+        self._raw_msg: dict[str, Any] | None = None
+        self._raw_parts: list[bytes] = []
 
     @property
     def direct(self) -> bool:
@@ -325,8 +332,9 @@ class AgentConnection:
         if err:
             self._stderr.append(err[-4096:])
 
-    async def notify(self, op: str, args: dict[str, Any]) -> None:
-        """Send a request the agent does not answer (an op of its ``NOTIFY_OPS``).
+    async def notify(self, op: str, args: dict[str, Any], *, raw: bytes | memoryview | None = None) -> None:
+        """Send a request the agent does not answer (an op of its ``NOTIFY_OPS``), with
+        ``raw`` bytes after its line as they are (the agent gets them as ``data``).
 
         Raises SandboxLostError when the connection is closed or the write fails.
         """
@@ -334,9 +342,13 @@ class AgentConnection:
             raise SandboxLostError(f"Sandbox connection is closed ({self.close_reason})")
         payload = dict(args)
         payload["op"] = op
+        if raw is not None:
+            payload["raw"] = len(raw)
         try:
             async with self._write_lock:
                 await self._transport.write(protocol.encode(payload))
+                if raw:
+                    await self._transport.write(bytes(raw) if isinstance(raw, memoryview) else raw)
         except OSError as e:
             await self.close(f"write failed: {e!r}")
             raise SandboxLostError(f"The sandbox connection broke: {e}") from e
@@ -452,7 +464,8 @@ class AgentConnection:
             pass
 
     def _feed(self, out: bytes, err: bytes) -> None:
-        """Split stdout into lines and dispatch each; keep the stderr tail.
+        """Split stdout into lines and dispatch each (with the raw bytes that follow a
+        line announcing them, see :meth:`_dispatch`); keep the stderr tail.
 
         Raises ProtocolError for an oversized line or a malformed message.
         """
@@ -460,23 +473,29 @@ class AgentConnection:
             self._stderr.append(err[-4096:])
         if not out:
             return
+        start = 0
+        end = len(out)
+        if self._raw_need:
+            start = self._take_raw(out, 0)
+            if start >= end:
+                return
         limit = protocol.MAX_RESPONSE_BYTES
         buf = self._buf
-        start = 0
         if buf:
-            nl = out.find(b"\n")
+            nl = out.find(b"\n", start)
             if nl < 0:
-                buf += out
+                buf += memoryview(out)[start:]
                 if len(buf) > limit:
                     raise ProtocolError("agent response line exceeds the size limit")
                 return
-            buf += memoryview(out)[:nl]
+            buf += memoryview(out)[start:nl]
             if len(buf) > limit:
                 raise ProtocolError("agent response line exceeds the size limit")
             self._dispatch(buf)  # parsed into new objects: the buffer can be reused after
             buf.clear()
             start = nl + 1
-        end = len(out)
+            if self._raw_need:
+                start = self._take_raw(out, start)
         while start < end:
             nl = out.find(b"\n", start)
             if nl < 0:
@@ -490,6 +509,33 @@ class AgentConnection:
             # (JSON allows the trailing newline as whitespace).
             self._dispatch(out if start == 0 and nl == end - 1 else out[start:nl])
             start = nl + 1
+            if self._raw_need:
+                start = self._take_raw(out, start)
+
+    def _take_raw(self, out: bytes, start: int) -> int:
+        """Take what ``out`` holds from ``start`` of the raw bytes being received; hand
+        the message on once they are all there. Returns where the stream goes on."""
+        need = self._raw_need
+        avail = len(out) - start
+        if not self._raw_parts and avail >= need:
+            payload = out if start == 0 and need == avail else out[start : start + need]
+            self._raw_need = 0
+            self._raw_done(payload)
+            return start + need
+        take = min(need, avail)
+        self._raw_parts.append(out[start : start + take])
+        self._raw_need -= take
+        if not self._raw_need:
+            payload = b"".join(self._raw_parts)
+            self._raw_parts.clear()
+            self._raw_done(payload)
+        return start + take
+
+    def _raw_done(self, payload: bytes) -> None:
+        msg, self._raw_msg = self._raw_msg, None
+        assert msg is not None
+        msg["data"] = payload
+        self._handle(msg, len(payload))
 
     def _dispatch(self, line: bytes | bytearray) -> None:
         try:
@@ -501,9 +547,24 @@ class AgentConnection:
             raise ProtocolError("agent sent a non-object")
         if self._nonce is not None and msg.get("k") != self._nonce:
             # Written into the stream by something other than our agent: never trusted.
+            # (Raw bytes it may announce are not skipped: they break the stream, which
+            # then ends: a forger cannot slip its bytes in as a message.)
             self.forged += 1
             log.warning("sandbox.forged_message", connection=self._label, count=self.forged)
             return
+        raw = msg.get("raw")
+        if raw is not None:
+            # A tunnel's bytes follow the line as they are (no base64, no JSON escaping).
+            if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_RAW:
+                raise ProtocolError(f"agent announced {raw!r:.40} raw bytes")
+            if raw:
+                self._raw_need, self._raw_msg = raw, msg
+                return
+            msg["data"] = b""
+        self._handle(msg, len(line))
+
+    def _handle(self, msg: dict[str, Any], size: int) -> None:
+        """Route one message from the agent: an event to its handler, an answer to its caller."""
         if "event" in msg:
             if self._streams:
                 for kind in ("req", "tunnel"):
@@ -517,9 +578,9 @@ class AgentConnection:
             handler = self.event_handlers.get(proc) if isinstance(proc, int) else None
             if handler is not None:
                 handler(msg)
-            elif isinstance(proc, int) and self._early_bytes + len(line) <= _EARLY_EVENT_BYTES:
-                self._early_events.setdefault(proc, []).append((msg, len(line)))
-                self._early_bytes += len(line)
+            elif isinstance(proc, int) and self._early_bytes + size <= _EARLY_EVENT_BYTES:
+                self._early_events.setdefault(proc, []).append((msg, size))
+                self._early_bytes += size
             return
         rid = msg.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):

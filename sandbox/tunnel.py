@@ -9,15 +9,14 @@ and at most :data:`SEND_WINDOW` bytes of ours wait in the agent (``write`` waits
 agent to report them written). :func:`relay` joins a tunnel to an asyncio stream (a
 client connection of ``loom-worker port-forward``).
 
-The agent is untrusted: a tunnel whose agent sends more than the window it was given,
-or bytes that are not base64, is dropped (``error`` says so), never buffered on.
+The bytes travel raw after a line announcing them (see :mod:`sandbox.connection`). The
+agent is untrusted: a tunnel whose agent sends more than the window it was given is
+dropped (``error`` says so), never buffered on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 from collections import deque
 from typing import Any
@@ -26,13 +25,13 @@ from .connection import AgentConnection
 from .errors import SandboxLostError, TunnelClosedError
 
 #: Bytes from the sandbox that may wait here unread (the window the agent is given).
-WINDOW = 1 << 20
+WINDOW = 2 << 20
 #: Bytes of ours that may wait in the agent, not yet written to the server.
-SEND_WINDOW = 1 << 20
+SEND_WINDOW = 2 << 20
 #: Most bytes per message to the agent (base64 in a JSON line).
-CHUNK = 256 << 10
+CHUNK = 512 << 10
 #: What was read is acknowledged once this much has accumulated (fewer messages).
-ACK_EVERY = 128 << 10
+ACK_EVERY = 256 << 10
 
 
 #: Close notifications sent from callbacks, kept referenced until written.
@@ -92,10 +91,7 @@ class SandboxTunnel:
     def _on_event(self, msg: dict[str, Any]) -> None:
         if "data" in msg:
             data = msg.get("data")
-            try:
-                chunk = base64.b64decode(data, validate=True) if isinstance(data, str) else None
-            except (binascii.Error, ValueError):
-                chunk = None
+            chunk = data if isinstance(data, bytes) else None
             if chunk is None:
                 return self._end("the agent sent a malformed tunnel message")
             self._granted -= len(chunk)
@@ -138,9 +134,9 @@ class SandboxTunnel:
             _PENDING.add(task)
             task.add_done_callback(_PENDING.discard)
 
-    async def _notify(self, op: str, args: dict[str, Any]) -> None:
+    async def _notify(self, op: str, args: dict[str, Any], raw: memoryview | None = None) -> None:
         try:
-            await self._conn.notify(op, {"tunnel": self.id, **args})
+            await self._conn.notify(op, {"tunnel": self.id, **args}, raw=raw)
         except SandboxLostError as e:
             self._end(f"the sandbox connection was lost ({e})", tell_agent=False)
 
@@ -179,13 +175,13 @@ class SandboxTunnel:
             view = view[len(piece) :]
             self._in_flight += len(piece)
             self.bytes_out += len(piece)
-            await self._notify("tunnel_send", {"data": base64.b64encode(piece).decode()})
+            await self._notify("tunnel_send", {}, raw=piece)
 
     async def write_eof(self) -> None:
         """Tell the server we will send no more (a half-close: reading goes on)."""
         if not self.closed and not self._sent_eof:
             self._sent_eof = True
-            await self._notify("tunnel_send", {"data": "", "eof": True})
+            await self._notify("tunnel_send", {"eof": True})
 
     async def close(self) -> None:
         """End the tunnel now (the server sees the connection closed). Idempotent."""

@@ -192,6 +192,8 @@ def _serve(reader):
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
+            if not channel.read_raw(reader, req):
+                return
         except ValueError as e:
             channel.send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
             continue

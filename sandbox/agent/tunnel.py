@@ -5,14 +5,14 @@ network interface (``loom-worker port-forward``, the service's port proxy).
 The host picks each tunnel's id (so its handler exists before any event can come)::
 
     tunnel_open  {"tunnel": T, "port": P, "window": W}    request -> {"tunnel": T, "address": ...}
-    tunnel_send  {"tunnel": T, "data": b64, "eof": bool}  notification: bytes for the server
+    tunnel_send  {"tunnel": T, "raw": N, "eof": bool}     notification: N bytes for the server
     tunnel_ack   {"tunnel": T, "n": N}                     notification: the host took N bytes
     tunnel_close {"tunnel": T}                             notification: drop the connection
 
-and gets events ``{"event": "tunnel", "tunnel": T, ...}`` with one of ``data`` (bytes
-from the server), ``acked`` (that many of the host's bytes were written to the server),
-``eof`` (the server will send no more) or ``closed`` (the connection is gone; ``error``
-says why when it broke).
+and gets events ``{"event": "tunnel", "tunnel": T, ...}`` with one of ``raw`` (bytes
+from the server follow the line, see ``channel.send_raw``), ``acked`` (that many of the
+host's bytes were written to the server), ``eof`` (the server will send no more) or
+``closed`` (the connection is gone; ``error`` says why when it broke).
 
 Flow control, both ways, so neither side buffers without bound: the agent sends at most
 ``W`` bytes the host has not acknowledged (``tunnel_ack``) and then stops reading the
@@ -35,7 +35,7 @@ from . import channel
 from .errors import Refused
 
 #: Most bytes one ``data`` event carries.
-CHUNK = 256 << 10
+CHUNK = 512 << 10
 #: The host's window when it names none, and the most it may ask for.
 DEFAULT_WINDOW = 1 << 20
 MAX_WINDOW = 16 << 20
@@ -145,7 +145,9 @@ def op_tunnel_send(req):
     t = _find(req)
     if t is None:
         return None  # closed meanwhile: the host has its ``closed`` event
-    data = base64.b64decode(req.get("data") or "")
+    data = req.get("data") or b""
+    if not isinstance(data, bytes):  # base64, as every other op sends bytes
+        data = base64.b64decode(data)
     with _lock:
         if t.out_eof or t.closing is not None:
             return None
@@ -249,7 +251,7 @@ def _read(t):
     if data:
         with _lock:
             t.credit -= len(data)
-        _event(t, data=channel.b64(data))
+        channel.send_raw({"event": "tunnel", "tunnel": t.tid}, data)
     else:
         t.read_eof = True
         _event(t, eof=True)

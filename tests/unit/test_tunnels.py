@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import os
 import socket
 import threading
@@ -183,12 +184,10 @@ async def test_an_agent_that_ignores_the_window_loses_its_tunnel(local_backend: 
 
     async with server(idle) as port:
         t = await box.open_tunnel(port)
-        import base64
-
-        t._on_event({"event": "tunnel", "tunnel": t.id, "data": base64.b64encode(b"x" * (T.WINDOW + 1)).decode()})
+        t._on_event({"event": "tunnel", "tunnel": t.id, "data": b"x" * (T.WINDOW + 1)})
         assert t.closed and "window" in (t.error or "")
         t2 = await box.open_tunnel(port)
-        t2._on_event({"event": "tunnel", "tunnel": t2.id, "data": "not base64!"})
+        t2._on_event({"event": "tunnel", "tunnel": t2.id, "data": "not bytes"})
         assert t2.closed and "malformed" in (t2.error or "")
         assert (await box.exec("echo fine")).stdout == b"fine\n"  # the connection lives on
 
@@ -225,7 +224,6 @@ def test_bytes_sent_right_after_the_open_answer_are_not_lost(monkeypatch: pytest
     open's answer, before the agent's thread has run what follows the answer."""
     import base64
     import io
-    import json
 
     from sandbox.agent import channel
     from sandbox.agent import tunnel as agent_tunnel
@@ -245,15 +243,100 @@ def test_bytes_sent_right_after_the_open_answer_are_not_lost(monkeypatch: pytest
             assert conn.recv(100) == b"early"
             conn.sendall(b"back")
             after()
-            for _ in range(500):
-                events = [json.loads(line) for line in out.getvalue().splitlines()]
-                if any("data" in e for e in events):
+            for _ in range(500):  # the server's bytes, raw after the line announcing them
+                if b'"raw":4' in out.getvalue():
                     break
                 threading.Event().wait(0.01)
-            assert {"event": "tunnel", "tunnel": 991, "data": base64.b64encode(b"back").decode(), "k": None} in events
+            assert {"event": "tunnel", "tunnel": 991, "k": None, "raw": 4, "data": b"back"} in _messages(out.getvalue())
             agent_tunnel.op_tunnel_close({"tunnel": 991})
             for _ in range(500):  # its last event written while ``out`` is still the channel
                 if b'"closed":true' in out.getvalue():
                     break
                 threading.Event().wait(0.01)
             assert 991 not in agent_tunnel._tunnels
+
+
+def _messages(stream: bytes) -> list[dict[str, Any]]:
+    """The agent's messages in ``stream``, the raw bytes after a line as its ``data``."""
+    import json
+
+    out = []
+    while stream:
+        line, _, stream = stream.partition(b"\n")
+        msg = json.loads(line)
+        if "raw" in msg:
+            msg["data"], stream = stream[: msg["raw"]], stream[msg["raw"] :]
+        out.append(msg)
+    return out
+
+
+# -- raw bytes after a line, through the push-mode transport ---------------------------------
+
+
+async def test_raw_bytes_split_anywhere_are_reassembled_in_order() -> None:
+    from sandbox.connection import AgentConnection
+    from sandbox.docker import DockerExecTransport
+    from sandbox.errors import SandboxLostError
+    from tests.unit.test_transport_push import FakeAgent, frame
+
+    host, far = socket.socketpair()
+    far.setblocking(False)
+    conn = AgentConnection(await DockerExecTransport.open(host), label="raw-test")
+    agent = FakeAgent(far)
+    starting = asyncio.create_task(conn.start({}, timeout=5))
+    await agent.boot()
+    await starting
+    try:
+        got: list[dict[str, Any]] = []
+        conn.set_stream_handler("tunnel", 5, got.append)
+        payloads = [os.urandom(n) for n in (1, 700, 65536, 300_000, 0)]
+        stream = b""
+        for p in payloads:
+            stream += agent.line({"event": "tunnel", "tunnel": 5, "raw": len(p)}) + p
+        stream += agent.line({"event": "tunnel", "tunnel": 5, "eof": True})
+        # In pieces that cut lines and payloads anywhere, several per frame.
+        cuts = [0, 3, 90, 91, 5000, 70_000, 200_001, 366_000, len(stream)]
+        for a, b in itertools.pairwise(cuts):
+            await agent.send(frame(1, stream[a:b]))
+        for _ in range(200):
+            if len(got) == len(payloads) + 1:
+                break
+            await asyncio.sleep(0.01)
+        assert [m.get("data") for m in got[:-1]] == payloads and got[-1]["eof"] is True
+        # A forged line announcing raw bytes is dropped, and its bytes end the stream
+        # (they are not JSON): nothing of it is taken as a message.
+        await agent.send(frame(1, agent.line({"event": "tunnel", "tunnel": 5, "raw": 6}, nonce=False) + b"forge\n"))
+        for _ in range(200):
+            if conn.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.closed and len(got) == len(payloads) + 2 and got[-1]["event"] == "lost"
+        with pytest.raises(SandboxLostError):
+            await conn.request("stat", {}, timeout=5)
+    finally:
+        await conn.close()
+        far.close()
+
+
+async def test_more_raw_bytes_than_allowed_end_the_connection() -> None:
+    from sandbox.connection import MAX_RAW, AgentConnection
+    from sandbox.docker import DockerExecTransport
+    from tests.unit.test_transport_push import FakeAgent, frame
+
+    host, far = socket.socketpair()
+    far.setblocking(False)
+    conn = AgentConnection(await DockerExecTransport.open(host), label="raw-test")
+    agent = FakeAgent(far)
+    starting = asyncio.create_task(conn.start({}, timeout=5))
+    await agent.boot()
+    await starting
+    try:
+        await agent.send(frame(1, agent.line({"event": "tunnel", "tunnel": 1, "raw": MAX_RAW + 1})))
+        for _ in range(200):
+            if conn.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.closed and "raw bytes" in conn.close_reason
+    finally:
+        await conn.close()
+        far.close()

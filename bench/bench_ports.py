@@ -171,51 +171,65 @@ async def one_runtime(runtime: str, args: argparse.Namespace) -> list[tuple[str,
     run = tmp / "run"
     run.mkdir(mode=0o700)
     env = env_for(runtime, tmp / "data", run)
-    token = secrets.token_hex(8)
     settings = Settings(runtime=runtime, data_dir=tmp / "data", image=env["LOOM_IMAGE"])
-    rows: dict[str, list[dict[str, float]]] = {"inside the sandbox (baseline)": [], "port-forward": [], "proxy": []}
-    forward = service = None
+    procs: list[asyncio.subprocess.Process] = []
     try:
         async with default_registry(settings, catalog=False, changelog=False) as registry:
-            sandbox: Any = (await registry.workspace(ws)).sandbox
-            server = await sandbox.spawn(["python3", "server.py", str(APP_PORT)])
-            wait = (
-                f"for i in $(seq 100); do curl -sf http://127.0.0.1:{APP_PORT}/1 >/dev/null && exit 0; sleep 0.1; done"
-            )
-            assert (await registry.execute("shell_execute", {"command": wait + "; exit 1"}, ws)).success
-            forward = await asyncio.create_subprocess_exec(
-                *CLI, "port-forward", "-w", str(ws), f":{APP_PORT}", env=env, stdout=subprocess.PIPE
-            )
-            assert forward.stdout is not None
-            line = await wait_line(forward.stdout)
-            fport = int(line.split(":")[1].split()[0])
-            sport = free_port()
-            senv = {**env, "LOOM_WORKSPACE_ROOT": str(root), "LOOM_API_TOKEN": token, "LOOM_PORT": str(sport)}
-            service = await asyncio.create_subprocess_exec(
-                *CLI, "serve", env=senv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            async with httpx.AsyncClient() as c:
-                for _ in range(300):
-                    try:
-                        if (await c.get(f"http://127.0.0.1:{sport}/healthz")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.1)
-            proxy = f"http://127.0.0.1:{sport}/v1/workspaces/{ws_id}/ports/{APP_PORT}"
-            for _ in range(args.rounds):  # interleaved
-                rows["inside the sandbox (baseline)"].append(await sandbox_client(registry, ws, args))
-                rows["port-forward"].append(await host_client(f"http://127.0.0.1:{fport}", args))
-                rows["proxy"].append(await host_client(proxy, args, f"Bearer {token}"))
-            await server.close()
-            await registry.stop(ws)
+            try:
+                rows = await measure(registry, env, root, ws, args, procs)
+            finally:
+                for p in procs:  # first: nothing may start the sandbox again
+                    if p.returncode is None:
+                        p.terminate()
+                        await p.wait()
+                await registry.stop(ws)
     finally:
-        for p in (forward, service):
-            if p is not None and p.returncode is None:
-                p.terminate()
-                await p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     return [(f"{runtime}: {k}", v) for k, v in rows.items()]
+
+
+async def measure(
+    registry: Any,
+    env: dict[str, str],
+    root: Path,
+    ws: Path,
+    args: argparse.Namespace,
+    procs: list[asyncio.subprocess.Process],
+) -> dict[str, list[dict[str, float]]]:
+    """The rounds, interleaved; the processes it starts go to ``procs``."""
+    rows: dict[str, list[dict[str, float]]] = {"inside the sandbox (baseline)": [], "port-forward": [], "proxy": []}
+    sandbox: Any = (await registry.workspace(ws)).sandbox
+    server = await sandbox.spawn(["python3", "server.py", str(APP_PORT)])
+    wait = f"for i in $(seq 100); do curl -sf http://127.0.0.1:{APP_PORT}/1 >/dev/null && exit 0; sleep 0.1; done"
+    assert (await registry.execute("shell_execute", {"command": wait + "; exit 1"}, ws)).success
+    forward = await asyncio.create_subprocess_exec(
+        *CLI, "port-forward", "-w", str(ws), f":{APP_PORT}", env=env, stdout=subprocess.PIPE
+    )
+    procs.append(forward)
+    assert forward.stdout is not None
+    fport = int((await wait_line(forward.stdout)).split(":")[1].split()[0])
+    sport = free_port()
+    token = secrets.token_hex(8)
+    senv = {**env, "LOOM_WORKSPACE_ROOT": str(root), "LOOM_API_TOKEN": token, "LOOM_PORT": str(sport)}
+    service = await asyncio.create_subprocess_exec(
+        *CLI, "serve", env=senv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    procs.append(service)
+    async with httpx.AsyncClient() as c:
+        for _ in range(300):
+            try:
+                if (await c.get(f"http://127.0.0.1:{sport}/healthz")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    proxy = f"http://127.0.0.1:{sport}/v1/workspaces/{ws.name}/ports/{APP_PORT}"
+    for _ in range(args.rounds):  # interleaved, so a busy moment hits every path alike
+        rows["inside the sandbox (baseline)"].append(await sandbox_client(registry, ws, args))
+        rows["port-forward"].append(await host_client(f"http://127.0.0.1:{fport}", args))
+        rows["proxy"].append(await host_client(proxy, args, f"Bearer {token}"))
+    await server.close()
+    return rows
 
 
 async def main(args: argparse.Namespace) -> None:

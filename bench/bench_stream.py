@@ -189,16 +189,18 @@ async def one_runtime(runtime: str, args: argparse.Namespace) -> list[tuple[str,
     service, base = await serve(env, root, token)
     try:
         async with default_registry(settings, catalog=False) as registry:
-            # Warm every path once (container, local worker, connections).
-            await cli_exec(env, ws, program(SKIP + 1, 0.01))
-            await http_stream(base, ws_id, token, program(SKIP + 1, 0.01))
-            await python_iterator(registry, ws, program(SKIP + 1, 0.01))
-            for _ in range(args.rounds):  # interleaved, so a busy moment hits every path alike
-                rows["baseline: host subprocess, pipe"] += await baseline(prog)
-                rows[names[0]] += await cli_exec(env, ws, prog)
-                rows[names[1]] += await http_stream(base, ws_id, token, prog)
-                rows[names[2]] += await python_iterator(registry, ws, prog)
-            await registry.stop(ws)
+            try:
+                # Warm every path once (container, local worker, connections).
+                await cli_exec(env, ws, program(SKIP + 1, 0.01))
+                await http_stream(base, ws_id, token, program(SKIP + 1, 0.01))
+                await python_iterator(registry, ws, program(SKIP + 1, 0.01))
+                for _ in range(args.rounds):  # interleaved, so a busy moment hits every path alike
+                    rows["baseline: host subprocess, pipe"] += await baseline(prog)
+                    rows[names[0]] += await cli_exec(env, ws, prog)
+                    rows[names[1]] += await http_stream(base, ws_id, token, prog)
+                    rows[names[2]] += await python_iterator(registry, ws, prog)
+            finally:
+                await registry.stop(ws)
     finally:
         service.terminate()
         await service.wait()

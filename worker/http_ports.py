@@ -174,6 +174,8 @@ class PortProxy:
             return _problem(422, f"port {port} is out of range (1-65535)")
         try:
             ws = await self.app.state.registry.workspace(path)
+            # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
+            self.app.state.runner.opened.add(path)
             tunnel = await ws.sandbox.open_tunnel(port)
         except AgentError as e:
             if e.code == "connection_refused":

@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_changelog.py", "--n", "5", "--files", "60", "--durability", "both"],
         ["bench/bench_cli.py", "--n", "2", "--n-slow", "1"],
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--journal"],
+        ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
+        ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
     ],
-    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal"],
+    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal", "stream", "ports"],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:
     env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}

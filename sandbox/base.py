@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
 if TYPE_CHECKING:
-    from .tunnel import SandboxTunnel
+    from .tunnel import Tunnel
 
 Outcome = Literal["exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"]
 EntryType = Literal["file", "dir", "symlink", "other"]
@@ -479,9 +479,11 @@ class Sandbox(abc.ABC):
                 _BACKGROUND.add(task)
                 task.add_done_callback(_BACKGROUND.discard)
 
-    async def open_tunnel(self, port: int) -> SandboxTunnel:
+    async def open_tunnel(self, port: int) -> Tunnel:
         """A TCP connection to ``port`` on the sandbox's own loopback, carried by the
-        channel to the agent (the sandbox still has no network interface).
+        channel to the agent (the sandbox still has no network interface), or the
+        connection itself, handed over by the agent where it can (see
+        :mod:`sandbox.handover`); both have ``read``, ``write``, ``write_eof``, ``close``.
 
         Raises AgentError (code ``connection_refused``) when nothing listens there,
         SandboxUnavailableError when this backend cannot make tunnels, and the

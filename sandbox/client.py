@@ -47,7 +47,7 @@ from .base import (
 from .connection import AgentConnection
 from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError
 from .process import SandboxProcess
-from .tunnel import SandboxTunnel
+from .tunnel import SandboxTunnel, Tunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
@@ -421,7 +421,7 @@ class AgentSandbox(Sandbox):
         r = await self._call("hello", {})
         return agent_info(r)
 
-    async def open_tunnel(self, port: int) -> SandboxTunnel:
+    async def open_tunnel(self, port: int) -> Tunnel:
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ValueError("port must be 1-65535")
         conn = await self.connection()

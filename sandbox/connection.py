@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hmac
 import itertools
 import json
 import secrets
@@ -223,6 +224,9 @@ class AgentConnection:
         self._raw_need = 0
         self._raw_msg: dict[str, Any] | None = None
         self._raw_parts: list[bytes] = []
+        #: Where the agent hands over tunnels' sockets (``sandbox.handover.FdChannel``),
+        #: when the backend could take it (runc, with the direct channel); closed with this.
+        self.fd_channel: Any = None
 
     @property
     def direct(self) -> bool:
@@ -246,6 +250,10 @@ class AgentConnection:
             self._streams.pop((kind, key), None)
         else:
             self._streams[(kind, key)] = handler
+
+    def owns_secret(self, value: object) -> bool:
+        """Whether ``value`` is this connection's secret (a handshake on another socket)."""
+        return self._nonce is not None and isinstance(value, str) and hmac.compare_digest(value, self._nonce)
 
     def new_tunnel_id(self) -> int:
         """A tunnel id not used before on this connection (the host names tunnels)."""
@@ -603,6 +611,8 @@ class AgentConnection:
         """The stream ended (or is being closed): every waiting caller gets SandboxLostError."""
         self.closed = True
         self.close_reason = self.close_reason or reason
+        if self.fd_channel is not None:
+            self.fd_channel.close()
         for handler in list(self.event_handlers.values()):
             handler({"event": "lost", "reason": self.close_reason})
         self.event_handlers.clear()

@@ -22,7 +22,8 @@ from collections import deque
 from typing import Any
 
 from .connection import AgentConnection
-from .errors import SandboxLostError, TunnelClosedError
+from .errors import ProtocolError, SandboxLostError, TunnelClosedError
+from .handover import FdChannel, SocketTunnel, adopt
 
 #: Bytes from the sandbox that may wait here unread (the window the agent is given).
 WINDOW = 2 << 20
@@ -63,18 +64,38 @@ class SandboxTunnel:
         self.bytes_out = 0
 
     @classmethod
-    async def open(cls, conn: AgentConnection, port: int, *, timeout: float = 15.0) -> SandboxTunnel:
-        """Connect to ``port`` inside the sandbox over ``conn``.
+    async def open(cls, conn: AgentConnection, port: int, *, timeout: float = 15.0) -> SandboxTunnel | SocketTunnel:
+        """Connect to ``port`` inside the sandbox over ``conn``: the socket itself when the
+        agent can hand it over (``conn.fd_channel``, see :mod:`sandbox.handover`), else a
+        tunnel relayed over the channel.
 
         Raises AgentError (``connection_refused``: nothing listens there), and
-        SandboxLostError / SandboxTimeoutError from the request.
+        SandboxLostError / SandboxTimeoutError from the request, ProtocolError when the
+        agent hands over something else than the connection.
         """
         tid = conn.new_tunnel_id()
         tunnel = cls(conn, tid, port)
         conn.set_stream_handler("tunnel", tid, tunnel._on_event)
+        chan: FdChannel | None = conn.fd_channel if conn.fd_channel is not None and not conn.fd_channel.closed else None
+        handed = chan.expect(tid) if chan is not None else None
+        args: dict[str, Any] = {"tunnel": tid, "port": port, "window": WINDOW}
+        if chan is not None:
+            args["pass"] = True
         try:
-            r = await conn.request("tunnel_open", {"tunnel": tid, "port": port, "window": WINDOW}, timeout=timeout)
+            r = await conn.request("tunnel_open", args, timeout=timeout)
+            if r.get("passed") is True and chan is not None and handed is not None:
+                conn.set_stream_handler("tunnel", tid, None)
+                try:
+                    fd = await asyncio.wait_for(handed, timeout)
+                except (TimeoutError, TunnelClosedError) as e:
+                    raise ProtocolError(
+                        f"the agent said it handed over the connection, but it did not come: {e!r}"
+                    ) from None
+                address = r.get("address")
+                return SocketTunnel(adopt(fd, port), port, address if isinstance(address, str) else "")
         except BaseException as e:
+            if chan is not None:
+                chan.forget(tid)
             conn.set_stream_handler("tunnel", tid, None)
             if isinstance(e, asyncio.CancelledError) and not conn.closed:
                 # Given up while the agent may have opened it: it must not stay open there.
@@ -82,6 +103,8 @@ class SandboxTunnel:
                 _PENDING.add(task)
                 task.add_done_callback(_PENDING.discard)
             raise
+        if chan is not None:
+            chan.forget(tid)
         address = r.get("address")
         tunnel.address = address if isinstance(address, str) and len(address) < 64 else ""
         return tunnel
@@ -188,7 +211,11 @@ class SandboxTunnel:
         self._end(None)
 
 
-async def relay(tunnel: SandboxTunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+#: Either kind of tunnel: relayed over the channel, or the socket handed over.
+Tunnel = SandboxTunnel | SocketTunnel
+
+
+async def relay(tunnel: Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
     """Pass bytes both ways between ``tunnel`` and a client connection until both sides
     are done (half-closes passed on), then close both. Returns why it broke, or None."""
 

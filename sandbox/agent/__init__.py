@@ -11,7 +11,8 @@ then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
 "error": "..."}``; a notification (an op of ``main.NOTIFY_OPS`` sent without an id) gets
 none. Events the host did not ask for one by one (a spawned process's output, a
 streamed command's output, a tunnel's bytes) are ``{"event": ..., ...}`` lines naming
-what they belong to (``proc``, ``req``, ``tunnel``). Bytes travel base64-encoded.
+what they belong to (``proc``, ``req``, ``tunnel``). Bytes travel base64-encoded, but a
+tunnel's: raw, after a line announcing them (``"raw": N``, see ``channel``).
 Requests are served concurrently (slow ops on threads); at most one ``exec`` runs at a
 time per agent, because the agent is the *child subreaper* of everything the command
 starts and kills that whole subtree when the command ends or times out (that is how
@@ -46,6 +47,7 @@ The modules, each importing only those above it (no cycles)::
     command    exec
     spawn      long-lived processes with streamed stdio
     relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
+    handover   the fd channel: a tunnel's socket handed to the host itself (runc)
     tunnel     TCP connections to the sandbox's loopback, relayed over the channel
     main       the hello, dispatch, worker threads, the serve loop, the end of the agent
 

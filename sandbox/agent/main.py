@@ -21,6 +21,7 @@ from . import (
     channel,
     command,
     files,
+    handover,
     listing,
     proctree,
     relay,
@@ -100,6 +101,7 @@ SLOW_OPS = {
     "stdin": spawn.op_stdin,
     "kill": spawn.op_kill,
     "tunnel_open": tunnel.op_tunnel_open,
+    "tunnel_fds": handover.op_tunnel_fds,
 }
 #: Notifications: requests without an id, never answered (a failure is dropped; what they
 #: act on reports through its own events). They are cheap and run on the reading thread,

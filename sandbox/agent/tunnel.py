@@ -22,6 +22,11 @@ tunnel only.
 
 One thread serves every tunnel of this agent (a selector), started at the first open:
 threads count against the container's pids limit, which commands need.
+
+With ``"pass": true`` and the fd channel open (``handover``: runc, where the host
+reaches the agent's direct channel), the connected socket itself goes to the host and
+the answer says ``"passed": true``: nothing is relayed. Otherwise, or if handing it over
+fails, the tunnel is relayed as above.
 """
 
 import base64
@@ -31,7 +36,7 @@ import selectors
 import socket
 import threading
 
-from . import channel
+from . import channel, handover
 from .errors import Refused
 
 #: Most bytes one ``data`` event carries.
@@ -117,6 +122,8 @@ def op_tunnel_open(req):
         if len(_tunnels) >= MAX_TUNNELS:
             raise Refused("too_large", "Too many open tunnels (max %d)" % MAX_TUNNELS)
     sock, address = _connect(port)
+    if req.get("pass") and handover.hand_over(tid, sock):
+        return {"tunnel": tid, "address": address, "passed": True}
     t = _Tunnel(tid, sock, window)
     with _lock:
         if tid in _tunnels:
@@ -180,7 +187,8 @@ def op_tunnel_close(req):
 
 
 def close_all():
-    """The host is gone: drop every tunnel, telling nobody."""
+    """The host is gone: drop every tunnel, telling nobody, and the fd channel."""
+    handover.close()
     with _lock:
         for t in _tunnels.values():
             t.quiet = True

@@ -218,7 +218,7 @@ async def _serving(app: Any) -> AsyncIterator[str]:
 
 
 async def test_a_server_in_the_sandbox_reached_by_a_call_port_forward_and_the_proxy(
-    env: dict[str, str], root: Path
+    env: dict[str, str], root: Path, runtime: str
 ) -> None:
     ws = root / "w"
     (ws / "app.py").write_text(APP)
@@ -236,12 +236,39 @@ async def test_a_server_in_the_sandbox_reached_by_a_call_port_forward_and_the_pr
                 ws,
             )
             assert r.success and r.output == "app page at /hi\n", r.output  # a later call reaches it
+            await _check_tunnel_kinds(sandbox, runtime)
 
             await _check_port_forward(env, ws)
             await _check_proxy(settings, registry)
         finally:
             await server.close()
             await registry.stop(ws)
+
+
+async def _get_through(tunnel: Any, path: str) -> bytes:
+    await tunnel.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+    out = b""
+    while data := await tunnel.read():
+        out += data
+    await tunnel.close()
+    return out
+
+
+async def _check_tunnel_kinds(sandbox: Any, runtime: str) -> None:
+    """Under runc the agent hands the connection itself over (the fd channel beside the
+    direct channel); under gVisor it is relayed over the channel. Both carry the same."""
+    from sandbox.handover import SocketTunnel
+    from sandbox.tunnel import SandboxTunnel
+
+    t = await sandbox.open_tunnel(APP_PORT)
+    assert isinstance(t, SocketTunnel if runtime == "runc" else SandboxTunnel), type(t)
+    assert (await _get_through(t, "/kind")).endswith(b"app page at /kind\n")
+    conn = await sandbox.connection()
+    if conn.fd_channel is not None:  # without it (closed), runc relays too
+        conn.fd_channel.close()
+        t = await sandbox.open_tunnel(APP_PORT)
+        assert isinstance(t, SandboxTunnel)
+        assert (await _get_through(t, "/relayed")).endswith(b"app page at /relayed\n")
 
 
 async def _check_port_forward(env: dict[str, str], ws: Path) -> None:

@@ -219,3 +219,57 @@ def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path
     # a cross-site write is refused, whatever token it carries
     r = api.http.post("/v1/workspaces", json={"name": "csrf"}, headers={"Origin": "http://evil.example"})
     assert r.status_code == 403
+
+
+def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path, Any]) -> None:
+    """The worker in its container reaches a sandbox only through the engine's attach
+    stream: the execute stream and the port proxy go that way."""
+    import threading
+
+    api, root, _ = stack
+    assert api.http.post("/v1/workspaces", json={"name": "srv"}).status_code == 201
+    api.tool_calls("srv", ("w", "write_file", {"path": "index.html", "content": "served from the sandbox\n"}))
+    # A server kept up while the call runs (until the host creates `stop`): what a
+    # background process will do once the processes issue lands.
+    command = (
+        "echo started; python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & "
+        "while [ ! -e stop ]; do sleep 0.1; done; echo stopping"
+    )
+    body = {"tool": "shell_execute", "arguments": {"command": command, "timeout": 120}}
+    events: list[tuple[str, str]] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with api.http.stream("POST", "/v1/workspaces/srv/execute/stream", json=body) as r:
+            assert r.status_code == 200
+            event = ""
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((event, line[5:].strip()))
+                    if event == "output":
+                        started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        assert started.wait(120), events  # the line came while the command still runs
+        url = "/v1/workspaces/srv/ports/8000/index.html"
+        deadline = time.monotonic() + 60
+        while True:
+            r = api.http.get(url)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.text == "served from the sandbox\n", r.text
+        anon = httpx.get(api.http.base_url.join(url), timeout=30)
+        assert anon.status_code == 401 and anon.headers["www-authenticate"].startswith("Basic")
+        token = api.http.headers["Authorization"].split()[1]
+        basic = httpx.get(api.http.base_url.join(url), auth=("me", token), timeout=30)
+        assert basic.status_code == 200
+    finally:
+        (root / "srv" / "stop").touch()
+        t.join(120)
+    assert [e for e, _ in events] == ["output", "output", "result"], events
+    assert json.loads(events[-1][1])["success"] is True

@@ -340,3 +340,83 @@ async def test_more_raw_bytes_than_allowed_end_the_connection() -> None:
     finally:
         await conn.close()
         far.close()
+
+
+# -- the fd channel: a tunnel's socket handed over whole (runc) ---------------------------------
+
+
+@contextlib.asynccontextmanager
+async def fd_channel(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """The agent's handover module (in this process) and the host's FdChannel, joined by
+    a SOCK_SEQPACKET pair as the container's socket joins them."""
+    from sandbox.agent import handover as agent_handover
+    from sandbox.handover import FdChannel
+
+    agent_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    host_end.setblocking(False)
+    monkeypatch.setitem(agent_handover._fds, "sock", agent_end)
+    chan = FdChannel(host_end)
+    chan.start()
+    try:
+        yield agent_handover, chan
+    finally:
+        chan.close()
+        agent_end.close()
+
+
+async def test_a_handed_over_socket_is_the_connection_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.handover import SocketTunnel, adopt
+
+    async with fd_channel(monkeypatch) as (agent, chan), server(_hash_all) as port:
+        handed = chan.expect(7)
+        sock = socket.create_connection(("127.0.0.1", port))
+        assert agent.hand_over(7, sock) is True and sock.fileno() == -1  # the agent's copy is closed
+        t = SocketTunnel(adopt(await asyncio.wait_for(handed, 10), port), port, "127.0.0.1")
+        payload = os.urandom(3_000_000)
+        await t.write(payload)
+        await t.write_eof()
+        got = await read_all(t)
+        assert got.split(b"\n", 1)[0].decode() == f"{hashlib.sha256(payload).hexdigest()} {len(payload)}"
+        await t.close()
+        with pytest.raises(TunnelClosedError):
+            await t.write(b"x")
+
+
+async def test_what_is_not_the_asked_connection_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from sandbox.errors import ProtocolError
+    from sandbox.handover import adopt
+
+    ended = asyncio.Queue()  # type: asyncio.Queue[bool]
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        ended.put_nowait(True)  # the other end was closed
+        writer.close()
+
+    async with fd_channel(monkeypatch) as (agent, chan), server(idle) as port:
+        # a file, not a socket
+        handed = chan.expect(1)
+        with (tmp_path / "f").open("w") as f:
+            assert agent.hand_over(1, f) is True
+        with pytest.raises(ProtocolError, match="not a socket"):
+            adopt(await asyncio.wait_for(handed, 10), port)
+        # a unix socket, not TCP
+        handed = chan.expect(2)
+        a, b = socket.socketpair()
+        agent.hand_over(2, a)
+        with pytest.raises(ProtocolError, match="not TCP"):
+            adopt(await asyncio.wait_for(handed, 10), port)
+        b.close()
+        # a connection to another port than the one asked for
+        handed = chan.expect(3)
+        agent.hand_over(3, socket.create_connection(("127.0.0.1", port)))
+        with pytest.raises(ProtocolError, match="not port 1"):
+            adopt(await asyncio.wait_for(handed, 10), 1)
+        assert await asyncio.wait_for(ended.get(), 10)  # the refused one was closed
+        # one nobody waits for is closed, and the channel goes on
+        agent.hand_over(99, socket.create_connection(("127.0.0.1", port)))
+        assert await asyncio.wait_for(ended.get(), 10)
+        handed = chan.expect(4)
+        agent.hand_over(4, socket.create_connection(("127.0.0.1", port)))
+        adopt(await asyncio.wait_for(handed, 10), port).close()
+        assert await asyncio.wait_for(ended.get(), 10)

@@ -116,7 +116,8 @@ async def forward(
     try:
         for hport, sport in pairs:
             try:
-                server = await asyncio.start_server(handler(sport), address, hport)
+                # A large buffer: the relay reads the client in big pieces (upload speed).
+                server = await asyncio.start_server(handler(sport), address, hport, limit=4 << 20)
             except OSError as e:
                 _say(f"loom-worker port-forward: cannot listen on {address}:{hport}: {e.strerror or e}")
                 return 1

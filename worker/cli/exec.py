@@ -133,7 +133,9 @@ class Interrupts:
 def _via_worker(frame: dict[str, Any], backend: str, out: Output) -> tuple[int, dict[str, Any]] | str:
     """The command through the local worker: its exit code and result, or why it must run
     in this process (nothing was sent then)."""
-    from ..localworker.client import Lost, Retry, Unavailable, open_worker
+    import base64
+
+    from ..localworker.client import Lost, Unavailable, open_worker
     from ..localworker.identity import daemon_key
 
     key = daemon_key(backend)
@@ -152,16 +154,11 @@ def _via_worker(frame: dict[str, Any], backend: str, out: Output) -> tuple[int, 
 
         def on_frame(f: dict[str, Any]) -> None:
             if f.get("t") == "output":
-                import base64
-
                 out.write(str(f.get("stream")), base64.b64decode(str(f.get("data", ""))), int(f.get("dropped") or 0))
 
         restore = Interrupts(signal_command).install()
         try:
             answer = client.request({**frame, "key": key}, _log_line, on_frame)
-        except Retry as e:
-            why = f"the local worker asked for a fresh one twice ({e})"
-            continue
         except Unavailable as e:
             return str(e)
         except Lost as e:

@@ -234,6 +234,35 @@ class ScanFirst(Exception):
 
 
 @dataclass(frozen=True)
+class ProcessInfo:
+    """A background process (:meth:`Sandbox.start_process`), as its supervisor tells it."""
+
+    id: str
+    command: str
+    pid: int | None
+    started: float  # epoch seconds
+    running: bool
+    ended: float | None = None
+    exit_code: int | None = None  # 128 + n when killed by signal n (as a shell says it)
+    outcome: Outcome | None = None  # exit, timeout or signal, once ended
+    signal: int | None = None
+    stdout_bytes: int = 0  # produced so far (kept: head and tail, see ProcessOutput.dropped)
+    stderr_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What a background process printed after a cursor (:meth:`Sandbox.process_output`)."""
+
+    info: ProcessInfo
+    stdout: bytes
+    stderr: bytes
+    cursor: tuple[int, int]  # pass as ``since`` to read on from here
+    dropped: tuple[int, int]  # bytes lost between the kept head and tail, before this data
+    done: bool  # ended, and everything it printed has been read
+
+
+@dataclass(frozen=True)
 class AgentInfo:
     version: str
     uid: int
@@ -516,6 +545,61 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         """sha256 of each regular file (None when absent or not a regular file)."""
+
+    # -- background processes (not every backend has them) ---------------------------------
+
+    async def start_process(
+        self,
+        process_id: str,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float = 3600.0,
+        env: dict[str, str] | None = None,
+        max_running: int = 8,
+        head: int = 64 << 10,
+        tail: int = 1 << 20,
+        linger: float = 600.0,
+    ) -> ProcessInfo:
+        """Start ``sh -c command`` as a background process that outlives the call: it ends
+        when it exits, at ``timeout`` (its whole tree killed), when killed, or with the
+        sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
+        bytes); after it ended, it can be read for ``linger`` seconds.
+
+        Raises AgentError (code ``limit``: ``max_running`` already run; ``invalid``: a bad
+        id or command), PathNotFoundError (cwd), infrastructure errors;
+        NotImplementedError where the backend has no background processes.
+        """
+        raise NotImplementedError("this sandbox has no background processes")
+
+    async def process_output(
+        self,
+        process_id: str,
+        *,
+        since: tuple[int, int] | None = None,
+        wait: float = 0.0,
+        max_bytes: int = 1 << 20,
+    ) -> ProcessOutput:
+        """What the process printed after cursor ``since`` (None: after the last read
+        that passed none, and moves that mark; every worker process shares it), waiting
+        up to ``wait`` seconds for something new (returns at once when there is). Raises
+        AgentError (code ``not_found``: no such process here)."""
+        raise NotImplementedError("this sandbox has no background processes")
+
+    async def process_input(self, process_id: str, data: bytes, *, eof: bool = False) -> int:
+        """Write ``data`` to the process's stdin (``eof``: then close it). Returns the bytes
+        written. Raises AgentError (``not_found``; ``conflict``: it no longer reads)."""
+        raise NotImplementedError("this sandbox has no background processes")
+
+    async def process_kill(self, process_id: str, *, signal: int = 15, grace: float = 0.5) -> ProcessInfo:
+        """``signal`` to everything the process started, ``grace`` seconds, then KILL.
+        Returns its info (ended, unless it resisted for seconds). Raises AgentError."""
+        raise NotImplementedError("this sandbox has no background processes")
+
+    async def processes(self) -> builtins.list[ProcessInfo]:
+        """The background processes of this sandbox, running or ended (within their
+        linger time), oldest first."""
+        raise NotImplementedError("this sandbox has no background processes")
 
     @abc.abstractmethod
     async def info(self) -> AgentInfo:

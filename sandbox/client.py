@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from . import protocol
+from .background import BackgroundMixin
 from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
@@ -102,7 +103,7 @@ def _etype(v: Any) -> EntryType:
     return cast(EntryType, v)
 
 
-class AgentSandbox(Sandbox):
+class AgentSandbox(BackgroundMixin, Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
     def __init__(

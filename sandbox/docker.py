@@ -70,6 +70,14 @@ LABEL_WS_HASH = f"{LABEL_PREFIX}.workspace-hash"
 LABEL_VERSION = f"{LABEL_PREFIX}.version"
 LABEL_SPEC = f"{LABEL_PREFIX}.spec"
 LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
+LABEL_PIDS = f"{LABEL_PREFIX}.pids"  # the configured limit (the engine's differs under gVisor)
+
+
+def _int_label(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def workspace_key(workspace: Path) -> str:
@@ -382,6 +390,7 @@ class DockerBackend(SandboxBackend):
                 LABEL_VERSION: __version__,
                 LABEL_SPEC: spec.fingerprint(),
                 LABEL_RUNTIME: self._runtime_volume or "",
+                LABEL_PIDS: str(spec.pids),
             },
             "hostname": "sandbox",
             "network_mode": "none",
@@ -389,7 +398,7 @@ class DockerBackend(SandboxBackend):
             "nano_cpus": int(spec.cpus * 1e9),
             "mem_limit": spec.memory,
             "memswap_limit": spec.memory,
-            "pids_limit": spec.pids,
+            "pids_limit": spec.host_pids_limit(),
             "read_only": True,
             "tmpfs": {
                 "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777",
@@ -955,7 +964,7 @@ class DockerBackend(SandboxBackend):
             "limits": {
                 "cpus": nano / 1e9 if nano else None,
                 "memory_bytes": host.get("Memory") or None,
-                "pids": host.get("PidsLimit") or None,
+                "pids": _int_label((config.get("Labels") or {}).get(LABEL_PIDS)) or host.get("PidsLimit") or None,
             },
             "usage": None,
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -131,7 +132,10 @@ class LocalProcessBackend(SandboxBackend):
     async def _connect(self, workspace: Path) -> AgentConnection:
         transport = await ProcessTransport.spawn(sys.executable, "-I", "-c", protocol.BOOTSTRAP)
         conn = AgentConnection(transport, label=f"local:{workspace.name}")
-        await conn.start({"root": str(workspace), "activity_file": self._activity})
+        # Each workspace's background processes in a directory of its own (in a container
+        # the agent's /tmp is the sandbox's own).
+        procs = "/tmp/.loom-procs-local-" + hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
+        await conn.start({"root": str(workspace), "activity_file": self._activity, "procs_dir": procs})
         return conn
 
     async def get(self, workspace: Path) -> Sandbox:
@@ -146,10 +150,22 @@ class LocalProcessBackend(SandboxBackend):
         box = self._boxes.pop(Path(workspace).resolve(), None)
         if box is None:
             return False
+        await _end_processes(box)
         await box.close()
         return True
 
     async def aclose(self) -> None:
         for box in list(self._boxes.values()):
+            await _end_processes(box)
             await box.close()
         self._boxes.clear()
+
+
+async def _end_processes(box: AgentSandbox) -> None:
+    """What a container's removal does to its background processes: end them all (their
+    supervisors are not children of this agent)."""
+    with contextlib.suppress(Exception):
+        for p in await box.processes():
+            if p.running:
+                await box.process_kill(p.id, grace=0.0)
+            await box.process_release(p.id)

@@ -172,6 +172,16 @@ class SandboxSpec(BaseModel):
             config["egress"] = {"socket": EGRESS_SOCKET, "proxy_port": EGRESS_PROXY_PORT, "dns_port": 53}
         return config
 
+    def host_pids_limit(self) -> int:
+        """The engine's pids limit for this sandbox. Under gVisor the host's cgroup counts
+        the sandbox kernel's own threads and, with the ptrace platform, a host thread per
+        thread of every sandboxed process (a background process and its supervisor cost
+        ~40), so ``pids`` processes get four times that plus the kernel's share; the
+        limit still stops a fork bomb long before the host notices."""
+        if self.runtime == "runsc":
+            return min(65536, self.pids * 4 + 128)
+        return self.pids
+
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""
         body = self.model_dump(exclude={"agent_start_timeout", "io_timeout", "uid", "gid", "direct"})

@@ -605,3 +605,6 @@ def _add_changelog_routes(
     from .http_egress import add_routes as add_egress_routes
 
     add_egress_routes(app, workspaces, auth, responses)
+    from .http_processes import add_routes as add_process_routes
+
+    add_process_routes(app, workspaces, auth, responses)

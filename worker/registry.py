@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -41,6 +42,7 @@ from sandbox.errors import (
 )
 from sandbox.logs import get_logger
 
+from .background import Background, BackgroundIndex, BackgroundLimits
 from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
 from .streaming import MAX_BUFFERED, ToolOutput, stream_call
@@ -114,9 +116,12 @@ class ToolRegistry:
         recorder_factory: RecorderFactory | None = None,
         tools: Iterable[Tool] | None = None,
         configs: Configs | None = None,
+        background: BackgroundLimits | None = None,
     ) -> None:
         self._tools: dict[str, Tool] = {}
         self.backend = backend
+        #: Limits of background processes (``shell_execute`` with ``background``/``yield_ms``).
+        self.background_limits = background or BackgroundLimits()
         #: Per-workspace settings (``default_registry`` sets them up): each workspace's
         #: sandbox is made with its own spec, re-read when its settings file changes.
         self.configs = configs
@@ -231,7 +236,7 @@ class ToolRegistry:
                     await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
-                    ws = Workspace(root, sandbox, recorder)
+                    ws = Workspace(root, sandbox, recorder, self._background(root))
                     self._workspaces[root] = ws
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
@@ -275,6 +280,17 @@ class ToolRegistry:
             "entries": records[::-1],
         }
 
+    def _background(self, root: Path) -> Background:
+        """The workspace's background processes, recorded on the host next to its
+        changelog (in memory only for a registry without a data directory)."""
+        from .changelog.recorder import workspace_dir
+
+        if self.configs is not None:
+            state = workspace_dir(self.configs.store.data_dir, root)
+        else:
+            state = Path(tempfile.gettempdir()) / "loom-worker-background" / workspace_dir(Path("/"), root).name
+        return Background(BackgroundIndex(state), self.background_limits)
+
     async def _apply_settings(self, root: Path) -> bool:
         """Give the backend ``root``'s spec (its settings over the defaults). True when it
         changed. Raises SandboxUnavailableError for a settings file that is not valid."""
@@ -308,7 +324,7 @@ class ToolRegistry:
                 recorder = old.recorder
             else:
                 recorder = self._recorder_factory(root) if self._recorder_factory else None
-            ws = Workspace(root, sandbox, recorder)
+            ws = Workspace(root, sandbox, recorder, old.background if old is not None else self._background(root))
             self._workspaces[root] = ws
             for key in [k for k, v in self._by_arg.items() if v is old]:
                 self._by_arg[key] = ws
@@ -609,7 +625,13 @@ def default_registry(
         egress_default=egress_default,
         egress_socket_dir=socket_dir,
     )
-    registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory, configs=configs)
+    bg_limits = BackgroundLimits(
+        max_processes=settings.max_processes,
+        timeout=settings.process_timeout,
+        max_timeout=settings.max_process_timeout,
+        linger=settings.process_linger,
+    )
+    registry = ToolRegistry(backend=backend, recorder_factory=recorder_factory, configs=configs, background=bg_limits)
     from .calls import CallJournal
 
     journal = registry.journal = CallJournal(settings.data_dir, max_bytes=settings.call_journal_bytes)

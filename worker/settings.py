@@ -61,6 +61,16 @@ class Settings(BaseSettings):
     max_pids: int = Field(4096, ge=16, le=65536, description="Most processes a workspace's settings may ask for.")
     max_idle_ttl: int = Field(86_400, ge=10, description="Longest idle TTL a workspace's settings may ask for.")
 
+    # -- background processes (issue 17) -----------------------------------------------------
+    max_processes: int = Field(8, ge=1, le=64, description="Background processes running at once per workspace.")
+    process_timeout: float = Field(
+        3600.0, gt=0, description="Default timeout of a background process (seconds); its whole tree is killed."
+    )
+    max_process_timeout: float = Field(86_400.0, gt=0, description="Longest timeout a background process may ask.")
+    process_linger: float = Field(
+        600.0, ge=0, description="Seconds an ended background process's output can still be read."
+    )
+
     # -- network egress (issue 16) ---------------------------------------------------------
     egress_allow: str | None = Field(
         None,

@@ -15,10 +15,21 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from sandbox.base import ExecControl, ExecResult, OutputCallback, Sandbox, ScanFirst, ScanResult, WriteResult
+from sandbox.base import (
+    ExecControl,
+    ExecResult,
+    OutputCallback,
+    ProcessInfo,
+    Sandbox,
+    ScanFirst,
+    ScanResult,
+    WriteResult,
+)
 from sandbox.errors import SandboxError
+
+from .background import Background, BackgroundLimits, Started, new_process_id
 
 
 @runtime_checkable
@@ -44,13 +55,23 @@ class ChangeRecorder(Protocol):
         ...
 
     async def before_shell(
-        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+        self,
+        sandbox: Sandbox,
+        *,
+        piggyback: bool = False,
+        pending: ScanResult | None = None,
+        attribute: dict[str, Any] | None = None,
     ) -> object:
         """Snapshot what is needed to see a command's changes; returns a token.
 
         With ``piggyback`` the token may carry a ``scan`` (:class:`ScanRequest`) for the
         caller to send with the command; ``pending`` is the scan such a command handed
-        back unrun (:class:`ScanFirst`)."""
+        back unrun (:class:`ScanFirst`); changes found before the command are recorded as
+        ``attribute``'s (a background process's record) when given."""
+        ...
+
+    async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
+        """Record the changes since the last scan as ``record``'s; return their paths."""
         ...
 
     async def after_shell(
@@ -86,9 +107,17 @@ class NullRecorder:
         return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
 
     async def before_shell(
-        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+        self,
+        sandbox: Sandbox,
+        *,
+        piggyback: bool = False,
+        pending: ScanResult | None = None,
+        attribute: dict[str, Any] | None = None,
     ) -> object:
         return None
+
+    async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
+        return []
 
     async def after_shell(
         self,
@@ -112,10 +141,18 @@ KNOWN_MAX_BYTES = 2 << 20  # per workspace; a file over an eighth of it is not k
 class Workspace:
     """One workspace directory (``root``, a real host path), its sandbox and its recorder."""
 
-    def __init__(self, root: Path, sandbox: Sandbox, recorder: ChangeRecorder | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        sandbox: Sandbox,
+        recorder: ChangeRecorder | None = None,
+        background: Background | None = None,
+    ) -> None:
         self.root = root
         self.sandbox = sandbox
         self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
+        #: The background processes the changelog attributes changes to (None: not tracked).
+        self.background = background
         self._mutation_lock = asyncio.Lock()
         self._known: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._known_bytes = 0
@@ -209,7 +246,15 @@ class Workspace:
         result (``outcome="sandbox_lost"``), not raised.
         """
         async with self._mutation_lock:
-            token = await self.recorder.before_shell(self.sandbox, piggyback=True)
+            # Changes a background process made since the last scan are its own entries.
+            bg = await self.background.attribution(self.sandbox) if self.background is not None else None
+            attribute = bg.record if bg is not None else None
+            # (passed only when there is one: a recorder of our protocol's first version
+            # takes no such argument)
+            extra: dict[str, Any] = {"attribute": attribute} if attribute is not None else {}
+            token = await self.recorder.before_shell(self.sandbox, piggyback=True, **extra)
+            if bg is not None and self.background is not None:
+                self.background.settled(bg)
             for attempt in range(3):
                 # The recorder's scans travel with the command when it can (one round trip).
                 scan = getattr(token, "scan", None) if attempt < 2 else None
@@ -225,7 +270,9 @@ class Workspace:
                     )
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first
-                    token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan)
+                    token = await self.recorder.before_shell(
+                        self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
+                    )
             self.forget(None)  # a command may have changed any file
             try:
                 changed = await self.recorder.after_shell(
@@ -244,3 +291,57 @@ class Workspace:
                 # recorder's next snapshot will see whatever the command changed.
                 changed = []
             return result, sorted(set(changed))
+
+    # -- background processes ---------------------------------------------------------------
+
+    async def start_background(
+        self,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> ProcessInfo:
+        """Start ``command`` as a background process (see :mod:`worker.background`).
+
+        Raises AgentError (code ``limit``: too many run; a bad cwd), infrastructure
+        errors; NotImplementedError when the sandbox has none.
+        """
+        bg = self.background
+        limits = bg.limits if bg is not None else BackgroundLimits()
+        async with self._mutation_lock:
+            # The baseline is brought up to date first: what the process changes from
+            # here on is its own (and what others changed before is theirs).
+            attr = await bg.attribution(self.sandbox) if bg is not None else None
+            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
+            if bg is not None and attr is not None:
+                bg.settled(attr)
+            process_id = new_process_id()
+            info = await self.sandbox.start_process(
+                process_id,
+                command,
+                cwd=cwd,
+                timeout=timeout,
+                max_running=limits.max_processes,
+                linger=limits.linger,
+            )
+            self.forget(None)
+            if bg is not None:
+                bg.index.add(Started(process_id, command, info.started, call_id, subtask_id))
+            return info
+
+    async def settle_background(self) -> list[str]:
+        """Record what background processes changed since the last scan (called when one
+        is seen to have ended); returns the changed paths. Raises the recorder's errors."""
+        bg = self.background
+        if bg is None:
+            return []
+        async with self._mutation_lock:
+            attr = await bg.attribution(self.sandbox)
+            if attr is None:
+                return []
+            changed = await self.recorder.sync_background(self.sandbox, attr.record)
+            bg.settled(attr)
+            self.forget(None)
+            return sorted(set(changed))

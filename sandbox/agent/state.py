@@ -17,6 +17,8 @@ ROOT = "/workspace"
 ROOT_FD = -1
 #: Touched on requests; its mtime is the container's idle clock (see ``activity``).
 ACTIVITY_FILE = "/tmp/.loom-activity"
+#: The private directory of the background processes' supervisors (see ``processes``).
+PROCS_DIR = "/tmp/.loom-procs"
 MAX_READ = 16 << 20
 MAX_WRITE = 64 << 20
 #: Disk a single command may consume on the workspace's filesystem, and the free space no
@@ -42,12 +44,13 @@ image_env = {}  # type: dict
 def configure(config):
     """Take the host's config line (a dict). Raises OSError when the workspace root
     cannot be opened, ValueError for a limit that is not a number."""
-    global ROOT, ROOT_FD, ACTIVITY_FILE, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT
+    global ROOT, ROOT_FD, ACTIVITY_FILE, PROCS_DIR, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT
     global nonce, keeper_ttl
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     nonce = config.get("nonce")
     image_env.update(os.environ)
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
+    PROCS_DIR = config.get("procs_dir", PROCS_DIR)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))
     DISK_LIMIT = int(config.get("disk_limit") or 0) or None

@@ -39,7 +39,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert host["NanoCpus"] == 1_000_000_000
     assert host["Memory"] == 1 << 30
     assert host["MemorySwap"] == host["Memory"]  # no swap on top of the memory limit
-    assert host["PidsLimit"] == 256
+    assert host["PidsLimit"] == runtime_backend.spec.host_pids_limit()  # 256 processes (gVisor: its threads too)
     ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]}
     assert ulimits == {"core": (0, 0), "fsize": (4 << 30, 4 << 30)}  # no core dumps; no file over 4 GiB
     assert host["Runtime"] == runtime_backend.spec.runtime

@@ -92,6 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path,
     env_file = root.parent / "compose-e2e.env"
     env_file.write_text(
         f"LOOM_API_TOKEN={token}\nLOOM_WORKSPACE_ROOT={root}\nLOOM_PORT={port}\nLOOM_UID=1000\nLOOM_GID=1000\n"
+        f"LOOM_EGRESS_DIR={root.parent / 'egress'}\n"
     )
     # A project name of our own, so a developer's `docker compose up` is never touched;
     # the classic builder, because this engine has no buildx.
@@ -219,6 +220,28 @@ def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path
     # a cross-site write is refused, whatever token it carries
     r = api.http.post("/v1/workspaces", json={"name": "csrf"}, headers={"Origin": "http://evil.example"})
     assert r.status_code == 403
+
+
+def test_egress_under_compose(stack: tuple[Api, Path, Any]) -> None:
+    """The worker is a container: its gateway's socket, in LOOM_EGRESS_DIR (the same path
+    on the host), is what the sandbox it starts mounts."""
+    api, _root, _ = stack
+    settings = {"egress": ["pypi"], "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
+    assert api.http.post("/v1/workspaces", json={"name": "net", "settings": settings}).status_code == 201
+    curl = "curl -sS -o /dev/null -w '%{http_code}' --max-time 30"
+    out = api.tool_calls(
+        "net",
+        ("n1", "shell_execute", {"command": f"{curl} https://pypi.org/simple/six/"}),
+        ("n2", "shell_execute", {"command": f"{curl} https://deb.debian.org/ 2>&1"}),
+    )
+    assert out[0].strip().endswith("200"), out[0]
+    assert "403" in out[1], out[1]
+    status = api.http.get("/v1/workspaces/net/egress").json()
+    assert status["policy"] == ["pypi"] and status["serving"] is True
+    verdicts = {(e["host"], e["verdict"]) for e in status["entries"]}
+    assert ("pypi.org", "allowed") in verdicts and ("deb.debian.org", "denied") in verdicts
+    r = api.http.patch("/v1/workspaces/net", json={"egress": ["*.com"]})
+    assert r.status_code == 422 and "*.com" in r.json()["detail"][0]["msg"]
 
 
 def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path, Any]) -> None:

@@ -23,7 +23,7 @@ from sandbox.errors import (
 from sandbox.local import LocalProcessBackend
 from worker import Tool, ToolContext, ToolRegistry, ToolResult
 from worker.result import MAX_OUTPUT_BYTES, truncate_output
-from worker.tools import BUILTIN_NAMES, builtin_tools
+from worker.tools import BUILTIN_NAMES, PROCESS_NAMES, TOOL_NAMES, builtin_tools
 
 FILE_AND_SHELL_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("read_file", {"path": "a.txt"}),
@@ -60,9 +60,10 @@ async def local_registry(local_backend: LocalProcessBackend) -> ToolRegistry:
 
 def test_builtin_tools_registered_in_stable_order() -> None:
     reg = ToolRegistry()
+    assert reg.names() == list(TOOL_NAMES) == [*BUILTIN_NAMES, *PROCESS_NAMES]
+    assert list(PROCESS_NAMES) == ["process_output", "process_input", "process_kill", "process_list"]
     assert (
-        reg.names()
-        == list(BUILTIN_NAMES)
+        list(BUILTIN_NAMES)
         == [
             "read_file",
             "write_file",
@@ -261,7 +262,7 @@ async def test_execute_never_raises(local_registry: ToolRegistry, workspace: Pat
 
 def test_openai_schemas_valid_and_stable() -> None:
     schemas = ToolRegistry().all_schemas()
-    assert [s["function"]["name"] for s in schemas] == list(BUILTIN_NAMES)
+    assert [s["function"]["name"] for s in schemas] == list(TOOL_NAMES)
     assert json.dumps(schemas, sort_keys=False) == json.dumps(ToolRegistry().all_schemas(), sort_keys=False)
     for s in schemas:
         assert set(s) == {"type", "function"} and s["type"] == "function"
@@ -321,6 +322,10 @@ def test_anthropic_and_mcp_formats() -> None:
         "shell_execute": False,
         "search_files": True,
         "list_directory": True,
+        "process_output": False,
+        "process_input": False,
+        "process_kill": False,
+        "process_list": True,
     }
     with pytest.raises(ValueError, match="unknown schema format"):
         reg.all_schemas("xml")

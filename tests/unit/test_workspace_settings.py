@@ -184,6 +184,14 @@ async def test_http_create_show_change_and_refuse(settings_service: Any) -> None
     r = await c.patch("/v1/workspaces/w1", json={"image": None, "cpus": 2})
     assert r.status_code == 200 and r.json()["recreate"] is True and "files" in r.json()["message"]
     assert r.json()["settings"] == {"cpus": 2.0, "env": {"A": "1"}} and r.json()["effective"]["image"] == "default:1"
+    r = await c.patch("/v1/workspaces/w1", json={"egress": ["pypi", "*.co.uk"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "egress"
+    assert "'*.co.uk'" in r.json()["detail"][0]["msg"]
+    r = await c.patch("/v1/workspaces/w1", json={"egress": ["pypi", "!upload.pypi.org"]})
+    assert r.status_code == 200 and r.json()["effective"]["egress"] == ["pypi", "!upload.pypi.org"]
+    assert r.json()["recreate"] is False and "new connections at once" in r.json()["message"]
+    r = await c.patch("/v1/workspaces/w1", json={"egress": None})
+    assert r.status_code == 200 and r.json()["effective"]["egress"] == []
     r = await c.patch("/v1/workspaces/w1", json={"image": "missing:2"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "image"
     r = await c.patch("/v1/workspaces/w1", json={"pids": 99999})

@@ -123,7 +123,12 @@ class Changelog:
         )
 
     async def before_shell(
-        self, sandbox: Sandbox, *, piggyback: bool = False, pending: ScanResult | None = None
+        self,
+        sandbox: Sandbox,
+        *,
+        piggyback: bool = False,
+        pending: ScanResult | None = None,
+        attribute: dict[str, Any] | None = None,
     ) -> ShellToken:
         """Make sure the baseline exists and is current before a command runs.
 
@@ -131,8 +136,10 @@ class Changelog:
         sandbox. With ``piggyback`` the caller sends ``token.scan`` along with the command
         (``Sandbox.exec(scan=...)``), so no separate scan is made when the agent's
         snapshot is watched; ``pending`` is the scan an ``exec`` handed back unrun
-        (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes. Raises
-        sandbox and storage errors.
+        (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes, or, with
+        ``attribute`` (``tool``, ``command``, ``call_id``, ``subtask_id``: a background
+        process that ran meanwhile), as that process's entries. Raises sandbox and storage
+        errors.
         """
         import time
 
@@ -141,11 +148,22 @@ class Changelog:
             if not await self._shell.ready():
                 await self._shell.build(sandbox)
             elif pending is not None:
-                await self._shell.sync(sandbox, None, result=pending)
-            elif not piggyback or self._shell.scan_request() is None:
-                await self._shell.sync(sandbox, None)
+                await self._shell.sync(sandbox, attribute, result=pending)
+            elif not piggyback or self._shell.scan_request() is None or attribute is not None:
+                await self._shell.sync(sandbox, attribute)
             scan = self._shell.scan_request() if piggyback else None
         return ShellToken(started=time.time(), baseline_ready=True, scan=scan)
+
+    async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
+        """Record what changed since the last scan as ``record``'s (a background process
+        that ran meanwhile: ``tool``, ``command``, ``call_id``, ``subtask_id``); return the
+        changed paths. Raises sandbox and storage errors."""
+        async with self._core.lock:
+            await self._core.recover(sandbox)
+            if not await self._shell.ready():
+                await self._shell.build(sandbox)
+                return []
+            return await self._shell.sync(sandbox, record)
 
     async def after_shell(
         self,

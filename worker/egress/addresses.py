@@ -74,11 +74,11 @@ def refusal(addr: IPAddress, own: Iterable[IPAddress] = (), trusted: Iterable[IP
     """Why the gateway must not connect to ``addr`` (None: it may)."""
     if any(addr in net for net in trusted):
         return None
-    if addr in set(own):
-        return "an address of the worker's own host"
     for net, why in _REFUSED:
         if addr.version == net.version and addr in net:
             return why
+    if addr in set(own):
+        return "an address of the worker's own host"
     if isinstance(addr, ipaddress.IPv6Address):
         inner = _embedded_v4(addr)
         if inner is not None:

@@ -8,18 +8,25 @@ the command started when it ends or times out.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandbox.errors import SandboxLostError
+from sandbox.base import ProcessOutput
+from sandbox.errors import AgentError, SandboxLostError
 
+from ..background import BackgroundLimits
 from ..paths import normalize
 from ..result import ToolResult
 from ..shellpolicy import check_command
 from ..tool import Tool, ToolContext, ToolError
 
 MAX_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 60.0
+MAX_YIELD_MS = 300_000
+#: How long a background start waits for the process's first output.
+FIRST_OUTPUT_WAIT = 0.1
 #: Bytes of stdout and of stderr kept (head and tail) in ``data``.
 MAX_STREAM_BYTES = 256 * 1024
 #: The registry's deadline beyond the command's own timeout: the agent needs its kill
@@ -32,16 +39,36 @@ class ShellArgs(BaseModel):
 
     command: str = Field(description="Shell command, run with sh -c in the workspace (no network).")
     cwd: str = Field(".", description="Working directory, relative to the workspace root.")
-    timeout: float = Field(
-        60.0,
+    timeout: float | None = Field(
+        None,
         gt=0,
-        description=f"Seconds before the command is killed (default 60, capped at {MAX_TIMEOUT:g}).",
+        description=(
+            f"Seconds before the command and everything it started are killed: default 60, at most "
+            f"{MAX_TIMEOUT:g}; for background or yield_ms the process's lifetime (default 1 h)."
+        ),
+    )
+    background: bool = Field(
+        False,
+        description=(
+            "Start it and answer at once with data.process_id and its first output; it runs on after the call "
+            "(a dev server, a watcher, a long test run). Read it with process_output, stop it with process_kill."
+        ),
+    )
+    yield_ms: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_YIELD_MS,
+        description=(
+            "Wait at most this long: if the command ends by then, this is an ordinary result; if it still "
+            "runs, answer with its output so far, data.process_id and data.running=true, and let it go on."
+        ),
     )
 
-    @field_validator("timeout")
-    @classmethod
-    def _cap(cls, v: float) -> float:
-        return min(v, MAX_TIMEOUT)
+    @model_validator(mode="after")
+    def _cap(self) -> ShellArgs:
+        if not self.background and self.yield_ms is None:
+            self.timeout = min(self.timeout or DEFAULT_TIMEOUT, MAX_TIMEOUT)
+        return self
 
 
 def _mb(n: int) -> str:
@@ -78,10 +105,13 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         raise ToolError("Empty command")
     check_command(command)
     cwd = normalize(args.cwd, str(ws.root))
+    if args.background or args.yield_ms is not None:
+        return await run_background(args, ctx, cwd)
+    timeout = args.timeout or DEFAULT_TIMEOUT
     res, changed = await ws.run_shell(
         command,
         cwd=cwd,
-        timeout=args.timeout,
+        timeout=timeout,
         max_output=MAX_STREAM_BYTES,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
@@ -116,10 +146,75 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     success = res.outcome == "exit" and res.exit_code == 0
     if success:
         return ToolResult.ok(output or "(no output)", data, changed)
-    error = _describe_failure(res.outcome, res.exit_code, res.signal, args.timeout, res.disk_used)
+    error = _describe_failure(res.outcome, res.exit_code, res.signal, timeout, res.disk_used)
     tail = f"[{error}]"
     output = f"{output}\n{tail}" if output else tail
     return ToolResult(False, output, data, changed, error)
+
+
+async def run_background(args: ShellArgs, ctx: ToolContext, cwd: str) -> ToolResult:
+    """``background``: start and answer with the first output; ``yield_ms``: wait that
+    long for the end, else answer as ``background`` does with what it printed so far."""
+    from .processes import output_data, render_output, status_line
+
+    ws = ctx.require_workspace()
+    limits = ws.background.limits if ws.background is not None else BackgroundLimits()
+    timeout = min(args.timeout or limits.timeout, limits.max_timeout)
+    try:
+        info = await ws.start_background(
+            args.command, cwd=cwd, timeout=timeout, call_id=ctx.call_id, subtask_id=ctx.subtask_id
+        )
+    except AgentError as e:
+        if e.code == "limit":
+            raise ToolError(str(e), data={"error_code": "limit"}) from None
+        raise
+    except NotImplementedError:
+        raise ToolError("This sandbox cannot run background processes") from None
+    wait = FIRST_OUTPUT_WAIT if args.background else (args.yield_ms or 0) / 1000.0
+    deadline = time.monotonic() + wait
+    out = await ws.sandbox.process_output(info.id, wait=wait if args.background else 0.0, max_bytes=MAX_STREAM_BYTES)
+    parts = [out]
+    while not args.background and not out.done and (left := deadline - time.monotonic()) > 0:
+        out = await ws.sandbox.process_output(info.id, wait=left, max_bytes=MAX_STREAM_BYTES)
+        parts.append(out)
+    merged = _merge(parts)
+    changed = await ws.settle_background() if not merged.info.running else []
+    data = output_data(merged)
+    text = render_output(merged)
+    sep = "" if not text or text.endswith("\n") else "\n"
+    if merged.info.running:
+        read = f'process_output {{"process_id": "{info.id}"}}'
+        text += f"{sep}[still running as background process {info.id} (pid {info.pid}); read on with {read}]"
+        return ToolResult.ok(text, data, changed)
+    success = merged.info.outcome == "exit" and merged.info.exit_code == 0
+    data["duration_ms"] = round(((merged.info.ended or time.time()) - merged.info.started) * 1000, 3)
+    if success:
+        return ToolResult.ok(text or "(no output)", data, changed)
+    error = status_line(merged.info).strip("[]")
+    return ToolResult(False, f"{text}{sep}[{error}]", data, changed, error)
+
+
+def _merge(parts: list[ProcessOutput]) -> ProcessOutput:
+    """Successive reads as one (the last one's cursor and state)."""
+    last = parts[-1]
+    if len(parts) == 1:
+        return last
+    return ProcessOutput(
+        info=last.info,
+        stdout=b"".join(p.stdout for p in parts),
+        stderr=b"".join(p.stderr for p in parts),
+        cursor=last.cursor,
+        dropped=(sum(p.dropped[0] for p in parts), sum(p.dropped[1] for p in parts)),
+        done=last.done,
+    )
+
+
+def _deadline(a: ShellArgs) -> float:
+    if a.background:
+        return 30.0 + DEADLINE_SLACK
+    if a.yield_ms is not None:
+        return a.yield_ms / 1000 + 30.0 + DEADLINE_SLACK
+    return float(a.timeout or DEFAULT_TIMEOUT) + DEADLINE_SLACK
 
 
 TOOLS = [
@@ -128,13 +223,14 @@ TOOLS = [
         description=(
             "Run a shell command (sh -c) in the workspace inside an isolated sandbox with no network. "
             "Returns stdout, then stderr under [stderr]; success means exit code 0. "
-            f"timeout defaults to 60 s, at most {MAX_TIMEOUT:g} s."
+            f"timeout defaults to 60 s, at most {MAX_TIMEOUT:g} s. Everything it started is killed when it "
+            "ends, unless it runs in the background (background, or yield_ms for a command that may take long)."
         ),
         args_model=ShellArgs,
         fn=shell_execute,
         timeout=60.0 + DEADLINE_SLACK,
         mutating=True,
-        timeout_for=lambda a: float(a.timeout) + DEADLINE_SLACK,
+        timeout_for=_deadline,
         tags=("shell", "code"),
     ),
 ]

@@ -1,0 +1,314 @@
+"""Background processes: ``proc_start``, ``proc_output``, ``proc_input``, ``proc_kill``,
+``proc_list``.
+
+Each background process has its own supervisor (``supervisor.py``, a separate program
+run by the agent runtime's interpreter) that owns it, keeps its output and serves it on a
+unix socket in ``state.PROCS_DIR``. Any agent of the sandbox (each worker process has its
+own) reaches any process through that socket, so a process outlives the call, the
+connection and the worker process that started it, and stops only when it ends, times
+out, is killed, or the container goes. The agent spares supervisors from its commands'
+tree-kill and reaps them when they exit.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+
+from . import environ, proctree, state, supervisor
+from .errors import Refused
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for mypy only: importing typing would cost every start of the agent
+    from typing import Any  # noqa: F401  (used in type comments)
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+START_TIMEOUT = 20.0
+_started = {}  # type: dict  # supervisor pid -> Popen (ours: to reap, then unspare)
+_lock = threading.Lock()
+
+
+def _dir():
+    """The private directory of the supervisors' sockets. Raises Refused when something
+    else (a link, another owner, other modes) sits there."""
+    d = state.PROCS_DIR
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise Refused("io", "cannot make %s: %s" % (d, e.strerror))
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise Refused("conflict", "%s is not the agent's private directory (a command replaced it?)" % d)
+    return d
+
+
+def _interpreter():
+    """How to run a Python program here: the agent runtime's loader and interpreter, as
+    this agent was started (no image interpreter is assumed)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\x00") if a]
+    except OSError:
+        argv = []
+    for i, arg in enumerate(argv):
+        if os.path.basename(arg).startswith("python"):
+            return argv[: i + 1]
+    return [sys.executable]
+
+
+#: The supervisor's ``-c`` program: its source follows on stdin (a short command line in
+#: ``ps``, not the whole program), then its config line, from the same buffered object.
+_BOOT = (
+    "import sys;r=sys.stdin.buffer;n=int(r.readline());"
+    "exec(compile(r.read(n),'loom-supervisor','exec'),{'__name__':'__main__'})"
+)
+
+
+def _supervisor_source():
+    """The supervisor's program: its module's source, as this agent got it."""
+    loader = supervisor.__spec__.loader  # type: Any
+    return loader.get_source(supervisor.__name__)
+
+
+def _quiet(fn, *args):
+    """``fn(*args)`` with SIGPIPE held off this thread: the agent keeps SIGPIPE's default
+    (so commands inherit it), which would end the agent on a write to a supervisor that
+    just died. A SIGPIPE raised meanwhile is taken off (the write fails with EPIPE)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        return fn(*args)
+    finally:
+        try:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        except (OSError, AttributeError):
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _reap():
+    """Unspare the supervisors of ours that exited (reaped here, so no pid was reused)."""
+    with _lock:
+        done = [pid for pid, p in _started.items() if p.poll() is not None]
+        for pid in done:
+            _started.pop(pid, None)
+            proctree.unspare(pid)
+
+
+#: One open connection per supervisor, reused (a connect and a thread in the supervisor
+#: per request cost a third of a process_output); a busy one is not waited for.
+_pool = {}  # type: dict  # process id -> [socket, reader, lock]
+_pool_lock = threading.Lock()
+
+
+def _connect(pid_id, timeout):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(os.path.join(_dir(), pid_id + ".sock"))
+    except (FileNotFoundError, ConnectionRefusedError):
+        s.close()
+        raise Refused(
+            "not_found",
+            "No process %s in this workspace (unknown, or it ended more than its linger time ago)" % pid_id,
+        )
+    except OSError:
+        s.close()
+        raise
+    return [s, s.makefile("rb"), threading.Lock()]
+
+
+def _drop(pid_id, conn):
+    with _pool_lock:
+        if _pool.get(pid_id) is conn:
+            del _pool[pid_id]
+    for c in conn[:2]:
+        try:
+            c.close()
+        except OSError:
+            pass
+
+
+def _roundtrip(conn, req, timeout):
+    conn[0].settimeout(timeout)
+    _quiet(conn[0].sendall, json.dumps(req).encode() + b"\n")
+    line = conn[1].readline()
+    if not line:
+        raise EOFError
+    return line
+
+
+def _ask(pid_id, req, timeout):
+    """One request to process ``pid_id``'s supervisor. Raises Refused("not_found")."""
+    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+        raise Refused("invalid", "Not a process id: %r" % (pid_id,))
+    line = None
+    for attempt in range(2):
+        with _pool_lock:
+            conn = _pool.get(pid_id)  # type: Any
+        pooled = conn is not None and conn[2].acquire(False)
+        if not pooled:
+            try:
+                conn = _connect(pid_id, timeout)
+            except socket.timeout:
+                raise Refused("timeout", "process %s did not answer" % pid_id)
+            except OSError as e:
+                raise Refused("not_found", "process %s is gone (%s)" % (pid_id, e.strerror or e))
+            conn[2].acquire()
+        try:
+            line = _roundtrip(conn, req, timeout)
+        except socket.timeout:
+            _drop(pid_id, conn)
+            raise Refused("timeout", "process %s did not answer" % pid_id)
+        except (OSError, EOFError) as e:
+            _drop(pid_id, conn)
+            if pooled and attempt == 0:
+                continue  # a stale pooled connection (the supervisor went): once more, afresh
+            raise Refused("not_found", "process %s is gone (%s)" % (pid_id, getattr(e, "strerror", None) or e))
+        finally:
+            if conn[2].locked():
+                conn[2].release()
+        if not pooled:
+            with _pool_lock:
+                kept = _pool.setdefault(pid_id, conn) is conn
+            if not kept:
+                _drop(pid_id, conn)  # another thread pooled one meanwhile: close ours
+        break
+    try:
+        answer = json.loads(line or b"")
+    except (TypeError, ValueError):
+        raise Refused("not_found", "process %s is gone" % pid_id)
+    if not answer.get("ok"):
+        raise Refused("conflict", str(answer.get("error")))
+    return answer["result"]
+
+
+def _all():
+    out = []
+    d = _dir()
+    for name in sorted(os.listdir(d)):
+        if not name.endswith(".sock"):
+            continue
+        try:
+            out.append(_ask(name[:-5], {"op": "info"}, 5.0))
+        except Refused:
+            continue
+    return out
+
+
+def op_proc_start(req):
+    _reap()
+    pid_id = req.get("proc_id")
+    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+        raise Refused("invalid", "Not a process id: %r" % (pid_id,))
+    command, argv = req.get("command"), req.get("argv")
+    if argv is not None:
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise Refused("invalid", "argv must be a non-empty list of strings")
+    elif not isinstance(command, str) or not command.strip():
+        raise Refused("invalid", "Empty command")
+    limit = int(req.get("max_running", 8))
+    running = [p for p in _all() if p.get("running")]
+    if len(running) >= limit:
+        raise Refused(
+            "limit",
+            "This workspace already runs %d background processes (at most %d): wait for one to end or "
+            "kill one (process_kill) before starting another" % (len(running), limit),
+        )
+    env, cwd = environ.command_env_cwd(req)
+    cfg = {
+        "id": pid_id,
+        "dir": _dir(),
+        "command": command,
+        "argv": argv,
+        "cwd": cwd,
+        "env": env,
+        "timeout": float(req.get("timeout", 3600)),
+        "head": int(req.get("head", 64 << 10)),
+        "tail": int(req.get("tail", 1 << 20)),
+        "linger": float(req.get("linger", 600)),
+        "grace": float(req.get("grace", 0.5)),
+        "marker": "bg-" + pid_id,
+        "activity_file": state.ACTIVITY_FILE,
+    }
+    sup_env = {"PATH": "/usr/bin:/bin", "LOOM_CALL": cfg["marker"]}
+    try:
+        p = subprocess.Popen(
+            _interpreter() + ["-I", "-S", "-c", _BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=sup_env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )  # type: Any
+    except OSError as e:
+        raise Refused("io", "cannot start a supervisor: %s" % (e.strerror or e))
+    proctree.spare(p.pid)
+    with _lock:
+        _started[p.pid] = p
+    src = _supervisor_source().encode("utf-8")
+    boot = b"%d\n" % len(src) + src + json.dumps(cfg).encode() + b"\n"
+
+    def feed():
+        try:
+            p.stdin.write(boot)
+            p.stdin.close()
+        except OSError:
+            pass
+
+    _quiet(feed)
+    line = [b""]
+
+    def read():
+        line[0] = p.stdout.readline()
+
+    t = threading.Thread(target=read)
+    t.daemon = True
+    t.start()
+    t.join(START_TIMEOUT)
+    p.stdout.close()
+    try:
+        answer = json.loads(line[0])
+    except ValueError:
+        answer = {"ok": False, "error": "the supervisor did not start"}
+    if not answer.get("ok"):
+        _reap()
+        raise Refused("io", "cannot start the process: %s" % answer.get("error"))
+    return answer["info"]
+
+
+def op_proc_output(req):
+    _reap()
+    wait_ms = max(0, min(int(req.get("wait_ms") or 0), 60000))
+    ask = {"op": "output", "since": req.get("since"), "wait_ms": wait_ms}  # since None: from the last read
+    if req.get("max"):
+        ask["max"] = int(req["max"])
+    return _ask(req.get("proc_id"), ask, wait_ms / 1000.0 + 10.0)
+
+
+def op_proc_input(req):
+    return _ask(req.get("proc_id"), {"op": "input", "data": req.get("data") or "", "eof": bool(req.get("eof"))}, 10.0)
+
+
+def op_proc_kill(req):
+    _reap()
+    ask = {"op": "kill", "signal": int(req.get("signal") or 15), "grace": float(req.get("grace", 0.5))}
+    return _ask(req.get("proc_id"), ask, 40.0)
+
+
+def op_proc_release(req):
+    """Let an ended process's supervisor go now rather than after its linger time."""
+    return _ask(req.get("proc_id"), {"op": "release"}, 5.0)
+
+
+def op_proc_list(req):
+    _reap()
+    return {"processes": _all()}

@@ -4,9 +4,9 @@
   the sleep ends, judged by the order of events, never by a clock) and exits with the
   command's code (0, 1, 124, 137), non-UTF-8 bytes intact, through the local worker and
   in-process; what it changes is recorded and undone;
-- a server started in the sandbox (a long-lived process, ``spawn``) is reached by a later
-  call, through ``loom-worker port-forward`` from the host, and through the service's
-  port proxy, a 5 MB body both ways included.
+- a server started in the sandbox (``shell_execute {"background": true}``) is reached by a
+  later call, through ``loom-worker port-forward`` from the host, and through the
+  service's port proxy, a 5 MB body both ways included.
 
 Every process here runs with the same settings (image, runtime, data directory), so the
 CLI's processes and the test's own registry use the same container.
@@ -226,10 +226,12 @@ async def test_a_server_in_the_sandbox_reached_by_a_call_port_forward_and_the_pr
     settings = settings_of(env, workspace_root=root, api_token=TOKEN)
     async with default_registry(settings, catalog=False) as registry:
         try:
-            sandbox: Any = (await registry.workspace(ws)).sandbox  # an AgentSandbox: it can spawn
-            # Kept running across calls (the agent's spawn; background processes of
-            # shell_execute will do the same).
-            server = await sandbox.spawn(["python3", "app.py", str(APP_PORT)])
+            sandbox: Any = (await registry.workspace(ws)).sandbox
+            r = await registry.execute(
+                "shell_execute", {"command": f"python3 app.py {APP_PORT}", "background": True}, ws
+            )
+            assert r.success and r.data is not None and r.data["running"], r.output
+            server = r.data["process_id"]
             r = await registry.execute(
                 "shell_execute",
                 {"command": f"for i in $(seq 100); do curl -sf {LOCAL}/hi && exit 0; sleep 0.1; done; exit 1"},
@@ -240,8 +242,9 @@ async def test_a_server_in_the_sandbox_reached_by_a_call_port_forward_and_the_pr
 
             await _check_port_forward(env, ws)
             await _check_proxy(settings, registry)
+            r = await registry.execute("process_kill", {"process_id": server}, ws)
+            assert r.success, r.output
         finally:
-            await server.close()
             await registry.stop(ws)
 
 
@@ -297,7 +300,8 @@ async def _check_port_forward(env: dict[str, str], ws: Path) -> None:
 
 
 async def _check_proxy(settings: Settings, registry: Any) -> None:
-    app = create_app(settings, registry)
+    # The test's own registry: the service must leave its sandbox (and the server) running.
+    app = create_app(settings.model_copy(update={"stop_sandboxes_on_exit": False}), registry)
     async for base in _serving(app):
         prefix = f"/v1/workspaces/w/ports/{APP_PORT}"
         async with httpx.AsyncClient(base_url=base, timeout=120) as c:

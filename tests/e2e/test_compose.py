@@ -252,12 +252,12 @@ def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path,
     api, root, _ = stack
     assert api.http.post("/v1/workspaces", json={"name": "srv"}).status_code == 201
     api.tool_calls("srv", ("w", "write_file", {"path": "index.html", "content": "served from the sandbox\n"}))
-    # A server kept up while the call runs (until the host creates `stop`): what a
-    # background process will do once the processes issue lands.
-    command = (
-        "echo started; python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & "
-        "while [ ! -e stop ]; do sleep 0.1; done; echo stopping"
+    out = api.tool_calls(
+        "srv", ("bg", "shell_execute", {"command": "python3 -m http.server 8000 --bind 127.0.0.1", "background": True})
     )
+    assert "background process" in out[0], out[0]
+    # A streamed call that outlives the checks below (until the host creates `stop`).
+    command = "echo started; while [ ! -e stop ]; do sleep 0.1; done; echo stopping"
     body = {"tool": "shell_execute", "arguments": {"command": command, "timeout": 120}}
     events: list[tuple[str, str]] = []
     started = threading.Event()

@@ -6,10 +6,12 @@
 from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
+    ExecControl,
     ExecResult,
     FileStat,
     ListEntry,
     ListResult,
+    OutputChunk,
     ReadResult,
     Sandbox,
     SandboxBackend,
@@ -38,6 +40,7 @@ from .errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
     TooLargeError,
+    TunnelClosedError,
 )
 
 __version__ = "0.1.0"
@@ -48,6 +51,7 @@ __all__ = [
     "AgentInfo",
     "ConflictError",
     "DaemonUnavailableError",
+    "ExecControl",
     "ExecResult",
     "FileStat",
     "ImageNotFoundError",
@@ -56,6 +60,7 @@ __all__ = [
     "ListResult",
     "NotADirError",
     "NotAFileError",
+    "OutputChunk",
     "PathEscapeError",
     "PathNotFoundError",
     "ProtocolError",
@@ -74,6 +79,7 @@ __all__ = [
     "SearchMatch",
     "SearchResult",
     "TooLargeError",
+    "TunnelClosedError",
     "WriteResult",
     "__version__",
 ]

@@ -13,13 +13,22 @@ problem: missing file, path escape, conflict, ...) or the infrastructure errors 
 from __future__ import annotations
 
 import abc
+import asyncio
 import builtins
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
+
+if TYPE_CHECKING:
+    from .tunnel import Tunnel
 
 Outcome = Literal["exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"]
 EntryType = Literal["file", "dir", "symlink", "other"]
+StreamName = Literal["stdout", "stderr"]
+#: ``exec(on_output=...)``: called with each chunk of a command's output as it is read
+#: in the sandbox, on the event loop, in order; it must not block.
+OutputCallback = Callable[[StreamName, bytes], None]
 
 #: Directory names skipped by list/search/scan unless the caller passes its own list.
 DEFAULT_EXCLUDES: tuple[str, ...] = (
@@ -130,6 +139,49 @@ class ExecResult:
     @property
     def timed_out(self) -> bool:
         return self.outcome == "timeout"
+
+
+class ExecControl:
+    """A handle on one command while it runs, for its caller: :meth:`signal` passes a
+    signal to its process group (a Ctrl-C, as a terminal would). Give it to
+    ``exec(control=...)``; a signal sent before the command starts (it waits for the
+    workspace) is delivered as it starts."""
+
+    SIGNALS = (2, 9, 15)  # SIGINT, SIGKILL, SIGTERM
+
+    def __init__(self) -> None:
+        self._send: Callable[[int], Coroutine[object, object, None]] | None = None
+        self._pending: int | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def signal(self, sig: int) -> None:
+        """Send ``sig`` (2, 9 or 15) to the command's process group now, or as soon as it
+        starts. What it leaves running is killed when it ends, as always. Raises
+        ValueError for another signal, SandboxLostError."""
+        if sig not in self.SIGNALS:
+            raise ValueError("signal must be 2 (SIGINT), 9 (SIGKILL) or 15 (SIGTERM)")
+        if self._send is None:
+            self._pending = 9 if 9 in (sig, self._pending) else sig
+            return
+        await self._send(sig)
+
+    def bind(self, send: Callable[[int], Coroutine[object, object, None]] | None) -> None:
+        """For sandboxes: where signals go while the command runs (None once it ended)."""
+        self._send = send
+        if send is not None and self._pending is not None:
+            sig, self._pending = self._pending, None
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(send(sig))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """Bytes a command wrote, as :meth:`Sandbox.exec_stream` yields them (exactly as
+    written: any bytes, a line or a character may be split between chunks)."""
+
+    stream: StreamName
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -410,6 +462,8 @@ class Sandbox(abc.ABC):
         argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
         scan: ScanRequest | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ExecResult:
         """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
 
@@ -422,7 +476,51 @@ class Sandbox(abc.ABC):
         changed since ``scan.since``, otherwise it raises :class:`ScanFirst` carrying that
         scan, without running anything; after the command it scans again into
         ``ExecResult.scan_after``.
+
+        With ``on_output`` the command's output is also handed over as the sandbox reads
+        it (:data:`OutputCallback`), every chunk before this returns; the result still
+        holds the capped capture (``max_output``). ``control`` lets the caller signal the
+        command while it runs (:class:`ExecControl`).
         """
+
+    async def exec_stream(self, command: str, **kwargs: object) -> AsyncIterator[OutputChunk | ExecResult]:
+        """:meth:`exec` as an async iterator: each :class:`OutputChunk` as the command
+        writes it, then the :class:`ExecResult` (last). Takes :meth:`exec`'s keyword
+        arguments (not ``on_output``) and raises what it raises.
+
+        The chunks wait in memory until they are read: read them as they come, or use
+        ``exec(on_output=...)`` to decide what to keep. Leaving the iterator early does
+        not stop the command; it runs to its end (or timeout) in the background.
+        """
+        queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+
+        def on_output(stream: StreamName, data: bytes) -> None:
+            queue.put_nowait(OutputChunk(stream, data))
+
+        task = asyncio.ensure_future(self.exec(command, on_output=on_output, **kwargs))  # type: ignore[arg-type]
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+            yield task.result()
+        finally:
+            if not task.done():
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+
+    async def open_tunnel(self, port: int) -> Tunnel:
+        """A TCP connection to ``port`` on the sandbox's own loopback, carried by the
+        channel to the agent (the sandbox still has no network interface), or the
+        connection itself, handed over by the agent where it can (see
+        :mod:`sandbox.handover`); both have ``read``, ``write``, ``write_eof``, ``close``.
+
+        Raises AgentError (code ``connection_refused``) when nothing listens there,
+        SandboxUnavailableError when this backend cannot make tunnels, and the
+        infrastructure errors of any call.
+        """
+        from .errors import SandboxUnavailableError
+
+        raise SandboxUnavailableError(f"{type(self).__name__} cannot open tunnels")
 
     @abc.abstractmethod
     async def scan(
@@ -510,6 +608,10 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Close this process's connection (the container may live on for reuse)."""
+
+
+#: Commands whose stream reader left early, kept referenced until they end.
+_BACKGROUND: set[asyncio.Future[ExecResult]] = set()
 
 
 class SandboxBackend(abc.ABC):

@@ -26,11 +26,13 @@ from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
     EntryType,
+    ExecControl,
     ExecResult,
     FileStat,
     ListEntry,
     ListResult,
     Outcome,
+    OutputCallback,
     ReadResult,
     Sandbox,
     ScanEntry,
@@ -46,6 +48,7 @@ from .base import (
 from .connection import AgentConnection
 from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError
 from .process import SandboxProcess
+from .tunnel import SandboxTunnel, Tunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
@@ -419,6 +422,12 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         r = await self._call("hello", {})
         return agent_info(r)
 
+    async def open_tunnel(self, port: int) -> Tunnel:
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise ValueError("port must be 1-65535")
+        conn = await self.connection()
+        return await SandboxTunnel.open(conn, port, timeout=self._io_timeout + DEADLINE_SLACK)
+
     # -- exec ------------------------------------------------------------------------
 
     async def exec(
@@ -432,6 +441,8 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         argv: builtins.list[str] | None = None,
         output_limit: int = 64 << 20,
         scan: ScanRequest | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ExecResult:
         # One command at a time per connection: the agent kills the whole process subtree
         # it owns when a command ends, so two commands must not share it.
@@ -455,9 +466,28 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                     "exclude": list(scan.exclude),
                     "max_files": scan.max_files,
                 }
+            on_event = None
+            if on_output is not None:
+                args["stream"] = True
+                on_event = _output_events(on_output)
+            deadline = timeout + 2.0 + (30.0 if scan is not None else 0.0) + DEADLINE_SLACK
             try:
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
-                r = await self._call("exec", args, timeout=timeout + 2.0 + (30.0 if scan is not None else 0.0))
+                conn = await self.connection()
+                sent = None
+                if control is not None:
+
+                    def sent(rid: int) -> None:
+                        async def send(sig: int) -> None:
+                            await conn.notify("exec_signal", {"req": rid, "signal": sig})
+
+                        control.bind(send)
+
+                try:
+                    r = await conn.request("exec", args, timeout=deadline, on_event=on_event, on_sent=sent)
+                finally:
+                    if control is not None:
+                        control.bind(None)
             except (SandboxLostError, SandboxTimeoutError) as e:
                 detail = str(e)
                 why = await self._on_exec_lost() if self._on_exec_lost is not None else None
@@ -517,6 +547,22 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+def _output_events(on_output: OutputCallback) -> Callable[[dict[str, Any]], None]:
+    """The handler of a streamed command's ``output`` events: checked, decoded, handed on."""
+
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg.get("event") != "output":
+            return  # "lost": the exec call itself reports it
+        stream = msg.get("stream")
+        if stream not in ("stdout", "stderr"):
+            raise ProtocolError(f"agent sent output of an unknown stream {stream!r:.40}")
+        data = _b64(msg.get("data"), "output", 1 << 20)
+        if data:
+            on_output(stream, data)
+
+    return on_event
 
 
 def _scan_result(r: Any, max_files: int) -> ScanResult:

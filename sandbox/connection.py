@@ -6,6 +6,13 @@ with ids, host-side deadlines and failure translation. A transport either pushes
 ``data_received``, so a response resolves its caller's future without waking a reader
 task first) or is pulled by a reader task (:meth:`Transport.read`).
 
+Besides answers the agent sends events: a spawned process's output (routed by its
+``proc`` to :attr:`AgentConnection.event_handlers`), a streamed command's output (by its
+request's ``req``, see ``request(on_event=...)``) and a tunnel's bytes (by its
+``tunnel``, see :meth:`AgentConnection.set_stream_handler`). :meth:`AgentConnection.notify`
+sends a request the agent does not answer. A tunnel's bytes travel raw: a line with
+``"raw": N`` is followed by N bytes as they are (at most :data:`MAX_RAW`), either way.
+
 Everything the agent sends is untrusted: a line over
 :data:`~sandbox.protocol.MAX_RESPONSE_BYTES`, non-JSON, or a response without a valid id
 is a :class:`~sandbox.errors.ProtocolError` and ends the connection; a line without this
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hmac
 import itertools
 import json
 import secrets
@@ -30,6 +38,8 @@ from .logs import get_logger
 log = get_logger("sandbox.connection")
 #: Most bytes of events held for processes whose handler is not registered yet.
 _EARLY_EVENT_BYTES = 4 << 20
+#: Most raw bytes one message may carry, either way (the agent's ``channel.MAX_RAW``).
+MAX_RAW = 4 << 20
 _decode_json = json.JSONDecoder().decode
 
 
@@ -206,6 +216,17 @@ class AgentConnection:
         # process's first output can come in one chunk, before the spawner resumes.
         self._early_events: dict[int, list[tuple[dict[str, Any], int]]] = {}
         self._early_bytes = 0
+        #: Events of one request (``req``: a streamed exec) or one tunnel (``tunnel``),
+        #: by (that key, its id); registered before anything can arrive for them.
+        self._streams: dict[tuple[str, int], Callable[[dict[str, Any]], None]] = {}
+        self._tunnel_ids = itertools.count(1)
+        # Raw bytes being received after the line that announced them (a tunnel's data).
+        self._raw_need = 0
+        self._raw_msg: dict[str, Any] | None = None
+        self._raw_parts: list[bytes] = []
+        #: Where the agent hands over tunnels' sockets (``sandbox.handover.FdChannel``),
+        #: when the backend could take it (runc, with the direct channel); closed with this.
+        self.fd_channel: Any = None
 
     @property
     def direct(self) -> bool:
@@ -220,6 +241,23 @@ class AgentConnection:
             self._early_bytes -= size
             if self.event_handlers.get(proc) is handler:
                 handler(msg)
+
+    def set_stream_handler(self, kind: str, key: int, handler: Callable[[dict[str, Any]], None] | None) -> None:
+        """Route events carrying ``{kind: key}`` (``kind``: ``"req"`` or ``"tunnel"``) to
+        ``handler`` (None: drop them from now on). It also gets ``{"event": "lost"}``
+        when the connection ends."""
+        if handler is None:
+            self._streams.pop((kind, key), None)
+        else:
+            self._streams[(kind, key)] = handler
+
+    def owns_secret(self, value: object) -> bool:
+        """Whether ``value`` is this connection's secret (a handshake on another socket)."""
+        return self._nonce is not None and isinstance(value, str) and hmac.compare_digest(value, self._nonce)
+
+    def new_tunnel_id(self) -> int:
+        """A tunnel id not used before on this connection (the host names tunnels)."""
+        return next(self._tunnel_ids)
 
     async def start(self, config: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
         """Deliver the agent and its config; return its hello.
@@ -302,8 +340,41 @@ class AgentConnection:
         if err:
             self._stderr.append(err[-4096:])
 
-    async def request(self, op: str, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    async def notify(self, op: str, args: dict[str, Any], *, raw: bytes | memoryview | None = None) -> None:
+        """Send a request the agent does not answer (an op of its ``NOTIFY_OPS``), with
+        ``raw`` bytes after its line as they are (the agent gets them as ``data``).
+
+        Raises SandboxLostError when the connection is closed or the write fails.
+        """
+        if self.closed:
+            raise SandboxLostError(f"Sandbox connection is closed ({self.close_reason})")
+        payload = dict(args)
+        payload["op"] = op
+        if raw is not None:
+            payload["raw"] = len(raw)
+        try:
+            async with self._write_lock:
+                await self._transport.write(protocol.encode(payload))
+                if raw:
+                    await self._transport.write(bytes(raw) if isinstance(raw, memoryview) else raw)
+        except OSError as e:
+            await self.close(f"write failed: {e!r}")
+            raise SandboxLostError(f"The sandbox connection broke: {e}") from e
+
+    async def request(
+        self,
+        op: str,
+        args: dict[str, Any],
+        *,
+        timeout: float,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_sent: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
         """Send one request and wait for its answer.
+
+        ``on_event`` gets the events the agent sends for this request (``"req": id``),
+        all of them before the answer, and ``{"event": "lost"}`` if the connection ends
+        first. ``on_sent(id)`` is called once the request is written.
 
         Raises AgentError subclasses for refusals, SandboxLostError when the stream ends,
         SandboxTimeoutError when ``timeout`` passes (the connection is then closed,
@@ -319,9 +390,13 @@ class AgentConnection:
         payload["id"] = rid
         payload["op"] = op
         timer: asyncio.TimerHandle | None = None
+        if on_event is not None:
+            self._streams[("req", rid)] = on_event
         try:
             async with self._write_lock:
                 await self._transport.write(protocol.encode(payload))
+            if on_sent is not None:
+                on_sent(rid)
             # The deadline counts from the end of the write, as asyncio.wait_for did; one
             # timer handle that fails the future is much cheaper than wait_for (a wrapper
             # coroutine, a second future and done-callbacks on every call).
@@ -337,6 +412,8 @@ class AgentConnection:
             if timer is not None:
                 timer.cancel()
             self._pending.pop(rid, None)
+            if on_event is not None:
+                self._streams.pop(("req", rid), None)
         if resp.get("ok") is True:
             result = resp.get("result")
             if not isinstance(result, dict):
@@ -395,7 +472,8 @@ class AgentConnection:
             pass
 
     def _feed(self, out: bytes, err: bytes) -> None:
-        """Split stdout into lines and dispatch each; keep the stderr tail.
+        """Split stdout into lines and dispatch each (with the raw bytes that follow a
+        line announcing them, see :meth:`_dispatch`); keep the stderr tail.
 
         Raises ProtocolError for an oversized line or a malformed message.
         """
@@ -403,23 +481,29 @@ class AgentConnection:
             self._stderr.append(err[-4096:])
         if not out:
             return
+        start = 0
+        end = len(out)
+        if self._raw_need:
+            start = self._take_raw(out, 0)
+            if start >= end:
+                return
         limit = protocol.MAX_RESPONSE_BYTES
         buf = self._buf
-        start = 0
         if buf:
-            nl = out.find(b"\n")
+            nl = out.find(b"\n", start)
             if nl < 0:
-                buf += out
+                buf += memoryview(out)[start:]
                 if len(buf) > limit:
                     raise ProtocolError("agent response line exceeds the size limit")
                 return
-            buf += memoryview(out)[:nl]
+            buf += memoryview(out)[start:nl]
             if len(buf) > limit:
                 raise ProtocolError("agent response line exceeds the size limit")
             self._dispatch(buf)  # parsed into new objects: the buffer can be reused after
             buf.clear()
             start = nl + 1
-        end = len(out)
+            if self._raw_need:
+                start = self._take_raw(out, start)
         while start < end:
             nl = out.find(b"\n", start)
             if nl < 0:
@@ -433,6 +517,33 @@ class AgentConnection:
             # (JSON allows the trailing newline as whitespace).
             self._dispatch(out if start == 0 and nl == end - 1 else out[start:nl])
             start = nl + 1
+            if self._raw_need:
+                start = self._take_raw(out, start)
+
+    def _take_raw(self, out: bytes, start: int) -> int:
+        """Take what ``out`` holds from ``start`` of the raw bytes being received; hand
+        the message on once they are all there. Returns where the stream goes on."""
+        need = self._raw_need
+        avail = len(out) - start
+        if not self._raw_parts and avail >= need:
+            payload = out if start == 0 and need == avail else out[start : start + need]
+            self._raw_need = 0
+            self._raw_done(payload)
+            return start + need
+        take = min(need, avail)
+        self._raw_parts.append(out[start : start + take])
+        self._raw_need -= take
+        if not self._raw_need:
+            payload = b"".join(self._raw_parts)
+            self._raw_parts.clear()
+            self._raw_done(payload)
+        return start + take
+
+    def _raw_done(self, payload: bytes) -> None:
+        msg, self._raw_msg = self._raw_msg, None
+        assert msg is not None
+        msg["data"] = payload
+        self._handle(msg, len(payload))
 
     def _dispatch(self, line: bytes | bytearray) -> None:
         try:
@@ -444,17 +555,40 @@ class AgentConnection:
             raise ProtocolError("agent sent a non-object")
         if self._nonce is not None and msg.get("k") != self._nonce:
             # Written into the stream by something other than our agent: never trusted.
+            # (Raw bytes it may announce are not skipped: they break the stream, which
+            # then ends: a forger cannot slip its bytes in as a message.)
             self.forged += 1
             log.warning("sandbox.forged_message", connection=self._label, count=self.forged)
             return
+        raw = msg.get("raw")
+        if raw is not None:
+            # A tunnel's bytes follow the line as they are (no base64, no JSON escaping).
+            if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_RAW:
+                raise ProtocolError(f"agent announced {raw!r:.40} raw bytes")
+            if raw:
+                self._raw_need, self._raw_msg = raw, msg
+                return
+            msg["data"] = b""
+        self._handle(msg, len(line))
+
+    def _handle(self, msg: dict[str, Any], size: int) -> None:
+        """Route one message from the agent: an event to its handler, an answer to its caller."""
         if "event" in msg:
+            if self._streams:
+                for kind in ("req", "tunnel"):
+                    key = msg.get(kind)
+                    if key is not None:
+                        stream = self._streams.get((kind, key)) if isinstance(key, int) else None
+                        if stream is not None:
+                            stream(msg)
+                        return  # an event of a stream given up: dropped
             proc = msg.get("proc")
             handler = self.event_handlers.get(proc) if isinstance(proc, int) else None
             if handler is not None:
                 handler(msg)
-            elif isinstance(proc, int) and self._early_bytes + len(line) <= _EARLY_EVENT_BYTES:
-                self._early_events.setdefault(proc, []).append((msg, len(line)))
-                self._early_bytes += len(line)
+            elif isinstance(proc, int) and self._early_bytes + size <= _EARLY_EVENT_BYTES:
+                self._early_events.setdefault(proc, []).append((msg, size))
+                self._early_bytes += size
             return
         rid = msg.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
@@ -477,9 +611,15 @@ class AgentConnection:
         """The stream ended (or is being closed): every waiting caller gets SandboxLostError."""
         self.closed = True
         self.close_reason = self.close_reason or reason
+        if self.fd_channel is not None:
+            self.fd_channel.close()
         for handler in list(self.event_handlers.values()):
             handler({"event": "lost", "reason": self.close_reason})
         self.event_handlers.clear()
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            stream({"event": "lost", "reason": self.close_reason})
         self._early_events.clear()
         self._early_bytes = 0
         for fut in self._pending.values():

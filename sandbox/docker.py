@@ -23,7 +23,7 @@ import re
 import socket
 import stat as statmod
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -42,9 +42,11 @@ from .errors import (
     ImageNotFoundError,
     ImageUnusableError,
     RuntimeUnavailableError,
+    SandboxError,
     SandboxLostError,
     SandboxUnavailableError,
 )
+from .handover import FdChannel, take_fd_channel
 from .hostscan import HostScanner
 from .logs import get_logger
 from .spec import (
@@ -176,6 +178,29 @@ async def connect_agent_socket(pid: int, path: str) -> SocketTransport:
 
     Raises OSError when the path is malformed, unreachable, a link, or not a socket.
     """
+    with _agent_socket_path(pid, path) as safe:
+        return await SocketTransport.connect(safe)
+
+
+async def connect_fd_channel(pid: int, path: str) -> FdChannel:
+    """Connect to the agent's fd channel at ``path`` (a ``SOCK_SEQPACKET`` socket; see
+    ``sandbox/agent/tunnel.py``), walked as :func:`connect_agent_socket` walks it.
+    Raises OSError as it does."""
+    with _agent_socket_path(pid, path) as safe:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, safe)
+        except OSError:
+            sock.close()
+            raise
+        return FdChannel(sock)
+
+
+@contextlib.contextmanager
+def _agent_socket_path(pid: int, path: str) -> Iterator[str]:
+    """A ``/proc/self/fd/N`` path to exactly the socket inode at ``path`` in the container,
+    valid inside the ``with``. Raises OSError (see :func:`connect_agent_socket`)."""
     m = _AGENT_SOCKET.fullmatch(path)
     if m is None:
         raise OSError(errno.EINVAL, "unexpected agent socket path", path)
@@ -187,7 +212,7 @@ async def connect_agent_socket(pid: int, path: str) -> SocketTransport:
         fds.append(os.open("s", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
         if not statmod.S_ISSOCK(os.fstat(fds[-1]).st_mode):
             raise OSError(errno.ENOTSOCK, "the agent's socket is not a socket", path)
-        return await SocketTransport.connect(f"/proc/self/fd/{fds[-1]}")
+        yield f"/proc/self/fd/{fds[-1]}"
     finally:
         for fd in fds:
             os.close(fd)
@@ -701,6 +726,7 @@ class DockerBackend(SandboxBackend):
 
         try:
             if await conn.go_direct(open_socket, timeout=spec.agent_start_timeout):
+                await self._take_fd_channel(conn, pid, container.name, spec)
                 return conn
             # The container's root was reachable but the socket was not (a command may
             # have moved it): this container stays on the attach stream.
@@ -712,6 +738,19 @@ class DockerBackend(SandboxBackend):
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
             self._direct_failed.add(container.name)
             return await self._exec_agent(container, spec)
+
+    async def _take_fd_channel(self, conn: AgentConnection, pid: int, name: str, spec: SandboxSpec) -> None:
+        """Where the direct channel works, the agent can also hand tunnels' sockets over
+        whole (:mod:`sandbox.tunnel`): a port-forward at the speed of the sandbox's own
+        loopback. Best effort: on any failure tunnels are relayed over the channel."""
+
+        async def open_channel(path: str) -> FdChannel:
+            return await connect_fd_channel(pid, path)
+
+        try:
+            await take_fd_channel(conn, open_channel, timeout=spec.agent_start_timeout)
+        except (SandboxError, OSError, TimeoutError) as e:
+            log.info("sandbox.fd_channel_unavailable", container=name, error=repr(e))
 
     async def _verify_gvisor(self, conn: AgentConnection, container: Any) -> None:
         """Fail closed unless the agent really runs on gVisor's kernel."""

@@ -11,6 +11,7 @@
     │   └── SandboxLostError           the agent or container died / stopped answering mid-call
     ├── SandboxTimeoutError            the host-side deadline passed     (also TimeoutError)
     ├── ProtocolError                  the agent sent something malformed (untrusted input)
+    ├── TunnelClosedError              a tunnel to a sandbox port has ended (also ConnectionResetError)
     └── AgentError                     the agent refused a request; ``code`` says why
         ├── PathNotFoundError          (also FileNotFoundError)
         ├── PathEscapeError            the path leaves /workspace or crosses a refused link
@@ -67,6 +68,11 @@ class SandboxTimeoutError(SandboxError, TimeoutError):
 
 class ProtocolError(SandboxError):
     """The agent's answer was malformed or violated the protocol's limits."""
+
+
+class TunnelClosedError(SandboxError, ConnectionResetError):
+    """A write to a tunnel (:mod:`sandbox.tunnel`) that has ended: the server closed it,
+    it was reset, or the sandbox was lost."""
 
 
 class AgentError(SandboxError):

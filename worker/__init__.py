@@ -6,6 +6,8 @@ Public API::
 
     async with default_registry() as registry:
         result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
+        async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
+            ...  # ToolOutput chunks as the command prints, then the ToolResult
 
 ``worker`` imports ``sandbox``, never the other way.
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
     from .registry import ToolRegistry, default_registry
     from .result import ToolResult
+    from .streaming import ToolOutput
     from .tool import PolicyError, Tool, ToolContext, ToolError
     from .workspace import ChangeRecorder, NullRecorder, Workspace
 
@@ -36,6 +39,7 @@ _EXPORTS = {
     "Tool": ".tool",
     "ToolContext": ".tool",
     "ToolError": ".tool",
+    "ToolOutput": ".streaming",
     "ToolRegistry": ".registry",
     "ToolResult": ".result",
     "Workspace": ".workspace",
@@ -49,6 +53,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
+    "ToolOutput",
     "ToolRegistry",
     "ToolResult",
     "Workspace",

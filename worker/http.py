@@ -10,6 +10,8 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     GET    /v1/workspaces
     DELETE /v1/workspaces/{id}?delete_files=false    stops its sandbox
     POST   /v1/workspaces/{id}/execute    {"tool", "arguments", "call_id"?, "subtask_id"?}
+    POST   /v1/workspaces/{id}/execute/stream  the same, answered with SSE (:mod:`worker.http_stream`)
+    *      /v1/workspaces/{id}/ports/{port}/{path}  a server in the sandbox (:mod:`worker.http_ports`)
     POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
     *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
     + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
@@ -156,15 +158,24 @@ class SearchProblem(_Model):
 
 
 class BodyLimit:
-    """Refuse bodies larger than ``limit`` bytes with 413, by Content-Length or while streaming."""
+    """Refuse bodies larger than ``limit`` bytes with 413, by Content-Length or while
+    streaming; not on paths ``exempt`` accepts (the port proxy streams bodies through,
+    holding none)."""
 
-    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        on_reject: Callable[[], None] = lambda: None,
+        exempt: Callable[[str], bool] = lambda _path: False,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.exempt(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         for k, v in scope.get("headers", []):
@@ -508,11 +519,14 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
-    from . import http_calls, http_changes, http_sandbox
+    from . import http_calls, http_changes, http_ports, http_sandbox, http_stream
     from .dashboard import mount as mount_dashboard
 
-    for module in (http_calls, http_changes, http_sandbox):
+    for module in (http_calls, http_changes, http_sandbox, http_stream):
         module.add_routes(app, workspaces, auth, ws_errors)
+    http_ports.add_routes(
+        app, workspaces, settings.api_token, lambda reason: box_metrics.rejected.labels(reason=reason).inc()
+    )
     mount_dashboard(
         app,
         token_required=bool(settings.api_token),
@@ -524,6 +538,7 @@ def create_app(
         BodyLimit,
         limit=settings.max_body_bytes,
         on_reject=lambda: box_metrics.rejected.labels(reason="too_large").inc(),
+        exempt=http_ports.is_proxied,
     )
     return app
 

@@ -13,6 +13,12 @@ for MCP (the same pydantic models as the OpenAI schemas). A failed call (unknown
 invalid arguments, a refusal, a command that failed) is an MCP *tool error*
 (``isError: true`` with the message as text), never a protocol error, so the model sees
 it and can correct itself.
+
+When the client sends a progress token with a call (``_meta.progressToken``), a command's
+output is also sent as it happens: each chunk one ``notifications/progress`` whose
+``message`` is the text (stdout and stderr as they come; UTF-8 with U+FFFD for other
+bytes) and whose ``progress`` counts the output's bytes so far (no ``total``: nobody
+knows it). The result is the same as without.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ from sandbox import __version__
 from sandbox.logs import get_logger
 
 from .metrics import Metrics
-from .result import json_safe
+from .result import ToolResult, json_safe
 from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
+from .streaming import ToolOutput
 
 log = get_logger("worker.mcp")
 
@@ -66,9 +73,13 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         workspace = resolve_workspace(ctx)
+        arguments = dict(params.arguments or {})
         try:
-            async with runner.slot():
-                result = await runner.execute(params.name, dict(params.arguments or {}), workspace, known_tools=names)
+            if _progress_token(ctx) is not None:
+                result = await _streamed(ctx, runner, params.name, arguments, workspace, names)
+            else:
+                async with runner.slot():
+                    result = await runner.execute(params.name, arguments, workspace, known_tools=names)
         except Busy as e:
             return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
         return types.CallToolResult(
@@ -87,6 +98,41 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+def _progress_token(ctx: ServerRequestContext[Any, Any]) -> str | int | None:
+    """The progress token the client sent with this request, if any."""
+    meta: Any = ctx.meta
+    if not isinstance(meta, dict):
+        return None
+    token = meta.get("progressToken", meta.get("progress_token"))
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+async def _streamed(
+    ctx: ServerRequestContext[Any, Any],
+    runner: CallRunner,
+    name: str,
+    arguments: dict[str, Any],
+    workspace: Path | None,
+    names: frozenset[str],
+) -> ToolResult:
+    """The call, with its output sent as progress notifications. Raises Busy."""
+    sent = 0
+    result: ToolResult | None = None
+    async for item in runner.execute_stream(name, arguments, workspace, known_tools=names):
+        if isinstance(item, ToolOutput):
+            if not item.text:
+                continue
+            sent += len(item.data) + item.dropped or 1  # it must grow with every notification
+            try:
+                await ctx.session.report_progress(float(sent), None, item.text)
+            except Exception as e:  # the client went away: the call itself goes on
+                log.info("mcp.progress_failed", error=repr(e)[:200])
+        else:
+            result = item
+    assert result is not None
+    return result
 
 
 async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 64) -> None:

@@ -24,12 +24,12 @@ import json
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sandbox.base import SandboxBackend
+from sandbox.base import ExecControl, OutputCallback, SandboxBackend
 from sandbox.errors import (
     AgentError,
     ImageNotFoundError,
@@ -45,6 +45,7 @@ from sandbox.logs import get_logger
 from .background import Background, BackgroundIndex, BackgroundLimits
 from .changelog.errors import ChangelogStorageError
 from .result import ToolResult
+from .streaming import MAX_BUFFERED, ToolOutput, stream_call
 from .tool import SCHEMA_FORMATS, Tool, ToolContext, ToolError
 from .tools import BUILTIN_NAMES, builtin_tools
 from .workspace import ChangeRecorder, Workspace
@@ -439,14 +440,18 @@ class ToolRegistry:
         *,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ToolResult:
         """Run one tool call. Never raises (except on cancellation); see the module table.
+        ``on_output`` gets a command's output as it happens (``shell_execute``), and
+        ``control`` signals that command (a Ctrl-C passed on).
         A call without ``call_id`` gets a new one (``call_<16 hex>``), so that every call
         can be found, diffed and undone by its id."""
         if call_id is None:
             call_id = "call_" + secrets.token_hex(8)
         started = time.perf_counter()
-        result = await self._execute(name, arguments, workspace, call_id, subtask_id)
+        result = await self._execute(name, arguments, workspace, call_id, subtask_id, on_output, control)
         result = result.capped()
         duration_ms = (time.perf_counter() - started) * 1000.0
         kind = (result.data or {}).get("error_kind") if not result.success else None
@@ -475,6 +480,38 @@ class ToolRegistry:
             )
         return result
 
+    def execute_stream(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None,
+        workspace: Path | str | None = None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        max_buffered: int = MAX_BUFFERED,
+        control: ExecControl | None = None,
+    ) -> AsyncIterator[ToolOutput | ToolResult]:
+        """:meth:`execute` as an async iterator: a command's output as it happens
+        (:class:`~worker.streaming.ToolOutput` chunks; only ``shell_execute`` has any),
+        then the :class:`ToolResult`, last. Never raises for the call (see
+        :meth:`execute`). The call starts at once; a reader that stops early does not
+        stop it; see :mod:`worker.streaming` for what waits in memory (``max_buffered``).
+        ``control`` signals the command (see :meth:`execute`). Call it with an event
+        loop running."""
+
+        def run(on_output: OutputCallback) -> Awaitable[ToolResult]:
+            return self.execute(
+                name,
+                arguments,
+                workspace,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                on_output=on_output,
+                control=control,
+            )
+
+        return stream_call(run, max_buffered=max_buffered)
+
     async def _execute(
         self,
         name: str,
@@ -482,6 +519,8 @@ class ToolRegistry:
         workspace: Path | str | None,
         call_id: str | None,
         subtask_id: str | None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
@@ -508,7 +547,9 @@ class ToolRegistry:
                     ws = await self.workspace(workspace)
                 elif tool.needs_workspace:
                     raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
-                ctx = ToolContext(workspace=ws, call_id=call_id, subtask_id=subtask_id)
+                ctx = ToolContext(
+                    workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
+                )
                 return await tool.fn(args, ctx)
         except ToolError as e:
             return ToolResult.fail(e.message, data=e.data)

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandbox.base import OutputCallback
 from sandbox.logs import get_logger
 
 from .metrics import Metrics
 from .result import ToolResult, json_line
+from .streaming import ToolOutput, stream_call
 
 log = get_logger("worker.service")
 
@@ -73,6 +75,7 @@ class Registry(Protocol):
         *,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ToolResult: ...
 
 
@@ -174,14 +177,17 @@ class CallRunner:
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold one of the global slots. Raises Busy when none is free."""
-        if self._inflight >= self.max_concurrent:
-            self.metrics.rejected.labels(reason="busy").inc()
-            raise Busy(f"Too many concurrent calls (limit {self.max_concurrent}); retry later")
-        self._inflight += 1
+        self._take_slot()
         try:
             yield
         finally:
             self._inflight -= 1
+
+    def _take_slot(self) -> None:
+        if self._inflight >= self.max_concurrent:
+            self.metrics.rejected.labels(reason="busy").inc()
+            raise Busy(f"Too many concurrent calls (limit {self.max_concurrent}); retry later")
+        self._inflight += 1
 
     def lock(self, workspace: Path | None) -> asyncio.Lock:
         key = workspace or Path("/")
@@ -202,12 +208,15 @@ class CallRunner:
         call_id: str | None = None,
         subtask_id: str | None = None,
         known_tools: frozenset[str] | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ToolResult:
         """One call, serialized per workspace, counted and logged. Never raises for a tool
         failure (the registry turns those into results); the caller holds a :meth:`slot`."""
         async with self.lock(workspace):
             start = time.perf_counter()
-            result = await self.registry.execute(tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id)
+            result = await self.registry.execute(
+                tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output
+            )
             seconds = time.perf_counter() - start
         if workspace is not None:
             self.opened.add(workspace)
@@ -216,6 +225,38 @@ class CallRunner:
         # the service adds only the metrics.
         self.metrics.observe(label, result, seconds)
         return result
+
+    def execute_stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        workspace: Path | None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        known_tools: frozenset[str] | None = None,
+    ) -> AsyncIterator[ToolOutput | ToolResult]:
+        """:meth:`execute` with the output as it happens (see :mod:`worker.streaming`):
+        the call takes a slot now (raises Busy when none is free, before anything is
+        streamed) and holds it, and its place in the workspace's order, until it ends,
+        even if the reader goes away first."""
+        self._take_slot()
+
+        async def run(on_output: OutputCallback) -> ToolResult:
+            try:
+                return await self.execute(
+                    tool,
+                    arguments,
+                    workspace,
+                    call_id=call_id,
+                    subtask_id=subtask_id,
+                    known_tools=known_tools,
+                    on_output=on_output,
+                )
+            finally:
+                self._inflight -= 1
+
+        return stream_call(run)
 
 
 def result_dict(result: ToolResult) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ValidationError
 from .result import ToolResult
 
 if TYPE_CHECKING:
+    from sandbox.base import ExecControl, OutputCallback
+
     from .workspace import Workspace
 
 
@@ -52,6 +54,11 @@ class ToolContext:
     workspace: Workspace | None
     call_id: str | None = None
     subtask_id: str | None = None
+    #: Where a tool that runs a command hands its output as it happens (the caller asked
+    #: for a stream: ``ToolRegistry.execute_stream``); None: nobody listens.
+    on_output: OutputCallback | None = None
+    #: Lets the caller signal the command the tool runs (a Ctrl-C passed on).
+    control: ExecControl | None = None
 
     def require_workspace(self) -> Workspace:
         """The workspace. Raises ToolError ("No workspace") when there is none."""

@@ -17,7 +17,16 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from sandbox.base import ExecResult, ProcessInfo, Sandbox, ScanFirst, ScanResult, WriteResult
+from sandbox.base import (
+    ExecControl,
+    ExecResult,
+    OutputCallback,
+    ProcessInfo,
+    Sandbox,
+    ScanFirst,
+    ScanResult,
+    WriteResult,
+)
 from sandbox.errors import SandboxError
 
 from .background import Background, BackgroundLimits, Started, new_process_id
@@ -225,8 +234,12 @@ class Workspace:
         tool: str = "shell_execute",
         call_id: str | None = None,
         subtask_id: str | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> tuple[ExecResult, list[str]]:
         """Run ``command`` in the sandbox; returns its result and the paths it changed.
+        ``on_output`` gets its output as it happens, ``control`` signals it (see
+        ``Sandbox.exec``).
 
         Raises PathNotFoundError/PathEscapeError for ``cwd`` and infrastructure errors
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
@@ -247,7 +260,13 @@ class Workspace:
                 scan = getattr(token, "scan", None) if attempt < 2 else None
                 try:
                     result = await self.sandbox.exec(
-                        command, cwd=cwd, timeout=timeout, max_output=max_output, scan=scan
+                        command,
+                        cwd=cwd,
+                        timeout=timeout,
+                        max_output=max_output,
+                        scan=scan,
+                        on_output=on_output,
+                        control=control,
                     )
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first

@@ -8,11 +8,16 @@ runs on the mounted runtime's interpreter) and agent and worker always match.
 Wire format: newline-delimited JSON on stdin/stdout. The first line is a config object;
 then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
 ``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "code": "...",
-"error": "..."}``. Bytes travel base64-encoded. Requests are served concurrently (slow ops
-on threads); at most one ``exec`` runs at a time per agent, because the agent is the
-*child subreaper* of everything the command starts and kills that whole subtree when the
-command ends or times out (that is how ``setsid``, double forks and ``nohup &`` are
-caught: their orphans are re-parented to this process, never to PID 1).
+"error": "..."}``; a notification (an op of ``main.NOTIFY_OPS`` sent without an id) gets
+none. Events the host did not ask for one by one (a spawned process's output, a
+streamed command's output, a tunnel's bytes) are ``{"event": ..., ...}`` lines naming
+what they belong to (``proc``, ``req``, ``tunnel``). Bytes travel base64-encoded, but a
+tunnel's: raw, after a line announcing them (``"raw": N``, see ``channel``).
+Requests are served concurrently (slow ops on threads); at most one ``exec`` runs at a
+time per agent, because the agent is the *child subreaper* of everything the command
+starts and kills that whole subtree when the command ends or times out (that is how
+``setsid``, double forks and ``nohup &`` are caught: their orphans are re-parented to
+this process, never to PID 1).
 
 Paths are resolved here, component by component from an O_PATH descriptor of the
 workspace root, never following ``..`` or a symlink out of it; FIFOs, sockets and devices
@@ -44,6 +49,8 @@ The modules, each importing only those above it (no cycles)::
     supervisor the program that owns one background process (run apart from the agent)
     processes  background processes: start, output, input, kill, list (via supervisors)
     relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
+    handover   the fd channel: a tunnel's socket handed to the host itself (runc)
+    tunnel     TCP connections to the sandbox's loopback, relayed over the channel
     main       the hello, dispatch, worker threads, the serve loop, the end of the agent
 
 Values that ``main`` used to rebind as globals live in ``state`` and are read at call

@@ -1,7 +1,9 @@
 """The agent's channel to the host: how messages are framed and where they go.
 
 Every message is one JSON line carrying the connection's secret (``k``); bytes travel
-base64-encoded. Answers and events go to stdout (the container's attach stream) until
+base64-encoded, except a tunnel's: a message with ``"raw": N`` is followed by N bytes as
+they are (no base64, no JSON escaping, which cost more than the bytes' copy: ~3 ms per
+MiB on a small VM), both ways. Answers and events go to stdout (the container's attach stream) until
 the host takes the direct channel, a unix socket the agent offers once (see
 :func:`offer_direct`); from then on everything goes there. Requests come in on stdin or
 on that socket; ``main`` reads them.
@@ -48,6 +50,37 @@ def send(obj):
     with _out_lock:
         _out.write(line)
         _out.flush()
+
+
+#: The most raw bytes one message may carry, either way.
+MAX_RAW = 4 << 20
+
+
+def send_raw(obj, data):
+    """``obj`` with ``"raw": len(data)``, then ``data`` as it is (see the module doc)."""
+    obj["k"] = state.nonce
+    obj["raw"] = len(data)
+    line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
+    with _out_lock:
+        # One write: on the direct socket one sendall, so the two never split.
+        _out.write(line + data)
+        _out.flush()
+
+
+def read_raw(reader, req):
+    """The raw bytes a request announces (``"raw": N``), read from ``reader`` into
+    ``req["data"]``. Returns False at the end of the stream; raises ValueError for a
+    length out of bounds."""
+    n = req.get("raw")
+    if n is None:
+        return True
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RAW:
+        raise ValueError("raw must be 0-%d bytes" % MAX_RAW)
+    data = reader.read(n) if n else b""
+    if len(data) < n:
+        return False
+    req["data"] = data
+    return True
 
 
 def offer_direct(serve):

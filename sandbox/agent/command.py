@@ -4,7 +4,13 @@ The command runs with ``/bin/sh -c`` (or an argv) in its own session, stdin from
 /dev/null, the environment from ``environ``. Its output is captured per stream (head and
 tail); it is stopped on timeout (TERM, a grace period, then KILL of its whole tree), on
 too much output, and when it fills the workspace's disk; when it ends, whatever it left
-running is killed. The changelog's scans before and after it can travel with it."""
+running is killed. The changelog's scans before and after it can travel with it.
+
+With ``"stream": true`` the output is also sent as it is read, each chunk an event
+``{"event": "output", "req": <the request's id>, "stream": "stdout"|"stderr", "data":
+<base64>}``, all of them before the answer (the capture for the answer is the same). While
+it runs, the notification ``exec_signal {"req", "signal"}`` sends a signal to its process
+group (a Ctrl-C passed on by the host's CLI)."""
 
 import os
 import selectors
@@ -29,6 +35,12 @@ LINGER_AFTER_EXIT = 0.1
 SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 _exec_lock = threading.Lock()
+#: The command running now, for ``exec_signal``: (request id, Popen) or None; and
+#: signals that came for a request whose command had not started yet (it is on its way
+#: to a worker thread), delivered as it starts.
+_running = [None]  # type: list
+_early_signals = {}  # type: dict
+_signal_lock = threading.Lock()
 
 
 def op_exec(req):
@@ -104,6 +116,16 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             pass
         out_buf, err_buf = output.Capped(cap), output.Capped(cap)
         bufs = {proc.stdout.fileno(): out_buf, proc.stderr.fileno(): err_buf}
+        rid = req.get("id")
+        # fd -> the stream's name, when the host asked for the output as it comes
+        streamed = {}  # type: dict
+        if req.get("stream"):
+            streamed = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        with _signal_lock:
+            _running[0] = (rid, proc)
+            early = _early_signals.pop(rid, None) if rid is not None else None
+        if early is not None:
+            _killpg(proc.pid, early)
         sel = selectors.DefaultSelector()
         for f in (proc.stdout, proc.stderr):
             os.set_blocking(f.fileno(), False)
@@ -143,6 +165,8 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
                     open_fds.discard(key.fd)
                     continue
                 bufs[key.fd].add(chunk)
+                if streamed:
+                    _emit(rid, streamed[key.fd], chunk)
             if sum(b.total for b in bufs.values()) > hard_limit:
                 outcome = "output_limit"
                 break
@@ -167,11 +191,15 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
                     if not chunk:
                         break
                     bufs[fd].add(chunk)
+                    if streamed:
+                        _emit(rid, streamed[fd], chunk)
                     if bufs[fd].total > hard_limit * 2:
                         break
             except OSError:
                 pass
         sel.close()
+        with _signal_lock:
+            _running[0] = None
         code = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
@@ -209,3 +237,36 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             "stderr_bytes": err_buf.total,
             "disk_used": disk_watch.used if disk_watch is not None and outcome == "disk_limit" else None,
         }
+
+
+def _emit(rid, stream, chunk):
+    channel.send({"event": "output", "req": rid, "stream": stream, "data": channel.b64(chunk)})
+
+
+def op_exec_signal(req):
+    """A notification: send ``signal`` (SIGINT, SIGTERM or SIGKILL) to the process group
+    of the command that request ``req`` runs, if it still runs. Whatever it leaves behind
+    is killed when it ends, as always."""
+    sig = req.get("signal")
+    rid = req.get("req")
+    if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        raise Refused("invalid", "signal must be 2, 15 or 9")
+    with _signal_lock:
+        running = _running[0]
+        if running is None or running[0] != rid:
+            # Not started yet (or over): kept for the request, a few at most.
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                while len(_early_signals) >= 8:
+                    _early_signals.pop(next(iter(_early_signals)))
+                if _early_signals.get(rid) != signal.SIGKILL:
+                    _early_signals[rid] = sig
+            return {"sent": False}
+    return {"sent": _killpg(running[1].pid, sig)}
+
+
+def _killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        return False
+    return True

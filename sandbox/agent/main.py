@@ -21,6 +21,7 @@ from . import (
     channel,
     command,
     files,
+    handover,
     listing,
     processes,
     proctree,
@@ -31,6 +32,7 @@ from . import (
     state,
     tidy,
     tree,
+    tunnel,
     write,
 )
 from .errors import Refused, error_answer
@@ -105,6 +107,17 @@ SLOW_OPS = {
     "proc_kill": processes.op_proc_kill,
     "proc_list": processes.op_proc_list,
     "proc_release": processes.op_proc_release,
+    "tunnel_open": tunnel.op_tunnel_open,
+    "tunnel_fds": handover.op_tunnel_fds,
+}
+#: Notifications: requests without an id, never answered (a failure is dropped; what they
+#: act on reports through its own events). They are cheap and run on the reading thread,
+#: in order.
+NOTIFY_OPS = {
+    "tunnel_send": tunnel.op_tunnel_send,
+    "tunnel_ack": tunnel.op_tunnel_ack,
+    "tunnel_close": tunnel.op_tunnel_close,
+    "exec_signal": command.op_exec_signal,
 }
 
 
@@ -188,10 +201,18 @@ def _serve(reader):
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
+            if not channel.read_raw(reader, req):
+                return
         except ValueError as e:
             channel.send({"id": None, "ok": False, "code": "invalid", "error": "Malformed request: %s" % e})
             continue
-        if req.get("op") in SLOW_OPS:
+        op = req.get("op")
+        if op in NOTIFY_OPS and "id" not in req:
+            try:
+                NOTIFY_OPS[op](req)
+            except Exception:
+                pass
+        elif op in SLOW_OPS:
             _dispatch_slow(req)
         else:
             _handle(req)
@@ -203,6 +224,7 @@ def _host_gone():
     with _gone_lock:
         write.drop_staged()
         tidy.drain(5.0)
+        tunnel.close_all()
         spawn.kill_all()
         proctree.kill_tree(0)
 

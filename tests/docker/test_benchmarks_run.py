@@ -38,8 +38,20 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_tools.py", "--n", "5", "--search-n", "2", "--files", "40", "--changelog", "--journal"],
         ["bench/bench_egress.py", "--rounds", "1", "--pip-rounds", "1", "--mb", "8"],
         ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
+        ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
+        ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
     ],
-    ids=["tools", "tools-changelog-asyncio", "changelog", "cli", "tools-journal", "egress", "processes"],
+    ids=[
+        "tools",
+        "tools-changelog-asyncio",
+        "changelog",
+        "cli",
+        "tools-journal",
+        "egress",
+        "processes",
+        "stream",
+        "ports",
+    ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:
     env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}

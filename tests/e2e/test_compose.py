@@ -242,3 +242,57 @@ def test_egress_under_compose(stack: tuple[Api, Path, Any]) -> None:
     assert ("pypi.org", "allowed") in verdicts and ("deb.debian.org", "denied") in verdicts
     r = api.http.patch("/v1/workspaces/net", json={"egress": ["*.com"]})
     assert r.status_code == 422 and "*.com" in r.json()["detail"][0]["msg"]
+
+
+def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path, Any]) -> None:
+    """The worker in its container reaches a sandbox only through the engine's attach
+    stream: the execute stream and the port proxy go that way."""
+    import threading
+
+    api, root, _ = stack
+    assert api.http.post("/v1/workspaces", json={"name": "srv"}).status_code == 201
+    api.tool_calls("srv", ("w", "write_file", {"path": "index.html", "content": "served from the sandbox\n"}))
+    out = api.tool_calls(
+        "srv", ("bg", "shell_execute", {"command": "python3 -m http.server 8000 --bind 127.0.0.1", "background": True})
+    )
+    assert "background process" in out[0], out[0]
+    # A streamed call that outlives the checks below (until the host creates `stop`).
+    command = "echo started; while [ ! -e stop ]; do sleep 0.1; done; echo stopping"
+    body = {"tool": "shell_execute", "arguments": {"command": command, "timeout": 120}}
+    events: list[tuple[str, str]] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with api.http.stream("POST", "/v1/workspaces/srv/execute/stream", json=body) as r:
+            assert r.status_code == 200
+            event = ""
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    events.append((event, line[5:].strip()))
+                    if event == "output":
+                        started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        assert started.wait(120), events  # the line came while the command still runs
+        url = "/v1/workspaces/srv/ports/8000/index.html"
+        deadline = time.monotonic() + 60
+        while True:
+            r = api.http.get(url)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.text == "served from the sandbox\n", r.text
+        anon = httpx.get(api.http.base_url.join(url), timeout=30)
+        assert anon.status_code == 401 and anon.headers["www-authenticate"].startswith("Basic")
+        token = api.http.headers["Authorization"].split()[1]
+        basic = httpx.get(api.http.base_url.join(url), auth=("me", token), timeout=30)
+        assert basic.status_code == 200
+    finally:
+        (root / "srv" / "stop").touch()
+        t.join(120)
+    assert [e for e, _ in events] == ["output", "output", "result"], events
+    assert json.loads(events[-1][1])["success"] is True

@@ -35,12 +35,14 @@ COMMAND_MODULES = (
     "worker.cli.workspace",  # workspace set / show
     "worker.cli.egress",  # egress-log
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
+    "worker.cli.exec",  # exec (a command, its output as it comes)
+    "worker.cli.ports",  # port-forward
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about
 #: 20 ms to build every command's parser, most of what a call through the local worker
 #: costs. Their modules' ``register(subparsers, only=name)`` adds just that command.
-ALONE = {"call": "worker.cli.tools", "batch": "worker.cli.tools"}
+ALONE = {"call": "worker.cli.tools", "batch": "worker.cli.tools", "exec": "worker.cli.exec"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

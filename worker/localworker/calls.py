@@ -11,11 +11,15 @@ Every change a call makes is recorded in its workspace's changelog under
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sandbox.base import ExecControl
+
 from ..registry import ToolRegistry, default_registry
 from ..settings import Settings
+from ..streaming import ToolOutput
 
 #: Test-only: ``--backend local`` runs tools as host processes (NO isolation) and is
 #: refused unless the environment has ``LOOM_ALLOW_UNSAFE_LOCAL=1``.
@@ -78,8 +82,71 @@ class Calls:
             return 2, result.to_dict()
         return (0 if result.success else 1), result.to_dict()
 
+    async def exec(
+        self,
+        workspace: str,
+        command: str,
+        *,
+        timeout: Any,
+        cwd: str,
+        call_id: str | None,
+        on_output: Callable[[ToolOutput], Awaitable[None]],
+        control: ExecControl | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """``loom-worker exec``: ``command`` as ``shell_execute`` runs it (recorded in the
+        changelog like any call), its output handed to ``on_output`` as it comes; returns
+        the exit code (:func:`exec_exit_code`) and the result as a dict. Never raises but
+        on cancellation."""
+        result = None
+        arguments = {"command": command, "timeout": timeout, "cwd": cwd}
+        stream = self.registry.execute_stream("shell_execute", arguments, workspace, call_id=call_id, control=control)
+        async for item in stream:
+            if isinstance(item, ToolOutput):
+                await on_output(item)
+            else:
+                result = item
+        assert result is not None
+        done = result.to_dict()
+        return exec_exit_code(done), done
+
     async def aclose(self) -> None:
         try:
             await self.registry.aclose()
         finally:
             await self.changelogs.aclose()
+
+
+#: ``loom-worker exec``'s exit codes beyond the command's own, as ``timeout(1)`` and
+#: ``docker`` use them.
+EXIT_TIMEOUT = 124
+EXIT_INFRASTRUCTURE = 125
+EXIT_REFUSED = 126
+EXIT_KILLED = 137
+EXIT_USAGE = 2
+
+
+def exec_exit_code(result: dict[str, Any]) -> int:
+    """The exit code of ``loom-worker exec`` for ``shell_execute``'s result: the command's
+    own; 124 when it timed out; 128+N when a signal N ended it; 137 when it was killed for
+    a limit (memory, output, disk); 125 when loom-worker or its sandbox failed
+    (infrastructure); 126 when the command was refused by policy; 2 for a usage error
+    (bad arguments: a timeout out of range, a working directory that is not there)."""
+    data = result.get("data") or {}
+    outcome = data.get("outcome")
+    if result.get("success"):
+        return 0
+    if outcome == "exit":
+        code = data.get("exit_code")
+        return code if isinstance(code, int) and 0 <= code <= 255 else 1
+    if outcome == "timeout":
+        return EXIT_TIMEOUT
+    if outcome == "signal":
+        sig = data.get("signal")
+        return 128 + sig if isinstance(sig, int) and 0 < sig < 128 else EXIT_KILLED
+    if outcome in ("oom", "output_limit", "disk_limit"):
+        return EXIT_KILLED
+    if data.get("error_kind") in ("infrastructure", "internal"):
+        return EXIT_INFRASTRUCTURE
+    if str(result.get("error") or "").startswith("Safety violation"):
+        return EXIT_REFUSED
+    return EXIT_USAGE

@@ -83,6 +83,8 @@ class WorkerClient:
         self.key = key
         self._buf = b""
         self._next_id = 0
+        #: The id of the request sent last (``exec`` signals name it).
+        self.last_id = 0
 
     def close(self) -> None:
         try:
@@ -103,12 +105,18 @@ class WorkerClient:
                 return b"" if not line.endswith(b"\n") else line
             self._buf += chunk
 
-    def request(self, frame: dict[str, Any], on_log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def request(
+        self,
+        frame: dict[str, Any],
+        on_log: Callable[[str], None] | None = None,
+        on_frame: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Send ``frame`` and return the final frame of its answer; ``log`` frames before it
-        go to ``on_log``. Raises Unavailable when the request could not be sent at all
-        (the worker is gone already), Lost when the answer breaks off."""
+        go to ``on_log``, other frames of it (``output``) to ``on_frame``. Raises
+        Unavailable when the request could not be sent at all (the worker is gone
+        already), Lost when the answer breaks off."""
         self._next_id += 1
-        rid = self._next_id
+        rid = self.last_id = self._next_id
         data = wire.encode({**frame, "id": rid})
         if len(data) > wire.MAX_FRAME:
             raise Unavailable(f"the request is larger than a frame may be ({len(data)} > {wire.MAX_FRAME} bytes)")
@@ -134,6 +142,13 @@ class WorkerClient:
                 continue
             if kind in wire.FINAL and answer.get("id") in (rid, None):
                 return answer
+            if on_frame is not None and answer.get("id") == rid:
+                on_frame(answer)
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Send a frame about a request in progress (``signal``); no answer comes to it.
+        Safe from a signal handler. Raises OSError when the worker is gone."""
+        self.sock.sendall(wire.encode(frame))
 
     def call(
         self,

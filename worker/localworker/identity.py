@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 #: Bumped when the frames between client and worker change.
-PROTOCOL = 1
+PROTOCOL = 2
 
 #: Prefixes (upper-cased names) of the variables that go into the key.
 KEY_PREFIXES = ("LOOM_", "DOCKER_", "PYTHON")

@@ -24,6 +24,7 @@ ends with the call and a command's changes then go unrecorded).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import contextvars
 import os
@@ -35,8 +36,10 @@ import time
 from typing import Any
 
 from sandbox import __version__
+from sandbox.base import ExecControl
 from sandbox.logs import get_logger
 
+from ..logging import level_number
 from ..settings import Settings, describe_errors
 from . import daemon_logs, wire
 from .calls import Calls
@@ -174,7 +177,7 @@ class LocalWorker:
                     _send(writer, {"id": None, "t": "error", "message": f"not a frame: {e}"})
                     await writer.drain()
                     continue
-                await self._request(req, writer)
+                await self._request(req, writer, reader)
                 await writer.drain()
         except (ConnectionError, RuntimeError, ValueError, asyncio.LimitOverrunError) as e:
             # A broken pipe, or a frame over MAX_FRAME (the client checks that first).
@@ -186,7 +189,7 @@ class LocalWorker:
             if self.retiring is not None:
                 self.retire(self.retiring)
 
-    async def _request(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _request(self, req: dict[str, Any], writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
         rid = req.get("id")
         op = req.get("op")
         if op == "status":
@@ -196,6 +199,8 @@ class LocalWorker:
             self.retire("asked to stop")
         elif op == "call":
             await self._call(req, writer)
+        elif op == "exec":
+            await self._exec(req, writer, reader)
         else:
             _send(writer, {"id": rid, "t": "error", "message": f"unknown op {op!r}"})
 
@@ -219,16 +224,21 @@ class LocalWorker:
             return "a file its tools were loaded from changed (custom tools, MCP servers, the MCP tool index)"
         return None
 
-    async def _call(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    def _begin(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> contextvars.Context | None:
+        """A call's context (its log events go to the client), or None when it must go to
+        a fresh worker (``retry`` was answered)."""
         rid = req.get("id")
         why = "it was started for other settings or code" if req.get("key") != self.key else self._stale()
         if why is not None:
             self.retire(why)  # first: the socket is gone before the client reads "retry"
             _send(writer, {"id": rid, "t": "retry", "reason": why})
-            return
+            return None
         render = client_renderer(self.settings.log_format, bool(req.get("tty")))
+        floor = _level(req.get("log_floor"), 0)  # exec: only warnings, unless LOOM_LOG_LEVEL is set
 
         def sink(event_dict: Any) -> None:
+            if floor and _level(event_dict.get("level"), floor) < floor:
+                return
             if writer.is_closing():  # the client went away: the worker's own log keeps it
                 daemon_logs.to_own_log(event_dict)
             else:
@@ -238,6 +248,13 @@ class LocalWorker:
             sink(dict(event))
         ctx = contextvars.copy_context()
         ctx.run(SINK.set, sink)
+        return ctx
+
+    async def _call(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        rid = req.get("id")
+        ctx = self._begin(req, writer)
+        if ctx is None:
+            return
         call_id = req.get("call_id")
         # A client that goes away mid-call (Ctrl-C, a CI job's timeout) does not cancel
         # it: cancelling would not stop a command in the sandbox (it runs to its own
@@ -262,6 +279,67 @@ class LocalWorker:
         _send(writer, {"id": rid, "t": "result", "exit": code, "result": result})
         if self.inputs:  # what the call itself wrote (the catalog's index) is no change from outside
             self.baseline = fingerprint(self.inputs)
+
+    async def _exec(self, req: dict[str, Any], writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
+        """``loom-worker exec``: a command's output as ``output`` frames while it runs, then
+        its ``result``. Meanwhile the client may send ``signal`` frames for it (Ctrl-C).
+        A client that goes away does not stop it, as for ``call``."""
+        rid = req.get("id")
+        ctx = self._begin(req, writer)
+        if ctx is None:
+            return
+        control = ExecControl()
+
+        async def on_output(chunk: Any) -> None:
+            if writer.is_closing():
+                return
+            frame = {"id": rid, "t": "output", "stream": chunk.stream, "data": base64.b64encode(chunk.data).decode()}
+            if chunk.dropped:
+                frame["dropped"] = chunk.dropped
+            _send(writer, frame)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await writer.drain()  # a client that reads slowly holds the stream, not the command
+
+        async def signals() -> None:
+            while line := await reader.readline():
+                with contextlib.suppress(ValueError, TypeError):
+                    frame = wire.decode(line)
+                    if frame.get("op") == "signal" and frame.get("id") == rid:
+                        await control.signal(int(frame.get("signal", 2)))
+
+        call_id = req.get("call_id")
+        task = asyncio.create_task(
+            self.calls.exec(
+                str(req.get("workspace")),
+                str(req.get("command")),
+                timeout=req.get("timeout"),
+                cwd=str(req.get("cwd", ".")),
+                call_id=None if call_id is None else str(call_id),
+                on_output=on_output,
+                control=control,
+            ),
+            context=ctx,
+        )
+        listener = asyncio.create_task(signals())
+        try:
+            code, result = await task
+        except Exception as e:  # a bug: the client reports it as an infrastructure failure
+            log.exception("local_worker.exec_failed")
+            _send(writer, {"id": rid, "t": "error", "message": f"{type(e).__name__}: {e}"})
+            return
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+        self.served += 1
+        _send(writer, {"id": rid, "t": "result", "exit": code, "result": result})
+
+
+def _level(name: Any, default: int) -> int:
+    try:
+        return level_number(name) if isinstance(name, str) else default
+    except ValueError:
+        return default
 
 
 def _say(line: str) -> None:

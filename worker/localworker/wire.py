@@ -7,11 +7,15 @@ same path; today's frames::
     client -> worker
       {"op": "call", "id": 1, "key": K, "tool": "read_file", "arguments": {...},
        "workspace": "/abs/real/path", "call_id": null, "tty": false, "check_unknown": true}
+      {"op": "exec", "id": 4, "key": K, "workspace": "/abs", "command": "make test",
+       "timeout": 300, "cwd": ".", "call_id": null, "tty": false, "log_floor": "warning"}
+      {"op": "signal", "id": 4, "signal": 2}     while exec 4 runs: pass a Ctrl-C on
       {"op": "status", "id": 2}              {"op": "shutdown", "id": 3}
 
     worker -> client
       {"t": "hello", "pid": 4242, "key": K}   on accepting a connection, before any request
       {"id": 1, "t": "log", "text": "..."}            a log line for the client's stderr
+      {"id": 4, "t": "output", "stream": "stdout", "data": BASE64, "dropped": 0}   exec's output
       {"id": 1, "t": "result", "exit": 0, "result": {...}}                   (final)
       {"id": 1, "t": "retry", "reason": "..."}   not run: ask a fresh worker  (final)
       {"id": 1, "t": "error", "message": "..."}  a request it cannot read     (final)

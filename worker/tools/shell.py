@@ -115,6 +115,8 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         max_output=MAX_STREAM_BYTES,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
+        on_output=ctx.on_output,
+        control=ctx.control,
     )
     stdout = res.stdout.decode("utf-8", "replace")
     stderr = res.stderr.decode("utf-8", "replace")

@@ -1,0 +1,119 @@
+"""The fd channel: where the host can reach the agent's direct channel (runc), the agent
+hands a tunnel's connected socket itself to the host (``SCM_RIGHTS``), which then reads
+and writes it at the speed of the sandbox's own loopback, with nothing relayed (the
+host's side: ``sandbox.handover``).
+
+``tunnel_fds`` offers it once, as ``channel.offer_direct`` offers the direct channel: a
+``SOCK_SEQPACKET`` unix socket in a fresh private directory of /tmp, taken only by a peer
+outside the container's pid namespace (the kernel reports its pid as 0), whose first
+message carries the connection's secret, and removed as soon as the host has it (or
+after ``channel.DIRECT_ACCEPT_TIMEOUT``). Then each socket travels as one message
+``b"<tunnel id>\\n"`` with the descriptor.
+"""
+
+import array
+import json
+import os
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+from . import channel, state
+from .errors import Refused
+
+#: None -> "listening" -> "open" (with "sock"), or "refused"; "lock" keeps concurrent
+#: hand-overs' messages whole.
+_fds = {"state": None, "sock": None, "lock": threading.Lock()}  # type: dict
+
+
+def hand_over(tid, sock):
+    """Hand ``sock`` to the host over the fd channel. True when it went (our copy is then
+    closed); False leaves it to be relayed."""
+    with _fds["lock"]:
+        chan = _fds["sock"]
+        if chan is None:
+            return False
+        try:
+            fds = array.array("i", [sock.fileno()])
+            chan.sendmsg([b"%d\n" % tid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            return False
+    sock.close()
+    return True
+
+
+def op_tunnel_fds(req):
+    """Offer the host the fd channel (see the module doc). Returns the socket's path;
+    once the answer is sent, a thread waits for the host. Raises Refused when it was
+    offered before, OSError when the agent cannot listen."""
+    if _fds["state"] is not None:
+        raise Refused("invalid", "the fd channel was already offered")
+    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
+    path = os.path.join(d, "s")
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        lst.bind(path)
+        lst.listen(1)
+    except OSError:
+        lst.close()
+        _rm(d, path)
+        raise
+    _fds["state"] = "listening"
+
+    def after():
+        threading.Thread(target=_accept_fds, args=(lst, d, path), daemon=True).start()
+
+    return {"path": path, "_after_send": after}
+
+
+def _rm(d, path):
+    for fn, arg in ((os.unlink, path), (os.rmdir, d)):
+        try:
+            fn(arg)
+        except OSError:
+            pass
+
+
+def _accept_fds(lst, d, path):
+    deadline = time.monotonic() + channel.DIRECT_ACCEPT_TIMEOUT
+    conn = None
+    try:
+        while conn is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            lst.settimeout(left)
+            try:
+                c, _ = lst.accept()
+            except OSError:
+                return
+            cred = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", cred)[0] != 0:  # a process of this container, not the host
+                c.close()
+                continue
+            conn = c
+    finally:
+        lst.close()
+        _rm(d, path)
+        if conn is None:
+            _fds["state"] = "refused"
+    conn.settimeout(None)
+    try:
+        conn.send(json.dumps({"fds": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8"))
+    except OSError:
+        conn.close()
+        _fds["state"] = "refused"
+        return
+    with _fds["lock"]:
+        _fds["sock"] = conn
+        _fds["state"] = "open"
+
+
+def close():
+    """The host is gone: the fd channel with it."""
+    with _fds["lock"]:
+        chan, _fds["sock"] = _fds["sock"], None
+    if chan is not None:
+        chan.close()

@@ -1,0 +1,338 @@
+"""The service's port proxy: ``/v1/workspaces/{id}/ports/{port}/{path}``, any method, to a
+server listening on ``port`` of the workspace sandbox's own loopback (the sandbox still has
+no network interface: each request goes through a tunnel over the agent's channel, see
+:mod:`sandbox.tunnel`), so a person can open what the agent built in a browser.
+
+What it does to a request, and nothing more: hop-by-hop headers (RFC 9110 7.6.1, and any
+header the ``Connection`` header names) are dropped both ways, the service's own
+credentials are never passed on (``Authorization`` carried the service's token), one
+header is added (``X-Forwarded-Prefix: /v1/workspaces/{id}/ports/{port}``, for frameworks
+that can serve under a prefix), and the request is sent with ``Connection: close`` (one
+tunnel per request). Paths, ``Host``, cookies, ``Location`` and bodies pass unchanged, so
+an app's links must be relative to work under the prefix (``href="static/app.js"``, not
+``"/static/app.js"``). Request and response bodies stream both ways, held to the
+tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to them).
+WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
+port-forward``.
+
+Only a service with a token (``LOOM_API_TOKEN``) proxies. The app is served from the
+service's own origin, so its scripts are same-origin with the API: without a token they
+could call every route in the user's browser (change its own workspace's settings, run
+commands in other workspaces). With one, they cannot: the API takes the token only as a
+bearer header, which a page cannot get from the browser. Browsers send the token here with
+HTTP Basic authentication (any user name, the token as the password; the browser asks for
+it once and sends it again for this prefix), scripts with ``Authorization: Bearer``.
+
+Answers of the proxy itself (not of the app) are JSON ``{"detail": ...}``: 401 no or a
+wrong token, 403 no token configured, 404 no such workspace, 422 a port out of range, 502
+nothing listens on the port or the server's answer was not HTTP, 503 the sandbox is
+unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import h11
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from sandbox.errors import AgentError, SandboxError
+from sandbox.logs import get_logger
+
+from .service import InvalidWorkspaceId, WorkspaceNotFound, Workspaces
+
+log = get_logger("worker.http_ports")
+
+PREFIX = "/v1/workspaces/{workspace_id}/ports/{port:int}"
+REALM = "loom-worker sandbox ports"
+#: Dropped both ways (RFC 9110 7.6.1), with whatever ``Connection`` names. ``expect`` too:
+#: the service answers ``100-continue`` itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"proxy-connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"expect",
+    }
+)
+#: Largest response head accepted from the app.
+MAX_HEAD = 64 << 10
+
+
+_PROXIED = re.compile(r"^/v1/workspaces/[^/]+/ports/[0-9]+/")
+
+
+def is_proxied(path: str) -> bool:
+    """Whether ``path`` is one the proxy carries to an app (its bodies are streamed
+    through under flow control, so the API's body limit does not apply to them)."""
+    return _PROXIED.match(path) is not None
+
+
+def add_routes(app: Any, workspaces: Workspaces, token: str | None, on_reject: Callable[[str], None]) -> None:
+    """Mount the proxy on ``app`` (whose state holds ``registry``)."""
+    endpoint = PortProxy(app, workspaces, token, on_reject)
+    app.router.routes.append(Route(PREFIX, endpoint=_Bare(endpoint), methods=None))
+    app.router.routes.append(Route(PREFIX + "/{path:path}", endpoint=endpoint, methods=None))
+
+
+def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+class PortProxy:
+    """The ASGI endpoint of the proxy routes."""
+
+    def __init__(self, app: Any, workspaces: Workspaces, token: str | None, on_reject: Callable[[str], None]) -> None:
+        self.app = app
+        self.workspaces = workspaces
+        self.token = token
+        self.on_reject = on_reject
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        header = b""
+        for k, v in scope.get("headers", []):
+            if k == b"authorization":
+                header = v
+                break
+        scheme, _, value = header.decode("latin-1").partition(" ")
+        value = value.strip()
+        if scheme.lower() == "basic":
+            try:
+                value = base64.b64decode(value, validate=True).decode("utf-8").partition(":")[2]
+            except (binascii.Error, ValueError):
+                return False
+        elif scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.encode(), self.token.encode())
+
+    async def _refusal(self, scope: Scope) -> JSONResponse | None:
+        """The answer when this request may not be proxied, else None."""
+        if not self.token:
+            return _problem(
+                403,
+                "The port proxy needs a service with an API token (LOOM_API_TOKEN): a page it serves shares the "
+                "service's origin and, without a token, could call the whole API from the browser. Set a token, "
+                "or use `loom-worker port-forward --workspace DIR PORT`, which gives the app its own origin.",
+            )
+        if not self._authorized(scope):
+            self.on_reject("auth")
+            return JSONResponse(
+                {"detail": "Missing or wrong token (a bearer token, or the token as the Basic password)"},
+                status_code=401,
+                headers={"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
+            )
+        return None
+
+    async def bare(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``.../ports/{port}`` without the slash: to ``.../ports/{port}/``, so relative
+        links resolve under the prefix."""
+        refused = await self._refusal(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        query = scope.get("query_string", b"")
+        target = quote(scope["path"]) + "/" + ("?" + query.decode("latin-1") if query else "")
+        await send({"type": "http.response.start", "status": 308, "headers": [(b"location", target.encode())]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = await self._refusal(scope)
+        if refused is None:
+            refused = await self._proxy(scope, receive, send)
+        if refused is not None:
+            await refused(scope, receive, send)
+
+    # -- the proxying ----------------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> JSONResponse | None:
+        params = scope.get("path_params", {})
+        ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
+        try:
+            path = self.workspaces.path(ws_id)
+        except (InvalidWorkspaceId, WorkspaceNotFound) as e:
+            return _problem(404, str(e))
+        if not 1 <= port <= 65535:
+            return _problem(422, f"port {port} is out of range (1-65535)")
+        try:
+            ws = await self.app.state.registry.workspace(path)
+            # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
+            self.app.state.runner.opened.add(path)
+            tunnel = await ws.sandbox.open_tunnel(port)
+        except AgentError as e:
+            if e.code == "connection_refused":
+                return _problem(502, f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}")
+            return _problem(502, f"Cannot reach port {port} in the sandbox: {e}")
+        except SandboxError as e:
+            return _problem(503, f"The workspace's sandbox is unavailable: {e}")
+        try:
+            return await _Exchange(tunnel, scope, receive, send, ws_id, port).run()
+        finally:
+            await tunnel.close()
+
+
+class _Bare:
+    """The ASGI endpoint of the route without the slash (Starlette takes a bound method
+    for a request-response function, not for an ASGI app)."""
+
+    def __init__(self, proxy: PortProxy) -> None:
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.proxy.bare(scope, receive, send)
+
+
+def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """What goes to the app, and whether the body is chunked (no length known)."""
+    raw = scope.get("headers", [])
+    named = {b"connection"}
+    for k, v in raw:
+        if k == b"connection":
+            named |= {t.strip().lower() for t in v.split(b",")}
+    headers = []
+    chunked = False
+    for k, v in raw:
+        if k == b"transfer-encoding":
+            chunked = True
+        if k in HOP_BY_HOP or k in named or k == b"authorization":
+            continue
+        headers.append((k, v))
+    if chunked and any(k == b"content-length" for k, _ in headers):
+        headers = [(k, v) for k, v in headers if k != b"content-length"]
+    if chunked:
+        headers.append((b"transfer-encoding", b"chunked"))
+    headers.append((b"x-forwarded-prefix", prefix.encode()))
+    headers.append((b"connection", b"close"))
+    return headers, chunked
+
+
+def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    named = {b"connection"}
+    for k, v in headers:
+        if k == b"connection":
+            named |= {t.strip().lower() for t in v.split(b",")}
+    return [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named]
+
+
+class _Exchange:
+    """One request through one tunnel: the request out as it comes in, the answer back as
+    it comes out."""
+
+    def __init__(self, tunnel: Any, scope: Scope, receive: Receive, send: Send, ws_id: str, port: int) -> None:
+        self.tunnel = tunnel
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.prefix = f"/v1/workspaces/{ws_id}/ports/{port}"
+        self.port = port
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        self.disconnected = asyncio.Event()
+
+    def _target(self) -> bytes:
+        raw = self.scope.get("raw_path") or self.scope["path"].encode()
+        prefix = self.prefix.encode()
+        rest = raw[len(prefix) :] if raw.startswith(prefix) else quote(self.scope["path"][len(self.prefix) :]).encode()
+        query = self.scope.get("query_string", b"")
+        return (rest or b"/") + (b"?" + query if query else b"")
+
+    async def _out(self, event: Any) -> None:
+        data = self.h11.send(event)
+        if data:
+            await self.tunnel.write(data)
+
+    async def run(self) -> JSONResponse | None:
+        headers, _chunked = _request_headers(self.scope, self.prefix)
+        method = self.scope["method"].encode()
+        try:
+            await self._out(h11.Request(method=method, target=self._target(), headers=headers))
+        except h11.LocalProtocolError as e:
+            return _problem(400, f"The request cannot be passed on: {e}")
+        sender = asyncio.ensure_future(self._send_body())
+        try:
+            return await self._answer(sender)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+
+    async def _send_body(self) -> None:
+        """The request's body to the app, then watch for the client going away."""
+        while True:
+            msg: Message = await self.receive()
+            if msg["type"] == "http.disconnect":
+                self.disconnected.set()
+                await self.tunnel.close()
+                return
+            body = msg.get("body", b"")
+            if body:
+                await self._out(h11.Data(data=body))
+            if not msg.get("more_body", False):
+                break
+        await self._out(h11.EndOfMessage())
+        msg = await self.receive()
+        while msg["type"] != "http.disconnect":
+            msg = await self.receive()
+        self.disconnected.set()
+        await self.tunnel.close()
+
+    async def _next_event(self) -> Any:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await self.tunnel.read()
+            self.h11.receive_data(data)
+
+    async def _answer(self, sender: asyncio.Future[None]) -> JSONResponse | None:
+        try:
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Response):
+                    break
+                if isinstance(event, h11.ConnectionClosed):
+                    raise h11.RemoteProtocolError("the connection closed before an answer")
+                # h11.InformationalResponse (100 Continue, 103 Early Hints): not passed on.
+        except h11.RemoteProtocolError as e:
+            if self.disconnected.is_set():
+                return None
+            why = self.tunnel.error or str(e)
+            return _problem(502, f"The server on port {self.port} in the sandbox sent no valid HTTP answer: {why}")
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": event.status_code,
+                "headers": _response_headers(list(event.headers)),
+            }
+        )
+        try:
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Data):
+                    await self.send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    break
+        except h11.RemoteProtocolError as e:
+            # The answer has begun: it can only be cut short. Without its last message the
+            # server closes the connection, so the client sees a broken body, not a whole one.
+            log.info("ports.answer_broken", port=self.port, error=str(self.tunnel.error or e)[:200])
+            return None
+        await self.send({"type": "http.response.body", "body": b""})
+        return None

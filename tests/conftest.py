@@ -37,6 +37,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     stop_workers(_RUN_DIR)
     shutil.rmtree(_RUN_DIR, ignore_errors=True)
 
+
 SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
 #: The small Debian image (python3, git, ripgrep): one of the contract suite's images.
 MINIMAL_IMAGE = os.environ.get("LOOM_TEST_MINIMAL_IMAGE", "loom-sandbox:minimal")

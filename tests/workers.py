@@ -118,9 +118,7 @@ def cli(
     env: dict[str, str], *argv: str, stdin: bytes | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``loom-worker ARGV`` and return what it did (stdout and stderr as bytes)."""
-    return subprocess.run(
-        [LOOM, *argv], env=env, input=stdin, capture_output=True, timeout=timeout, cwd=str(ROOT)
-    )
+    return subprocess.run([LOOM, *argv], env=env, input=stdin, capture_output=True, timeout=timeout, cwd=str(ROOT))
 
 
 def this_key(env: dict[str, str], backend: str = "docker") -> str:

@@ -36,7 +36,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, st
 
 def big_content() -> str:
     """About 10 MB of text that JSON must escape (quotes, backslashes, tabs, non-ASCII)."""
-    line = "0123456789abcdef ünïcödé \"quoted\" \\ tab\t\n"
+    line = '0123456789abcdef ünïcödé "quoted" \\ tab\t\n'
     return line * (BIG // len(line.encode()))
 
 

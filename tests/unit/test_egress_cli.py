@@ -28,9 +28,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_the_allowlist_is_set_shown_and_bad_entries_exit_2(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_the_allowlist_is_set_shown_and_bad_entries_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     code, _out, err = run(capsys, "workspace", "set", "-w", str(ws), "--egress", "pypi,*.com")

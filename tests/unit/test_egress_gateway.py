@@ -89,9 +89,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     policy: list[str] = []
     log = EgressLog(tmp_path / "data")
     upstream = Upstream(HostAddresses(), trusted=parse_networks("127.0.0.1/32"), resolver=fake_resolver)
-    gw = EgressGateway(
-        tmp_path / "egress", log, lambda r: EgressPolicy.parse(policy), upstream, Limits(8, 64 << 20)
-    )
+    gw = EgressGateway(tmp_path / "egress", log, lambda r: EgressPolicy.parse(policy), upstream, Limits(8, 64 << 20))
     await gw.serve(root)
     try:
         yield Env(gw, root, policy, http_port, tls_port, ca, log)
@@ -298,8 +296,6 @@ async def test_one_process_serves_a_socket_others_take_over(env: Env, tmp_path: 
     status, *_ = await connect(env, "allowed.test:443")
     assert status == 403  # the new server's policy (none)
     await other.aclose()
-
-
 
 
 async def test_a_request_arriving_after_the_header_line_is_served(env: Env) -> None:

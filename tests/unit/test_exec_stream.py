@@ -88,9 +88,7 @@ async def test_ctrl_c_reaches_the_command(local_backend: Any, workspace: Path) -
         await control.signal(11)
 
 
-async def test_a_signal_before_the_command_starts_reaches_it(
-    local_backend: Any, workspace: Path
-) -> None:
+async def test_a_signal_before_the_command_starts_reaches_it(local_backend: Any, workspace: Path) -> None:
     box = await local_backend.get(workspace)
     control = ExecControl()
     await control.signal(15)  # e.g. a Ctrl-C while the command waited for the workspace

@@ -127,7 +127,7 @@ def test_check_private_dir_names_the_owner(tmp_path: Path) -> None:
 
 
 def test_frames_round_trip_text_json_cannot_encode() -> None:
-    frame = {"id": 1, "t": "result", "result": {"output": "bad\udcffname ü \n\"x\"", "n": 1.5}}
+    frame = {"id": 1, "t": "result", "result": {"output": 'bad\udcffname ü \n"x"', "n": 1.5}}
     line = wire.encode(frame)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert wire.decode(line) == frame

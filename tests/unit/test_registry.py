@@ -62,17 +62,14 @@ def test_builtin_tools_registered_in_stable_order() -> None:
     reg = ToolRegistry()
     assert reg.names() == list(TOOL_NAMES) == [*BUILTIN_NAMES, *PROCESS_NAMES]
     assert list(PROCESS_NAMES) == ["process_output", "process_input", "process_kill", "process_list"]
-    assert (
-        list(BUILTIN_NAMES)
-        == [
-            "read_file",
-            "write_file",
-            "edit_file",
-            "shell_execute",
-            "search_files",
-            "list_directory",
-        ]
-    )
+    assert list(BUILTIN_NAMES) == [
+        "read_file",
+        "write_file",
+        "edit_file",
+        "shell_execute",
+        "search_files",
+        "list_directory",
+    ]
 
 
 def test_duplicate_registration_raises() -> None:

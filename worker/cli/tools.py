@@ -301,7 +301,6 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
     return ns
 
 
-
 def _cmd_call(args: argparse.Namespace, _settings: Settings | None) -> int:
     arguments = read_arguments(args.args)
     if isinstance(arguments, str):

@@ -41,8 +41,10 @@ log = get_logger("worker.egress")
 SOCKET = "s"
 RESOLV_CONF = "resolv.conf"
 #: The sandbox's resolver is the agent's stub on its loopback (answered by the gateway).
-RESOLV_TEXT = "# loom-worker: names are answered by the egress gateway, for allowed hosts only\n" \
+RESOLV_TEXT = (
+    "# loom-worker: names are answered by the egress gateway, for allowed hosts only\n"
     "nameserver 127.0.0.1\noptions timeout:2 attempts:1\n"
+)
 RECHECK = 1.0
 
 

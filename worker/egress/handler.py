@@ -241,8 +241,16 @@ class Connection:
             upstream, addr = await self._dial(host, port)
         except _Denied as d:
             await self._refuse_http(conn, host, port, d)
-            return self._log("connect", host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule,
-                             address=d.address)
+            return self._log(
+                "connect",
+                host,
+                port,
+                started,
+                verdict=d.verdict,
+                reason=d.reason,
+                rule=d.rule or rule,
+                address=d.address,
+            )
         self.served.active += 1
         try:
             # Written by hand: h11 would add "Connection: close" when the client sent it
@@ -256,12 +264,21 @@ class Connection:
                     if self.buf[:1] == bytes([tls.HANDSHAKE]):
                         await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
                 upstream.close()
-                return self._log("connect", host, port, started, verdict="denied", reason=d.reason, rule=rule,
-                                 address=str(addr))
+                return self._log(
+                    "connect", host, port, started, verdict="denied", reason=d.reason, rule=rule, address=str(addr)
+                )
             except (OSError, EOFError) as e:
                 upstream.close()
-                return self._log("connect", host, port, started, verdict="error", reason=f"the client failed: {e}",
-                                 rule=rule, address=str(addr))
+                return self._log(
+                    "connect",
+                    host,
+                    port,
+                    started,
+                    verdict="error",
+                    reason=f"the client failed: {e}",
+                    rule=rule,
+                    address=str(addr),
+                )
             await self._tunnel(upstream, first, host, port, started, "connect", rule, addr)
         finally:
             self.served.active -= 1
@@ -348,8 +365,18 @@ class Connection:
                 if pump.limited
                 else "allowed"
             )
-            self._log(kind, host, port, started, verdict=verdict, reason=reason, rule=rule, address=str(addr),
-                      bytes_up=pump.up, bytes_down=pump.down)
+            self._log(
+                kind,
+                host,
+                port,
+                started,
+                verdict=verdict,
+                reason=reason,
+                rule=rule,
+                address=str(addr),
+                bytes_up=pump.up,
+                bytes_down=pump.down,
+            )
 
     async def _forward_http(
         self, conn: h11.Connection, req: h11.Request, host: str, port: int, path: bytes, started: float, kind: str
@@ -361,8 +388,9 @@ class Connection:
             upstream, addr = await self._dial(host, port)
         except _Denied as d:
             await self._refuse_http(conn, host, port, d)
-            return self._log(kind, host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule,
-                             address=d.address)
+            return self._log(
+                kind, host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule, address=d.address
+            )
         self.served.active += 1
         counts = [0, 0]  # up, down
         verdict, reason = "allowed", "allowed"
@@ -386,8 +414,18 @@ class Connection:
         finally:
             upstream.close()
             self.served.active -= 1
-        self._log(kind, host, port, started, verdict=verdict, reason=reason, rule=rule, address=str(addr),
-                  bytes_up=counts[0], bytes_down=counts[1])
+        self._log(
+            kind,
+            host,
+            port,
+            started,
+            verdict=verdict,
+            reason=reason,
+            rule=rule,
+            address=str(addr),
+            bytes_up=counts[0],
+            bytes_down=counts[1],
+        )
 
     async def _send_request(
         self,
@@ -469,8 +507,16 @@ class Connection:
         except _Denied as d:
             with contextlib.suppress(OSError):
                 await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
-            return self._log("transparent", name, port, started, verdict=d.verdict, reason=d.reason,
-                             rule=d.rule or rule, address=d.address)
+            return self._log(
+                "transparent",
+                name,
+                port,
+                started,
+                verdict=d.verdict,
+                reason=d.reason,
+                rule=d.rule or rule,
+                address=d.address,
+            )
         self.served.active += 1
         try:
             first = bytes(self.buf)

@@ -182,9 +182,7 @@ async def process_kill(args: KillArgs, ctx: ToolContext) -> ToolResult:
     changed = await _settle(ctx, info)
     data = {"process_id": info.id, "running": info.running, "exit_code": info.exit_code, "outcome": info.outcome}
     if info.running:
-        return ToolResult(
-            False, f"{status_line(info)}: it is still running", data, changed, "the process did not end"
-        )
+        return ToolResult(False, f"{status_line(info)}: it is still running", data, changed, "the process did not end")
     return ToolResult.ok(f"{status_line(info)}; everything it started is gone.", data, changed)
 
 

@@ -5,9 +5,8 @@ Scenarios (the issue's list): sign in (a wrong token refused), see a workspace, 
 made through the API (and by another process, the CLI) appearing without a reload, a
 diff, undo of one call with its preview and confirmation and the file restored on disk,
 a conflict shown (and forced), file names holding a newline and markup shown harmlessly,
-a long-running command's output arriving live (needs the processes issue's stream
-route: skipped, with the reason, only while that route answers 404), the phone width,
-the keyboard. Every screen is saved under ``tests/e2e/screenshots/`` (git-ignored; CI
+a long-running command's output arriving live, a background process's output followed
+and the process killed from its card, the phone width, the keyboard. Every screen is saved under ``tests/e2e/screenshots/`` (git-ignored; CI
 keeps it as an artifact).
 
 Firefox is not installable on this machine (Debian's firefox-esr has no Playwright
@@ -424,12 +423,6 @@ def test_long_running_output_arrives_live(tab: Page, service: Service) -> None:
     from playwright.sync_api import expect
 
     service.workspace("stream")
-    probe = service.api.post("/v1/workspaces/stream/execute/stream", json={})
-    if probe.status_code == 404 and probe.json().get("detail") == "Not Found":
-        pytest.skip(
-            "POST /v1/workspaces/{id}/execute/stream (the processes issue's streaming route) is not on this "
-            "service yet: the Run panel falls back to POST .../execute, which shows output only when it ends"
-        )
     tab.sign_in()
     page = tab.page
     page.goto(f"{service.url}/#/w/stream/run")
@@ -441,6 +434,35 @@ def test_long_running_output_arrives_live(tab: Page, service: Service) -> None:
     tab.shot("run-live")
     expect(page.locator(".run-status")).to_contain_text("Done", timeout=30_000)
     expect(page.locator("#run-output")).to_contain_text("tick 4")
+
+
+def test_background_process_followed_and_killed(tab: Page, service: Service) -> None:
+    from playwright.sync_api import expect
+
+    service.workspace("bg")
+    started = service.call(
+        "bg",
+        "shell_execute",
+        "bg-1",
+        command="i=0; while true; do i=$((i+1)); echo beat $i; sleep 0.5; done",
+        background=True,
+    )
+    assert started["success"], started
+    tab.sign_in()
+    page = tab.page
+    page.goto(f"{service.url}/#/w/bg/run")
+    card = page.locator("article.proc")
+    expect(card).to_have_count(1)
+    expect(card).to_contain_text("running")
+    # its output is followed: a later line arrives without a reload
+    expect(card.locator("pre")).to_contain_text("beat 1", timeout=10_000)
+    expect(card.locator("pre")).to_contain_text("beat 4", timeout=10_000)
+    tab.shot("process-live")
+    card.get_by_role("button", name="Kill").click()
+    expect(card.locator("pre")).to_contain_text("[exited", timeout=15_000)
+    expect(card).to_contain_text("ended", timeout=10_000)
+    listed = service.api.get("/v1/workspaces/bg/processes").json()["processes"]
+    assert [p["running"] for p in listed] == [False]
 
 
 def test_on_a_phone(phone: Page, service: Service) -> None:

@@ -104,16 +104,7 @@ def offer_direct(serve):
     """
     if _direct["state"] is not None:
         raise Refused("invalid", "the direct channel was already offered")
-    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
-    path = os.path.join(d, "s")
-    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        lst.bind(path)
-        lst.listen(4)
-    except OSError:
-        lst.close()
-        _rm_direct(d, path)
-        raise
+    lst, d, path = listen_for_host(socket.SOCK_STREAM, 4)
     _direct["state"] = "listening"
 
     def after():
@@ -140,7 +131,24 @@ class _SocketOut(object):
         pass
 
 
-def _rm_direct(d, path):
+def listen_for_host(kind, backlog):
+    """A private unix socket (``kind``: SOCK_STREAM or SOCK_SEQPACKET) in a fresh directory
+    under /tmp, for the host to connect to from outside. Returns (listener, directory,
+    path). Raises OSError when the agent cannot listen (no writable /tmp)."""
+    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
+    path = os.path.join(d, "s")
+    lst = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+    try:
+        lst.bind(path)
+        lst.listen(backlog)
+    except OSError:
+        lst.close()
+        _rm_socket(d, path)
+        raise
+    return lst, d, path
+
+
+def _rm_socket(d, path):
     for fn, arg in ((os.unlink, path), (os.rmdir, d)):
         try:
             fn(arg)
@@ -148,32 +156,40 @@ def _rm_direct(d, path):
             pass
 
 
-def _accept_direct(lst, d, path, serve):
-    global _out
+def accept_host(lst, d, path):
+    """The first connection on ``lst`` from a peer outside this container's pid namespace
+    (the kernel reports its pid as 0), within DIRECT_ACCEPT_TIMEOUT; a process of this
+    container that connects is turned away. The listener and its file are gone when this
+    returns, whatever happens: the channel is offered once. Returns the connection
+    (blocking) or None."""
     deadline = time.monotonic() + DIRECT_ACCEPT_TIMEOUT
-    conn = None
     try:
-        while conn is None:
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return
+                return None
             lst.settimeout(left)
             try:
                 c, _ = lst.accept()
             except OSError:  # timeout: the host stayed on the attach stream
-                return
+                return None
             cred = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid = struct.unpack("3i", cred)[0]
-            if pid != 0:  # a process of this container, not the host
+            if struct.unpack("3i", cred)[0] != 0:  # a process of this container, not the host
                 c.close()
                 continue
-            conn = c
+            c.settimeout(None)
+            return c
     finally:
         lst.close()
-        _rm_direct(d, path)
-        if conn is None:
-            _direct["state"] = "refused"
-    conn.settimeout(None)
+        _rm_socket(d, path)
+
+
+def _accept_direct(lst, d, path, serve):
+    global _out
+    conn = accept_host(lst, d, path)
+    if conn is None:
+        _direct["state"] = "refused"
+        return
     hello = json.dumps({"direct": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
         # From here on every answer and event goes to the socket, after this first line

@@ -13,12 +13,8 @@ after ``channel.DIRECT_ACCEPT_TIMEOUT``). Then each socket travels as one messag
 
 import array
 import json
-import os
 import socket
-import struct
-import tempfile
 import threading
-import time
 
 from . import channel, state
 from .errors import Refused
@@ -50,16 +46,7 @@ def op_tunnel_fds(req):
     offered before, OSError when the agent cannot listen."""
     if _fds["state"] is not None:
         raise Refused("invalid", "the fd channel was already offered")
-    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
-    path = os.path.join(d, "s")
-    lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        lst.bind(path)
-        lst.listen(1)
-    except OSError:
-        lst.close()
-        _rm(d, path)
-        raise
+    lst, d, path = channel.listen_for_host(socket.SOCK_SEQPACKET, 1)
     _fds["state"] = "listening"
 
     def after():
@@ -68,38 +55,11 @@ def op_tunnel_fds(req):
     return {"path": path, "_after_send": after}
 
 
-def _rm(d, path):
-    for fn, arg in ((os.unlink, path), (os.rmdir, d)):
-        try:
-            fn(arg)
-        except OSError:
-            pass
-
-
 def _accept_fds(lst, d, path):
-    deadline = time.monotonic() + channel.DIRECT_ACCEPT_TIMEOUT
-    conn = None
-    try:
-        while conn is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            lst.settimeout(left)
-            try:
-                c, _ = lst.accept()
-            except OSError:
-                return
-            cred = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", cred)[0] != 0:  # a process of this container, not the host
-                c.close()
-                continue
-            conn = c
-    finally:
-        lst.close()
-        _rm(d, path)
-        if conn is None:
-            _fds["state"] = "refused"
-    conn.settimeout(None)
+    conn = channel.accept_host(lst, d, path)
+    if conn is None:
+        _fds["state"] = "refused"
+        return
     try:
         conn.send(json.dumps({"fds": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8"))
     except OSError:

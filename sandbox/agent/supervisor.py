@@ -42,6 +42,11 @@ if TYPE_CHECKING:  # for mypy only: importing typing would cost the supervisor's
     from typing import Any  # noqa: F401  (used in type comments)
 
 
+#: Seconds after the process ended that its pipes are waited for before its output is
+#: called complete.
+DRAIN_LIMIT = 10.0
+
+
 def _prctl(option, arg):
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -112,6 +117,9 @@ class Supervisor(object):
         self.proc = None  # type: Any
         self.subreaper = False
         self.readers_done = 0
+        #: Both pipes read to their end (or given up on, DRAIN_LIMIT after the exit): only
+        #: then is an ended process's output complete, and a reader told "done".
+        self.drained = False
         self.stdin_closed = False
         #: Where a reader that passes no cursor goes on from: what "since the last read"
         #: means, shared by every worker process (the model's process_output).
@@ -162,6 +170,8 @@ class Supervisor(object):
                     else:
                         sel.unregister(key.fd)
                         self.readers_done += 1
+                        if self.readers_done == 2:
+                            self.drained = True
                     self.lock.notify_all()
         sel.close()
 
@@ -197,6 +207,14 @@ class Supervisor(object):
             if self.reason == "timeout":
                 self.outcome = "timeout"
             self.ended = time.time()
+            self.lock.notify_all()
+            # A slow reader (gVisor's ptrace platform on a busy host lags by seconds) still
+            # has the pipes' last bytes to take: "done" waits for them. A pipe still held
+            # open past DRAIN_LIMIT (by something that escaped the kill) is given up on.
+            limit = time.monotonic() + DRAIN_LIMIT
+            while not self.drained and time.monotonic() < limit:
+                self.lock.wait(0.1)
+            self.drained = True
             self.lock.notify_all()
         # Reap the rest as they die, until we go.
         while True:
@@ -331,7 +349,7 @@ class Supervisor(object):
         wait = max(0.0, min(float(req.get("wait_ms", 0)) / 1000.0, 60.0))
         end = time.monotonic() + wait
         with self.lock:
-            while so >= self.out.total and se >= self.err.total and self.ended is None:
+            while so >= self.out.total and se >= self.err.total and not (self.ended is not None and self.drained):
                 left = end - time.monotonic()
                 if left <= 0:
                     break
@@ -348,7 +366,10 @@ class Supervisor(object):
                 "cursor": [so2, se2],
                 "dropped": [do, de],
                 # Nothing more will come: ended, and both streams read to their end.
-                "done": answer["ended"] is not None and so2 >= self.out.total and se2 >= self.err.total,
+                "done": answer["ended"] is not None
+                and self.drained
+                and so2 >= self.out.total
+                and se2 >= self.err.total,
             }
         )
         return answer

@@ -43,8 +43,11 @@ async def call(registry: ToolRegistry, ws: Path, tool: str, **args: Any) -> Any:
 
 
 async def read_until_done(registry: ToolRegistry, ws: Path, pid: str, **args: Any) -> tuple[str, str, Any]:
+    """Read with process_output until it says done (each read answers as soon as there is
+    anything new: under gVisor a fast printer is read in many small pieces), at most 180 s."""
     out, err, last = "", "", None
-    for _ in range(400):
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
         last = await call(registry, ws, "process_output", process_id=pid, wait_ms=500, **args)
         out += last.data["stdout"]
         err += last.data["stderr"]

@@ -132,6 +132,10 @@ class Connection:
         rec.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         self.served.record(rec)
 
+    def _log_denied(self, kind: str, host: str, port: int, started: float, d: _Denied, rule: str | None) -> None:
+        """Log a refusal: the rule is the denial's, else the allow rule it passed first."""
+        self._log(kind, host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule, address=d.address)
+
     # -- refusals --------------------------------------------------------------------
 
     async def _refuse_http(self, conn: h11.Connection, host: str, port: int, d: _Denied) -> None:
@@ -241,16 +245,7 @@ class Connection:
             upstream, addr = await self._dial(host, port)
         except _Denied as d:
             await self._refuse_http(conn, host, port, d)
-            return self._log(
-                "connect",
-                host,
-                port,
-                started,
-                verdict=d.verdict,
-                reason=d.reason,
-                rule=d.rule or rule,
-                address=d.address,
-            )
+            return self._log_denied("connect", host, port, started, d, rule)
         self.served.active += 1
         try:
             # Written by hand: h11 would add "Connection: close" when the client sent it
@@ -388,9 +383,7 @@ class Connection:
             upstream, addr = await self._dial(host, port)
         except _Denied as d:
             await self._refuse_http(conn, host, port, d)
-            return self._log(
-                kind, host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule, address=d.address
-            )
+            return self._log_denied(kind, host, port, started, d, rule)
         self.served.active += 1
         counts = [0, 0]  # up, down
         verdict, reason = "allowed", "allowed"
@@ -507,16 +500,7 @@ class Connection:
         except _Denied as d:
             with contextlib.suppress(OSError):
                 await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
-            return self._log(
-                "transparent",
-                name,
-                port,
-                started,
-                verdict=d.verdict,
-                reason=d.reason,
-                rule=d.rule or rule,
-                address=d.address,
-            )
+            return self._log_denied("transparent", name, port, started, d, rule)
         self.served.active += 1
         try:
             first = bytes(self.buf)

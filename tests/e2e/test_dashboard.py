@@ -6,8 +6,8 @@ made through the API (and by another process, the CLI) appearing without a reloa
 diff, undo of one call with its preview and confirmation and the file restored on disk,
 a conflict shown (and forced), file names holding a newline and markup shown harmlessly,
 a long-running command's output arriving live, a background process's output followed
-and the process killed from its card, the phone width, the keyboard. Every screen is saved under ``tests/e2e/screenshots/`` (git-ignored; CI
-keeps it as an artifact).
+and the process killed from its card, the phone width, the keyboard. Every screen is
+saved under ``tests/e2e/screenshots/`` (git-ignored; CI keeps it as an artifact).
 
 Firefox is not installable on this machine (Debian's firefox-esr has no Playwright
 driver, and Playwright's own builds are a download): Chromium only, at 1280 and 390 px.

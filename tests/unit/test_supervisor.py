@@ -171,7 +171,8 @@ def test_kill_ends_the_whole_tree_setsid_and_double_fork_included(sup: Any, tmp_
     children = [int(p) for p in pids.read_text().split()]
     assert all(alive(p) for p in children)
     info = s.op("kill", grace=0.2)
-    assert not info["running"] and info["outcome"] == "signal"
+    # TERM: the shell dies of it, or of its waited-for sleep's death (then it exits 143)
+    assert not info["running"] and info["exit_code"] == 128 + signal.SIGTERM
     deadline = time.monotonic() + 5
     while any(alive(p) for p in children):
         assert time.monotonic() < deadline, [p for p in children if alive(p)]
@@ -189,7 +190,7 @@ def test_flood_is_bounded_and_the_gap_is_said(sup: Any) -> None:
     s = sup("head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END", head=1000, tail=10000)
     out, _err, last = s.read_all()
     assert last["stdout_bytes"] == 3000000 + 5
-    assert len(out) == 1000 + 10000 and out.endswith(b"x\nEND\n")  # what is kept, all of it
+    assert out.endswith(b"x\nEND\n") and set(out[:-5]) == {ord("x")}  # read as it came: what was kept
     first = s.op("output", since=[0, 0])
     assert base64.b64decode(first["stdout"]) == b"x" * 1000
     rest = s.op("output", since=[1000, 0])

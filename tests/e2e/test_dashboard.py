@@ -465,6 +465,29 @@ def test_background_process_followed_and_killed(tab: Page, service: Service) -> 
     assert [p["running"] for p in listed] == [False]
 
 
+def test_egress_log_shows_the_allowlist_and_a_refusal(tab: Page, service: Service) -> None:
+    from playwright.sync_api import expect
+
+    service.workspace("net")
+    r = service.api.patch("/v1/workspaces/net", json={"egress": ["pypi.org"]})
+    assert r.status_code == 200, r.text
+    # a destination off the list: the gateway refuses it (nothing leaves this machine)
+    out = service.call(
+        "net", "shell_execute", "net-1", command="curl -s -o /dev/null -w '%{http_code}' http://example.com/"
+    )
+    assert "403" in out["output"], out
+    tab.sign_in()
+    page = tab.page
+    page.goto(f"{service.url}/#/w/net/egress")
+    panel = page.get_by_role("tabpanel")
+    expect(panel).to_contain_text("pypi.org")
+    row = page.locator("table.egress tbody tr", has_text="example.com:80")
+    expect(row.first).to_contain_text("denied")
+    tab.shot("egress-log")
+    page.get_by_label("Verdict").select_option("allowed")
+    expect(page.locator("table.egress tbody tr", has_text="example.com")).to_have_count(0)
+
+
 def test_on_a_phone(phone: Page, service: Service) -> None:
     from playwright.sync_api import expect
 

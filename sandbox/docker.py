@@ -365,7 +365,9 @@ class DockerBackend(SandboxBackend):
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
         uid, gid = self._owner(ws)
         spec = self.spec_of(ws)
-        tmpfs_opts = "rw,nosuid,nodev"  # exec allowed: agents run scripts they write to /tmp
+        # exec said outright: Docker mounts a tmpfs noexec unless told, and agents run what
+        # they put in /tmp and $HOME (a venv, pip --user scripts, test binaries, npx caches)
+        tmpfs_opts = "rw,exec,nosuid,nodev"
         return {
             "image": spec.image,
             "name": container_name(ws),

@@ -47,6 +47,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     tmpfs = host["Tmpfs"]
     assert "size=" in tmpfs["/tmp"] and "size=" in tmpfs[HOME_DIR]
     assert "uid=1000" in tmpfs[HOME_DIR]
+    assert all("exec" in opts.split(",") and "noexec" not in opts for opts in tmpfs.values())
     assert cfg["User"] == "1000:1000"
     # Only the workspace is mounted from the host: no docker socket, no other host path.
     mounts = attrs["Mounts"]
@@ -156,3 +157,17 @@ async def test_gvisor_sandbox_runs_on_gvisor_kernel(runtime_backend: DockerBacke
         assert info.kernel != os.uname().release
     else:
         assert info.kernel == os.uname().release
+
+
+async def test_programs_written_to_tmp_and_home_run(runtime_backend: DockerBackend, user_workspace: Path) -> None:
+    # Docker mounts a tmpfs noexec unless told otherwise; agents run what they put there:
+    # a venv in /tmp, scripts pip installs under ~/.local/bin, test binaries built in /tmp.
+    box = await runtime_backend.get(user_workspace)
+    script = (
+        "set -e; for d in /tmp \"$HOME\"; do printf '#!/bin/sh\\necho ran in %s\\n' \"$d\" > \"$d/x.sh\"; "
+        'chmod +x "$d/x.sh"; "$d/x.sh"; done; '
+        "python3 -m venv --without-pip /tmp/v && /tmp/v/bin/python3 -c 'print(\"venv ok\")'"
+    )
+    r = await box.exec(script, timeout=60)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert r.stdout.decode().split("\n")[:3] == ["ran in /tmp", "ran in /home/sandbox", "venv ok"]

@@ -89,14 +89,20 @@ def _agent(e: AgentError) -> ToolError:
     return ToolError(str(e), data={"error_code": e.code})
 
 
+def _state(info: ProcessInfo) -> str:
+    if info.running:
+        return f"running, pid {info.pid}, for {max(0.0, time.time() - info.started):.0f} s"
+    if info.outcome == "timeout":
+        return f"timed out and was killed (exit code {info.exit_code})"
+    if info.outcome == "signal":
+        return f"was killed by signal {info.signal} (exit code {info.exit_code})"
+    return f"exited with code {info.exit_code}"
+
+
 def status_line(info: ProcessInfo) -> str:
     if info.running:
-        return f"[running: {info.id}, pid {info.pid}, for {max(0.0, time.time() - info.started):.0f} s]"
-    if info.outcome == "timeout":
-        return f"[{info.id} timed out and was killed (exit code {info.exit_code})]"
-    if info.outcome == "signal":
-        return f"[{info.id} was killed by signal {info.signal} (exit code {info.exit_code})]"
-    return f"[{info.id} exited with code {info.exit_code}]"
+        return f"[running: {info.id}, {_state(info).removeprefix('running, ')}]"
+    return f"[{info.id} {_state(info)}]"
 
 
 def render_output(out: ProcessOutput) -> str:
@@ -207,7 +213,7 @@ async def process_list(args: ListArgs, ctx: ToolContext) -> ToolResult:
     changed = await ws.settle_background() if any(not p.running for p in procs) else []
     if not rows:
         return ToolResult.ok("No background processes.", {"processes": []}, changed)
-    lines = [f"{p.id}  {status_line(p)}  {p.command[:200]}" for p in procs]
+    lines = [f"{p.id}  [{_state(p)}]  {p.command[:200]}" for p in procs]
     return ToolResult.ok("\n".join(lines), {"processes": rows}, changed)
 
 

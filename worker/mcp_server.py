@@ -53,7 +53,7 @@ WorkspaceResolver = Callable[[ServerRequestContext[Any, Any]], Path | None]
 
 
 def _mcp_tools(registry: Any) -> list[types.Tool]:
-    from .http import _schemas  # one place renders schemas for every surface
+    from .http.app import _schemas  # one place renders schemas for every surface
 
     return [types.Tool.model_validate(s) for s in _schemas(registry, "mcp")]
 

@@ -164,7 +164,7 @@ async def test_programs_written_to_tmp_and_home_run(runtime_backend: DockerBacke
     # a venv in /tmp, scripts pip installs under ~/.local/bin, test binaries built in /tmp.
     box = await runtime_backend.get(user_workspace)
     script = (
-        "set -e; for d in /tmp \"$HOME\"; do printf '#!/bin/sh\\necho ran in %s\\n' \"$d\" > \"$d/x.sh\"; "
+        'set -e; for d in /tmp "$HOME"; do printf \'#!/bin/sh\\necho ran in %s\\n\' "$d" > "$d/x.sh"; '
         'chmod +x "$d/x.sh"; "$d/x.sh"; done; '
         "python3 -m venv --without-pip /tmp/v && /tmp/v/bin/python3 -c 'print(\"venv ok\")'"
     )

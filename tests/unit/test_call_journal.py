@@ -292,7 +292,7 @@ async def test_the_registry_records_every_call_with_an_id(tmp_path: Path, local_
 async def test_calls_without_an_id_are_recorded_in_the_changelog_under_the_new_id(
     tmp_path: Path, local_backend: LocalProcessBackend
 ) -> None:
-    from worker.http_changelog import ChangelogPool
+    from worker.http.changelog import ChangelogPool
 
     ws = tmp_path / "ws"
     ws.mkdir()

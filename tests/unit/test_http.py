@@ -76,7 +76,7 @@ async def running(root: Path, registry: Any, **overrides: Any) -> AsyncIterator[
 @asynccontextmanager
 async def recording_service(tmp_path: Path, backend: Any) -> AsyncIterator[Service]:
     """The service with the real changelog (one per workspace, under ``tmp_path/data``)."""
-    from worker.http_changelog import ChangelogPool
+    from worker.http.changelog import ChangelogPool
 
     pool = ChangelogPool(tmp_path / "data")
     try:

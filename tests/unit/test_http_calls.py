@@ -25,7 +25,7 @@ from sandbox.local import LocalProcessBackend
 from tests.unit.test_http import AUTH, TOKEN, Service, running
 from worker.calls import CallJournal
 from worker.http import create_app
-from worker.http_changelog import ChangelogPool
+from worker.http.changelog import ChangelogPool
 from worker.registry import ToolRegistry
 from worker.settings import Settings
 

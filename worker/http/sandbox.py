@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.errors import SandboxUnavailableError
 
-from .http import WorkspaceId
-from .service import Workspaces
+from ..service import Workspaces
+from .app import WorkspaceId
 
 
 class Limits(BaseModel):

@@ -32,9 +32,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from sandbox.base import ProcessInfo
 from sandbox.errors import AgentError, SandboxError
 
-from .http import WorkspaceId
-from .service import Workspaces, result_dict
-from .tools.processes import cursor_text, parse_cursor
+from ..service import Workspaces, result_dict
+from ..tools.processes import cursor_text, parse_cursor
+from .app import WorkspaceId
 
 ProcessId = PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
 PING_SECONDS = 15

@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
-from .changelog import Changelog
-from .http import WorkspaceId
-from .http_changelog import DiffOut
-from .result import safe_text
-from .service import Workspaces
+from ..changelog import Changelog
+from ..result import safe_text
+from ..service import Workspaces
+from .app import WorkspaceId
+from .changelog import DiffOut
 
 MAX_ID = (1 << 63) - 1
 

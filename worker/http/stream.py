@@ -29,10 +29,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from .http import ExecuteRequest, WorkspaceId
-from .result import ToolResult, json_line
-from .service import CallRunner, Workspaces, result_dict
-from .streaming import ToolOutput, chunk_dict
+from ..result import ToolResult, json_line
+from ..service import CallRunner, Workspaces, result_dict
+from ..streaming import ToolOutput, chunk_dict
+from .app import ExecuteRequest, WorkspaceId
 
 #: Seconds between keep-alive comments while a command prints nothing.
 PING_SECONDS = 15

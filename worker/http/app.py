@@ -10,13 +10,13 @@ Routes (all under a bearer token when ``LOOM_API_TOKEN`` is set, except ``/healt
     GET    /v1/workspaces
     DELETE /v1/workspaces/{id}?delete_files=false    stops its sandbox
     POST   /v1/workspaces/{id}/execute    {"tool", "arguments", "call_id"?, "subtask_id"?}
-    POST   /v1/workspaces/{id}/execute/stream  the same, answered with SSE (:mod:`worker.http_stream`)
-    *      /v1/workspaces/{id}/ports/{port}/{path}  a server in the sandbox (:mod:`worker.http_ports`)
+    POST   /v1/workspaces/{id}/execute/stream  the same, answered with SSE (:mod:`worker.http.stream`)
+    *      /v1/workspaces/{id}/ports/{port}/{path}  a server in the sandbox (:mod:`worker.http.ports`)
     POST   /v1/workspaces/{id}/tool_calls [OpenAI tool_calls]  -> tool messages
     *      /v1/workspaces/{id}/mcp                   MCP streamable HTTP for that workspace
-    + the changelog routes of :mod:`worker.http_changelog` when the changelog is present
-    + settings, egress, call history (:mod:`worker.http_calls`), per-call diffs
-      (:mod:`worker.http_changes`), sandbox state (:mod:`worker.http_sandbox`)
+    + the changelog routes of :mod:`worker.http.changelog` when the changelog is present
+    + settings, egress, call history (:mod:`worker.http.calls`), per-call diffs
+      (:mod:`worker.http.changes`), sandbox state (:mod:`worker.http.sandbox`)
     GET    /  and /ui/*                         the dashboard (:mod:`worker.dashboard`)
 
 Client input never produces a 500: bad bodies are 422 naming the field, unknown
@@ -42,8 +42,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandbox import __version__ as _pkg_version
 from sandbox.logs import get_logger
 
-from .metrics import Metrics
-from .service import (
+from ..metrics import Metrics
+from ..service import (
     WORKSPACE_ID_PATTERN,
     Busy,
     CallRunner,
@@ -56,8 +56,8 @@ from .service import (
     result_dict,
     tool_message_content,
 )
-from .settings import Settings
-from .workspace_settings import SettingsError, WorkspaceSettings
+from ..settings import Settings
+from ..workspace_settings import SettingsError, WorkspaceSettings
 
 log = get_logger("worker.http")
 
@@ -235,10 +235,10 @@ RegistryFactory = Callable[[Settings], Any]
 @asynccontextmanager
 async def _default_registry_cm(settings: Settings) -> AsyncIterator[Any]:
     """The Docker registry, recording every change in the changelog under LOOM_DATA_DIR."""
-    from .registry import default_registry  # the Docker backend; imported only when used
+    from ..registry import default_registry  # the Docker backend; imported only when used
 
     try:
-        from .http_changelog import ChangelogPool
+        from .changelog import ChangelogPool
     except ImportError:  # the changelog is not part of this build
         async with default_registry(settings) as registry:
             yield registry
@@ -282,7 +282,7 @@ def create_app(
             runner_box["r"] = runner
             app.state.runner = runner
             app.state.registry = reg
-            from .mcp_server import HttpMcp
+            from ..mcp_server import HttpMcp
 
             mcp = HttpMcp(reg, runner, workspaces, token=settings.api_token)
             await stack.enter_async_context(mcp.run())
@@ -410,8 +410,8 @@ def create_app(
     ) -> dict[str, Any]:
         """Search the tool catalog (``tool_search``'s output): only tools this service can
         run in a workspace are returned."""
-        from .catalog.search import InvalidQueryError
-        from .catalog.tool_search import ToolSearchArgs
+        from ..catalog.search import InvalidQueryError
+        from ..catalog.tool_search import ToolSearchArgs
 
         registry = request.app.state.registry
         catalog_tools = getattr(registry, "catalog_tools", None)
@@ -437,7 +437,7 @@ def create_app(
         responses={**errors, 409: {"model": Problem, "description": "Name already taken"}},
     )
     async def create_workspace(request: Request, body: CreateWorkspace | None = None) -> WorkspaceOut:
-        from .http_settings import create_with, refused
+        from .settings import create_with, refused
 
         try:
             info = await create_with(
@@ -519,8 +519,12 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
-    from . import http_calls, http_changes, http_ports, http_sandbox, http_stream
-    from .dashboard import mount as mount_dashboard
+    from ..dashboard import mount as mount_dashboard
+    from . import calls as http_calls
+    from . import changes as http_changes
+    from . import ports as http_ports
+    from . import sandbox as http_sandbox
+    from . import stream as http_stream
 
     for module in (http_calls, http_changes, http_sandbox, http_stream):
         module.add_routes(app, workspaces, auth, ws_errors)
@@ -595,16 +599,16 @@ def _add_changelog_routes(
     app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]
 ) -> None:
     try:
-        from .http_changelog import add_routes
+        from .changelog import add_routes
     except ImportError:  # the changelog is not part of this build
         return
     add_routes(app, workspaces, auth, responses)
-    from .http_settings import add_routes as add_settings_routes
+    from .settings import add_routes as add_settings_routes
 
     add_settings_routes(app, workspaces, auth, responses)
-    from .http_egress import add_routes as add_egress_routes
+    from .egress import add_routes as add_egress_routes
 
     add_egress_routes(app, workspaces, auth, responses)
-    from .http_processes import add_routes as add_process_routes
+    from .processes import add_routes as add_process_routes
 
     add_process_routes(app, workspaces, auth, responses)

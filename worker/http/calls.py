@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from .calls import CallJournal, Tail, page
-from .http import WorkspaceId
-from .result import json_line
-from .service import Workspaces, encode_json
+from ..calls import CallJournal, Tail, page
+from ..result import json_line
+from ..service import Workspaces, encode_json
+from .app import WorkspaceId
 
 #: How often a stream looks for calls other processes appended.
 POLL_SECONDS = 0.05

@@ -17,9 +17,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from .http import WorkspaceId
-from .service import Workspaces
-from .workspace_settings import SettingsError, WorkspaceSettings
+from ..service import Workspaces
+from ..workspace_settings import SettingsError, WorkspaceSettings
+from .app import WorkspaceId
 
 
 def refused(e: SettingsError, *where: str) -> JSONResponse:

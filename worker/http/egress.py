@@ -1,7 +1,7 @@
 """``GET /v1/workspaces/{id}/egress``: a workspace's egress allowlist and its log.
 
 The allowlist is a workspace setting (``PATCH /v1/workspaces/{id}`` with ``{"egress":
-[...]}``, see :mod:`worker.http_settings`); this route shows what the gateway did with
+[...]}``, see :mod:`worker.http.settings`); this route shows what the gateway did with
 it: every connection attempt, plain-HTTP request and name lookup, newest first, with the
 verdict, the reason, the address the gateway connected to and the bytes each way.
 """
@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 
-from .http import WorkspaceId
-from .http_settings import refused
-from .service import Workspaces
-from .workspace_settings import SettingsError
+from ..service import Workspaces
+from ..workspace_settings import SettingsError
+from .app import WorkspaceId
+from .settings import refused
 
 
 def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:

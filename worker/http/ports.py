@@ -49,9 +49,9 @@ from starlette.types import Message, Receive, Scope, Send
 from sandbox.errors import AgentError, SandboxError
 from sandbox.logs import get_logger
 
-from .service import InvalidWorkspaceId, WorkspaceNotFound, Workspaces
+from ..service import InvalidWorkspaceId, WorkspaceNotFound, Workspaces
 
-log = get_logger("worker.http_ports")
+log = get_logger("worker.http.ports")
 
 PREFIX = "/v1/workspaces/{workspace_id}/ports/{port:int}"
 REALM = "loom-worker sandbox ports"

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.errors import SandboxError
 
-from .changelog import (
+from ..changelog import (
     Changelog,
     ChangelogError,
     Durability,
@@ -31,10 +31,10 @@ from .changelog import (
     UndoRefusedError,
     UndoResult,
 )
-from .http import WorkspaceId
-from .quoting import quote_path, unquote_path
-from .result import safe_text
-from .service import Workspaces
+from ..quoting import quote_path, unquote_path
+from ..result import safe_text
+from ..service import Workspaces
+from .app import WorkspaceId
 
 
 class ChangelogPool:

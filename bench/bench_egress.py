@@ -109,6 +109,7 @@ async def main(args: argparse.Namespace) -> None:
         ca_bundle=Path(HOST_CA),
         egress_trusted_networks="127.0.0.1/32",
         catalog=False,
+        cpus=args.cpus,
     )
     rows: list[tuple[str, str, float, float, float]] = []
     try:
@@ -151,7 +152,8 @@ async def main(args: argparse.Namespace) -> None:
     ]
     allowed = sum(1 for e in status["entries"] if e["verdict"] == "allowed")
     print(
-        f"runtime {args.runtime}; {args.rounds} interleaved rounds (pip: {args.pip_rounds}); medians; "
+        f"runtime {args.runtime}; sandbox cpus {args.cpus:g} (host: {os.cpu_count()}); "
+        f"{args.rounds} interleaved rounds (pip: {args.pip_rounds}); medians; "
         f"{allowed} allowed connections logged"
     )
     print()
@@ -167,6 +169,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pip-rounds", type=int, default=3)
     ap.add_argument("--mb", type=int, default=256, help="size of the large download")
+    ap.add_argument(
+        "--cpus",
+        type=float,
+        default=1.0,
+        help="the sandbox's CPU limit (default 1, as LOOM_CPUS): the host's curl has every core, and "
+        "the sandbox's curl decrypts under this quota; the host's core count measures the gateway alone",
+    )
     return ap.parse_args()
 
 

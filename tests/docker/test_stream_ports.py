@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -27,10 +26,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from tests.conftest import SANDBOX_IMAGE
 from tests.docker.conftest import require_runtime
+from tests.servers import serve_app
 from tests.workers import ROOT, cli_env, run_dir
 from worker import ToolOutput, ToolResult
 from worker.http import create_app
@@ -195,26 +194,9 @@ async def test_the_python_iterator_streams_on_the_engine(env: dict[str, str], ro
 # -- a server in the sandbox --------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def _serving(app: Any) -> AsyncIterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_app(app) as url:
+        yield url
 
 
 async def test_a_server_in_the_sandbox_reached_by_a_call_port_forward_and_the_proxy(

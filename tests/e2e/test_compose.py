@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,18 +25,12 @@ import httpx
 import pytest
 
 from tests.conftest import require_docker
+from tests.servers import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET_MARKER = "sekret-file-content-" + secrets.token_hex(4)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def sandboxes_for(root: Path) -> list[str]:

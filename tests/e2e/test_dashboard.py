@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -31,6 +30,7 @@ import httpx
 import pytest
 
 from tests.conftest import CHROMIUM, SANDBOX_IMAGE, require_chromium, require_docker
+from tests.servers import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -39,13 +39,6 @@ SHOTS = Path(__file__).parent / "screenshots"
 REPO = Path(__file__).resolve().parents[2]
 WIDE = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from tests.conftest import SANDBOX_IMAGE, require_docker
+from tests.servers import free_port
 from worker.http import create_app
 from worker.settings import Settings
 
@@ -31,13 +31,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TOKEN = "fuzz-token"
 EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "25"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +45,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         image=SANDBOX_IMAGE,
         max_body_bytes=256 * 1024,
     )
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings_), host="127.0.0.1", port=port, log_config=None, access_log=False)
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import textwrap
 import threading
@@ -22,6 +21,7 @@ import pytest
 import uvicorn
 
 from sandbox.local import LocalProcessBackend
+from tests.servers import free_port
 from tests.unit.test_http import AUTH, TOKEN, Service, running
 from worker.calls import CallJournal
 from worker.http import create_app
@@ -166,13 +166,6 @@ async def test_sandbox_state_without_a_docker_backend(svc: Service) -> None:
 # -- the live stream (a real server: a stream needs a real connection) --------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The service on a free port (its own thread and loop), on LocalProcessBackend."""
@@ -190,7 +183,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             await backend.aclose()
 
     settings = Settings(workspace_root=tmp_path / "root", data_dir=tmp_path / "data", api_token=TOKEN)
-    port = _free_port()
+    port = free_port()
     app = create_app(settings, registry_factory=factory)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=1))
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve()), daemon=True)

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -22,10 +21,10 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.servers import free_port, serve_app
 from worker.http import create_app
 from worker.registry import ToolRegistry
 from worker.settings import Settings
@@ -34,29 +33,12 @@ TOKEN = "stream-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.asynccontextmanager
 async def serving(root: Path, backend: Any, **overrides: Any) -> AsyncIterator[str]:
     settings = Settings(workspace_root=root, **{"api_token": TOKEN, **overrides})
     app = create_app(settings, ToolRegistry(backend=backend))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_app(app) as url:
+        yield url
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ official client against a real uvicorn server on loopback."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +10,10 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.servers import serve_app
 from worker.http import create_app
 from worker.registry import ToolRegistry
 from worker.settings import Settings
@@ -28,29 +26,12 @@ except ImportError:
 TOKEN = "mcp-test-token"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 async def base_url(tmp_path: Path, local_backend: Any) -> AsyncIterator[str]:
     settings = Settings(workspace_root=tmp_path / "root", api_token=TOKEN)
     app = create_app(settings, ToolRegistry(backend=local_backend))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_app(app) as url:
+        yield url
 
 
 async def test_streamable_http_session_per_workspace(base_url: str, tmp_path: Path) -> None:

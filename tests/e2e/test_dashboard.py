@@ -481,6 +481,64 @@ def test_egress_log_shows_the_allowlist_and_a_refusal(tab: Page, service: Servic
     expect(page.locator("table.egress tbody tr", has_text="registry.npmjs.org")).to_have_count(0)
 
 
+APP_PAGE = """<!doctype html><meta charset="utf-8"><title>loading</title>
+<p id="out">the agent's app</p>
+<script>
+let stolen;
+try { stolen = 'token:' + sessionStorage.getItem('loom-worker.token'); } catch (e) { stolen = 'blocked:' + e.name; }
+let sw = 'none';
+try { sw = navigator.serviceWorker ? 'available' : 'none'; } catch (e) { sw = 'blocked'; }
+fetch('/v1/workspaces', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{"name": "evil"}' })
+  .then((r) => r.status, () => 'failed')
+  .then((api) => {
+    document.title = 'done';
+    document.getElementById('out').textContent = stolen + ' sw:' + sw + ' api:' + api;
+  });
+</script>
+"""
+
+
+def test_the_agents_app_through_the_proxy_cannot_act_as_the_dashboard(browser: Any, service: Service) -> None:
+    from playwright.sync_api import expect
+
+    # The app a sandbox serves is opened from the service's own origin, in the very tab the
+    # user signed in with: its scripts must get neither the token nor the API.
+    ws = service.workspace("app")
+    (ws / "index.html").write_text(APP_PAGE)
+    started = service.call(
+        "app", "shell_execute", "app-1", command="python3 -m http.server 8000 --bind 127.0.0.1", background=True
+    )
+    assert started["success"], started
+    context = browser.new_context(viewport=WIDE, http_credentials={"username": "me", "password": TOKEN})
+    try:
+        page = context.new_page()
+        page.goto(service.url + "/")
+        page.get_by_label("API token").fill(TOKEN)
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("heading", name="Workspaces").wait_for()
+        assert page.evaluate("sessionStorage.getItem('loom-worker.token')") == TOKEN  # the dashboard keeps it
+        url = f"{service.url}/v1/workspaces/app/ports/8000/index.html"
+        for _ in range(50):  # the server in the sandbox may still be starting
+            if service.api.get("/v1/workspaces/app/ports/8000/index.html").status_code == 200:
+                break
+            time.sleep(0.2)
+        page.goto(url)
+        expect(page).to_have_title("done", timeout=15_000)
+        result = page.locator("#out").inner_text()
+        page.screenshot(path=str(SHOTS / "proxied-app-1280.png"))
+        assert result.startswith("blocked:"), result  # no storage of the service's origin
+        assert TOKEN not in result
+        assert " api:403" in result or " api:failed" in result, result  # the guard refuses Origin: null
+        names = [w["id"] for w in service.api.get("/v1/workspaces").json()]
+        assert "evil" not in names
+    finally:
+        context.close()
+        service.call("app", "shell_execute", command="true")
+        for p in service.api.get("/v1/workspaces/app/processes").json()["processes"]:
+            if p["running"]:
+                service.api.post(f"/v1/workspaces/app/processes/{p['id']}/kill", json={})
+
+
 def test_on_a_phone(phone: Page, service: Service) -> None:
     from playwright.sync_api import expect
 

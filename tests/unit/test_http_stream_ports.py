@@ -156,6 +156,9 @@ class _App(BaseHTTPRequestHandler):
                 self.server.gate.wait(10)  # type: ignore[attr-defined]
             self.wfile.write(b"0\r\n\r\n")
             return
+        if self.path.endswith("/sw.js"):
+            self._reply(200, b"self.onfetch = () => {};", {"Service-Worker-Allowed": "/"})
+            return
         seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
         self._reply(
             200,
@@ -209,6 +212,11 @@ async def test_the_proxy_passes_requests_and_answers(base_url: str, app_port: Th
         assert "authorization" not in seen["headers"]  # the service's token never reaches the app
         assert "keep-alive" not in r.headers and "x-private" not in r.headers  # hop-by-hop, both ways
         assert r.headers["content-type"] == "application/json"
+        # the agent's app runs sandboxed: an opaque origin, never the dashboard's
+        assert r.headers["content-security-policy"].startswith("sandbox allow-scripts")
+        assert "allow-same-origin" not in r.headers["content-security-policy"]
+        r = await c.get(f"{prefix}/sw.js")
+        assert "service-worker-allowed" not in r.headers  # no worker over the whole origin
         r = await c.head(f"{prefix}/")
         assert r.status_code == 200 and r.content == b""
         payload = os.urandom(20 << 20)  # more than the API's body limit (16 MiB): streamed, not held

@@ -15,11 +15,13 @@ tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to th
 WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
 port-forward``.
 
-Only a service with a token (``LOOM_API_TOKEN``) proxies. The app is served from the
-service's own origin, so its scripts are same-origin with the API: without a token they
-could call every route in the user's browser (change its own workspace's settings, run
-commands in other workspaces). With one, they cannot: the API takes the token only as a
-bearer header, which a page cannot get from the browser. Browsers send the token here with
+Only a service with a token (``LOOM_API_TOKEN``) proxies, and every answer is served as a
+sandboxed document (``Content-Security-Policy: sandbox ...``, see SANDBOX_CSP): the app is
+served from the service's own origin, and its scripts (the agent's code) must not act as
+the dashboard or the API's user. Sandboxed, its origin is opaque: it cannot read the
+token the dashboard keeps in the tab, register a service worker over the origin, or send
+the API a request the guard takes as same-origin; without a token configured, any page of
+this origin could call every route. Browsers send the token here with
 HTTP Basic authentication (any user name, the token as the password; the browser asks for
 it once and sends it again for this prefix), scripts with ``Authorization: Bearer``.
 
@@ -224,12 +226,33 @@ def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes
     return headers, chunked
 
 
+#: Every proxied answer runs as a sandboxed document with an opaque origin. The app is
+#: served from the service's own origin, and the agent wrote it: without this its scripts
+#: would be same-origin with the dashboard, could read the token the dashboard keeps in
+#: the tab's sessionStorage, call the API with it, or register a service worker over the
+#: dashboard. Sandboxed, they still run (forms, popups, dialogs, downloads too), but get no
+#: storage, no cookies of the origin, no same-origin access, and their requests to the API
+#: carry ``Origin: null`` (refused by the guard). An app that needs an origin of its own
+#: (local storage, its own API through fetch without CORS, WebSockets) is opened through
+#: ``loom-worker port-forward``.
+SANDBOX_CSP = (
+    b"content-security-policy",
+    b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads",
+)
+
+#: Answer headers of the app never passed on: ``Service-Worker-Allowed`` would let a worker
+#: registered under the prefix control the whole origin (the sandbox already prevents the
+#: registration; this is the second lock).
+DROPPED_ANSWER_HEADERS = frozenset({b"service-worker-allowed"})
+
+
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     named = {b"connection"}
     for k, v in headers:
         if k == b"connection":
             named |= {t.strip().lower() for t in v.split(b",")}
-    return [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named]
+    kept = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named and k not in DROPPED_ANSWER_HEADERS]
+    return [*kept, SANDBOX_CSP]
 
 
 class _Exchange:

@@ -12,6 +12,19 @@ Exceptions: :class:`~.policy.EgressPatternError` (a refused allowlist entry, a
 ``ValueError``). Nothing else here raises to the caller: a refused or failed connection is
 answered to the sandbox and logged.
 
+Why a gateway of our own and not Squid (Debian's) or a proxy library: the work is in
+decisions no proxy makes for us, per connection and per workspace. The resolved address
+of every destination is checked against the address policy and then dialled as checked
+(no second lookup: no DNS rebinding); DNS is answered only for allowed names and never
+forwarded (no exfiltration through lookups); a ClientHello's server name must equal the
+CONNECT name; programs that ignore the proxy variables are caught by address on the stub's
+loopback addresses; each workspace has its own unix socket (which names the workspace),
+allowlist changed live, connection and byte budgets, and a log the API reads. Squid would
+need ssl-bump peek-and-splice, external ACL helpers for the address checks, a DNS relay
+beside it and a process (or a port) per workspace, and would still dial a name it resolved
+itself. What is generic is taken from libraries and the kernel: h11 parses HTTP, the
+Public Suffix List bounds wildcards (publicsuffixlist), and bytes move by ``splice``.
+
 Nothing is imported here: the settings need only the policy, and a CLI call that never
 opens a networked workspace should not pay for the gateway's imports.
 """

@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from common import free_port
 
 CHROMIUM = os.environ.get("LOOM_TEST_CHROMIUM", "/usr/bin/chromium")
 
@@ -60,13 +60,6 @@ new MutationObserver((records) => {
   }
 }).observe(document, {childList: true, subtree: true});
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def pct(values: list[float], q: float) -> float:

@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,16 +35,10 @@ import time
 from pathlib import Path
 
 import httpx
+from common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CONTENT = ("x" * 63 + "\n") * 64  # 4 KiB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def rss_mb(pid: int) -> float:

@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from common import env_for, free_port
 
 from worker.registry import default_registry
 from worker.settings import Settings
@@ -105,27 +105,6 @@ r = c.getresponse(); r.read(); assert r.status == 200
 up = size / (time.perf_counter() - t) / 1e6
 print(json.dumps({"keep_ms": med(keep) * 1e3, "fresh_ms": med(fresh) * 1e3, "down": down, "up": up}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def env_for(runtime: str, data: Path, run: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_")}
-    env.update(
-        {
-            "PYTHONPATH": str(ROOT),
-            "LOOM_RUNTIME": runtime,
-            "LOOM_DATA_DIR": str(data),
-            "LOOM_LOG_LEVEL": "warning",
-            "XDG_RUNTIME_DIR": str(run),
-            "LOOM_IMAGE": os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"),
-        }
-    )
-    return env
 
 
 async def host_client(base: str, args: argparse.Namespace, auth: str = "") -> dict[str, float]:

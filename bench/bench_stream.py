@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from common import env_for, free_port
 
 from worker import ToolOutput
 from worker.registry import default_registry
@@ -73,27 +73,6 @@ def latencies(stamped: list[tuple[float, bytes]]) -> list[float]:
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
-def env_for(runtime: str, data: Path, run: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_")}
-    env.update(
-        {
-            "PYTHONPATH": str(ROOT),
-            "LOOM_RUNTIME": runtime,
-            "LOOM_DATA_DIR": str(data),
-            "LOOM_LOG_LEVEL": "warning",
-            "XDG_RUNTIME_DIR": str(run),
-            "LOOM_IMAGE": os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"),
-        }
-    )
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def read_stamped(stream: asyncio.StreamReader) -> list[tuple[float, bytes]]:

@@ -144,3 +144,9 @@ def test_the_hosts_own_addresses_and_the_trusted_override() -> None:
     assert refusal(ipaddress.ip_address("127.0.0.2"), (), trusted) is not None
     with pytest.raises(ValueError, match="nope"):
         parse_networks("nope")
+
+
+@pytest.mark.parametrize("entry", ["*", "*:443", "!*"])
+def test_a_lone_wildcard_is_refused_as_allowing_every_host(entry: str) -> None:
+    with pytest.raises(EgressPatternError, match="every host"):
+        EgressPolicy.parse([entry])

@@ -161,6 +161,8 @@ def parse_rule(entry: str) -> list[Rule]:
 
 
 def _host_fields(entry: str, host: str) -> dict[str, Any]:
+    if host in ("*", "*.", "**"):
+        raise EgressPatternError(entry, "it would allow every host; name hosts (pypi.org, *.example.com) or a preset")
     wildcard = host.startswith("*.")
     name = host[2:] if wildcard else host
     if "*" in name:

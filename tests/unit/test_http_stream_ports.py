@@ -212,6 +212,7 @@ async def test_the_proxy_passes_requests_and_answers(base_url: str, app_port: Th
         assert "authorization" not in seen["headers"]  # the service's token never reaches the app
         assert "keep-alive" not in r.headers and "x-private" not in r.headers  # hop-by-hop, both ways
         assert r.headers["content-type"] == "application/json"
+        assert len(r.headers.get_list("date")) == 1  # the service's, not also the app's
         # the agent's app runs sandboxed: an opaque origin, never the dashboard's
         assert r.headers["content-security-policy"].startswith("sandbox allow-scripts")
         assert "allow-same-origin" not in r.headers["content-security-policy"]

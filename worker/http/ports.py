@@ -242,8 +242,9 @@ SANDBOX_CSP = (
 
 #: Answer headers of the app never passed on: ``Service-Worker-Allowed`` would let a worker
 #: registered under the prefix control the whole origin (the sandbox already prevents the
-#: registration; this is the second lock).
-DROPPED_ANSWER_HEADERS = frozenset({b"service-worker-allowed"})
+#: registration; this is the second lock); ``Date`` is the service's own (uvicorn sends one:
+#: two would make an answer with two dates).
+DROPPED_ANSWER_HEADERS = frozenset({b"service-worker-allowed", b"date"})
 
 
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

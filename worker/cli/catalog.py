@@ -34,9 +34,9 @@ def _run(coro: Any) -> Any:
 
 def _logging(settings: Settings) -> None:
     """Logs (e.g. a custom tool file that failed to load) go to stderr; stdout is the result."""
-    from ..logging import configure_logging
+    from . import verbosity
 
-    configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
+    verbosity.configure(settings)
 
 
 def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:

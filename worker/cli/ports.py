@@ -168,12 +168,10 @@ def _cmd_port_forward(args: argparse.Namespace, _settings: Settings | None) -> i
 
     from sandbox.errors import SandboxError
 
-    from ..logging import configure_logging
-    from . import load_settings
+    from . import load_settings, verbosity
 
     settings = load_settings()
-    level = settings.log_level if os.environ.get("LOOM_LOG_LEVEL") else "warning"
-    configure_logging(settings.log_format, level, stream=sys.stderr)
+    verbosity.configure(settings)
 
     async def run() -> int:
         from ..registry import ToolRegistry, default_registry

@@ -1,7 +1,8 @@
 """``loom-worker serve`` (HTTP API + MCP over streamable HTTP) and ``loom-worker mcp`` (stdio).
 
 Both configure logging once, here at the entry point, to stderr: JSON in a service, console
-lines in a terminal (``LOOM_LOG_FORMAT``).
+lines in a terminal (``LOOM_LOG_FORMAT``), at ``LOOM_LOG_LEVEL`` (info unless set; ``-v``
+info, ``-vv`` debug), not at the other commands' quiet default.
 """
 
 from __future__ import annotations
@@ -27,19 +28,19 @@ def register(sub: Any) -> None:
     serve.add_argument("--host", help="Bind address (default LOOM_HOST or 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Port (default LOOM_PORT or 8080).")
     serve.add_argument("--workspace-root", type=path_arg, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=_serve, own_logging=True)
 
     mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
-    mcp.set_defaults(func=_mcp)
+    mcp.set_defaults(func=_mcp, own_logging=True)
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from ..http import UnsafeBindError, check_bind, create_app
-    from ..logging import configure_logging
+    from . import verbosity
 
     updates: dict[str, Any] = {}
     if args.host:
@@ -49,7 +50,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workspace_root:
         updates["workspace_root"] = args.workspace_root.resolve()
     settings = settings.model_copy(update=updates)
-    configure_logging(settings.log_format, settings.log_level)
+    verbosity.configure(settings, service=True)
     try:
         check_bind(settings)
     except UnsafeBindError as e:
@@ -74,15 +75,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from ..logging import configure_logging
     from ..mcp_server import serve_stdio
     from ..registry import ToolRegistry, default_registry
+    from . import verbosity
 
     workspace: Path = args.workspace.expanduser()
     if not workspace.is_dir():
         print(f"loom-worker mcp: workspace {workspace} is not a directory", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    verbosity.configure(settings, service=True)
     registry: ToolRegistry
     if args.backend == "local":
         if os.environ.get(UNSAFE_LOCAL_ENV) != "1":

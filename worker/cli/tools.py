@@ -151,6 +151,7 @@ class Runner:
     ) -> tuple[int, dict[str, Any]] | None:
         """The call through the local worker; None when it must run in-process."""
         from ..localworker.client import RETRY_SAFE, Lost, Retry, Unavailable
+        from . import verbosity
 
         for attempt in range(2):
             try:
@@ -162,6 +163,7 @@ class Runner:
                     check_unknown=check_unknown,
                     on_log=_log_line,
                     tty=self._tty,
+                    log_floor=verbosity.level(),
                 )
             except Retry as e:  # nothing ran: once more with a fresh worker
                 why = f"the local worker asked for a fresh one twice ({e})"
@@ -198,13 +200,12 @@ class Runner:
             import asyncio
 
             from ..localworker.calls import Calls
-            from ..logging import configure_logging
-            from . import load_settings
+            from . import load_settings, verbosity
 
             settings = load_settings()
             # Before the registry is built: building it may log (a custom tool file that
             # does not load), and stdout carries only results.
-            configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
+            verbosity.configure(settings)
             if self._why_not:
                 from sandbox.logs import get_logger
 
@@ -252,7 +253,8 @@ def _runner(args: argparse.Namespace) -> Runner | int:
 
 # -- call --------------------------------------------------------------------------------
 
-#: ``call``'s options as :func:`parse_call_fast` knows them (see :func:`_register_call`).
+#: ``call``'s options as :func:`parse_call_fast` knows them (see :func:`_register_call`;
+#: the verbosity flags are :data:`worker.cli.verbosity.FLAGS`).
 _CALL_OPTIONS = {
     "--workspace": "workspace",
     "-w": "workspace",
@@ -269,16 +271,21 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
     without argparse, whose import and set-up cost about 5 ms of a 30 ms call. None for
     anything else (``--help``, an abbreviation, a missing value, an error): argparse then
     parses it, with its messages. Where this returns a result, argparse's is the same
-    (tests/unit/test_cli_fast_parse.py)."""
+    (tests/unit/test_cli_args.py)."""
     from types import SimpleNamespace
+
+    from .verbosity import FLAGS
 
     values: dict[str, str | None] = {"tool": None, "workspace": None, "args": "{}", "call_id": None}
     values["backend"] = "docker"
+    verbose = 0
     i = 0
     while i < len(argv):
         arg = argv[i]
         i += 1
-        if arg.startswith("-") and arg != "-":
+        if arg in FLAGS:
+            verbose += FLAGS[arg]
+        elif arg.startswith("-") and arg != "-":
             name, eq, value = arg.partition("=")
             dest = _CALL_OPTIONS.get(name)
             if dest is None or (eq and not name.startswith("--")):
@@ -297,7 +304,7 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
             return None
     if values["tool"] is None or values["workspace"] is None:
         return None
-    ns: Any = SimpleNamespace(command="call", func=_cmd_call, own_settings=True, **values)
+    ns: Any = SimpleNamespace(command="call", func=_cmd_call, own_settings=True, verbose=verbose, **values)
     return ns
 
 

@@ -22,26 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINIMAL_IMAGE, require_docker
+from tests.images import remove_image
 from tests.workers import LOOM, ROOT
 from worker.cli.setup.engine import DockerCLI
 from worker.cli.setup.images import RUNTIME, Images, sandbox_recipe
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
-
-
-def remove_image(tag: str) -> None:
-    """Remove a throwaway tag; when that deleted the image itself (no other tag had it),
-    also the agent runtime volume the worker made from it."""
-    image_id = subprocess.run(
-        ["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True
-    ).stdout.strip()
-    if not image_id:
-        return
-    out = subprocess.run(["docker", "rmi", tag], capture_output=True, text=True).stdout
-    if f"Deleted: {image_id}" in out:
-        subprocess.run(
-            ["docker", "volume", "rm", "loom-agent-runtime-" + image_id.split(":")[-1][:12]], capture_output=True
-        )
 
 
 @pytest.fixture

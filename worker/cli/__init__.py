@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 COMMAND_MODULES = (
-    "worker.cli.sandboxes",  # demo, doctor, gc, stop, build-image
+    "worker.cli.sandboxes",  # demo, doctor, gc, stop
+    "worker.cli.setup",  # setup (what the worker needs on this engine)
     "worker.cli.tools",  # call, batch, tools
     "worker.cli.changelog",  # log, diff, undo
     "worker.cli.service",  # serve, mcp
@@ -43,7 +44,6 @@ COMMAND_MODULES = (
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
     "worker.cli.exec",  # exec (a command, its output as it comes)
     "worker.cli.ports",  # port-forward
-    "worker.cli.setup",  # setup (what the worker needs on this engine)
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

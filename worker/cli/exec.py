@@ -330,10 +330,11 @@ def register(subparsers: Any, only: str | None = None) -> None:
         description=(
             "Run CMD in the workspace's sandbox (as shell_execute does: recorded in the changelog, undoable). "
             "Its stdout and stderr are ours, byte for byte, as they come. Several words are a program and its "
-            "arguments (no shell reads them); one word is a shell command. Exit: the command's code; 124 timed "
-            "out; 128+N killed by signal N; 137 killed for a limit; 125 infrastructure failure; 126 refused by "
-            "policy; 2 usage error."
+            "arguments (no shell reads them); one word is a shell command."
         ),
+        epilog="Exit status: the command's own; 124 it timed out; 128+N a signal N ended it (130: Ctrl-C); 137 "
+        "killed for a limit (memory, output, disk); 125 infrastructure failure (no engine, no image, the sandbox "
+        "lost); 126 refused by policy; 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(

@@ -219,6 +219,8 @@ def register(subparsers: Any) -> None:
             "agent's channel (the sandbox keeps no network). PORT: SANDBOX_PORT (the same port here), "
             "HOST_PORT:SANDBOX_PORT, or :SANDBOX_PORT (a free port here, printed). Runs until Ctrl-C."
         ),
+        epilog="Exit status: 0 stopped by Ctrl-C or SIGTERM; 1 a host port cannot be listened on; 125 the sandbox "
+        "cannot start; 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(

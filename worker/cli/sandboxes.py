@@ -241,7 +241,11 @@ def _existing_dir(value: str) -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    p = subparsers.add_parser("demo", help="Show a workspace sandbox at work: command, files, limits.")
+    p = subparsers.add_parser(
+        "demo",
+        help="Show a workspace sandbox at work: command, files, limits.",
+        epilog="Exit status: 0; 1 the sandbox failed (`loom-worker doctor` says why).",
+    )
     p.add_argument("--workspace", type=_existing_dir, help="Use this directory (default: a temporary one).")
     p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
     p.set_defaults(func=lambda a, s: _run(_demo(s, a.workspace, a.runtime)))
@@ -256,10 +260,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.set_defaults(func=lambda a, s: _run(_doctor(s, a.fix)))
 
-    p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")
+    p = subparsers.add_parser(
+        "gc",
+        help="Remove exited or stale sandbox containers (only ours).",
+        epilog="Exit status: 0; 1 the engine does not answer.",
+    )
     p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
     p.set_defaults(func=lambda a, s: _run(_gc(s, a.all)))
 
-    p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
-    p.add_argument("--workspace", "-w", type=_existing_dir, required=True)
+    p = subparsers.add_parser(
+        "stop",
+        help="Stop and remove the sandbox of a workspace.",
+        epilog="Exit status: 0 (also when none was running); 1 the engine does not answer; 2 usage error.",
+    )
+    p.add_argument("--workspace", "-w", type=_existing_dir, required=True, help="The workspace directory.")
     p.set_defaults(func=lambda a, s: _run(_stop(s, a.workspace)))

@@ -419,7 +419,11 @@ def _register_call(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "call",
         help="Run one tool call and print its ToolResult JSON.",
-        description="Run one tool call in the workspace's sandbox. Exit 0 success, 1 tool failed, 2 usage error.",
+        description="Run one tool call in the workspace's sandbox and print its ToolResult as one JSON line. Every "
+        "change it makes is recorded in the workspace's changelog first (loom-worker undo reverts it).",
+        epilog="Exit status: 0 the tool succeeded; 1 it failed (an infrastructure failure included: "
+        'data.error_kind is "infrastructure"); 2 usage error (bad --args, unknown tool, missing workspace, '
+        "a LOOM_* value that does not validate).",
     )
     p.add_argument("tool", help="Tool name, e.g. read_file.")
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
@@ -438,7 +442,9 @@ def _register_batch(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "batch",
         help="Run JSON Lines tool calls from stdin; one result per line on stdout.",
-        description='Each stdin line: {"tool": ..., "arguments": {...}, "id": ...}. Results in order.',
+        description='Each stdin line: {"tool": ..., "arguments": {...}, "id": ...}. One result line each, '
+        'in order, with its "id".',
+        epilog="Exit status: 0 every call succeeded; 1 one failed (or a line was not a valid call); 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     _add_backend(p)
@@ -446,7 +452,12 @@ def _register_batch(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _register_tools(subparsers: argparse._SubParsersAction[Any]) -> None:
-    p = subparsers.add_parser("tools", help="Print the tool schemas (and more with subcommands).")
+    p = subparsers.add_parser(
+        "tools",
+        help="Print the tool schemas (and more with subcommands).",
+        description="Print every tool's schema (catalog tools included) as JSON, in a vendor's format.",
+        epilog="Exit status: 0; 2 usage error.",
+    )
     p.add_argument("--format", "-f", choices=SCHEMA_FORMATS, default="openai", help="Schema format.")
     p.set_defaults(func=_cmd_tools)
     group = p.add_subparsers(dest=TOOLS_COMMAND_DEST, metavar="SUBCOMMAND", parser_class=type(p))

@@ -139,7 +139,7 @@ class Images:
         if isinstance(base, Step):
             return Step("FAIL", what, base.detail, base.fix)
         base_ref, how = base
-        self.say(f"building {what} from {base_ref} ({how}) (the first build can take minutes)")
+        self.say(f"building {what} from {base_ref} ({how}): the first build can take minutes")
         started = time.monotonic()
         try:
             with ExitStack() as stack:

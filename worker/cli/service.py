@@ -24,7 +24,12 @@ UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
 
 def register(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="Run the HTTP API (and MCP over streamable HTTP).")
+    serve = sub.add_parser(
+        "serve",
+        help="Run the HTTP API (and MCP over streamable HTTP).",
+        epilog="Exit status: 0 stopped (Ctrl-C, SIGTERM); 1 --token-file cannot be read or written; 2 usage error "
+        "(a bind address beyond loopback without LOOM_API_TOKEN).",
+    )
     serve.add_argument("--host", help="Bind address (default LOOM_HOST or 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Port (default LOOM_PORT or 8080).")
     serve.add_argument("--workspace-root", type=path_arg, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
@@ -37,7 +42,11 @@ def register(sub: Any) -> None:
     )
     serve.set_defaults(func=_serve, own_logging=True)
 
-    mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
+    mcp = sub.add_parser(
+        "mcp",
+        help="Serve one workspace's tools over MCP stdio.",
+        epilog="Exit status: 0 the client closed the stream; 2 usage error (the workspace is not a directory).",
+    )
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     mcp.set_defaults(func=_mcp, own_logging=True)

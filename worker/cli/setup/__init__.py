@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .. import path_arg
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ...settings import Settings
     from .images import Step
 
@@ -191,7 +194,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--daemon-json",
-        type=Path,
+        type=path_arg,
         metavar="PATH",
         help="The engine's configuration file for --register-gvisor (default /etc/docker/daemon.json).",
     )

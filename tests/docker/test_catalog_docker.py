@@ -29,7 +29,7 @@ from worker.changelog import Changelog
 from worker.http import create_app
 from worker.registry import ToolRegistry
 from worker.settings import Settings
-from worker.tools.catalog_tools import register_catalog
+from worker.tools.catalog_tools import CatalogTools
 
 pytestmark = pytest.mark.docker
 
@@ -50,9 +50,12 @@ async def test_stdio_mcp_server_runs_inside_the_container(
 ) -> None:
     shutil.copy(FIXTURES / "mcp_stdio_server.py", workspace / "server.py")
     data = tmp_path / "data"
-    reg = ToolRegistry(backend=docker_backend, recorder_factory=lambda root: Changelog.open(data, root))
     server = MCPServerConfig(name="fixture", command=["python3", "server.py"], timeout=30)
-    register_catalog(reg, catalog, mcp_servers=[server])
+    reg = ToolRegistry(
+        backend=docker_backend,
+        recorder_factory=lambda root: Changelog.open(data, root),
+        catalog_tools=CatalogTools(catalog, mcp_servers=[server]),
+    )
 
     found = await reg.execute("tool_search", {"query": "report the machine host name"}, workspace)
     assert found.success, found.error
@@ -113,8 +116,8 @@ async def service_mcp_url(tmp_path: Path, docker_backend: Any) -> AsyncIterator[
 
 async def test_http_mcp_source_is_indexed_and_called(service_mcp_url: str, catalog: Catalog) -> None:
     server = MCPServerConfig(name="self", url=service_mcp_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
-    reg = ToolRegistry()  # no sandbox of its own: an HTTP MCP tool runs on its server
-    tools = register_catalog(reg, catalog, mcp_servers=[server])
+    tools = CatalogTools(catalog, mcp_servers=[server])
+    reg = ToolRegistry(catalog_tools=tools)  # no sandbox of its own: an HTTP MCP tool runs on its server
     found = await reg.execute("tool_search", {"query": "read the contents of a file", "max_results": 10})
     assert found.success, found.error
     names = [x["name"] for x in found.data["results"]]  # type: ignore[index]

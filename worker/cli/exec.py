@@ -202,7 +202,7 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
 
     from ..localworker.calls import Calls
     from ..logging import configure_logging
-    from . import load_settings
+    from .common import load_settings
 
     settings = load_settings()
     configure_logging(settings.log_format, frame.get("log_floor") or settings.log_level, stream=sys.stderr)

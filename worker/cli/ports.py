@@ -169,7 +169,7 @@ def _cmd_port_forward(args: argparse.Namespace, _settings: Settings | None) -> i
     from sandbox.errors import SandboxError
 
     from ..logging import configure_logging
-    from . import load_settings
+    from .common import load_settings
 
     settings = load_settings()
     level = settings.log_level if os.environ.get("LOOM_LOG_LEVEL") else "warning"

@@ -199,7 +199,7 @@ class Runner:
 
             from ..localworker.calls import Calls
             from ..logging import configure_logging
-            from . import load_settings
+            from .common import load_settings
 
             settings = load_settings()
             # Before the registry is built: building it may log (a custom tool file that

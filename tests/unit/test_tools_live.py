@@ -107,7 +107,18 @@ def test_the_registry_exposes_the_table_version_and_subscriptions() -> None:
     assert "say_hello" in registry.names() and "say_hello" in _schema_names(registry.all_schemas())
     registry.unregister("say_hello")
     assert registry.tools_version == start + 2 and seen == [start + 1, start + 2]
+    assert "say_hello" not in _schema_names(registry.all_schemas())
     unsubscribe()
+
+
+def test_schemas_are_rendered_once_per_version_and_handed_out_as_copies() -> None:
+    registry = ToolRegistry()
+    first = registry.all_schemas("mcp")
+    first[0]["name"] = "changed by the caller"
+    assert registry.all_schemas("mcp")[0]["name"] == registry.names()[0]
+    registry.register(HELLO)
+    assert registry.all_schemas("mcp")[-1]["name"] == "say_hello"
+    assert _schema_names(registry.all_schemas("anthropic")) == set(registry.names())
 
 
 # -- every surface, one registry -----------------------------------------------------------

@@ -6,13 +6,17 @@
 from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
+    ConfigurableBackend,
     ExecControl,
     ExecResult,
     FileStat,
+    ImageInventory,
     ListEntry,
     ListResult,
     OutputChunk,
     ReadResult,
+    RestartCounter,
+    RuntimeInventory,
     Sandbox,
     SandboxBackend,
     ScanEntry,
@@ -21,6 +25,7 @@ from .base import (
     ScanResult,
     SearchMatch,
     SearchResult,
+    StatusReporter,
     WriteResult,
 )
 from .errors import (
@@ -28,6 +33,7 @@ from .errors import (
     ConflictError,
     DaemonUnavailableError,
     ImageNotFoundError,
+    ImageUnusableError,
     InvalidPatternError,
     NotADirError,
     NotAFileError,
@@ -43,18 +49,22 @@ from .errors import (
     TunnelClosedError,
 )
 
+#: The version of the ``loom-worker`` distribution (and of the in-container agent it ships).
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EXCLUDES",
     "AgentError",
     "AgentInfo",
+    "ConfigurableBackend",
     "ConflictError",
     "DaemonUnavailableError",
     "ExecControl",
     "ExecResult",
     "FileStat",
+    "ImageInventory",
     "ImageNotFoundError",
+    "ImageUnusableError",
     "InvalidPatternError",
     "ListEntry",
     "ListResult",
@@ -65,6 +75,8 @@ __all__ = [
     "PathNotFoundError",
     "ProtocolError",
     "ReadResult",
+    "RestartCounter",
+    "RuntimeInventory",
     "RuntimeUnavailableError",
     "Sandbox",
     "SandboxBackend",
@@ -78,6 +90,7 @@ __all__ = [
     "ScanResult",
     "SearchMatch",
     "SearchResult",
+    "StatusReporter",
     "TooLargeError",
     "TunnelClosedError",
     "WriteResult",

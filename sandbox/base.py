@@ -1,9 +1,22 @@
-"""The small async contract every sandbox backend implements, and its result types.
+"""The small async contract every sandbox backend implements, and the optional
+capabilities a backend may have.
 
 A :class:`Sandbox` is one workspace's box. Every path argument is *workspace-relative*
 (``"src/main.py"``, ``"."``); the authoritative check that it stays inside the workspace
 happens in the in-container agent, never on the host. Lifecycle (start, reuse, restart,
 stop, garbage collection) lives beside this contract in :class:`SandboxBackend`, not in it.
+What the calls return is in :mod:`sandbox.results` (re-exported here).
+
+A backend may do more than the contract asks; what callers use of it is declared here as
+:class:`typing.Protocol` classes, checked with ``isinstance``, never found by ``getattr``:
+
+=============================  =================================================================
+:class:`ConfigurableBackend`   ``configure(workspace, spec)``: a workspace's own spec
+:class:`RuntimeInventory`      ``runtimes()``: the OCI runtimes the engine has
+:class:`ImageInventory`        ``has_image(image)``: whether an image is there (nothing pulled)
+:class:`StatusReporter`        ``status(workspace)``: a workspace's container now, never started
+:class:`RestartCounter`        ``restarts``: sandboxes restarted after being lost
+=============================  =================================================================
 
 Every method may raise :class:`sandbox.errors.AgentError` subclasses (the model's
 problem: missing file, path escape, conflict, ...) or the infrastructure errors of
@@ -16,16 +29,70 @@ import abc
 import asyncio
 import builtins
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+
+from .results import (
+    AgentInfo,
+    EntryType,
+    ExecResult,
+    FileStat,
+    ListEntry,
+    ListResult,
+    Outcome,
+    OutputChunk,
+    ProcessInfo,
+    ProcessOutput,
+    ReadResult,
+    ScanEntry,
+    ScanRequest,
+    ScanResult,
+    SearchMatch,
+    SearchResult,
+    StagedWrite,
+    StreamName,
+    TreeRemoval,
+    WriteResult,
+)
 
 if TYPE_CHECKING:
+    from .spec import SandboxSpec
     from .tunnel import Tunnel
 
-Outcome = Literal["exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"]
-EntryType = Literal["file", "dir", "symlink", "other"]
-StreamName = Literal["stdout", "stderr"]
+__all__ = [
+    "DEFAULT_EXCLUDES",
+    "AgentInfo",
+    "ConfigurableBackend",
+    "EntryType",
+    "ExecControl",
+    "ExecResult",
+    "FileStat",
+    "ImageInventory",
+    "ListEntry",
+    "ListResult",
+    "Outcome",
+    "OutputCallback",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessOutput",
+    "ReadResult",
+    "RestartCounter",
+    "RuntimeInventory",
+    "Sandbox",
+    "SandboxBackend",
+    "ScanEntry",
+    "ScanFirst",
+    "ScanRequest",
+    "ScanResult",
+    "SearchMatch",
+    "SearchResult",
+    "StagedWrite",
+    "StatusReporter",
+    "StreamName",
+    "TreeRemoval",
+    "WriteResult",
+]
+
 #: ``exec(on_output=...)``: called with each chunk of a command's output as it is read
 #: in the sandbox, on the event loop, in order; it must not block.
 OutputCallback = Callable[[StreamName, bytes], None]
@@ -42,103 +109,6 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".pytest_cache",
     ".ruff_cache",
 )
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    data: bytes
-    size: int  # size of the whole file in bytes
-    truncated: bool  # data is not the whole requested range
-    sha256: str | None  # hash of the whole file when it was read whole, else None
-    mtime_ns: int
-    binary: bool  # NUL byte in the first 8 KiB
-    total_lines: int | None = None  # only for line_range reads
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    size: int
-    sha256: str
-    created: bool
-
-
-@dataclass(frozen=True)
-class StagedWrite:
-    """A write made but not yet put in place (:meth:`Sandbox.stage_write`)."""
-
-    token: object
-    path: str  # the resolved workspace-relative path it will replace
-    mode: int | None  # st_mode of the file it replaces; None when creating
-
-
-@dataclass(frozen=True)
-class TreeRemoval:
-    """What :meth:`Sandbox.remove_tree` removed."""
-
-    removed: bool
-    files: int = 0  # files, links and other non-directories
-    dirs: int = 0
-    bytes: int = 0  # sizes of the regular files
-
-
-@dataclass(frozen=True)
-class FileStat:
-    path: str
-    type: EntryType
-    size: int
-    mtime_ns: int
-    mode: int
-    target: str | None = None  # symlink target, as stored (never followed)
-
-
-@dataclass(frozen=True)
-class ListEntry:
-    path: str  # workspace-relative, "/" separated
-    type: EntryType
-    size: int
-    depth: int
-
-
-@dataclass(frozen=True)
-class ListResult:
-    entries: builtins.list[ListEntry]
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class SearchMatch:
-    path: str
-    line: int
-    text: str
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    matches: builtins.list[SearchMatch]
-    truncated: bool  # more matches exist than were returned
-    engine: str  # "ripgrep" or "python"
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    outcome: Outcome
-    duration_ms: float
-    truncated: bool
-    signal: int | None = None
-    stdout_bytes: int = 0  # total produced, including what was cut
-    stderr_bytes: int = 0
-    #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
-    #: (None when it could not, e.g. the sandbox was lost).
-    scan_after: ScanResult | None = None
-    #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
-    disk_used: int | None = None
-
-    @property
-    def timed_out(self) -> bool:
-        return self.outcome == "timeout"
 
 
 class ExecControl:
@@ -175,55 +145,6 @@ class ExecControl:
             task.add_done_callback(self._tasks.discard)
 
 
-@dataclass(frozen=True)
-class OutputChunk:
-    """Bytes a command wrote, as :meth:`Sandbox.exec_stream` yields them (exactly as
-    written: any bytes, a line or a character may be split between chunks)."""
-
-    stream: StreamName
-    data: bytes
-
-
-@dataclass(frozen=True)
-class ScanEntry:
-    path: str
-    type: EntryType
-    size: int
-    mtime_ns: int
-    ino: int
-    mode: int
-
-
-@dataclass(frozen=True)
-class ScanResult:
-    """A stat-only walk of the tree. ``full`` is True when ``entries`` is the whole tree;
-    otherwise ``entries`` holds only what changed since the agent's previous scan with the
-    same ``snapshot`` key and ``removed`` the paths that disappeared."""
-
-    entries: builtins.list[ScanEntry]
-    removed: builtins.list[str]
-    full: bool
-    truncated: bool  # the file cap was hit; the tree is larger than ``entries``
-    generation: str = ""
-    #: The agent watches the tree (inotify), so the next scan with this snapshot can be
-    #: incremental.
-    watched: bool = False
-    #: This result came from change events, not a stat walk: it also lists files written
-    #: to whose stat did not change, so the caller needs no "racy file" re-hashing.
-    from_events: bool = False
-
-
-@dataclass(frozen=True)
-class ScanRequest:
-    """The arguments of :meth:`Sandbox.scan` for a scan that travels with an ``exec``."""
-
-    snapshot: str
-    since: str | None
-    path: str = "."
-    exclude: tuple[str, ...] = ()
-    max_files: int = 100_000
-
-
 class ScanFirst(Exception):
     """``exec(scan=...)`` found changes made before the command: nothing was run. The
     caller records ``scan`` (its ``generation`` is the new ``since``) and runs again."""
@@ -231,48 +152,6 @@ class ScanFirst(Exception):
     def __init__(self, scan: ScanResult) -> None:
         super().__init__("the workspace changed before the command; scan first")
         self.scan = scan
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """A background process (:meth:`Sandbox.start_process`), as its supervisor tells it."""
-
-    id: str
-    command: str
-    pid: int | None
-    started: float  # epoch seconds
-    running: bool
-    ended: float | None = None
-    exit_code: int | None = None  # 128 + n when killed by signal n (as a shell says it)
-    outcome: Outcome | None = None  # exit, timeout or signal, once ended
-    signal: int | None = None
-    stdout_bytes: int = 0  # produced so far (kept: head and tail, see ProcessOutput.dropped)
-    stderr_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class ProcessOutput:
-    """What a background process printed after a cursor (:meth:`Sandbox.process_output`)."""
-
-    info: ProcessInfo
-    stdout: bytes
-    stderr: bytes
-    cursor: tuple[int, int]  # pass as ``since`` to read on from here
-    dropped: tuple[int, int]  # bytes lost between the kept head and tail, before this data
-    done: bool  # ended, and everything it printed has been read
-
-
-@dataclass(frozen=True)
-class AgentInfo:
-    version: str
-    uid: int
-    gid: int
-    pid: int
-    python: str
-    kernel: str
-    subreaper: bool
-    ripgrep: bool
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 class Sandbox(abc.ABC):
@@ -631,3 +510,52 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Close every connection this backend opened (containers stay for reuse)."""
+
+
+# -- optional capabilities of a backend ----------------------------------------------------
+
+
+@runtime_checkable
+class ConfigurableBackend(Protocol):
+    """A backend that makes each workspace's sandbox with a spec of its own."""
+
+    async def configure(self, workspace: Path, spec: SandboxSpec | None) -> bool:
+        """Make ``workspace``'s sandbox with ``spec`` from now on (None: the backend's
+        default); a running one made otherwise is replaced at its next use. Returns True
+        when the spec changed."""
+        ...
+
+
+@runtime_checkable
+class RuntimeInventory(Protocol):
+    """A backend that can say which OCI runtimes (``runc``, ``runsc``) it may use."""
+
+    async def runtimes(self) -> set[str]:
+        """The runtimes the engine has. Raises DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class ImageInventory(Protocol):
+    """A backend that can say whether an image is at hand without pulling it."""
+
+    async def has_image(self, image: str) -> bool:
+        """Whether ``image`` is on the engine. Raises DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class StatusReporter(Protocol):
+    """A backend that can report a workspace's sandbox without starting it."""
+
+    async def status(self, workspace: Path) -> dict[str, Any] | None:
+        """The workspace's sandbox now (``running``, image, runtime, limits, usage), or
+        None when it has none. Raises DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class RestartCounter(Protocol):
+    """A backend that counts the sandboxes it restarted after losing them."""
+
+    restarts: int

@@ -4,28 +4,35 @@ The connection is (re)opened lazily through ``connect``: when a call finds it lo
 call fails with ``SandboxLostError`` (or ``outcome="sandbox_lost"`` for exec) and the next
 call transparently gets a fresh agent, or a fresh container, from the backend.
 
-Every answer is re-checked here (types, sizes, workspace-relative paths) because the
-agent runs next to untrusted code.
+Every answer is re-checked (:mod:`sandbox.answers`: types, sizes, workspace-relative
+paths) because the agent runs next to untrusted code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import builtins
-import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
 from . import protocol
+from .answers import (
+    agent_info,
+    check_b64,
+    check_entry_type,
+    check_int,
+    check_opt_int,
+    check_relpath,
+    check_str,
+    scan_result,
+)
 from .background import BackgroundMixin
 from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
-    EntryType,
     ExecControl,
     ExecResult,
     FileStat,
@@ -35,7 +42,6 @@ from .base import (
     OutputCallback,
     ReadResult,
     Sandbox,
-    ScanEntry,
     ScanFirst,
     ScanRequest,
     ScanResult,
@@ -53,54 +59,10 @@ from .tunnel import SandboxTunnel, Tunnel
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
 
-_TYPES = {"file", "dir", "symlink", "other"}
 _OUTCOMES = {"exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"}
 
 #: Host deadline = the operation's own budget + this slack for the round trip.
 DEADLINE_SLACK = 5.0
-
-
-def _int(v: Any, name: str, *, lo: int = 0) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ProtocolError(f"agent sent an invalid {name}: {v!r:.80}")
-    return v
-
-
-def _opt_int(v: Any, name: str) -> int | None:
-    return None if v is None else _int(v, name, lo=-(1 << 62))
-
-
-def _str(v: Any, name: str, *, limit: int = 1 << 20) -> str:
-    if not isinstance(v, str) or len(v) > limit:
-        raise ProtocolError(f"agent sent an invalid {name}")
-    return v
-
-
-def _b64(v: Any, name: str, limit: int) -> bytes:
-    s = _str(v, name, limit=limit * 4 // 3 + 8)
-    try:
-        return base64.b64decode(s, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ProtocolError(f"agent sent invalid base64 in {name}") from e
-
-
-def _relpath(v: Any) -> str:
-    """A workspace-relative path from the agent: normalized, never absolute, never ``..``."""
-    s = _str(v, "path", limit=8192)
-    if s in ("", ".") or "\x00" in s:
-        if s == ".":
-            return s
-        raise ProtocolError("agent sent an empty or NUL path")
-    norm = posixpath.normpath(s)
-    if norm.startswith("/") or norm == ".." or norm.startswith("../"):
-        raise ProtocolError(f"agent sent a path outside the workspace: {s[:200]!r}")
-    return norm
-
-
-def _etype(v: Any) -> EntryType:
-    if v not in _TYPES:
-        raise ProtocolError(f"agent sent an unknown entry type {v!r:.40}")
-    return cast(EntryType, v)
 
 
 class AgentSandbox(BackgroundMixin, Sandbox):
@@ -160,20 +122,20 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         if line_range is not None:
             args["line_range"] = [int(line_range[0]), int(line_range[1])]
         r = await self._call("read", args)
-        data = _b64(r.get("data"), "data", max_bytes)
+        data = check_b64(r.get("data"), "data", max_bytes)
         if len(data) > max_bytes:
             raise ProtocolError("agent returned more bytes than requested")
         digest = r.get("sha256")
         if digest is not None:
-            _str(digest, "sha256", limit=64)
+            check_str(digest, "sha256", limit=64)
         return ReadResult(
             data=data,
-            size=_int(r.get("size"), "size"),
+            size=check_int(r.get("size"), "size"),
             truncated=bool(r.get("truncated")),
             sha256=digest,
-            mtime_ns=_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
+            mtime_ns=check_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
             binary=bool(r.get("binary")),
-            total_lines=_opt_int(r.get("total_lines"), "total_lines"),
+            total_lines=check_opt_int(r.get("total_lines"), "total_lines"),
         )
 
     async def write(
@@ -198,8 +160,8 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         }
         r = await self._call("write", args)
         return WriteResult(
-            size=_int(r.get("size"), "size"),
-            sha256=_str(r.get("sha256"), "sha256", limit=64),
+            size=check_int(r.get("size"), "size"),
+            sha256=check_str(r.get("sha256"), "sha256", limit=64),
             created=bool(r.get("created")),
         )
 
@@ -228,14 +190,14 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         conn = await self.connection()
         r = await conn.request("write", args, timeout=self._io_timeout + DEADLINE_SLACK)
         mode = r.get("mode")
-        got = _str(r.get("staged"), "staged", limit=64)
+        got = check_str(r.get("staged"), "staged", limit=64)
         if token is not None and got != token:
             await conn.request("abort", {"staged": got}, timeout=self._io_timeout + DEADLINE_SLACK)
             raise ProtocolError("agent staged the write under another token")
         return StagedWrite(
             token=got,
-            path=_relpath(r.get("path")),
-            mode=None if mode is None else _int(mode, "mode"),
+            path=check_relpath(r.get("path")),
+            mode=None if mode is None else check_int(mode, "mode"),
         )
 
     async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
@@ -247,8 +209,8 @@ class AgentSandbox(BackgroundMixin, Sandbox):
             args["expect_path"] = expect_path
         r = await self._call("commit", args)
         return WriteResult(
-            size=_int(r.get("size"), "size"),
-            sha256=_str(r.get("sha256"), "sha256", limit=64),
+            size=check_int(r.get("size"), "size"),
+            sha256=check_str(r.get("sha256"), "sha256", limit=64),
             created=bool(r.get("created")),
         )
 
@@ -277,9 +239,9 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         r = await self._call("remove_tree", {"path": path}, timeout=max(self._io_timeout, 600.0))
         return TreeRemoval(
             removed=bool(r.get("removed")),
-            files=_int(r.get("files", 0), "files"),
-            dirs=_int(r.get("dirs", 0), "dirs"),
-            bytes=_int(r.get("bytes", 0), "bytes"),
+            files=check_int(r.get("files", 0), "files"),
+            dirs=check_int(r.get("dirs", 0), "dirs"),
+            bytes=check_int(r.get("bytes", 0), "bytes"),
         )
 
     async def chmod(self, path: str, mode: int) -> None:
@@ -292,12 +254,12 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         r = await self._call("stat", {"path": path})
         target = r.get("target")
         return FileStat(
-            path=_relpath(r.get("path")),
-            type=_etype(r.get("type")),
-            size=_int(r.get("size"), "size"),
-            mtime_ns=_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
-            mode=_int(r.get("mode"), "mode"),
-            target=None if target is None else _str(target, "target", limit=8192),
+            path=check_relpath(r.get("path")),
+            type=check_entry_type(r.get("type")),
+            size=check_int(r.get("size"), "size"),
+            mtime_ns=check_int(r.get("mtime_ns"), "mtime_ns", lo=-(1 << 62)),
+            mode=check_int(r.get("mode"), "mode"),
+            target=None if target is None else check_str(target, "target", limit=8192),
         )
 
     async def list(
@@ -320,10 +282,10 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                 raise ProtocolError("agent sent an invalid listing entry")
             entries.append(
                 ListEntry(
-                    path=_relpath(item[0]),
-                    type=_etype(item[1]),
-                    size=_int(item[2], "size"),
-                    depth=_int(item[3], "depth", lo=1),
+                    path=check_relpath(item[0]),
+                    type=check_entry_type(item[1]),
+                    size=check_int(item[2], "size"),
+                    depth=check_int(item[3], "depth", lo=1),
                 )
             )
         return ListResult(entries=entries, truncated=bool(r.get("truncated")))
@@ -360,15 +322,15 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                 raise ProtocolError("agent sent an invalid match")
             matches.append(
                 SearchMatch(
-                    path=_relpath(item[0]),
-                    line=_int(item[1], "line", lo=1),
-                    text=_str(item[2], "text", limit=8192),
+                    path=check_relpath(item[0]),
+                    line=check_int(item[1], "line", lo=1),
+                    text=check_str(item[2], "text", limit=8192),
                 )
             )
         return SearchResult(
             matches=matches,
             truncated=bool(r.get("truncated")),
-            engine=_str(r.get("engine"), "engine", limit=20),
+            engine=check_str(r.get("engine"), "engine", limit=20),
         )
 
     async def scan(
@@ -390,7 +352,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
             "since": since,
             "walk": walk,
         }
-        return _scan_result(await self._scan(req, timeout), max_files)
+        return scan_result(await self._scan(req, timeout), max_files)
 
     async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """The unchecked answer to a scan request (gVisor sandboxes answer some on the host)."""
@@ -404,7 +366,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         out: dict[str, str | None] = {}
         for p in paths:
             v = raw.get(p)
-            out[p] = None if v is None else _str(v, "sha256", limit=64)
+            out[p] = None if v is None else check_str(v, "sha256", limit=64)
         return out
 
     async def spawn(
@@ -416,7 +378,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         """
         conn = await self.connection()
         r = await conn.request("spawn", {"argv": list(argv), "cwd": cwd, "env": env or {}}, timeout=30)
-        return SandboxProcess(conn, _int(r.get("proc"), "proc", lo=1))
+        return SandboxProcess(conn, check_int(r.get("proc"), "proc", lo=1))
 
     async def info(self) -> AgentInfo:
         r = await self._call("hello", {})
@@ -517,10 +479,10 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                     truncated=False,
                 )
             if scan is not None and r.get("ran") is False:
-                raise ScanFirst(_scan_result(r.get("scan"), scan.max_files))
+                raise ScanFirst(scan_result(r.get("scan"), scan.max_files))
             scan_after = None
             if scan is not None and r.get("scan") is not None:
-                scan_after = _scan_result(r.get("scan"), scan.max_files)
+                scan_after = scan_result(r.get("scan"), scan.max_files)
             outcome = r.get("outcome")
             if outcome not in _OUTCOMES:
                 raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
@@ -530,17 +492,17 @@ class AgentSandbox(BackgroundMixin, Sandbox):
             if not isinstance(duration, int | float) or isinstance(duration, bool):
                 raise ProtocolError("agent sent an invalid duration")
             return ExecResult(
-                exit_code=_opt_int(r.get("exit_code"), "exit_code"),
-                stdout=_b64(r.get("stdout"), "stdout", limit),
-                stderr=_b64(r.get("stderr"), "stderr", limit),
+                exit_code=check_opt_int(r.get("exit_code"), "exit_code"),
+                stdout=check_b64(r.get("stdout"), "stdout", limit),
+                stderr=check_b64(r.get("stderr"), "stderr", limit),
                 outcome=cast(Outcome, outcome),
                 duration_ms=float(duration),
                 truncated=bool(r.get("truncated")),
-                signal=None if sig is None else _int(sig, "signal"),
-                stdout_bytes=_int(r.get("stdout_bytes", 0), "stdout_bytes"),
-                stderr_bytes=_int(r.get("stderr_bytes", 0), "stderr_bytes"),
+                signal=None if sig is None else check_int(sig, "signal"),
+                stdout_bytes=check_int(r.get("stdout_bytes", 0), "stdout_bytes"),
+                stderr_bytes=check_int(r.get("stderr_bytes", 0), "stderr_bytes"),
                 scan_after=scan_after,
-                disk_used=_opt_int(r.get("disk_used"), "disk_used"),
+                disk_used=check_opt_int(r.get("disk_used"), "disk_used"),
             )
 
     async def close(self) -> None:
@@ -558,56 +520,8 @@ def _output_events(on_output: OutputCallback) -> Callable[[dict[str, Any]], None
         stream = msg.get("stream")
         if stream not in ("stdout", "stderr"):
             raise ProtocolError(f"agent sent output of an unknown stream {stream!r:.40}")
-        data = _b64(msg.get("data"), "output", 1 << 20)
+        data = check_b64(msg.get("data"), "output", 1 << 20)
         if data:
             on_output(stream, data)
 
     return on_event
-
-
-def _scan_result(r: Any, max_files: int) -> ScanResult:
-    """Validate an agent's scan answer."""
-    if not isinstance(r, dict):
-        raise ProtocolError("agent sent an invalid scan")
-    raw = r.get("entries")
-    removed = r.get("removed")
-    if not isinstance(raw, list) or not isinstance(removed, list) or len(raw) > max_files:
-        raise ProtocolError("agent sent an invalid scan")
-    entries = []
-    for item in raw:
-        if not isinstance(item, list) or len(item) != 6:
-            raise ProtocolError("agent sent an invalid scan entry")
-        entries.append(
-            ScanEntry(
-                path=_relpath(item[0]),
-                type=_etype(item[1]),
-                size=_int(item[2], "size"),
-                mtime_ns=_int(item[3], "mtime_ns", lo=-(1 << 62)),
-                ino=_int(item[4], "ino"),
-                mode=_int(item[5], "mode"),
-            )
-        )
-    return ScanResult(
-        entries=entries,
-        removed=[_relpath(p) for p in removed],
-        full=bool(r.get("full")),
-        watched=r.get("watched") is True,
-        from_events=r.get("from_events") is True,
-        truncated=bool(r.get("truncated")),
-        generation=_str(r.get("generation", ""), "generation", limit=64),
-    )
-
-
-def agent_info(r: dict[str, Any]) -> AgentInfo:
-    """Validate an agent's hello."""
-    return AgentInfo(
-        version=_str(r.get("version"), "version", limit=40),
-        uid=_int(r.get("uid"), "uid"),
-        gid=_int(r.get("gid"), "gid"),
-        pid=_int(r.get("pid"), "pid"),
-        python=_str(r.get("python"), "python", limit=40),
-        kernel=_str(r.get("kernel"), "kernel", limit=200),
-        subreaper=bool(r.get("subreaper")),
-        ripgrep=bool(r.get("ripgrep")),
-        extra={"cpu_quota": q} if isinstance(q := r.get("cpu_quota"), int | float) and not isinstance(q, bool) else {},
-    )

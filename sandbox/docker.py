@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import socket
@@ -48,6 +47,7 @@ from .errors import (
 )
 from .handover import FdChannel, take_fd_channel
 from .hostscan import HostScanner
+from .identity import workspace_key
 from .logs import get_logger
 from .spec import (
     ACTIVITY_FILE,
@@ -78,10 +78,6 @@ def _int_label(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def workspace_key(workspace: Path) -> str:
-    return hashlib.sha256(str(Path(workspace).resolve()).encode()).hexdigest()[:16]
 
 
 def container_name(workspace: Path) -> str:

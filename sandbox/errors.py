@@ -91,30 +91,44 @@ class AgentError(SandboxError):
 
 
 class PathNotFoundError(AgentError, FileNotFoundError):
+    """Nothing is at the path (also a ``FileNotFoundError``)."""
+
     code = "not_found"
 
 
 class PathEscapeError(AgentError, PermissionError):
+    """The path leaves ``/workspace`` or crosses a refused link (also a ``PermissionError``)."""
+
     code = "escape"
 
 
 class NotAFileError(AgentError):
+    """A directory, FIFO, socket or device where a regular file is needed."""
+
     code = "not_a_file"
 
 
 class NotADirError(AgentError, NotADirectoryError):
+    """Something other than a directory where one is needed (also a ``NotADirectoryError``)."""
+
     code = "not_a_directory"
 
 
 class ConflictError(AgentError):
+    """A precondition did not hold (the expected content hash, an absent path)."""
+
     code = "conflict"
 
 
 class TooLargeError(AgentError):
+    """A size cap was hit."""
+
     code = "too_large"
 
 
 class InvalidPatternError(AgentError, ValueError):
+    """A search regex that does not compile (also a ``ValueError``)."""
+
     code = "invalid_pattern"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from .base import Sandbox, SandboxBackend
 from .client import AgentSandbox
 from .connection import AgentConnection, ProtocolFeed, Transport
 from .errors import SandboxLostError
+from .identity import workspace_key
 
 
 class _AgentProcessProtocol(asyncio.SubprocessProtocol):
@@ -134,7 +134,7 @@ class LocalProcessBackend(SandboxBackend):
         conn = AgentConnection(transport, label=f"local:{workspace.name}")
         # Each workspace's background processes in a directory of its own (in a container
         # the agent's /tmp is the sandbox's own).
-        procs = "/tmp/.loom-procs-local-" + hashlib.sha256(str(workspace).encode()).hexdigest()[:16]
+        procs = "/tmp/.loom-procs-local-" + workspace_key(workspace)
         await conn.start({"root": str(workspace), "activity_file": self._activity, "procs_dir": procs})
         return conn
 

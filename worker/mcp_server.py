@@ -19,21 +19,40 @@ output is also sent as it happens: each chunk one ``notifications/progress`` who
 ``message`` is the text (stdout and stderr as they come; UTF-8 with U+FFFD for other
 bytes) and whose ``progress`` counts the output's bytes so far (no ``total``: nobody
 knows it). The result is the same as without.
+
+The tool list is read live (the tool catalog registers an MCP server's tools when it
+first indexes them), and a session is told when it changes, as the protocol version it
+speaks says: on 2025-era (handshake) sessions the server declares ``tools.listChanged`` in
+its ``initialize`` result and sends ``notifications/tools/list_changed`` on the session's
+standalone channel (stdout; the streamable-HTTP ``GET`` stream); on 2026-07-28 sessions,
+which receive change notifications only on a ``subscriptions/listen`` stream they opened,
+the server serves that method (so its capabilities say ``listChanged``) and publishes the
+change to the streams that asked for ``toolsListChanged``. Changes made together are sent
+as one notification.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
-from mcp.server import Server
+from mcp.server import NotificationOptions, Server
 from mcp.server.context import ServerRequestContext
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT, StreamableHTTPSessionManager
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
@@ -45,29 +64,197 @@ from .result import ToolResult, json_safe
 from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
 from .streaming import ToolOutput
 
+if TYPE_CHECKING:
+    from .registry import ToolRegistry
+
 log = get_logger("worker.mcp")
 
 SCOPE_KEY = "loom.workspace"
+#: Seconds a session may take to accept a ``tools/list_changed`` before it is given up on.
+NOTIFY_TIMEOUT = 5.0
+#: An HTTP session without a request in flight for this long is closed (the SDK's default).
+SESSION_IDLE_TIMEOUT: float = DEFAULT_SESSION_IDLE_TIMEOUT
 
 WorkspaceResolver = Callable[[ServerRequestContext[Any, Any]], Path | None]
 
 
-def _mcp_tools(registry: Any) -> list[types.Tool]:
-    from .http.app import _schemas  # one place renders schemas for every surface
+class _Server(Server[Any]):
+    """The SDK's low-level server, declaring ``tools.listChanged`` to handshake-era clients
+    by default: the streamable-HTTP session manager builds each session's ``initialize``
+    result from :meth:`create_initialization_options` without arguments."""
 
-    return [types.Tool.model_validate(s) for s in _schemas(registry, "mcp")]
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
 
 
-def build_server(registry: Any, runner: CallRunner, resolve_workspace: WorkspaceResolver) -> Server[Any]:
-    """An MCP server whose tools are ``registry``'s, run through ``runner`` in the workspace
+@dataclass
+class _Session:
+    """A handshake-era session: where to send, and (over HTTP) whether it is still open."""
+
+    session: ServerSession
+    in_flight: int  # its HTTP requests being served now
+    last: float  # when one last started or ended (time.monotonic)
+
+
+class ToolList:
+    """The registry's tools as MCP lists them, and who is told when they change.
+
+    :meth:`tools` renders the list again only when the registry's tool version moved.
+    While :meth:`lifespan` runs (the server's lifespan) a change of the registry's tools
+    is sent to every session: handshake-era sessions, kept from their
+    ``notifications/initialized`` on, and the ``subscriptions/listen`` streams of
+    2026-07-28 sessions (:attr:`listen`).
+
+    A handshake-era session ends without a word to the server's handlers (its
+    notifications are then dropped, silently), so an HTTP one is forgotten as the session
+    manager forgets it: at its ``DELETE``, or after ``idle_timeout`` seconds without a
+    request in flight (:meth:`activity` is told of each of its requests). A stdio session
+    lasts as long as the server's lifespan.
+    """
+
+    def __init__(self, registry: ToolRegistry, *, idle_timeout: float | None = None) -> None:
+        self._registry = registry
+        self._idle_timeout = idle_timeout
+        self._rendered: tuple[int, list[types.Tool]] = (-1, [])
+        self.bus = InMemorySubscriptionBus()
+        #: The ``subscriptions/listen`` handler (serving it also declares ``listChanged``).
+        self.listen = ListenHandler(self.bus)
+        self._sessions: dict[object, _Session] = {}  # by HTTP session id (stdio: a token)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def sessions(self) -> int:
+        """How many handshake-era sessions are kept to be told of changes."""
+        return len(self._sessions)
+
+    def tools(self) -> list[types.Tool]:
+        version = self._registry.tools_version
+        if self._rendered[0] != version:
+            tools = [types.Tool.model_validate(s) for s in self._registry.all_schemas("mcp")]
+            self._rendered = (version, tools)
+        return self._rendered[1]
+
+    # -- handshake-era sessions --------------------------------------------------------------
+
+    async def session_initialized(self, ctx: ServerRequestContext[Any, Any], _params: types.NotificationParams) -> None:
+        """``notifications/initialized``: a handshake-era session is ready for notifications."""
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        self._prune()
+        sid = _http_session_id(ctx.request)
+        # Over HTTP the request carrying this notification is in flight (it ends with an
+        # activity(sid, -1)); on stdio there are no requests to count.
+        self._sessions[sid if sid is not None else object()] = _Session(ctx.session, 1, time.monotonic())
+
+    def activity(self, sid: str, change: int) -> None:
+        """An HTTP request of session ``sid`` started (``change`` 1) or ended (-1)."""
+        entry = self._sessions.get(sid)
+        if entry is not None:
+            entry.in_flight += change
+            entry.last = time.monotonic()
+
+    def forget(self, sid: str) -> None:
+        """The HTTP session ``sid`` was closed (``DELETE``)."""
+        self._sessions.pop(sid, None)
+
+    def _prune(self) -> None:
+        if self._idle_timeout is None:
+            return
+        now = time.monotonic()
+        for key, entry in list(self._sessions.items()):
+            if entry.in_flight <= 0 and now - entry.last > self._idle_timeout:
+                del self._sessions[key]
+
+    # -- telling them ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifespan(self, _server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        """Tell the sessions of tool changes for as long as the server runs."""
+        self._loop = asyncio.get_running_loop()
+        unsubscribe = self._registry.subscribe_tools(self._changed)
+        try:
+            yield {}
+        finally:
+            unsubscribe()
+            self.listen.close()
+            for task in list(self._tasks):
+                task.cancel()
+            self._sessions.clear()
+            self._loop = None
+
+    def _changed(self) -> None:
+        # Called by the registry in the thread that changed it, usually mid-task on the
+        # loop: the notification goes out from a task of its own, once for the changes
+        # made until that task starts.
+        loop = self._loop
+        if loop is None or self._scheduled:
+            return
+        self._scheduled = True
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.call_soon(self._start)
+        else:
+            loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        if self._loop is None:
+            return
+        task = self._loop.create_task(self._notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify(self) -> None:
+        await self.bus.publish(ToolsListChanged())
+        self._prune()
+        entries = list(self._sessions.items())
+        # Notifications are fire-and-forget in the SDK (a closed session drops them); the
+        # timeout only keeps one stuck stream from holding the others' back.
+        results = await asyncio.gather(
+            *(asyncio.wait_for(e.session.send_tool_list_changed(), NOTIFY_TIMEOUT) for _, e in entries),
+            return_exceptions=True,
+        )
+        for (key, _), result in zip(entries, results, strict=True):
+            if isinstance(result, BaseException):
+                log.info("mcp.notify_failed", error=repr(result)[:200])
+                self._sessions.pop(key, None)
+
+
+def _http_session_id(request: object) -> str | None:
+    """The ``Mcp-Session-Id`` of the HTTP request a message came with (None on stdio)."""
+    if isinstance(request, Request):
+        return request.headers.get(MCP_SESSION_ID_HEADER)
+    return None
+
+
+def build_server(
+    registry: ToolRegistry,
+    runner: CallRunner,
+    resolve_workspace: WorkspaceResolver,
+    tool_list: ToolList | None = None,
+) -> Server[Any]:
+    """An MCP server whose tools are ``registry``'s (read live; sessions are told when
+    they change, through ``tool_list``), run through ``runner`` in the workspace
     ``resolve_workspace(ctx)`` returns for each request."""
-    tools = _mcp_tools(registry)
-    names = frozenset(t.name for t in tools)
+    if tool_list is None:
+        tool_list = ToolList(registry)
 
     async def list_tools(
         _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=tool_list.tools())
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -76,10 +263,10 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
         arguments = dict(params.arguments or {})
         try:
             if _progress_token(ctx) is not None:
-                result = await _streamed(ctx, runner, params.name, arguments, workspace, names)
+                result = await _streamed(ctx, runner, params.name, arguments, workspace)
             else:
                 async with runner.slot():
-                    result = await runner.execute(params.name, arguments, workspace, known_tools=names)
+                    result = await runner.execute(params.name, arguments, workspace)
         except Busy as e:
             return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
         return types.CallToolResult(
@@ -88,16 +275,22 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
             is_error=not result.success,
         )
 
-    return Server(
+    server = _Server(
         "loom-worker",
         version=__version__,
         instructions=(
             "Tools that read, write, edit and search files and run shell commands in one workspace, "
             "inside an isolated sandbox. Paths are relative to the workspace root."
         ),
+        lifespan=tool_list.lifespan,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_subscriptions_listen=tool_list.listen,
     )
+    server.add_notification_handler(
+        "notifications/initialized", types.NotificationParams, tool_list.session_initialized
+    )
+    return server
 
 
 def _progress_token(ctx: ServerRequestContext[Any, Any]) -> str | int | None:
@@ -115,12 +308,11 @@ async def _streamed(
     name: str,
     arguments: dict[str, Any],
     workspace: Path | None,
-    names: frozenset[str],
 ) -> ToolResult:
     """The call, with its output sent as progress notifications. Raises Busy."""
     sent = 0
     result: ToolResult | None = None
-    async for item in runner.execute_stream(name, arguments, workspace, known_tools=names):
+    async for item in runner.execute_stream(name, arguments, workspace):
         if isinstance(item, ToolOutput):
             if not item.text:
                 continue
@@ -135,7 +327,7 @@ async def _streamed(
     return result
 
 
-async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 64) -> None:
+async def serve_stdio(registry: ToolRegistry, workspace: Path, *, max_concurrent: int = 64) -> None:
     """Serve ``workspace`` over stdin/stdout until the client closes the stream."""
     from mcp.server.stdio import stdio_server
 
@@ -150,11 +342,14 @@ async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 6
 class HttpMcp:
     """MCP streamable HTTP for the service: one session manager, the workspace from the URL."""
 
-    def __init__(self, registry: Any, runner: CallRunner, workspaces: Workspaces, *, token: str | None) -> None:
+    def __init__(
+        self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces, *, token: str | None
+    ) -> None:
         self._workspaces = workspaces
         self._token = token
         self._runner = runner
-        server = build_server(registry, runner, self._workspace_of)
+        self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT)
+        server = build_server(registry, runner, self._workspace_of, self.tool_list)
         # DNS-rebinding protection matters when there is no token (a browser page could
         # otherwise drive a loopback service); with a token, requests are authenticated.
         security = (
@@ -166,7 +361,9 @@ class HttpMcp:
                 allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
             )
         )
-        self.manager = StreamableHTTPSessionManager(app=server, security_settings=security, json_response=False)
+        self.manager = StreamableHTTPSessionManager(
+            app=server, security_settings=security, json_response=False, session_idle_timeout=SESSION_IDLE_TIMEOUT
+        )
 
     @staticmethod
     def _workspace_of(ctx: ServerRequestContext[Any, Any]) -> Path | None:
@@ -203,4 +400,15 @@ class HttpMcp:
             await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
             return
         scope[SCOPE_KEY] = path
-        await self.manager.handle_request(scope, receive, send)
+        sid = dict(scope.get("headers", [])).get(MCP_SESSION_ID_HEADER.encode())
+        if sid is None:
+            await self.manager.handle_request(scope, receive, send)
+            return
+        session_id = sid.decode("latin-1")
+        self.tool_list.activity(session_id, 1)
+        try:
+            await self.manager.handle_request(scope, receive, send)
+        finally:
+            self.tool_list.activity(session_id, -1)
+            if scope.get("method") == "DELETE":
+                self.tool_list.forget(session_id)

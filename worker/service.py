@@ -67,6 +67,11 @@ class Busy(ServiceError):
 class Registry(Protocol):
     """The part of :class:`worker.ToolRegistry` the service uses."""
 
+    @property
+    def tools_version(self) -> int: ...
+
+    def names(self) -> list[str]: ...
+
     async def execute(
         self,
         name: str,
@@ -173,6 +178,17 @@ class CallRunner:
         self._inflight = 0
         self._locks: dict[Path, asyncio.Lock] = {}
         self.opened: set[Path] = set()  # workspaces whose sandbox this process has used
+        self._known: tuple[int, frozenset[str]] = (-1, frozenset())
+
+    @property
+    def known_tools(self) -> frozenset[str]:
+        """The names of the registry's tools now (a call of another name is counted as
+        ``unknown`` in the metrics, which keeps their labels bounded). Kept by the tool
+        table's version: a tool registered or removed at run time counts at once."""
+        version = self.registry.tools_version
+        if self._known[0] != version:
+            self._known = (version, frozenset(self.registry.names()))
+        return self._known[1]
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -211,7 +227,8 @@ class CallRunner:
         on_output: OutputCallback | None = None,
     ) -> ToolResult:
         """One call, serialized per workspace, counted and logged. Never raises for a tool
-        failure (the registry turns those into results); the caller holds a :meth:`slot`."""
+        failure (the registry turns those into results); the caller holds a :meth:`slot`.
+        ``known_tools`` defaults to :attr:`known_tools` (the registry's tools now)."""
         async with self.lock(workspace):
             start = time.perf_counter()
             result = await self.registry.execute(
@@ -220,7 +237,8 @@ class CallRunner:
             seconds = time.perf_counter() - start
         if workspace is not None:
             self.opened.add(workspace)
-        label = tool if known_tools is None or tool in known_tools else "unknown"
+        known = self.known_tools if known_tools is None else known_tools
+        label = tool if tool in known else "unknown"
         # The registry logs every call (workspace, tool, call id, outcome, duration);
         # the service adds only the metrics.
         self.metrics.observe(label, result, seconds)

@@ -23,9 +23,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -33,6 +34,9 @@ from sandbox.spec import SandboxSpec, parse_size
 
 from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
+
+if TYPE_CHECKING:  # annotations only: the settings module is not needed to use these
+    from .settings import Settings
 
 SETTINGS_FILE = "settings.json"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -136,7 +140,7 @@ class Caps:
     max_idle_ttl: int = 86_400
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Caps:
+    def from_settings(cls, settings: Settings) -> Caps:
         return cls(
             max_cpus=settings.max_cpus,
             max_memory=parse_size(settings.max_memory),
@@ -334,7 +338,7 @@ class Configs:
         caps: Caps,
         *,
         egress_default: list[str] | None = None,
-        egress_socket_dir: Any = None,
+        egress_socket_dir: Callable[[Path], Path] | None = None,
     ) -> None:
         self.store = store
         self.base = base

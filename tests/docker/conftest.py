@@ -45,7 +45,7 @@ async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object
     try:
         yield reg
     finally:
-        for ws in list(reg._workspaces):
+        for ws in reg.pool.opened():
             await reg.stop(ws)
         await reg.aclose()
 

@@ -5,7 +5,10 @@
   and called through ``ToolRegistry.execute``; the tool reports where it runs;
 - this project's own MCP endpoint (served by uvicorn on loopback) as a streamable HTTP
   source: indexed, one tool called;
-- custom YAML tools through ``default_registry`` with shell metacharacters passed literally.
+- custom YAML tools through ``default_registry`` with shell metacharacters passed literally;
+- an MCP server's tools registered at run time (the first ``tool_search`` in a workspace
+  indexes it in the container) appear at once in ``GET /v1/tools`` and in the
+  ``tools/list`` of an MCP session already open, which is told of the change.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
 import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ToolsListChanged
 
 from tests.conftest import SANDBOX_IMAGE
+from tests.servers import serve_app
 from worker import default_registry
 from worker.catalog.mcp_source import MCPServerConfig
 from worker.catalog.search import Catalog
@@ -29,7 +38,7 @@ from worker.changelog import Changelog
 from worker.http import create_app
 from worker.registry import ToolRegistry
 from worker.settings import Settings
-from worker.tools.catalog_tools import register_catalog
+from worker.tools.catalog_tools import CatalogTools
 
 pytestmark = pytest.mark.docker
 
@@ -50,9 +59,12 @@ async def test_stdio_mcp_server_runs_inside_the_container(
 ) -> None:
     shutil.copy(FIXTURES / "mcp_stdio_server.py", workspace / "server.py")
     data = tmp_path / "data"
-    reg = ToolRegistry(backend=docker_backend, recorder_factory=lambda root: Changelog.open(data, root))
     server = MCPServerConfig(name="fixture", command=["python3", "server.py"], timeout=30)
-    register_catalog(reg, catalog, mcp_servers=[server])
+    reg = ToolRegistry(
+        backend=docker_backend,
+        recorder_factory=lambda root: Changelog.open(data, root),
+        catalog_tools=CatalogTools(catalog, mcp_servers=[server]),
+    )
 
     found = await reg.execute("tool_search", {"query": "report the machine host name"}, workspace)
     assert found.success, found.error
@@ -113,8 +125,8 @@ async def service_mcp_url(tmp_path: Path, docker_backend: Any) -> AsyncIterator[
 
 async def test_http_mcp_source_is_indexed_and_called(service_mcp_url: str, catalog: Catalog) -> None:
     server = MCPServerConfig(name="self", url=service_mcp_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
-    reg = ToolRegistry()  # no sandbox of its own: an HTTP MCP tool runs on its server
-    tools = register_catalog(reg, catalog, mcp_servers=[server])
+    tools = CatalogTools(catalog, mcp_servers=[server])
+    reg = ToolRegistry(catalog_tools=tools)  # no sandbox of its own: an HTTP MCP tool runs on its server
     found = await reg.execute("tool_search", {"query": "read the contents of a file", "max_results": 10})
     assert found.success, found.error
     names = [x["name"] for x in found.data["results"]]  # type: ignore[index]
@@ -153,3 +165,34 @@ async def test_custom_tools_in_default_registry(workspace: Path, tmp_path: Path,
             assert "broken.yaml" in sources["custom"].status_message
         finally:
             await reg.stop(workspace)
+
+
+async def test_mcp_tools_registered_at_run_time_reach_an_open_session(
+    docker_backend: Any, catalog: Catalog, tmp_path: Path
+) -> None:
+    server = MCPServerConfig(name="fixture", command=["python3", "server.py"], timeout=30)
+    reg = ToolRegistry(backend=docker_backend, catalog_tools=CatalogTools(catalog, mcp_servers=[server]))
+    app = create_app(Settings(workspace_root=tmp_path / "root", api_token=TOKEN), reg)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    name = "mcp__fixture__shout"
+    async with serve_app(app) as url:
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+            r = await http.post("/v1/workspaces", json={"name": "w"})
+            assert r.status_code == 201, r.text
+            shutil.copy(FIXTURES / "mcp_stdio_server.py", Path(r.json()["path"]) / "server.py")
+            assert name not in {s["function"]["name"] for s in (await http.get("/v1/tools")).json()}
+            async with httpx2.AsyncClient(headers=headers, timeout=120) as h2:
+                async with Client(streamable_http_client(f"{url}/v1/workspaces/w/mcp", http_client=h2)) as client:
+                    assert name not in {t.name for t in (await client.list_tools()).tools}
+                    async with client.listen(tools_list_changed=True) as sub:
+                        events = aiter(sub)
+                        found = await client.call_tool("tool_search", {"query": "convert text to upper case"})
+                        assert found.is_error is False
+                        assert isinstance(await asyncio.wait_for(anext(events), 60), ToolsListChanged)
+                        assert name in {t.name for t in (await client.list_tools()).tools}
+                        assert name in reg.names()
+                        assert name in {s["function"]["name"] for s in (await http.get("/v1/tools")).json()}
+                        shouted = await client.call_tool(name, {"text": "from the container"})
+                        assert shouted.is_error is False
+                        assert "FROM THE CONTAINER" in json.dumps(shouted.model_dump(mode="json"))
+    await reg.aclose()

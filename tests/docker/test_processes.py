@@ -188,13 +188,12 @@ async def test_changes_are_recorded_under_the_process_id_and_undone(registry: To
     await call(registry, ws, "shell_execute", command="echo fg > fg.txt")  # a foreground call meanwhile
     _out, _err, last = await read_until_done(registry, ws, pid)
     await asyncio.sleep(0.1)
-    log = await registry._workspaces[ws.resolve()].recorder.log(call_id=pid)  # type: ignore[attr-defined]
+    opened = registry.pool.opened()[ws.resolve()]
+    log = await opened.recorder.log(call_id=pid)  # type: ignore[attr-defined]
     changed = {e.path for e in log}
     assert {"bg.txt", "out/f"} <= changed | set(last.files_changed), (changed, last.files_changed)
     assert "fg.txt" not in changed
-    undone = await registry._workspaces[ws.resolve()].recorder.undo(
-        registry._workspaces[ws.resolve()].sandbox, call_id=pid
-    )  # type: ignore[attr-defined]
+    undone = await opened.recorder.undo(opened.sandbox, call_id=pid)  # type: ignore[attr-defined]
     assert undone is not None
     assert not (ws / "bg.txt").exists() and not (ws / "out").exists() and (ws / "fg.txt").exists()
     assert (ws / "keep.txt").read_text() == "kept\n"

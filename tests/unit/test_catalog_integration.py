@@ -24,7 +24,7 @@ from worker.cli import main
 from worker.http import create_app
 from worker.registry import ToolRegistry
 from worker.settings import Settings
-from worker.tools.catalog_tools import CatalogTools, install, mcp_tool_name, register_catalog
+from worker.tools.catalog_tools import CatalogTools, mcp_tool_name
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 HOSTILE = "; rm -rf / $(touch pwned) `id` \"' && | * $HOME \\"
@@ -76,8 +76,7 @@ def _stdio_server(name: str = "fx") -> MCPServerConfig:
 async def test_tool_search_is_a_builtin_that_needs_no_workspace(
     local_backend: Any, catalog: Catalog, workspace: Path
 ) -> None:
-    reg = ToolRegistry(backend=local_backend)
-    register_catalog(reg, catalog)
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog))
     assert reg.names()[-1] == "tool_search" and not reg.get("tool_search").needs_workspace  # type: ignore[union-attr]
 
     r = await reg.execute("tool_search", {"query": "read the contents of a file"}, workspace)
@@ -105,8 +104,7 @@ async def test_tool_search_never_returns_tools_the_registry_cannot_run(
         mcp_server="ghost",
     )
     await catalog.index_tools("mcp", [ghost], mcp_server="ghost")
-    reg = ToolRegistry(backend=local_backend)
-    register_catalog(reg, catalog)
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog))
     r = await reg.execute("tool_search", {"query": "send a message to Slack", "max_results": 10}, workspace)
     assert r.success and "send_slack" not in {x["name"] for x in r.data["results"]}  # type: ignore[index]
     assert await catalog.get_tool("mcp:ghost:send_slack") is not None  # still indexed, just not offered
@@ -114,16 +112,14 @@ async def test_tool_search_never_returns_tools_the_registry_cannot_run(
 
 @pytest.mark.parametrize("query", ["", "   ", "\n\t"])
 async def test_empty_query_is_invalid_query(local_backend: Any, catalog: Catalog, query: str) -> None:
-    reg = ToolRegistry(backend=local_backend)
-    register_catalog(reg, catalog)
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog))
     r = await reg.execute("tool_search", {"query": query})
     assert not r.success and r.error is not None and r.error.startswith("INVALID_QUERY")
     assert r.data == {"error_code": "INVALID_QUERY"}
 
 
 async def test_ten_concurrent_first_searches(local_backend: Any, catalog: Catalog, workspace: Path) -> None:
-    reg = ToolRegistry(backend=local_backend)
-    register_catalog(reg, catalog, custom_tools=_custom(ECHO_TOOL))
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog, custom_tools=_custom(ECHO_TOOL)))
     queries = ["read a file", "run a shell command", 'NEAR( "', "* OR", "list directory"] * 2
     results = await asyncio.gather(*(reg.execute("tool_search", {"query": q}, workspace) for q in queries))
     assert all(r.success for r in results), [r.error for r in results]
@@ -138,8 +134,10 @@ async def test_custom_tools_are_registered_searchable_and_run_literally(
     local_backend: Any, catalog: Catalog, workspace: Path, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    reg = ToolRegistry(backend=local_backend, recorder_factory=lambda root: Changelog.open(data, root))
-    tools = register_catalog(reg, catalog, custom_tools=_custom(ECHO_TOOL, NOTE_TOOL))
+    tools = CatalogTools(catalog, custom_tools=_custom(ECHO_TOOL, NOTE_TOOL))
+    reg = ToolRegistry(
+        backend=local_backend, recorder_factory=lambda root: Changelog.open(data, root), catalog_tools=tools
+    )
     assert {"echo_args", "save_note"} <= set(reg.names())
     assert tools.ids["echo_args"] == "custom:echo_args"
     schema = next(s for s in reg.all_schemas() if s["function"]["name"] == "save_note")
@@ -172,9 +170,10 @@ async def test_custom_tools_are_registered_searchable_and_run_literally(
 async def test_custom_tool_arguments_are_checked_and_failures_reported(
     local_backend: Any, catalog: Catalog, workspace: Path
 ) -> None:
-    reg = ToolRegistry(backend=local_backend)
     fails = "name: nope\ndescription: exits 3\nscript: 'echo oops >&2; exit 3'\n"
-    register_catalog(reg, catalog, custom_tools=_custom(ECHO_TOOL, fails))
+    reg = ToolRegistry(
+        backend=local_backend, catalog_tools=CatalogTools(catalog, custom_tools=_custom(ECHO_TOOL, fails))
+    )
     r = await reg.execute("echo_args", {"words": "not a list"}, workspace)
     assert not r.success and r.error is not None and r.error.startswith("Invalid arguments for echo_args")
     r = await reg.execute("echo_args", {"words": ["a"], "extra": 1}, workspace)
@@ -193,9 +192,8 @@ def test_bad_files_and_name_clashes_are_reported_and_do_not_stop_the_others(tmp_
     (tools_dir / "c_ok.yaml").write_text(ECHO_TOOL)
     (tmp_path / "mcp.yaml").write_text("servers:\n  bad: {url: 'ftp://x'}\n")
     settings = Settings(data_dir=tmp_path / "data", tools_dir=tools_dir, mcp_servers_file=tmp_path / "mcp.yaml")
-    reg = ToolRegistry()
     tools = CatalogTools.from_settings(settings)
-    install(reg, tools)
+    reg = ToolRegistry(catalog_tools=tools)
     assert "echo_args" in reg.names() and reg.get("read_file").description != "shadows a builtin"  # type: ignore[union-attr]
     assert set(tools.errors) == {"custom:a_bad.yaml", "custom:read_file", "mcp:bad"}
     assert "already taken" in tools.errors["custom:read_file"]
@@ -210,8 +208,10 @@ async def test_stdio_mcp_server_indexed_and_called_through_the_registry(
 ) -> None:
     shutil.copy(FIXTURES / "mcp_stdio_server.py", workspace / "server.py")
     data = tmp_path / "data"
-    reg = ToolRegistry(backend=local_backend, recorder_factory=lambda root: Changelog.open(data, root))
-    tools = register_catalog(reg, catalog, mcp_servers=[_stdio_server()])
+    tools = CatalogTools(catalog, mcp_servers=[_stdio_server()])
+    reg = ToolRegistry(
+        backend=local_backend, recorder_factory=lambda root: Changelog.open(data, root), catalog_tools=tools
+    )
     name = mcp_tool_name("fx", "shout")
     assert name == "mcp__fx__shout" and name not in reg.names()  # not indexed yet
 
@@ -248,8 +248,8 @@ async def test_stdio_mcp_server_indexed_and_called_through_the_registry(
 
 async def test_stdio_server_that_dies_is_infrastructure(local_backend: Any, catalog: Catalog, workspace: Path) -> None:
     (workspace / "server.py").write_text("import sys\nprint('broken server', file=sys.stderr)\nsys.exit(4)\n")
-    reg = ToolRegistry(backend=local_backend)
-    tools = register_catalog(reg, catalog, mcp_servers=[_stdio_server("dead")])
+    tools = CatalogTools(catalog, mcp_servers=[_stdio_server("dead")])
+    reg = ToolRegistry(backend=local_backend, catalog_tools=tools)
     report = await tools.refresh(reg, await reg.workspace(workspace))
     assert "exited with code 4" in report.errors["mcp:dead"] and "broken server" in report.errors["mcp:dead"]
     (src,) = [s for s in await catalog.list_sources() if s.name == "mcp:dead"]
@@ -315,8 +315,7 @@ async def _http(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_http_search(local_backend: Any, catalog: Catalog, tmp_path: Path) -> None:
-    reg = ToolRegistry(backend=local_backend)
-    register_catalog(reg, catalog, custom_tools=_custom(ECHO_TOOL))
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog, custom_tools=_custom(ECHO_TOOL)))
     app = create_app(Settings(workspace_root=tmp_path / "root"), reg)
     async for c in _http(app):
         r = await c.get("/v1/tools/search", params={"query": "read a file", "max_results": 2})

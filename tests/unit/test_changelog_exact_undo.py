@@ -188,6 +188,6 @@ async def test_a_dry_run_touches_nothing(cl, box, workspace: Path) -> None:
     ],
 )
 def test_what_is_tracked_by_stat_only(path: str, root: str | None) -> None:
-    from worker.changelog.shellscan import ignored_root
+    from worker.changelog.shellrows import ignored_root
 
     assert ignored_root(path, Limits().ignored_dirs) == root

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -333,6 +333,16 @@ class GatedRegistry:
 
     def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
         return self.inner.all_schemas(fmt)
+
+    def names(self) -> list[str]:
+        return self.inner.names()
+
+    @property
+    def tools_version(self) -> int:
+        return self.inner.tools_version
+
+    def subscribe_tools(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.inner.subscribe_tools(callback)
 
     async def stop(self, path: Path) -> bool:
         return await self.inner.stop(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import typing
 from pathlib import Path
@@ -193,6 +194,23 @@ def test_tools_from_the_cache_are_the_same_bytes_and_follow_changes(tmp_path: Pa
         # Another format and other settings are other entries.
         assert json.loads(cli(env, "tools").stdout)[0]["type"] == "function"
         assert b'"tool_search"' not in cli({**env, "LOOM_CATALOG": "false"}, "tools").stdout
+
+
+def test_the_tools_cache_follows_mcp_tools_indexed_by_another_process(tmp_path: Path, workspace: Path) -> None:
+    # An MCP server's tools are registered when the catalog first indexes it, in whichever
+    # process does; the cached listing depends on the catalog database they are indexed
+    # in, so the next `tools` lists them.
+    shutil.copy(Path(__file__).parent.parent / "fixtures" / "mcp_stdio_server.py", workspace / "server.py")
+    (tmp_path / "mcp.yaml").write_text("servers:\n  fx: {command: [python3, server.py]}\n")
+    with run_dir() as run:
+        env = cli_env(run, tmp_path / "data", LOOM_MCP_SERVERS_FILE=str(tmp_path / "mcp.yaml"))
+        before = cli(env, "tools")
+        assert before.returncode == 0 and b'"mcp__fx__shout"' not in before.stdout
+        assert cli(env, "tools").stdout == before.stdout  # (from the cache)
+        index = cli(env, "tools", "index", "--workspace", str(workspace), "--backend", "local")
+        assert index.returncode == 0, index.stderr
+        after = cli(env, "tools")
+        assert after.returncode == 0 and b'"mcp__fx__shout"' in after.stdout
 
 
 def test_a_listing_that_warned_is_not_cached(tmp_path: Path) -> None:

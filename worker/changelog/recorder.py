@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import hashlib
 import os
 import sqlite3
 import threading
@@ -46,6 +45,7 @@ from typing import Any, TypeVar
 
 from sandbox.base import Sandbox, WriteResult
 from sandbox.errors import AgentError, ConflictError, PathNotFoundError
+from sandbox.identity import workspace_digest
 from sandbox.logs import get_logger
 
 from .errors import ChangelogStorageError
@@ -60,9 +60,9 @@ _Finish = tuple[int, tuple[str, str | None] | None, int | None, int | None]
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
-    """``data_dir/workspaces/<sha256 of the real path>``: the key only, nothing is read there."""
-    real = os.path.realpath(workspace)
-    return Path(data_dir) / "workspaces" / hashlib.sha256(real.encode()).hexdigest()[:32]
+    """``data_dir/workspaces/<sha256 of the real path>`` (its first 32 hex digits,
+    :func:`sandbox.identity.workspace_digest`): the key only, nothing is read there."""
+    return Path(data_dir) / "workspaces" / workspace_digest(workspace)[:32]
 
 
 @dataclass

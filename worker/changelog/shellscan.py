@@ -38,16 +38,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
 from sandbox.errors import AgentError, PathNotFoundError
 
-from .model import size_text
 from .recorder import ChangelogCore
-from .store import BASELINE_COLUMNS, Store, sha256
+from .shellrows import (
+    Group,
+    Row,
+    change_entry,
+    covering,
+    dir_order,
+    ignored_root,
+    is_move,
+    mode_changed,
+    symlink_digest,
+    tree_roots,
+    why_not,
+)
+from .store import BASELINE_COLUMNS, Store
 
 RACY_NS = 1_000_000_000
 #: The baseline's format: "2" lists directories too. A baseline of version "1" (files
@@ -55,45 +66,6 @@ RACY_NS = 1_000_000_000
 #: them as created.
 BASELINE_VERSION = "2"
 _READ_CONCURRENCY = 16
-
-
-@dataclass
-class Row:
-    """One baseline row."""
-
-    path: str
-    type: str
-    size: int
-    mtime_ns: int
-    ino: int
-    mode: int
-    sha256: str | None
-    target: str | None
-    status: str  # ok | too_large | over_cap | ignored | symlink | other | unreadable
-    racy: int = 0
-
-    def same_stat(self, e: ScanEntry) -> bool:
-        return (self.type, self.size, self.mtime_ns, self.ino, self.mode) == (
-            e.type,
-            e.size,
-            e.mtime_ns,
-            e.ino,
-            e.mode,
-        )
-
-    def values(self) -> tuple[Any, ...]:
-        return (
-            self.path,
-            self.type,
-            self.size,
-            self.mtime_ns,
-            self.ino,
-            self.mode,
-            self.sha256,
-            self.target,
-            self.status,
-            self.racy,
-        )
 
 
 @dataclass
@@ -113,39 +85,6 @@ class _Batch:
     blobs: list[tuple[str, bytes]] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
-
-
-#: Under a ``.git`` directory, these hold what git only ever adds to (objects, LFS
-#: content): tracked by stat only, while the small files that say where the repository
-#: stands (HEAD, refs, packed-refs, config, index, logs) keep their content, so an agent's
-#: ``git commit``/``checkout -b``/``reset``/``stash`` can be undone exactly.
-GIT_STORES = frozenset({"objects", "lfs"})
-
-
-def ignored_root(path: str, ignored: Iterable[str]) -> str | None:
-    """The stat-only directory ``path`` lies strictly under (``a/node_modules``,
-    ``.git/objects``), or None."""
-    parts = path.split("/")
-    names = set(ignored)
-    in_git = False  # submodules keep their stores under .git/modules/<name>/objects
-    for i, comp in enumerate(parts[:-1]):
-        if comp in names or (in_git and comp in GIT_STORES):
-            return "/".join(parts[: i + 1])
-        in_git = in_git or comp == ".git"
-    return None
-
-
-def tree_name(path: str, ignored: Iterable[str]) -> bool:
-    """Whether a directory made at ``path`` is recorded as one tree entry: an ignored
-    directory (``node_modules``, ``.venv``, ``__pycache__``...) or a repository (``.git``)."""
-    name = path.rpartition("/")[2]
-    return name == ".git" or name in set(ignored)
-
-
-def symlink_digest(target: str) -> str:
-    """The hash a symlink is recorded under: sha256 of its target (the blob stores the
-    target, so a removed or changed link can be made again)."""
-    return sha256(target.encode("utf-8", "surrogateescape"))
 
 
 class ShellTracker:
@@ -338,7 +277,7 @@ class ShellTracker:
         batch = await self._diff(sandbox, changed, removed, racy, rows, record)
         if record is not None and res.truncated:
             batch.entries.append(
-                _entry(
+                change_entry(
                     record,
                     "modify",
                     ".",
@@ -398,10 +337,10 @@ class ShellTracker:
                     changed.append(ScanEntry(p, "file", b.size, -1, 0, b.mode))
         described = [(e, row, data) for e, row, data in await self._describe_all(sandbox, changed, budget) if row]
         new = {row.path: row for _e, row, _d in described if rows.get(row.path) is None}
-        trees = _tree_roots(new, ignored_names)
+        trees = tree_roots(new, ignored_names)
         created: dict[int, tuple[ScanEntry, Row, bytes | None]] = {}
         gone: dict[str, Row] = {p: rows[p] for p in removed if p in rows}
-        groups: dict[str, _Group] = {}
+        groups: dict[str, Group] = {}
         for e, row, data in described:
             b = rows.get(e.path)
             if data is not None and row.sha256:
@@ -410,7 +349,7 @@ class ShellTracker:
             if b is None:
                 if row.path in trees:
                     continue  # its one entry is made below
-                tree = _covering(row.path, trees)
+                tree = covering(row.path, trees)
                 if tree is not None:
                     trees[tree].add(row)
                     continue
@@ -418,7 +357,7 @@ class ShellTracker:
                     continue  # an old baseline's directory, not a new one
                 root = ignored_root(row.path, ignored_names)
                 if root is not None:
-                    groups.setdefault(root, _Group(root)).add_created(row, new)
+                    groups.setdefault(root, Group(root)).add_created(row, new)
                 elif row.type == "file" and row.ino:
                     created[row.ino] = (e, row, data)
                 else:
@@ -427,10 +366,10 @@ class ShellTracker:
             if row.status == "ignored" and b.status == "ignored":
                 if b.type != row.type or (row.type != "dir" and not b.same_stat(e)):
                     root = ignored_root(row.path, ignored_names) or ""
-                    groups.setdefault(root, _Group(root)).add_changed(b)
+                    groups.setdefault(root, Group(root)).add_changed(b)
                 continue
             if b.type == row.type and b.sha256 == row.sha256 and b.target == row.target:
-                if not _mode_changed(b, row):
+                if not mode_changed(b, row):
                     continue  # touched, not changed
             self._change(batch, record, b, row)
         for p, b in gone.items():
@@ -438,13 +377,13 @@ class ShellTracker:
             root = ignored_root(p, ignored_names)
             if root is not None and b.status == "ignored":
                 if gone.get(p.rpartition("/")[0]) is None or p.rpartition("/")[0] == root:
-                    groups.setdefault(root, _Group(root)).add_changed(b)
-            elif _is_move(b, created.get(b.ino)):
+                    groups.setdefault(root, Group(root)).add_changed(b)
+            elif is_move(b, created.get(b.ino)):
                 _e, row, _d = created.pop(b.ino)
                 batch.changed += [p, row.path]
                 if record is not None:
                     batch.entries.append(
-                        _entry(record, "rename", p, new_path=row.path, before=b, after=row, restorable=True)
+                        change_entry(record, "rename", p, new_path=row.path, before=b, after=row, restorable=True)
                     )
             else:
                 self._change(batch, record, b, None)
@@ -456,7 +395,7 @@ class ShellTracker:
                 batch.entries.append(made.entry(record))
         # Directories made come before what was put in them and directories removed after
         # what they held, so undoing in reverse order empties a directory before removing it.
-        batch.entries.sort(key=_dir_order)
+        batch.entries.sort(key=dir_order)
         for _root, group in sorted(groups.items()):
             batch.changed += group.files()
             if record is not None:
@@ -470,240 +409,8 @@ class ShellTracker:
         if record is None:
             return
         op = "create" if b is None else ("delete" if a is None else "modify")
-        note = None if b is None else _why_not(b)
+        note = None if b is None else why_not(b)
         restorable = note is None
         if a is not None and a.type == "symlink":
             note = (note + "; " if note else "") + f"now a symlink -> {a.target}"
-        batch.entries.append(_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))
-
-
-class _Tree:
-    """A directory a command made whole, and everything made in it (one entry)."""
-
-    def __init__(self, row: Row) -> None:
-        self.row = row
-        self.files = 0
-        self.dirs = 0
-        self.bytes = 0
-
-    def add(self, row: Row) -> None:
-        if row.type == "dir":
-            self.dirs += 1
-        else:
-            self.files += 1
-            self.bytes += max(row.size, 0) if row.type == "file" else 0
-
-    def entry(self, record: dict[str, Any]) -> dict[str, Any]:
-        e = _entry(
-            record,
-            "create",
-            self.row.path,
-            after=self.row,
-            restorable=True,
-            note=f"made with {_count(self.files, self.dirs, self.bytes)} in it",
-        )
-        e.update(tree_files=self.files, tree_bytes=self.bytes)
-        return e
-
-
-class _Group:
-    """What one command did under one stat-only directory that already existed."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.created: list[Row] = []  # the topmost made (a directory stands for its content)
-        self.inside: dict[str, list[int]] = {}  # topmost made directory -> [files, dirs, bytes]
-        self.changed: list[Row] = []  # modified or removed, content never kept
-
-    def add_created(self, row: Row, new: dict[str, Row]) -> None:
-        parent = row.path.rpartition("/")[0]
-        top = None
-        while parent and parent != self.root:
-            if parent in new:
-                top = parent
-            parent = parent.rpartition("/")[0]
-        if top is None:
-            self.created.append(row)
-            if row.type == "dir":
-                self.inside.setdefault(row.path, [0, 0, 0])
-            else:
-                self.inside[row.path] = [1, 0, max(row.size, 0) if row.type == "file" else 0]
-            return
-        c = self.inside.setdefault(top, [0, 0, 0])
-        if row.type == "dir":
-            c[1] += 1
-        else:
-            c[0] += 1
-            c[2] += max(row.size, 0) if row.type == "file" else 0
-
-    def add_changed(self, b: Row) -> None:
-        self.changed.append(b)
-
-    def files(self) -> list[str]:
-        out = [r.path + ("/" if r.type == "dir" else "") for r in self.created]
-        return out + [r.path for r in self.changed if r.type != "dir"]
-
-    def entries(self, record: dict[str, Any]) -> list[dict[str, Any]]:
-        out = []
-        if self.created:
-            files = sum(c[0] for c in self.inside.values())
-            dirs = sum(c[1] for c in self.inside.values()) + sum(r.type == "dir" for r in self.created)
-            size = sum(c[2] for c in self.inside.values())
-            names = sorted(r.path[len(self.root) + 1 :] for r in self.created)
-            e = _entry(
-                record,
-                "create",
-                self.root,
-                restorable=True,
-                note=f"made {_count(files, dirs, size)} under {self.root}: " + _some(names),
-            )
-            e.update(before_kind="dir", after_kind="dir", tree_files=files, tree_bytes=size)
-            e["_members"] = [(r.path, r.type) for r in self.created]
-            out.append(e)
-        if self.changed:
-            names = sorted(r.path[len(self.root) + 1 :] for r in self.changed)
-            e = _entry(
-                record,
-                "modify",
-                self.root,
-                restorable=False,
-                note=(
-                    f"{len(self.changed)} path(s) that existed before changed or removed under {self.root} "
-                    "(tracked by stat only, content not kept): " + _some(names)
-                ),
-            )
-            nondirs = [r for r in self.changed if r.type != "dir"]
-            e.update(
-                before_kind="dir",
-                after_kind="dir",
-                tree_files=len(nondirs),
-                tree_bytes=sum(max(r.size, 0) for r in nondirs if r.type == "file"),
-            )
-            e["_members"] = [(r.path, r.type) for r in self.changed]
-            out.append(e)
-        return out
-
-
-#: A new directory holding more new paths than this is one tree entry whatever its name
-#: (``pip install --target deps``, an unpacked archive): a user reads one line, not
-#: hundreds. Its files' content is still kept in the baseline, so later edits of them
-#: stay restorable; smaller new directories get an entry per path (and a diff).
-TREE_MIN_PATHS = 64
-
-
-def _tree_roots(new: dict[str, Row], ignored: Iterable[str]) -> dict[str, _Tree]:
-    """The new directories recorded as one tree entry each: named as an ignored directory
-    or ``.git``, or holding more than :data:`TREE_MIN_PATHS` new paths; not inside
-    another such new tree nor inside a stat-only directory (there the group entry of that
-    directory covers them)."""
-    inside: dict[str, int] = {}
-    for path in new:
-        parent = path.rpartition("/")[0]
-        while parent in new:
-            inside[parent] = inside.get(parent, 0) + 1
-            parent = parent.rpartition("/")[0]
-    out: dict[str, _Tree] = {}
-    for path in sorted(new, key=lambda p: p.count("/")):
-        row = new[path]
-        if row.type != "dir" or ignored_root(path, ignored) is not None:
-            continue
-        if not tree_name(path, ignored) and inside.get(path, 0) <= TREE_MIN_PATHS:
-            continue
-        if _covering(path, out) is None:
-            out[path] = _Tree(row)
-    return out
-
-
-def _covering(path: str, trees: dict[str, _Tree]) -> str | None:
-    """The tree in ``trees`` that ``path`` lies strictly inside, or None."""
-    parent = path.rpartition("/")[0]
-    while parent:
-        if parent in trees:
-            return parent
-        parent = parent.rpartition("/")[0]
-    return None
-
-
-def _mode_changed(b: Row, a: Row) -> bool:
-    # A mode of 0 is unknown (a row written by a tool's change or an undo, or a directory
-    # of a baseline from before directories had modes): refreshed, not a change.
-    return b.mode != 0 and (b.mode & 0o7777) != (a.mode & 0o7777)
-
-
-def _count(files: int, dirs: int, size: int) -> str:
-    return f"{files} file(s) and {dirs} director{'y' if dirs == 1 else 'ies'}, {size_text(size)}"
-
-
-def _some(names: list[str], k: int = 5) -> str:
-    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
-
-
-def _dir_order(e: dict[str, Any]) -> tuple[int, int]:
-    depth = e["path"].count("/")
-    if e["op"] == "create" and e["after_kind"] == "dir":
-        return (0, depth)
-    if e["op"] == "delete" and e["before_kind"] == "dir":
-        return (2, -depth)
-    return (1, 0)
-
-
-def _is_move(b: Row, c: tuple[ScanEntry, Row, bytes | None] | None) -> bool:
-    # Same inode *and* same content: a freed inode is often reused at once by a new file.
-    return c is not None and b.type == "file" and b.status == "ok" and c[1].sha256 == b.sha256
-
-
-def _why_not(b: Row) -> str | None:
-    """Why the state ``b`` cannot be put back, or None when it can."""
-    if b.type == "dir":
-        return None
-    if b.type == "symlink":
-        return None if b.sha256 else "was a symlink whose target could not be read"
-    if b.type != "file":
-        return "was a special file (FIFO, socket or device); it cannot be made again"
-    if b.status != "ok":
-        return {
-            "too_large": "before-image not kept: over the per-file size cap",
-            "over_cap": "before-image not kept: the baseline's total size cap was reached",
-            "unreadable": "before-image not kept: the file was unreadable",
-            "ignored": "before-image not kept: under a directory tracked by stat only",
-        }.get(b.status, b.status)
-    return None
-
-
-def _entry(
-    record: dict[str, Any],
-    op: str,
-    path: str,
-    *,
-    new_path: str | None = None,
-    before: Row | None = None,
-    after: Row | None = None,
-    restorable: bool,
-    note: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "ts": time.time(),
-        "call_id": record.get("call_id"),
-        "subtask_id": record.get("subtask_id"),
-        "tool": record.get("tool") or "shell_execute",
-        "op": op,
-        "path": path,
-        "new_path": new_path,
-        "before_hash": before.sha256 if before else None,
-        "after_hash": after.sha256 if after else None,
-        "before_kind": _kind(before),
-        "after_kind": _kind(after),
-        "before_mode": before.mode if before and before.mode else None,
-        "after_mode": after.mode if after and after.mode else None,
-        "state": "applied",
-        "origin": "shell",
-        "restorable": int(restorable),
-        "note": note if note is not None else (f"$ {record['command'][:200]}" if record.get("command") else None),
-        "reverts": None,
-    }
-
-
-def _kind(r: Row | None) -> str | None:
-    if r is None:
-        return None
-    return r.type if r.type in ("file", "symlink", "dir") else "other"
+        batch.entries.append(change_entry(record, op, path, before=b, after=a, restorable=restorable, note=note))

@@ -24,7 +24,7 @@ from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
 from .model import Entry, UndoResult, UndoStep
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, Current, _finish_in
-from .shellscan import symlink_digest
+from .shellrows import symlink_digest
 
 State = tuple[str | None, str | None]
 _MAX_ID = (1 << 63) - 1  # (kind or None when absent, sha256 for files)

@@ -23,14 +23,17 @@ from __future__ import annotations
 import importlib
 import sys
 
+# In a module of their own, so that the command modules using them (``from .common
+# import ...``) do not import this package back: it imports them. Re-exported here.
+from .common import load_settings, path_arg
+
 # Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
-    from pathlib import Path
 
-    from ..settings import Settings
+__all__ = ["ALONE", "COMMAND_MODULES", "build_parser", "load_settings", "main", "path_arg"]
 
 COMMAND_MODULES = (
     "worker.cli.sandboxes",  # demo, doctor, gc, stop
@@ -94,27 +97,6 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
             if "-v" not in child._option_string_actions:
                 verbosity.add_flag(child)
             _add_verbosity(child)
-
-
-def path_arg(value: str) -> Path:
-    """``type=`` of a path option (pathlib is imported only when one is given)."""
-    from pathlib import Path
-
-    return Path(value)
-
-
-def load_settings() -> Settings:
-    """The ``LOOM_*`` settings. A value that does not validate is a usage error: it is
-    reported naming the variable, and the process exits 2 (raises SystemExit)."""
-    from pydantic import ValidationError
-
-    from ..settings import Settings, describe_errors
-
-    try:
-        return Settings()
-    except ValidationError as e:
-        print(f"loom-worker: error: {describe_errors(e)}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,26 +42,22 @@ def _logging(settings: Settings) -> None:
 def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:
     """The builtin tools plus the catalog's, with no sandbox backend (nothing runs here)."""
     from ..registry import ToolRegistry
-    from ..tools.catalog_tools import CatalogTools, install
+    from ..tools.catalog_tools import CatalogTools
 
     _logging(settings)
-    registry = ToolRegistry()
     tools = CatalogTools.from_settings(settings)
-    install(registry, tools)
-    return registry, tools
+    return ToolRegistry(catalog_tools=tools), tools
 
 
 def _sandbox_registry(settings: Settings, backend: str) -> ToolRegistry:
     from ..registry import ToolRegistry
-    from ..tools.catalog_tools import CatalogTools, install
+    from ..tools.catalog_tools import CatalogTools
 
     _logging(settings)
     if backend == "local":  # unit tests only: no isolation
         from sandbox.local import LocalProcessBackend
 
-        registry = ToolRegistry(backend=LocalProcessBackend())
-        install(registry, CatalogTools.from_settings(settings))
-        return registry
+        return ToolRegistry(backend=LocalProcessBackend(), catalog_tools=CatalogTools.from_settings(settings))
     from ..registry import default_registry
 
     return default_registry(settings, catalog=True)
@@ -76,6 +72,7 @@ def _cmd_index(args: argparse.Namespace, settings: Settings) -> int:
         registry = _sandbox_registry(settings, args.backend)
         async with registry:
             ws = await registry.workspace(args.workspace)
+            assert registry.catalog_tools is not None  # (made with the catalog)
             try:
                 return await registry.catalog_tools.refresh(registry, ws, mcp=not args.no_mcp)
             finally:
@@ -138,7 +135,7 @@ def _cmd_tools(args: argparse.Namespace, _settings: Settings | None) -> int:
     if text is None:
         from ..localworker.inputs import registry_inputs
         from ..registry import ToolRegistry
-        from . import load_settings
+        from .common import load_settings
 
         settings = load_settings()
         if settings.catalog:

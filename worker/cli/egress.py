@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import path_arg
+from .common import path_arg
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -201,7 +201,8 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
     import signal
 
     from ..localworker.calls import Calls
-    from . import load_settings, verbosity
+    from . import verbosity
+    from .common import load_settings
 
     settings = load_settings()
     verbosity.configure(settings)

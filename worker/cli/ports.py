@@ -168,7 +168,8 @@ def _cmd_port_forward(args: argparse.Namespace, _settings: Settings | None) -> i
 
     from sandbox.errors import SandboxError
 
-    from . import load_settings, verbosity
+    from . import verbosity
+    from .common import load_settings
 
     settings = load_settings()
     verbosity.configure(settings)

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import path_arg
+from .common import path_arg
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -200,7 +200,8 @@ class Runner:
             import asyncio
 
             from ..localworker.calls import Calls
-            from . import load_settings, verbosity
+            from . import verbosity
+            from .common import load_settings
 
             settings = load_settings()
             # Before the registry is built: building it may log (a custom tool file that

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import path_arg
+from .common import path_arg
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.identity import workspace_key
 from sandbox.logs import get_logger
 
 from .handler import Connection, Served
 from .log import EgressLog, EgressRecord
 from .policy import EgressPolicy
 from .pump import RateBudget
-from .setup import workspace_key
 from .upstream import Upstream
 
 log = get_logger("worker.egress")

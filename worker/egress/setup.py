@@ -2,37 +2,40 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from sandbox.identity import workspace_key
 from sandbox.logs import get_logger
 
 from .policy import parse_allow_env
 
+if TYPE_CHECKING:  # only for annotations: the gateway's imports are paid when it is made
+    from ..settings import Settings
+    from ..workspace_settings import Configs
+    from .gateway import EgressGateway
+
 log = get_logger("worker.egress")
 
-
-def workspace_key(root: Path) -> str:
-    """The key of a workspace's socket directory (the one its container is named by)."""
-    return hashlib.sha256(str(root).encode()).hexdigest()[:16]
+GatewayFactory = Callable[["Configs"], "EgressGateway"]
 
 
-def egress_dir_of(settings: Any) -> Path:
+def egress_dir_of(settings: Settings) -> Path:
     return Path(settings.egress_dir) if settings.egress_dir else Path(settings.data_dir) / "egress"
 
 
-def egress_parts(settings: Any) -> tuple[list[str], Callable[[Path], Path], Callable[[Any], Any]]:
+def egress_parts(settings: Settings) -> tuple[list[str], Callable[[Path], Path], GatewayFactory]:
     """``(default allowlist, socket directory of a workspace, gateway factory)``; the
     factory takes the registry's :class:`~worker.workspace_settings.Configs` and imports
     the gateway only when a workspace allowed out is first opened."""
     egress_dir = egress_dir_of(settings)
 
     def socket_dir(root: Path) -> Path:
+        # The same directory EgressGateway.socket_dir names: both use the workspace key.
         return egress_dir / workspace_key(root)
 
-    def make_gateway(configs: Any) -> Any:
+    def make_gateway(configs: Configs) -> EgressGateway:
         from sandbox.spec import parse_size
 
         from ..workspace_settings import SettingsError
@@ -44,8 +47,7 @@ def egress_parts(settings: Any) -> tuple[list[str], Callable[[Path], Path], Call
 
         def policy_of(root: Path) -> EgressPolicy | None:
             try:
-                policy: EgressPolicy = configs.policy(root)
-                return policy
+                return configs.policy(root)
             except (SettingsError, OSError) as e:  # an unreadable settings file: nothing out
                 log.warning("egress.policy_unreadable", workspace=str(root), error=str(e))
                 return None

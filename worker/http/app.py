@@ -40,6 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import __version__ as _pkg_version
+from sandbox.base import RestartCounter
 from sandbox.logs import get_logger
 
 from ..metrics import Metrics
@@ -304,7 +305,6 @@ def create_app(
     )
     app.state.settings = settings
     app.state.workspaces = workspaces
-    app.state.schema_cache = {}
     app.state.metrics = box_metrics
 
     def reject_auth() -> None:
@@ -364,12 +364,7 @@ def create_app(
         return runner
 
     def known_tools(request: Request) -> frozenset[str]:
-        # Computed once: rendering every schema per call would cost milliseconds.
-        names: frozenset[str] | None = getattr(request.app.state, "tool_names", None)
-        if names is None:
-            names = frozenset(s["function"]["name"] for s in request.app.state.registry.all_schemas())
-            request.app.state.tool_names = names
-        return names
+        return runner_of(request).known_tools  # the registry's tools now (tools change)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
@@ -383,10 +378,7 @@ def create_app(
     async def tools(
         request: Request, format: Literal["openai", "anthropic", "mcp"] = Query("openai")
     ) -> list[dict[str, Any]]:
-        cache: dict[str, list[dict[str, Any]]] = request.app.state.schema_cache
-        if format not in cache:  # the tools do not change while the service runs
-            cache[format] = _schemas(request.app.state.registry, format)
-        return cache[format]
+        return _schemas(request.app.state.registry, format)  # read live: tools can be added at run time
 
     @app.get(
         "/v1/tools/search",
@@ -572,7 +564,7 @@ def _backend(registry: Any) -> Any:
 def _backend_restarts(runner_box: dict[str, CallRunner]) -> int:
     runner = runner_box.get("r")
     backend = _backend(runner.registry) if runner else None
-    return int(getattr(backend, "restarts", 0) or 0)
+    return backend.restarts if isinstance(backend, RestartCounter) else 0
 
 
 async def _stop_sandbox(registry: Any, path: Path) -> bool:

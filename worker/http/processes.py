@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from sandbox.base import ProcessInfo
+from sandbox.base import ProcessInfo, StatusReporter
 from sandbox.errors import AgentError, SandboxError
 
 from ..service import Workspaces, result_dict
@@ -76,9 +76,9 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
         """The workspace's sandbox when its container runs (None: no processes then)."""
         path = workspaces.path(workspace_id)
         registry = request.app.state.registry
-        status = getattr(getattr(registry, "backend", None), "status", None)
-        if status is not None:
-            found = await status(path)
+        backend = getattr(registry, "backend", None)
+        if isinstance(backend, StatusReporter):
+            found = await backend.status(path)
             if not found or not found.get("running"):
                 return None
         return (await registry.workspace(path)).sandbox

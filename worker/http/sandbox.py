@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.base import StatusReporter
 from sandbox.errors import SandboxUnavailableError
 
 from ..service import Workspaces
@@ -64,11 +65,10 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
         memory in use. Never starts it."""
         path = workspaces.path(workspace_id)
         backend = getattr(request.app.state.registry, "backend", None)
-        status = getattr(backend, "status", None)
-        if status is None:
+        if not isinstance(backend, StatusReporter):
             return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
         try:
-            found: dict[str, Any] | None = await status(path)
+            found: dict[str, Any] | None = await backend.status(path)
         except SandboxUnavailableError as e:
             return JSONResponse({"detail": f"Sandbox state unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
         if found is None:

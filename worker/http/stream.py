@@ -71,11 +71,8 @@ def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses:
 
 
 def _known_tools(request: Request) -> frozenset[str]:
-    names: frozenset[str] | None = getattr(request.app.state, "tool_names", None)
-    if names is None:
-        names = frozenset(s["function"]["name"] for s in request.app.state.registry.all_schemas())
-        request.app.state.tool_names = names
-    return names
+    known: frozenset[str] = request.app.state.runner.known_tools  # the registry's tools now
+    return known
 
 
 async def _events(stream: AsyncIterator[ToolOutput | ToolResult]) -> AsyncIterator[ServerSentEvent]:

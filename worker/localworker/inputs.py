@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the local worker's client imports this module
+    from ..registry import ToolRegistry
+    from ..settings import Settings
 
 Fingerprint = list[Any]
 
@@ -40,11 +44,11 @@ def fingerprint(paths: Sequence[str]) -> Fingerprint:
     return out
 
 
-def registry_inputs(settings: Any, registry: Any) -> list[str]:
+def registry_inputs(settings: Settings, registry: ToolRegistry) -> list[str]:
     """The files ``registry`` (built from ``settings``) read when it was built: none
     without the tool catalog; with it the custom tools' directory, the MCP servers file
     and, when MCP servers are configured, the catalog database they were indexed in."""
-    tools = getattr(registry, "catalog_tools", None)
+    tools = registry.catalog_tools
     if tools is None:
         return []
     from ..catalog import db_path, mcp_file, tools_dir

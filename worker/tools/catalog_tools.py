@@ -1,6 +1,7 @@
 """The tool catalog inside a :class:`~worker.registry.ToolRegistry` (issue 6).
 
-:func:`register_catalog` adds to a registry:
+A :class:`CatalogTools` given to a registry (``ToolRegistry(catalog_tools=...)``) adds to
+its tool table:
 
 - ``tool_search`` (a builtin, no workspace needed): searches the catalog and returns only
   tools this registry can run *for this call* (registered here; without a workspace,
@@ -36,7 +37,7 @@ import shlex
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict
@@ -57,7 +58,6 @@ from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
-    from ..registry import ToolRegistry
     from ..settings import Settings
     from ..workspace import Workspace
 
@@ -66,6 +66,20 @@ log = get_logger("worker.catalog")
 #: Added to a custom tool's / MCP server's own timeout for the registry's call deadline.
 DEADLINE_SLACK = 15.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class ToolTableLike(Protocol):
+    """What the catalog needs of a registry's tool table: to look a tool up, to register
+    one, to list them (:class:`worker.registry.ToolTable` and
+    :class:`~worker.registry.ToolRegistry` are such tables). Declared here so that the
+    catalog does not depend on the registry that is built with it."""
+
+    def get(self, name: str) -> Tool | None: ...
+
+    def register(self, tool: Tool) -> None: ...
+
+    @property
+    def tools(self) -> list[Tool]: ...
 
 
 class JsonArgs(BaseModel):
@@ -218,8 +232,11 @@ class CatalogTools:
 
     # -- registration -------------------------------------------------------------------
 
-    def attach(self, registry: ToolRegistry) -> None:
-        """Register ``tool_search``, the custom tools and the MCP tools indexed so far."""
+    def attach(self, registry: ToolTableLike) -> None:
+        """Register ``tool_search``, the custom tools and the MCP tools indexed so far in
+        ``registry`` (a registry's tool table; :class:`~worker.registry.ToolRegistry` does
+        it with the ``catalog_tools`` it is given). Raises sqlite/OS errors when the
+        catalog database exists and cannot be read."""
         for key, why in self.errors.items():
             log.warning("catalog.load_error", source=key, error=why)
         self._register(registry, self._search_tool(registry))
@@ -230,7 +247,7 @@ class CatalogTools:
             for name in self.mcp_servers:
                 self._register_mcp(registry, self.catalog().index.tools_of("mcp", mcp_server=name))
 
-    def _register(self, registry: ToolRegistry, tool: Tool, *, catalog_id: str | None = None) -> bool:
+    def _register(self, registry: ToolTableLike, tool: Tool, *, catalog_id: str | None = None) -> bool:
         existing = registry.get(tool.name)
         if existing is not None:
             if catalog_id is None or self.ids.get(tool.name) != catalog_id:
@@ -244,7 +261,7 @@ class CatalogTools:
             self.names[catalog_id] = tool.name
         return True
 
-    def _register_mcp(self, registry: ToolRegistry, tools: Sequence[ToolDescriptor]) -> None:
+    def _register_mcp(self, registry: ToolTableLike, tools: Sequence[ToolDescriptor]) -> None:
         for d in tools:
             cfg = self.mcp_servers.get(d.mcp_server)
             if cfg is not None and d.id not in self.names:
@@ -252,7 +269,7 @@ class CatalogTools:
 
     # -- which tools a caller may be shown ------------------------------------------------
 
-    def allowed_ids(self, registry: ToolRegistry, *, has_workspace: bool = True) -> set[str]:
+    def allowed_ids(self, registry: ToolTableLike, *, has_workspace: bool = True) -> set[str]:
         """Catalog ids of the tools ``registry`` can run (with or without a workspace)."""
         return {
             self.ids.get(t.name, f"builtin:{t.name}") for t in registry.tools if has_workspace or not t.needs_workspace
@@ -260,7 +277,7 @@ class CatalogTools:
 
     async def search(
         self,
-        registry: ToolRegistry,
+        registry: ToolTableLike,
         args: ToolSearchArgs,
         *,
         workspace: Workspace | None = None,
@@ -280,10 +297,10 @@ class CatalogTools:
 
     # -- indexing -------------------------------------------------------------------------
 
-    def _builtin_schemas(self, registry: ToolRegistry) -> list[dict[str, Any]]:
+    def _builtin_schemas(self, registry: ToolTableLike) -> list[dict[str, Any]]:
         return [t.schema("openai") for t in registry.tools if t.name not in self.ids]
 
-    async def _index_local(self, registry: ToolRegistry, report: IndexReport) -> None:
+    async def _index_local(self, registry: ToolTableLike, report: IndexReport) -> None:
         catalog = self.catalog()
         report.stats["builtin"] = await catalog.index_builtin(self._builtin_schemas(registry))
         bad = {k: v for k, v in self.errors.items() if k.startswith("custom:")}
@@ -295,7 +312,7 @@ class CatalogTools:
         report.errors.update(bad)
 
     async def _index_mcp(
-        self, registry: ToolRegistry, servers: Sequence[MCPServerConfig], ws: Workspace | None, report: IndexReport
+        self, registry: ToolTableLike, servers: Sequence[MCPServerConfig], ws: Workspace | None, report: IndexReport
     ) -> None:
         sources = []
         for cfg in servers:
@@ -327,7 +344,7 @@ class CatalogTools:
                 tools = await asyncio.to_thread(catalog.index.tools_of, "mcp", mcp_server=name)
                 self._register_mcp(registry, tools)
 
-    async def ensure_indexed(self, registry: ToolRegistry, ws: Workspace | None = None) -> None:
+    async def ensure_indexed(self, registry: ToolTableLike, ws: Workspace | None = None) -> None:
         """Index on first use: builtin and custom tools, and MCP servers never indexed
         before (stdio ones once a workspace is at hand)."""
         if self._indexed and (ws is None or not self._stdio_pending):
@@ -346,7 +363,7 @@ class CatalogTools:
                 self._stdio_pending = set()  # tried once per process; `tools index` retries
                 await self._index_mcp(registry, pending, ws, report)
 
-    async def refresh(self, registry: ToolRegistry, ws: Workspace | None = None, *, mcp: bool = True) -> IndexReport:
+    async def refresh(self, registry: ToolTableLike, ws: Workspace | None = None, *, mcp: bool = True) -> IndexReport:
         """Re-index every source (stdio MCP servers only with ``ws``) and register new MCP tools."""
         async with self._lock:
             report = IndexReport()
@@ -362,7 +379,7 @@ class CatalogTools:
 
     # -- the tools ------------------------------------------------------------------------
 
-    def _search_tool(self, registry: ToolRegistry) -> Tool:
+    def _search_tool(self, registry: ToolTableLike) -> Tool:
         async def run(args: ToolSearchArgs, ctx: ToolContext) -> ToolResult:
             try:
                 out = await self.search(
@@ -471,24 +488,3 @@ def _stdio_factory(ws: Workspace, cfg: MCPServerConfig) -> Callable[[], SandboxS
     assert cfg.command is not None
     argv = list(cfg.command)
     return lambda: SandboxStdioTransport(ws.sandbox, argv, env=cfg.env)
-
-
-def register_catalog(
-    registry: ToolRegistry,
-    catalog: Catalog | Callable[[], Catalog],
-    *,
-    custom_tools: Sequence[CustomTool] = (),
-    mcp_servers: Sequence[MCPServerConfig] = (),
-) -> CatalogTools:
-    """Add ``tool_search``, ``custom_tools`` and the MCP servers' indexed tools to
-    ``registry`` (which keeps the returned object as ``registry.catalog_tools``)."""
-    tools = CatalogTools(catalog, custom_tools=custom_tools, mcp_servers=mcp_servers)
-    install(registry, tools)
-    return tools
-
-
-def install(registry: ToolRegistry, tools: CatalogTools) -> None:
-    """Attach ``tools`` to ``registry``: register them, and close them with it."""
-    tools.attach(registry)
-    registry.catalog_tools = tools
-    registry.add_closer(tools.aclose)

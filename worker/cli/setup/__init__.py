@@ -27,7 +27,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import path_arg
+from ..common import path_arg
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -1,0 +1,219 @@
+"""The result types of the sandbox contract (:mod:`sandbox.base`): what each call of a
+:class:`~sandbox.base.Sandbox` returns. Plain frozen dataclasses, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"]
+EntryType = Literal["file", "dir", "symlink", "other"]
+StreamName = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What :meth:`Sandbox.read` read: the bytes and what is known of the whole file."""
+
+    data: bytes
+    size: int  # size of the whole file in bytes
+    truncated: bool  # data is not the whole requested range
+    sha256: str | None  # hash of the whole file when it was read whole, else None
+    mtime_ns: int
+    binary: bool  # NUL byte in the first 8 KiB
+    total_lines: int | None = None  # only for line_range reads
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """A file :meth:`Sandbox.write` put in place: its size, sha256 and whether it was new."""
+
+    size: int
+    sha256: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """A write made but not yet put in place (:meth:`Sandbox.stage_write`)."""
+
+    token: object
+    path: str  # the resolved workspace-relative path it will replace
+    mode: int | None  # st_mode of the file it replaces; None when creating
+
+
+@dataclass(frozen=True)
+class TreeRemoval:
+    """What :meth:`Sandbox.remove_tree` removed."""
+
+    removed: bool
+    files: int = 0  # files, links and other non-directories
+    dirs: int = 0
+    bytes: int = 0  # sizes of the regular files
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What :meth:`Sandbox.stat` found at a path (an ``lstat``: a link is not followed)."""
+
+    path: str
+    type: EntryType
+    size: int
+    mtime_ns: int
+    mode: int
+    target: str | None = None  # symlink target, as stored (never followed)
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    """One entry of :meth:`Sandbox.list`."""
+
+    path: str  # workspace-relative, "/" separated
+    type: EntryType
+    size: int
+    depth: int
+
+
+@dataclass(frozen=True)
+class ListResult:
+    """The entries :meth:`Sandbox.list` found, and whether the walk was cut short."""
+
+    entries: list[ListEntry]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class SearchMatch:
+    """One matching line of :meth:`Sandbox.search`."""
+
+    path: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The matches of :meth:`Sandbox.search` and the engine that found them."""
+
+    matches: list[SearchMatch]
+    truncated: bool  # more matches exist than were returned
+    engine: str  # "ripgrep" or "python"
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command run by :meth:`Sandbox.exec` ended, and its captured output."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    outcome: Outcome
+    duration_ms: float
+    truncated: bool
+    signal: int | None = None
+    stdout_bytes: int = 0  # total produced, including what was cut
+    stderr_bytes: int = 0
+    #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
+    #: (None when it could not, e.g. the sandbox was lost).
+    scan_after: ScanResult | None = None
+    #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
+    disk_used: int | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.outcome == "timeout"
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """Bytes a command wrote, as :meth:`Sandbox.exec_stream` yields them (exactly as
+    written: any bytes, a line or a character may be split between chunks)."""
+
+    stream: StreamName
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ScanEntry:
+    """One file or directory of a :class:`ScanResult` (its ``lstat``)."""
+
+    path: str
+    type: EntryType
+    size: int
+    mtime_ns: int
+    ino: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """A stat-only walk of the tree. ``full`` is True when ``entries`` is the whole tree;
+    otherwise ``entries`` holds only what changed since the agent's previous scan with the
+    same ``snapshot`` key and ``removed`` the paths that disappeared."""
+
+    entries: list[ScanEntry]
+    removed: list[str]
+    full: bool
+    truncated: bool  # the file cap was hit; the tree is larger than ``entries``
+    generation: str = ""
+    #: The agent watches the tree (inotify), so the next scan with this snapshot can be
+    #: incremental.
+    watched: bool = False
+    #: This result came from change events, not a stat walk: it also lists files written
+    #: to whose stat did not change, so the caller needs no "racy file" re-hashing.
+    from_events: bool = False
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """The arguments of :meth:`Sandbox.scan` for a scan that travels with an ``exec``."""
+
+    snapshot: str
+    since: str | None
+    path: str = "."
+    exclude: tuple[str, ...] = ()
+    max_files: int = 100_000
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process (:meth:`Sandbox.start_process`), as its supervisor tells it."""
+
+    id: str
+    command: str
+    pid: int | None
+    started: float  # epoch seconds
+    running: bool
+    ended: float | None = None
+    exit_code: int | None = None  # 128 + n when killed by signal n (as a shell says it)
+    outcome: Outcome | None = None  # exit, timeout or signal, once ended
+    signal: int | None = None
+    stdout_bytes: int = 0  # produced so far (kept: head and tail, see ProcessOutput.dropped)
+    stderr_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What a background process printed after a cursor (:meth:`Sandbox.process_output`)."""
+
+    info: ProcessInfo
+    stdout: bytes
+    stderr: bytes
+    cursor: tuple[int, int]  # pass as ``since`` to read on from here
+    dropped: tuple[int, int]  # bytes lost between the kept head and tail, before this data
+    done: bool  # ended, and everything it printed has been read
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What the in-container agent reports about itself (:meth:`Sandbox.info`)."""
+
+    version: str
+    uid: int
+    gid: int
+    pid: int
+    python: str
+    kernel: str
+    subreaper: bool
+    ripgrep: bool
+    extra: dict[str, object] = field(default_factory=dict)

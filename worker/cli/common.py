@@ -1,0 +1,34 @@
+"""What the command modules share: the settings as a command reads them, and the
+``type=`` of a path option. Light to import, as everything on the CLI's start path."""
+
+from __future__ import annotations
+
+import sys
+
+# Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..settings import Settings
+
+
+def path_arg(value: str) -> Path:
+    """``type=`` of a path option (pathlib is imported only when one is given)."""
+    from pathlib import Path
+
+    return Path(value)
+
+
+def load_settings() -> Settings:
+    """The ``LOOM_*`` settings. A value that does not validate is a usage error: it is
+    reported naming the variable, and the process exits 2 (raises SystemExit)."""
+    from pydantic import ValidationError
+
+    from ..settings import Settings, describe_errors
+
+    try:
+        return Settings()
+    except ValidationError as e:
+        print(f"loom-worker: error: {describe_errors(e)}", file=sys.stderr)
+        raise SystemExit(2) from None

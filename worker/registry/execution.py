@@ -1,0 +1,194 @@
+"""Running one tool call: the one place its errors are sorted into the two channels.
+
+:meth:`Execution.execute` never raises (but on cancellation):
+
+==================================  ==========================================================
+what happened                       ToolResult
+==================================  ==========================================================
+unknown tool                        success=false, "Unknown tool 'x'. Available tools: ..."
+arguments fail validation           success=false, "Invalid arguments for t: 'field': problem"
+path / command refused by policy    success=false, "Safety violation: ..."
+ToolError / AgentError              success=false, the message (e.g. "File not found: a.txt")
+the call's deadline passed          success=false, "t timed out after Ns"
+sandbox unavailable / lost / broken success=false, "Sandbox unavailable (infrastructure ...",
+changelog storage failed            data["error_kind"] == "infrastructure"
+anything else (a bug)               success=false, "Internal error ...", error_kind "internal"
+==================================  ==========================================================
+
+Every call is logged (``tool.call`` on the ``worker.registry`` logger) and, with a journal,
+recorded in its workspace's call journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox.base import ExecControl, OutputCallback
+from sandbox.errors import (
+    AgentError,
+    ImageNotFoundError,
+    ImageUnusableError,
+    PathEscapeError,
+    PathNotFoundError,
+    ProtocolError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+)
+from sandbox.logs import get_logger
+
+from ..changelog.errors import ChangelogStorageError
+from ..result import ToolResult
+from ..tool import ToolContext, ToolError
+from .pool import WorkspacePool
+from .table import ToolTable
+
+if TYPE_CHECKING:  # annotations only: the journal is made by the composition
+    from ..calls import CallJournal
+
+log = get_logger("worker.registry")
+
+Arguments = Mapping[str, Any] | str | None
+
+
+def _infra(kind: str, err: Exception) -> ToolResult:
+    # A missing or unusable image does not go away by itself: "retry later" would only
+    # make the model repeat the call. It is still the operator's problem, not the call's.
+    lasting = isinstance(err, ImageNotFoundError | ImageUnusableError)
+    advice = "the workspace's image must be fixed by its operator" if lasting else "retry later"
+    return ToolResult.fail(
+        f"{kind} (infrastructure failure, not a problem with the tool call; {advice}): {err}",
+        data={"error_kind": "infrastructure", "exception": type(err).__name__},
+    )
+
+
+def _agent_message(err: AgentError) -> str:
+    msg = str(err)
+    if isinstance(err, PathEscapeError):
+        return f"Safety violation: {msg}"
+    if isinstance(err, PathNotFoundError) and "not found" not in msg:
+        return "Path not found: " + msg.removeprefix("Not found: ")
+    return msg
+
+
+class Execution:
+    """Runs calls of the tools in ``tools`` in the workspaces of ``workspaces``, writing
+    each to ``journal`` (the history of calls per workspace) when there is one."""
+
+    def __init__(self, tools: ToolTable, workspaces: WorkspacePool, journal: CallJournal | None = None) -> None:
+        self.tools = tools
+        self.workspaces = workspaces
+        self.journal = journal
+
+    async def execute(
+        self,
+        name: str,
+        arguments: Arguments,
+        workspace: Path | str | None = None,
+        *,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
+    ) -> ToolResult:
+        """Run one call. Never raises (except on cancellation); see the module table.
+        ``on_output`` gets a command's output as it happens (``shell_execute``), and
+        ``control`` signals that command (a Ctrl-C passed on).
+        A call without ``call_id`` gets a new one (``call_<16 hex>``), so that every call
+        can be found, diffed and undone by its id."""
+        if call_id is None:
+            call_id = "call_" + secrets.token_hex(8)
+        started = time.perf_counter()
+        result = await self._run(name, arguments, workspace, call_id, subtask_id, on_output, control)
+        result = result.capped()
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        kind = (result.data or {}).get("error_kind") if not result.success else None
+        log.info(
+            "tool.call",
+            tool=name,
+            workspace=str(workspace) if workspace is not None else None,
+            call_id=call_id,
+            subtask_id=subtask_id,
+            success=result.success,
+            error_kind=kind,
+            error=result.error[:200] if result.error else None,
+            duration_ms=round(duration_ms, 3),
+        )
+        if self.journal is not None and workspace is not None:
+            ws = self.workspaces.cached(workspace)
+            self.journal.record(
+                workspace,
+                name,
+                arguments,
+                result,
+                duration_ms,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                root=None if ws is None else ws.root,
+            )
+        return result
+
+    async def _run(
+        self,
+        name: str,
+        arguments: Arguments,
+        workspace: Path | str | None,
+        call_id: str | None,
+        subtask_id: str | None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
+    ) -> ToolResult:
+        tool = self.tools.get(name)
+        if tool is None:
+            return ToolResult.fail(f"Unknown tool '{name}'. Available tools: {', '.join(self.tools.names())}")
+        if isinstance(arguments, str):
+            # Models send arguments as a JSON string in OpenAI's format.
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as e:
+                return ToolResult.fail(f"Invalid arguments for {name}: not valid JSON ({e})")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            return ToolResult.fail(
+                f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
+            )
+        deadline = tool.timeout
+        try:
+            args = tool.validate(dict(arguments))
+            deadline = tool.deadline(args)
+            async with asyncio.timeout(deadline):
+                ws = None
+                if workspace is not None:
+                    ws = await self.workspaces.workspace(workspace)
+                elif tool.needs_workspace:
+                    raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
+                ctx = ToolContext(
+                    workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
+                )
+                return await tool.fn(args, ctx)
+        except ToolError as e:
+            return ToolResult.fail(e.message, data=e.data)
+        except AgentError as e:
+            return ToolResult.fail(_agent_message(e), data={"error_code": e.code})
+        except SandboxTimeoutError as e:
+            return _infra("Sandbox did not answer in time", e)
+        except SandboxUnavailableError as e:
+            return _infra("Sandbox unavailable", e)
+        except ProtocolError as e:
+            return _infra("Sandbox protocol error", e)
+        except ChangelogStorageError as e:
+            # Recorded before writing, so the workspace was not changed.
+            return _infra("Changelog storage failed; nothing was changed", e)
+        except TimeoutError:
+            return ToolResult.fail(f"{name} timed out after {deadline:g}s", data={"timed_out": True})
+        except Exception as e:  # a bug in a tool must not take the caller down
+            log.exception("tool.internal_error", tool=name, call_id=call_id)
+            return ToolResult.fail(
+                f"Internal error in {name}: {type(e).__name__}: {e}", data={"error_kind": "internal"}
+            )

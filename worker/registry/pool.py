@@ -1,0 +1,304 @@
+"""The workspace pool: one :class:`~worker.workspace.Workspace` (sandbox + change recorder +
+background processes) per host directory, made on first use and kept, remade when the
+workspace's settings change, with the egress gateway of the workspaces allowed out.
+
+What a backend can do beyond the sandbox contract (a spec per workspace, its runtimes, its
+images) is asked through the capability protocols of :mod:`sandbox.base`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox.base import ConfigurableBackend, ImageInventory, RuntimeInventory, SandboxBackend
+from sandbox.errors import SandboxUnavailableError
+from sandbox.logs import get_logger
+
+from ..background import Background, BackgroundIndex, BackgroundLimits
+from ..changelog.recorder import workspace_dir
+from ..tool import ToolError
+from ..workspace import ChangeRecorder, Workspace
+from ..workspace_settings import Configs, Configured, SettingsError, WorkspaceSettings, check, parse
+
+if TYPE_CHECKING:  # the gateway's imports are paid only when a workspace may reach out
+    from ..egress.gateway import EgressGateway
+    from ..egress.log import EgressRecord
+
+log = get_logger("worker.registry")
+
+RecorderFactory = Callable[[Path], ChangeRecorder]
+
+
+class WorkspacePool:
+    """The workspaces calls run in, by real path (see the module docstring).
+
+    ``backend`` gives each directory its sandbox; without one, :meth:`workspace` raises
+    SandboxUnavailableError. ``recorder_factory(root)`` makes each workspace's change
+    recorder (none: nothing is recorded); with ``own_recorders`` the recorders it made are
+    closed by :meth:`aclose` (a caller's factory may share one changelog between pools,
+    so by default they are left open). ``configs`` are the per-workspace settings (each
+    sandbox is made with its own spec, re-read when its settings file changes).
+    ``egress_factory`` makes the egress gateway the first time a workspace that may reach
+    the network is opened.
+    """
+
+    def __init__(
+        self,
+        backend: SandboxBackend | None = None,
+        *,
+        recorder_factory: RecorderFactory | None = None,
+        own_recorders: bool = False,
+        configs: Configs | None = None,
+        background: BackgroundLimits | None = None,
+        egress_factory: Callable[[], EgressGateway] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.configs = configs
+        #: Limits of background processes (``shell_execute`` with ``background``/``yield_ms``).
+        self.background_limits = background or BackgroundLimits()
+        self.egress_factory = egress_factory
+        #: The egress gateway, once a workspace allowed out was opened.
+        self.egress: EgressGateway | None = None
+        #: Told of every egress attempt (the service's metrics), once the gateway exists.
+        self.egress_observers: list[Callable[[EgressRecord], None]] = []
+        self._recorder_factory = recorder_factory
+        self._own_recorders = own_recorders
+        self._workspaces: dict[Path, Workspace] = {}  # by real path: the source of truth
+        # The same workspaces by the caller's own spelling of an absolute path, so a call
+        # does not resolve it again (expanduser + realpath: a few lstat calls each time).
+        self._by_arg: dict[str, Workspace] = {}
+        self._lock = asyncio.Lock()
+        self._egress_roots: set[Path] = set()
+
+    # -- the workspaces -------------------------------------------------------------------
+
+    async def workspace(self, path: Path | str) -> Workspace:
+        """The cached :class:`Workspace` of directory ``path`` (by real path).
+
+        An absolute ``path`` is remembered as given, so the next call with the same
+        spelling skips resolving it; a relative one (or ``~``) is resolved on every call,
+        since its meaning follows the working directory (or HOME). A symlink retargeted
+        later keeps its first workspace until :meth:`stop` or :meth:`aclose`.
+
+        Raises ToolError when the directory does not exist, SandboxUnavailableError when
+        no backend is configured or the sandbox cannot start.
+        """
+        key = path if isinstance(path, str) else str(path)
+        ws = self._by_arg.get(key)
+        if ws is not None:
+            if self.configs is not None and self.configs.store.changed(ws.root):
+                return await self._reconfigure(ws.root)
+            if ws.root in self._egress_roots:
+                await self._serve_egress(ws.root)
+            return ws
+        root = Path(key).expanduser().resolve()
+        ws = self._workspaces.get(root)
+        if ws is not None and self.configs is not None and self.configs.store.changed(root):
+            ws = await self._reconfigure(root)
+        if ws is None:
+            if self.backend is None:
+                raise SandboxUnavailableError("No sandbox backend is configured for this registry")
+            if not root.is_dir():
+                raise ToolError(f"Workspace directory not found: {root}")
+            async with self._lock:
+                ws = self._workspaces.get(root)
+                if ws is None:
+                    await self._apply_settings(root)
+                    sandbox = await self.backend.get(root)
+                    recorder = self._recorder_factory(root) if self._recorder_factory else None
+                    ws = Workspace(root, sandbox, recorder, self._background(root))
+                    self._workspaces[root] = ws
+        if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
+            self._by_arg[key] = ws
+        if root in self._egress_roots:
+            await self._serve_egress(root)
+        return ws
+
+    def cached(self, path: Path | str) -> Workspace | None:
+        """The workspace already opened under this spelling of an absolute path, if any
+        (nothing is resolved, nothing is opened)."""
+        return self._by_arg.get(path if isinstance(path, str) else str(path))
+
+    def opened(self) -> dict[Path, Workspace]:
+        """The workspaces open now, by real path (a copy)."""
+        return dict(self._workspaces)
+
+    def _background(self, root: Path) -> Background:
+        """The workspace's background processes, recorded on the host next to its
+        changelog (in memory only for a pool without a data directory)."""
+        if self.configs is not None:
+            state = workspace_dir(self.configs.store.data_dir, root)
+        else:
+            state = Path(tempfile.gettempdir()) / "loom-worker-background" / workspace_dir(Path("/"), root).name
+        return Background(BackgroundIndex(state), self.background_limits)
+
+    async def stop(self, path: Path | str) -> bool:
+        """Forget the workspace and stop its sandbox. Returns False if none was running."""
+        root = Path(path).expanduser().resolve()
+        ws = self._workspaces.pop(root, None)
+        for key in [k for k, v in self._by_arg.items() if v is ws or v.root == root]:
+            del self._by_arg[key]
+        self._egress_roots.discard(root)
+        if self.egress is not None:
+            await self.egress.release(root)
+        return await self.backend.stop(root) if self.backend is not None else False
+
+    async def aclose(self) -> None:
+        """Close the egress gateway, the recorders this pool owns and the backend's streams."""
+        workspaces = list(self._workspaces.values())
+        self._workspaces.clear()
+        self._by_arg.clear()
+        if self.egress is not None:
+            await self.egress.aclose()
+        for ws in workspaces:
+            closer = getattr(ws.recorder, "aclose", None)  # (not part of the recorder protocol)
+            if closer is not None and self._own_recorders:
+                await closer()
+        if self.backend is not None:
+            await self.backend.aclose()
+
+    # -- egress ---------------------------------------------------------------------------
+
+    def _egress_gateway(self) -> EgressGateway | None:
+        if self.egress is None and self.egress_factory is not None:
+            self.egress = self.egress_factory()
+            self.egress.observers.extend(self.egress_observers)
+        return self.egress
+
+    async def _serve_egress(self, root: Path) -> None:
+        """Make sure the egress gateway of a workspace allowed out is served (by this
+        process unless another one does). A gateway that cannot serve is logged, not
+        raised: the tools work without it, the sandbox's connections fail."""
+        gateway = self._egress_gateway()
+        if gateway is None:
+            return
+        try:
+            await gateway.serve(root)
+        except OSError as e:
+            log.warning("egress.serve_failed", workspace=str(root), error=repr(e))
+
+    def egress_status(self, path: Path | str, *, limit: int = 100, verdict: str | None = None) -> dict[str, Any]:
+        """A workspace's egress: its allowlist now, whether this process serves its
+        gateway, and its newest log records (newest first). Raises ToolError (no such
+        directory), SettingsError (its settings file is not valid), ValueError (no
+        per-workspace settings here)."""
+        from ..egress.log import EgressLog
+
+        root, configs = self._settings_root(path)
+        policy = configs.policy(root)
+        records = EgressLog(configs.store.data_dir).read(root, limit=limit, verdict=verdict)
+        return {
+            "policy": list(policy.entries),
+            "enabled": bool(policy),
+            "serving": bool(self.egress is not None and self.egress.serving(root)),
+            "entries": records[::-1],
+        }
+
+    # -- settings -------------------------------------------------------------------------
+
+    async def _apply_settings(self, root: Path) -> bool:
+        """Give the backend ``root``'s spec (its settings over the defaults). True when it
+        changed. Raises SandboxUnavailableError for a settings file that is not valid."""
+        if self.configs is None or not isinstance(self.backend, ConfigurableBackend):
+            return False
+        try:
+            spec = self.configs.spec(root)
+        except (SettingsError, OSError) as e:
+            raise SandboxUnavailableError(f"The workspace's settings cannot be used: {e}") from e
+        if spec.egress_dir:
+            self._egress_roots.add(root)
+            gateway = self._egress_gateway()
+            if gateway is not None:
+                # The directory must exist before a container can mount it.
+                await asyncio.to_thread(gateway.prepare, root)
+        else:
+            self._egress_roots.discard(root)
+        return bool(await self.backend.configure(root, spec))
+
+    async def _reconfigure(self, root: Path) -> Workspace:
+        """The workspace's settings file changed (here or in another process): from now
+        on its sandbox is made with the new spec; the changelog stays."""
+        async with self._lock:
+            old = self._workspaces.get(root)
+            if not await self._apply_settings(root) and old is not None:
+                return old
+            assert self.backend is not None
+            sandbox = await self.backend.get(root)
+            recorder: ChangeRecorder | None
+            if old is not None:
+                recorder = old.recorder
+            else:
+                recorder = self._recorder_factory(root) if self._recorder_factory else None
+            ws = Workspace(root, sandbox, recorder, old.background if old is not None else self._background(root))
+            self._workspaces[root] = ws
+            for key in [k for k, v in self._by_arg.items() if v is old]:
+                self._by_arg[key] = ws
+            return ws
+
+    async def workspace_settings(self, path: Path | str) -> tuple[WorkspaceSettings, dict[str, Any]]:
+        """A workspace's own settings and the effective ones its sandbox is made with.
+        Raises ToolError (no such directory), SettingsError (the file is not valid),
+        ValueError when this pool has no per-workspace settings."""
+        root, configs = self._settings_root(path)
+        return configs.store.load(root), configs.effective(root)
+
+    async def configure_workspace(self, path: Path | str, changes: dict[str, Any]) -> Configured:
+        """Change a workspace's settings (a value of None removes that override) after
+        checking every value; the sandbox is recreated with them at its next call (the
+        workspace's files are kept).
+
+        Raises SettingsError naming the refused field (nothing is stored then), ToolError
+        (no such directory), ValueError when this pool has no per-workspace settings,
+        DaemonUnavailableError when the engine must be asked about a runtime and does not
+        answer, OSError when the settings cannot be written.
+        """
+        root, configs = self._settings_root(path)
+        before = configs.store.load(root)
+        new = parse(changes, before)
+        await self.check_settings(new, before)
+        old_spec = configs.spec(root, before)
+        spec = configs.spec(root, new)
+        egress_changed = configs.policy(root, before) != configs.policy(root, new)
+        if new != before:
+            configs.store.save(root, new)
+        if root in self._workspaces:
+            await self._reconfigure(root)
+        return Configured(new, configs.effective(root, new), spec != old_spec, egress_changed)
+
+    async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
+        """Every check of ``new`` (a workspace's settings, replacing ``before``): the
+        operator's caps, the CA file, and what only the engine knows: a runtime it has, an
+        image it holds (a missing image would fail every later call of the workspace, so
+        it is refused here, naming it). Values unchanged from ``before`` are not asked
+        about again.
+
+        Raises SettingsError naming the field, DaemonUnavailableError when the engine must
+        be asked and does not answer, ValueError when this pool has no settings.
+        """
+        if self.configs is None:
+            raise ValueError("this registry has no per-workspace settings (use default_registry)")
+        runtimes = None
+        if new.runtime is not None and isinstance(self.backend, RuntimeInventory):
+            runtimes = await self.backend.runtimes()
+        check(new, self.configs.caps, runtimes)
+        changed_image = new.image is not None and (before is None or new.image != before.image)
+        if changed_image and isinstance(self.backend, ImageInventory):
+            assert new.image is not None
+            if not await self.backend.has_image(new.image):
+                raise SettingsError(
+                    "image",
+                    f"{new.image} is not on this Docker engine (no registry is pulled from): build it "
+                    "(`docker build -t NAME .`) or load it (`docker load -i FILE`) first",
+                )
+
+    def _settings_root(self, path: Path | str) -> tuple[Path, Configs]:
+        if self.configs is None:
+            raise ValueError("this registry has no per-workspace settings (use default_registry)")
+        root = Path(path).expanduser().resolve()
+        if not root.is_dir():
+            raise ToolError(f"Workspace directory not found: {root}")
+        return root, self.configs

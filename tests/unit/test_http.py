@@ -334,6 +334,9 @@ class GatedRegistry:
     def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
         return self.inner.all_schemas(fmt)
 
+    def names(self) -> list[str]:
+        return self.inner.names()
+
     async def stop(self, path: Path) -> bool:
         return await self.inner.stop(path)
 

@@ -23,7 +23,6 @@ import httpx
 import pytest
 from starlette.routing import Mount
 
-from tests.servers import free_port
 from tests.unit.test_http import AUTH, TOKEN, Service, lifespan_task, running
 from worker.http.app import route_table
 from worker.registry import ToolRegistry
@@ -47,7 +46,7 @@ PUBLIC = {
 PORTS = re.compile(r"^/v1/workspaces/\{workspace_id\}/ports/")
 #: A value for each path parameter (an existing workspace: a refusal is then the guard's,
 #: not a 404). A route with a parameter not listed here fails the test until it is.
-NOTHING_LISTENS = free_port()
+NOTHING_LISTENS = 1  # tcpmux: privileged, and nothing serves it (the proxy answers 502)
 FILL = {
     "workspace_id": "w1",
     "entry_id": "1",

@@ -25,11 +25,14 @@ router = APIRouter()
 
 @router.get(PAGE, include_in_schema=False)
 async def index() -> Response:
+    """The dashboard's page."""
     # no-cache: the page names its assets, which may change with the package
     return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
 class _Assets(StaticFiles):
+    """The dashboard's scripts, styles and images (``StaticFiles``, with ETags)."""
+
     def file_response(self, *args: Any, **kwargs: Any) -> Response:
         response = super().file_response(*args, **kwargs)
         response.headers["Cache-Control"] = "no-cache"  # revalidated (ETag): never stale after an upgrade

@@ -12,7 +12,10 @@ from .state import service_of
 
 
 class _McpEndpoint:
-    """ASGI endpoint handing MCP requests to the running service's MCP server."""
+    """MCP streamable HTTP for the workspace: POST a request, GET the server's stream,
+    DELETE to end the session.
+
+    (The ASGI endpoint handing them to the running service's MCP server.)"""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await service_of(scope["app"]).mcp.handle(scope, receive, send)

@@ -96,9 +96,11 @@ def _problem(status: int, detail: str, headers: dict[str, str] | None = None) ->
 
 
 class PortProxy:
-    """The ASGI endpoint of the proxy routes. Who may use it (a service with a token;
-    the token as a bearer or the Basic password) is decided before, by
-    :class:`worker.auth.AccessGuard`, for every path :func:`is_proxied` accepts."""
+    """A server listening on ``port`` in the workspace's sandbox, any method, proxied.
+
+    (The ASGI endpoint of the proxy routes. Who may use it, a service with a token and
+    the token as a bearer or the Basic password, is decided before, by
+    :class:`worker.auth.AccessGuard`, for every path :func:`is_port_path` accepts.)"""
 
     async def bare(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``.../ports/{port}`` without the slash: to ``.../ports/{port}/``, so relative
@@ -143,8 +145,11 @@ class PortProxy:
 
 
 class _Bare:
-    """The ASGI endpoint of the route without the slash (Starlette takes a bound method
-    for a request-response function, not for an ASGI app)."""
+    """Redirects (308) to the same path with a slash, so the app's relative links resolve
+    under the prefix.
+
+    (The ASGI endpoint of the route without the slash: Starlette takes a bound method for
+    a request-response function, not for an ASGI app.)"""
 
     def __init__(self, proxy: PortProxy) -> None:
         self.proxy = proxy

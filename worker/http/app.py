@@ -58,7 +58,7 @@ from . import (
 )
 from .body_limit import BodyLimit
 from .common import HANDLERS, SafeJSONResponse
-from .lifespan import RegistryFactory, backend_restarts, lifespan
+from .lifespan import RegistryFactory, lifespan
 from .state import Service
 
 #: The route groups, in the order their routes are matched and documented. A new group
@@ -98,13 +98,10 @@ def create_app(
     service = Service(
         settings=settings,
         workspaces=Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
-        metrics=Metrics(),  # replaced below: its gauges read the service
         access=Access(settings.api_token),
     )
-    service.metrics = metrics or Metrics(
-        live=lambda: len(service.runner.opened) if service.started else 0,
-        restarts=lambda: backend_restarts(service),
-    )
+    # The gauges read the running service when scraped.
+    service.metrics = metrics or Metrics(live=service.sandboxes_open, restarts=service.sandbox_restarts)
     app = FastAPI(
         title="loom-worker",
         version=__version__,

@@ -19,7 +19,7 @@ from ..mcp_server import HttpMcp
 from ..service import CallRunner
 from ..settings import Settings
 from .changelog import ChangelogPool
-from .state import Service, service_of
+from .state import service_of
 
 log = get_logger("worker.http")
 
@@ -71,14 +71,6 @@ def lifespan(
                 log.info("service.stopped")
 
     return run
-
-
-def backend_restarts(service: Service) -> int:
-    """Sandboxes the registry's backend restarted after losing them (0 before startup)."""
-    if not service.started:
-        return 0
-    backend = getattr(service.registry, "backend", None)
-    return int(getattr(backend, "restarts", 0) or 0)
 
 
 async def stop_sandbox(registry: Any, path: Path) -> bool:

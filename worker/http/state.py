@@ -9,7 +9,7 @@ the app's startup (its lifespan) to its shutdown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
@@ -34,8 +34,8 @@ class Service:
 
     settings: Settings
     workspaces: Workspaces
-    metrics: Metrics
     access: Access
+    metrics: Metrics = field(init=False)  # its gauges read this object: made after it
     _registry: ToolRegistry | None = None
     _runner: CallRunner | None = None
     _mcp: HttpMcp | None = None
@@ -70,6 +70,15 @@ class Service:
         if self._mcp is None:
             raise NotStartedError("the service is not running (its lifespan has not started)")
         return self._mcp
+
+    def sandboxes_open(self) -> int:
+        """Sandboxes this service has used and not stopped (0 before startup)."""
+        return len(self._runner.opened) if self._runner is not None else 0
+
+    def sandbox_restarts(self) -> int:
+        """Sandboxes the registry's backend restarted after losing them (0 before startup)."""
+        backend = getattr(self._registry, "backend", None)
+        return int(getattr(backend, "restarts", 0) or 0)
 
     def reject(self, reason: str) -> None:
         """Count a refused request in ``loom_http_rejected_total``."""

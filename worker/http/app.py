@@ -53,9 +53,7 @@ from . import (
     tools,
     workspaces,
 )
-from . import (
-    settings as workspace_settings,
-)
+from . import settings as workspace_settings
 from .body_limit import BodyLimit
 from .common import HANDLERS, SafeJSONResponse
 from .lifespan import RegistryFactory, lifespan

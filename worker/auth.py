@@ -14,7 +14,8 @@ The rules, in the order :class:`AccessGuard` applies them to every request:
    A client that is not a browser sends neither ``Origin`` nor ``Sec-Fetch-*`` and is
    never affected.
 
-   - A state-changing request (POST, PUT, PATCH, DELETE) is refused unless its ``Origin``
+   - A state-changing request (POST, PUT, PATCH, DELETE: any method but GET, HEAD and
+     OPTIONS, the port proxy carrying any to the app) is refused unless its ``Origin``
      is this service itself; without ``Origin`` (scripts) unless the browser marks it
      ``Sec-Fetch-Site: cross-site`` or ``same-site`` (another port of the same host is
      the same site).
@@ -59,7 +60,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 #: The names answered without a token, and the bind addresses allowed without one.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: Methods that change nothing (RFC 9110 9.2.1); any other is judged as state-changing.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: ``Sec-Fetch-Site`` values of a request from this very origin, or the user's own action
 #: (an address typed, a bookmark).
 OWN_FETCH_SITES = frozenset({"same-origin", "none"})
@@ -159,7 +161,7 @@ def same_origin(origin: str | None, fetch_site: str | None, host: str | None, sc
     """Whether a state-changing request comes from this service's own origin (or from a
     client that is not a browser)."""
     if origin is None:
-        # Browsers send Origin with every POST, PUT, PATCH and DELETE; without one it
+        # Browsers send Origin with every request but GET and HEAD; without one it
         # is a script or a tool, unless the browser says the request is cross-site.
         return fetch_site not in ("cross-site", "same-site")
     if origin == "null" or host is None:
@@ -238,7 +240,7 @@ class Access:
                 "127.0.0.1, localhost and [::1] (protection against DNS rebinding)",
                 "host",
             )
-        if facts.method in UNSAFE_METHODS:
+        if facts.method not in SAFE_METHODS:
             if not same_origin(facts.origin, facts.fetch_site, facts.host, facts.scheme):
                 return Refusal(
                     403, f"Cross-site request refused: Origin {facts.origin!r} is not this service", "origin"

@@ -24,7 +24,6 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from annotated_types import Ge, Gt, Le, Lt
 from fastapi.routing import APIRoute
 from pydantic.fields import FieldInfo
 from starlette.routing import BaseRoute, Mount
@@ -260,9 +259,9 @@ def _type_name(annotation: Any) -> str:
 
 def _limits(info: FieldInfo) -> str:
     out = []
-    for m in info.metadata:
-        for cls, sign, attr in ((Ge, "≥", "ge"), (Gt, ">", "gt"), (Le, "≤", "le"), (Lt, "<", "lt")):
-            if isinstance(m, cls):
+    for m in info.metadata:  # annotated_types' Ge, Gt, Le, Lt: one bound each
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            if getattr(m, attr, None) is not None:
                 out.append(f"{sign} {getattr(m, attr)}")
     return f" ({', '.join(out)})" if out else ""
 

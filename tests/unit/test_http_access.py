@@ -4,7 +4,7 @@ is covered without being named here. Each must refuse a missing token, a wrong t
 a cross-site request, and without a token (loopback-only mode) a Host that is not a
 loopback name. The exceptions are listed here, each with its reason (worker.auth).
 
-The cross-site rule: a state-changing request (POST, PUT, PATCH, DELETE) from another
+The cross-site rule: a state-changing request (any method but GET, HEAD, OPTIONS) from another
 origin is refused everywhere; a read (GET, HEAD, OPTIONS, the Server-Sent Event streams
 included) is refused when a browser says it comes from another origin and it is not a
 navigation, everywhere but the port proxy (the agent's app is a sandboxed document
@@ -54,9 +54,10 @@ FILL = {
     "port": str(NOTHING_LISTENS),
     "path": "index.js",
 }
-#: The methods tried on a route that takes any (the port proxy, the MCP endpoint).
-ANY = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+#: The methods tried on a route that takes any (the port proxy, the MCP endpoint);
+#: PROPFIND: the proxy carries any method to the app, and any but a read is a write.
+ANY = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND")
+READS = {"GET", "HEAD", "OPTIONS"}
 CROSS_SITE_WRITE = {"Origin": "http://evil.example"}
 CROSS_SITE_READ = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}
 
@@ -141,7 +142,7 @@ async def test_every_route_refuses_a_cross_site_request(svc: Service) -> None:
     async with anonymous(svc.app) as c:
         for method, template in served(svc.app):
             url = fill(template)
-            if method in WRITES:
+            if method not in READS:
                 for headers in (CROSS_SITE_WRITE, {"Origin": "null"}, {"Sec-Fetch-Site": "same-site"}):
                     r = await c.request(method, url, headers={**AUTH, **headers})
                     assert r.status_code == 403, (method, template, headers, r.status_code)
@@ -164,7 +165,7 @@ async def test_with_the_token_the_guard_lets_every_route_through(svc: Service) -
     # made from this origin with the token, are never refused so.
     async with anonymous(svc.app) as c:
         for method, template in served(svc.app):
-            if method in WRITES or template.endswith("/stream") or "{process_id}" in template:
+            if method not in READS or template.endswith("/stream") or "{process_id}" in template:
                 continue  # not run: reads only (the streams never end; a process is waited for)
             r = await c.request(method, fill(template), headers={**AUTH, "Sec-Fetch-Site": "same-origin"})
             assert r.status_code not in (401, 403), (method, template, r.status_code, r.text[:200])

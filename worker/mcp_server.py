@@ -6,7 +6,9 @@ Two transports, the same tools:
   process (what Claude Code, Cursor and other MCP clients spawn);
 - **streamable HTTP** on the service: ``/v1/workspaces/{id}/mcp``. The workspace is chosen
   by the URL, so one MCP endpoint = one workspace; a session never changes workspace
-  behind the client's back. The service's bearer token applies.
+  behind the client's back. Who may call it is the service's decision
+  (:mod:`worker.auth`: the bearer token, the Host and cross-site rules), made before a
+  request reaches :class:`HttpMcp`.
 
 Tool names, descriptions and input schemas are the registry's own definitions rendered
 for MCP (the same pydantic models as the OpenAI schemas). A failed call (unknown tool,
@@ -34,7 +36,6 @@ as one notification.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -340,27 +341,18 @@ async def serve_stdio(registry: ToolRegistry, workspace: Path, *, max_concurrent
 
 
 class HttpMcp:
-    """MCP streamable HTTP for the service: one session manager, the workspace from the URL."""
+    """MCP streamable HTTP for the service: one session manager, the workspace from the URL.
 
-    def __init__(
-        self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces, *, token: str | None
-    ) -> None:
+    It serves behind the service's :class:`worker.auth.AccessGuard`, which has already
+    checked the token, the Host (DNS rebinding) and the Origin of every request."""
+
+    def __init__(self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces) -> None:
         self._workspaces = workspaces
-        self._token = token
-        self._runner = runner
         self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT)
         server = build_server(registry, runner, self._workspace_of, self.tool_list)
-        # DNS-rebinding protection matters when there is no token (a browser page could
-        # otherwise drive a loopback service); with a token, requests are authenticated.
-        security = (
-            TransportSecuritySettings(enable_dns_rebinding_protection=False)
-            if token
-            else TransportSecuritySettings(
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-            )
-        )
+        # The SDK's own Host/Origin lists are off: the service's guard decides those for
+        # every route, this one included, in one place (worker.auth).
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         self.manager = StreamableHTTPSessionManager(
             app=server, security_settings=security, json_response=False, session_idle_timeout=SESSION_IDLE_TIMEOUT
         )
@@ -380,19 +372,7 @@ class HttpMcp:
             yield
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI: check the token and the workspace, then hand over to the SDK."""
-        if self._token:
-            header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token.encode()):
-                self._runner.metrics.rejected.labels(reason="auth").inc()
-                resp = JSONResponse(
-                    {"detail": "Missing or wrong bearer token"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await resp(scope, receive, send)
-                return
+        """ASGI: find the workspace (404 when there is none), then hand over to the SDK."""
         ws_id = scope.get("path_params", {}).get("workspace_id", "")
         try:
             path = self._workspaces.path(ws_id)

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_data_dir() -> Path:
+    """The user's data directory (``~/.local/share/loom-worker`` on Linux)."""
     return Path(platformdirs.user_data_dir("loom-worker", appauthor=False))
 
 
@@ -164,8 +165,10 @@ class Settings(BaseSettings):
     api_token: str | None = Field(None, description="Bearer token required by the HTTP API.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: str = "info"
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="Log lines on stderr: JSON, console, or auto (console on a terminal, JSON otherwise)."
+    )
+    log_level: str = Field("info", description="Lowest level logged: debug, info, warning, error.")
     max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."

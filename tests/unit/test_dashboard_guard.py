@@ -51,7 +51,8 @@ async def test_the_page_and_assets_need_no_token_and_carry_a_strict_csp(svc: Ser
             assert r.headers["referrer-policy"] == "no-referrer"
             assert r.headers["cache-control"] == "no-cache"
         assert (await c.get("/ui/nope.js")).status_code == 404
-        assert (await c.get("/ui/../http.py")).status_code == 404
+        # (with the token: without one, a path outside the public ones is a 401 first)
+        assert (await c.get("/ui/../http.py", headers=AUTH)).status_code == 404
         assert (await c.get("/ui/%2e%2e/http.py")).status_code == 404
         # data is still behind the token
         for url in ["/v1/workspaces", "/v1/workspaces/w/calls", "/v1/workspaces/w/sandbox", "/metrics"]:
@@ -115,10 +116,39 @@ async def test_behind_a_tls_proxy_the_page_origin_is_https(svc: Service) -> None
         assert r.status_code == 201, r.text
 
 
-async def test_cross_site_reads_are_not_refused(svc: Service) -> None:
-    # A page of another site cannot read the answer (no CORS headers) nor send the token.
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example"},  # a script's read, from a browser without Fetch Metadata
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"},  # fetch()
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},  # <img>
+        {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"},  # another port
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "object"},  # <object>
+    ],
+)
+async def test_cross_site_reads_are_refused(svc: Service, headers: dict[str, str]) -> None:
+    # Not an answer a foreign page could read (no CORS headers), but without a token it
+    # could still open the streams, start sandboxes and time the answers.
     async with anonymous(svc) as c:
-        r = await c.get("/v1/workspaces", headers={**AUTH, "Origin": "http://evil.example"})
+        for url in ["/v1/workspaces", "/v1/workspaces/w/calls/stream", "/healthz", "/ui/js/api.js"]:
+            r = await c.get(url, headers={**AUTH, **headers})
+            assert r.status_code == 403 and "Cross-site request refused" in r.json()["detail"], (url, r.text)
+    assert 'loom_http_rejected_total{reason="origin"}' in (await svc.client.get("/metrics")).text
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},  # a link
+        {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"},  # typed
+        {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"},  # the dashboard
+        {"Origin": "http://127.0.0.1:8080"},
+    ],
+)
+async def test_navigations_and_same_origin_reads_are_answered(svc: Service, headers: dict[str, str]) -> None:
+    async with anonymous(svc) as c:
+        assert (await c.get("/", headers=headers)).status_code == 200
+        r = await c.get("/v1/workspaces", headers={**AUTH, **headers})
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 

@@ -27,26 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("worker", "sandbox")
 
-# The cycles between the HTTP app and its route modules, as they are on this branch: the
-# http engineer's branch turns the route modules into routers the app imports (and which
-# do not import it back). THE LEAD DELETES THIS SET (and its use below) WHEN MERGING that
-# work. Each entry is one elementary cycle, starting at its smallest module name; the
-# test fails when a cycle not listed here appears, and when a listed one is gone (so the
-# list cannot outlive the cycles it excuses).
-KNOWN_HTTP_CYCLES: set[tuple[str, ...]] = {
-    ("worker.http.app", "worker.http.calls"),
-    ("worker.http.app", "worker.http.changelog"),
-    ("worker.http.app", "worker.http.changes"),
-    ("worker.http.app", "worker.http.changes", "worker.http.changelog"),
-    ("worker.http.app", "worker.http.egress"),
-    ("worker.http.app", "worker.http.egress", "worker.http.settings"),
-    ("worker.http.app", "worker.http.processes"),
-    ("worker.http.app", "worker.http.sandbox"),
-    ("worker.http.app", "worker.http.settings"),
-    ("worker.http.app", "worker.http.stream"),
-}
-
-
 @dataclass
 class Module:
     name: str
@@ -218,13 +198,7 @@ def test_the_graph_is_built_from_the_real_imports() -> None:
 
 def test_no_import_cycles() -> None:
     found = cycles()
-    unexpected = sorted(found - KNOWN_HTTP_CYCLES)
-    assert not unexpected, "import cycles:\n" + "\n".join(_describe(c) for c in unexpected)
-
-
-def test_every_known_http_cycle_still_exists() -> None:
-    gone = sorted(KNOWN_HTTP_CYCLES - cycles())
-    assert not gone, f"no longer cycles, delete them from KNOWN_HTTP_CYCLES: {gone}"
+    assert not found, "import cycles:\n" + "\n".join(_describe(c) for c in sorted(found))
 
 
 def test_sandbox_never_imports_worker() -> None:

@@ -316,7 +316,7 @@ async def test_closed_and_idle_http_sessions_are_forgotten(
     async with serve_app(app) as url:
         async with httpx.AsyncClient(base_url=url) as c:
             assert (await c.post("/v1/workspaces", json={"name": "w"})).status_code == 201
-        tool_list = app.state.mcp.tool_list
+        tool_list = app.state.service.mcp.tool_list
         mcp_url = f"{url}/v1/workspaces/w/mcp"
         async with httpx2.AsyncClient(timeout=30) as http:
             async with Client(streamable_http_client(mcp_url, http_client=http), mode="legacy") as client:

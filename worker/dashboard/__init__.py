@@ -3,10 +3,11 @@ of tool calls, changes with their diffs and undo, files, a command box, the egre
 
 It is static files (``static/``: plain ES modules and one stylesheet, no build step)
 that use only the public HTTP API, so everything it shows is available to scripts too.
-:mod:`.guard` holds the service's browser-facing defences (CSRF, DNS rebinding, CSP).
+:mod:`.guard` hardens its own responses (CSP, framing); who may call the service is
+decided in :mod:`worker.auth`.
 """
 
-from .guard import Guard
+from .guard import ASSETS_PREFIX, PAGE, DashboardHeaders, is_dashboard_path
 from .routes import STATIC, mount
 
-__all__ = ["STATIC", "Guard", "mount"]
+__all__ = ["ASSETS_PREFIX", "PAGE", "STATIC", "DashboardHeaders", "is_dashboard_path", "mount"]

@@ -1,10 +1,10 @@
-"""The HTTP service: one FastAPI app (:mod:`.app`: tools, workspaces, MCP, metrics) and
-its route groups, a module each: the call history (:mod:`.calls`), the changelog and
-undo (:mod:`.changelog`), per-call diffs (:mod:`.changes`), egress (:mod:`.egress`), the
-port proxy (:mod:`.ports`), background processes (:mod:`.processes`), sandbox state
-(:mod:`.sandbox`), workspace settings (:mod:`.settings`) and the streaming execute
-(:mod:`.stream`). The dashboard's static app is mounted from :mod:`worker.dashboard`."""
+"""The HTTP service: one FastAPI app (:func:`create_app`, :mod:`.app`) composed of route
+groups, a module each with its ``APIRouter`` and its models (listed in :mod:`.app`). Who
+may call is decided in :mod:`worker.auth`; the dashboard's static app is served from
+:mod:`worker.dashboard`."""
 
-from .app import ExecuteRequest, SafeJSONResponse, UnsafeBindError, WorkspaceId, check_bind, create_app
+from .app import UnsafeBindError, check_bind, create_app
+from .common import SafeJSONResponse, WorkspaceId
+from .execute import ExecuteRequest
 
 __all__ = ["ExecuteRequest", "SafeJSONResponse", "UnsafeBindError", "WorkspaceId", "check_bind", "create_app"]

@@ -21,15 +21,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..calls import CallJournal, Tail, page
 from ..result import json_line
-from ..service import Workspaces, encode_json
-from .app import WorkspaceId
+from ..service import encode_json
+from .common import WS_ERRORS, Handlers, WorkspaceId
+from .state import ServiceDep
 
 #: How often a stream looks for calls other processes appended.
 POLL_SECONDS = 0.05
@@ -73,63 +74,64 @@ class _NoJournal(Exception):
     pass
 
 
-def journal_of(request: Request) -> CallJournal:
-    """The service registry's call journal. Raises _NoJournal (a 409) without one."""
-    journal: CallJournal | None = getattr(request.app.state.registry, "journal", None)
+async def _no_journal(_r: Request, _e: Exception) -> Response:
+    return JSONResponse({"detail": "This service records no call history"}, status_code=409)
+
+
+#: The app's answers to this module's errors.
+HANDLERS: Handlers = {_NoJournal: _no_journal}
+
+
+def journal_of(registry: Any) -> CallJournal:
+    """The registry's call journal. Raises _NoJournal (a 409) without one."""
+    journal: CallJournal | None = getattr(registry, "journal", None)
     if journal is None:
         raise _NoJournal
     return journal
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the two routes on ``app`` (whose state holds ``registry``)."""
-    responses = {**responses, 409: {"description": "This service records no call history"}}
-    ws_path = "/v1/workspaces/{workspace_id}"
+router = APIRouter(tags=["calls"])
+_RESPONSES = {**WS_ERRORS, 409: {"description": "This service records no call history"}}
+_WS_PATH = "/v1/workspaces/{workspace_id}"
 
-    @app.exception_handler(_NoJournal)
-    async def _no_journal(_r: Request, _e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": "This service records no call history"}, status_code=409)
 
-    # The records are answered as read (encoded once), not validated into models again:
-    # ``response_model`` documents them.
-    @app.get(f"{ws_path}/calls", tags=["calls"], dependencies=auth, responses=responses, response_model=CallsPage)
-    async def calls(
-        request: Request,
-        workspace_id: WorkspaceId,
-        before: int | None = Query(None, ge=0, le=MAX_CURSOR, description="Only calls older than this cursor."),
-        limit: int = Query(50, ge=1, le=500),
-    ) -> Response:
-        """The workspace's tool calls, newest first, a page at a time (follow ``next``)."""
-        path = workspaces.path(workspace_id)
-        journal = journal_of(request)
-        journal.flush()  # this process's calls of this very loop turn too
-        found, nxt = page(journal.directory(path), before=before, limit=limit)
-        return Response(encode_json({"calls": found, "next": nxt}), media_type="application/json")
+# The records are answered as read (encoded once), not validated into models again:
+# ``response_model`` documents them.
+@router.get(f"{_WS_PATH}/calls", responses=_RESPONSES, response_model=CallsPage)
+async def calls(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    before: int | None = Query(None, ge=0, le=MAX_CURSOR, description="Only calls older than this cursor."),
+    limit: int = Query(50, ge=1, le=500),
+) -> Response:
+    """The workspace's tool calls, newest first, a page at a time (follow ``next``)."""
+    path = service.workspaces.path(workspace_id)
+    journal = journal_of(service.registry)
+    journal.flush()  # this process's calls of this very loop turn too
+    found, nxt = page(journal.directory(path), before=before, limit=limit)
+    return Response(encode_json({"calls": found, "next": nxt}), media_type="application/json")
 
-    @app.get(
-        f"{ws_path}/calls/stream",
-        tags=["calls"],
-        dependencies=auth,
-        responses={**responses, 200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
-        response_class=EventSourceResponse,
-    )
-    async def stream(
-        request: Request,
-        workspace_id: WorkspaceId,
-        after: int | None = Query(
-            None, ge=-1, le=MAX_CURSOR, description="Send the calls after this cursor first (-1: all kept)."
-        ),
-        last_event_id: str | None = Header(None, max_length=32, description="Set by a reconnecting client."),
-    ) -> EventSourceResponse:
-        """Each new call as an SSE event ``call`` (``id:`` its cursor, ``data:`` as in
-        ``GET .../calls``), from this and every other process using the workspace."""
-        path = workspaces.path(workspace_id)
-        journal = journal_of(request)
-        if after is None and last_event_id is not None and last_event_id.strip().isdigit():
-            after = min(int(last_event_id), MAX_CURSOR)
-        return EventSourceResponse(
-            _events(journal, path, after), ping=PING_SECONDS, headers={"Cache-Control": "no-store"}
-        )
+
+@router.get(
+    f"{_WS_PATH}/calls/stream",
+    responses={**_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+    response_class=EventSourceResponse,
+)
+async def stream(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    after: int | None = Query(
+        None, ge=-1, le=MAX_CURSOR, description="Send the calls after this cursor first (-1: all kept)."
+    ),
+    last_event_id: str | None = Header(None, max_length=32, description="Set by a reconnecting client."),
+) -> EventSourceResponse:
+    """Each new call as an SSE event ``call`` (``id:`` its cursor, ``data:`` as in
+    ``GET .../calls``), from this and every other process using the workspace."""
+    path = service.workspaces.path(workspace_id)
+    journal = journal_of(service.registry)
+    if after is None and last_event_id is not None and last_event_id.strip().isdigit():
+        after = min(int(last_event_id), MAX_CURSOR)
+    return EventSourceResponse(_events(journal, path, after), ping=PING_SECONDS, headers={"Cache-Control": "no-store"})
 
 
 async def _events(journal: CallJournal, path: Any, after: int | None) -> AsyncIterator[ServerSentEvent]:
@@ -157,4 +159,4 @@ async def _events(journal: CallJournal, path: Any, after: int | None) -> AsyncIt
         tail.close()
 
 
-__all__ = ["add_routes", "journal_of"]
+__all__ = ["HANDLERS", "journal_of", "router"]

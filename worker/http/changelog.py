@@ -1,4 +1,5 @@
-"""The changelog over HTTP: ``GET .../changelog``, ``GET .../diff``, ``POST .../undo``.
+"""The changelog over HTTP: ``GET .../changelog``, ``GET .../changelog/{entry}/members``,
+``GET .../diff``, ``POST .../undo``.
 
 Same options as ``loom-worker log|diff|undo``. The changelog of a workspace is the recorder
 its registry workspace writes through (so the service records every change a tool makes,
@@ -12,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.errors import SandboxError
@@ -33,8 +34,8 @@ from ..changelog import (
 )
 from ..quoting import quote_path, unquote_path
 from ..result import safe_text
-from ..service import Workspaces
-from .app import WorkspaceId
+from .common import WS_ERRORS, Handlers, WorkspaceId
+from .state import Service, ServiceDep
 
 
 class ChangelogPool:
@@ -84,124 +85,140 @@ class _NoChangelog(Exception):
     pass
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the three routes on ``app`` (whose state holds ``runner`` and ``registry``)."""
-    responses = {
-        **responses,
-        409: {"description": "Undo conflict or refusal, or no changelog recorded by this service"},
-        503: {"description": "The sandbox is unavailable"},
-    }
+async def _no_changelog(_r: Request, _e: Exception) -> Response:
+    return JSONResponse({"detail": "This service records no changelog"}, status_code=409)
 
-    async def changelog_and_box(request: Request, ws_id: str) -> tuple[Path, Changelog, Any]:
-        path = workspaces.path(ws_id)
-        ws = await request.app.state.registry.workspace(path)
-        if not isinstance(ws.recorder, Changelog):
-            raise _NoChangelog
-        return path, ws.recorder, ws.sandbox
 
-    @app.exception_handler(_NoChangelog)
-    async def _no_changelog(_r: Request, _e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": "This service records no changelog"}, status_code=409)
+async def _conflict(_r: Request, e: Exception) -> Response:
+    conflicts = getattr(e, "conflicts", [])
+    return JSONResponse({"detail": str(e), "conflicts": conflicts}, status_code=409)
 
-    @app.exception_handler(UndoConflictError)
-    async def _conflict(_r: Request, e: Exception) -> JSONResponse:
-        conflicts = getattr(e, "conflicts", [])
-        return JSONResponse({"detail": str(e), "conflicts": conflicts}, status_code=409)
 
-    @app.exception_handler(UndoRefusedError)
-    async def _refused(_r: Request, e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, status_code=409)
+async def _refused(_r: Request, e: Exception) -> Response:
+    return JSONResponse({"detail": str(e)}, status_code=409)
 
-    @app.exception_handler(EntryNotFoundError)
-    async def _no_entry(_r: Request, e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, status_code=404)
 
-    @app.exception_handler(SandboxError)
-    async def _sandbox(_r: Request, e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)
+async def _no_entry(_r: Request, e: Exception) -> Response:
+    return JSONResponse({"detail": str(e)}, status_code=404)
 
-    @app.exception_handler(ChangelogError)
-    async def _changelog(_r: Request, e: Exception) -> JSONResponse:
-        return JSONResponse({"detail": f"Changelog unavailable: {e}"}, status_code=503)
 
-    ws_path = "/v1/workspaces/{workspace_id}"
+async def _sandbox(_r: Request, e: Exception) -> Response:
+    return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)
 
-    @app.get(f"{ws_path}/changelog", tags=["changelog"], dependencies=auth, responses=responses)
-    async def changelog(
-        request: Request,
-        workspace_id: WorkspaceId,
-        path: str | None = Query(None, max_length=4096, description="Only entries for this path."),
-        call_id: str | None = Query(None, max_length=256),
-        subtask_id: str | None = Query(None, max_length=256),
-        limit: int | None = Query(None, ge=1, le=100_000, description="Only the last N entries."),
-    ) -> list[Entry]:
-        _p, cl, _box = await changelog_and_box(request, workspace_id)
-        path = None if path is None else unquote_path(path)
-        return [e.shown() for e in await cl.log(path=path, call_id=call_id, subtask_id=subtask_id, limit=limit)]
 
-    @app.get(f"{ws_path}/changelog/{{entry_id}}/members", tags=["changelog"], dependencies=auth, responses=responses)
-    async def members(
-        request: Request, workspace_id: WorkspaceId, entry_id: int = PathParam(ge=0, le=(1 << 63) - 1)
-    ) -> list[str]:
-        """The paths a group entry stands for (``detail`` says ``group: ...``), quoted as
-        the changelog quotes paths; [] for any other entry. 404 for an unknown entry."""
-        _p, cl, _box = await changelog_and_box(request, workspace_id)
-        return [quote_path(p) for p in await cl.members(entry_id)]
+async def _changelog(_r: Request, e: Exception) -> Response:
+    return JSONResponse({"detail": f"Changelog unavailable: {e}"}, status_code=503)
 
-    @app.get(f"{ws_path}/diff", tags=["changelog"], dependencies=auth, responses=responses)
-    async def diff(
-        request: Request,
-        workspace_id: WorkspaceId,
-        path: str | None = Query(None, max_length=4096, description="Only this workspace-relative path."),
-        summary: bool = Query(False, description="Created/modified/deleted/renamed paths instead of a diff."),
-    ) -> DiffOut | Summary:
-        p, cl, box = await changelog_and_box(request, workspace_id)
-        if summary:
-            return (await cl.summary()).shown()
-        async with request.app.state.runner.lock(p):
-            return DiffOut(diff=safe_text(await cl.diff(box, None if path is None else unquote_path(path))))
 
-    @app.post(f"{ws_path}/undo", tags=["changelog"], dependencies=auth, responses=responses)
-    async def undo(request: Request, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
-        selectors = [
-            body.entry is not None,
-            body.call_id is not None,
-            body.subtask_id is not None,
-            body.to is not None,
-            body.all,
-        ]
-        if sum(selectors) != 1:
-            return JSONResponse(  # type: ignore[return-value]
-                {
-                    "detail": [
-                        {
-                            "loc": ["body"],
-                            "type": "value_error",
-                            "msg": "give exactly one of entry, call_id, subtask_id, to, all",
-                        }
-                    ]
-                },
-                status_code=422,
+#: The app's answers to the changelog's and the sandbox's errors (for every route).
+HANDLERS: Handlers = {
+    _NoChangelog: _no_changelog,
+    UndoConflictError: _conflict,
+    UndoRefusedError: _refused,
+    EntryNotFoundError: _no_entry,
+    SandboxError: _sandbox,
+    ChangelogError: _changelog,
+}
+
+
+async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Changelog, Any]:
+    """The workspace's path, changelog and sandbox. Raises _NoChangelog (a 409) when the
+    service records none, InvalidWorkspaceId, WorkspaceNotFound."""
+    path = service.workspaces.path(ws_id)
+    ws = await service.registry.workspace(path)
+    if not isinstance(ws.recorder, Changelog):
+        raise _NoChangelog
+    return path, ws.recorder, ws.sandbox
+
+
+router = APIRouter(tags=["changelog"])
+_RESPONSES = {
+    **WS_ERRORS,
+    409: {"description": "Undo conflict or refusal, or no changelog recorded by this service"},
+    503: {"description": "The sandbox is unavailable"},
+}
+_WS_PATH = "/v1/workspaces/{workspace_id}"
+
+
+@router.get(f"{_WS_PATH}/changelog", responses=_RESPONSES)
+async def changelog(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    path: str | None = Query(None, max_length=4096, description="Only entries for this path."),
+    call_id: str | None = Query(None, max_length=256),
+    subtask_id: str | None = Query(None, max_length=256),
+    limit: int | None = Query(None, ge=1, le=100_000, description="Only the last N entries."),
+) -> list[Entry]:
+    _p, cl, _box = await changelog_and_box(service, workspace_id)
+    path = None if path is None else unquote_path(path)
+    return [e.shown() for e in await cl.log(path=path, call_id=call_id, subtask_id=subtask_id, limit=limit)]
+
+
+@router.get(f"{_WS_PATH}/changelog/{{entry_id}}/members", responses=_RESPONSES)
+async def members(
+    service: ServiceDep, workspace_id: WorkspaceId, entry_id: int = PathParam(ge=0, le=(1 << 63) - 1)
+) -> list[str]:
+    """The paths a group entry stands for (``detail`` says ``group: ...``), quoted as
+    the changelog quotes paths; [] for any other entry. 404 for an unknown entry."""
+    _p, cl, _box = await changelog_and_box(service, workspace_id)
+    return [quote_path(p) for p in await cl.members(entry_id)]
+
+
+@router.get(f"{_WS_PATH}/diff", responses=_RESPONSES)
+async def diff(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    path: str | None = Query(None, max_length=4096, description="Only this workspace-relative path."),
+    summary: bool = Query(False, description="Created/modified/deleted/renamed paths instead of a diff."),
+) -> DiffOut | Summary:
+    p, cl, box = await changelog_and_box(service, workspace_id)
+    if summary:
+        return (await cl.summary()).shown()
+    async with service.runner.lock(p):
+        return DiffOut(diff=safe_text(await cl.diff(box, None if path is None else unquote_path(path))))
+
+
+@router.post(f"{_WS_PATH}/undo", responses=_RESPONSES)
+async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
+    selectors = [
+        body.entry is not None,
+        body.call_id is not None,
+        body.subtask_id is not None,
+        body.to is not None,
+        body.all,
+    ]
+    if sum(selectors) != 1:
+        return JSONResponse(  # type: ignore[return-value]
+            {
+                "detail": [
+                    {
+                        "loc": ["body"],
+                        "type": "value_error",
+                        "msg": "give exactly one of entry, call_id, subtask_id, to, all",
+                    }
+                ]
+            },
+            status_code=422,
+        )
+    p, cl, box = await changelog_and_box(service, workspace_id)
+    runner = service.runner
+    async with runner.slot(), runner.lock(p):
+        try:
+            result = await cl.undo(
+                box,
+                entry=body.entry,
+                call_id=body.call_id,
+                subtask_id=body.subtask_id,
+                to=body.to,
+                all=body.all,
+                dry_run=body.dry_run,
+                force=body.force,
             )
-        p, cl, box = await changelog_and_box(request, workspace_id)
-        runner = request.app.state.runner
-        async with runner.slot(), runner.lock(p):
-            try:
-                result = await cl.undo(
-                    box,
-                    entry=body.entry,
-                    call_id=body.call_id,
-                    subtask_id=body.subtask_id,
-                    to=body.to,
-                    all=body.all,
-                    dry_run=body.dry_run,
-                    force=body.force,
-                )
-                return result.shown()
-            except ValueError as e:
-                return JSONResponse(  # type: ignore[return-value]
-                    {"detail": [{"loc": ["body"], "type": "value_error", "msg": str(e)}]}, status_code=422
-                )
+            return result.shown()
+        except ValueError as e:
+            return JSONResponse(  # type: ignore[return-value]
+                {"detail": [{"loc": ["body"], "type": "value_error", "msg": str(e)}]}, status_code=422
+            )
 
 
-__all__ = ["ChangelogPool", "UndoRequest", "add_routes"]
+__all__ = ["HANDLERS", "ChangelogPool", "DiffOut", "UndoRequest", "router"]

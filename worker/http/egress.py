@@ -10,31 +10,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query
 
-from ..service import Workspaces
 from ..workspace_settings import SettingsError
-from .app import WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
 from .settings import refused
+from .state import ServiceDep
+
+router = APIRouter(tags=["egress"])
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the route on ``app`` (whose state holds ``registry``)."""
-
-    @app.get("/v1/workspaces/{workspace_id}/egress", tags=["egress"], dependencies=auth, responses=responses)
-    async def egress(
-        request: Request,
-        workspace_id: WorkspaceId,
-        limit: int = Query(100, ge=1, le=10_000, description="The newest N records."),
-        verdict: Literal["allowed", "denied", "limited", "error"] | None = Query(None, description="Only these."),
-    ) -> dict[str, Any]:
-        """The workspace's egress allowlist (empty: no network), whether this service serves
-        its gateway now, and its newest log records, newest first."""
-        path = workspaces.path(workspace_id)
-        registry = request.app.state.registry
-        if getattr(registry, "configs", None) is None:
-            return {"policy": [], "enabled": False, "serving": False, "entries": []}
-        try:
-            return {"id": workspace_id, **registry.egress_status(path, limit=limit, verdict=verdict)}
-        except SettingsError as e:
-            return refused(e)  # type: ignore[return-value]
+@router.get("/v1/workspaces/{workspace_id}/egress", responses=WS_ERRORS)
+async def egress(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    limit: int = Query(100, ge=1, le=10_000, description="The newest N records."),
+    verdict: Literal["allowed", "denied", "limited", "error"] | None = Query(None, description="Only these."),
+) -> dict[str, Any]:
+    """The workspace's egress allowlist (empty: no network), whether this service serves
+    its gateway now, and its newest log records, newest first."""
+    path = service.workspaces.path(workspace_id)
+    registry = service.registry
+    if getattr(registry, "configs", None) is None:
+        return {"policy": [], "enabled": False, "serving": False, "entries": []}
+    try:
+        return {"id": workspace_id, **registry.egress_status(path, limit=limit, verdict=verdict)}
+    except SettingsError as e:
+        return refused(e)  # type: ignore[return-value]

@@ -15,6 +15,7 @@ tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to th
 WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
 port-forward``.
 
+Who may use it is decided by :mod:`worker.auth`, before the request reaches the proxy.
 Only a service with a token (``LOOM_API_TOKEN``) proxies, and every answer is served as a
 sandboxed document (``Content-Security-Policy: sandbox ...``, see SANDBOX_CSP): the app is
 served from the service's own origin, and its scripts (the agent's code) must not act as
@@ -34,16 +35,13 @@ unavailable.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import hmac
 import re
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import h11
+from fastapi import APIRouter
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
@@ -51,12 +49,12 @@ from starlette.types import Message, Receive, Scope, Send
 from sandbox.errors import AgentError, SandboxError
 from sandbox.logs import get_logger
 
-from ..service import InvalidWorkspaceId, WorkspaceNotFound, Workspaces
+from ..service import InvalidWorkspaceId, WorkspaceNotFound
+from .state import service_of
 
 log = get_logger("worker.http.ports")
 
 PREFIX = "/v1/workspaces/{workspace_id}/ports/{port:int}"
-REALM = "loom-worker sandbox ports"
 #: Dropped both ways (RFC 9110 7.6.1), with whatever ``Connection`` names. ``expect`` too:
 #: the service answers ``100-continue`` itself.
 HOP_BY_HOP = frozenset(
@@ -78,6 +76,7 @@ MAX_HEAD = 64 << 10
 
 
 _PROXIED = re.compile(r"^/v1/workspaces/[^/]+/ports/[0-9]+/")
+_PORTS = re.compile(r"^/v1/workspaces/[^/]+/ports/[0-9]+(?:/|$)")
 
 
 def is_proxied(path: str) -> bool:
@@ -86,11 +85,10 @@ def is_proxied(path: str) -> bool:
     return _PROXIED.match(path) is not None
 
 
-def add_routes(app: Any, workspaces: Workspaces, token: str | None, on_reject: Callable[[str], None]) -> None:
-    """Mount the proxy on ``app`` (whose state holds ``registry``)."""
-    endpoint = PortProxy(app, workspaces, token, on_reject)
-    app.router.routes.append(Route(PREFIX, endpoint=_Bare(endpoint), methods=None))
-    app.router.routes.append(Route(PREFIX + "/{path:path}", endpoint=endpoint, methods=None))
+def is_port_path(path: str) -> bool:
+    """Whether ``path`` is one of the proxy's routes (the carried paths, and the bare
+    prefix that redirects to them): :mod:`worker.auth`'s rules for the proxy apply."""
+    return _PORTS.match(path) is not None
 
 
 def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -98,68 +96,22 @@ def _problem(status: int, detail: str, headers: dict[str, str] | None = None) ->
 
 
 class PortProxy:
-    """The ASGI endpoint of the proxy routes."""
+    """A server listening on ``port`` in the workspace's sandbox, any method, proxied.
 
-    def __init__(self, app: Any, workspaces: Workspaces, token: str | None, on_reject: Callable[[str], None]) -> None:
-        self.app = app
-        self.workspaces = workspaces
-        self.token = token
-        self.on_reject = on_reject
-
-    # -- checks ------------------------------------------------------------------------------
-
-    def _authorized(self, scope: Scope) -> bool:
-        assert self.token is not None
-        header = b""
-        for k, v in scope.get("headers", []):
-            if k == b"authorization":
-                header = v
-                break
-        scheme, _, value = header.decode("latin-1").partition(" ")
-        value = value.strip()
-        if scheme.lower() == "basic":
-            try:
-                value = base64.b64decode(value, validate=True).decode("utf-8").partition(":")[2]
-            except (binascii.Error, ValueError):
-                return False
-        elif scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(value.encode(), self.token.encode())
-
-    async def _refusal(self, scope: Scope) -> JSONResponse | None:
-        """The answer when this request may not be proxied, else None."""
-        if not self.token:
-            return _problem(
-                403,
-                "The port proxy needs a service with an API token (LOOM_API_TOKEN): a page it serves shares the "
-                "service's origin and, without a token, could call the whole API from the browser. Set a token, "
-                "or use `loom-worker port-forward --workspace DIR PORT`, which gives the app its own origin.",
-            )
-        if not self._authorized(scope):
-            self.on_reject("auth")
-            return JSONResponse(
-                {"detail": "Missing or wrong token (a bearer token, or the token as the Basic password)"},
-                status_code=401,
-                headers={"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
-            )
-        return None
+    (The ASGI endpoint of the proxy routes. Who may use it, a service with a token and
+    the token as a bearer or the Basic password, is decided before, by
+    :class:`worker.auth.AccessGuard`, for every path :func:`is_port_path` accepts.)"""
 
     async def bare(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``.../ports/{port}`` without the slash: to ``.../ports/{port}/``, so relative
         links resolve under the prefix."""
-        refused = await self._refusal(scope)
-        if refused is not None:
-            await refused(scope, receive, send)
-            return
         query = scope.get("query_string", b"")
         target = quote(scope["path"]) + "/" + ("?" + query.decode("latin-1") if query else "")
         await send({"type": "http.response.start", "status": 308, "headers": [(b"location", target.encode())]})
         await send({"type": "http.response.body", "body": b""})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refused = await self._refusal(scope)
-        if refused is None:
-            refused = await self._proxy(scope, receive, send)
+        refused = await self._proxy(scope, receive, send)
         if refused is not None:
             await refused(scope, receive, send)
 
@@ -168,16 +120,17 @@ class PortProxy:
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> JSONResponse | None:
         params = scope.get("path_params", {})
         ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
+        service = service_of(scope["app"])
         try:
-            path = self.workspaces.path(ws_id)
+            path = service.workspaces.path(ws_id)
         except (InvalidWorkspaceId, WorkspaceNotFound) as e:
             return _problem(404, str(e))
         if not 1 <= port <= 65535:
             return _problem(422, f"port {port} is out of range (1-65535)")
         try:
-            ws = await self.app.state.registry.workspace(path)
+            ws = await service.registry.workspace(path)
             # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
-            self.app.state.runner.opened.add(path)
+            service.runner.opened.add(path)
             tunnel = await ws.sandbox.open_tunnel(port)
         except AgentError as e:
             if e.code == "connection_refused":
@@ -192,14 +145,24 @@ class PortProxy:
 
 
 class _Bare:
-    """The ASGI endpoint of the route without the slash (Starlette takes a bound method
-    for a request-response function, not for an ASGI app)."""
+    """Redirects (308) to the same path with a slash, so the app's relative links resolve
+    under the prefix.
+
+    (The ASGI endpoint of the route without the slash: Starlette takes a bound method for
+    a request-response function, not for an ASGI app.)"""
 
     def __init__(self, proxy: PortProxy) -> None:
         self.proxy = proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.proxy.bare(scope, receive, send)
+
+
+_PROXY = PortProxy()
+#: The two routes (any method); mounted by :func:`worker.http.create_app`.
+router = APIRouter()
+router.routes.append(Route(PREFIX, endpoint=_Bare(_PROXY), methods=None))
+router.routes.append(Route(PREFIX + "/{path:path}", endpoint=_PROXY, methods=None))
 
 
 def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes]], bool]:

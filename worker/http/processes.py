@@ -23,7 +23,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,9 +32,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from sandbox.base import ProcessInfo, StatusReporter
 from sandbox.errors import AgentError, SandboxError
 
-from ..service import Workspaces, result_dict
+from ..service import result_dict
 from ..tools.processes import cursor_text, parse_cursor
-from .app import WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .state import Service, ServiceDep
 
 ProcessId = PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
 PING_SECONDS = 15
@@ -67,92 +68,98 @@ def _info(p: ProcessInfo) -> dict[str, Any]:
     }
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the routes on ``app`` (whose state holds ``registry`` and ``runner``)."""
-    base = "/v1/workspaces/{workspace_id}/processes"
-    errors = {**responses, 404: {"description": "No such workspace or process"}}
+router = APIRouter(tags=["processes"])
+_BASE = "/v1/workspaces/{workspace_id}/processes"
+_ERRORS = {**WS_ERRORS, 404: {"description": "No such workspace or process"}}
 
-    async def running_sandbox(request: Request, workspace_id: str) -> Any:
-        """The workspace's sandbox when its container runs (None: no processes then)."""
-        path = workspaces.path(workspace_id)
-        registry = request.app.state.registry
-        backend = getattr(registry, "backend", None)
-        if isinstance(backend, StatusReporter):
-            found = await backend.status(path)
-            if not found or not found.get("running"):
-                return None
-        return (await registry.workspace(path)).sandbox
 
-    @app.get(base, tags=["processes"], dependencies=auth, responses=errors)
-    async def processes(request: Request, workspace_id: WorkspaceId) -> dict[str, Any]:
-        """The workspace's background processes (running, or ended within their linger
-        time), oldest first. Never starts a sandbox."""
-        try:
-            box = await running_sandbox(request, workspace_id)
-            procs = [] if box is None else await box.processes()
-        except NotImplementedError:
-            procs = []
-        except SandboxError as e:
-            return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
-        return {"processes": [_info(p) for p in procs]}
+async def running_sandbox(service: Service, workspace_id: str) -> Any:
+    """The workspace's sandbox when its container runs (None: no processes then).
+    Raises InvalidWorkspaceId, WorkspaceNotFound, SandboxError."""
+    path = service.workspaces.path(workspace_id)
+    registry = service.registry
+    backend = registry.backend
+    if isinstance(backend, StatusReporter):
+        found = await backend.status(path)
+        if not found or not found.get("running"):
+            return None
+    return (await registry.workspace(path)).sandbox
 
-    @app.get(f"{base}/{{process_id}}/output", tags=["processes"], dependencies=auth, responses=errors)
-    async def output(
-        request: Request,
-        workspace_id: WorkspaceId,
-        process_id: str = ProcessId,
-        since: str | None = Query(None, max_length=64, description="Cursor stdout:stderr (default: the start)."),
-        wait_ms: int = Query(0, ge=0, le=60_000, description="Wait this long for something new."),
-        follow: bool = Query(False, description="Stream as Server-Sent Events until the process ends."),
-        last_event_id: str | None = Header(None, max_length=64),
-    ) -> Any:
-        """What the process printed after ``since``; with ``follow`` a stream of it."""
-        try:
-            cursor = parse_cursor(since or last_event_id) or (0, 0)
-        except ValueError as e:
-            return JSONResponse({"detail": [{"loc": ["query", "since"], "msg": str(e)}]}, status_code=422)
-        box = await running_sandbox(request, workspace_id)
-        if box is None:
-            return JSONResponse({"detail": f"No process {process_id}: the sandbox is not running"}, status_code=404)
-        if follow:
-            return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
-        try:
-            out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
-        except AgentError as e:
-            return JSONResponse({"detail": str(e)}, status_code=404 if e.code == "not_found" else 409)
-        return {
-            **_info(out.info),
-            "stdout": out.stdout.decode("utf-8", "replace"),
-            "stderr": out.stderr.decode("utf-8", "replace"),
-            "cursor": cursor_text(out.cursor),
-            "dropped": list(out.dropped),
-            "done": out.done,
-        }
 
-    async def via_tool(request: Request, workspace_id: str, tool: str, args: dict[str, Any]) -> Any:
-        # Straight to the registry, not queued behind the workspace's other calls: a kill
-        # must not wait for the very command it may be meant to stop the effects of.
-        path = workspaces.path(workspace_id)
-        result = await request.app.state.registry.execute(tool, args, path)
-        body = result_dict(result)
-        if not result.success and (result.data or {}).get("error_code") == "not_found":
-            return JSONResponse(body, status_code=404)
-        return body
+@router.get(_BASE, responses=_ERRORS)
+async def processes(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
+    """The workspace's background processes (running, or ended within their linger
+    time), oldest first. Never starts a sandbox."""
+    try:
+        box = await running_sandbox(service, workspace_id)
+        procs = [] if box is None else await box.processes()
+    except NotImplementedError:
+        procs = []
+    except SandboxError as e:
+        return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
+    return {"processes": [_info(p) for p in procs]}
 
-    @app.post(f"{base}/{{process_id}}/input", tags=["processes"], dependencies=auth, responses=errors)
-    async def write_input(
-        request: Request, workspace_id: WorkspaceId, body: InputBody, process_id: str = ProcessId
-    ) -> Any:
-        """Write to its stdin (the ``process_input`` tool's result)."""
-        return await via_tool(request, workspace_id, "process_input", {"process_id": process_id, **body.model_dump()})
 
-    @app.post(f"{base}/{{process_id}}/kill", tags=["processes"], dependencies=auth, responses=errors)
-    async def kill(
-        request: Request, workspace_id: WorkspaceId, process_id: str = ProcessId, body: KillBody | None = None
-    ) -> Any:
-        """Stop it and everything it started (the ``process_kill`` tool's result)."""
-        sig = (body or KillBody()).signal
-        return await via_tool(request, workspace_id, "process_kill", {"process_id": process_id, "signal": sig})
+@router.get(f"{_BASE}/{{process_id}}/output", responses=_ERRORS)
+async def output(
+    service: ServiceDep,
+    workspace_id: WorkspaceId,
+    process_id: str = ProcessId,
+    since: str | None = Query(None, max_length=64, description="Cursor stdout:stderr (default: the start)."),
+    wait_ms: int = Query(0, ge=0, le=60_000, description="Wait this long for something new."),
+    follow: bool = Query(False, description="Stream as Server-Sent Events until the process ends."),
+    last_event_id: str | None = Header(None, max_length=64),
+) -> Any:
+    """What the process printed after ``since``; with ``follow`` a stream of it."""
+    try:
+        cursor = parse_cursor(since or last_event_id) or (0, 0)
+    except ValueError as e:
+        return JSONResponse({"detail": [{"loc": ["query", "since"], "msg": str(e)}]}, status_code=422)
+    box = await running_sandbox(service, workspace_id)
+    if box is None:
+        return JSONResponse({"detail": f"No process {process_id}: the sandbox is not running"}, status_code=404)
+    if follow:
+        return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
+    try:
+        out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
+    except AgentError as e:
+        return JSONResponse({"detail": str(e)}, status_code=404 if e.code == "not_found" else 409)
+    return {
+        **_info(out.info),
+        "stdout": out.stdout.decode("utf-8", "replace"),
+        "stderr": out.stderr.decode("utf-8", "replace"),
+        "cursor": cursor_text(out.cursor),
+        "dropped": list(out.dropped),
+        "done": out.done,
+    }
+
+
+async def via_tool(service: Service, workspace_id: str, tool: str, args: dict[str, Any]) -> Any:
+    # Straight to the registry, not queued behind the workspace's other calls: a kill
+    # must not wait for the very command it may be meant to stop the effects of.
+    path = service.workspaces.path(workspace_id)
+    result = await service.registry.execute(tool, args, path)
+    body = result_dict(result)
+    if not result.success and (result.data or {}).get("error_code") == "not_found":
+        return JSONResponse(body, status_code=404)
+    return body
+
+
+@router.post(f"{_BASE}/{{process_id}}/input", responses=_ERRORS)
+async def write_input(
+    service: ServiceDep, workspace_id: WorkspaceId, body: InputBody, process_id: str = ProcessId
+) -> Any:
+    """Write to its stdin (the ``process_input`` tool's result)."""
+    return await via_tool(service, workspace_id, "process_input", {"process_id": process_id, **body.model_dump()})
+
+
+@router.post(f"{_BASE}/{{process_id}}/kill", responses=_ERRORS)
+async def kill(
+    service: ServiceDep, workspace_id: WorkspaceId, process_id: str = ProcessId, body: KillBody | None = None
+) -> Any:
+    """Stop it and everything it started (the ``process_kill`` tool's result)."""
+    sig = (body or KillBody()).signal
+    return await via_tool(service, workspace_id, "process_kill", {"process_id": process_id, "signal": sig})
 
 
 async def _follow(box: Any, process_id: str, cursor: tuple[int, int]) -> AsyncIterator[ServerSentEvent]:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.base import StatusReporter
 from sandbox.errors import SandboxUnavailableError
 
-from ..service import Workspaces
-from .app import WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .state import ServiceDep
 
 
 class Limits(BaseModel):
@@ -51,26 +51,24 @@ class SandboxOut(BaseModel):
     usage: Usage | None = Field(None, description="While it runs.")
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the route on ``app`` (whose state holds ``registry``)."""
+router = APIRouter(tags=["workspaces"])
 
-    @app.get(
-        "/v1/workspaces/{workspace_id}/sandbox",
-        tags=["workspaces"],
-        dependencies=auth,
-        responses={**responses, 503: {"description": "The Docker engine does not answer"}},
-    )
-    async def sandbox_status(request: Request, workspace_id: WorkspaceId) -> SandboxOut:
-        """The workspace's sandbox now: running or not, image, runtime, limits, CPU and
-        memory in use. Never starts it."""
-        path = workspaces.path(workspace_id)
-        backend = getattr(request.app.state.registry, "backend", None)
-        if not isinstance(backend, StatusReporter):
-            return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
-        try:
-            found: dict[str, Any] | None = await backend.status(path)
-        except SandboxUnavailableError as e:
-            return JSONResponse({"detail": f"Sandbox state unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
-        if found is None:
-            return SandboxOut(id=workspace_id, backend="docker", exists=False, running=False)
-        return SandboxOut(id=workspace_id, backend="docker", exists=True, **found)
+
+@router.get(
+    "/v1/workspaces/{workspace_id}/sandbox",
+    responses={**WS_ERRORS, 503: {"description": "The Docker engine does not answer"}},
+)
+async def sandbox_status(service: ServiceDep, workspace_id: WorkspaceId) -> SandboxOut:
+    """The workspace's sandbox now: running or not, image, runtime, limits, CPU and
+    memory in use. Never starts it."""
+    path = service.workspaces.path(workspace_id)
+    backend = service.registry.backend
+    if not isinstance(backend, StatusReporter):
+        return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
+    try:
+        found: dict[str, Any] | None = await backend.status(path)
+    except SandboxUnavailableError as e:
+        return JSONResponse({"detail": f"Sandbox state unavailable: {e}"}, status_code=503)
+    if found is None:
+        return SandboxOut(id=workspace_id, backend="docker", exists=False, running=False)
+    return SandboxOut(id=workspace_id, backend="docker", exists=True, **found)

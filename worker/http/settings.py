@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from ..service import Workspaces
 from ..workspace_settings import SettingsError, WorkspaceSettings
-from .app import WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .state import ServiceDep
 
 
 def refused(e: SettingsError, *where: str) -> JSONResponse:
@@ -28,39 +29,41 @@ def refused(e: SettingsError, *where: str) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": loc, "msg": e.message, "type": "value_error"}]}, status_code=422)
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the routes on ``app`` (whose state holds ``registry``)."""
-    responses = {**responses, 422: {"description": "A refused setting; detail[0].loc names it"}}
-    ws_path = "/v1/workspaces/{workspace_id}"
+router = APIRouter(tags=["workspaces"])
+_RESPONSES = {**WS_ERRORS, 422: {"description": "A refused setting; detail[0].loc names it"}}
+_WS_PATH = "/v1/workspaces/{workspace_id}"
 
-    def registry_of(request: Request) -> Any:
-        registry = request.app.state.registry
-        if getattr(registry, "configs", None) is None:
-            raise SettingsError("settings", "this service has no per-workspace settings")
-        return registry
 
-    @app.get(ws_path, tags=["workspaces"], dependencies=auth, responses=responses)
-    async def show(request: Request, workspace_id: WorkspaceId) -> dict[str, Any]:
-        """The workspace: its path, its own settings and those its sandbox is made with."""
-        path = workspaces.path(workspace_id)
-        try:
-            own, eff = await registry_of(request).workspace_settings(path)
-        except SettingsError as e:
-            return refused(e)  # type: ignore[return-value]
-        return {"id": workspace_id, "path": str(path), "settings": own.set_fields(), "effective": eff}
+def _configurable(registry: Any) -> Any:
+    """``registry``, when it keeps per-workspace settings. Raises SettingsError otherwise."""
+    if getattr(registry, "configs", None) is None:
+        raise SettingsError("settings", "this service has no per-workspace settings")
+    return registry
 
-    @app.patch(ws_path, tags=["workspaces"], dependencies=auth, responses=responses)
-    async def change(request: Request, workspace_id: WorkspaceId, body: WorkspaceSettings) -> dict[str, Any]:
-        """Change the settings: a field given replaces the workspace's value, a field given
-        as null goes back to the process default, a field left out stays as it is. The
-        sandbox is recreated with them at the next call (files kept)."""
-        path = workspaces.path(workspace_id)
-        changes = {name: getattr(body, name) for name in body.model_fields_set}
-        try:
-            done = await registry_of(request).configure_workspace(path, changes)
-        except SettingsError as e:
-            return refused(e)  # type: ignore[return-value]
-        return {"id": workspace_id, **done.as_dict()}
+
+@router.get(_WS_PATH, responses=_RESPONSES)
+async def show(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
+    """The workspace: its path, its own settings and those its sandbox is made with."""
+    path = service.workspaces.path(workspace_id)
+    try:
+        own, eff = await _configurable(service.registry).workspace_settings(path)
+    except SettingsError as e:
+        return refused(e)  # type: ignore[return-value]
+    return {"id": workspace_id, "path": str(path), "settings": own.set_fields(), "effective": eff}
+
+
+@router.patch(_WS_PATH, responses=_RESPONSES)
+async def change(service: ServiceDep, workspace_id: WorkspaceId, body: WorkspaceSettings) -> dict[str, Any]:
+    """Change the settings: a field given replaces the workspace's value, a field given
+    as null goes back to the process default, a field left out stays as it is. The
+    sandbox is recreated with them at the next call (files kept)."""
+    path = service.workspaces.path(workspace_id)
+    changes = {name: getattr(body, name) for name in body.model_fields_set}
+    try:
+        done = await _configurable(service.registry).configure_workspace(path, changes)
+    except SettingsError as e:
+        return refused(e)  # type: ignore[return-value]
+    return {"id": workspace_id, **done.as_dict()}
 
 
 async def create_with(

@@ -24,55 +24,47 @@ are recorded.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..result import ToolResult, json_line
-from ..service import CallRunner, Workspaces, result_dict
+from ..service import result_dict
 from ..streaming import ToolOutput, chunk_dict
-from .app import ExecuteRequest, WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .execute import ExecuteRequest
+from .state import ServiceDep
 
 #: Seconds between keep-alive comments while a command prints nothing.
 PING_SECONDS = 15
 
 
-def add_routes(app: FastAPI, workspaces: Workspaces, auth: list[Any], responses: dict[int | str, Any]) -> None:
-    """Mount the route on ``app`` (whose state holds ``runner`` and ``registry``)."""
+router = APIRouter(tags=["tools"])
 
-    @app.post(
-        "/v1/workspaces/{workspace_id}/execute/stream",
-        tags=["tools"],
-        dependencies=auth,
-        responses={
-            **responses,
-            429: {"description": "Too many concurrent calls"},
-            200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events: output..., result"},
-        },
-        response_class=EventSourceResponse,
+
+@router.post(
+    "/v1/workspaces/{workspace_id}/execute/stream",
+    responses={
+        **WS_ERRORS,
+        429: {"description": "Too many concurrent calls"},
+        200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events: output..., result"},
+    },
+    response_class=EventSourceResponse,
+)
+async def execute_stream(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteRequest) -> EventSourceResponse:
+    """Run one tool call; its output as SSE ``output`` events while it runs, then a
+    ``result`` event with the ToolResult (as ``POST .../execute`` returns it)."""
+    path = service.workspaces.path(workspace_id)
+    stream = service.runner.execute_stream(
+        body.tool,
+        body.arguments,
+        path,
+        call_id=body.call_id,
+        subtask_id=body.subtask_id,
     )
-    async def execute_stream(request: Request, workspace_id: WorkspaceId, body: ExecuteRequest) -> EventSourceResponse:
-        """Run one tool call; its output as SSE ``output`` events while it runs, then a
-        ``result`` event with the ToolResult (as ``POST .../execute`` returns it)."""
-        path = workspaces.path(workspace_id)
-        runner: CallRunner = request.app.state.runner
-        stream = runner.execute_stream(
-            body.tool,
-            body.arguments,
-            path,
-            call_id=body.call_id,
-            subtask_id=body.subtask_id,
-            known_tools=_known_tools(request),
-        )
-        return EventSourceResponse(
-            _events(stream), ping=PING_SECONDS, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        )
-
-
-def _known_tools(request: Request) -> frozenset[str]:
-    known: frozenset[str] = request.app.state.runner.known_tools  # the registry's tools now
-    return known
+    return EventSourceResponse(
+        _events(stream), ping=PING_SECONDS, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
 
 
 async def _events(stream: AsyncIterator[ToolOutput | ToolResult]) -> AsyncIterator[ServerSentEvent]:

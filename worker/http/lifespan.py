@@ -1,0 +1,94 @@
+"""The service's life: at startup it opens the registry (the Docker one, recording every
+change in the changelog, unless the caller gave one), the call runner and the MCP server;
+at shutdown it stops the sandboxes it used (``LOOM_STOP_SANDBOXES_ON_EXIT``) and closes
+what it opened."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from sandbox.logs import get_logger
+
+from .. import default_registry
+from ..mcp_server import HttpMcp
+from ..service import CallRunner
+from ..settings import Settings
+from .changelog import ChangelogPool
+from .state import service_of
+
+log = get_logger("worker.http")
+
+#: Opens the service's registry for its life (``create_app(registry_factory=...)``).
+RegistryFactory = Callable[[Settings], AbstractAsyncContextManager[Any]]
+
+
+@asynccontextmanager
+async def default_registry_cm(settings: Settings) -> AsyncIterator[Any]:
+    """The Docker registry, recording every change in the changelog under LOOM_DATA_DIR
+    (no daemon is contacted before the first call)."""
+    pool = ChangelogPool(settings.data_dir, settings.durability, limits=settings.changelog_limits())
+    try:
+        async with default_registry(settings, recorder_factory=pool.recorder) as registry:
+            yield registry
+    finally:
+        await pool.aclose()
+
+
+def lifespan(
+    registry: Any | None, registry_factory: RegistryFactory | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: ``registry`` when given (it stays the caller's to close), else
+    the one ``registry_factory`` (default :func:`default_registry_cm`) opens."""
+
+    @asynccontextmanager
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        service = service_of(app)
+        settings = service.settings
+        async with AsyncExitStack() as stack:
+            reg: Any = registry
+            if reg is None:
+                reg = await stack.enter_async_context((registry_factory or default_registry_cm)(settings))
+            service.workspaces.ensure_root()
+            observers = getattr(reg, "egress_observers", None)
+            if observers is not None:
+                observers.append(service.metrics.observe_egress)
+            runner = CallRunner(reg, service.metrics, max_concurrent=settings.max_concurrent_calls)
+            mcp = HttpMcp(reg, runner, service.workspaces)
+            await stack.enter_async_context(mcp.run())
+            service.start(reg, runner, mcp)
+            log.info("service.started", workspace_root=str(service.workspaces.root), auth=service.access.token_required)
+            try:
+                yield
+            finally:
+                if settings.stop_sandboxes_on_exit:
+                    await _stop_opened(reg, runner)
+                service.stop()
+                log.info("service.stopped")
+
+    return run
+
+
+async def stop_sandbox(registry: Any, path: Path) -> bool:
+    """Stop the sandbox of ``path``; whether one was running. Never raises: an
+    infrastructure failure is logged (a delete must not turn into a 500)."""
+    stop: Callable[[Path], Awaitable[bool]] | None = getattr(registry, "stop", None)
+    if stop is None:
+        stop = getattr(getattr(registry, "backend", None), "stop", None)
+    if stop is None:
+        return False
+    try:
+        return bool(await stop(path))
+    except Exception as e:
+        log.warning("sandbox.stop_failed", workspace=str(path), error=str(e)[:300])
+        return False
+
+
+async def _stop_opened(registry: Any, runner: CallRunner) -> None:
+    for path in sorted(runner.opened):
+        await stop_sandbox(registry, path)
+        runner.forget(path)

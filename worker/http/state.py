@@ -1,0 +1,102 @@
+"""The service's state as the routes reach it: one typed :class:`Service` on
+``app.state.service``, handed to a route by the :data:`ServiceDep` dependency (and to the
+plain ASGI endpoints, the port proxy and the MCP endpoint, by :func:`service_of`).
+
+The settings, the workspaces, the metrics and the access rules exist from
+:func:`worker.http.create_app` on; the registry, the call runner and the MCP server from
+the app's startup (its lifespan) to its shutdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request
+
+from sandbox.base import RestartCounter
+
+from ..auth import Access
+from ..metrics import Metrics
+from ..service import CallRunner, Workspaces
+from ..settings import Settings
+
+if TYPE_CHECKING:
+    from ..mcp_server import HttpMcp
+    from ..registry import ToolRegistry
+
+
+class NotStartedError(RuntimeError):
+    """A route ran before the app's startup (its lifespan) or after its shutdown."""
+
+
+@dataclass(eq=False)
+class Service:
+    """What the routes share."""
+
+    settings: Settings
+    workspaces: Workspaces
+    access: Access
+    metrics: Metrics = field(init=False)  # its gauges read this object: made after it
+    _registry: ToolRegistry | None = None
+    _runner: CallRunner | None = None
+    _mcp: HttpMcp | None = None
+
+    def start(self, registry: ToolRegistry, runner: CallRunner, mcp: HttpMcp) -> None:
+        self._registry, self._runner, self._mcp = registry, runner, mcp
+
+    def stop(self) -> None:
+        self._registry = self._runner = self._mcp = None
+
+    @property
+    def started(self) -> bool:
+        return self._runner is not None
+
+    @property
+    def registry(self) -> ToolRegistry:
+        """The registry calls run through. Raises NotStartedError."""
+        if self._registry is None:
+            raise NotStartedError("the service is not running (its lifespan has not started)")
+        return self._registry
+
+    @property
+    def runner(self) -> CallRunner:
+        """The call runner (order per workspace, the global limit). Raises NotStartedError."""
+        if self._runner is None:
+            raise NotStartedError("the service is not running (its lifespan has not started)")
+        return self._runner
+
+    @property
+    def mcp(self) -> HttpMcp:
+        """The MCP streamable-HTTP server. Raises NotStartedError."""
+        if self._mcp is None:
+            raise NotStartedError("the service is not running (its lifespan has not started)")
+        return self._mcp
+
+    def sandboxes_open(self) -> int:
+        """Sandboxes this service has used and not stopped (0 before startup)."""
+        return len(self._runner.opened) if self._runner is not None else 0
+
+    def sandbox_restarts(self) -> int:
+        """Sandboxes the registry's backend restarted after losing them (0 before startup)."""
+        backend = None if self._registry is None else self._registry.backend
+        return backend.restarts if isinstance(backend, RestartCounter) else 0
+
+    def reject(self, reason: str) -> None:
+        """Count a refused request in ``loom_http_rejected_total``."""
+        self.metrics.rejected.labels(reason=reason).inc()
+
+
+def service_of(app: Any) -> Service:
+    """The :class:`Service` of an app made by :func:`worker.http.create_app`."""
+    service: Service = app.state.service
+    return service
+
+
+async def _service(request: Request) -> Service:
+    # async: a plain function dependency would run in a thread for every request.
+    return service_of(request.app)
+
+
+#: The service, as a route parameter: ``service: ServiceDep``.
+ServiceDep = Annotated[Service, Depends(_service)]

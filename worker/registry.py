@@ -615,7 +615,7 @@ def default_registry(
             return Changelog.open(data_dir, root, limits=limits)
 
         own_recorders = True
-    from .egress.setup import egress_parts
+    from .egress.setup import egress_parts, secrets_host
 
     egress_default, socket_dir, make_gateway = egress_parts(settings)
     configs = Configs(
@@ -624,6 +624,7 @@ def default_registry(
         Caps.from_settings(settings),
         egress_default=egress_default,
         egress_socket_dir=socket_dir,
+        secrets=secrets_host(settings),
     )
     bg_limits = BackgroundLimits(
         max_processes=settings.max_processes,

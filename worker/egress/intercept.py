@@ -1,0 +1,367 @@
+"""TLS interception for the hosts of a workspace's secrets, and nothing else.
+
+When a tunnel's destination (``CONNECT host:port``, or a stub address dialled directly) is
+a host of one of the workspace's secrets and the sandbox starts TLS, the gateway, after
+every check it makes of any tunnel (allowlist, server name, addresses), terminates that
+TLS itself with a leaf certificate of the workspace's own CA (:mod:`worker.egress.ca`)
+and opens its own TLS to the destination, verified against the host's trust store (plus
+``LOOM_EGRESS_UPSTREAM_CA``). Between the two it reads HTTP/1.1 with h11, request by
+request on a kept-alive connection, and puts the secrets in (:mod:`worker.egress.rewrite`):
+
+* ALPN: only ``http/1.1`` is offered to the sandbox (see :data:`worker.egress.ca.ALPN`).
+* ``Expect: 100-continue``: forwarded; the destination's ``100`` is relayed when it comes,
+  and a final answer before the body (a 401) ends the connection after it.
+* Chunked bodies and trailers: h11 decodes and re-frames them; trailers are not rewritten.
+* Each request is checked on its own: its ``Host`` must be the connection's host (else
+  421 Misdirected Request, nothing forwarded), and the secrets are read anew (a rotated
+  value is used by the next request, a deleted secret no longer added).
+* ``101 Switching Protocols`` (a WebSocket) or a ``CONNECT`` inside: from then on the
+  bytes are relayed as they are (no more rewriting).
+
+A sandbox that does not trust the workspace's CA (its own bundle, pinned certificates)
+fails its handshake with the gateway: its request, and the secret, never go out. Every
+other host stays a spliced tunnel (:mod:`worker.egress.pump`): no CA is involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from .log import EgressRecord
+from .rewrite import BodyScan, Masker, Use, authority, rewrite_request, stray_uses
+from .tlsio import TLSStream
+
+MAX_HEAD = 32 << 10
+FIRST_REQUEST_WAIT = 30.0
+
+
+class Interceptor:
+    """Decides which tunnels are intercepted and serves them. ``secrets`` is the
+    registry's :class:`~worker.egress.provision.SecretsHost`."""
+
+    def __init__(self, secrets: Any, upstream_ctx: ssl.SSLContext) -> None:
+        self.secrets = secrets
+        self.upstream_ctx = upstream_ctx
+
+    def wants(self, root: Path, host: str, port: int) -> bool:
+        """Whether a tunnel of ``root``'s sandbox to ``host:port`` carries a secret's host."""
+        return any(s.matches(host, port) for s in self.secrets.store.effective(root).values())
+
+    async def serve(
+        self,
+        served: Any,
+        sock: socket.socket,
+        upstream: socket.socket,
+        first: bytes,
+        host: str,
+        port: int,
+        started: float,
+        kind: str,
+        rule: str | None,
+        address: str,
+    ) -> None:
+        """Serve one tunnel (``first``: the ClientHello already read) until it ends, then
+        log it. Closes both sockets. Never raises but CancelledError."""
+        session = _Session(self, served, host, port)
+        verdict, reason = "allowed", f"allowed; TLS intercepted for its secrets' host {host}"
+        client = up = None
+        try:
+            ca = self.secrets.ca(served.root)
+            client = TLSStream.server(sock, ca.server_context(host), first)
+            up = TLSStream.client(upstream, self.upstream_ctx, host, charge=served.budget.take)
+            session.client, session.up = client, up
+            c_err, u_err = await asyncio.gather(client.handshake(), up.handshake(), return_exceptions=True)
+            for err in (c_err, u_err):
+                if isinstance(err, asyncio.CancelledError):
+                    raise err
+            if c_err is not None:
+                verdict = "error"
+                reason = (
+                    f"the sandbox did not complete TLS with the gateway's certificate for {host} (does its trust "
+                    f"store hold this workspace's CA?): {_why(c_err)}; nothing was sent"
+                )
+            elif u_err is not None:
+                verdict, reason = "error", f"TLS with {host}:{port} failed: {_why(u_err)}"
+                await session.refuse_first(502, reason)
+            else:
+                await session.run()
+                reason += f" ({session.requests} request{'s' if session.requests != 1 else ''})"
+        except ConnectionAbortedError:
+            verdict, reason = "limited", f"cut: over {served.budget.per_minute} bytes per minute for this workspace"
+        except (OSError, EOFError, ssl.SSLError, h11.ProtocolError, TimeoutError) as e:
+            if session.requests == 0:
+                verdict = "error"
+            reason += f"; ended: {type(e).__name__}"
+        finally:
+            for stream, raw in ((client, sock), (up, upstream)):
+                if stream is not None:
+                    await stream.close()
+                else:
+                    raw.close()
+            served.record(
+                EgressRecord(
+                    workspace=served.label,
+                    kind=kind,  # type: ignore[arg-type]
+                    host=host,
+                    port=port,
+                    verdict=verdict,  # type: ignore[arg-type]
+                    reason=reason,
+                    rule=rule,
+                    address=address,
+                    bytes_up=len(first) + (client.raw_in if client else 0),
+                    bytes_down=client.raw_out if client else 0,
+                    duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                )
+            )
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {e.verify_message}"
+    if isinstance(e, ssl.SSLError):
+        return e.reason or type(e).__name__
+    return str(e) or type(e).__name__
+
+
+class _Session:
+    """The HTTP/1.1 conversation of one intercepted connection."""
+
+    client: TLSStream
+    up: TLSStream
+
+    def __init__(self, ix: Interceptor, served: Any, host: str, port: int) -> None:
+        self.ix = ix
+        self.served = served
+        self.host = host
+        self.port = port
+        self.s = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)  # the sandbox's side
+        self.c = h11.Connection(h11.CLIENT)  # the destination's side
+        self.requests = 0
+
+    async def run(self) -> None:
+        while True:
+            req = await self._head(watch_upstream=self.requests > 0)
+            if req is None:
+                return
+            self.requests += 1
+            if not await self._exchange(req):
+                return
+            if not all(x is h11.DONE for x in (self.s.our_state, self.s.their_state, self.c.our_state)):
+                return
+            if self.c.their_state is not h11.DONE:
+                return
+            self.s.start_next_cycle()
+            self.c.start_next_cycle()
+
+    # -- the sandbox's requests ---------------------------------------------------------
+
+    async def _head(self, *, watch_upstream: bool) -> h11.Request | None:
+        """The next request's head; None when the sandbox closed, or (between requests)
+        the destination did."""
+        while True:
+            event = self.s.next_event()
+            if event is h11.NEED_DATA:
+                data = await (self._client_unless_upstream_ends() if watch_upstream else self.client.recv())
+                if data is None:
+                    return None
+                self.s.receive_data(data)
+                continue
+            return event if isinstance(event, h11.Request) else None
+
+    async def _client_unless_upstream_ends(self) -> bytes | None:
+        # Between requests the destination may close its side (an idle timeout): the
+        # sandbox's connection is closed then too, before it sends a request into it.
+        rc = asyncio.ensure_future(self.client.recv())
+        ru = asyncio.ensure_future(self.up.recv())
+        try:
+            await asyncio.wait({rc, ru}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (rc, ru):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+        if ru.done() and not ru.cancelled():
+            return None
+        return rc.result()
+
+    def _same_host(self, req: h11.Request) -> bool:
+        for name, value in req.headers:
+            if name == b"host":
+                return authority(value.decode("latin-1"), 443) == (self.host, self.port)
+        return True  # HTTP/1.0 without Host: the connection's host
+
+    async def _exchange(self, req: h11.Request) -> bool:
+        """Forward one request and its answer; False when the connection must end."""
+        path = req.target.decode("latin-1")[:300]
+        method = req.method.decode("latin-1")
+        if not self._same_host(req):
+            reason = f"this connection is to {self.host}:{self.port}; a request for another Host is not forwarded"
+            self._log([Use(None, "denied", reason)], method, path, 421)
+            await self.refuse(421, reason)
+            return False
+        secrets = self.ix.secrets.store.effective(self.served.root)
+        rw = rewrite_request(list(req.headers.raw_items()), req.target, self.host, self.port, secrets)
+        try:
+            head = self.c.send(h11.Request(method=req.method, target=rw.target, headers=rw.headers))
+        except h11.LocalProtocolError:  # (its message would quote the request: not logged)
+            self._log(rw.uses, method, path, 400)
+            await self.refuse(400, "the request could not be forwarded as HTTP/1.1")
+            return False
+        await self.up.send(head)
+        scan, masker = BodyScan(), Masker(rw.masks)
+        status: int | None = None
+        switched, whole = False, True
+        up = asyncio.ensure_future(self._body_up(scan))
+        down = asyncio.ensure_future(self._answer(masker))
+        try:
+            (status, switched), whole = await _both(up, down)
+        finally:
+            uses = rw.uses + stray_uses(scan.found, "the body", self.host, self.port, secrets)
+            if masker.masked:
+                for u in uses:
+                    if u.verdict == "allowed":
+                        u.reason += "; its value came back in the answer: masked"
+            self._log(uses, method, path, status)
+        if switched:
+            await self._relay()
+            return False
+        return whole
+
+    async def _body_up(self, scan: BodyScan) -> None:
+        while True:
+            event = self.s.next_event()
+            if event is h11.NEED_DATA:
+                self.s.receive_data(await self.client.recv())
+            elif isinstance(event, h11.Data):
+                scan.feed(event.data)
+                await self.up.send(self.c.send(h11.Data(data=event.data)) or b"")
+            elif isinstance(event, h11.EndOfMessage):
+                await self.up.send(self.c.send(h11.EndOfMessage(headers=event.headers)) or b"")
+                return
+            else:
+                raise EOFError("the sandbox closed the request early")
+
+    # -- the destination's answers ------------------------------------------------------
+
+    async def _answer(self, masker: Masker) -> tuple[int | None, bool]:
+        """Relay the answer; returns (status, switched to another protocol)."""
+        status: int | None = None
+        while True:
+            event = self.c.next_event()
+            if event is h11.NEED_DATA:
+                self.c.receive_data(await self.up.recv())
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                headers = masker.headers(list(event.headers.raw_items()))
+                info = h11.InformationalResponse(status_code=event.status_code, headers=headers, reason=event.reason)
+                await self.client.send(self.s.send(info) or b"")
+                if event.status_code == 101:
+                    return 101, True
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = masker.headers(list(event.headers.raw_items()))
+                resp = h11.Response(status_code=status, headers=headers, reason=event.reason)
+                await self.client.send(self.s.send(resp) or b"")
+            elif isinstance(event, h11.Data):
+                out = masker.feed(event.data)
+                if out:
+                    await self.client.send(self.s.send(h11.Data(data=out)) or b"")
+            elif isinstance(event, h11.EndOfMessage):
+                tail = masker.finish()
+                out = (self.s.send(h11.Data(data=tail)) or b"") if tail else b""
+                out += self.s.send(h11.EndOfMessage(headers=masker.headers(list(event.headers.raw_items())))) or b""
+                await self.client.send(out)
+                return status, False
+            elif event is h11.PAUSED:  # a CONNECT answered 2xx
+                return status, True
+            else:
+                raise EOFError("the destination closed the connection before answering")
+
+    async def _relay(self) -> None:
+        """After a protocol switch: bytes as they are, both ways, until either side ends."""
+        if self.s.trailing_data[0]:
+            await self.up.send(self.s.trailing_data[0])
+        if self.c.trailing_data[0]:
+            await self.client.send(self.c.trailing_data[0])
+
+        async def pipe(src: TLSStream, dst: TLSStream) -> None:
+            while data := await src.recv():
+                await dst.send(data)
+
+        ways = [asyncio.ensure_future(pipe(self.client, self.up)), asyncio.ensure_future(pipe(self.up, self.client))]
+        try:
+            await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in ways:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    # -- refusals and the log ------------------------------------------------------------
+
+    async def refuse(self, status: int, reason: str, verdict: str = "denied") -> None:
+        body = f"loom-worker egress gateway: {reason}.\n".encode()
+        safe = reason.replace('"', "'")[:300]
+        headers = [
+            (b"Content-Type", b"text/plain; charset=utf-8"),
+            (b"Content-Length", str(len(body)).encode()),
+            (b"Connection", b"close"),
+            (b"X-Loom-Egress", f'{verdict}; host="{self.host}:{self.port}"; reason="{safe}"'.encode()),
+        ]
+        with contextlib.suppress(h11.LocalProtocolError):
+            out = self.s.send(h11.Response(status_code=status, headers=headers)) or b""
+            out += (self.s.send(h11.Data(data=body)) or b"") + (self.s.send(h11.EndOfMessage()) or b"")
+            await self.client.send(out)
+
+    async def refuse_first(self, status: int, reason: str) -> None:
+        """Answer the sandbox's first request with a refusal (the destination failed)."""
+        with contextlib.suppress(TimeoutError, h11.ProtocolError, OSError, ssl.SSLError):
+            if await asyncio.wait_for(self._head(watch_upstream=False), FIRST_REQUEST_WAIT) is not None:
+                await self.refuse(status, reason, "error")
+
+    def _log(self, uses: list[Use], method: str, path: str, status: int | None) -> None:
+        for u in uses:
+            self.served.record(
+                EgressRecord(
+                    workspace=self.served.label,
+                    kind="secret",
+                    host=self.host,
+                    port=self.port,
+                    verdict=u.verdict,  # type: ignore[arg-type]
+                    reason=u.reason,
+                    secret=u.secret,
+                    method=method,
+                    path=path,
+                    status=status,
+                )
+            )
+
+
+async def _both(up: asyncio.Future[None], down: asyncio.Future[Any]) -> tuple[Any, bool]:
+    """Wait for ``down`` (the answer) and ``up`` (the request's body): ``down``'s result,
+    and whether ``up`` had ended by then (a destination may answer before the body is
+    all there: ``up`` is then cancelled, and the connection cannot be reused). Either
+    failing cancels the other and raises."""
+    pending: set[asyncio.Future[Any]] = {up, down}
+    try:
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if up in done:
+                up.result()
+            if down in done:
+                return down.result(), up.done()
+    finally:
+        for t in (up, down):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t

@@ -1,0 +1,76 @@
+"""The host's side of secrets, for one registry: the store, each workspace's CA, and what
+a sandbox is given for them.
+
+A sandbox of a workspace with secrets (its own or the defaults) and an egress allowlist
+gets, through its spec (so a change is a new spec, and the container is recreated with
+it at the next call):
+
+* ``$NAME`` = the secret's placeholder, for each secret (after the workspace's own
+  ``env``: a secret's name wins over a variable of the same name);
+* the trust bundle (its CA bundle, ``LOOM_CA_BUNDLE`` or the host's store, plus the
+  workspace's CA certificate) as its CA bundle, mounted read-only at
+  ``/etc/loom/ca-bundle.pem`` and named by ``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``,
+  ``PIP_CERT``, ``NODE_EXTRA_CA_CERTS``, ``GIT_SSL_CAINFO``, ``CURL_CA_BUNDLE``.
+
+Neither holds a value, and the CA's key stays in the data directory. A sandbox without
+egress gets nothing: nothing it sends leaves it anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..changelog.recorder import workspace_dir
+from .secrets import SecretStore, Stamp, file_stamp
+
+if TYPE_CHECKING:
+    from .ca import WorkspaceCA
+
+# .ca (and the cryptography package) is imported when a workspace first has secrets: a
+# registry that never meets one does not pay for it.
+
+
+@dataclass(frozen=True)
+class SandboxSecrets:
+    env: dict[str, str]  # NAME -> placeholder
+    ca_bundle: str  # the trust bundle's path on the host
+
+
+class SecretsHost:
+    """The secrets of the workspaces under one data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self.store = SecretStore(self.data_dir)
+        self._cas: dict[Path, tuple[Stamp, WorkspaceCA]] = {}
+
+    def stamp(self, root: Path) -> tuple[Stamp, Stamp]:
+        """Changes when a secrets file that applies to ``root`` does (two ``stat`` calls)."""
+        return self.store.stamp(root)
+
+    def ca(self, root: Path) -> WorkspaceCA:
+        """``root``'s CA (made on first use). Raises OSError."""
+        from .ca import CA_CERT, WorkspaceCA
+
+        d = workspace_dir(self.data_dir, root)
+        stamp = file_stamp(d / CA_CERT)
+        cached = self._cas.get(root)
+        if cached is not None and cached[0] == stamp and stamp is not None:
+            return cached[1]
+        ca = WorkspaceCA.open(d, d.name[:12])
+        self._cas[root] = (file_stamp(d / CA_CERT), ca)
+        return ca
+
+    def for_sandbox(self, root: Path, base_bundle: str | None, socket_dir: Path) -> SandboxSecrets | None:
+        """What ``root``'s sandbox gets (None: no secrets apply). ``base_bundle``: the CA
+        bundle it would have without secrets; ``socket_dir``: its gateway directory, the
+        bundle is written beside it. Raises OSError."""
+        secrets = self.store.effective(root)
+        if not secrets:
+            return None
+        from .ca import write_bundle
+
+        bundle = write_bundle(self.ca(root).pem, base_bundle, str(socket_dir))
+        return SandboxSecrets({s.name: s.placeholder for s in secrets.values()}, bundle)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..changelog.recorder import workspace_dir
 from .secrets import SecretStore, Stamp, file_stamp
@@ -74,3 +74,30 @@ class SecretsHost:
 
         bundle = write_bundle(self.ca(root).pem, base_bundle, str(socket_dir))
         return SandboxSecrets({s.name: s.placeholder for s in secrets.values()}, bundle)
+
+
+def advice(secret: Any, created: bool, policy: Any) -> str:
+    """What a change means for the sandbox, and what still keeps the secret from being
+    used (hosts off the workspace's allowlist), in words for the CLI and the API.
+    ``policy``: the workspace's egress allowlist (None: the process-wide defaults)."""
+    if created:
+        text = (
+            f"Saved. The sandbox sees ${secret.name} (a placeholder, never the value) once it is recreated, at "
+            "its next call (files are kept); the gateway puts the value in requests to its hosts."
+        )
+    else:
+        text = "Saved. The next request to its hosts uses it (the placeholder is unchanged)."
+    if policy is not None and not policy:
+        text += " This workspace has no egress allowlist: nothing leaves its sandbox until it has one."
+    elif policy is not None:
+        off = [r.text for r in secret.rules if not any(policy.check(_example(r), p).allowed for p in r.ports)]
+        if off:
+            text += f" Not on this workspace's egress allowlist, so not reachable until they are: {', '.join(off)}."
+    return text
+
+
+def _example(rule: Any) -> str:
+    """A name the rule matches (for ``*.example.com``: a name under it)."""
+    if rule.ip is not None:
+        return str(rule.ip)
+    return str(rule.host) if rule.host is not None else f"loom-check.{rule.suffix}"

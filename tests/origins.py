@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import os
+import random
 import ssl
 import subprocess
 import threading
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -254,3 +257,77 @@ class GitForge:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@dataclass
+class Net:
+    """The secrets tests' little internet on loopback: origins for api.test, other.test and
+    third.test and a forge for git.test, each on port 443 of its own random 127.x.y.z (so
+    the default port works, and runs at once do not collide), with a test CA."""
+
+    ca: trustme.CA
+    ca_file: Path
+    addresses: dict[str, str]
+    origins: dict[str, Origin]
+    forge: GitForge
+    repo: Path
+
+    @classmethod
+    def start(cls, tmp_path: Path) -> Net:
+        ca = trustme.CA()
+        ca_file = tmp_path / "origins-ca.pem"
+        ca.cert_pem.write_to_path(str(ca_file))
+        base = f"127.{random.randint(100, 250)}.{random.randint(0, 250)}"
+        names = ("api.test", "other.test", "third.test", "git.test")
+        addresses = {n: f"{base}.{i + 1}" for i, n in enumerate(names)}
+        origins = {n: Origin(ca, (n,), address=addresses[n], port=443).start() for n in names[:3]}
+        repo = bare_repo(tmp_path / "forge")
+        password = "forge-password-" + uuid.uuid4().hex
+        forge = GitForge(ca, ("git.test",), tmp_path / "forge", password, addresses["git.test"])
+        return cls(ca, ca_file, addresses, origins, forge, repo)
+
+    def stop(self) -> None:
+        for o in self.origins.values():
+            o.stop()
+        self.forge.stop()
+
+    def seen(self, name: str) -> list[Seen]:
+        return self.origins[name].seen
+
+    def settings(self, tmp_path: Path) -> dict[str, Any]:
+        """The worker settings of a test: loopback allowed, the origins' CA trusted by the
+        gateway; the sandbox trusts the public roots and that CA (as an operator gives it a
+        private registry's), so a host without secrets is reachable through a plain tunnel."""
+        trust = tmp_path / "sandbox-trust.pem"
+        trust.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + self.ca_file.read_bytes())
+        return {"egress_trusted_networks": "127.0.0.0/8", "egress_upstream_ca": self.ca_file, "ca_bundle": trust}
+
+    def resolve_for(self, registry: Any) -> None:
+        """Make ``registry``'s gateway resolve the test names to their addresses."""
+        make = registry.egress_factory
+
+        async def resolver(host: str, port: int) -> list[Any]:
+            if host not in self.addresses:
+                raise OSError(-2, "Name or service not known")
+            return [ipaddress.ip_address(self.addresses[host])]
+
+        def factory() -> Any:
+            gw = make()
+            gw.upstream.resolver = resolver
+            return gw
+
+        registry.egress_factory = factory
+
+
+def bare_repo(forge: Path) -> Path:
+    """``forge/repo.git`` with one commit on main."""
+    repo = forge / "repo.git"
+    seed = forge.parent / "seed"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", "--bare", str(repo)], check=True)
+    subprocess.run([*git, "init", "-q", str(seed)], check=True)
+    (seed / "README").write_text("hello from the forge\n")
+    subprocess.run([*git, "-C", str(seed), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(seed), "commit", "-qm", "first"], check=True)
+    subprocess.run([*git, "-C", str(seed), "push", "-q", str(repo), "HEAD:main"], check=True)
+    return repo

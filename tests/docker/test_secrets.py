@@ -11,103 +11,40 @@ the sandbox the stub resolver answers them as it answers any allowed name.
 
 from __future__ import annotations
 
-import ipaddress
+import asyncio
 import os
-import random
 import re
 import shlex
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
-import trustme
 
 from tests.docker.conftest import own_registry
-from tests.origins import GitForge, Origin
-from worker.egress.addresses import IPAddress
+from tests.origins import Net
 from worker.registry import ToolRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 PLACEHOLDER = re.compile(r"loom-secret:[A-Z_]+:[0-9a-f]{32}")
 
 
-@dataclass
-class Net:
-    ca: trustme.CA
-    ca_file: Path
-    addresses: dict[str, str]
-    origins: dict[str, Origin]
-    forge: GitForge
-    repo: Path
-
-    def seen(self, name: str) -> list[Any]:
-        return self.origins[name].seen
-
-
 @pytest.fixture
 def net(tmp_path: Path) -> Iterator[Net]:
-    ca = trustme.CA()
-    ca_file = tmp_path / "origins-ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    base = f"127.{random.randint(100, 250)}.{random.randint(0, 250)}"
-    names = ("api.test", "other.test", "third.test", "git.test")
-    addresses = {n: f"{base}.{i + 1}" for i, n in enumerate(names)}
-    origins = {n: Origin(ca, (n,), address=addresses[n], port=443).start() for n in names[:3]}
-    repo = _bare_repo(tmp_path)
-    forge = GitForge(ca, ("git.test",), tmp_path / "forge", "forge-password-" + uuid.uuid4().hex, addresses["git.test"])
+    n = Net.start(tmp_path)
     try:
-        yield Net(ca, ca_file, addresses, origins, forge, repo)
+        yield n
     finally:
-        for o in origins.values():
-            o.stop()
-        forge.stop()
-
-
-def _bare_repo(tmp_path: Path) -> Path:
-    forge = tmp_path / "forge"
-    repo = forge / "repo.git"
-    seed = tmp_path / "seed"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
-    subprocess.run([*git, "init", "-q", "--bare", str(repo)], check=True)
-    subprocess.run([*git, "init", "-q", str(seed)], check=True)
-    (seed / "README").write_text("hello from the forge\n")
-    subprocess.run([*git, "-C", str(seed), "add", "."], check=True)
-    subprocess.run([*git, "-C", str(seed), "commit", "-qm", "first"], check=True)
-    subprocess.run([*git, "-C", str(seed), "push", "-q", str(repo), "HEAD:main"], check=True)
-    return repo
+        n.stop()
 
 
 @pytest.fixture(params=["runc", "runsc"])
 async def registry(request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path, net: Net) -> AsyncIterator[Any]:
-    # The sandbox trusts the public roots and the origins' CA (as an operator gives it a
-    # private registry's CA), so a host without secrets is reachable over a plain tunnel.
-    trust = tmp_path / "sandbox-trust.pem"
-    trust.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + net.ca_file.read_bytes())
-    async with own_registry(
-        tmp_path,
-        request.param,
-        egress_trusted_networks="127.0.0.0/8",
-        egress_upstream_ca=net.ca_file,
-        ca_bundle=trust,
-    ) as reg:
-        make = reg.egress_factory
-
-        async def resolver(host: str, port: int) -> list[IPAddress]:
-            if host not in net.addresses:
-                raise OSError(-2, "Name or service not known")
-            return [ipaddress.ip_address(net.addresses[host])]
-
-        def factory() -> Any:
-            gw = make()
-            gw.upstream.resolver = resolver
-            return gw
-
-        reg.egress_factory = factory
+    async with own_registry(tmp_path, request.param, **net.settings(tmp_path)) as reg:
+        net.resolve_for(reg)
         yield reg
 
 
@@ -122,6 +59,10 @@ async def sh(registry: ToolRegistry, ws: Path, command: str, timeout: float = 12
     r = await registry.execute("shell_execute", {"command": command, "timeout": timeout}, workspace=str(ws))
     assert "error_kind" not in (r.data or {}), r.output
     return r.output
+
+
+async def on_host(*argv: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, check=False)
 
 
 def log_of(registry: ToolRegistry, ws: Path, **match: object) -> list[dict[str, Any]]:
@@ -165,9 +106,7 @@ print("answer", body.decode().strip(), "memory", *(f"{n.decode()}={c}" for n, c 
 """
 
 
-async def test_the_secret_reaches_its_host_and_never_the_sandbox(
-    registry: Any, net: Net, tmp_path: Path
-) -> None:
+async def test_the_secret_reaches_its_host_and_never_the_sandbox(registry: Any, net: Net, tmp_path: Path) -> None:
     value = "tok-" + uuid.uuid4().hex
     ws = workspace(tmp_path)
     await registry.configure_workspace(ws, {"egress": ["api.test", "other.test"]})
@@ -178,7 +117,7 @@ async def test_the_secret_reaches_its_host_and_never_the_sandbox(
         await sh(
             registry,
             ws,
-            "curl -sS https://api.test/added; curl -sS -H \"Authorization: Bearer $TOKEN\" https://api.test/replaced; "
+            'curl -sS https://api.test/added; curl -sS -H "Authorization: Bearer $TOKEN" https://api.test/replaced; '
             "curl -sS --noproxy '*' https://api.test/direct",  # a program ignoring the proxy: by address
         )
     )
@@ -208,7 +147,7 @@ async def test_the_secret_reaches_its_host_and_never_the_sandbox(
     assert lines[0] == "0" and int(lines[1]) >= 1 and int(lines[2]) >= 1 and lines[3] == "0", outputs[-1]
     assert lines[4:] == ["files-done"], outputs[-1]  # grep listed no file
     assert all(value not in out for out in outputs)
-    assert not subprocess.run(["grep", "-rqsF", value, str(ws)]).returncode == 0  # nor the workspace, from the host
+    assert (await on_host("grep", "-rqsF", value, str(ws))).returncode == 1  # nor the workspace, from the host
     uses = log_of(registry, ws, kind="secret", verdict="allowed", secret="TOKEN")
     assert {u["path"] for u in uses} >= {"/added", "/replaced", "/direct", "/from-python"}
     assert all(u["status"] == 200 and u["method"] == "GET" for u in uses)
@@ -243,12 +182,11 @@ async def test_placeholders_elsewhere_go_out_unchanged_and_are_logged(registry: 
     assert any("the URL" in r for r in denied) and any("the body" in r for r in denied), denied
 
 
-async def test_git_clone_and_push_with_the_secret_and_refused_without(
-    registry: Any, net: Net, tmp_path: Path
-) -> None:
+async def test_git_clone_and_push_with_the_secret_and_refused_without(registry: Any, net: Net, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     await registry.configure_workspace(ws, {"egress": ["git.test"]})
-    set_secret(registry, ws, "GIT_TOKEN", net.forge.password, hosts=["git.test"], header="Authorization: Basic {git:value}")
+    basic = "Authorization: Basic {git:value}"
+    set_secret(registry, ws, "GIT_TOKEN", net.forge.password, hosts=["git.test"], header=basic)
     git = "git -c user.name=agent -c user.email=agent@sandbox"
     out = await sh(
         registry,
@@ -257,12 +195,12 @@ async def test_git_clone_and_push_with_the_secret_and_refused_without(
         f"git add new.txt && {git} commit -qm 'from the sandbox' && git push -q origin HEAD:main 2>&1 && echo pushed",
     )
     assert "hello from the forge" in out and out.strip().endswith("pushed"), out
-    log = subprocess.run(["git", "--git-dir", str(net.repo), "log", "--format=%s", "main"], capture_output=True, text=True)
+    log = await on_host("git", "--git-dir", str(net.repo), "log", "--format=%s", "main")
     assert log.stdout.splitlines()[0] == "from the sandbox"
     # Nothing of the credential is left in the workspace (the placeholder is not a credential,
     # and it is not there either).
-    assert subprocess.run(["grep", "-rqsF", net.forge.password, str(ws)]).returncode == 1
-    assert subprocess.run(["grep", "-rqs", "loom-secret", str(ws)]).returncode == 1
+    assert (await on_host("grep", "-rqsF", net.forge.password, str(ws))).returncode == 1
+    assert (await on_host("grep", "-rqs", "loom-secret", str(ws))).returncode == 1
     config = (ws / "clone" / ".git" / "config").read_text()
     assert "url = https://git.test/repo.git" in config and "@" not in config and "credential" not in config
     uses = log_of(registry, ws, kind="secret", verdict="allowed", secret="GIT_TOKEN")
@@ -275,8 +213,12 @@ async def test_git_clone_and_push_with_the_secret_and_refused_without(
     assert "rc=128" in out and ("Authentication failed" in out or "could not read Username" in out), out
     assert net.forge.refused > refused
     registry.configs.secrets.store.delete(ws, "GIT_TOKEN")
-    out = await sh(registry, ws, "cd clone && echo again > more.txt && git add . && "
-                   f"{git} commit -qm again && git push -q origin HEAD:main 2>&1; echo rc=$?")
+    out = await sh(
+        registry,
+        ws,
+        "cd clone && echo again > more.txt && git add . && "
+        f"{git} commit -qm again && git push -q origin HEAD:main 2>&1; echo rc=$?",
+    )
     assert "rc=128" in out, out
 
 
@@ -294,7 +236,7 @@ async def test_without_the_gateways_ca_no_secret_and_other_hosts_are_not_interce
         # the image's own trust store, without the workspace CA
         "curl -sS --cacert /etc/ssl/certs/ca-certificates.crt https://api.test/a 2>&1; echo rc=$?; "
         # a bundle of its own in place of the sandbox's (here: the real origin's CA)
-        "SSL_CERT_FILE=/workspace/origins-ca.pem python3 -c \"import urllib.request as u; "
+        'SSL_CERT_FILE=/workspace/origins-ca.pem python3 -c "import urllib.request as u; '
         "u.urlopen('https://api.test/b')\" 2>&1 | tail -1; "
         # the other host is not intercepted: its certificate is the origin's own, which that CA verifies
         "curl -sS --cacert /workspace/origins-ca.pem https://other.test/c; echo rc=$?; "
@@ -333,7 +275,9 @@ async def test_rotation_and_deletion_apply_to_the_next_request(registry: Any, ne
         client.close()
     assert net.seen("api.test")[-1].header("authorization") == [f"Bearer {second}"]
     registry.configs.secrets.store.delete(ws, "TOKEN")
-    out = await sh(registry, ws, f'echo "[$TOKEN]"; curl -sS -H "Authorization: Bearer {placeholder}" https://api.test/3')
+    out = await sh(
+        registry, ws, f'echo "[$TOKEN]"; curl -sS -H "Authorization: Bearer {placeholder}" https://api.test/3'
+    )
     assert "[]" in out and "ok /3" in out, out  # the recreated sandbox has no $TOKEN
     assert net.seen("api.test")[-1].header("authorization") == [f"Bearer {placeholder}"]
     denied = log_of(registry, ws, kind="secret", verdict="denied")

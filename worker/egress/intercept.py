@@ -75,7 +75,7 @@ class Interceptor:
         """Serve one tunnel (``first``: the ClientHello already read) until it ends, then
         log it. Closes both sockets. Never raises but CancelledError."""
         session = _Session(self, served, host, port)
-        verdict, reason = "allowed", f"allowed; TLS intercepted for its secrets' host {host}"
+        verdict, reason = "allowed", "allowed; TLS intercepted (a host of the workspace's secrets)"
         client = up = None
         try:
             ca = self.secrets.ca(served.root)
@@ -97,7 +97,7 @@ class Interceptor:
                 await session.refuse_first(502, reason)
             else:
                 await session.run()
-                reason += f" ({session.requests} request{'s' if session.requests != 1 else ''})"
+                reason += f": {session.requests} request{'s' if session.requests != 1 else ''}"
         except ConnectionAbortedError:
             verdict, reason = "limited", f"cut: over {served.budget.per_minute} bytes per minute for this workspace"
         except (OSError, EOFError, ssl.SSLError, h11.ProtocolError, TimeoutError) as e:

@@ -6,8 +6,9 @@ decides to terminate TLS, so the handshake must start from bytes in hand: asynci
 pattern the ``ssl`` documentation gives for exactly this). The same class speaks to the
 upstream, so both sides of an intercepted connection work alike.
 
-Every send goes out under one lock: a read may make TLS records of its own (a key update,
-an alert) that must not interleave with a write's records on the socket.
+Every send goes out through one queue and one writer task: a read may make TLS records of
+its own (a key update, an alert) that must not interleave with a write's records on the
+socket, and the next read must not wait for the peer to take the last write.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import ssl
 from collections.abc import Callable
 
 RECV = 256 << 10
+#: A sender waits while more than this is queued for the socket.
+HIGH_WATER = 4 << 20
 
 
 class TLSStream:
@@ -43,7 +46,11 @@ class TLSStream:
         self.raw_in = 0
         self.raw_out = 0
         self.limited = False
-        self._send = asyncio.Lock()
+        self._queued: list[bytes] = []
+        self._queued_bytes = 0
+        self._writer: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+        self._error: OSError | None = None
 
     @classmethod
     def server(cls, sock: socket.socket, ctx: ssl.SSLContext, first: bytes, **kw: object) -> TLSStream:
@@ -75,18 +82,47 @@ class TLSStream:
             raise ConnectionAbortedError("over the workspace's egress byte budget")
 
     async def _flush(self) -> None:
-        if not self.outgoing.pending:
-            return
-        # Shielded: a cancelled reader must not leave half a record on the wire.
-        await asyncio.shield(self._flush_locked())
+        """Queue what TLS has made for the socket; wait only while more than
+        :data:`HIGH_WATER` is still queued (the writer sends it meanwhile)."""
+        out = self.outgoing.read() if self.outgoing.pending else b""
+        if out:
+            self.raw_out += len(out)
+            self._charge(len(out))
+            self._queued.append(out)
+            self._queued_bytes += len(out)
+            if self._writer is None:
+                self._writer = self.loop.create_task(self._write())
+        if self._error is not None:
+            raise self._error
+        if self._queued_bytes > HIGH_WATER:
+            self._drained.clear()
+            await self._drained.wait()
+            if self._error is not None:
+                raise self._error
 
-    async def _flush_locked(self) -> None:
-        async with self._send:
-            out = self.outgoing.read()
-            if out:
-                self.raw_out += len(out)
-                self._charge(len(out))
-                await self.loop.sock_sendall(self.sock, out)
+    async def _write(self) -> None:
+        # One task sends, in order, what every flush queued: reading the next bytes and
+        # encrypting them go on while the socket takes these (a send would otherwise wait
+        # for the peer to read before the next read could start).
+        try:
+            while self._queued:
+                chunk = self._queued.pop(0)  # (one by one: joining them would copy every byte again)
+                await self.loop.sock_sendall(self.sock, chunk)
+                self._queued_bytes -= len(chunk)
+                if self._queued_bytes <= HIGH_WATER // 2:
+                    self._drained.set()
+        except OSError as e:
+            self._error = e
+            self._queued.clear()
+            self._queued_bytes = 0
+            self._drained.set()
+        finally:
+            self._writer = None
+
+    async def drain(self) -> None:
+        """Wait until everything queued has been sent (or the socket failed)."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
 
     async def handshake(self) -> None:
         """Raises ssl.SSLError (a refused or failed handshake), OSError, EOFError."""
@@ -122,6 +158,22 @@ class TLSStream:
                 continue
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return b""
+            # A read gives one TLS record (16 KiB at most): take every whole record the
+            # socket's bytes already hold, so what follows (parsing, a write, a send) runs
+            # once per socket read instead of once per record.
+            if len(data) < n and self.incoming.pending:
+                parts = [data]
+                total = len(data)
+                while total < n:
+                    try:
+                        more = self.obj.read(n - total)
+                    except ssl.SSLError:  # (want-read, or the end: the next recv says so)
+                        break
+                    if not more:
+                        break
+                    parts.append(more)
+                    total += len(more)
+                data = b"".join(parts) if len(parts) > 1 else data
             if self.outgoing.pending:
                 await self._flush()
             return data
@@ -133,9 +185,17 @@ class TLSStream:
             await self._flush()
 
     async def close(self) -> None:
-        """Send close_notify (best effort) and close the socket."""
+        """Send what is queued and close_notify (best effort, a few seconds at most),
+        then close the socket."""
         with contextlib.suppress(ssl.SSLError, OSError, ValueError):
             self.obj.unwrap()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._flush(), 1.0)
+            await asyncio.wait_for(self._flush_all(), 5.0)
+        if self._writer is not None:
+            self._writer.cancel()
         self.sock.close()
+
+    async def _flush_all(self) -> None:
+        self._error = None  # (what failed before: the close_notify may still go)
+        await self._flush()
+        await self.drain()

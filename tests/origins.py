@@ -6,7 +6,7 @@ trust (``LOOM_EGRESS_UPSTREAM_CA``).
 
 The origin is written with h11 so a test controls exactly what it answers: ``/reflect``
 sends the request's headers back (in a header and in the body, as a careless API would),
-``/big/N`` sends N bytes, ``/reject`` answers 401 without reading the body (for
+``/big/N`` sends N bytes (``?reflect``: with the Authorization header every 64 KiB or so), ``/reject`` answers 401 without reading the body (for
 ``Expect: 100-continue``), anything else ``ok <target>``.
 """
 
@@ -131,9 +131,15 @@ class Origin:
             auth = ", ".join(seen.header("authorization")) or "-"
             await self._answer(conn, writer, 200, text + b"\n", [("X-Seen-Authorization", auth)])
         elif seen.target.startswith("/big/"):
-            n = int(seen.target.split("/")[2])
+            n = int(seen.target.split("/")[2].split("?")[0])
             writer.write(conn.send(h11.Response(status_code=200, headers=[("Content-Length", str(n))])) or b"")
+            if seen.method == "HEAD":
+                n = 0
             chunk = b"x" * (1 << 20)
+            if seen.target.endswith("?reflect"):  # the Authorization header inside, here and there
+                auth = (seen.header("authorization") or ["-"])[0].encode()
+                chunk = (b"x" * 65_521 + auth) * 16
+                chunk = chunk[: 1 << 20]
             while n:
                 part = chunk[: min(n, len(chunk))]
                 writer.write(conn.send(h11.Data(data=part)) or b"")

@@ -304,3 +304,20 @@ async def test_query_parameter_secrets(env: Env) -> None:
     assert three == "/q?api_key=own"
     await asyncio.sleep(0.05)
     assert all("query-value" not in str(r) for r in env.records())
+
+
+async def test_a_large_body_is_relayed_whole_masked_and_the_connection_goes_on(env: Env) -> None:
+    env.set("TOKEN")
+    c = await Client.open(env, "api.test")
+    n = 3 * (1 << 20) + 12345
+    status, _h, body = await c.request("GET", f"/big/{n}", [host("api.test", env)])
+    assert status == 200 and len(body) == n and body == b"x" * n
+    status, _h, body = await c.request("GET", f"/big/{n}?reflect", [host("api.test", env)])
+    assert status == 200 and len(body) == n and VALUE.encode() not in body
+    assert body.count(b"Bearer " + b"*" * len(VALUE)) >= 40  # every copy masked, across reads
+    status, _h, body = await c.request("HEAD", f"/big/{n}", [host("api.test", env)])
+    assert status == 200 and body == b""
+    status, _h, body = await c.request("GET", "/after", [host("api.test", env)])
+    assert status == 200 and body.startswith(b"ok /after")
+    c.close()
+    assert len({s.connection for s in env.origin.seen[-4:]}) == 1  # all on one connection

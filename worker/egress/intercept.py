@@ -164,6 +164,7 @@ class _Session:
         #: After an answer whose body bypassed ``c``: whether the destination keeps the
         #: connection (the next request gets a fresh ``c``); None otherwise.
         self.fresh: bool | None = None
+        self.head = False
 
     async def run(self) -> None:
         while True:
@@ -234,6 +235,7 @@ class _Session:
             return False
         secrets = self.ix.secrets.store.effective(self.served.root)
         rw = rewrite_request(list(req.headers.raw_items()), req.target, self.host, self.port, secrets)
+        self.head = req.method == b"HEAD"  # (its answer declares a length it does not send)
         try:
             head = self.c.send(h11.Request(method=req.method, target=rw.target, headers=rw.headers))
         except h11.LocalProtocolError:  # (its message would quote the request: not logged)
@@ -295,7 +297,7 @@ class _Session:
                 headers = masker.headers(list(event.headers.raw_items()))
                 resp = h11.Response(status_code=status, headers=headers, reason=event.reason)
                 await self.client.send(self.s.send(resp) or b"")
-                length = _fixed_length(event, self.s, self.c)
+                length = None if self.head else _fixed_length(event, self.s, self.c)
                 if length is not None:
                     await self._body_down(event, length, masker)
                     return status, False

@@ -76,13 +76,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return _usage(root)
     store = SecretStore(settings.data_dir)
     try:
-        if args.action == "list":
-            secrets = store.load(root)
+        if args.action == "list":  # a workspace's: its own and the defaults it gets
+            store.load(root)  # (a file that does not parse is an error here, not hidden)
+            secrets = store.load(None) if root is None else store.effective(root)
             if args.json:
                 print(json.dumps([s.public() for s in secrets.values()], indent=2))
             for s in [] if args.json else sorted(secrets.values(), key=lambda s: s.name):
                 how = f"header {s.header.text}" if s.header else f"query parameter {s.query}"
-                print(f"{s.name:<20} {', '.join(s.hosts)}  ({how}; ${s.name}={s.placeholder})")
+                print(f"{s.name:<20} {', '.join(s.hosts)}  ({how}; {s.scope}; ${s.name}={s.placeholder})")
             if not secrets and not args.json:
                 print("no secrets", file=sys.stderr)
             return 0

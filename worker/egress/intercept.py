@@ -86,7 +86,7 @@ class Interceptor:
             # side busy meanwhile (the kernel caps it at net.core.wmem_max).
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         try:
-            ca = self.secrets.ca(served.root)
+            ca = self.secrets.loaded_ca(served.root) or await asyncio.to_thread(self.secrets.ca, served.root)
             client = TLSStream.server(sock, ca.server_context(host), first)
             up = TLSStream.client(upstream, self.upstream_ctx, host, charge=served.budget.take)
             session.client, session.up = client, up

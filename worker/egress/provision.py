@@ -50,15 +50,24 @@ class SecretsHost:
         """Changes when a secrets file that applies to ``root`` does (two ``stat`` calls)."""
         return self.store.stamp(root)
 
+    def loaded_ca(self, root: Path) -> WorkspaceCA | None:
+        """``root``'s CA if this process has it and it has not changed (one ``stat``)."""
+        from .ca import CA_CERT
+
+        cached = self._cas.get(root)
+        if cached is None or cached[0] != file_stamp(workspace_dir(self.data_dir, root) / CA_CERT):
+            return None
+        return cached[1]
+
     def ca(self, root: Path) -> WorkspaceCA:
-        """``root``'s CA (made on first use). Raises OSError."""
+        """``root``'s CA (read, or made on first use: a key, two files, fsync). Raises
+        OSError."""
         from .ca import CA_CERT, WorkspaceCA
 
+        ca = self.loaded_ca(root)
+        if ca is not None:
+            return ca
         d = workspace_dir(self.data_dir, root)
-        stamp = file_stamp(d / CA_CERT)
-        cached = self._cas.get(root)
-        if cached is not None and cached[0] == stamp and stamp is not None:
-            return cached[1]
         ca = WorkspaceCA.open(d, d.name[:12])
         self._cas[root] = (file_stamp(d / CA_CERT), ca)
         return ca

@@ -16,6 +16,7 @@ refusal here names the field and never echoes anything. Under the service's toke
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -87,10 +88,13 @@ async def _put(request: Request, root: Path | None, name: str) -> dict[str, Any]
     try:
         store = _store(request)
         body = await _body(request)
-        existed = name in store.load(root)
-        secret = store.set(
-            root, name, hosts=body.get("hosts"), header=body.get("header"), query=body.get("query"), value=body["value"]
-        )
+
+        def write() -> tuple[bool, Any]:  # (a locked, fsync'd write: off the event loop)
+            existed = name in store.load(root)
+            hosts, header, query = body.get("hosts"), body.get("header"), body.get("query")
+            return existed, store.set(root, name, hosts=hosts, header=header, query=query, value=body["value"])
+
+        existed, secret = await asyncio.to_thread(write)
         policy = None if root is None else request.app.state.registry.configs.policy(root)
     except SecretError as e:
         return _secret_error(e)
@@ -110,9 +114,9 @@ def _list(request: Request, root: Path | None) -> dict[str, Any] | JSONResponse:
     return {"secrets": [s.public() for s in sorted(secrets.values(), key=lambda s: s.name)]}
 
 
-def _delete(request: Request, root: Path | None, name: str) -> dict[str, Any] | JSONResponse:
+async def _delete(request: Request, root: Path | None, name: str) -> dict[str, Any] | JSONResponse:
     try:
-        deleted = _store(request).delete(root, name)
+        deleted = await asyncio.to_thread(_store(request).delete, root, name)
     except SecretError as e:
         return _secret_error(e)
     if not deleted:
@@ -142,7 +146,7 @@ async def put_secret(request: Request, workspace_id: WorkspaceId, name: SecretNa
 
 @router.delete("/v1/workspaces/{workspace_id}/secrets/{name}")
 async def delete_secret(request: Request, workspace_id: WorkspaceId, name: SecretName) -> Any:
-    return _wrap(_delete(request, _root(request, workspace_id), name), id=workspace_id)
+    return _wrap(await _delete(request, _root(request, workspace_id), name), id=workspace_id)
 
 
 @router.get("/v1/secrets")
@@ -159,7 +163,7 @@ async def put_default(request: Request, name: SecretName) -> Any:
 
 @router.delete("/v1/secrets/{name}")
 async def delete_default(request: Request, name: SecretName) -> Any:
-    return _delete(request, None, name)
+    return await _delete(request, None, name)
 
 
 def _wrap(out: dict[str, Any] | JSONResponse, **extra: Any) -> Any:

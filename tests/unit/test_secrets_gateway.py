@@ -267,6 +267,15 @@ async def test_another_host_on_the_connection_rotation_deletion_and_reflection(e
     status, hdrs, body = await c.request("GET", "/misdirected", [host("other.test", env)])
     assert status == 421 and "another Host" in body.decode() and len(env.origin.seen) == n
     c.close()
+    # an absolute URI naming another host (a server routes by it, whatever the Host says)
+    c = await Client.open(env, "api.test")
+    status, _h, _b = await c.request("GET", f"https://other.test:{env.port}/x", [host("api.test", env)])
+    assert status == 421 and len(env.origin.seen) == n
+    c.close()
+    c = await Client.open(env, "api.test")
+    status, _h, _b = await c.request("GET", f"https://api.test:{env.port}/same", [host("api.test", env)])
+    assert status == 200 and env.origin.seen[-1].target == f"https://api.test:{env.port}/same"
+    c.close()
 
 
 async def test_a_sandbox_without_the_workspace_ca_gets_no_secret(env: Env) -> None:

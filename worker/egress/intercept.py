@@ -33,12 +33,14 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import h11
 
 from sandbox.logs import get_logger
 
 from .log import EgressRecord
+from .policy import normalize_host
 from .rewrite import BodyScan, Masker, Use, authority, rewrite_request, stray_uses
 from .tlsio import RECV, TLSStream
 
@@ -80,6 +82,7 @@ class Interceptor:
         session = _Session(self, served, host, port)
         verdict, reason = "allowed", "allowed; TLS intercepted (a host of the workspace's secrets)"
         client = up = None
+        graceful = True
         with contextlib.suppress(OSError):
             # The gateway writes from its event loop, which a unix socket wakes only once
             # three quarters of its buffer are read: a larger buffer keeps the sandbox's
@@ -106,6 +109,10 @@ class Interceptor:
             else:
                 await session.run()
                 reason += f": {session.requests} request{'s' if session.requests != 1 else ''}"
+        except asyncio.CancelledError:  # the workspace's gateway is released: no goodbyes
+            graceful = False
+            reason += "; ended: the gateway stopped serving the workspace"
+            raise
         except ConnectionAbortedError:
             verdict, reason = "limited", f"cut: over {served.budget.per_minute} bytes per minute for this workspace"
         except (OSError, EOFError, ssl.SSLError, h11.ProtocolError, TimeoutError) as e:
@@ -119,7 +126,7 @@ class Interceptor:
         finally:
             for stream, raw in ((client, sock), (up, upstream)):
                 if stream is not None:
-                    await stream.close()
+                    await stream.close(graceful=graceful)
                 else:
                     raw.close()
             served.record(
@@ -219,6 +226,19 @@ class _Session:
         return rc.result()
 
     def _same_host(self, req: h11.Request) -> bool:
+        """Whether the request is for the connection's host: its Host header, and its
+        target when that names a host (a server routes by an absolute URI, not Host)."""
+        target = req.target
+        if target.lower().startswith((b"http://", b"https://")):
+            parts = urlsplit(target.decode("latin-1"))
+            try:
+                named = (normalize_host(parts.hostname or ""), parts.port or (443 if parts.scheme == "https" else 80))
+            except ValueError:
+                return False
+            if named != (self.host, self.port):
+                return False
+        elif not target.startswith(b"/") and target != b"*":
+            return authority(target.decode("latin-1"), 443) == (self.host, self.port)  # (CONNECT's form)
         for name, value in req.headers:
             if name == b"host":
                 return authority(value.decode("latin-1"), 443) == (self.host, self.port)

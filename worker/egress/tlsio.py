@@ -184,13 +184,14 @@ class TLSStream:
             self.obj.write(data)
             await self._flush()
 
-    async def close(self) -> None:
-        """Send what is queued and close_notify (best effort, a few seconds at most),
-        then close the socket."""
-        with contextlib.suppress(ssl.SSLError, OSError, ValueError):
-            self.obj.unwrap()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._flush_all(), 5.0)
+    async def close(self, *, graceful: bool = True) -> None:
+        """Send what is queued and close_notify (best effort, a few seconds at most;
+        nothing when not ``graceful``), then close the socket."""
+        if graceful:
+            with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+                self.obj.unwrap()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._flush_all(), 5.0)
         if self._writer is not None:
             self._writer.cancel()
         self.sock.close()

@@ -6,8 +6,9 @@ trust (``LOOM_EGRESS_UPSTREAM_CA``).
 
 The origin is written with h11 so a test controls exactly what it answers: ``/reflect``
 sends the request's headers back (in a header and in the body, as a careless API would),
-``/big/N`` sends N bytes (``?reflect``: with the Authorization header every 64 KiB or so), ``/reject`` answers 401 without reading the body (for
-``Expect: 100-continue``), anything else ``ok <target>``.
+``/big/N`` sends N bytes (``?reflect``: with the Authorization header every 64 KiB or
+so), ``/reject`` answers 401 without reading the body (for ``Expect: 100-continue``),
+anything else ``ok <target>``.
 """
 
 from __future__ import annotations

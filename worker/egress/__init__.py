@@ -8,8 +8,16 @@ server name of a ClientHello), :mod:`.dns` (the sandbox's stub resolver), :mod:`
 connection from a sandbox), :mod:`.gateway` (serving the workspaces' sockets), :mod:`.log`
 (the record of every attempt), :mod:`.setup` (wiring them from the settings).
 
+Secrets (docs/secrets.md): :mod:`.secrets` (the store: names, values, hosts, placeholders),
+:mod:`.provision` (what a sandbox gets for them: placeholders, the trust bundle; each
+workspace's CA), :mod:`.ca` (the CA, leaf certificates, the upstream trust store),
+:mod:`.intercept` (TLS terminated for the hosts of a workspace's secrets, HTTP/1.1 relayed
+request by request), :mod:`.rewrite` (what is put in a request and masked in its answer),
+:mod:`.tlsio` (TLS over a socket with memory BIOs).
+
 Exceptions: :class:`~.policy.EgressPatternError` (a refused allowlist entry, a
-``ValueError``). Nothing else here raises to the caller: a refused or failed connection is
+``ValueError``), :class:`~.secrets.SecretError` (a refused secret, a ``ValueError``;
+never quoting its value), :class:`~.secrets.SecretUnavailable` (a value file unreadable). Nothing else here raises to the caller: a refused or failed connection is
 answered to the sandbox and logged.
 
 Why a gateway of our own and not Squid (Debian's) or a proxy library: the work is in

@@ -52,14 +52,17 @@ class Origin:
     names: tuple[str, ...]
     address: str = "127.0.0.1"
     port: int = 0
+    tls: bool = True  # False: plain HTTP
     seen: list[Seen] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _server: Any = None
     _connections: int = 0
 
     def start(self) -> Origin:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ca.issue_cert(*self.names).configure_cert(ctx)
+        ctx: ssl.SSLContext | None = None
+        if self.tls:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.ca.issue_cert(*self.names).configure_cert(ctx)
         ready = threading.Event()
 
         def run() -> None:
@@ -268,9 +271,10 @@ class GitForge:
 
 @dataclass
 class Net:
-    """The secrets tests' little internet on loopback: origins for api.test, other.test and
-    third.test and a forge for git.test, each on port 443 of its own random 127.x.y.z (so
-    the default port works, and runs at once do not collide), with a test CA."""
+    """The secrets tests' little internet on loopback: HTTPS origins for api.test,
+    other.test and third.test, a forge for git.test, each on port 443 of its own random
+    127.x.y.z (so the default port works, and runs at once do not collide), with a test
+    CA; and plain.test, plain HTTP on port 80."""
 
     ca: trustme.CA
     ca_file: Path
@@ -285,9 +289,10 @@ class Net:
         ca_file = tmp_path / "origins-ca.pem"
         ca.cert_pem.write_to_path(str(ca_file))
         base = f"127.{random.randint(100, 250)}.{random.randint(0, 250)}"
-        names = ("api.test", "other.test", "third.test", "git.test")
+        names = ("api.test", "other.test", "third.test", "git.test", "plain.test")
         addresses = {n: f"{base}.{i + 1}" for i, n in enumerate(names)}
         origins = {n: Origin(ca, (n,), address=addresses[n], port=443).start() for n in names[:3]}
+        origins["plain.test"] = Origin(ca, ("plain.test",), address=addresses["plain.test"], port=80, tls=False).start()
         repo = bare_repo(tmp_path / "forge")
         password = "forge-password-" + uuid.uuid4().hex
         forge = GitForge(ca, ("git.test",), tmp_path / "forge", password, addresses["git.test"])

@@ -156,20 +156,24 @@ async def test_the_secret_reaches_its_host_and_never_the_sandbox(registry: Any, 
 
 async def test_placeholders_elsewhere_go_out_unchanged_and_are_logged(registry: Any, net: Net, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
-    await registry.configure_workspace(ws, {"egress": ["api.test", "other.test", "third.test"]})
+    await registry.configure_workspace(ws, {"egress": ["api.test", "other.test", "third.test", "plain.test"]})
     token = set_secret(registry, ws, "TOKEN", "tok-" + uuid.uuid4().hex)
     set_secret(registry, ws, "THIRD", "third-" + uuid.uuid4().hex, hosts=["third.test"], header="X-Api-Key: {}")
     out = await sh(
         registry,
         ws,
         # to an allowed host that carries no secret: a spliced tunnel, the gateway sees nothing
+        # (it does not decrypt it: nothing to log, and the placeholder is worthless there)
         'curl -sS -H "Authorization: Bearer $TOKEN" https://other.test/o; '
         # to a host of another secret: intercepted there, TOKEN's placeholder is not for it
         'curl -sS -H "Authorization: Bearer $TOKEN" https://third.test/t; '
         # to its own host, but in the URL, the body and a header's name
-        'curl -sS "https://api.test/u?token=$TOKEN" --data-binary "body=$TOKEN" -H "X-$TOKEN: 1"',
+        'curl -sS "https://api.test/u?token=$TOKEN" --data-binary "body=$TOKEN" -H "X-$TOKEN: 1"; '
+        # over plain HTTP (read by the gateway, never given a secret)
+        'curl -sS -H "Authorization: Bearer $TOKEN" http://plain.test/p',
     )
-    assert out.count("ok /") == 3, out
+    assert out.count("ok /") == 4, out
+    assert net.seen("plain.test")[-1].header("authorization") == [f"Bearer {token}"]
     assert net.seen("other.test")[-1].header("authorization") == [f"Bearer {token}"]
     third = net.seen("third.test")[-1]
     assert third.header("authorization") == [f"Bearer {token}"] and third.header("x-api-key") != []
@@ -179,6 +183,7 @@ async def test_placeholders_elsewhere_go_out_unchanged_and_are_logged(registry: 
     assert api.header(f"X-{name}") == [rest + ": 1"]  # the line as sent: a name cannot hold the placeholder
     denied = [e["reason"] for e in log_of(registry, ws, kind="secret", verdict="denied", secret="TOKEN")]
     assert any("third.test:443, not one of its hosts" in r for r in denied), denied
+    assert any("plain.test:80, not one of its hosts" in r for r in denied), denied
     assert any("the URL" in r for r in denied) and any("the body" in r for r in denied), denied
 
 

@@ -183,3 +183,23 @@ async def test_http_routes_are_write_only(svc: Any) -> None:
     assert (await svc.client.delete("/v1/workspaces/w/secrets/TOKEN")).status_code == 200
     assert (await svc.client.delete("/v1/workspaces/w/secrets/TOKEN")).status_code == 404
     assert all(VALUE not in t and "rotated-1234567" not in t for t in texts)
+
+
+def test_egress_log_prints_secret_uses(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, data_dir: Path
+) -> None:
+    from worker.egress.log import EgressLog, EgressRecord
+
+    ws = (tmp_path / "ws").resolve()
+    ws.mkdir()
+    assert run(capsys, monkeypatch, "workspace", "set", "-w", str(ws), "--egress", "api.example.com")[0] == 0
+    log = EgressLog(data_dir)
+    rec = EgressRecord(str(ws), "secret", "api.example.com", 443, "allowed", "header Authorization added")
+    rec.secret, rec.method, rec.path, rec.status = "TOKEN", "GET", "/user", 200
+    log.append(ws, rec)
+    log.close()
+    code, out, _err = run(capsys, monkeypatch, "egress-log", "-w", str(ws))
+    assert code == 0 and "secret      api.example.com:443 TOKEN GET /user -> 200  header Authorization added" in out
+    code, out, _err = run(capsys, monkeypatch, "egress-log", "-w", str(ws), "--json")
+    entry = json.loads(out)["entries"][0]
+    assert (entry["secret"], entry["status"], entry["kind"]) == ("TOKEN", 200, "secret")

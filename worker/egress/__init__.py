@@ -17,8 +17,9 @@ request by request), :mod:`.rewrite` (what is put in a request and masked in its
 
 Exceptions: :class:`~.policy.EgressPatternError` (a refused allowlist entry, a
 ``ValueError``), :class:`~.secrets.SecretError` (a refused secret, a ``ValueError``;
-never quoting its value), :class:`~.secrets.SecretUnavailable` (a value file unreadable). Nothing else here raises to the caller: a refused or failed connection is
-answered to the sandbox and logged.
+never quoting its value), :class:`~.secrets.SecretUnavailable` (a value file unreadable).
+Nothing else here raises to the caller: a refused or failed connection is answered to the
+sandbox and logged.
 
 Why a gateway of our own and not Squid (Debian's) or a proxy library: the work is in
 decisions no proxy makes for us, per connection and per workspace. The resolved address

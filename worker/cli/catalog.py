@@ -34,9 +34,9 @@ def _run(coro: Any) -> Any:
 
 def _logging(settings: Settings) -> None:
     """Logs (e.g. a custom tool file that failed to load) go to stderr; stdout is the result."""
-    from ..logging import configure_logging
+    from . import verbosity
 
-    configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
+    verbosity.configure(settings)
 
 
 def _plain_registry(settings: Settings) -> tuple[ToolRegistry, CatalogTools]:
@@ -154,9 +154,20 @@ def _cmd_tools(args: argparse.Namespace, _settings: Settings | None) -> int:
 
 
 def _add(group: argparse._SubParsersAction[Any]) -> None:
-    p = group.add_parser("search", help="Search the tool catalog.", description="Search the tool catalog.")
+    p = group.add_parser(
+        "search",
+        help="Search the tool catalog.",
+        description="Search the tool catalog, as the tool_search tool does; prints its JSON answer.",
+        epilog="Exit status: 0; 2 usage error (an invalid query, --max out of range).",
+    )
     p.add_argument("query", help="What you want to do, in words.")
-    p.add_argument("--mode", choices=("fast", "balanced", "accurate"), default="fast")
+    p.add_argument(
+        "--mode",
+        choices=("fast", "balanced", "accurate"),
+        default="fast",
+        help="fast: the full-text index only; balanced: its candidates re-ranked by the chat model; accurate: the "
+        "query expanded by it first. Both need LOOM_LLM_BASE_URL and LOOM_LLM_MODEL, else fast is used.",
+    )
     p.add_argument("--capability", action="append", choices=CAPABILITIES, help="Filter (repeatable).")
     p.add_argument("--max", type=int, default=5, help="Maximum results (1-10).")
     p.set_defaults(func=_cmd_search, own_settings=False)
@@ -164,12 +175,18 @@ def _add(group: argparse._SubParsersAction[Any]) -> None:
         "index",
         help="(Re)index builtin, custom and MCP tools.",
         description="Index every tool source. Stdio MCP servers run in a workspace sandbox: give --workspace.",
+        epilog="Exit status: 0 every source indexed; 1 a source failed (the report says which) or no sandbox; "
+        "2 usage error.",
     )
     p.add_argument("--no-mcp", action="store_true", help="Skip the configured MCP servers.")
     p.add_argument("--workspace", "-w", default=None, help="Workspace whose sandbox runs the stdio MCP servers.")
     p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_index, own_settings=False)
-    p = group.add_parser("sources", help="Indexed tool sources, their status, and files that failed to load.")
+    p = group.add_parser(
+        "sources",
+        help="Indexed tool sources, their status, and files that failed to load.",
+        epilog="Exit status: 0; 1 a custom tool or MCP servers file failed to load.",
+    )
     p.set_defaults(func=_cmd_sources, own_settings=False)
 
 

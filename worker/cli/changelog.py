@@ -193,7 +193,7 @@ def register(sub: Any) -> None:
         p.add_argument("--workspace", "-w", required=True, help="The workspace directory.")
         p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
 
-    p = sub.add_parser("log", help="List the workspace's recorded changes.")
+    p = sub.add_parser("log", help="List the workspace's recorded changes.", epilog="Exit status: 0; 2 usage error.")
     common(p)
     p.add_argument("--path", help="Only entries for this workspace-relative path.")
     p.add_argument("--call", help="Only entries of this call id.")
@@ -202,13 +202,22 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="One JSON object per line.")
     p.set_defaults(func=_cmd_log)
 
-    p = sub.add_parser("diff", help="Cumulative unified diff of the recorded changes.")
+    p = sub.add_parser(
+        "diff",
+        help="Cumulative unified diff of the recorded changes.",
+        epilog="Exit status: 0; 1 the changelog or the sandbox failed; 2 usage error.",
+    )
     common(p)
     p.add_argument("path", nargs="?", help="Only this workspace-relative path.")
     p.add_argument("--summary", action="store_true", help="Created/modified/deleted/renamed paths as JSON.")
     p.set_defaults(func=_cmd_diff)
 
-    p = sub.add_parser("undo", help="Revert recorded changes, newest first.")
+    p = sub.add_parser(
+        "undo",
+        help="Revert recorded changes, newest first.",
+        epilog="Exit status: 0 reverted (or nothing to do); 1 refused (a file changed since: --force; a tampered "
+        "entry), a step failed, or the sandbox failed; 2 usage error.",
+    )
     common(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--entry", type=int, metavar="N", help="One entry.")

@@ -176,11 +176,20 @@ def _cmd_stop(args: argparse.Namespace, _settings: Any) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("daemon", help="The CLI's local worker: status, stop.")
     actions = p.add_subparsers(dest="daemon_action", metavar="ACTION", required=True)
-    q = actions.add_parser("status", help="Is it running, and if not, why not.")
+    q = actions.add_parser(
+        "status",
+        help="Is it running, and if not, why not.",
+        epilog="Exit status: 0 (a worker that is not running, or does not start, is reported, not an error); 1 no "
+        "usable run directory.",
+    )
     q.add_argument("--json", action="store_true", help="Print JSON.")
     q.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     q.set_defaults(func=_cmd_status, own_settings=True)
-    q = actions.add_parser("stop", help="Ask it to exit once its calls in flight are done.")
+    q = actions.add_parser(
+        "stop",
+        help="Ask it to exit once its calls in flight are done.",
+        epilog="Exit status: 0 (also when none was running); 1 no usable run directory.",
+    )
     q.add_argument("--all", action="store_true", help="Every local worker of this user.")
     q.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     q.set_defaults(func=_cmd_stop, own_settings=True)

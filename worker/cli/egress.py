@@ -69,7 +69,11 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("egress-log", help="What a workspace's sandbox tried to reach, and the gateway's verdicts.")
+    p = sub.add_parser(
+        "egress-log",
+        help="What a workspace's sandbox tried to reach, and the gateway's verdicts.",
+        epilog="Exit status: 0; 2 usage error (an unknown workspace).",
+    )
     p.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
     p.add_argument("--limit", "-n", type=int, default=50, help="The newest N records (default 50).")
     p.add_argument("--verdict", choices=("allowed", "denied", "limited", "error"), help="Only these.")

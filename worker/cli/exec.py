@@ -12,8 +12,8 @@ changelog (``loom-worker log``, ``loom-worker undo --call-id ...``).
 What comes out: the command's stdout on our stdout and its stderr on our stderr, byte
 for byte (any bytes, not only text), as the sandbox reads them. Our own words go to
 stderr only when the command did not simply exit (``loom-worker exec: Command timed out
-after 5s and was killed``), and log lines only at warning and above unless
-``LOOM_LOG_LEVEL`` is set.
+after 5s and was killed``), and log lines only at warning and above unless asked (``-v``,
+``LOOM_LOG_LEVEL``), as every command does.
 
 Exit codes (those of ``timeout(1)`` and ``docker``): the command's own; **124** it timed
 out; **128+N** a signal N ended it (130 for a Ctrl-C passed on); **137** it was killed
@@ -201,11 +201,10 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
     import signal
 
     from ..localworker.calls import Calls
-    from ..logging import configure_logging
-    from . import load_settings
+    from . import load_settings, verbosity
 
     settings = load_settings()
-    configure_logging(settings.log_format, frame.get("log_floor") or settings.log_level, stream=sys.stderr)
+    verbosity.configure(settings)
     if why:
         from sandbox.logs import get_logger
 
@@ -272,6 +271,8 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
 
 
 def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
+    from . import verbosity
+
     words = list(args.cmd)
     if words and words[0] == "--":
         words = words[1:]
@@ -296,7 +297,7 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
         "call_id": args.call_id,
         "tty": sys.stderr.isatty(),
         # Our stderr is the command's: log lines only when something is wrong, unless asked.
-        "log_floor": None if os.environ.get("LOOM_LOG_LEVEL") else "warning",
+        "log_floor": verbosity.level(),
     }
     out = Output()
     from ..localworker.client import switch
@@ -329,10 +330,11 @@ def register(subparsers: Any, only: str | None = None) -> None:
         description=(
             "Run CMD in the workspace's sandbox (as shell_execute does: recorded in the changelog, undoable). "
             "Its stdout and stderr are ours, byte for byte, as they come. Several words are a program and its "
-            "arguments (no shell reads them); one word is a shell command. Exit: the command's code; 124 timed "
-            "out; 128+N killed by signal N; 137 killed for a limit; 125 infrastructure failure; 126 refused by "
-            "policy; 2 usage error."
+            "arguments (no shell reads them); one word is a shell command."
         ),
+        epilog="Exit status: the command's own; 124 it timed out; 128+N a signal N ended it (130: Ctrl-C); 137 "
+        "killed for a limit (memory, output, disk); 125 infrastructure failure (no engine, no image, the sandbox "
+        "lost); 126 refused by policy; 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(

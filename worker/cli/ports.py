@@ -168,12 +168,10 @@ def _cmd_port_forward(args: argparse.Namespace, _settings: Settings | None) -> i
 
     from sandbox.errors import SandboxError
 
-    from ..logging import configure_logging
-    from . import load_settings
+    from . import load_settings, verbosity
 
     settings = load_settings()
-    level = settings.log_level if os.environ.get("LOOM_LOG_LEVEL") else "warning"
-    configure_logging(settings.log_format, level, stream=sys.stderr)
+    verbosity.configure(settings)
 
     async def run() -> int:
         from ..registry import ToolRegistry, default_registry
@@ -221,6 +219,8 @@ def register(subparsers: Any) -> None:
             "agent's channel (the sandbox keeps no network). PORT: SANDBOX_PORT (the same port here), "
             "HOST_PORT:SANDBOX_PORT, or :SANDBOX_PORT (a free port here, printed). Runs until Ctrl-C."
         ),
+        epilog="Exit status: 0 stopped by Ctrl-C or SIGTERM; 1 a host port cannot be listened on; 125 the sandbox "
+        "cannot start; 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(

@@ -105,7 +105,7 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
 # -- doctor --------------------------------------------------------------------------------
 
 
-async def _doctor(settings: Settings) -> int:
+async def _doctor(settings: Settings, fix: bool = False) -> int:
     import shutil
     import tempfile
     from pathlib import Path
@@ -113,6 +113,13 @@ async def _doctor(settings: Settings) -> int:
     from sandbox.client import AgentSandbox
     from sandbox.errors import SandboxError, SandboxUnavailableError
 
+    if fix:  # build or fetch what is missing first, then check everything
+        import asyncio
+
+        from .setup import run_setup
+
+        await asyncio.to_thread(run_setup, settings)
+        _say()
     backend = _backend(settings)
     problems = 0
 
@@ -136,7 +143,8 @@ async def _doctor(settings: Settings) -> int:
             False,
             "docker daemon",
             str(e),
-            "install and start Docker: scripts/setup (Debian: apt-get install docker.io)",
+            "install and start Docker (https://docs.docker.com/engine/install/; on a fresh Debian machine "
+            "scripts/setup does it)",
         )
         await backend.aclose()
         return 1
@@ -146,7 +154,7 @@ async def _doctor(settings: Settings) -> int:
         has_image,
         "sandbox image",
         settings.image,
-        "build it: scripts/setup (or images/base/build-base.sh + docker build)",
+        "`loom-worker setup` builds or pulls it (`loom-worker doctor --fix` does the same)",
     )
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     gvisor = "runsc" in runtimes
@@ -156,7 +164,8 @@ async def _doctor(settings: Settings) -> int:
         "registered"
         if gvisor
         else "not registered" + ("" if settings.runtime == "runsc" else " (optional: runc in use)"),
-        "apt-get install runsc and register it in /etc/docker/daemon.json (scripts/setup does both)",
+        "install runsc (https://gvisor.dev/docs/user_guide/install/), then `sudo loom-worker setup "
+        "--register-gvisor` and reload the engine",
     )
     if has_image:
         ws = Path(tempfile.mkdtemp(prefix="loom-doctor-"))
@@ -232,20 +241,37 @@ def _existing_dir(value: str) -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    p = subparsers.add_parser("demo", help="Show a workspace sandbox at work: command, files, limits.")
+    p = subparsers.add_parser(
+        "demo",
+        help="Show a workspace sandbox at work: command, files, limits.",
+        epilog="Exit status: 0; 1 the sandbox failed (`loom-worker doctor` says why).",
+    )
     p.add_argument("--workspace", type=_existing_dir, help="Use this directory (default: a temporary one).")
     p.add_argument("--runtime", choices=["runc", "runsc"], help="Override LOOM_RUNTIME.")
     p.set_defaults(func=lambda a, s: _run(_demo(s, a.workspace, a.runtime)))
 
     p = subparsers.add_parser(
-        "doctor", help="Check the Docker daemon, the sandbox image, gVisor and the CLI's local worker."
+        "doctor",
+        help="Check the Docker daemon, the sandbox image, gVisor and the CLI's local worker.",
+        epilog="Exit status: 0 everything the worker needs works; 1 something does not (the [FAIL] lines say what).",
     )
-    p.set_defaults(func=lambda a, s: _run(_doctor(s)))
+    p.add_argument(
+        "--fix", action="store_true", help="First build or fetch what is missing, as `loom-worker setup` does."
+    )
+    p.set_defaults(func=lambda a, s: _run(_doctor(s, a.fix)))
 
-    p = subparsers.add_parser("gc", help="Remove exited or stale sandbox containers (only ours).")
+    p = subparsers.add_parser(
+        "gc",
+        help="Remove exited or stale sandbox containers (only ours).",
+        epilog="Exit status: 0; 1 the engine does not answer.",
+    )
     p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
     p.set_defaults(func=lambda a, s: _run(_gc(s, a.all)))
 
-    p = subparsers.add_parser("stop", help="Stop and remove the sandbox of a workspace.")
-    p.add_argument("--workspace", "-w", type=_existing_dir, required=True)
+    p = subparsers.add_parser(
+        "stop",
+        help="Stop and remove the sandbox of a workspace.",
+        epilog="Exit status: 0 (also when none was running); 1 the engine does not answer; 2 usage error.",
+    )
+    p.add_argument("--workspace", "-w", type=_existing_dir, required=True, help="The workspace directory.")
     p.set_defaults(func=lambda a, s: _run(_stop(s, a.workspace)))

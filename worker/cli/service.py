@@ -1,7 +1,8 @@
 """``loom-worker serve`` (HTTP API + MCP over streamable HTTP) and ``loom-worker mcp`` (stdio).
 
 Both configure logging once, here at the entry point, to stderr: JSON in a service, console
-lines in a terminal (``LOOM_LOG_FORMAT``).
+lines in a terminal (``LOOM_LOG_FORMAT``), at ``LOOM_LOG_LEVEL`` (info unless set; ``-v``
+info, ``-vv`` debug), not at the other commands' quiet default.
 """
 
 from __future__ import annotations
@@ -23,23 +24,69 @@ UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
 
 def register(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="Run the HTTP API (and MCP over streamable HTTP).")
+    serve = sub.add_parser(
+        "serve",
+        help="Run the HTTP API (and MCP over streamable HTTP).",
+        epilog="Exit status: 0 stopped (Ctrl-C, SIGTERM); 1 --token-file cannot be read or written; 2 usage error "
+        "(a bind address beyond loopback without LOOM_API_TOKEN).",
+    )
     serve.add_argument("--host", help="Bind address (default LOOM_HOST or 127.0.0.1).")
     serve.add_argument("--port", type=int, help="Port (default LOOM_PORT or 8080).")
     serve.add_argument("--workspace-root", type=path_arg, help="Directory of workspaces (LOOM_WORKSPACE_ROOT).")
-    serve.set_defaults(func=_serve)
+    serve.add_argument(
+        "--token-file",
+        type=path_arg,
+        metavar="PATH",
+        help="Without LOOM_API_TOKEN: the API token is read from PATH, or generated there (mode 0600) at the first "
+        "start. docker compose keeps it in its data volume.",
+    )
+    serve.set_defaults(func=_serve, own_logging=True)
 
-    mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
+    mcp = sub.add_parser(
+        "mcp",
+        help="Serve one workspace's tools over MCP stdio.",
+        epilog="Exit status: 0 the client closed the stream; 2 usage error (the workspace is not a directory).",
+    )
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
-    mcp.set_defaults(func=_mcp)
+    mcp.set_defaults(func=_mcp, own_logging=True)
+
+
+def token_from_file(path: Path) -> str:
+    """The API token kept in ``path``; generated there first (``secrets.token_urlsafe``,
+    mode 0600, written whole or not at all) when the file is missing or empty. The token
+    itself is never logged, only where it is. Raises OSError."""
+    import secrets
+
+    from sandbox.logs import get_logger
+
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        get_logger("worker.cli").info("service.api_token", source=str(path))
+        return token
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    get_logger("worker.cli").info("service.api_token", source=str(path), generated=True)
+    return token
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from ..http import UnsafeBindError, check_bind, create_app
-    from ..logging import configure_logging
+    from . import verbosity
 
     updates: dict[str, Any] = {}
     if args.host:
@@ -49,7 +96,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workspace_root:
         updates["workspace_root"] = args.workspace_root.resolve()
     settings = settings.model_copy(update=updates)
-    configure_logging(settings.log_format, settings.log_level)
+    verbosity.configure(settings, service=True)
+    if args.token_file and not settings.api_token:
+        try:
+            settings = settings.model_copy(update={"api_token": token_from_file(args.token_file)})
+        except OSError as e:
+            print(f"loom-worker serve: --token-file {args.token_file}: {e.strerror}", file=sys.stderr)
+            return 1
     try:
         check_bind(settings)
     except UnsafeBindError as e:
@@ -74,15 +127,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from ..logging import configure_logging
     from ..mcp_server import serve_stdio
     from ..registry import ToolRegistry, default_registry
+    from . import verbosity
 
     workspace: Path = args.workspace.expanduser()
     if not workspace.is_dir():
         print(f"loom-worker mcp: workspace {workspace} is not a directory", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    verbosity.configure(settings, service=True)
     registry: ToolRegistry
     if args.backend == "local":
         if os.environ.get(UNSAFE_LOCAL_ENV) != "1":

@@ -151,6 +151,7 @@ class Runner:
     ) -> tuple[int, dict[str, Any]] | None:
         """The call through the local worker; None when it must run in-process."""
         from ..localworker.client import RETRY_SAFE, Lost, Retry, Unavailable
+        from . import verbosity
 
         for attempt in range(2):
             try:
@@ -162,6 +163,7 @@ class Runner:
                     check_unknown=check_unknown,
                     on_log=_log_line,
                     tty=self._tty,
+                    log_floor=verbosity.level(),
                 )
             except Retry as e:  # nothing ran: once more with a fresh worker
                 why = f"the local worker asked for a fresh one twice ({e})"
@@ -198,13 +200,12 @@ class Runner:
             import asyncio
 
             from ..localworker.calls import Calls
-            from ..logging import configure_logging
-            from . import load_settings
+            from . import load_settings, verbosity
 
             settings = load_settings()
             # Before the registry is built: building it may log (a custom tool file that
             # does not load), and stdout carries only results.
-            configure_logging(settings.log_format, settings.log_level, stream=sys.stderr)
+            verbosity.configure(settings)
             if self._why_not:
                 from sandbox.logs import get_logger
 
@@ -252,7 +253,8 @@ def _runner(args: argparse.Namespace) -> Runner | int:
 
 # -- call --------------------------------------------------------------------------------
 
-#: ``call``'s options as :func:`parse_call_fast` knows them (see :func:`_register_call`).
+#: ``call``'s options as :func:`parse_call_fast` knows them (see :func:`_register_call`;
+#: the verbosity flags are :data:`worker.cli.verbosity.FLAGS`).
 _CALL_OPTIONS = {
     "--workspace": "workspace",
     "-w": "workspace",
@@ -269,16 +271,21 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
     without argparse, whose import and set-up cost about 5 ms of a 30 ms call. None for
     anything else (``--help``, an abbreviation, a missing value, an error): argparse then
     parses it, with its messages. Where this returns a result, argparse's is the same
-    (tests/unit/test_cli_fast_parse.py)."""
+    (tests/unit/test_cli_args.py)."""
     from types import SimpleNamespace
+
+    from .verbosity import FLAGS
 
     values: dict[str, str | None] = {"tool": None, "workspace": None, "args": "{}", "call_id": None}
     values["backend"] = "docker"
+    verbose = 0
     i = 0
     while i < len(argv):
         arg = argv[i]
         i += 1
-        if arg.startswith("-") and arg != "-":
+        if arg in FLAGS:
+            verbose += FLAGS[arg]
+        elif arg.startswith("-") and arg != "-":
             name, eq, value = arg.partition("=")
             dest = _CALL_OPTIONS.get(name)
             if dest is None or (eq and not name.startswith("--")):
@@ -297,7 +304,7 @@ def parse_call_fast(argv: list[str]) -> argparse.Namespace | None:
             return None
     if values["tool"] is None or values["workspace"] is None:
         return None
-    ns: Any = SimpleNamespace(command="call", func=_cmd_call, own_settings=True, **values)
+    ns: Any = SimpleNamespace(command="call", func=_cmd_call, own_settings=True, verbose=verbose, **values)
     return ns
 
 
@@ -412,7 +419,11 @@ def _register_call(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "call",
         help="Run one tool call and print its ToolResult JSON.",
-        description="Run one tool call in the workspace's sandbox. Exit 0 success, 1 tool failed, 2 usage error.",
+        description="Run one tool call in the workspace's sandbox and print its ToolResult as one JSON line. Every "
+        "change it makes is recorded in the workspace's changelog first (loom-worker undo reverts it).",
+        epilog="Exit status: 0 the tool succeeded; 1 it failed (an infrastructure failure included: "
+        'data.error_kind is "infrastructure"); 2 usage error (bad --args, unknown tool, missing workspace, '
+        "a LOOM_* value that does not validate).",
     )
     p.add_argument("tool", help="Tool name, e.g. read_file.")
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
@@ -431,7 +442,9 @@ def _register_batch(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "batch",
         help="Run JSON Lines tool calls from stdin; one result per line on stdout.",
-        description='Each stdin line: {"tool": ..., "arguments": {...}, "id": ...}. Results in order.',
+        description='Each stdin line: {"tool": ..., "arguments": {...}, "id": ...}. One result line each, '
+        'in order, with its "id".',
+        epilog="Exit status: 0 every call succeeded; 1 one failed (or a line was not a valid call); 2 usage error.",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     _add_backend(p)
@@ -439,7 +452,12 @@ def _register_batch(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _register_tools(subparsers: argparse._SubParsersAction[Any]) -> None:
-    p = subparsers.add_parser("tools", help="Print the tool schemas (and more with subcommands).")
+    p = subparsers.add_parser(
+        "tools",
+        help="Print the tool schemas (and more with subcommands).",
+        description="Print every tool's schema (catalog tools included) as JSON, in a vendor's format.",
+        epilog="Exit status: 0; 2 usage error.",
+    )
     p.add_argument("--format", "-f", choices=SCHEMA_FORMATS, default="openai", help="Schema format.")
     p.set_defaults(func=_cmd_tools)
     group = p.add_subparsers(dest=TOOLS_COMMAND_DEST, metavar="SUBCOMMAND", parser_class=type(p))

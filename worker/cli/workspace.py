@@ -124,7 +124,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("workspace", help="Show or change one workspace's sandbox settings.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in (("show", "Show its own and the effective settings."), ("set", "Change its settings.")):
-        q = actions.add_parser(name, help=text)
+        q = actions.add_parser(
+            name,
+            help=text,
+            epilog="Exit status: 0; 1 the sandbox or the settings file failed; 2 usage error (an unknown "
+            "workspace, a value that does not validate).",
+        )
         q.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
         q.add_argument("--json", action="store_true", help="Print JSON.")
         q.set_defaults(func=_sync)

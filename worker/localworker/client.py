@@ -160,8 +160,10 @@ class WorkerClient:
         check_unknown: bool,
         on_log: Callable[[str], None],
         tty: bool,
+        log_floor: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """One tool call: its exit code and result. Raises Unavailable, Retry or Lost."""
+        """One tool call: its exit code and result; the worker sends its log lines from
+        ``log_floor`` up (None: at its own level). Raises Unavailable, Retry or Lost."""
         frame = {
             "op": "call",
             "key": self.key,
@@ -171,6 +173,7 @@ class WorkerClient:
             "call_id": call_id,
             "tty": tty,
             "check_unknown": check_unknown,
+            "log_floor": log_floor,
         }
         answer = self.request(frame, on_log)
         kind = answer.get("t")

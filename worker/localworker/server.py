@@ -234,7 +234,7 @@ class LocalWorker:
             _send(writer, {"id": rid, "t": "retry", "reason": why})
             return None
         render = client_renderer(self.settings.log_format, bool(req.get("tty")))
-        floor = _level(req.get("log_floor"), 0)  # exec: only warnings, unless LOOM_LOG_LEVEL is set
+        floor = _level(req.get("log_floor"), 0)  # the CLI's level: warnings unless -v or LOOM_LOG_LEVEL
 
         def sink(event_dict: Any) -> None:
             if floor and _level(event_dict.get("level"), floor) < floor:

@@ -128,7 +128,12 @@ def register(sub: Any) -> None:
         ("list", "The secrets (never their values)."),
         ("delete", "Delete a secret."),
     ):
-        q = actions.add_parser(name, help=text)
+        q = actions.add_parser(
+            name,
+            help=text,
+            epilog="Exit status: 0; 1 the secrets file could not be written; 2 usage error (a refused name, "
+            "host, template or value, an unknown workspace, a value given on the command line).",
+        )
         where = q.add_mutually_exclusive_group()
         where.add_argument("--workspace", "-w", type=path_arg, help="The workspace directory.")
         where.add_argument("--default", action="store_true", help="The process-wide defaults (every workspace).")

@@ -17,7 +17,7 @@ import re
 import shlex
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,19 @@ async def sh(registry: ToolRegistry, ws: Path, command: str, timeout: float = 12
 
 async def on_host(*argv: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, check=False)
+
+
+async def log_until(
+    registry: ToolRegistry, ws: Path, want: Callable[[list[dict[str, Any]]], bool], **match: object
+) -> list[dict[str, Any]]:
+    """The matching records once ``want`` holds of them (a connection is logged when the
+    gateway is done with it, which may be just after the command that made it returned)."""
+    for _ in range(100):
+        recs = log_of(registry, ws, **match)
+        if want(recs):
+            break
+        await asyncio.sleep(0.05)
+    return recs
 
 
 def log_of(registry: ToolRegistry, ws: Path, **match: object) -> list[dict[str, Any]]:
@@ -148,8 +161,11 @@ async def test_the_secret_reaches_its_host_and_never_the_sandbox(registry: Any, 
     assert lines[4:] == ["files-done"], outputs[-1]  # grep listed no file
     assert all(value not in out for out in outputs)
     assert (await on_host("grep", "-rqsF", value, str(ws))).returncode == 1  # nor the workspace, from the host
-    uses = log_of(registry, ws, kind="secret", verdict="allowed", secret="TOKEN")
-    assert {u["path"] for u in uses} >= {"/added", "/replaced", "/direct", "/from-python"}
+    paths = {"/added", "/replaced", "/direct", "/from-python"}
+    uses = await log_until(
+        registry, ws, lambda r: {u["path"] for u in r} >= paths, kind="secret", verdict="allowed", secret="TOKEN"
+    )
+    assert {u["path"] for u in uses} >= paths
     assert all(u["status"] == 200 and u["method"] == "GET" for u in uses)
     assert value not in str(registry.egress_status(ws, limit=1000))
 
@@ -181,7 +197,8 @@ async def test_placeholders_elsewhere_go_out_unchanged_and_are_logged(registry: 
     assert api.target == f"/u?token={token}" and api.body == f"body={token}".encode()
     name, _, rest = token.partition(":")
     assert api.header(f"X-{name}") == [rest + ": 1"]  # the line as sent: a name cannot hold the placeholder
-    denied = [e["reason"] for e in log_of(registry, ws, kind="secret", verdict="denied", secret="TOKEN")]
+    recs = await log_until(registry, ws, lambda r: len(r) >= 4, kind="secret", verdict="denied", secret="TOKEN")
+    denied = [e["reason"] for e in recs]
     assert any("third.test:443, not one of its hosts" in r for r in denied), denied
     assert any("plain.test:80, not one of its hosts" in r for r in denied), denied
     assert any("the URL" in r for r in denied) and any("the body" in r for r in denied), denied
@@ -208,7 +225,14 @@ async def test_git_clone_and_push_with_the_secret_and_refused_without(registry: 
     assert (await on_host("grep", "-rqs", "loom-secret", str(ws))).returncode == 1
     config = (ws / "clone" / ".git" / "config").read_text()
     assert "url = https://git.test/repo.git" in config and "@" not in config and "credential" not in config
-    uses = log_of(registry, ws, kind="secret", verdict="allowed", secret="GIT_TOKEN")
+    uses = await log_until(
+        registry,
+        ws,
+        lambda r: any("receive-pack" in u["path"] for u in r),
+        kind="secret",
+        verdict="allowed",
+        secret="GIT_TOKEN",
+    )
     assert {u["method"] for u in uses} == {"GET", "POST"} and any("receive-pack" in u["path"] for u in uses)
     # Without the secret the forge refuses both.
     other = workspace(tmp_path, "other")
@@ -255,10 +279,10 @@ async def test_without_the_gateways_ca_no_secret_and_other_hosts_are_not_interce
     issuers = [line for line in out.splitlines() if line.startswith("issuer")]
     assert "trustme" in issuers[0] and "loom-worker secrets CA" in issuers[1], out
     assert len(net.seen("api.test")) == before  # nothing reached the secret's host
-    refusals = log_of(registry, ws, kind="connect", host="api.test", verdict="error")
+    refusals = await log_until(registry, ws, lambda r: len(r) >= 2, kind="connect", host="api.test", verdict="error")
     assert refusals and all("trust store" in e["reason"] for e in refusals)
     assert not log_of(registry, ws, kind="secret")
-    spliced = log_of(registry, ws, kind="connect", host="other.test")
+    spliced = await log_until(registry, ws, bool, kind="connect", host="other.test")
     assert spliced and all("intercepted" not in e["reason"] for e in spliced)
 
 
@@ -285,7 +309,9 @@ async def test_rotation_and_deletion_apply_to_the_next_request(registry: Any, ne
     )
     assert "[]" in out and "ok /3" in out, out  # the recreated sandbox has no $TOKEN
     assert net.seen("api.test")[-1].header("authorization") == [f"Bearer {placeholder}"]
-    denied = log_of(registry, ws, kind="secret", verdict="denied")
+    denied = await log_until(
+        registry, ws, lambda r: any("no secret here (TOKEN)" in e["reason"] for e in r), kind="secret", verdict="denied"
+    )
     assert any("no secret here (TOKEN)" in e["reason"] and e["secret"] is None for e in denied), denied
     # a process-wide default applies to every workspace that has none of its own
     default_value = "default-" + uuid.uuid4().hex

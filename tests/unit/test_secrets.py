@@ -18,14 +18,8 @@ from sandbox.spec import CA_ENV_VARS
 from worker.egress.ca import CA_KEY, WorkspaceCA
 from worker.egress.policy import EgressPolicy
 from worker.egress.provision import SecretsHost, advice
-from worker.egress.secrets import (
-    PLACEHOLDER,
-    SecretError,
-    SecretStore,
-    SecretUnavailable,
-    parse_entry,
-    parse_template,
-)
+from worker.egress.secrets import PLACEHOLDER, SecretError, SecretUnavailable, parse_entry, parse_template
+from worker.egress.secretstore import SecretStore
 from worker.workspace_settings import Caps, Configs, SettingsStore, WorkspaceSettings
 
 VALUE = "v4lue-" + "q" * 20

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.egress.rewrite import BodyScan, Masker, authority, rewrite_request
-from worker.egress.secrets import Secret, SecretStore
+from worker.egress.secrets import Secret
+from worker.egress.secretstore import SecretStore
 
 VALUE = "the-real-value-0123"
 

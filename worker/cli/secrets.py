@@ -68,7 +68,8 @@ def _policy(settings: Settings, root: Path) -> Any:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..egress.provision import advice
-    from ..egress.secrets import SecretError, SecretStore
+    from ..egress.secrets import SecretError
+    from ..egress.secretstore import SecretStore
     from ..workspace_settings import SettingsError
 
     root = _root(args)

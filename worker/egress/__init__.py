@@ -8,12 +8,13 @@ server name of a ClientHello), :mod:`.dns` (the sandbox's stub resolver), :mod:`
 connection from a sandbox), :mod:`.gateway` (serving the workspaces' sockets), :mod:`.log`
 (the record of every attempt), :mod:`.setup` (wiring them from the settings).
 
-Secrets (docs/secrets.md): :mod:`.secrets` (the store: names, values, hosts, placeholders),
-:mod:`.provision` (what a sandbox gets for them: placeholders, the trust bundle; each
-workspace's CA), :mod:`.ca` (the CA, leaf certificates, the upstream trust store),
-:mod:`.intercept` (TLS terminated for the hosts of a workspace's secrets, HTTP/1.1 relayed
-request by request), :mod:`.rewrite` (what is put in a request and masked in its answer),
-:mod:`.tlsio` (TLS over a socket with memory BIOs).
+Secrets (docs/secrets.md): :mod:`.secrets` (what one is: name, value, hosts, template,
+placeholder), :mod:`.secretstore` (their files on the host), :mod:`.provision` (what a
+sandbox gets for them: placeholders, the trust bundle; each workspace's CA), :mod:`.ca`
+(the CA, leaf certificates, the upstream trust store), :mod:`.intercept` (TLS terminated
+for the hosts of a workspace's secrets), :mod:`.session` (the HTTP/1.1 of one intercepted
+connection, request by request), :mod:`.rewrite` (what is put in a request and masked in
+its answer), :mod:`.tlsio` (TLS over a socket with memory BIOs).
 
 Exceptions: :class:`~.policy.EgressPatternError` (a refused allowlist entry, a
 ``ValueError``), :class:`~.secrets.SecretError` (a refused secret, a ``ValueError``;

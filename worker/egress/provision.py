@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..changelog.recorder import workspace_dir
-from .secrets import SecretStore, Stamp, file_stamp
+from .secretstore import SecretStore, Stamp, file_stamp
 
 if TYPE_CHECKING:
     from .ca import WorkspaceCA

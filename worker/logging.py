@@ -78,7 +78,14 @@ def renderer(fmt: Literal["auto", "json", "console"], tty: bool) -> Processor:
     """The last processor: console lines (coloured on a terminal) or JSON lines. ``auto``
     means console when the output is a terminal (``tty``), JSON otherwise."""
     if fmt == "console" or (fmt == "auto" and tty):
-        return structlog.dev.ConsoleRenderer(colors=tty)
+        # Tracebacks without the frames' local variables (structlog's default shows them):
+        # a local may hold a credential (a secret's value, the API token) or a file's content.
+        tracebacks = (
+            structlog.dev.RichTracebackFormatter(show_locals=False)
+            if getattr(structlog.dev, "rich", None) is not None
+            else structlog.dev.plain_traceback  # (better-exceptions would show them too)
+        )
+        return structlog.dev.ConsoleRenderer(colors=tty, exception_formatter=tracebacks)
     return structlog.processors.JSONRenderer(sort_keys=False)
 
 

@@ -12,6 +12,9 @@ several apps in one process (tests, an embedded server) never collide.
     loom_http_rejected_total{reason}              429 busy, 401 auth, 413 too large
     loom_egress_connections_total{kind, verdict}  egress attempts: allowed | denied | limited | error
     loom_egress_bytes_total{direction}            bytes through the egress gateway: up | down
+    loom_egress_secret_uses_total{secret, verdict}  secrets put in requests (allowed), placeholders not
+                                                  substituted (denied: sent elsewhere), values unreadable
+                                                  (error); secret: its name ("-" for a placeholder of none)
 """
 
 from __future__ import annotations
@@ -100,6 +103,12 @@ class Metrics:
         self.egress_bytes = Counter(
             "loom_egress_bytes", "Bytes through the egress gateway.", ["direction"], registry=self.registry
         )
+        self.secret_uses = Counter(
+            "loom_egress_secret_uses",
+            "Secrets put in requests by the egress gateway, and placeholders it did not substitute, by verdict.",
+            ["secret", "verdict"],
+            registry=self.registry,
+        )
         self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts()))
         # Label children by value: ``labels()`` validates and locks on every lookup, and
         # the label values are a small bounded set (tool names x outcomes).
@@ -121,7 +130,12 @@ class Metrics:
         return outcome
 
     def observe_egress(self, record: Any) -> None:
-        """Count one egress attempt (a :class:`worker.egress.log.EgressRecord`)."""
+        """Count one egress attempt (a :class:`worker.egress.log.EgressRecord`). A secret's
+        name is a label (the operator's names, at most 64 per scope); a placeholder of no
+        secret counts under "-", so a sandbox cannot grow the metric's labels."""
+        if record.kind == "secret":
+            self.secret_uses.labels(secret=record.secret or "-", verdict=record.verdict).inc()
+            return
         self.egress.labels(kind=record.kind, verdict=record.verdict).inc()
         if record.bytes_up:
             self.egress_bytes.labels(direction="up").inc(record.bytes_up)

@@ -93,6 +93,14 @@ class Settings(BaseSettings):
         "4g", description="Egress bytes per workspace per minute (both ways); a flood beyond is cut."
     )
 
+    # -- secrets at the egress gateway (issue 30) -------------------------------------------
+    egress_upstream_ca: Path | None = Field(
+        None,
+        description="PEM bundle the egress gateway also trusts when it verifies the real host of a secret "
+        "(a private registry, a test server), on top of this host's own trust store. Secrets themselves "
+        "are set with `loom-worker secret set` or PUT /v1/workspaces/{id}/secrets/{name}, never here.",
+    )
+
     # -- data (issue 4) --------------------------------------------------------------
     data_dir: Path = Field(default_factory=_default_data_dir, description="Changelog and index storage.")
     durability: Literal["full", "process"] = Field(
@@ -135,6 +143,17 @@ class Settings(BaseSettings):
         from .egress.addresses import parse_networks
 
         parse_networks(v)  # ValueError naming the entry
+        return v
+
+    @field_validator("egress_upstream_ca")
+    @classmethod
+    def _upstream_ca(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from .pem import pem_problem
+
+            problem = pem_problem(str(v))
+            if problem is not None:
+                raise ValueError(problem)
         return v
 
     @field_validator("egress_bytes_per_minute")

@@ -34,8 +34,10 @@ from sandbox.spec import SandboxSpec, parse_size
 
 from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
+from .pem import pem_problem
 
 if TYPE_CHECKING:  # annotations only: the settings module is not needed to use these
+    from .egress.provision import SecretsHost
     from .settings import Settings
 
 SETTINGS_FILE = "settings.json"
@@ -197,13 +199,9 @@ def check(s: WorkspaceSettings, caps: Caps, runtimes: set[str] | None) -> None:
 
 def check_ca_bundle(field: str, path: str) -> None:
     """A readable PEM file with at least one certificate. Raises SettingsError."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-    except OSError as e:
-        raise SettingsError(field, f"cannot read {path}: {e.strerror}") from None
-    if b"-----BEGIN CERTIFICATE-----" not in head:
-        raise SettingsError(field, f"{path} holds no PEM certificate")
+    problem = pem_problem(path)
+    if problem is not None:
+        raise SettingsError(field, problem)
 
 
 def spec_for(base: dict[str, Any], s: WorkspaceSettings, egress_dir: Path | None = None) -> SandboxSpec:
@@ -224,17 +222,24 @@ class SettingsStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
-        self._cache: dict[Path, tuple[tuple[int, int, int] | None, WorkspaceSettings]] = {}
+        self._cache: dict[Path, tuple[Any, WorkspaceSettings]] = {}
+        #: Also part of what :meth:`changed` compares: a stamp of other files the sandbox
+        #: is made from (the secrets files, whose placeholders are in its environment).
+        self.also: Callable[[Path], object] | None = None
 
     def path(self, workspace: Path) -> Path:
         return workspace_dir(self.data_dir, workspace) / SETTINGS_FILE
 
-    def _stamp(self, workspace: Path) -> tuple[int, int, int] | None:
+    def _file_stamp(self, workspace: Path) -> tuple[int, int, int] | None:
         try:
             st = os.stat(self.path(workspace))
         except FileNotFoundError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _stamp(self, workspace: Path) -> Any:
+        own = self._file_stamp(workspace)
+        return own if self.also is None else (own, self.also(workspace))
 
     def changed(self, workspace: Path) -> bool:
         """Whether the file differs from what :meth:`load` last read (one stat: cheap
@@ -249,7 +254,7 @@ class SettingsStore:
         cached = self._cache.get(workspace)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        if stamp is None:
+        if self._file_stamp(workspace) is None:
             s = WorkspaceSettings()
         else:
             try:
@@ -339,6 +344,7 @@ class Configs:
         *,
         egress_default: list[str] | None = None,
         egress_socket_dir: Callable[[Path], Path] | None = None,
+        secrets: SecretsHost | None = None,
     ) -> None:
         self.store = store
         self.base = base
@@ -346,6 +352,12 @@ class Configs:
         #: ``LOOM_EGRESS_ALLOW``: the allowlist of workspaces that set none (parsed once).
         self.egress_default = EgressPolicy.parse(egress_default or [])
         self.egress_socket_dir = egress_socket_dir
+        #: The secrets (:class:`worker.egress.provision.SecretsHost`): a sandbox allowed out
+        #: gets their placeholders and the workspace CA in its spec; a change to them is a
+        #: change of its settings.
+        self.secrets = secrets
+        if secrets is not None:
+            store.also = secrets.stamp
 
     def policy(self, workspace: Path, s: WorkspaceSettings | None = None) -> EgressPolicy:
         """The workspace's egress allowlist (with ``s``: under those settings; else as
@@ -358,13 +370,19 @@ class Configs:
 
     def spec(self, workspace: Path, s: WorkspaceSettings | None = None) -> SandboxSpec:
         """The workspace's spec (with ``s``: under those settings). Raises SettingsError
-        (a settings file edited into something invalid)."""
+        (a settings file edited into something invalid), OSError (the trust bundle of its
+        secrets cannot be written)."""
         if s is None:
             s = self.store.load(workspace)
         egress_dir = None
         if self.egress_socket_dir is not None and self.policy(workspace, s):
             egress_dir = self.egress_socket_dir(workspace)
-        return spec_for(self.base, s, egress_dir)
+        spec = spec_for(self.base, s, egress_dir)
+        if egress_dir is not None and self.secrets is not None:
+            given = self.secrets.for_sandbox(workspace, spec.ca_bundle, egress_dir)  # OSError
+            if given is not None:
+                spec = spec.model_copy(update={"env": {**spec.env, **given.env}, "ca_bundle": given.ca_bundle})
+        return spec
 
     def effective(self, workspace: Path, s: WorkspaceSettings | None = None) -> dict[str, Any]:
         return effective(self.spec(workspace, s), self.policy(workspace, s))

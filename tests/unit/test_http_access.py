@@ -51,6 +51,7 @@ FILL = {
     "workspace_id": "w1",
     "entry_id": "1",
     "process_id": "p1",
+    "name": "TOKEN",
     "port": str(NOTHING_LISTENS),
     "path": "index.js",
 }

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("worker", "sandbox")
 
+
 @dataclass
 class Module:
     name: str

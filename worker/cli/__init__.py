@@ -44,6 +44,7 @@ COMMAND_MODULES = (
     "worker.cli.catalog",  # tools search / tools index (extends `tools`)
     "worker.cli.workspace",  # workspace set / show
     "worker.cli.egress",  # egress-log
+    "worker.cli.secrets",  # secret set / list / delete
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
     "worker.cli.exec",  # exec (a command, its output as it comes)
     "worker.cli.ports",  # port-forward

@@ -38,6 +38,9 @@ def _print(status: dict[str, Any]) -> None:
             moved = f"  up {_size(int(rec['bytes_up']))} down {_size(int(rec['bytes_down']))}"
         addr = f" -> {rec['address']}" if rec.get("address") else ""
         verdict, kind = rec.get("verdict", "?"), rec.get("kind", "?")
+        if kind == "secret":  # a secret used in a request (or a placeholder that was not)
+            answer = f" -> {rec['status']}" if rec.get("status") else ""
+            where += f" {rec.get('secret') or '-'} {rec.get('method')} {rec.get('path')}{answer}"
         print(f"{when}  {verdict:<8} {kind:<11} {where}{addr}{moved}  {rec.get('reason')}")
 
 

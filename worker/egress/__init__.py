@@ -8,9 +8,19 @@ server name of a ClientHello), :mod:`.dns` (the sandbox's stub resolver), :mod:`
 connection from a sandbox), :mod:`.gateway` (serving the workspaces' sockets), :mod:`.log`
 (the record of every attempt), :mod:`.setup` (wiring them from the settings).
 
+Secrets (docs/secrets.md): :mod:`.secrets` (what one is: name, value, hosts, template,
+placeholder), :mod:`.secretstore` (their files on the host), :mod:`.provision` (what a
+sandbox gets for them: placeholders, the trust bundle; each workspace's CA), :mod:`.ca`
+(the CA, leaf certificates, the upstream trust store), :mod:`.intercept` (TLS terminated
+for the hosts of a workspace's secrets), :mod:`.session` (the HTTP/1.1 of one intercepted
+connection, request by request), :mod:`.rewrite` (what is put in a request and masked in
+its answer), :mod:`.tlsio` (TLS over a socket with memory BIOs).
+
 Exceptions: :class:`~.policy.EgressPatternError` (a refused allowlist entry, a
-``ValueError``). Nothing else here raises to the caller: a refused or failed connection is
-answered to the sandbox and logged.
+``ValueError``), :class:`~.secrets.SecretError` (a refused secret, a ``ValueError``;
+never quoting its value), :class:`~.secrets.SecretUnavailable` (a value file unreadable).
+Nothing else here raises to the caller: a refused or failed connection is answered to the
+sandbox and logged.
 
 Why a gateway of our own and not Squid (Debian's) or a proxy library: the work is in
 decisions no proxy makes for us, per connection and per workspace. The resolved address

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandbox.identity import workspace_key
 from sandbox.logs import get_logger
@@ -74,8 +75,11 @@ class EgressGateway:
         policy_of: Callable[[Path], EgressPolicy | None],
         upstream: Upstream,
         limits: Limits | None = None,
+        interceptor: Any = None,
     ) -> None:
         self.egress_dir = Path(egress_dir)
+        #: Intercepts TLS to the hosts of the workspaces' secrets (None: no secrets here).
+        self.interceptor = interceptor
         self.log = log_store
         self.policy_of = policy_of
         self.upstream = upstream
@@ -133,6 +137,7 @@ class EgressGateway:
             budget=RateBudget(self.limits.bytes_per_minute),
             max_connections=self.limits.max_connections,
             record=self._record,
+            interceptor=self.interceptor,
         )
         st.task = asyncio.get_running_loop().create_task(self._accept(st))
         log.info("egress.serving", workspace=str(root), socket=str(d / SOCKET))
@@ -153,6 +158,28 @@ class EgressGateway:
             task.add_done_callback(st.conns.discard)
 
     def _record(self, rec: EgressRecord) -> None:
+        if rec.kind == "secret":
+            log.info(  # (the secret's name as "name": keys like "secret" are redacted from logs)
+                "egress.secret",
+                workspace=rec.workspace,
+                name=rec.secret,
+                host=rec.host,
+                port=rec.port,
+                method=rec.method,
+                path=rec.path,
+                status=rec.status,
+                verdict=rec.verdict,
+                reason=rec.reason,
+            )
+        else:
+            self._log_line(rec)
+        for observer in self.observers:
+            with contextlib.suppress(Exception):
+                observer(rec)
+        self.log.append(Path(rec.workspace), rec)
+
+    @staticmethod
+    def _log_line(rec: EgressRecord) -> None:
         log.info(
             "egress.connection",
             workspace=rec.workspace,
@@ -166,10 +193,6 @@ class EgressGateway:
             bytes_down=rec.bytes_down,
             duration_ms=rec.duration_ms,
         )
-        for observer in self.observers:
-            with contextlib.suppress(Exception):
-                observer(rec)
-        self.log.append(Path(rec.workspace), rec)
 
     async def release(self, root: Path) -> None:
         """Stop serving ``root`` (its sandbox was stopped): close the socket, end its

@@ -1,3 +1,5 @@
+# long module: one connection's state machine (proxy request, CONNECT, transparent port, DNS), whose
+# steps share the connection's buffered reads and its log; split by step, each piece would reach back into it.
 """One connection from a sandbox to its gateway socket, from first byte to log line.
 
 The agent in the sandbox relays, unread, what a program there sends to its loopback
@@ -29,7 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import h11
 
@@ -38,6 +41,7 @@ from .addresses import IPAddress
 from .log import EgressRecord
 from .policy import EgressPolicy, normalize_host, parse_ip
 from .pump import Pump, RateBudget
+from .rewrite import BodyScan, placeholders_in, stray_uses
 from .upstream import Refused, Unreachable, Upstream
 
 HEADER = b"LOOM-EGRESS/1 "
@@ -61,6 +65,9 @@ class Served:
     max_connections: int
     record: Callable[[EgressRecord], None]
     active: int = 0
+    #: The TLS interceptor for the hosts of the workspace's secrets
+    #: (:class:`worker.egress.intercept.Interceptor`); None: every tunnel is spliced.
+    interceptor: Any = None
 
 
 class _Denied(Exception):
@@ -274,7 +281,7 @@ class Connection:
                     rule=rule,
                     address=str(addr),
                 )
-            await self._tunnel(upstream, first, host, port, started, "connect", rule, addr)
+            await self._carry(upstream, first, host, port, started, "connect", rule, addr)
         finally:
             self.served.active -= 1
 
@@ -332,6 +339,25 @@ class Connection:
         host, _port = _authority(m.group(1).decode("ascii", "replace").strip(), 80)
         return host
 
+    async def _carry(
+        self,
+        upstream: socket.socket,
+        first: bytes,
+        host: str,
+        port: int,
+        started: float,
+        kind: str,
+        rule: str | None,
+        addr: IPAddress,
+    ) -> None:
+        """A checked tunnel: TLS to a host of the workspace's secrets is intercepted
+        (:mod:`worker.egress.intercept`), anything else spliced as it is."""
+        ix = self.served.interceptor
+        if ix is not None and first[:1] == bytes([tls.HANDSHAKE]) and ix.wants(self.served.root, host, port):
+            await ix.serve(self.served, self.sock, upstream, first, host, port, started, kind, rule, str(addr))
+            return
+        await self._tunnel(upstream, first, host, port, started, kind, rule, addr)
+
     async def _tunnel(
         self,
         upstream: socket.socket,
@@ -387,8 +413,9 @@ class Connection:
         self.served.active += 1
         counts = [0, 0]  # up, down
         verdict, reason = "allowed", "allowed"
+        strays: dict[str, set[bytes]] = {}
         try:
-            await self._send_request(conn, req, upstream, host, port, path, counts)
+            await self._send_request(conn, req, upstream, host, port, path, counts, strays)
             # The destination was asked to close after its answer (Connection: close), and
             # so is the sandbox's connection: the answer goes back as it comes, unparsed.
             pump = Pump(self.sock, upstream, self.served.budget)
@@ -407,6 +434,7 @@ class Connection:
         finally:
             upstream.close()
             self.served.active -= 1
+            self._log_strays(strays, host, port, req, path)
         self._log(
             kind,
             host,
@@ -429,22 +457,33 @@ class Connection:
         port: int,
         path: bytes,
         counts: list[int],
+        strays: dict[str, set[bytes]],
     ) -> None:
-        """The request, in origin form, with its body, hop-by-hop headers dropped."""
+        """The request, in origin form, with its body, hop-by-hop headers dropped.
+        Placeholders of secrets in it are gathered in ``strays`` (by where): a plain-HTTP
+        request never gets a secret."""
         client = h11.Connection(h11.CLIENT)
         authority = host if port == 80 else f"{host}:{port}"
         headers = [(k, v) for k, v in req.headers.raw_items() if k.lower() not in _HOP and k.lower() != b"host"]
+        scan = self.served.interceptor is not None
+        if scan:
+            strays["the URL"] = placeholders_in(unquote_to_bytes(path))
+            strays["a header"] = placeholders_in(b"\n".join(v for _k, v in headers))
         headers = [(b"Host", authority.encode()), *headers, (b"Connection", b"close")]
         out = client.send(h11.Request(method=req.method, target=path, headers=headers)) or b""
+        body = BodyScan()
         while True:
             event = await self._next_event(conn)
             if isinstance(event, h11.Data):
                 out += client.send(h11.Data(data=event.data)) or b""
                 counts[0] += len(event.data)
+                if scan:
+                    body.feed(event.data)
                 if not self.served.budget.take(len(event.data)):
                     raise _Denied(429, "limited", f"over {self.served.budget.per_minute} bytes per minute")
             elif isinstance(event, h11.EndOfMessage):
                 out += client.send(h11.EndOfMessage()) or b""
+                strays["the body"] = body.found
                 break
             else:
                 raise ValueError("unexpected request event")
@@ -452,6 +491,26 @@ class Connection:
                 await self.loop.sock_sendall(upstream, out)
                 out = b""
         await self.loop.sock_sendall(upstream, out)
+
+    def _log_strays(self, strays: dict[str, set[bytes]], host: str, port: int, req: h11.Request, path: bytes) -> None:
+        """Log the placeholders a plain-HTTP request carried (sent unchanged)."""
+        if not any(strays.values()):
+            return
+        secrets = self.served.interceptor.secrets.store.effective(self.served.root)
+        for where, found in strays.items():
+            for use in stray_uses(found, where, host, port, secrets, plain=True):
+                rec = EgressRecord(
+                    workspace=self.served.label,
+                    kind="secret",
+                    host=host,
+                    port=port,
+                    verdict=use.verdict,  # type: ignore[arg-type]
+                    reason=use.reason,
+                    secret=use.secret,
+                    method=req.method.decode("latin-1"),
+                    path=path.decode("latin-1")[:300],
+                )
+                self.served.record(rec)
 
     # -- a program that dialled a stub address itself ----------------------------------
 
@@ -505,7 +564,7 @@ class Connection:
         try:
             first = bytes(self.buf)
             self.buf.clear()
-            await self._tunnel(upstream, first, name, port, started, "transparent", rule, addr)
+            await self._carry(upstream, first, name, port, started, "transparent", rule, addr)
         finally:
             self.served.active -= 1
 

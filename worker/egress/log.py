@@ -29,13 +29,19 @@ LOG_FILE = "egress.jsonl"
 MAX_BYTES = 8 << 20
 
 Verdict = Literal["allowed", "denied", "limited", "error"]
-Kind = Literal["connect", "http", "transparent", "dns"]
+Kind = Literal["connect", "http", "transparent", "dns", "secret"]
 
 
 @dataclass
 class EgressRecord:
     """One attempt. ``verdict``: allowed (it went through), denied (policy or address),
-    limited (a per-workspace limit), error (allowed, but the destination failed)."""
+    limited (a per-workspace limit), error (allowed, but the destination failed).
+
+    A ``secret`` record is one use of a secret in an intercepted request (``allowed``: its
+    value was sent), or a placeholder that was not substituted (``denied``: sent where the
+    secret does not go, or somewhere else than a header value); ``secret`` names it (None
+    for a placeholder of no secret of this workspace), with the request's ``method``,
+    ``path`` (as the sandbox sent it: placeholders, never values) and answer ``status``."""
 
     workspace: str
     kind: Kind
@@ -49,9 +55,17 @@ class EgressRecord:
     bytes_down: int = 0  # destination -> sandbox
     time: float = field(default_factory=time.time)
     duration_ms: float = 0.0
+    secret: str | None = None
+    method: str | None = None
+    path: str | None = None
+    status: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.kind != "secret":  # the log's lines stay as they were for everything else
+            for key in ("secret", "method", "path", "status"):
+                out.pop(key)
+        return out
 
 
 class EgressLog:

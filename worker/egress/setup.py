@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # only for annotations: the gateway's imports are paid when i
     from ..settings import Settings
     from ..workspace_settings import Configs
     from .gateway import EgressGateway
+    from .provision import SecretsHost
 
 log = get_logger("worker.egress")
 
@@ -54,6 +55,22 @@ def egress_parts(settings: Settings) -> tuple[list[str], Callable[[Path], Path],
 
         upstream = Upstream(HostAddresses(), trusted=parse_networks(settings.egress_trusted_networks))
         limits = Limits(settings.egress_max_connections, parse_size(settings.egress_bytes_per_minute))
-        return EgressGateway(egress_dir, EgressLog(Path(settings.data_dir)), policy_of, upstream, limits)
+        interceptor = None
+        if getattr(configs, "secrets", None) is not None:
+            from .ca import upstream_context
+            from .intercept import Interceptor
+
+            extra = settings.egress_upstream_ca
+            interceptor = Interceptor(configs.secrets, upstream_context(str(extra) if extra else None))
+        log_store = EgressLog(Path(settings.data_dir))
+        return EgressGateway(egress_dir, log_store, policy_of, upstream, limits, interceptor)
 
     return parse_allow_env(settings.egress_allow), socket_dir, make_gateway
+
+
+def secrets_host(settings: Settings) -> SecretsHost:
+    """The registry's :class:`~worker.egress.provision.SecretsHost` (the secrets under the
+    data directory, the workspaces' CAs)."""
+    from .provision import SecretsHost
+
+    return SecretsHost(Path(settings.data_dir))

@@ -49,6 +49,7 @@ from . import (
     ports,
     processes,
     sandbox,
+    secrets,
     stream,
     tools,
     workspaces,
@@ -73,6 +74,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     calls.router,
     changes.router,
     sandbox.router,
+    secrets.router,
     stream.router,
     ports.router,
 )

@@ -74,6 +74,7 @@ PATH_SETTINGS = frozenset(
         "LOOM_CA_BUNDLE",
         "LOOM_WORKSPACE_ROOT",
         "LOOM_EGRESS_DIR",
+        "LOOM_EGRESS_UPSTREAM_CA",
     }
 )
 

@@ -47,7 +47,7 @@ def default_registry(
     from sandbox.spec import SandboxSpec
 
     from ..calls import CallJournal
-    from ..egress.setup import egress_parts
+    from ..egress.setup import egress_parts, secrets_host
     from ..settings import Settings
 
     if settings is None:
@@ -74,6 +74,7 @@ def default_registry(
         Caps.from_settings(settings),
         egress_default=egress_default,
         egress_socket_dir=socket_dir,
+        secrets=secrets_host(settings),
     )
     background = BackgroundLimits(
         max_processes=settings.max_processes,

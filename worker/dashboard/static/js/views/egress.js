@@ -1,4 +1,5 @@
-// The egress log: the workspace's allowlist and every connection attempt, newest first.
+// The egress log: the workspace's allowlist and every connection attempt, newest first; each
+// use of a secret (its name, the request, the answer's status: never its value).
 
 import { get, ws } from '../api.js';
 import { button, errorBox, fill, fmtBytes, fmtDuration, fmtIso, fmtTime, h, spinner } from '../dom.js';
@@ -43,7 +44,7 @@ export function egressView(panel, id) {
       h(
         'table',
         { class: 'grid egress' },
-        h('thead', null, h('tr', null, ['Time', 'Kind', 'Destination', 'Verdict', 'Reason', 'Address', 'Up', 'Down', 'Duration'].map((t) => h('th', { scope: 'col' }, t)))),
+        h('thead', null, h('tr', null, ['Time', 'Kind', 'Destination', 'Secret', 'Request', 'Verdict', 'Reason', 'Address', 'Up', 'Down', 'Duration'].map((t) => h('th', { scope: 'col' }, t)))),
         h(
           'tbody',
           null,
@@ -54,12 +55,14 @@ export function egressView(panel, id) {
               h('td', { 'data-label': 'Time', title: fmtIso(e.time) }, fmtTime(e.time)),
               h('td', { 'data-label': 'Kind' }, e.kind),
               h('td', { 'data-label': 'Destination' }, h('code', null, `${e.host}:${e.port}`)),
+              h('td', { 'data-label': 'Secret' }, e.kind === 'secret' ? h('code', null, e.secret || '(none of ours)') : ''),
+              h('td', { 'data-label': 'Request' }, e.kind === 'secret' ? h('code', null, `${e.method} ${e.path}${e.status ? ` → ${e.status}` : ''}`) : ''),
               h('td', { 'data-label': 'Verdict' }, h('span', { class: `badge ${e.verdict === 'allowed' ? 'ok' : 'bad'}` }, e.verdict)),
               h('td', { 'data-label': 'Reason' }, e.reason || ''),
               h('td', { 'data-label': 'Address' }, e.address || ''),
-              h('td', { 'data-label': 'Up', class: 'num' }, fmtBytes(e.bytes_up)),
-              h('td', { 'data-label': 'Down', class: 'num' }, fmtBytes(e.bytes_down)),
-              h('td', { 'data-label': 'Duration', class: 'num' }, fmtDuration(e.duration_ms)),
+              h('td', { 'data-label': 'Up', class: 'num' }, e.kind === 'secret' ? '' : fmtBytes(e.bytes_up)),
+              h('td', { 'data-label': 'Down', class: 'num' }, e.kind === 'secret' ? '' : fmtBytes(e.bytes_down)),
+              h('td', { 'data-label': 'Duration', class: 'num' }, e.kind === 'secret' ? '' : fmtDuration(e.duration_ms)),
             ),
           ),
         ),

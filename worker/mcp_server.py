@@ -61,6 +61,9 @@ def _mcp_tools(registry: Any) -> list[types.Tool]:
 def build_server(registry: Any, runner: CallRunner, resolve_workspace: WorkspaceResolver) -> Server[Any]:
     """An MCP server whose tools are ``registry``'s, run through ``runner`` in the workspace
     ``resolve_workspace(ctx)`` returns for each request."""
+    from .native import ANTHROPIC_NAMES, install  # Anthropic's bash and text editor, by their names
+
+    install(registry, ANTHROPIC_NAMES)
     tools = _mcp_tools(registry)
     names = frozenset(t.name for t in tools)
 

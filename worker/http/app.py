@@ -519,6 +519,9 @@ def create_app(
         return Response(encode_json(out), media_type="application/json")
 
     _add_changelog_routes(app, workspaces, auth, ws_errors)
+    from .native import router as native_router  # the vendors' own tools (worker.native)
+
+    app.include_router(native_router, dependencies=auth)
     from ..dashboard import mount as mount_dashboard
     from . import calls as http_calls
     from . import changes as http_changes

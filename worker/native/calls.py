@@ -51,13 +51,17 @@ def native_tools() -> list[Tool]:
 
 def install(registry: Any, names: tuple[str, ...] = ANTHROPIC_NAMES + OPENAI_NAMES) -> None:
     """Register the native tools named ``names`` in ``registry`` (those not there yet).
-    Raises ValueError when another tool already has one of the names."""
+    A stand-in registry without ``get``/``register`` is left alone. Raises ValueError when
+    another tool already has one of the names."""
+    get, register = getattr(registry, "get", None), getattr(registry, "register", None)
+    if get is None or register is None:
+        return
     for tool in native_tools():
         if tool.name not in names:
             continue
-        have = registry.get(tool.name)
+        have = get(tool.name)
         if have is None:
-            registry.register(tool)
+            register(tool)
         elif "native" not in getattr(have, "tags", ()):
             raise ValueError(f"the registry already has a tool named {tool.name!r} that is not the native one")
 

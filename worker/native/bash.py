@@ -13,9 +13,9 @@ word and run with ``eval`` (so a syntax error is the command's, not the protocol
 with stdin from ``/dev/null`` (a command that reads stdin gets end-of-file instead of
 swallowing what follows), then the shell prints a per-call random marker and ``$?``::
 
-    __loom_c='<command, quoted>'
-    eval "$__loom_c" </dev/null; __loom_s=$?; unset __loom_c
-    command printf '%s%s:%s\\n' '__LOOM_' '<hex>__' "$__loom_s"
+    { __loom_c='<command, quoted>'; } 2>/dev/null
+    eval "$__loom_c" </dev/null
+    { __loom_s=$?; ...; command printf '%s%s:%s\\n' '__LOOM_' '<hex>__' "$__loom_s"; ...; } 2>/dev/null
 
 The output is everything before the marker (found anywhere, so output without a final
 newline is kept whole); the marker is printed from two pieces so that ``set -x`` echoing
@@ -102,12 +102,16 @@ def quote(command: str) -> str:
 
 
 def script(command: str, marker: str) -> bytes:
-    """What is written to the shell's stdin for one command (see the module docstring)."""
+    """What is written to the shell's stdin for one command (see the module docstring).
+    The protocol's own lines run with stderr to /dev/null, so ``set -x`` traces the
+    command and not them."""
     half = len(marker) // 2
     return (
-        f"__loom_c={quote(command)}\n"
-        f'eval "$__loom_c" </dev/null; __loom_s=$?; unset __loom_c\n'
-        f"command printf '%s%s:%s\\n' '{marker[:half]}' '{marker[half:]}' \"$__loom_s\"\n"
+        f"{{ __loom_c={quote(command)}; }} 2>/dev/null\n"
+        'eval "$__loom_c" </dev/null\n'
+        "{ __loom_s=$?; __loom_x=; case $- in *x*) __loom_x=1; set +x;; esac; unset __loom_c; "
+        f"command printf '%s%s:%s\\n' '{marker[:half]}' '{marker[half:]}' \"$__loom_s\"; "
+        'if [ -n "$__loom_x" ]; then set -x; fi; } 2>/dev/null\n'
     ).encode("utf-8", "surrogateescape")
 
 

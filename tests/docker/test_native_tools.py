@@ -184,7 +184,8 @@ EDITOR_CASES: list[tuple[dict[str, Any], str, bool]] = [
     ),
     (
         {"command": "view", "path": "/workspace/a.py", "view_range": [1, 9]},
-        "Invalid `view_range`: [1, 9]. Its second element `9` should be smaller than the number of lines in the file: `3`",
+        "Invalid `view_range`: [1, 9]. Its second element `9` should be smaller than the number of lines in the "
+        "file: `3`",
         True,
     ),
     (
@@ -246,7 +247,8 @@ EDITOR_CASES: list[tuple[dict[str, Any], str, bool]] = [
     ),
     (
         {"command": "undo_edit", "path": "/workspace/a.py"},
-        "Unrecognized command undo_edit. The allowed commands for the str_replace_based_edit_tool tool are: view, create, str_replace, insert",
+        "Unrecognized command undo_edit. The allowed commands for the str_replace_based_edit_tool tool are: "
+        "view, create, str_replace, insert",
         True,
     ),
     (
@@ -286,13 +288,15 @@ async def test_editor_edits_are_recorded_and_each_is_undoable(env: Env) -> None:
     assert (
         is_error
         and text
-        == "No replacement was performed. Multiple occurrences of old_str `b = 2` in lines [2, 3]. Please ensure it is unique"
+        == "No replacement was performed. Multiple occurrences of old_str `b = 2` in lines [2, 3]. "
+        "Please ensure it is unique"
     )
     text, is_error, replaced = await env.edit(
         command="str_replace", path="/workspace/m.py", old_str="a = 1", new_str="a = 10"
     )
     assert not is_error and text.startswith(
-        "The file /workspace/m.py has been edited. Here's the result of running `cat -n` on a snippet of /workspace/m.py:\n     1\ta = 10\n"
+        "The file /workspace/m.py has been edited. Here's the result of running `cat -n` on a snippet of "
+        "/workspace/m.py:\n     1\ta = 10\n"
     )
     assert text.endswith("Review the changes and make sure they are as expected. Edit the file again if necessary.")
     text, is_error, inserted = await env.edit(command="insert", path="/workspace/m.py", insert_line=0, new_str="# top")
@@ -380,7 +384,8 @@ PATCH_CASES: list[tuple[str, dict[str, Any], str, str, dict[str, str | None]]] =
         {
             "type": "update_file",
             "path": "m.py",
-            "diff": "@@\n-import os\n+import sys\n@@ class B:\n     def f(self):\n-        return 1\n+        return 3\n",
+            "diff": "@@\n-import os\n+import sys\n@@ class B:\n"
+            "     def f(self):\n-        return 1\n+        return 3\n",
         },
         "completed",
         "Success.",

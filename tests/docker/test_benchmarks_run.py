@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
+        ["bench/bench_native.py", "--n", "3"],
     ],
     ids=[
         "tools",
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "processes",
         "stream",
         "ports",
+        "native",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

@@ -503,3 +503,19 @@ async def test_an_envelope_whose_third_file_fails_changes_nothing(env: Env) -> N
     )
     assert sorted(p.relative_to(env.ws).as_posix() for p in env.ws.rglob("*")) == before
     assert (env.ws / "m.py").read_text() == SRC and await env.log("patch-2") == []
+
+
+async def test_an_idle_session_is_ended_with_its_tree_and_replaced_by_a_fresh_one(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    import worker.native.bash as native_bash
+
+    monkeypatch.setattr(native_bash, "IDLE_SECONDS", 1.0)
+    await env.bash("export LEFT=1; sleep 600 &")
+    await asyncio.sleep(3.0)  # the supervisor ends it (checked every 0.2 s), tree and all
+    ps = await env.registry.execute("shell_execute", {"command": "ps -eo args"}, env.ws)
+    assert "sleep 600" not in ps.output, ps.output
+    text, is_error, _ = await env.bash("echo LEFT=$LEFT")
+    assert not is_error and text == native_bash.IDLE_NOTE + "LEFT="

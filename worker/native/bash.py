@@ -66,6 +66,7 @@ _SESSION = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 #: bash when the image has it (``--norc``: the session is the same for every image), else sh.
 BOOT = "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc 2>&1; else exec sh 2>&1; fi"
 RESTARTED = "tool has been restarted."
+IDLE_NOTE = "(the previous bash session had ended after being idle; this is a new session)\n"
 MUST_RESTART = "tool must be restarted"
 
 
@@ -83,6 +84,10 @@ class BashArgs(BaseModel):
     # Not the model's: chosen by the caller (the adapters pass them).
     session: SkipJsonSchema[str] = Field("default", pattern=_SESSION.pattern)
     timeout: SkipJsonSchema[float | None] = Field(None, gt=0, le=MAX_TIMEOUT)
+
+
+class _Gone(Exception):
+    """The remembered shell no longer takes input."""
 
 
 @dataclass
@@ -252,8 +257,7 @@ async def bash(args: BashArgs, ctx: ToolContext) -> ToolResult:
     if seen is not None and not seen.running:
         if seen.outcome != "timeout":
             raise _restart_error(seen)
-        # Ended by the idle (or lifetime) limit, not by the model: a fresh shell.
-        note = "(the previous bash session had ended after being idle; this is a new session)\n"
+        note = IDLE_NOTE  # ended by the idle (or lifetime) limit, not by the model
         known = None
     if known is None:
         known = await _start(ws, session, ctx)
@@ -267,16 +271,32 @@ async def bash(args: BashArgs, ctx: ToolContext) -> ToolResult:
         try:
             return await _run(ws, current, command, timeout)
         except AgentError as e:
-            if e.code != "not_found":
-                raise
-            # The shell is gone (its supervisor lingered out): start afresh once.
-            _sessions.get(ws, {}).pop(session, None)
-            fresh = await _start(ws, session, ctx)
-            return await _run(ws, fresh, command, timeout)
+            if e.code in ("not_found", "conflict"):
+                raise _Gone() from None  # handled outside the workspace's lock
+            raise
 
-    (reader, ended), changed = await ws.run_recorded(
-        command, run, tool=NAME, call_id=ctx.call_id, subtask_id=ctx.subtask_id
-    )
+    for attempt in range(2):
+        try:
+            (reader, ended), changed = await ws.run_recorded(
+                command, run, tool=NAME, call_id=ctx.call_id, subtask_id=ctx.subtask_id
+            )
+            break
+        except _Gone:
+            # The shell this worker remembered ended meanwhile (idle limit, another
+            # worker's restart): judge it by what the sandbox says, and go on in a fresh one.
+            _sessions.get(ws, {}).pop(session, None)
+            _known, seen = await _find(ws, session)
+            if attempt or (seen is not None and not seen.running and seen.outcome != "timeout"):
+                raise (
+                    _restart_error(seen)
+                    if seen is not None
+                    else ToolError("The bash session could not be reached; restart the tool")
+                ) from None
+            if _known is not None and seen is not None and seen.running:
+                _sessions.setdefault(ws, {})[session] = current = _known  # another worker's restart
+                continue
+            note = IDLE_NOTE if seen is not None else ""
+            current = await _start(ws, session, ctx)
     output = note + reader.text()
     if ended is not None:
         _sessions.get(ws, {}).pop(session, None)

@@ -439,10 +439,12 @@ class Sandbox(abc.ABC):
         head: int = 64 << 10,
         tail: int = 1 << 20,
         linger: float = 600.0,
+        idle: float = 0.0,
     ) -> ProcessInfo:
         """Start ``sh -c command`` as a background process that outlives the call: it ends
-        when it exits, at ``timeout`` (its whole tree killed), when killed, or with the
-        sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
+        when it exits, at ``timeout`` (its whole tree killed), when nobody asked for its
+        output or wrote to it for ``idle`` seconds (0: never; counted as a timeout), when
+        killed, or with the sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
         bytes); after it ended, it can be read for ``linger`` seconds.
 
         Raises AgentError (code ``limit``: ``max_running`` already run; ``invalid``: a bad

@@ -189,6 +189,11 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("info", description="Lowest level logged: debug, info, warning, error.")
     max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
+    mcp_native_tools: bool = Field(
+        False,
+        description="MCP also lists Anthropic's `bash` and `str_replace_based_edit_tool` by those names "
+        "(docs/native-tools.md); `loom-worker mcp --native-tools` for one stdio server.",
+    )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."
     )

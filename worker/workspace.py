@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandbox.base import (
     ExecControl,
@@ -30,6 +31,8 @@ from sandbox.base import (
 from sandbox.errors import SandboxError
 
 from .background import Background, BackgroundLimits, Started, new_process_id
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -292,6 +295,36 @@ class Workspace:
                 changed = []
             return result, sorted(set(changed))
 
+    async def run_recorded(
+        self,
+        command: str,
+        run: Callable[[], Awaitable[T]],
+        *,
+        tool: str,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> tuple[T, list[str]]:
+        """Await ``run()`` (something that changes files by running ``command`` another
+        way than :meth:`run_shell`: a persistent shell's command) bracketed like a shell
+        command: under the mutation lock, what background processes changed before is
+        theirs, what changed while it ran is recorded as ``call_id``'s. Returns its value
+        and the changed paths. Raises what ``run`` raises (its changes are recorded
+        first) and the recorder's errors."""
+        async with self._mutation_lock:
+            bg = await self.background.attribution(self.sandbox) if self.background is not None else None
+            extra: dict[str, Any] = {"attribute": bg.record} if bg is not None else {}
+            token = await self.recorder.before_shell(self.sandbox, **extra)
+            if bg is not None and self.background is not None:
+                self.background.settled(bg)
+            try:
+                value = await run()
+            finally:
+                self.forget(None)
+                changed = await self.recorder.after_shell(
+                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                )
+            return value, sorted(set(changed))
+
     # -- background processes ---------------------------------------------------------------
 
     async def start_background(
@@ -302,8 +335,12 @@ class Workspace:
         timeout: float,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        process_id: str | None = None,
+        idle: float = 0.0,
     ) -> ProcessInfo:
-        """Start ``command`` as a background process (see :mod:`worker.background`).
+        """Start ``command`` as a background process (see :mod:`worker.background`),
+        named ``process_id`` (default: a new ``proc-`` id), ended after ``idle`` seconds
+        without a reader or writer when given.
 
         Raises AgentError (code ``limit``: too many run; a bad cwd), infrastructure
         errors; NotImplementedError when the sandbox has none.
@@ -317,7 +354,8 @@ class Workspace:
             await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
             if bg is not None and attr is not None:
                 bg.settled(attr)
-            process_id = new_process_id()
+            process_id = process_id or new_process_id()
+            extra: dict[str, Any] = {"idle": idle} if idle else {}
             info = await self.sandbox.start_process(
                 process_id,
                 command,
@@ -325,6 +363,7 @@ class Workspace:
                 timeout=timeout,
                 max_running=limits.max_processes,
                 linger=limits.linger,
+                **extra,
             )
             self.forget(None)
             if bg is not None:

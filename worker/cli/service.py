@@ -48,6 +48,11 @@ def register(sub: Any) -> None:
         epilog="Exit status: 0 the client closed the stream; 2 usage error (the workspace is not a directory).",
     )
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
+    mcp.add_argument(
+        "--native-tools",
+        action="store_true",
+        help="Also list Anthropic's bash and str_replace_based_edit_tool by those names (LOOM_MCP_NATIVE_TOOLS).",
+    )
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     mcp.set_defaults(func=_mcp, own_logging=True)
 
@@ -153,7 +158,12 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     async def main() -> None:
         async with registry:
-            await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls)
+            await serve_stdio(
+                registry,
+                workspace,
+                max_concurrent=settings.max_concurrent_calls,
+                native_tools=args.native_tools or settings.mcp_native_tools,
+            )
 
     import asyncio
 

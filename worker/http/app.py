@@ -46,6 +46,7 @@ from . import (
     execute,
     health,
     mcp,
+    native,
     ports,
     processes,
     sandbox,
@@ -76,6 +77,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     sandbox.router,
     secrets.router,
     stream.router,
+    native.router,
     ports.router,
 )
 

@@ -38,9 +38,10 @@ def translate(exc: Exception, what: str) -> Exception:
     """The :mod:`sandbox.errors` exception for the SDK's ``exc`` raised while doing ``what``."""
     if isinstance(exc, docker.errors.ImageNotFound):
         return ImageNotFoundError(
-            f"{what}: image not found ({exc.explanation}). The project's images are built by scripts/setup "
-            "(or `loom-worker build-image`); an image of your own must be on this engine: `docker build -t NAME .` "
-            "or `docker load -i FILE` (no registry is pulled from)"
+            f"{what}: image not found ({exc.explanation}). The project's images (loom-sandbox:*, "
+            "loom-agent-runtime:latest) are built by scripts/setup (step 3: images/base/build-base.sh, then "
+            "`docker build` of images/sandbox and images/runtime); an image of your own must be on this engine: "
+            "`docker build -t NAME .` or `docker load -i FILE` (no registry is pulled from)"
         )
     if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError

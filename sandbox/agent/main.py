@@ -62,7 +62,21 @@ def op_hello(req):
         # Commands run with the image's own /bin/sh: an image without one cannot serve.
         "shell": os.access("/bin/sh", os.X_OK),
         "cpu_quota": cgroup.cpu_quota(),
+        "seccomp": _seccomp_mode(),
     }
+
+
+def _seccomp_mode():
+    """This process's seccomp mode as the kernel reports it (2: a filter is in effect, 0:
+    none), None where /proc does not say: the host checks that the profile took effect."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def op_direct(req):

@@ -20,14 +20,14 @@ from typing import Any
 from ..base import Sandbox, SandboxBackend, TreeRemoval
 from ..client import AgentSandbox
 from ..connection import AgentConnection
-from ..errors import ImageUnusableError, SandboxLostError, SandboxUnavailableError
+from ..errors import ImageUnusableError, RuntimeUnavailableError, SandboxLostError, SandboxUnavailableError
 from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..spec import SandboxSpec
-from . import housekeeping
+from . import housekeeping, seccomp
 from .channel import AgentChannels
-from .checks import RuntimeCheck, verify_gvisor
-from .config import LABEL_RUNTIME, LABEL_SPEC, LABEL_WS, container_config, container_name
+from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
+from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name
 from .engine import Engine
 from .runtime_volume import RuntimeVolume
 
@@ -88,8 +88,8 @@ class DockerBackend(SandboxBackend):
         self._specs: dict[Path, SandboxSpec] = {}
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.engine = Engine(base_url=base_url, client_factory=client_factory)
-        self.channels = AgentChannels(self.engine)
         self._runtime_check = RuntimeCheck(self.engine)
+        self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
         self._status = housekeeping.Status(self.engine)
         self._boxes: dict[Path, DockerSandbox] = {}
@@ -124,6 +124,8 @@ class DockerBackend(SandboxBackend):
                     labels.get(LABEL_SPEC) == spec.fingerprint()
                     and labels.get(LABEL_WS) == str(ws)
                     and labels.get(LABEL_RUNTIME, "") == self._runtime_volume.name
+                    and labels.get(LABEL_SECCOMP) == seccomp.PROFILE_DIGEST
+                    and seccomp_kept(container)
                 )
                 if container.status == "running" and same:
                     self._started.add(name)
@@ -149,6 +151,13 @@ class DockerBackend(SandboxBackend):
                     await asyncio.sleep(0.05)
                     continue  # another process created it first: adopt theirs
                 raise
+            if not seccomp_kept(container):
+                # The engine took the container but not our profile: never run in it.
+                await self.engine.remove(container)
+                raise RuntimeUnavailableError(
+                    "the Docker engine did not keep the sandbox's seccomp profile (HostConfig.SecurityOpt of the "
+                    "created container); refusing to run"
+                )
             try:
                 await self.engine.call("start sandbox", container.start)
             except SandboxUnavailableError as e:
@@ -212,7 +221,7 @@ class DockerBackend(SandboxBackend):
                     conn = await self.channels.attach_agent(container, spec)
                 else:
                     conn = await self.channels.exec_agent(container, spec)
-            except ImageUnusableError:
+            except (ImageUnusableError, RuntimeUnavailableError):
                 with contextlib.suppress(SandboxUnavailableError):
                     await self.engine.remove(container)
                 raise

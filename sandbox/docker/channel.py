@@ -21,10 +21,17 @@ from typing import Any, cast
 
 from .. import protocol
 from ..connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
-from ..errors import ImageUnusableError, SandboxError, SandboxLostError, SandboxUnavailableError
+from ..errors import (
+    ImageUnusableError,
+    RuntimeUnavailableError,
+    SandboxError,
+    SandboxLostError,
+    SandboxUnavailableError,
+)
 from ..handover import FdChannel, take_fd_channel
 from ..logs import get_logger
 from ..spec import ACTIVITY_FILE, AGENT_COMMAND, WORKSPACE_MOUNT, SandboxSpec
+from .checks import RuntimeCheck, check_seccomp_mode
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -133,8 +140,9 @@ class AgentChannels:
     handshake failed there, possibly a command interfering); those stay on the attach
     stream."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, runtime_check: RuntimeCheck) -> None:
         self._engine = engine
+        self._runtime_check = runtime_check
         self.unreachable = False
         self.failed: set[str] = set()
 
@@ -158,12 +166,19 @@ class AgentChannels:
             },
             timeout=spec.agent_start_timeout,
         )
-        await self.check_image(conn, hello, spec)
+        await self.check_hello(conn, hello, spec)
         return conn
 
-    async def check_image(self, conn: AgentConnection, hello: dict[str, Any], spec: SandboxSpec) -> None:
-        """Refuse an image the tools cannot work in, at once and saying why (the agent
-        itself runs in any image). Raises ImageUnusableError."""
+    async def check_hello(self, conn: AgentConnection, hello: dict[str, Any], spec: SandboxSpec) -> None:
+        """What a new agent's hello must show: the seccomp profile in effect
+        (:func:`~.checks.check_seccomp_mode`), and an image the tools can work in (the
+        agent itself runs in any image). Closes ``conn`` and raises
+        RuntimeUnavailableError or ImageUnusableError otherwise."""
+        try:
+            check_seccomp_mode(hello, runtime=spec.runtime, runsc_oci_seccomp=self._runtime_check.runsc_oci_seccomp)
+        except RuntimeUnavailableError:
+            await conn.close("seccomp profile not in effect")
+            raise
         if hello.get("shell") is False:
             await conn.close()
             raise ImageUnusableError(
@@ -195,7 +210,7 @@ class AgentChannels:
             {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()},
             timeout=spec.agent_start_timeout,
         )
-        await self.check_image(conn, hello, spec)
+        await self.check_hello(conn, hello, spec)
         return conn
 
     async def go_direct(self, conn: AgentConnection, container: Any, spec: SandboxSpec) -> AgentConnection:

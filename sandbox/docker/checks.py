@@ -1,5 +1,7 @@
 """Checks that fail closed: the engine has the OCI runtime a spec asks for (gVisor, with
-what egress needs), and a sandbox that asked for gVisor really runs on its kernel."""
+what egress needs), a sandbox that asked for gVisor really runs on its kernel, and the
+sandbox's seccomp profile (:mod:`.seccomp`) is what the engine kept and what the agent runs
+under."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from ..client import agent_info
 from ..connection import AgentConnection
 from ..errors import RuntimeUnavailableError
 from ..spec import SandboxSpec
+from . import seccomp
 from .engine import Engine
 
 
@@ -21,6 +24,9 @@ class RuntimeCheck:
         self._engine = engine
         self._runsc_checked = False
         self._runsc_uds = False
+        #: Whether the engine's runsc applies the OCI seccomp profile inside the sandbox
+        #: (registered with ``--oci-seccomp``); known once a runsc spec was checked.
+        self.runsc_oci_seccomp = False
 
     async def check(self, spec: SandboxSpec) -> None:
         """Raises RuntimeUnavailableError when ``spec`` asks for gVisor and the engine has
@@ -32,6 +38,7 @@ class RuntimeCheck:
         runsc = (info.get("Runtimes") or {}).get("runsc") or {}
         args = " ".join(runsc.get("runtimeArgs") or []) if isinstance(runsc, dict) else ""
         self._runsc_uds = "--host-uds=open" in args or "--host-uds=all" in args
+        self.runsc_oci_seccomp = runsc_applies_seccomp(runsc)
         if spec.egress_dir and runsc and not self._runsc_uds:
             raise RuntimeUnavailableError(
                 "this workspace may reach the network, but the engine's runsc runtime is not registered with "
@@ -60,3 +67,32 @@ async def verify_gvisor(engine: Engine, conn: AgentConnection, container: Any) -
         raise RuntimeUnavailableError(
             f"gVisor was requested but is not in effect (runtime={runtime!r}, kernel={hello.kernel!r}); refusing to run"
         )
+
+
+def runsc_applies_seccomp(runsc: object) -> bool:
+    """Whether an engine's ``runsc`` runtime entry (``docker info``'s ``Runtimes.runsc``)
+    is registered with ``--oci-seccomp``: without it runsc ignores the container's seccomp
+    profile (its own kernel decides what the sandbox may call)."""
+    args = runsc.get("runtimeArgs") if isinstance(runsc, dict) else None
+    return any(a in ("--oci-seccomp", "--oci-seccomp=true") for a in (args or []))
+
+
+def seccomp_kept(container: Any) -> bool:
+    """Whether the engine kept the sandbox's seccomp profile for ``container`` (its
+    inspected ``HostConfig.SecurityOpt``)."""
+    host = (container.attrs or {}).get("HostConfig") or {}
+    return seccomp.in_security_opt(host.get("SecurityOpt"))
+
+
+def check_seccomp_mode(hello: dict[str, Any], *, runtime: str, runsc_oci_seccomp: bool) -> None:
+    """The agent's hello says which seccomp mode it runs under: a filter (2) under runc,
+    and under gVisor when runsc applies the OCI profile. Raises RuntimeUnavailableError
+    otherwise (the caller removes the container)."""
+    mode = hello.get("seccomp")
+    if runtime == "runc" or runsc_oci_seccomp:
+        if mode != 2:
+            raise RuntimeUnavailableError(
+                f"the sandbox's seccomp profile is not in effect (the agent reports Seccomp: {mode!r}, "
+                "expected 2, a filter); refusing to run. The Docker engine must run containers with seccomp "
+                "(`docker info` lists it under Security Options)."
+            )

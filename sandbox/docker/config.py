@@ -23,6 +23,7 @@ from ..spec import (
     WORKSPACE_MOUNT,
     SandboxSpec,
 )
+from . import seccomp
 
 LABEL_WORKER = f"{LABEL_PREFIX}.worker"
 LABEL_WS = f"{LABEL_PREFIX}.workspace"
@@ -31,6 +32,7 @@ LABEL_VERSION = f"{LABEL_PREFIX}.version"
 LABEL_SPEC = f"{LABEL_PREFIX}.spec"
 LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
 LABEL_PIDS = f"{LABEL_PREFIX}.pids"  # the configured limit (the engine's differs under gVisor)
+LABEL_SECCOMP = f"{LABEL_PREFIX}.seccomp"  # the digest of the seccomp profile it was made with
 
 
 def workspace_key(workspace: Path) -> str:
@@ -121,6 +123,7 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
             LABEL_SPEC: spec.fingerprint(),
             LABEL_RUNTIME: runtime_volume or "",
             LABEL_PIDS: str(spec.pids),
+            LABEL_SECCOMP: seccomp.PROFILE_DIGEST,
         },
         "hostname": "sandbox",
         "network_mode": "none",
@@ -135,7 +138,8 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
             HOME_DIR: f"{tmpfs_opts},size={spec.home_size},mode=0700,uid={uid},gid={gid}",
         },
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        # Our own seccomp profile, whatever the engine's default is (see .seccomp).
+        "security_opt": ["no-new-privileges", seccomp.SECURITY_OPT],
         "init": True,
         "privileged": False,
         "ipc_mode": "private",

@@ -33,6 +33,9 @@ AGENT_COMMAND = (
     "-S",
     "-c",
 )
+#: The sandbox's init (PID 1) under runc: tini from the agent runtime, unreadable, so that
+#: the kernel keeps it non-dumpable (out of reach of commands of the same uid).
+INIT_COMMAND = (f"{RUNTIME_MOUNT}/bin/tini", "--")
 HOME_DIR = "/home/sandbox"
 #: Where a trusted CA bundle (:attr:`SandboxSpec.ca_bundle`) is mounted, and the variables
 #: that make it the trust store of the usual tools (OpenSSL, Python requests, pip, Node,

@@ -18,6 +18,7 @@ from ..spec import (
     CA_BUNDLE_PATH,
     EGRESS_MOUNT,
     HOME_DIR,
+    INIT_COMMAND,
     LABEL_PREFIX,
     RUNTIME_MOUNT,
     WORKSPACE_MOUNT,
@@ -107,7 +108,12 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         # keeper that ends the container after the idle TTL. Other processes exec their own.
         # The agent runs from the runtime volume whatever the image holds; the image's
         # own ENTRYPOINT must not wrap it (an entrypoint set here also drops its CMD).
-        "entrypoint": [*AGENT_COMMAND, protocol.BOOTSTRAP],
+        # PID 1 is tini either way (it reaps orphans, forwards signals, exits with the
+        # agent): under runc the runtime's unreadable copy, which the kernel keeps
+        # non-dumpable, so no command can trace it or write its memory; gVisor must read
+        # a program to load it, so there the engine's own (--init), which its kernel
+        # protects anyway (see .seccomp and docs/seccomp.md).
+        "entrypoint": [*(INIT_COMMAND if spec.runtime == "runc" else ()), *AGENT_COMMAND, protocol.BOOTSTRAP],
         "stdin_open": True,
         "detach": False,  # with stdin_open: StdinOnce, see above
         # Agent traffic (file contents!) must not end up in the engine's container logs.
@@ -140,7 +146,7 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         "cap_drop": ["ALL"],
         # Our own seccomp profile, whatever the engine's default is (see .seccomp).
         "security_opt": ["no-new-privileges", seccomp.SECURITY_OPT],
-        "init": True,
+        "init": spec.runtime != "runc",
         "privileged": False,
         "ipc_mode": "private",
         "mounts": container_mounts(ws, spec, runtime_volume),

@@ -9,8 +9,14 @@ import asyncio
 import docker.errors
 from docker.types import Mount
 
+from ..errors import ImageNotFoundError
 from .config import LABEL_RUNTIME, LABEL_WORKER
 from .engine import Engine
+
+#: The runtime image's label saying which layout it has (images/runtime/Dockerfile), and the
+#: lowest this worker runs with (2: bin/tini).
+RUNTIME_LABEL = "dev.loom.agent-runtime"
+RUNTIME_VERSION = 2
 
 
 class RuntimeVolume:
@@ -31,7 +37,8 @@ class RuntimeVolume:
         (never starting) one container does the copy. Several workers may race here;
         volume create is idempotent and the copy happens once. Returns the volume's name.
 
-        Raises ImageNotFoundError (the runtime image is not built), DaemonUnavailableError.
+        Raises ImageNotFoundError (the runtime image is not built, or is older than this
+        worker), DaemonUnavailableError.
         """
         if self.name is not None:
             return self.name
@@ -40,6 +47,13 @@ class RuntimeVolume:
                 return self.name
             client = self._engine.client()
             image = await self._engine.call("agent runtime image " + self._image, client.images.get, self._image)
+            version = ((image.attrs.get("Config") or {}).get("Labels") or {}).get(RUNTIME_LABEL, "")
+            if not version.isdigit() or int(version) < RUNTIME_VERSION:
+                raise ImageNotFoundError(
+                    f"agent runtime image {self._image} is older than this worker (version {version or 'none'}, "
+                    f"{RUNTIME_VERSION} needed: it lacks the sandbox's init). Rebuild it: "
+                    f"`docker build -t {self._image} images/runtime` (scripts/setup does)"
+                )
             volume = "loom-agent-runtime-" + image.id.split(":")[-1][:12]
 
             def fill() -> None:

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .pulls import normalize_registry
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -104,6 +106,12 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     image: str = "loom-sandbox:latest"
+    #: When the image is pulled (sandbox/docker/images.py): ``missing`` (not on the engine),
+    #: ``never`` (it must be built or loaded), ``always`` (before every new container).
+    pull: Literal["missing", "never", "always"] = "missing"
+    #: The registries a pull may reach, as image names write them (``docker.io`` for a name
+    #: without one). An image already on the engine is used whatever its registry.
+    registries: tuple[str, ...] = ("docker.io",)
     #: The image the agent runtime is copied from (into a read-only volume per version).
     agent_runtime_image: str = "loom-agent-runtime:latest"
     runtime: Literal["runc", "runsc"] = "runc"
@@ -138,6 +146,11 @@ class SandboxSpec(BaseModel):
     #: /proc/<pid>/root, instead of through the engine's attach stream (~10x lower latency
     #: per call). Falls back to the attach stream when the socket is not reachable.
     direct: bool = True
+
+    @field_validator("registries")
+    @classmethod
+    def _registries(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(normalize_registry(r) for r in v))
 
     @field_validator("memory", "tmp_size", "home_size", "max_file_size", mode="before")
     @classmethod
@@ -187,5 +200,7 @@ class SandboxSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""
-        body = self.model_dump(exclude={"agent_start_timeout", "io_timeout", "uid", "gid", "direct"})
+        body = self.model_dump(
+            exclude={"agent_start_timeout", "io_timeout", "uid", "gid", "direct", "pull", "registries"}
+        )
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]

@@ -365,9 +365,9 @@ class ToolRegistry:
     async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
         """Every check of ``new`` (a workspace's settings, replacing ``before``): the
         operator's caps, the CA file, and what only the engine knows: a runtime it has, an
-        image it holds (a missing image would fail every later call of the workspace, so
-        it is refused here, naming it). Values unchanged from ``before`` are not asked
-        about again.
+        image it holds or pulls now as LOOM_PULL says (one that cannot be had would fail
+        every later call of the workspace, so it is refused here, naming it and the
+        registry's answer). Values unchanged from ``before`` are not asked about again.
 
         Raises SettingsError naming the field, DaemonUnavailableError when the engine must
         be asked and does not answer, ValueError when this registry has no settings.
@@ -379,14 +379,12 @@ class ToolRegistry:
         if new.runtime is not None and ask is not None:
             runtimes = await ask()
         check(new, self.configs.caps, runtimes)
-        has_image = getattr(self.backend, "has_image", None)
-        if new.image is not None and has_image is not None and (before is None or new.image != before.image):
-            if not await has_image(new.image):
-                raise SettingsError(
-                    "image",
-                    f"{new.image} is not on this Docker engine (no registry is pulled from): build it "
-                    "(`docker build -t NAME .`) or load it (`docker load -i FILE`) first",
-                )
+        ensure_image = getattr(self.backend, "ensure_image", None)  # pulls it as LOOM_PULL says
+        if new.image is not None and ensure_image is not None and (before is None or new.image != before.image):
+            try:
+                await ensure_image(new.image)
+            except ImageNotFoundError as e:  # ImagePullError too: the image, the registry and its answer
+                raise SettingsError("image", str(e)) from None
 
     def _settings_root(self, path: Path | str) -> Path:
         if self.configs is None:

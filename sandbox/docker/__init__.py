@@ -12,10 +12,13 @@ Modules, one concern each:
 - :mod:`.errors`         the SDK's errors translated, and which are worth a retry
 - :mod:`.engine`         the SDK client and the calls made through it (thread, retry, translate)
 - :mod:`.config`         the container's name, labels, mounts and hardening (``containers.create``)
+- :mod:`.seccomp`        the sandbox's own seccomp profile, group by group with the reasons
+- :mod:`.images`         images on the engine or pulled: policy, registries, progress, errors
 - :mod:`.channel`        the agent channel: attach stream, ``docker exec``, direct socket, fd channel
 - :mod:`.runtime_volume` the agent runtime's read-only volume
-- :mod:`.checks`         the runtime the spec asks for is there and in effect (gVisor)
-- :mod:`.housekeeping`   list, gc, status and usage, images on the engine
+- :mod:`.checks`         the runtime the spec asks for is there and in effect (gVisor), and the
+                         seccomp profile
+- :mod:`.housekeeping`   list, gc, status and usage
 - :mod:`.backend`        :class:`DockerBackend` (lifecycle) and :class:`DockerSandbox`
 """
 

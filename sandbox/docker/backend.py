@@ -23,12 +23,14 @@ from ..connection import AgentConnection
 from ..errors import ImageUnusableError, RuntimeUnavailableError, SandboxLostError, SandboxUnavailableError
 from ..hostscan import HostScanner
 from ..logs import get_logger
+from ..pulls import PullEvent
 from ..spec import SandboxSpec
 from . import housekeeping, seccomp
 from .channel import AgentChannels
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name
 from .engine import Engine
+from .images import ImagePuller
 from .runtime_volume import RuntimeVolume
 
 log = get_logger("sandbox.docker")
@@ -92,6 +94,8 @@ class DockerBackend(SandboxBackend):
         self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
         self._status = housekeeping.Status(self.engine)
+        #: Pulls images as :attr:`SandboxSpec.pull` says (:mod:`.images`).
+        self.images = ImagePuller(self.engine)
         self._boxes: dict[Path, DockerSandbox] = {}
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
@@ -110,7 +114,8 @@ class DockerBackend(SandboxBackend):
         """Find this workspace's running container or start one. Returns the container;
         ``name in self._fresh`` when this call started it (its main agent awaits us).
 
-        Raises ImageNotFoundError, RuntimeUnavailableError, DaemonUnavailableError.
+        Raises ImageNotFoundError (ImagePullError: the image could not be pulled),
+        RuntimeUnavailableError, DaemonUnavailableError.
         """
         spec = self.spec_of(ws)
         await self.prepare(spec)
@@ -143,6 +148,7 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
+            await self.images.ensure(spec.image, policy=spec.pull, registries=spec.registries)
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", client.containers.create, **cfg)
@@ -367,7 +373,21 @@ class DockerBackend(SandboxBackend):
     async def has_image(self, image: str) -> bool:
         """Whether ``image`` is on the engine (nothing is pulled). Raises
         DaemonUnavailableError."""
-        return await housekeeping.has_image(self.engine, image)
+        return await self.images.has(image)
+
+    async def ensure_image(self, image: str) -> bool:
+        """Make ``image`` be on the engine as the backend's pull policy and registries say
+        (what a workspace naming it needs); True when it was pulled. Progress goes to the
+        pull listeners and the calling context's :data:`~sandbox.pulls.PULL_SINK`.
+
+        Raises ImagePullError, ImageNotFoundError (missing, and the policy is ``never``),
+        DaemonUnavailableError."""
+        return await self.images.ensure(image, policy=self.spec.pull, registries=self.spec.registries)
+
+    def add_pull_listener(self, fn: Callable[[PullEvent], None]) -> Callable[[], None]:
+        """Give ``fn`` the :class:`~sandbox.pulls.PullEvent` of every pull this backend
+        makes (on its event loop); returns what removes it."""
+        return self.images.add_listener(fn)
 
     async def inspect(self, workspace: Path) -> dict[str, Any] | None:
         """The raw ``docker inspect`` of a workspace's container, or None."""

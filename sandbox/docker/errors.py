@@ -40,8 +40,9 @@ def translate(exc: Exception, what: str) -> Exception:
         return ImageNotFoundError(
             f"{what}: image not found ({exc.explanation}). The project's images (loom-sandbox:*, "
             "loom-agent-runtime:latest) are built by scripts/setup (step 3: images/base/build-base.sh, then "
-            "`docker build` of images/sandbox and images/runtime); an image of your own must be on this engine: "
-            "`docker build -t NAME .` or `docker load -i FILE` (no registry is pulled from)"
+            "`docker build` of images/sandbox and images/runtime); an image of your own must be on this engine "
+            "(`docker build -t NAME .`, `docker load -i FILE`) or pulled from a registry the worker may use "
+            "(LOOM_PULL, LOOM_REGISTRIES)"
         )
     if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError

@@ -1,6 +1,5 @@
 """Housekeeping: the sandboxes on the engine (list, gc), a workspace container's status
-and usage, and what the engine has (runtimes, images). Only containers carrying our labels
-are ever touched."""
+and usage. Only containers carrying our labels are ever touched."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Any
-
-import docker.errors
 
 from .. import __version__
 from ..errors import SandboxUnavailableError
@@ -60,25 +57,6 @@ async def gc(engine: Engine, *, all_running: bool = False) -> list[str]:
             await engine.remove(item["container"])
             removed.append(item["name"])
     return removed
-
-
-async def has_image(engine: Engine, image: str) -> bool:
-    """Whether ``image`` is on the engine (nothing is pulled). Raises
-    DaemonUnavailableError."""
-    client = engine.client()
-
-    def get() -> bool:
-        try:
-            client.images.get(image)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-        except docker.errors.APIError as e:
-            if e.status_code == 400:  # not a valid reference: not an image we have
-                return False
-            raise
-
-    return await engine.call("inspect image", get)
 
 
 class Status:

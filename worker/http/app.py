@@ -522,12 +522,14 @@ def create_app(
     from ..dashboard import mount as mount_dashboard
     from . import calls as http_calls
     from . import changes as http_changes
+    from . import images as http_images
     from . import ports as http_ports
     from . import sandbox as http_sandbox
     from . import stream as http_stream
 
     for module in (http_calls, http_changes, http_sandbox, http_stream):
         module.add_routes(app, workspaces, auth, ws_errors)
+    app.include_router(http_images.router(auth, errors))
     http_ports.add_routes(
         app, workspaces, settings.api_token, lambda reason: box_metrics.rejected.labels(reason=reason).inc()
     )

@@ -160,8 +160,10 @@ class WorkerClient:
         check_unknown: bool,
         on_log: Callable[[str], None],
         tty: bool,
+        on_pull: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """One tool call: its exit code and result. Raises Unavailable, Retry or Lost."""
+        """One tool call: its exit code and result; an image pull it waits for is shown
+        through ``on_pull`` (``pull`` frames). Raises Unavailable, Retry or Lost."""
         frame = {
             "op": "call",
             "key": self.key,
@@ -172,7 +174,9 @@ class WorkerClient:
             "tty": tty,
             "check_unknown": check_unknown,
         }
-        answer = self.request(frame, on_log)
+        answer = self.request(
+            frame, on_log, None if on_pull is None else lambda f: on_pull(f) if f.get("t") == "pull" else None
+        )
         kind = answer.get("t")
         if kind == "retry":
             raise Retry(str(answer.get("reason")))

@@ -82,6 +82,9 @@ EGRESS_ENV = {
     "GIT_CONFIG_VALUE_0": EGRESS_PROXY,
 }
 ACTIVITY_FILE = "/tmp/.loom-activity"
+#: The sandbox's own directories and the modes every agent gives them at start, whatever the
+#: image's directories there had (see sandbox/docker/config.py: runc copies their modes).
+OWN_DIRS = {"/tmp": 0o1777, HOME_DIR: 0o700}
 LABEL_PREFIX = "dev.loom"
 
 
@@ -180,6 +183,7 @@ class SandboxSpec(BaseModel):
         """What every agent of a sandbox is told at start (with its root and paths). The
         container's main agent also runs the egress relay when there is a gateway."""
         config: dict[str, object] = {
+            "own_dirs": OWN_DIRS,
             "disk_limit": self.disk_limit,
             "disk_reserve": self.disk_reserve,
             "inode_limit": self.inode_limit,

@@ -7,6 +7,9 @@
 #   loom-test-nosh:latest     no /bin/sh at all (the worker must refuse it clearly)
 #   loom-test-debug:latest    loom-sandbox:latest with strace and gdb: the seccomp profile keeps
 #                             tracing one's own children working (tests/docker/test_seccomp.py)
+#   loom-test-tmp0755:latest  loom-sandbox:minimal whose /tmp is 0755 and whose $HOME directory is
+#                             root's, mode 0500: the sandbox's /tmp must still be 1777 and its
+#                             $HOME the user's (tests/docker/test_own_dirs.py)
 # Built offline from Debian packages (apt-get download + dpkg-deb -x + docker import, or a
 # `docker build` that only copies files in).
 # Idempotent: an image labelled with this script's hash is kept.
@@ -15,6 +18,7 @@ cd "$(dirname "$0")"
 STAMP=$(sha256sum "$(basename "$0")" | cut -c1-16)
 have() { [ "$(docker image inspect -f '{{index .Config.Labels "dev.loom.test-image"}}' "$1" 2>/dev/null)" = "$STAMP" ]; }
 IMAGES="loom-test-busybox:latest loom-test-musl:latest loom-test-nosh:latest loom-test-debug:latest"
+IMAGES="$IMAGES loom-test-tmp0755:latest"
 missing=0
 for i in $IMAGES; do have "$i" || missing=1; done
 if [ "$missing" = 0 ]; then
@@ -83,3 +87,12 @@ if docker run --rm --network none --entrypoint sh loom-test-debug:latest -c 'ldd
   echo "[test-images] loom-test-debug: libraries missing" >&2; exit 1
 fi
 echo "[test-images] loom-test-debug:latest: $(docker image inspect -f '{{.Size}}' loom-test-debug:latest | awk '{printf "%.1f MB", $1/1e6}')"
+
+# /tmp 0755 and a root-owned 0500 $HOME, as some images ship them (runc copies a directory's
+# mode onto the tmpfs mounted over it).
+R="$WORK/tmp0755"; mkdir -p "$R"
+printf '%s\n' "FROM loom-sandbox:minimal" "USER 0" \
+  "RUN chmod 0755 /tmp && chown root:root /home/sandbox && chmod 0500 /home/sandbox" \
+  "USER 1000:1000" "LABEL dev.loom.test-image=$STAMP" >"$R/Dockerfile"
+DOCKER_BUILDKIT=0 docker build -q -t loom-test-tmp0755:latest "$R" >/dev/null
+echo "[test-images] loom-test-tmp0755:latest"

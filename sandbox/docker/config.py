@@ -139,8 +139,12 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         "memswap_limit": spec.memory,
         "pids_limit": spec.host_pids_limit(),
         "read_only": True,
+        # Both owned by the sandbox's uid: runc before 1.2 chmods a tmpfs mountpoint to the
+        # mode of the image's directory after mounting, over mode= (an image whose /tmp is
+        # 0755 would leave it unwritable), so the agents set the modes themselves at start
+        # (OWN_DIRS), which only the owner may do without capabilities.
         "tmpfs": {
-            "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777",
+            "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777,uid={uid},gid={gid}",
             HOME_DIR: f"{tmpfs_opts},size={spec.home_size},mode=0700,uid={uid},gid={gid}",
         },
         "cap_drop": ["ALL"],

@@ -51,7 +51,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert host["LogConfig"]["Type"] == "none"  # agent traffic never lands in engine logs
     tmpfs = host["Tmpfs"]
     assert "size=" in tmpfs["/tmp"] and "size=" in tmpfs[HOME_DIR]
-    assert "uid=1000" in tmpfs[HOME_DIR]
+    assert "uid=1000" in tmpfs[HOME_DIR] and "uid=1000" in tmpfs["/tmp"]  # the agents set their modes
     assert all("exec" in opts.split(",") and "noexec" not in opts for opts in tmpfs.values())
     assert cfg["User"] == "1000:1000"
     # Only the workspace is mounted from the host: no docker socket, no other host path.

@@ -20,7 +20,13 @@ from typing import Any
 from ..base import Sandbox, SandboxBackend, TreeRemoval
 from ..client import AgentSandbox
 from ..connection import AgentConnection
-from ..errors import ImageUnusableError, RuntimeUnavailableError, SandboxLostError, SandboxUnavailableError
+from ..errors import (
+    ImageNotFoundError,
+    ImageUnusableError,
+    RuntimeUnavailableError,
+    SandboxLostError,
+    SandboxUnavailableError,
+)
 from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
@@ -148,10 +154,18 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
-            await self.images.ensure(spec.image, policy=spec.pull, registries=spec.registries)
+            if spec.pull == "always":
+                await self.images.ensure(spec.image, policy="always", registries=spec.registries)
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", client.containers.create, **cfg)
+            except ImageNotFoundError:
+                # The engine does not have the image (its create answers that without asking
+                # a registry): pull it as the policy says, then create again, as `docker run`
+                # does. No extra engine call when the image is there, the usual case.
+                if not await self.images.ensure(spec.image, policy=spec.pull, registries=spec.registries):
+                    raise  # it is there, yet the engine cannot create from it: say what it said
+                continue
             except SandboxUnavailableError as e:
                 if "Conflict" in str(e) or "already in use" in str(e):
                     await asyncio.sleep(0.05)

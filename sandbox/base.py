@@ -13,7 +13,8 @@ A backend may do more than the contract asks; what callers use of it is declared
 =============================  =================================================================
 :class:`ConfigurableBackend`   ``configure(workspace, spec)``: a workspace's own spec
 :class:`RuntimeInventory`      ``runtimes()``: the OCI runtimes the engine has
-:class:`ImageInventory`        ``has_image(image)``: whether an image is there (nothing pulled)
+:class:`ImageInventory`        ``has_image(image)``, ``ensure_image(image)``: is it there; get it (LOOM_PULL)
+:class:`PullWatcher`           ``add_pull_listener(fn)``: every pull's progress
 :class:`StatusReporter`        ``status(workspace)``: a workspace's container now, never started
 :class:`RestartCounter`        ``restarts``: sandboxes restarted after being lost
 =============================  =================================================================
@@ -56,6 +57,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:
+    from .pulls import PullEvent
     from .spec import SandboxSpec
     from .tunnel import Tunnel
 
@@ -75,6 +77,7 @@ __all__ = [
     "OutputChunk",
     "ProcessInfo",
     "ProcessOutput",
+    "PullWatcher",
     "ReadResult",
     "RestartCounter",
     "RuntimeInventory",
@@ -539,10 +542,26 @@ class RuntimeInventory(Protocol):
 
 @runtime_checkable
 class ImageInventory(Protocol):
-    """A backend that can say whether an image is at hand without pulling it."""
+    """A backend that can say whether an image is at hand, and get it as its pull policy
+    says (``LOOM_PULL``)."""
 
     async def has_image(self, image: str) -> bool:
-        """Whether ``image`` is on the engine. Raises DaemonUnavailableError."""
+        """Whether ``image`` is on the engine (nothing is pulled). Raises DaemonUnavailableError."""
+        ...
+
+    async def ensure_image(self, image: str) -> bool:
+        """Make ``image`` be on the engine as the pull policy and the allowed registries say;
+        True when it was pulled. Raises ImagePullError, ImageNotFoundError (missing, and the
+        policy is ``never``), DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class PullWatcher(Protocol):
+    """A backend that tells listeners of every image pull it makes (the dashboard's view)."""
+
+    def add_pull_listener(self, fn: Callable[[PullEvent], None]) -> Callable[[], None]:
+        """Give ``fn`` every pull's progress; returns the function that stops it."""
         ...
 
 

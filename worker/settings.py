@@ -50,6 +50,16 @@ class Settings(BaseSettings):
         "instead of the engine's attach stream (falls back to it when unreachable).",
     )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+    pull: Literal["missing", "never", "always"] = Field(
+        "missing",
+        description="When a sandbox image is pulled: missing (not on the engine), never (build or load it "
+        "first), always (before every new container). Credentials: Docker's own (docker login).",
+    )
+    registries: str = Field(
+        "docker.io",
+        description="Registries images may be pulled from, comma-separated host[:port] as image names write "
+        'them (docker.io for names without one; "" for none). Images already on the engine are used anyway.',
+    )
     ca_bundle: Path | None = Field(
         None,
         description="PEM file on the host mounted read-only into sandboxes as the trust store of pip, npm, git, "
@@ -125,6 +135,14 @@ class Settings(BaseSettings):
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
+
+    @field_validator("registries")
+    @classmethod
+    def _registries(cls, v: str) -> str:
+        from sandbox.pulls import parse_registries
+
+        parse_registries(v)  # ValueError naming the entry
+        return v
 
     @field_validator("egress_allow")
     @classmethod
@@ -224,6 +242,8 @@ class Settings(BaseSettings):
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
         """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""
+        from sandbox.pulls import parse_registries
+
         return {
             "image": self.image,
             "runtime": self.runtime,
@@ -241,6 +261,8 @@ class Settings(BaseSettings):
             "idle_ttl": self.idle_ttl,
             "direct": self.direct_channel,
             "agent_runtime_image": self.agent_runtime_image,
+            "pull": self.pull,
+            "registries": parse_registries(self.registries),
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
         }
 

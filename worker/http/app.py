@@ -45,6 +45,7 @@ from . import (
     egress,
     execute,
     health,
+    images,
     mcp,
     native,
     ports,
@@ -66,6 +67,7 @@ from .state import Service
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     tools.router,
+    images.router,
     workspaces.router,
     execute.router,
     changelog.router,

@@ -34,6 +34,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.routing import Route
@@ -42,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandbox import __version__ as _pkg_version
 from sandbox.logs import get_logger
 
+from ..jsontext import finite
 from ..metrics import Metrics
 from ..service import (
     WORKSPACE_ID_PATTERN,
@@ -115,6 +118,8 @@ class SafeJSONResponse(JSONResponse):
             return super().render(content)
         except UnicodeEncodeError:
             return encode_json(content)
+        except ValueError:  # a non-finite number: an echo of a refused input
+            return encode_json(finite(content))
 
 
 class ToolResultOut(_Model):
@@ -321,6 +326,12 @@ def create_app(
             raise _AuthError
 
     auth = [Depends(require_token)]
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler, answering with the safe response: the errors echo the
+        # input, and a body's Infinity or NaN there made that handler fail with a 500.
+        return SafeJSONResponse({"detail": jsonable_encoder(e.errors())}, status_code=422)
 
     @app.exception_handler(_AuthError)
     async def _auth_error(_r: Request, _e: Exception) -> JSONResponse:

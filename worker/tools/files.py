@@ -9,9 +9,9 @@ writes only if the file still has the hash it had when read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sandbox import protocol
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
@@ -19,7 +19,7 @@ from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 from ..paths import require_file_path
 from ..quoting import quote_path
 from ..result import ToolResult
-from ..tool import Tool, ToolContext, ToolError
+from ..tool import Tool, ToolArgs, ToolContext, ToolError
 from ..workspace import Workspace
 
 #: Largest content write_file / edit_file will write (UTF-8 bytes).
@@ -28,11 +28,9 @@ MAX_WRITE_BYTES = 10 << 20
 MAX_EDIT_BYTES = protocol.MAX_READ_BYTES
 
 
-class ReadFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ReadFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root.")
-    line_range: list[int] | None = Field(
+    line_range: list[Annotated[int, Field(ge=1)]] | None = Field(
         None,
         min_length=2,
         max_length=2,
@@ -77,9 +75,7 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     return ToolResult.ok(output, data)
 
 
-class WriteFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WriteFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root. Parent directories are created.")
     content: str = Field(description="The complete new content of the file.")
 
@@ -106,17 +102,13 @@ async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     )
 
 
-class Edit(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Edit(ToolArgs):
     old_str: str = Field(description="Exact text to find (must occur exactly once unless replace_all).")
     new_str: str = Field(description="Replacement text.")
     replace_all: bool = Field(False, description="Replace every occurrence instead of exactly one.")
 
 
-class EditFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EditFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root.")
     old_str: str | None = Field(
         None, description="Exact text to replace; it must occur exactly once. Empty creates a missing file."

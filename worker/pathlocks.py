@@ -31,8 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from .paths import CONTAINER_ROOT
@@ -42,12 +41,42 @@ MAX_HOPS = 40
 
 
 class _Claim:
-    __slots__ = ("done", "path", "real")
+    """One claim on a path: the async context manager :meth:`PathLocks.hold` returns."""
 
-    def __init__(self, path: str) -> None:
+    __slots__ = ("done", "ended", "locks", "path", "real")
+
+    def __init__(self, locks: PathLocks, path: str) -> None:
+        self.locks = locks
         self.path = path
-        self.real: str | None = None
-        self.done = asyncio.Event()
+        self.real: str | None = None  # the path through the links, once looked up
+        self.done: asyncio.Event | None = None  # made by the first claim that waits for it
+        self.ended = False
+
+    async def __aenter__(self) -> None:
+        locks = self.locks
+        claims = locks._claims
+        earlier = [c for c in claims if locks._conflict(c, self)] if claims else None
+        claims.append(self)
+        if earlier:
+            try:
+                for c in earlier:
+                    if c.ended:  # (also one cancelled while this one waited for another)
+                        continue
+                    if c.done is None:
+                        c.done = asyncio.Event()
+                    await c.done.wait()
+            except BaseException:  # cancelled while waiting: those after it go on
+                self._release()
+                raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self.locks._claims.remove(self)
+        self.ended = True
+        if self.done is not None:
+            self.done.set()
 
 
 def _overlap(a: str, b: str) -> bool:
@@ -64,21 +93,12 @@ class PathLocks:
         self.root = str(root)
         self._claims: list[_Claim] = []
 
-    @asynccontextmanager
-    async def hold(self, path: str) -> AsyncIterator[None]:
+    def hold(self, path: str) -> AbstractAsyncContextManager[None]:
         """Hold workspace-relative, normalized ``path`` (see the module docstring) for the
-        body; waits for the earlier conflicting claims to end first. Not reentrant: a
-        body must not claim a path its own claim conflicts with (it would wait for itself)."""
-        claim = _Claim(path)
-        earlier = [c for c in self._claims if self._conflict(c, claim)] if self._claims else []
-        self._claims.append(claim)
-        try:
-            for c in earlier:
-                await c.done.wait()
-            yield
-        finally:
-            self._claims.remove(claim)
-            claim.done.set()
+        body of ``async with``; waits for the earlier conflicting claims to end first. Not
+        reentrant: a body must not claim a path its own claim conflicts with (it would
+        wait for itself)."""
+        return _Claim(self, path)
 
     def held(self) -> list[str]:
         """The paths claimed now, in arrival order (waiting or running)."""

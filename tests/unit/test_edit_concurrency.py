@@ -205,3 +205,40 @@ def test_resolve_follows_links_inside_the_workspace_as_the_agent_does(tmp_path: 
     assert resolve(r, "real/escape") == "real/escape"
     assert resolve(r, "loop") == "loop"
     assert resolve(r, ".") == "."
+
+
+async def test_no_two_conflicting_claims_ever_run_together(tmp_path: Path) -> None:
+    """Random claims on related paths, some cancelled while waiting or running: at no time
+    are two conflicting claims inside, and every claim not cancelled gets in."""
+    import random
+
+    rnd = random.Random(24)
+    locks = PathLocks(tmp_path)
+    paths = [".", "d", "d/a.txt", "d/b.txt", "d/e", "d/e/f.txt", "g.txt"]
+    inside: list[str] = []
+    entered = 0
+
+    def conflict(a: str, b: str) -> bool:
+        return a == b or "." in (a, b) or a.startswith(b + "/") or b.startswith(a + "/")
+
+    async def one(p: str) -> None:
+        nonlocal entered
+        async with locks.hold(p):
+            assert not [q for q in inside if conflict(p, q)], (p, inside)
+            inside.append(p)
+            entered += 1
+            try:
+                await asyncio.sleep(rnd.random() / 1000)
+            finally:
+                inside.remove(p)
+
+    tasks = []
+    for _ in range(300):
+        tasks.append(asyncio.create_task(one(rnd.choice(paths))))
+        if rnd.random() < 0.3:
+            await asyncio.sleep(0)
+    for t in rnd.sample(tasks, 40):
+        t.cancel()
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    assert not [r for r in results if not isinstance(r, asyncio.CancelledError | type(None))]
+    assert entered >= 300 - 40 and locks.held() == [] and inside == []

@@ -7,7 +7,9 @@ and then writes through the sandbox; :meth:`Workspace.run_shell` brackets a comm
 
 Mutations of one workspace (writes and shell commands) are serialized by one lock, so a
 change seen after a command is the command's and not a concurrent write's. Reads, lists
-and searches do not take it.
+and searches do not take it. A tool that reads a file and then writes it (``edit_file``)
+also holds the file's path (:meth:`Workspace.hold`, :mod:`worker.pathlocks`) from the read
+to the write, so concurrent mutations of one path take turns instead of conflicting.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -31,6 +34,7 @@ from sandbox.base import (
 from sandbox.errors import SandboxError
 
 from .background import Background, BackgroundLimits, Started, new_process_id
+from .pathlocks import PathLocks
 
 T = TypeVar("T")
 
@@ -157,6 +161,7 @@ class Workspace:
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
         self._mutation_lock = asyncio.Lock()
+        self._paths = PathLocks(root)
         self._known: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._known_bytes = 0
 
@@ -195,6 +200,14 @@ class Workspace:
             item = self._known.pop(p, None)
             if item is not None:
                 self._known_bytes -= len(item[0])
+
+    def hold(self, path: str) -> AbstractAsyncContextManager[None]:
+        """Hold workspace-relative ``path`` while a tool reads and then changes it: other
+        holders of the same file (also through a symlink inside the workspace), of a
+        directory above it or of a path below it wait, in arrival order; unrelated paths
+        do not. Not reentrant. Shell commands do not take it (for an edit, a command that
+        changes its file between its read and its write is a change from outside)."""
+        return self._paths.hold(path)
 
     async def write(
         self,

@@ -42,7 +42,8 @@ PING_SECONDS = 15
 
 
 class InputBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # process_input's arguments: as strict as the tool's own (no "true" or 1 for eof).
+    model_config = ConfigDict(extra="forbid", strict=True)
     text: str = Field(max_length=1 << 20)
     eof: bool = False
 

@@ -7,9 +7,9 @@ it says how to.
 
 The runtime's arguments are the ones the worker needs: ``--host-uds=open`` lets a sandbox
 connect to its egress gateway's socket, mounted into it (gVisor refuses host sockets
-otherwise); ``--network=none`` because a sandbox has no network of its own anyway;
-``--oci-seccomp`` so that gVisor applies the sandbox's seccomp profile in its own kernel
-(without it runsc ignores the profile: docs/seccomp.md). The
+otherwise); ``--network=none`` because a sandbox has no network of its own anyway. Not
+``--oci-seccomp``: it would make gVisor apply the engine's default profile to every other
+gVisor container too, stopping their threads (docs/seccomp.md). The
 platform is gVisor's default (``scripts/setup`` adds ``--platform=ptrace`` for the kernel
 of the machine it was written on).
 """
@@ -28,7 +28,7 @@ from .images import Step
 #: The engine's configuration file (rootful Docker; rootless: ~/.config/docker/daemon.json).
 DAEMON_JSON = Path("/etc/docker/daemon.json")
 RUNTIME = "runsc"
-RUNTIME_ARGS = ["--network=none", "--host-uds=open", "--oci-seccomp"]
+RUNTIME_ARGS = ["--network=none", "--host-uds=open"]
 #: Where scripts/setup installs runsc; the PATH is searched first.
 KNOWN_PATHS = ("/usr/local/lib/loom/runsc", "/usr/local/bin/runsc", "/usr/bin/runsc")
 INSTALL = "https://gvisor.dev/docs/user_guide/install/"

@@ -21,6 +21,7 @@ from .errors import EntryNotFoundError
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
+from .restore import Plan, Restorer
 from .shellscan import ShellToken, ShellTracker
 from .store import Store
 from .undo import select, undo
@@ -315,3 +316,40 @@ class Changelog:
                 select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
             )
             return await undo(self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id)
+
+    # -- restore and lineage (snapshots) ------------------------------------------------
+
+    async def restore(self, sandbox: Sandbox, tree: Path, *, call_id: str, note: str, dry_run: bool = False) -> Plan:
+        """Make the workspace a copy of ``tree`` (a host directory no sandbox reaches: a
+        snapshot's), recording every change as an entry of ``call_id`` (tool ``restore``)
+        with its before-image, so ``undo(call_id=...)`` gives the state before it back.
+        ``dry_run`` changes nothing and fills ``Plan.diff``. Raises sandbox and storage
+        errors, OSError reading ``tree``; a path the agent refuses is in ``Plan.failed``."""
+        async with self._core.lock:
+            await self._core.recover(sandbox)
+            return await Restorer(self._core, self._shell, sandbox, tree).run(
+                call_id=call_id, note=note, dry_run=dry_run
+            )
+
+    async def last_entry(self) -> int:
+        """The id of the newest entry (0: none). Raises ChangelogStorageError."""
+        rows = await self._core.db(self._core.store.query, "SELECT COALESCE(MAX(id), 0) FROM entries")
+        return int(rows[0][0])
+
+    async def origin(self) -> dict[str, Any] | None:
+        """Where this changelog's history starts when its workspace is a fork (the
+        snapshot, its workspace, and that changelog's entry then), else None."""
+        import json
+
+        raw = await self._core.db(self._core.store.meta, "forked_from")
+        return None if raw is None else dict(json.loads(raw))
+
+    async def set_origin(self, origin: dict[str, Any]) -> None:
+        """Record that this history starts at a snapshot (see :meth:`origin`)."""
+        import json
+
+        def put() -> None:
+            with self._core.store.tx() as db:
+                Store.set_meta(db, "forked_from", json.dumps(origin, sort_keys=True))
+
+        await self._core.db(put)

@@ -528,6 +528,9 @@ def create_app(
 
     for module in (http_calls, http_changes, http_sandbox, http_stream):
         module.add_routes(app, workspaces, auth, ws_errors)
+    from .snapshots import router as snapshots_router
+
+    app.include_router(snapshots_router, dependencies=auth, responses=ws_errors)
     http_ports.add_routes(
         app, workspaces, settings.api_token, lambda reason: box_metrics.rejected.labels(reason=reason).inc()
     )

@@ -15,6 +15,7 @@ import asyncio
 import secrets
 
 from sandbox.base import Sandbox
+from sandbox.errors import ConflictError
 from sandbox.spec import HOME_DIR
 
 from .errors import SnapshotError
@@ -35,9 +36,10 @@ async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
         if stream == "stdout":
             parts.append(data)
 
-    excludes = " ".join(f"--exclude='{p}'" for p in _PRIVATE)
+    # What is *in* them, not the two directories (their owner and mode are the container's).
+    skip = " ".join(f"! -path '{p}'" for p in _PRIVATE)
     result = await sandbox.exec(
-        f"tar -C / {excludes} -cf - ./tmp .{HOME_DIR}",
+        f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
         timeout=timeout,
         max_output=64 << 10,
         output_limit=MAX_BYTES,
@@ -54,10 +56,13 @@ async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> No
     """Unpack ``archive`` (from :func:`capture`) over the sandbox's ``/tmp`` and ``$HOME``.
     Raises SnapshotError when ``tar`` fails, sandbox errors."""
     pid = "proc-scratch-" + secrets.token_hex(4)
-    await sandbox.start_process(pid, "tar -C / -xf -", timeout=timeout)
-    for i in range(0, len(archive), _CHUNK):
-        await sandbox.process_input(pid, archive[i : i + _CHUNK])
-    await sandbox.process_input(pid, b"", eof=True)
+    await sandbox.start_process(pid, "tar -C / --no-overwrite-dir -xf -", timeout=timeout)
+    try:
+        for i in range(0, len(archive), _CHUNK):
+            await sandbox.process_input(pid, archive[i : i + _CHUNK])
+        await sandbox.process_input(pid, b"", eof=True)
+    except ConflictError:
+        pass  # tar stops reading at the archive's end marker (or on an error: its exit says)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     err = b""

@@ -5,6 +5,7 @@ fork through its bind mount, and 8 untouched forks cost a few percent of the tre
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -71,9 +72,8 @@ async def test_forks_share_the_snapshot_and_the_sandbox_sees_them(env: Any) -> N
         assert all(tree_hash(f) == tree_hash(ws) for f in forks)
         if fstype == "btrfs":
             assert all(is_subvolume(f) for f in forks)
-        r = await reg.execute(
-            "shell_execute", {"command": "sha256sum data/blob0.bin | cut -c1-16 && echo mine > data/blob0.bin"}, forks[0]
-        )
+        command = "sha256sum data/blob0.bin | cut -c1-16 && echo mine > data/blob0.bin"
+        r = await reg.execute("shell_execute", {"command": command}, forks[0])
         assert r.success, r.output
         assert (forks[0] / "data" / "blob0.bin").read_text() == "mine\n"
         assert (ws / "data" / "blob0.bin").stat().st_size == 16 << 20  # parent and snapshot untouched
@@ -87,8 +87,8 @@ async def test_forks_share_the_snapshot_and_the_sandbox_sees_them(env: Any) -> N
     finally:
         for f in forks:
             await reg.stop(f)
-    for f in forks:
-        subprocess.run(["rm", "-rf", str(f)], check=True)  # a subvolume goes with rm -r, as any directory
+    for f in forks:  # a subvolume goes with rm -r, as any directory
+        await asyncio.to_thread(subprocess.run, ["rm", "-rf", str(f)], check=True)
     await snaps.delete(child.id)
     await snaps.delete(snap.id)
     assert not tree.exists()

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.docker
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "tinycalc"
 PREPARE = (
     "python3 -m venv .venv && .venv/bin/python setup.py -q develop >/dev/null 2>&1 "
-    "&& cp -r \"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])')\" "
-    "\"$(echo .venv/lib/python3*/site-packages)/stdlib_copy\" "
+    '&& cp -r "$(python3 -c \'import sysconfig; print(sysconfig.get_paths()["stdlib"])\')" '
+    '"$(echo .venv/lib/python3*/site-packages)/stdlib_copy" '
     "&& .venv/bin/python -m compileall -q -j 2 .venv tinycalc tests >/dev/null "
     "&& .venv/bin/python -m unittest discover -s tests -q"
 )
@@ -42,7 +42,9 @@ def _own(root: Path, uid: int = 1000) -> None:
 
 
 @pytest.fixture(params=["runc", "runsc"])
-async def env(request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path) -> AsyncIterator[tuple[Any, Snapshots]]:
+async def env(
+    request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path
+) -> AsyncIterator[tuple[Any, Snapshots]]:
     async with own_registry(tmp_path, request.param, durability="process") as reg:
         snaps = Snapshots(reg, tmp_path / "data")
         try:
@@ -116,7 +118,8 @@ async def test_restore_after_a_session_then_undo_it(env: tuple[Any, Snapshots], 
     await sh(reg, project, "python3 -m compileall -q tinycalc tests && ln -s tinycalc/cli.py cli-link")
     snap = await snaps.create(project)
     tree = snaps.index.directory(snap.id) / "tree"
-    r = await reg.execute("edit_file", {"path": "tinycalc/ops.py", "old_str": "def add", "new_str": "def  add"}, project)
+    edit = {"path": "tinycalc/ops.py", "old_str": "def add", "new_str": "def  add"}
+    r = await reg.execute("edit_file", edit, project)
     assert r.success, r.output
     r = await reg.execute("write_file", {"path": "NOTES.md", "content": "notes\n"}, project)
     assert r.success, r.output
@@ -163,7 +166,7 @@ async def test_fork_of_a_fork_and_deleting_a_used_snapshot(env: tuple[Any, Snaps
 
 
 WRITER = (
-    "python3 -c \"\n"
+    'python3 -c "\n'
     "import os\n"
     "fds = [os.open('w/f%d' % i, os.O_RDWR | os.O_CREAT, 0o644) for i in range(8)]\n"
     "n = 0\n"
@@ -199,7 +202,8 @@ async def test_a_snapshot_while_a_process_writes_is_consistent(env: tuple[Any, S
 async def test_settings_egress_and_scratch_carry_over(env: tuple[Any, Snapshots], project: Path) -> None:
     reg, snaps = env
     await reg.configure_workspace(project, {"memory": "768m", "env": {"ATTEMPT_MODE": "eval"}, "egress": ["pypi"]})
-    await sh(reg, project, 'mkdir -p /tmp/cache "$HOME/.config" && echo warm > /tmp/cache/state && echo h > "$HOME/.config/rc"')
+    await sh(reg, project, 'mkdir -p /tmp/cache "$HOME/.config" && echo warm > /tmp/cache/state')
+    await sh(reg, project, 'echo h > "$HOME/.config/rc"')
     snap = await snaps.create(project, with_scratch=True)
     assert snap.with_scratch and snap.settings["memory"] == "768m"
     forks = await snaps.fork(snap.id, 2)

@@ -9,6 +9,8 @@ of the workspace is read and written through the :class:`~sandbox.base.Sandbox`.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,16 @@ from .shellscan import ShellToken, ShellTracker
 from .store import Store
 from .undo import select, undo
 from .write import recorded_write
+
+#: Beside a fork's changelog: the snapshot its history starts at.
+ORIGIN_FILE = "forked_from.json"
+
+
+def _read_origin(root: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((root / ORIGIN_FILE).read_text()))
+    except FileNotFoundError:
+        return None
 
 
 class Changelog:
@@ -339,17 +351,14 @@ class Changelog:
     async def origin(self) -> dict[str, Any] | None:
         """Where this changelog's history starts when its workspace is a fork (the
         snapshot, its workspace, and that changelog's entry then), else None."""
-        import json
+        return await asyncio.to_thread(_read_origin, self._core.root)
 
-        raw = await self._core.db(self._core.store.meta, "forked_from")
-        return None if raw is None else dict(json.loads(raw))
-
-    async def set_origin(self, origin: dict[str, Any]) -> None:
-        """Record that this history starts at a snapshot (see :meth:`origin`)."""
-        import json
-
-        def put() -> None:
-            with self._core.store.tx() as db:
-                Store.set_meta(db, "forked_from", json.dumps(origin, sort_keys=True))
-
-        await self._core.db(put)
+    @staticmethod
+    def start_at(data_dir: Path, workspace: Path, origin: dict[str, Any]) -> None:
+        """Say that the history of a new workspace (a fork) starts at a snapshot (see
+        :meth:`origin`): a small file beside its changelog, written before its first
+        entry (a database per fork would cost a few fsyncs each). Blocking. Raises
+        OSError."""
+        root = workspace_dir(Path(data_dir), Path(workspace))
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / ORIGIN_FILE).write_text(json.dumps(origin, sort_keys=True) + "\n")

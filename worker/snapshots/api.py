@@ -219,7 +219,9 @@ class Snapshots:
                 raise FileExistsError(f"{d} already exists")
         tree = self.index.directory(snap.id) / "tree"
         made: builtins.list[strategy.Made] = []
-        sem = asyncio.Semaphore(2)  # cp is one process per fork: two cores
+        # cp is one process per fork (two cores here); btrfs snapshots serialize on its
+        # transaction (measured: 8 in parallel 0.32 s, one after another 0.21 s).
+        sem = asyncio.Semaphore(1 if await asyncio.to_thread(strategy.is_subvolume, tree) else 2)
 
         async def one(dest: Path) -> None:
             async with sem:
@@ -230,8 +232,8 @@ class Snapshots:
             failed = next((r for r in results if isinstance(r, BaseException)), None)
             if failed is not None:
                 raise failed
-            for m in made:
-                await self._adopt(snap, m)
+            forks = await asyncio.gather(*(asyncio.to_thread(self._adopt, snap, m) for m in made))
+            await self._db(self.index.add_forks, forks)
             if snap.with_scratch:
                 archive = await asyncio.to_thread((self.index.directory(snap.id) / "scratch.tar").read_bytes)
                 for d in dests:
@@ -244,26 +246,21 @@ class Snapshots:
             raise
         return dests
 
-    async def _adopt(self, snap: Snapshot, made: strategy.Made) -> None:
-        """A new fork's settings, changelog origin and lineage."""
+    def _adopt(self, snap: Snapshot, made: strategy.Made) -> Fork:
+        """A new fork's settings and changelog (blocking: one thread per fork)."""
         dest = made.path
         if snap.settings and self.registry.configs is not None:
             from ..workspace_settings import parse
 
-            await asyncio.to_thread(self.registry.configs.store.save, dest, parse(snap.settings))
-        async with Changelog.open(self.data_dir, dest) as cl:
-            await cl.set_origin(
-                {
-                    "snapshot": snap.id,
-                    "workspace": snap.workspace,
-                    "entry": snap.changelog_entry,
-                    "created": snap.created,
-                }
-            )
-        await self._db(
-            self.index.add_fork,
-            Fork(workspace=str(dest), snapshot=snap.id, created=time.time(), strategy=made.strategy),
-        )
+            self.registry.configs.store.save(dest, parse(snap.settings))
+        origin = {
+            "snapshot": snap.id,
+            "workspace": snap.workspace,
+            "entry": snap.changelog_entry,
+            "created": snap.created,
+        }
+        Changelog.start_at(self.data_dir, dest, origin)
+        return Fork(workspace=str(dest), snapshot=snap.id, created=time.time(), strategy=made.strategy)
 
     async def _forget(self, dest: Path) -> None:
         """Undo :meth:`_adopt` and remove the fork's tree (a failed fork request)."""

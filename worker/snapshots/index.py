@@ -12,6 +12,7 @@ reach.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
@@ -180,11 +181,17 @@ class Index:
     def mark_deleted(self, snapshot_id: str) -> None:
         self._db.execute("UPDATE snapshots SET deleted = ? WHERE id = ?", (time.time(), snapshot_id))
 
-    def add_fork(self, fork: Fork) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO forks(workspace, snapshot, created, strategy) VALUES (?,?,?,?)",
-            (fork.workspace, fork.snapshot, fork.created, fork.strategy),
-        )
+    def add_forks(self, forks: builtins.list[Fork]) -> None:
+        self._db.execute("BEGIN IMMEDIATE")  # one transaction, one commit
+        try:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO forks(workspace, snapshot, created, strategy) VALUES (?,?,?,?)",
+                [(f.workspace, f.snapshot, f.created, f.strategy) for f in forks],
+            )
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def drop_fork(self, workspace: str) -> None:
         self._db.execute("DELETE FROM forks WHERE workspace = ?", (workspace,))

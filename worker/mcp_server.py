@@ -58,10 +58,14 @@ def _mcp_tools(registry: Any) -> list[types.Tool]:
     return [types.Tool.model_validate(s) for s in _schemas(registry, "mcp")]
 
 
-def build_server(registry: Any, runner: CallRunner, resolve_workspace: WorkspaceResolver) -> Server[Any]:
+def build_server(
+    registry: Any, runner: CallRunner, resolve_workspace: WorkspaceResolver, extra: Any = None
+) -> Server[Any]:
     """An MCP server whose tools are ``registry``'s, run through ``runner`` in the workspace
-    ``resolve_workspace(ctx)`` returns for each request."""
-    tools = _mcp_tools(registry)
+    ``resolve_workspace(ctx)`` returns for each request; ``extra`` adds tools of the server
+    alone (``tools``, ``names``, ``async call(name, arguments)``: the snapshot tools of
+    :mod:`worker.snapshots.mcp_tools`)."""
+    tools = _mcp_tools(registry) + (list(extra.tools) if extra is not None else [])
     names = frozenset(t.name for t in tools)
 
     async def list_tools(
@@ -74,6 +78,9 @@ def build_server(registry: Any, runner: CallRunner, resolve_workspace: Workspace
     ) -> types.CallToolResult:
         workspace = resolve_workspace(ctx)
         arguments = dict(params.arguments or {})
+        if extra is not None and params.name in extra.names:
+            own: types.CallToolResult = await extra.call(params.name, arguments)
+            return own
         try:
             if _progress_token(ctx) is not None:
                 result = await _streamed(ctx, runner, params.name, arguments, workspace, names)
@@ -135,13 +142,14 @@ async def _streamed(
     return result
 
 
-async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 64) -> None:
-    """Serve ``workspace`` over stdin/stdout until the client closes the stream."""
+async def serve_stdio(registry: Any, workspace: Path, *, max_concurrent: int = 64, extra: Any = None) -> None:
+    """Serve ``workspace`` over stdin/stdout until the client closes the stream (with the
+    server-only tools ``extra``, see :func:`build_server`)."""
     from mcp.server.stdio import stdio_server
 
     ws = workspace.resolve()
     runner = CallRunner(registry, Metrics(), max_concurrent=max_concurrent)
-    server = build_server(registry, runner, lambda _ctx: ws)
+    server = build_server(registry, runner, lambda _ctx: ws, extra)
     log.info("mcp.stdio.started", workspace=str(ws))
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -237,3 +237,50 @@ async def test_http_routes(tmp_path: Path, local_backend: Any) -> None:
             assert r.status_code == 401
     finally:
         await pool.aclose()
+
+
+# -- MCP (orchestrator tools) ------------------------------------------------------------
+
+
+async def test_mcp_snapshot_tools_for_an_orchestrator(reg: ToolRegistry, project: Path, tmp_path: Path) -> None:
+    import json
+
+    from mcp import Client
+
+    from worker.mcp_server import build_server
+    from worker.metrics import Metrics
+    from worker.service import CallRunner
+    from worker.snapshots.mcp_tools import OrchestratorTools
+
+    snaps = snaps_of(reg, tmp_path)
+    extra = OrchestratorTools(snaps, project)
+    plain = build_server(reg, CallRunner(reg, Metrics()), lambda _ctx: project)
+    async with Client(plain) as client:  # the agent's own server: no way to fork itself
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert "workspace_fork" not in names and "shell_execute" in names
+    server = build_server(reg, CallRunner(reg, Metrics()), lambda _ctx: project, extra)
+    async with Client(server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert {"snapshot_create", "snapshot_list", "snapshot_delete", "workspace_fork", "workspace_restore"} <= set(
+            tools
+        )
+        assert tools["workspace_fork"].input_schema["properties"]["count"]["maximum"] == 64
+        r = await client.call_tool("snapshot_create", {"name": "prepared"})
+        assert not r.is_error, r.content
+        sid = r.structured_content["id"]
+        r = await client.call_tool("workspace_fork", {"snapshot": sid, "count": 2})
+        forks = r.structured_content["workspaces"]
+        assert len(forks) == 2 and all(tree_hash(Path(f)) == tree_hash(project) for f in forks)
+        await client.call_tool("shell_execute", {"command": "echo changed > README.md"})
+        r = await client.call_tool("workspace_restore", {"snapshot": "prepared", "dry_run": True})
+        assert "-changed" in r.structured_content["diff"]
+        r = await client.call_tool("snapshot_create", {"workspace": forks[0]})  # a fork of its own
+        assert not r.is_error and r.structured_content["parent"] == sid
+        r = await client.call_tool("snapshot_list", {"workspace": str(tmp_path)})  # not of this lineage
+        assert r.is_error and "not this server's workspace" in r.content[0].text
+        r = await client.call_tool("workspace_fork", {"count": 65})
+        assert r.is_error and "count" in r.content[0].text
+        r = await client.call_tool("snapshot_delete", {"snapshot": sid})
+        assert r.is_error and "live fork" in r.content[0].text
+        listed = json.loads((await client.call_tool("snapshot_list", {})).content[0].text)
+        assert [s["id"] for s in listed["snapshots"]] == [sid]

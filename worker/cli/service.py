@@ -32,6 +32,12 @@ def register(sub: Any) -> None:
     mcp = sub.add_parser("mcp", help="Serve one workspace's tools over MCP stdio.")
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+    mcp.add_argument(
+        "--snapshot-tools",
+        action="store_true",
+        help="Also offer snapshot, fork and restore tools, for an orchestrating agent (never give this "
+        "server to an agent that should not fork its workspace).",
+    )
     mcp.set_defaults(func=_mcp)
 
 
@@ -100,7 +106,13 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     async def main() -> None:
         async with registry:
-            await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls)
+            extra = None
+            if args.snapshot_tools:
+                from ..snapshots import Snapshots
+                from ..snapshots.mcp_tools import OrchestratorTools
+
+                extra = OrchestratorTools(Snapshots.from_settings(registry, settings), workspace)
+            await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls, extra=extra)
 
     import asyncio
 

@@ -46,11 +46,13 @@ the tree, timestamps, sparse files and extended attributes, and never follows a 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -205,7 +207,30 @@ def clone(source: Path, dest: Path, *, prefer: Name | None = None) -> Made:
     raise SnapshotError(f"no way to copy {source} to {dest}")
 
 
+def _reflinks(source: Path, dest_dir: Path) -> bool:
+    """Whether ``cp --reflink=always`` can clone from ``source`` into ``dest_dir``: one
+    filesystem (a btrfs one across its subvolumes) that clones a probe file. Asked first
+    because a refusing ``cp`` goes on through the whole tree, failing file by file."""
+    try:
+        same = os.lstat(source).st_dev == os.lstat(dest_dir).st_dev
+    except OSError:
+        return False
+    if not same and not (_on_btrfs(source) and _on_btrfs(dest_dir)):
+        return False
+    fd, probe = tempfile.mkstemp(dir=dest_dir, prefix=".loom-reflink-")
+    try:
+        os.write(fd, b"probe")
+        os.close(fd)
+        return _run(["cp", "--reflink=always", probe, probe + ".clone"]).returncode == 0
+    finally:
+        for p in (probe, probe + ".clone"):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
 def _copy(source: Path, dest: Path, name: Name) -> Made | None:
+    if name == "reflink" and not _reflinks(source, dest.parent):
+        return None
     proc = _cp(source, dest, "always" if name == "reflink" else "never")
     if proc.returncode == 0:
         return Made(dest, name)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+# The module-scoped service and browser of the dashboard's tests, shared.
 from tests.e2e.test_dashboard import PHONE, Page, Service, browser, phone, service, tab  # noqa: F401
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.timeout(300)]
 
 
-def test_snapshot_fork_restore_and_delete(tab: Page, service: Service) -> None:
+def test_snapshot_fork_restore_and_delete(tab: Page, service: Service) -> None:  # noqa: F811 (fixtures)
     from playwright.sync_api import expect
 
     ws = service.workspace("snapw")
@@ -72,7 +73,7 @@ def test_snapshot_fork_restore_and_delete(tab: Page, service: Service) -> None:
     assert (service.root / fork_id / "calc.py").exists()  # the forks stay
 
 
-def test_snapshots_on_a_phone(phone: Page, service: Service) -> None:
+def test_snapshots_on_a_phone(phone: Page, service: Service) -> None:  # noqa: F811 (fixtures)
     from playwright.sync_api import expect
 
     service.workspace("snapphone")

@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
+        ["bench/bench_fork.py", "--files", "200", "--mb", "4", "--source", "", "--fs", "host", "--rounds", "1"]
+        + ["--forks", "2", "--changed", "5"],
     ],
     ids=[
         "tools",
@@ -51,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "processes",
         "stream",
         "ports",
+        "fork",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

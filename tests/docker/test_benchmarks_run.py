@@ -40,8 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
-        ["bench/bench_fork.py", "--files", "200", "--mb", "4", "--source", "", "--fs", "host", "--rounds", "1"]
-        + ["--forks", "2", "--changed", "5"],
+        [
+            "bench/bench_fork.py",
+            *("--files", "200", "--mb", "4", "--source", "", "--fs", "host"),
+            *("--rounds", "1", "--forks", "2", "--changed", "5"),
+        ],
     ],
     ids=[
         "tools",

@@ -25,7 +25,7 @@ from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
 from .restore import Plan, Restorer
 from .shellscan import ShellToken, ShellTracker
-from .store import Store
+from .store import Store, WorkspaceLock
 from .undo import select, undo
 from .write import recorded_write
 
@@ -87,6 +87,12 @@ class Changelog:
     @property
     def limits(self) -> Limits:
         return self._core.limits
+
+    @property
+    def lock(self) -> WorkspaceLock:
+        """The workspace's lock across coroutines and processes (what every recorded
+        change takes); a snapshot holds it while it pauses the sandbox and copies."""
+        return self._core.lock
 
     async def aclose(self) -> None:
         await self._core.aclose()

@@ -143,9 +143,12 @@ class Snapshots:
                 )
             await asyncio.to_thread(directory.mkdir, mode=0o700, parents=True)
             try:
-                made = await self._frozen(
-                    root, lambda: asyncio.to_thread(strategy.capture, root, directory / "tree", prefer=self.prefer)
-                )
+                # The changelog's lock is held across processes: another worker's snapshot
+                # of this workspace cannot resume the sandbox in the middle of this copy.
+                async with cl.lock if cl is not None else contextlib.nullcontext():
+                    made = await self._frozen(
+                        root, lambda: asyncio.to_thread(strategy.capture, root, directory / "tree", prefer=self.prefer)
+                    )
                 if archive is not None:
                     await asyncio.to_thread((directory / "scratch.tar").write_bytes, archive)
             except BaseException:

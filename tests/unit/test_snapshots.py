@@ -284,3 +284,25 @@ async def test_mcp_snapshot_tools_for_an_orchestrator(reg: ToolRegistry, project
         assert r.is_error and "live fork" in r.content[0].text
         listed = json.loads((await client.call_tool("snapshot_list", {})).content[0].text)
         assert [s["id"] for s in listed["snapshots"]] == [sid]
+
+
+async def test_restore_inside_an_ignored_directory(reg: ToolRegistry, project: Path, tmp_path: Path) -> None:
+    # A virtualenv's links and files are kept by stat only in the baseline: the restore
+    # still compares links by target and untouched files by stat, and undo puts them back.
+    await sh(reg, project, "mkdir -p .venv/bin .venv/lib && echo py > .venv/lib/x.py && ln -s x.py .venv/lib/link")
+    await sh(reg, project, "ln -s lib .venv/lib64 && echo keep > .venv/bin/keep")
+    snaps = snaps_of(reg, tmp_path)
+    snap = await snaps.create(project)
+    want = tree_state(project)
+    assert (await snaps.restore(project, snap.id, dry_run=True)).plan.as_dict()["entries"] == []
+    nothing = await snaps.restore(project, snap.id, dry_run=True)
+    assert nothing.plan.created == nothing.plan.modified == nothing.plan.removed == []
+    await sh(reg, project, "ln -sfn bin .venv/lib64 && rm .venv/lib/link && echo more >> .venv/lib/x.py")
+    before = tree_state(project)
+    done = await snaps.restore(project, snap.id)
+    assert sorted(done.plan.modified + done.plan.created) == [".venv/lib/link", ".venv/lib/x.py", ".venv/lib64"]
+    assert tree_state(project) == want
+    ws = await reg.workspace(project)
+    assert isinstance(ws.recorder, Changelog)
+    undone = await ws.recorder.undo(ws.sandbox, call_id=done.call_id)
+    assert not undone.failed and tree_state(project) == before, tree_diff(before, tree_state(project))

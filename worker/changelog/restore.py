@@ -27,6 +27,7 @@ in reverse order, byte for byte, and the dashboard and ``log`` show them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import stat
@@ -178,11 +179,14 @@ class Restorer:
                 changes.append(_Step("create", p, None, n))
                 plan.created.append(p)
             elif n.type == "symlink":
+                if b.target is None:  # under an ignored directory the baseline keeps no target
+                    with contextlib.suppress(AgentError):
+                        b.target = (await self.sandbox.stat(p)).target
                 if b.target != n.target:
                     changes.append(_Step("relink", p, b, n))
             elif n.type == "file" and (b.size != n.size):
                 changes.append(_Step("write", p, b, n))
-            elif n.type == "file" and (b.mtime_ns != n.mtime_ns or b.status != "ok" or not b.sha256):
+            elif n.type == "file" and b.mtime_ns != n.mtime_ns:
                 maybe.append((p, b, n))
             elif n.type in ("file", "dir") and stat.S_IMODE(b.mode) != n.mode:
                 changes.append(_Step("chmod", p, b, n))
@@ -207,6 +211,9 @@ class Restorer:
     async def _before(self, p: str, b: Row) -> tuple[str | None, bytes | None, str | None]:
         """The hash and content of what ``p`` holds now, and a note when not kept."""
         if b.type == "symlink":
+            if b.target is None:  # (kept by stat only under an ignored directory)
+                with contextlib.suppress(AgentError):
+                    b.target = (await self.sandbox.stat(p)).target
             return (
                 (symlink_digest(b.target), b.target.encode("utf-8", "surrogateescape"), None)
                 if b.target

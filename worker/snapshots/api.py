@@ -152,6 +152,7 @@ class Snapshots:
                 if archive is not None:
                     await asyncio.to_thread((directory / "scratch.tar").write_bytes, archive)
             except BaseException:
+                await asyncio.to_thread(strategy.remove, directory / "tree")  # (a read-only subvolume too)
                 await asyncio.to_thread(_rmtree, directory)
                 raise
         origin = await self._db(self.index.origin, str(root))

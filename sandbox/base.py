@@ -15,6 +15,7 @@ A backend may do more than the contract asks; what callers use of it is declared
 :class:`RuntimeInventory`      ``runtimes()``: the OCI runtimes the engine has
 :class:`ImageInventory`        ``has_image(image)``, ``ensure_image(image)``: is it there; get it (LOOM_PULL)
 :class:`PullWatcher`           ``add_pull_listener(fn)``: every pull's progress
+:class:`Freezer`               ``freeze(workspace, frozen)``: pause and resume a sandbox
 :class:`StatusReporter`        ``status(workspace)``: a workspace's container now, never started
 :class:`RestartCounter`        ``restarts``: sandboxes restarted after being lost
 =============================  =================================================================
@@ -553,6 +554,16 @@ class ImageInventory(Protocol):
         """Make ``image`` be on the engine as the pull policy and the allowed registries say;
         True when it was pulled. Raises ImagePullError, ImageNotFoundError (missing, and the
         policy is ``never``), DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class Freezer(Protocol):
+    """A backend that can pause a workspace's sandbox (every process in it) and resume it."""
+
+    async def freeze(self, workspace: Path, frozen: bool) -> bool:
+        """Pause (``frozen``) or resume the workspace's running sandbox; False when none
+        runs. Raises DaemonUnavailableError."""
         ...
 
 

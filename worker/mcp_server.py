@@ -262,23 +262,30 @@ def build_server(
     runner: CallRunner,
     resolve_workspace: WorkspaceResolver,
     tool_list: ToolList | None = None,
+    extra: Any = None,
 ) -> Server[Any]:
     """An MCP server whose tools are ``registry``'s (read live; sessions are told when
     they change, through ``tool_list``), run through ``runner`` in the workspace
-    ``resolve_workspace(ctx)`` returns for each request."""
+    ``resolve_workspace(ctx)`` returns for each request; ``extra`` adds tools of the server
+    alone (``tools``, ``names``, ``async call(name, arguments)``: the snapshot tools of
+    :mod:`worker.snapshots.mcp_tools`), never the registry's."""
     if tool_list is None:
         tool_list = ToolList(registry)
+    own_tools = list(extra.tools) if extra is not None else []
 
     async def list_tools(
         _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tool_list.tools())
+        return types.ListToolsResult(tools=tool_list.tools() + own_tools)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         workspace = resolve_workspace(ctx)
         arguments = dict(params.arguments or {})
+        if extra is not None and params.name in extra.names:
+            own: types.CallToolResult = await extra.call(params.name, arguments)
+            return own
         try:
             if _progress_token(ctx) is not None:
                 result = await _streamed(ctx, runner, params.name, arguments, workspace)
@@ -346,15 +353,21 @@ async def _streamed(
 
 
 async def serve_stdio(
-    registry: ToolRegistry, workspace: Path, *, max_concurrent: int = 64, native_tools: bool = False
+    registry: ToolRegistry,
+    workspace: Path,
+    *,
+    max_concurrent: int = 64,
+    native_tools: bool = False,
+    extra: Any = None,
 ) -> None:
     """Serve ``workspace`` over stdin/stdout until the client closes the stream; with
-    ``native_tools`` Anthropic's ``bash`` and text editor are listed too (:class:`ToolList`)."""
+    ``native_tools`` Anthropic's ``bash`` and text editor are listed too (:class:`ToolList`),
+    and the server-only tools ``extra`` (see :func:`build_server`)."""
     from mcp.server.stdio import stdio_server
 
     ws = workspace.resolve()
     runner = CallRunner(registry, Metrics(), max_concurrent=max_concurrent)
-    server = build_server(registry, runner, lambda _ctx: ws, ToolList(registry, native_tools=native_tools))
+    server = build_server(registry, runner, lambda _ctx: ws, ToolList(registry, native_tools=native_tools), extra)
     log.info("mcp.stdio.started", workspace=str(ws))
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())

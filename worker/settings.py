@@ -132,6 +132,20 @@ class Settings(BaseSettings):
         description="History of tool calls kept per workspace (the dashboard's timeline, GET .../calls); "
         "0: none recorded.",
     )
+    # -- snapshots and forks (issue 29) --------------------------------------------------
+    max_snapshots: int = Field(
+        32, ge=1, le=10_000, description="Snapshots kept per workspace; one more is refused until one is deleted."
+    )
+    max_snapshot_bytes: str = Field(
+        "64g",
+        description="Bytes the snapshot store may hold (the apparent size of every snapshot's files, whatever "
+        "copy-on-write shares); a snapshot beyond it is refused.",
+    )
+    snapshot_strategy: Literal["auto", "btrfs", "reflink", "copy"] = Field(
+        "auto",
+        description="How snapshots and forks copy a tree: auto tries btrfs subvolume snapshots, then reflinks "
+        "(XFS, btrfs), then a plain copy; a name starts the list there.",
+    )
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
@@ -172,6 +186,14 @@ class Settings(BaseSettings):
             problem = pem_problem(str(v))
             if problem is not None:
                 raise ValueError(problem)
+        return v
+
+    @field_validator("max_snapshot_bytes")
+    @classmethod
+    def _snapshot_bytes(cls, v: str) -> str:
+        from sandbox.spec import parse_size
+
+        parse_size(v)
         return v
 
     @field_validator("egress_bytes_per_minute")

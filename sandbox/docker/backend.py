@@ -344,6 +344,17 @@ class DockerBackend(SandboxBackend):
         log.info("sandbox.stopped", workspace=str(ws))
         return True
 
+    async def freeze(self, workspace: Path, frozen: bool) -> bool:
+        """Pause (the cgroup freezer, ``docker pause``) or unpause the workspace's running
+        container, so a copy of its files is consistent; False when none runs.
+        Raises DaemonUnavailableError."""
+        container = await self.engine.find(container_name(Path(workspace).resolve()))
+        if container is None or container.status not in ("running", "paused"):
+            return False
+        if frozen != (container.status == "paused"):
+            await self.engine.call("pause sandbox", container.pause if frozen else container.unpause)
+        return True
+
     async def aclose(self) -> None:
         for box in list(self._boxes.values()):
             await box.close()

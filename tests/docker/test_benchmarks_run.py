@@ -42,6 +42,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
         ["bench/bench_secrets.py", "--rounds", "1", "--mb", "8"],
         ["bench/bench_native.py", "--n", "3"],
+        [
+            "bench/bench_fork.py",
+            *("--files", "200", "--mb", "4", "--source", "", "--fs", "host"),
+            *("--rounds", "1", "--forks", "2", "--changed", "5"),
+        ],
     ],
     ids=[
         "tools",
@@ -55,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "ports",
         "secrets",
         "native",
+        "fork",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

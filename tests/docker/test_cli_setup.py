@@ -170,16 +170,11 @@ def test_register_gvisor_writes_only_the_file_it_is_given(tmp_path: Path) -> Non
     argv = ["setup", "--register-gvisor", str(runsc), "--daemon-json", str(config)]
     p = loom(env, *argv)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert (
-        f"[done] gVisor (runsc): registered {runsc} (--network=none --host-uds=open) in {config}"
-        in p.stdout
-    )
+    assert f"[done] gVisor (runsc): registered {runsc} (--network=none --host-uds=open) in {config}" in p.stdout
     assert "does not reload" in p.stdout
     assert json.loads(config.read_text()) == {
         "features": {"buildkit": False},
-        "runtimes": {
-            "runsc": {"path": str(runsc), "runtimeArgs": ["--network=none", "--host-uds=open"]}
-        },
+        "runtimes": {"runsc": {"path": str(runsc), "runtimeArgs": ["--network=none", "--host-uds=open"]}},
     }
     p = loom(env, *argv)
     assert re.search(r"\[ok\] gVisor \(runsc\): already registered in .* as wanted", p.stdout), p.stdout

@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "worker.cli.exec",  # exec (a command, its output as it comes)
     "worker.cli.ports",  # port-forward
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
+    "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

@@ -54,6 +54,12 @@ def register(sub: Any) -> None:
         help="Also list Anthropic's bash and str_replace_based_edit_tool by those names (LOOM_MCP_NATIVE_TOOLS).",
     )
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+    mcp.add_argument(
+        "--snapshot-tools",
+        action="store_true",
+        help="Also offer snapshot, fork and restore tools, for an orchestrating agent (never give this "
+        "server to an agent that should not fork its workspace).",
+    )
     mcp.set_defaults(func=_mcp, own_logging=True)
 
 
@@ -158,11 +164,18 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     async def main() -> None:
         async with registry:
+            extra = None
+            if args.snapshot_tools:
+                from ..snapshots import Snapshots
+                from ..snapshots.mcp_tools import OrchestratorTools
+
+                extra = OrchestratorTools(Snapshots.from_settings(registry, settings), workspace)
             await serve_stdio(
                 registry,
                 workspace,
                 max_concurrent=settings.max_concurrent_calls,
                 native_tools=args.native_tools or settings.mcp_native_tools,
+                extra=extra,
             )
 
     import asyncio

@@ -50,6 +50,13 @@ class Settings(BaseSettings):
         "instead of the engine's attach stream (falls back to it when unreachable).",
     )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+    max_parallel_starts: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="Sandboxes started (or connected to) at once; first calls beyond it wait their turn "
+        "(many workspaces opened at once start side by side, without thrashing the engine).",
+    )
     pull: Literal["missing", "never", "always"] = Field(
         "missing",
         description="When a sandbox image is pulled: missing (not on the engine), never (build or load it "

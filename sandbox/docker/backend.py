@@ -80,8 +80,19 @@ class DockerSandbox(AgentSandbox):
         await super().close()
 
 
+#: Sandboxes started (or connected to) at once by default (see ``max_parallel_starts``).
+DEFAULT_PARALLEL_STARTS = 16
+
+
 class DockerBackend(SandboxBackend):
-    """Per-workspace hardened containers on a Docker engine."""
+    """Per-workspace hardened containers on a Docker engine.
+
+    ``max_parallel_starts`` bounds how many sandboxes are started (or connected to) at
+    once: beyond it, first calls wait their turn. Each start holds no lock that another
+    start needs, so many workspaces opened at once start side by side; the bound keeps
+    the engine (and a 2-core machine) from thrashing, and the engine's threads and
+    connections are sized to it.
+    """
 
     def __init__(
         self,
@@ -90,12 +101,16 @@ class DockerBackend(SandboxBackend):
         worker_id: str | None = None,
         base_url: str | None = None,
         client_factory: Callable[[], Any] | None = None,
+        max_parallel_starts: int = DEFAULT_PARALLEL_STARTS,
     ) -> None:
         self.spec = spec or SandboxSpec()
         #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
         self._specs: dict[Path, SandboxSpec] = {}
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.engine = Engine(base_url=base_url, client_factory=client_factory)
+        self.max_parallel_starts = max(1, max_parallel_starts)
+        # Made at first use: a semaphore belongs to the loop it is first used on.
+        self._start_slots: asyncio.Semaphore | None = None
+        self.engine = Engine(base_url=base_url, client_factory=client_factory, threads=self.max_parallel_starts + 4)
         self._runtime_check = RuntimeCheck(self.engine)
         self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
@@ -228,6 +243,15 @@ class DockerBackend(SandboxBackend):
             await asyncio.sleep(0.1)
 
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        if self._start_slots is None:
+            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
+        async with self._start_slots:
+            return await self._connect_now(ws, after_loss=after_loss)
+
+    async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        """A connection to ``ws``'s agent: its container found or started, an agent
+        attached or started in it, checked, and moved to the direct channel where it
+        can. Raises SandboxUnavailableError (and its kinds), SandboxLostError."""
         if after_loss:
             self.restarts += 1
             await self._settle(ws)

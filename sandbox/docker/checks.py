@@ -5,6 +5,7 @@ under."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ class RuntimeCheck:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._lock: asyncio.Lock | None = None  # one `docker info` for many starts at once
         self._runsc_checked = False
         self._runsc_uds = False
         #: Whether the engine's runsc applies the OCI seccomp profile inside the sandbox
@@ -32,8 +34,18 @@ class RuntimeCheck:
         """Raises RuntimeUnavailableError when ``spec`` asks for gVisor and the engine has
         no ``runsc`` runtime, or not one that lets the sandbox reach the egress gateway's
         socket when ``spec`` needs it; DaemonUnavailableError."""
-        if spec.runtime != "runsc" or (self._runsc_checked and (self._runsc_uds or not spec.egress_dir)):
+        if self._done(spec):
             return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if not self._done(spec):
+                await self._check(spec)
+
+    def _done(self, spec: SandboxSpec) -> bool:
+        return spec.runtime != "runsc" or (self._runsc_checked and (self._runsc_uds or not spec.egress_dir))
+
+    async def _check(self, spec: SandboxSpec) -> None:
         info = await self._engine.info()
         runsc = (info.get("Runtimes") or {}).get("runsc") or {}
         args = " ".join(runsc.get("runtimeArgs") or []) if isinstance(runsc, dict) else ""

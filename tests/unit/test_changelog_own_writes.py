@@ -78,3 +78,40 @@ async def test_a_command_that_changed_such_a_file_is_recorded(ws: Workspace, wor
     await ws.recorder.undo(ws.sandbox, call_id="s1")  # type: ignore[attr-defined]
     assert (workspace / "a.txt").read_bytes() == b"abc"
     assert (workspace / "keep.txt").read_bytes() == b"kept"
+
+
+async def test_rewriting_a_file_this_worker_wrote_reads_nothing(ws: Workspace, workspace: Path) -> None:
+    await ws.write("a.txt", b"one", tool="write_file", call_id="w1")
+    calls: list[str] = []
+    counting(ws.sandbox, calls)
+    await ws.write("a.txt", b"two", tool="write_file", call_id="w2")
+    assert calls == []  # the before-image is the content this worker wrote: no read
+    [entry] = await ws.recorder.log(call_id="w2")  # type: ignore[attr-defined]
+    assert (entry.op, entry.before_hash) == ("modify", hashlib.sha256(b"one").hexdigest())
+    await ws.recorder.undo(ws.sandbox, call_id="w2")  # type: ignore[attr-defined]
+    assert (workspace / "a.txt").read_bytes() == b"one"
+
+
+@pytest.mark.parametrize("outside", ["edit", "delete"])
+async def test_a_wrong_guess_takes_the_general_path(ws: Workspace, workspace: Path, outside: str) -> None:
+    """Changed behind the worker's back since its last write: nothing is written on the
+    guess, the file is read and its real content recorded, the write succeeds."""
+    await ws.write("a.txt", b"one", tool="write_file", call_id="w1")
+    if outside == "edit":
+        (workspace / "a.txt").write_bytes(b"from outside")
+    else:
+        (workspace / "a.txt").unlink()
+    calls: list[str] = []
+    counting(ws.sandbox, calls)
+    await ws.write("a.txt", b"two", tool="write_file", call_id="w2")
+    assert "read" in calls and (workspace / "a.txt").read_bytes() == b"two"
+    [entry] = await ws.recorder.log(call_id="w2")  # type: ignore[attr-defined]
+    if outside == "edit":
+        assert (entry.op, entry.before_hash) == ("modify", hashlib.sha256(b"from outside").hexdigest())
+    else:
+        assert (entry.op, entry.before_hash) == ("create", None)
+    await ws.recorder.undo(ws.sandbox, call_id="w2")  # type: ignore[attr-defined]
+    if outside == "edit":
+        assert (workspace / "a.txt").read_bytes() == b"from outside"
+    else:
+        assert not (workspace / "a.txt").exists()

@@ -310,7 +310,6 @@ class Workspace:
                     token = await self.recorder.before_shell(
                         self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
                     )
-            self.forget(None)  # a command may have changed any file
             try:
                 changed = await self.recorder.after_shell(
                     self.sandbox,
@@ -322,12 +321,26 @@ class Workspace:
                     result=result,
                 )
             except SandboxError:
+                self.forget(None)
                 if result.outcome != "sandbox_lost":
                     raise
                 # The box died with the command; its result already says so, and the
                 # recorder's next snapshot will see whatever the command changed.
                 changed = []
+            except BaseException:
+                self.forget(None)
+                raise
+            self._forget_changed(changed)
             return result, sorted(set(changed))
+
+    def _forget_changed(self, changed: list[str]) -> None:
+        """After a command: forget what it changed, as the recorder saw it; everything when
+        the recorder does not look (the remembered content is only ever a guess, see
+        :meth:`known`, so a change it missed costs a retry, never a wrong result)."""
+        if isinstance(self.recorder, NullRecorder):
+            self.forget(None)
+        else:
+            self.forget(changed)
 
     async def run_recorded(
         self,
@@ -353,10 +366,14 @@ class Workspace:
             try:
                 value = await run()
             finally:
-                self.forget(None)
-                changed = await self.recorder.after_shell(
-                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
-                )
+                try:
+                    changed = await self.recorder.after_shell(
+                        self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                    )
+                except BaseException:
+                    self.forget(None)
+                    raise
+                self._forget_changed(changed)
             return value, sorted(set(changed))
 
     # -- background processes ---------------------------------------------------------------

@@ -115,3 +115,21 @@ async def test_a_wrong_guess_takes_the_general_path(ws: Workspace, workspace: Pa
         assert (workspace / "a.txt").read_bytes() == b"from outside"
     else:
         assert not (workspace / "a.txt").exists()
+
+
+async def test_a_command_keeps_what_it_did_not_change_remembered(ws: Workspace, workspace: Path) -> None:
+    """What the worker wrote stays its guess across a command that left the file alone
+    (the changelog saw every file the command changed), not across one that changed it."""
+    await ws.run_shell("true")
+    await ws.write("a.txt", b"one", tool="write_file", call_id="w1")
+    await ws.write("b.txt", b"bee", tool="write_file", call_id="w2")
+    assert (await ws.run_shell("printf BEE > b.txt"))[1] == ["b.txt"]
+    assert ws.known("a.txt") is not None and ws.known("b.txt") is None
+    calls: list[str] = []
+    counting(ws.sandbox, calls)
+    await ws.write("a.txt", b"two", tool="write_file", call_id="w3")
+    assert calls == []
+    await ws.write("b.txt", b"bees", tool="write_file", call_id="w4")
+    assert calls == ["read"]
+    [entry] = await ws.recorder.log(call_id="w4")  # type: ignore[attr-defined]
+    assert entry.before_hash == hashlib.sha256(b"BEE").hexdigest()

@@ -28,6 +28,13 @@ class Settings(BaseSettings):
         "loom-agent-runtime:latest", description="Image the agent's own interpreter is mounted from (images/runtime)."
     )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; runsc = gVisor.")
+    gvisor_platform: Literal["systrap", "ptrace", "kvm"] = Field(
+        "systrap",
+        description="gVisor's platform under runsc: systrap (fastest here, gVisor's default), ptrace (slowest, "
+        "runs anywhere), kvm (needs /dev/kvm with hardware virtualization). The engine needs a runtime for it "
+        "(runsc-<platform>, or runsc registered with it: `loom-worker setup --register-gvisor`); a sandbox on "
+        "another platform is refused.",
+    )
     cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox.")
     memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
     pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
@@ -276,6 +283,7 @@ class Settings(BaseSettings):
         return {
             "image": self.image,
             "runtime": self.runtime,
+            "gvisor_platform": self.gvisor_platform,
             "cpus": self.cpus,
             "memory": self.memory,
             "pids": self.pids,

@@ -31,7 +31,7 @@ from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import housekeeping, seccomp
+from . import gvisor, housekeeping, seccomp
 from .channel import AgentChannels
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name
@@ -126,7 +126,8 @@ class DockerBackend(SandboxBackend):
 
     def container_config(self, ws: Path) -> dict[str, Any]:
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
-        return container_config(ws, self.spec_of(ws), self._runtime_volume.name)
+        spec = self.spec_of(ws)
+        return container_config(ws, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec))
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
@@ -278,7 +279,7 @@ class DockerBackend(SandboxBackend):
                 self.restarts += 1
                 continue
             if spec.runtime == "runsc":
-                await verify_gvisor(self.engine, conn, container)
+                await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
             elif spec.direct and not self.channels.unreachable and container.name not in self.channels.failed:
                 conn = await self.channels.go_direct(conn, container, spec)
             return conn
@@ -410,10 +411,21 @@ class DockerBackend(SandboxBackend):
         return await self.engine.info()
 
     async def runtimes(self) -> set[str]:
-        """The OCI runtimes the engine has (``runc``, ``runsc``...). Raises
+        """The OCI runtimes the engine has (``runc``, ``runsc``...; ``runsc`` also when
+        gVisor is registered only per platform, as ``runsc-systrap``...). Raises
         DaemonUnavailableError."""
         info = await self.engine.info()
-        return set((info.get("Runtimes") or {}).keys())
+        names = set((info.get("Runtimes") or {}).keys())
+        if any(n.startswith(gvisor.FAMILY + "-") for n in names):
+            names.add(gvisor.FAMILY)
+        return names
+
+    async def gvisor_runtime(self, platform: str | None = None) -> str:
+        """The engine runtime gVisor runs with on ``platform`` (default: the backend's
+        spec's). Raises RuntimeUnavailableError (none for it: the message says what is
+        registered and how to fix it), DaemonUnavailableError."""
+        info = await self.engine.info()
+        return gvisor.engine_runtime(dict(info.get("Runtimes") or {}), platform or self.spec.gvisor_platform)
 
     async def image_exists(self) -> bool:
         """Whether the default spec's image is on the engine (raises DaemonUnavailableError)."""

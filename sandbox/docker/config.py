@@ -88,9 +88,13 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
     return mounts
 
 
-def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> dict[str, Any]:
+def container_config(
+    ws: Path, spec: SandboxSpec, runtime_volume: str | None, engine_runtime: str | None = None
+) -> dict[str, Any]:
     """The ``containers.create`` arguments for workspace ``ws`` (real path), made with
-    ``spec``, with the agent runtime in volume ``runtime_volume``."""
+    ``spec``, with the agent runtime in volume ``runtime_volume``, on the engine's runtime
+    ``engine_runtime`` (default ``spec.runtime``; under gVisor, the one registered for the
+    spec's platform, :func:`~.gvisor.engine_runtime`)."""
     uid, gid = owner(ws, spec)
     # exec said outright: Docker mounts a tmpfs noexec unless told, and agents run what
     # they put in /tmp and $HOME (a venv, pip --user scripts, test binaries, npx caches)
@@ -129,7 +133,7 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         },
         "hostname": "sandbox",
         "network_mode": "none",
-        "runtime": spec.runtime,
+        "runtime": engine_runtime or spec.runtime,
         "nano_cpus": int(spec.cpus * 1e9),
         "mem_limit": spec.memory,
         "memswap_limit": spec.memory,

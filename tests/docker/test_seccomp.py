@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.docker import DockerBackend, container_name, seccomp
+from sandbox.docker import DockerBackend, container_name, gvisor, seccomp
 from sandbox.docker.checks import runsc_applies_seccomp
 from sandbox.errors import RuntimeUnavailableError
 from tests.conftest import REQUIRE_DOCKER
@@ -93,7 +93,8 @@ async def _profile_applies(backend: DockerBackend) -> bool:
     if backend.spec.runtime == "runc":
         return True
     info = await backend.daemon_info()
-    return runsc_applies_seccomp((info.get("Runtimes") or {}).get("runsc"))
+    runtimes = info.get("Runtimes") or {}
+    return runsc_applies_seccomp(runtimes.get(gvisor.engine_runtime(runtimes, backend.spec.gvisor_platform)))
 
 
 @pytest.mark.parametrize("owner", [1000, 0], ids=["user", "root"])

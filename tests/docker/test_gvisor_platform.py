@@ -1,0 +1,136 @@
+"""gVisor's platform: a sandbox runs on the platform configured (LOOM_GVISOR_PLATFORM), seen
+from the outside, and the worker refuses a sandbox on any other."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.docker import DockerBackend, gvisor
+from sandbox.errors import RuntimeUnavailableError
+from sandbox.spec import SandboxSpec
+from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE
+from tests.docker.conftest import own_backend, require_runtime
+
+pytestmark = pytest.mark.docker
+
+
+def _engine_runtimes() -> dict[str, Any]:
+    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, timeout=20)
+    return dict(json.loads(out.stdout or b"{}"))
+
+
+def require_platform(platform: str) -> str:
+    """The engine runtime for ``platform``; skips (fails in CI) when it has none."""
+    require_runtime("runsc")
+    try:
+        return gvisor.engine_runtime(_engine_runtimes(), platform)
+    except RuntimeUnavailableError as e:
+        if REQUIRE_DOCKER and platform != "kvm":
+            pytest.fail(f"REQUIRE_DOCKER=1 but {e}")
+        pytest.skip(str(e))
+
+
+def _stubs(pid: int) -> list[int]:
+    """The host processes gVisor's sandbox process ``pid`` runs the sandboxed programs in
+    (its platform's stubs: every descendant but the sandbox kernel's own process)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        kids = [int(c) for c in children]
+        out += kids
+        todo += kids
+    return out
+
+
+def _tracer(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.parametrize("platform", ["systrap", "ptrace"])
+async def test_the_sandbox_runs_on_the_platform_configured(docker_ready: None, workspace: Path, platform: str) -> None:
+    """Seen from the host: the container runs on the engine runtime registered for the
+    platform, gVisor's sandbox process booted with it, and its stub processes behave as
+    that platform's do (ptrace: every stub is ptrace-stopped by a sandbox thread;
+    systrap: none is traced, the stubs trap system calls with seccomp)."""
+    runtime = require_platform(platform)
+    async with own_backend("runsc", gvisor_platform=platform) as backend:
+        box = await backend.get(workspace)
+        r = await box.exec("sleep 0.3 & echo hi; wait")
+        assert (r.exit_code, r.stdout) == (0, b"hi\n")
+        attrs = await backend.inspect(workspace)
+        assert attrs is not None
+        assert attrs["HostConfig"]["Runtime"] == runtime
+        pid = attrs["State"]["Pid"]
+        if not os.path.exists(f"/proc/{pid}/cmdline"):
+            pytest.skip("the engine's processes are not visible from this pid namespace")
+        assert gvisor.platform_in_effect(pid) == platform
+        stubs = [s for s in _stubs(pid) if Path(f"/proc/{s}/status").exists()]
+        assert stubs, "no stub process found under gVisor's sandbox process"
+        tracers = [_tracer(s) for s in stubs]
+        if platform == "ptrace":
+            assert all(t != 0 for t in tracers), tracers
+        else:
+            assert all(t == 0 for t in tracers), tracers
+
+
+async def test_a_platform_the_engine_has_no_runtime_for_is_refused(docker_ready: None, workspace: Path) -> None:
+    """No runtime for the platform asked for: the sandbox does not start on another one,
+    and the message names the setting and what is registered."""
+    require_runtime("runsc")
+    runtimes = _engine_runtimes()
+    missing = next((p for p in gvisor.PLATFORMS if _has_no_runtime(runtimes, p)), None)
+    if missing is None:
+        pytest.skip("the engine has a runtime for every gVisor platform")
+    async with own_backend("runsc", gvisor_platform=missing) as backend:
+        box = await backend.get(workspace)
+        with pytest.raises(RuntimeUnavailableError, match="LOOM_GVISOR_PLATFORM") as e:
+            await box.exec("true")
+        assert "registered:" in str(e.value)
+        assert await backend.inspect(workspace) is None  # nothing was started
+
+
+def _has_no_runtime(runtimes: dict[str, Any], platform: str) -> bool:
+    try:
+        gvisor.engine_runtime(runtimes, platform)
+    except RuntimeUnavailableError:
+        return True
+    return False
+
+
+async def test_a_sandbox_on_another_platform_is_refused(docker_ready: None, workspace: Path) -> None:
+    """The engine hands the sandbox another platform than the one its runtime was picked
+    for (a runtime re-registered under the worker, say): the platform in effect is what
+    counts, the container is removed and nothing runs in it."""
+    systrap = require_platform("systrap")
+    ptrace = require_platform("ptrace")
+
+    class Mislabeled(DockerBackend):
+        def container_config(self, ws: Path) -> dict[str, Any]:
+            cfg: dict[str, Any] = super().container_config(ws)
+            assert cfg["runtime"] == systrap
+            cfg["runtime"] = ptrace
+            return cfg
+
+    backend = Mislabeled(SandboxSpec(image=SANDBOX_IMAGE, runtime="runsc", gvisor_platform="systrap"), worker_id="t")
+    try:
+        box = await backend.get(workspace)
+        with pytest.raises(RuntimeUnavailableError, match="runs on ptrace"):
+            await box.exec("true")
+        assert await backend.inspect(workspace) is None
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

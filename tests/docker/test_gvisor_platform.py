@@ -43,11 +43,16 @@ def _stubs(pid: int) -> list[int]:
     todo = [pid]
     while todo:
         p = todo.pop()
+        kids = []
         try:
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
         except OSError:
             continue
-        kids = [int(c) for c in children]
+        for task in tasks:  # a child is listed under the thread that made it
+            try:
+                kids += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
         out += kids
         todo += kids
     return out

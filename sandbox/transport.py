@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -273,6 +274,12 @@ class SocketTransport(StreamTransport):
     async def connect(cls, path: str) -> SocketTransport:
         """Connect to the unix socket at ``path``. Raises OSError when it cannot."""
         transport, proto = await asyncio.get_running_loop().create_unix_connection(StreamProtocol, path)
+        return cls(cast(asyncio.Transport, transport), proto)
+
+    @classmethod
+    async def of_socket(cls, sock: socket.socket) -> SocketTransport:
+        """Over a connected unix socket (an accepted one). Raises OSError."""
+        transport, proto = await asyncio.get_running_loop().create_unix_connection(StreamProtocol, sock=sock)
         return cls(cast(asyncio.Transport, transport), proto)
 
     async def first_line(self) -> bytes:

@@ -301,6 +301,9 @@ class Settings(BaseSettings):
             "pull": self.pull,
             "registries": parse_registries(self.registries),
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
+            # gVisor's direct channels live beside the egress gateway's sockets: a
+            # directory with the same path in the worker and on the engine's host (compose).
+            "channel_dir": str((self.egress_dir or self.data_dir / "egress") / "channels"),
         }
 
 

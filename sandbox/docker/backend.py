@@ -32,9 +32,17 @@ from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
 from . import gvisor, housekeeping, seccomp
-from .channel import AgentChannels
+from .channel import AgentChannels, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
-from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name
+from .config import (
+    LABEL_RUNTIME,
+    LABEL_SECCOMP,
+    LABEL_SPEC,
+    LABEL_WS,
+    channel_dir,
+    container_config,
+    container_name,
+)
 from .engine import Engine
 from .images import ImagePuller
 from .runtime_volume import RuntimeVolume
@@ -172,6 +180,9 @@ class DockerBackend(SandboxBackend):
                 )
             if spec.pull == "always":
                 await self.images.ensure(spec.image, policy="always", registries=spec.registries)
+            channel = channel_dir(ws, spec)
+            if channel is not None:
+                await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", client.containers.create, **cfg)
@@ -280,6 +291,8 @@ class DockerBackend(SandboxBackend):
                 continue
             if spec.runtime == "runsc":
                 await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+                if spec.direct and spec.channel_dir and container.name not in self.channels.failed:
+                    conn = await self.channels.dial_direct(conn, container, spec, ws)
             elif spec.direct and not self.channels.unreachable and container.name not in self.channels.failed:
                 conn = await self.channels.go_direct(conn, container, spec)
             return conn

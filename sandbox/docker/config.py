@@ -16,6 +16,7 @@ from ..identity import workspace_key
 from ..spec import (
     AGENT_COMMAND,
     CA_BUNDLE_PATH,
+    CHANNEL_MOUNT,
     EGRESS_MOUNT,
     HOME_DIR,
     INIT_COMMAND,
@@ -48,6 +49,14 @@ def owner(ws: Path, spec: SandboxSpec) -> tuple[int, int]:
     return uid, gid
 
 
+def channel_dir(ws: Path, spec: SandboxSpec) -> Path | None:
+    """The host directory of workspace ``ws``'s direct channel under gVisor (where the
+    worker listens for the agent), or None (runc, or no ``channel_dir``)."""
+    if spec.runtime != "runsc" or not spec.channel_dir:
+        return None
+    return Path(spec.channel_dir) / workspace_key(ws)
+
+
 def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> list[Mount]:
     """The workspace, the agent runtime, the CA bundle, the egress socket, and git's
     hooks and config (read-only) of workspace ``ws`` (real path)."""
@@ -56,6 +65,9 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
     if spec.ca_bundle:
         mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
+    channel = channel_dir(ws, spec)
+    if channel is not None:
+        mounts.append(Mount(target=CHANNEL_MOUNT, source=str(channel), type="bind", read_only=True))
     if spec.egress_dir:
         # The gateway's socket (its directory, so a restarted gateway's new socket shows)
         # and the resolv.conf naming the agent's stub resolver; both read-only.

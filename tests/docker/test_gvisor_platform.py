@@ -139,3 +139,25 @@ async def test_a_sandbox_on_another_platform_is_refused(docker_ready: None, work
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+async def test_the_agent_dials_the_workers_socket_under_gvisor(
+    docker_ready: None, tmp_path: Path, workspace: Path
+) -> None:
+    """gVisor's /tmp lives in its own kernel, so the host cannot reach the agent's socket
+    there: the worker listens in the workspace's channel directory (mounted read-only)
+    and the agent dials in. The calls then go over that socket, and the socket file is
+    gone once the agent is connected (nothing else in the sandbox can take it)."""
+    require_platform("systrap")
+    channels = tmp_path / "channels"
+    async with own_backend("runsc", channel_dir=str(channels)) as backend:
+        box = await backend.get(workspace)
+        r = await box.exec("ls -A /.loom-host; echo done")
+        assert r.exit_code == 0 and r.stdout == b"done\n", r  # the socket file is already gone
+        conn = await box.connection()  # type: ignore[attr-defined]
+        assert conn.direct
+        (workspace / "x.txt").write_text("over the dialled socket")
+        assert (await box.read("x.txt")).data == b"over the dialled socket"
+        [d] = list(channels.iterdir())
+        assert d.name == backend.container_config(workspace)["labels"]["dev.loom.workspace-hash"]
+        assert list(d.iterdir()) == []

@@ -88,3 +88,33 @@ def test_the_platform_is_part_of_a_gvisor_sandboxs_fingerprint_only() -> None:
         SandboxSpec(runtime="runsc", gvisor_platform="ptrace").fingerprint()
         != SandboxSpec(runtime="runsc", gvisor_platform="systrap").fingerprint()
     )
+
+
+def test_the_agent_dials_where_the_host_mounts_its_sockets() -> None:
+    from sandbox.agent import channel
+    from sandbox.spec import CHANNEL_MOUNT
+
+    assert channel.DIAL_DIR == CHANNEL_MOUNT + "/"
+
+
+def test_only_this_containers_gvisor_is_taken_as_the_channels_peer() -> None:
+    import socket
+
+    from sandbox.docker.channel import _peer_is
+
+    a, b = socket.socketpair(socket.AF_UNIX)
+    try:
+        assert not _peer_is(a, "f00dfeed" * 8)  # the peer is this test's python, not that container's gVisor
+        assert _peer_is(a, "")  # no container id to check against: the secret decides
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("path", ["/tmp/x.sock", "/.loom-host/../etc/x", "/.loom-host/a/b.sock", 3])
+def test_the_agent_dials_nothing_but_a_socket_of_the_hosts(path: object) -> None:
+    from sandbox.agent import channel
+    from sandbox.agent.errors import Refused
+
+    with pytest.raises(Refused):
+        channel.dial_direct(path, lambda reader: None)

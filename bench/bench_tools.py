@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from common import gvisor_spec
 
 from sandbox.docker import DockerBackend
 from sandbox.spec import SandboxSpec
@@ -126,7 +127,9 @@ async def one_runtime(args: argparse.Namespace, runtime: str) -> dict[str, float
         ws.mkdir()
         make_tree(ws, args.files)
         os.sync()  # write the tree back now, not in the middle of the measurements
-        spec = SandboxSpec(image=args.image, runtime=runtime, gvisor_platform=args.gvisor_platform)
+        spec = SandboxSpec(
+            image=args.image, runtime=runtime, **{**gvisor_spec(), "gvisor_platform": args.gvisor_platform}
+        )
         backend = DockerBackend(spec, worker_id="bench")
         changelogs: list[Any] = []
         factory = None

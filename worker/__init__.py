@@ -2,12 +2,16 @@
 
 Public API::
 
+    import worker
     from worker import ToolRegistry, ToolResult, Tool, default_registry
 
-    async with default_registry() as registry:
-        result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
-        async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
-            ...  # ToolOutput chunks as the command prints, then the ToolResult
+    async def main() -> None:
+        async with default_registry() as registry:
+            result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
+            async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
+                ...  # ToolOutput chunks as the command prints, then the ToolResult
+
+    worker.run(main())  # asyncio.run(main()) on uvloop: what the CLI and the service run on
 
 ``worker`` imports ``sandbox``, never the other way.
 
@@ -25,6 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .aio import run
     from .registry import ToolRegistry, default_registry
     from .result import ToolResult
     from .streaming import ToolOutput
@@ -44,6 +49,7 @@ _EXPORTS = {
     "ToolResult": ".result",
     "Workspace": ".workspace",
     "default_registry": ".registry",
+    "run": ".aio",
 }
 
 __all__ = [
@@ -58,6 +64,7 @@ __all__ = [
     "ToolResult",
     "Workspace",
     "default_registry",
+    "run",
 ]
 
 

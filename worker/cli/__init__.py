@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
     "worker.cli.exec",  # exec (a command, its output as it comes)
     "worker.cli.ports",  # port-forward
+    "worker.cli.cluster",  # cluster status / metrics / gc (a Ray cluster)
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

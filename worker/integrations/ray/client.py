@@ -161,8 +161,9 @@ class ClusterRegistry:
         (checked first). Raises ClusterFullError, WorkspaceExists, InvalidWorkspaceId,
         SettingsError."""
         ws_id = check_workspace_id(name) if name is not None else "ws-" + secrets.token_hex(6)
-        free = (await asyncio.to_thread(ray.available_resources)).get(RESOURCE, 0)
-        if free < 1 and node is None and not labels:
+        if name is not None and await self._exists(ws_id):
+            raise WorkspaceExists(f"Workspace {ws_id!r} already exists")
+        if node is None and not labels and not await self._has_free_slot():
             total = (await asyncio.to_thread(ray.cluster_resources)).get(RESOURCE, 0)
             raise ClusterFullError(
                 f"no node has a free {RESOURCE} slot (the cluster has {int(total)}, all held); "
@@ -189,6 +190,22 @@ class ClusterRegistry:
             raise
         self._last_node[ws_id] = (where["node"], where["path"])
         return ClusterWorkspace(ws_id, where["node"], where["path"], "ready")
+
+    async def _exists(self, ws_id: str) -> bool:
+        try:
+            await asyncio.to_thread(ray.get_actor, ws_id, namespace=self.namespace)
+            return True
+        except ValueError:
+            return False
+
+    async def _has_free_slot(self) -> bool:
+        # Ray's view of free resources follows a freed slot within a moment (it is
+        # broadcast from the nodes): look again for a few seconds before refusing.
+        for _ in range(15):
+            if (await asyncio.to_thread(ray.available_resources)).get(RESOURCE, 0) >= 1:
+                return True
+            await asyncio.sleep(0.2)
+        return False
 
     async def get_workspace(self, workspace: str | PurePath) -> ClusterWorkspace:
         """The workspace, ``ready`` or ``lost``. Raises WorkspaceNotFound."""
@@ -235,8 +252,12 @@ class ClusterRegistry:
         ws_id = workspace_id(workspace)
         loc = await self._locate(ws_id)
         stopped = await self._node(ws_id, loc, loc.service.delete.remote(ws_id, delete_files))
-        ray.kill(loc.slot)
         self._locs.pop(ws_id, None)
+        ray.kill(loc.slot)
+        try:  # the kill is asynchronous: wait until Ray has freed the slot and the name
+            await asyncio.wait_for(loc.slot.where.remote(), 30)
+        except (RayActorError, TimeoutError):
+            pass
         return {"id": ws_id, "sandbox_stopped": stopped, "files_deleted": delete_files}
 
     async def _locate(self, ws_id: str) -> _Loc:

@@ -71,6 +71,9 @@ def new_slot(ws_id: str, namespace: str, *, node: str | None = None, labels: dic
         "lifetime": "detached",
         "resources": {RESOURCE: 1},
     }
+    # Spread: a node's slots are its sandboxes' share of its CPU, memory and engine, so
+    # the emptiest nodes take new workspaces first (Ray's default packs the local node).
+    options["scheduling_strategy"] = "SPREAD"
     if node is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     if labels:

@@ -41,7 +41,9 @@ def ray_cluster() -> Iterator[LocalCluster]:
     root = Path(tempfile.mkdtemp(prefix="loom-ray-")).resolve()
     start = time.perf_counter()
     try:
-        with local_cluster(root, nodes=3, slots=SLOTS, env={"LOOM_IMAGE": SANDBOX_IMAGE, "LOOM_CATALOG": "false"}) as lc:
+        with local_cluster(
+            root, nodes=3, slots=SLOTS, env={"LOOM_IMAGE": SANDBOX_IMAGE, "LOOM_CATALOG": "false"}
+        ) as lc:
             ray.init(address=lc.address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
             print(f"\nray cluster of 3 nodes up in {time.perf_counter() - start:.1f}s")
             try:

@@ -52,7 +52,9 @@ async def cluster(ray_cluster: RayCluster) -> AsyncIterator[Any]:
         await reg.aclose()
 
 
-async def test_workspaces_spread_by_free_slots_and_a_full_cluster_refuses(ray_cluster: RayCluster, cluster: Any) -> None:
+async def test_workspaces_spread_by_free_slots_and_a_full_cluster_refuses(
+    ray_cluster: RayCluster, cluster: Any
+) -> None:
     from worker.integrations.ray import ClusterFullError
     from worker.service import WorkspaceExists
 

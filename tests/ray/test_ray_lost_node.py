@@ -55,17 +55,24 @@ async def test_a_lost_node_fails_its_calls_and_spares_the_others(ray_cluster: Ra
 
         # Until Ray notices (a second or two here), a call may still be answered; then
         # every call fails as an infrastructure failure naming the node.
-        while (result := await cluster.execute("read_file", {"path": "f.txt"}, gone.id)).success:
+        while True:  # bounded by the test's timeout
+            result = await cluster.execute("read_file", {"path": "f.txt"}, gone.id)
+            if not result.success:
+                break
             await asyncio.sleep(0.1)
         assert result.data is not None and result.data["error_kind"] == "infrastructure", result
         assert result.data["exception"] == "NodeLostError" and result.data["node"] == victim.node_id
         assert f"on node {victim.node_id}, which was lost" in (result.error or ""), result.error
-        while (await cluster.get_workspace(gone.id)).state != "lost":
+        while True:
+            if (await cluster.get_workspace(gone.id)).state == "lost":
+                break
             await asyncio.sleep(0.1)
 
         # The front door: a call is a 503 carrying the same infrastructure result.
         r = await http.post(
-            f"/v1/workspaces/{gone.id}/execute", json={"tool": "read_file", "arguments": {"path": "f.txt"}}, headers=AUTH
+            f"/v1/workspaces/{gone.id}/execute",
+            json={"tool": "read_file", "arguments": {"path": "f.txt"}},
+            headers=AUTH,
         )
         assert r.status_code == 503, r.text
         body = r.json()
@@ -79,7 +86,9 @@ async def test_a_lost_node_fails_its_calls_and_spares_the_others(ray_cluster: Ra
             r2 = await cluster.execute("read_file", {"path": "f.txt"}, ws.id)
             assert r2.success and r2.output == ws.id, r2
             r = await http.post(
-                f"/v1/workspaces/{ws.id}/execute", json={"tool": "read_file", "arguments": {"path": "f.txt"}}, headers=AUTH
+                f"/v1/workspaces/{ws.id}/execute",
+                json={"tool": "read_file", "arguments": {"path": "f.txt"}},
+                headers=AUTH,
             )
             assert r.status_code == 200 and r.json()["output"] == ws.id, r.text
 
@@ -122,7 +131,18 @@ async def test_a_lost_node_fails_its_calls_and_spares_the_others(ray_cluster: Ra
 
 def _cluster_status(address: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "cluster", "status", "--ray", address, "--ray-namespace", NAMESPACE, "--json"],
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "cluster",
+            "status",
+            "--ray",
+            address,
+            "--ray-namespace",
+            NAMESPACE,
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

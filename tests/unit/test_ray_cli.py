@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_commands_offer_ray_without_importing_it() -> None:
     code = (
         "import sys; from worker.cli import build_parser; p = build_parser(); "
-        "a = p.parse_args(['serve', '--ray', 'auto']); b = p.parse_args(['cluster', 'status', '--ray', 'h:6379', '--json']); "
-        "print(a.ray, a.ray_namespace, b.action, b.ray, b.json, 'ray' in sys.modules, 'worker.integrations' in sys.modules)"
+        "a = p.parse_args(['serve', '--ray', 'auto']); "
+        "b = p.parse_args(['cluster', 'status', '--ray', 'h:6379', '--json']); "
+        "print(a.ray, a.ray_namespace, b.action, b.ray, b.json, "
+        "'ray' in sys.modules, 'worker.integrations' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr

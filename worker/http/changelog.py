@@ -127,7 +127,7 @@ def is_changelog(recorder: Any) -> bool:
     return isinstance(recorder, Changelog) or getattr(recorder, "remote_changelog", False) is True
 
 
-async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Changelog, Any]:
+async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
     """The workspace's path, changelog and sandbox. Raises _NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
     path = await service.workspaces.locate(ws_id)

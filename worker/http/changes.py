@@ -10,6 +10,8 @@ keep is said as such.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
@@ -56,5 +58,6 @@ async def changes(
     ws = await service.registry.workspace(path)
     if not is_changelog(ws.recorder):
         return JSONResponse({"detail": "This service records no changelog"}, status_code=409)  # type: ignore[return-value]
-    text = await ws.recorder.changes(entry=entry, call_id=call_id, subtask_id=subtask_id)
+    recorder: Any = ws.recorder  # this process's Changelog, or a cluster node's stand-in
+    text = await recorder.changes(entry=entry, call_id=call_id, subtask_id=subtask_id)
     return DiffOut(diff=safe_text(text))

@@ -9,7 +9,6 @@ verdict, the reason, the address the gateway connected to and the bytes each way
 from __future__ import annotations
 
 import inspect
-
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query

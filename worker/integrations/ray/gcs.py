@@ -35,8 +35,12 @@ def actors(namespace: str, *, state: str | None = None, class_name: str | None =
     """The named actors of ``namespace`` (of ``class_name``; all with None) in ``state``
     (all with None). Raises RuntimeError when Ray is not connected."""
     from ray._private import state as ray_state
-    from ray.core.generated import common_pb2, gcs_pb2
+    from ray.core.generated import common_pb2 as common
+    from ray.core.generated import gcs_pb2 as gcs_pb
 
+    # Generated protobuf modules: no types to check against.
+    common_pb2: Any = common
+    gcs_pb2: Any = gcs_pb
     accessor = ray_state.state._connect_and_get_accessor()
     out = []
     for raw in accessor.get_actor_table(None, state):

@@ -159,7 +159,7 @@ class NodeService:
         return result
 
     # 16 chunks in flight at most: the node's registry buffers the rest (worker.streaming).
-    @ray.method(num_returns="streaming", _generator_backpressure_num_objects=16)  # type: ignore[call-overload]
+    @ray.method(num_returns="streaming", _generator_backpressure_num_objects=16)
     async def execute_stream(
         self, ws_id: str, name: str, arguments: Any, call_id: str | None, subtask_id: str | None
     ) -> AsyncIterator[ToolOutput | ToolResult]:

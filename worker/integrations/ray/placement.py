@@ -24,7 +24,7 @@ from .node import NodeServiceActor
 def node_service(node_id: str, namespace: str) -> Any:
     """The handle of node ``node_id``'s service, created (pinned to it) when it has none.
     Blocking (a call to Ray's control store): call it off the event loop."""
-    return NodeServiceActor.options(  # type: ignore[attr-defined]
+    return NodeServiceActor.options(
         name=node_service_name(node_id),
         namespace=namespace,
         lifetime="detached",
@@ -78,4 +78,4 @@ def new_slot(ws_id: str, namespace: str, *, node: str | None = None, labels: dic
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     if labels:
         options["label_selector"] = dict(labels)
-    return WorkspaceSlotActor.options(**options).remote(ws_id, namespace)  # type: ignore[attr-defined]
+    return WorkspaceSlotActor.options(**options).remote(ws_id, namespace)

@@ -71,7 +71,9 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(root: Path, *, nodes: int = 3, slots: int = 2, env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
+def local_cluster(
+    root: Path, *, nodes: int = 3, slots: int = 2, env: dict[str, str] | None = None
+) -> Iterator[LocalCluster]:
     """``nodes`` nodes of ``slots`` sandboxes each under ``root`` (an empty directory of
     its own), the head first; ``env`` is added to every node's environment (``LOOM_IMAGE``,
     ``LOOM_RUNTIME``...). This process is not connected: ``ray.init(address=...)``."""

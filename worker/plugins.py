@@ -31,5 +31,5 @@ def integration(name: str) -> Any:
         return found[0].load()
     except ModuleNotFoundError as e:
         raise IntegrationUnavailable(
-            f"the {name!r} integration needs {e.name!r}: pip install 'loom-worker[{name}]'"
+            f"the {name!r} integration needs {(e.name or '?').split('.')[0]!r}: pip install 'loom-worker[{name}]'"
         ) from e

@@ -143,3 +143,26 @@ async def _check_workspace(c: httpx.AsyncClient, w: dict[str, Any]) -> None:
     assert r3.status_code == 200 and r3.json()["settings"] == {"pids": 200} and r3.json()["path"] == w["path"]
     r3 = await c.post(f"/v1/workspaces/{ws}/undo", json={"all": True}, headers=AUTH)
     assert r3.status_code == 200 and not (Path(w["path"]) / "app.py").exists(), r3.text
+
+
+async def test_mcp_through_the_front_door_runs_on_the_node(ray_cluster: RayCluster, front_door: str) -> None:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.unit.mcp_session import play
+
+    async with httpx.AsyncClient(base_url=front_door, timeout=120) as c:
+        r = await c.post("/v1/workspaces", json={"name": "mcp-ws"}, headers=AUTH)
+        assert r.status_code == 201, r.text
+        w = r.json()
+        try:
+            async with (
+                httpx2.AsyncClient(headers=AUTH, timeout=120) as http,
+                Client(streamable_http_client(f"{front_door}/v1/workspaces/mcp-ws/mcp", http_client=http)) as client,
+            ):
+                await play(client, Path(w["path"]))  # the files land in that node's workspace root
+            assert Path(w["path"]).parent == ray_cluster.roots[w["node"]]
+        finally:
+            r = await c.delete("/v1/workspaces/mcp-ws", params={"delete_files": "true"}, headers=AUTH)
+            assert r.status_code == 200, r.text

@@ -239,7 +239,7 @@ class NodeService:
         return {
             "node_id": self.node_id,
             "workspaces": len(self._hosted),
-            "sandboxes_open": 0 if reg is None else len(reg.pool._workspaces),
+            "sandboxes_open": 0 if reg is None else len(reg.pool.opened()),
             "sandbox_restarts": getattr(backend, "restarts", 0),
             "tunnels_open": len(self._tunnels),
         }

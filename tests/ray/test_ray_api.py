@@ -132,7 +132,9 @@ def _with_proc(args: dict[str, Any], proc: str | None) -> dict[str, Any]:
     return {k: (proc if v == "p1" else v) for k, v in args.items()}
 
 
-async def test_every_tool_round_trips_with_the_local_apis_results(cluster: Any, tmp_path: Path) -> None:
+async def test_every_tool_round_trips_with_the_local_apis_results(
+    ray_cluster: RayCluster, cluster: Any, tmp_path: Path
+) -> None:
     from worker.registry import default_registry
     from worker.settings import Settings
 
@@ -158,6 +160,12 @@ async def test_every_tool_round_trips_with_the_local_apis_results(cluster: Any, 
     # The node recorded the changes in its own changelog, under its own LOOM_DATA_DIR.
     entries = await cluster.changelog(remote.id)
     assert [e.path for e in entries if e.tool == "write_file"] == ["src/app.py"]
+    # Its numbers (loom-worker cluster metrics) count the open sandbox on that node.
+    from worker.integrations.ray import status
+
+    found = {m["node_id"]: m for m in await status.metrics(NAMESPACE)}
+    assert set(found) == {n.node_id for n in ray_cluster.nodes}
+    assert found[remote.node]["workspaces"] >= 1 and found[remote.node]["sandboxes_open"] >= 1, found
 
 
 async def test_streaming_output_arrives_in_order_while_the_command_runs(cluster: Any) -> None:

@@ -166,3 +166,46 @@ async def test_mcp_through_the_front_door_runs_on_the_node(ray_cluster: RayClust
         finally:
             r = await c.delete("/v1/workspaces/mcp-ws", params={"delete_files": "true"}, headers=AUTH)
             assert r.status_code == 200, r.text
+
+
+async def test_loom_worker_serve_with_ray_is_that_front_door(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The command itself: ``loom-worker serve --ray ADDRESS`` (a process of its own)."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    from tests.servers import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "LOOM_API_TOKEN": TOKEN,
+        "LOOM_DATA_DIR": str(tmp_path / "data"),
+        "LOOM_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    argv = [sys.executable, "-m", "worker.cli", "serve", "--ray", ray_cluster.address, "--ray-namespace", NAMESPACE]
+    p = await asyncio.create_subprocess_exec(
+        *argv, "--port", str(port), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+            for _ in range(600):  # its start: bounded by the test's timeout
+                try:
+                    if (await c.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert p.returncode is None, (await p.communicate())[1][-3000:]
+                await asyncio.sleep(0.1)
+            r = await c.post("/v1/workspaces", json={"name": "from-the-cli"}, headers=AUTH)
+            assert r.status_code == 201, r.text
+            w = r.json()
+            assert w["state"] == "ready" and Path(w["path"]).parent == ray_cluster.roots[w["node"]], w
+            assert (await _call(c, "from-the-cli", "shell_execute", command="echo hi"))["output"] == "hi\n"
+            r = await c.delete("/v1/workspaces/from-the-cli", params={"delete_files": "true"}, headers=AUTH)
+            assert r.status_code == 200, r.text
+    finally:
+        p.send_signal(signal.SIGINT)
+        _out, err = await asyncio.wait_for(p.communicate(), 120)
+    assert p.returncode == 0, err[-3000:]

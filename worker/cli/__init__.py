@@ -50,6 +50,7 @@ COMMAND_MODULES = (
     "worker.cli.ports",  # port-forward
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
     "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore
+    "worker.cli.cluster",  # cluster status / metrics / gc (a Ray cluster)
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

@@ -97,13 +97,16 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     registry_factory: RegistryFactory | None = None,
+    workspaces: Workspaces | None = None,
 ) -> FastAPI:
     """The service. With ``registry=None`` the app opens the default (Docker) registry at
     startup and closes it at shutdown; a given registry stays the caller's to close.
+    ``workspaces`` replaces the directories under ``LOOM_WORKSPACE_ROOT`` (a cluster's
+    front door gives its own, with the registry that goes with it).
     """
     service = Service(
         settings=settings,
-        workspaces=Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
+        workspaces=workspaces or Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
         access=Access(settings.api_token),
     )
     # The gauges read the running service when scraped.

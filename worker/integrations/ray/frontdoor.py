@@ -148,8 +148,8 @@ class FrontRegistry:
     def get(self, name: str) -> Any:
         return self.table.get(name)
 
-    def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
-        return self.table.all_schemas(fmt)
+    def all_schemas(self, fmt: str = "openai", *, native: bool = False) -> list[dict[str, Any]]:
+        return self.table.all_schemas(fmt, native=native)
 
     def tools_for_subtask(self, subtask: object, fmt: str = "openai") -> list[dict[str, Any]]:
         return self.table.tools_for_subtask(subtask, fmt)

@@ -164,13 +164,18 @@ class _Relay:
             list(s.get("headers", [])),
             body,
         )
+        self.gone = self.complete = False
         watcher = asyncio.create_task(self._until_gone(gen))
         started = False
         try:
             async for ref in gen:
                 message = await ref
                 started = started or message["type"] == "http.response.start"
+                last = message["type"] == "http.response.body" and not message.get("more_body", False)
+                self.complete = last
                 await self.send(message)
+                if last:
+                    return  # (the node's side ends by itself)
         except RayActorError as e:
             self.cluster._locs.pop(self.ws_id, None)
             if started:
@@ -179,22 +184,33 @@ class _Relay:
                 s, self.receive, self.send
             )
         except RayTaskError as e:
+            if self.gone:
+                return  # the client left, and the node's side was cancelled for it
             cause = getattr(e, "cause", None)
             if started or not isinstance(cause, WorkspaceNotFound):
                 raise
             await JSONResponse({"detail": str(cause)}, status_code=404)(s, self.receive, self.send)
         except OSError:
-            import ray
-
-            ray.cancel(gen)  # the client is gone: so is the node's side
+            self.gone = True  # (a send to a client that left)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            if self.gone:
+                import ray
+
+                ray.cancel(gen)  # the client is gone: so is the node's side
 
     async def _until_gone(self, gen: Any) -> None:
+        # A server says "disconnect" when the client left, and also once the answer is
+        # complete: only the first ends the node's call.
         while (await self.receive())["type"] != "http.disconnect":
             pass
+        if not self.complete:
+            import ray
+
+            self.gone = True
+            ray.cancel(gen)
         import ray
 
         ray.cancel(gen)
@@ -227,6 +243,13 @@ def fork_route(cluster: ClusterRegistry) -> APIRoute:
             return route._refusal(e)  # type: ignore[return-value]
         return route.Forked(snapshot=snap, workspaces=[route.ForkedWorkspace(id=w.id, path=w.path or "") for w in made])
 
+    # (this module's annotations are strings: FastAPI reads the real types from here)
+    fork.__annotations__ = {
+        "request": Request,
+        "workspace_id": WorkspaceId,
+        "body": route.ForkRequest,
+        "return": route.Forked,
+    }
     original = next(
         r
         for r in route.router.routes

@@ -18,8 +18,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +78,31 @@ def ray_cluster() -> Iterator[LocalCluster]:
     finally:
         remove_sandboxes(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster(ray_cluster: LocalCluster) -> AsyncIterator[Any]:
+    """The Python API on the tier's cluster; the workspaces a test made are deleted after."""
+    from worker.integrations.ray import ClusterRegistry
+
+    reg = ClusterRegistry(namespace=NAMESPACE, place_timeout=20)
+    made: list[str] = []
+    create = reg.create_workspace
+
+    async def tracked(*args: Any, **kwargs: Any) -> Any:
+        ws = await create(*args, **kwargs)
+        made.append(ws.id)
+        return ws
+
+    reg.create_workspace = tracked  # type: ignore[method-assign]
+    try:
+        yield reg
+    finally:
+        from worker.service import WorkspaceNotFound
+
+        for ws_id in made:
+            try:
+                await reg.delete_workspace(ws_id, delete_files=True)
+            except WorkspaceNotFound:
+                pass
+        await reg.aclose()

@@ -458,7 +458,12 @@ async def ctx(ray_cluster: RayCluster, tmp_path: Path) -> AsyncIterator[Ctx]:
     from worker.integrations.ray.cli import front_door
     from worker.settings import Settings
 
-    common = {"api_token": TOKEN, "catalog": True, "tools_dir": ray_cluster.root / "tools", "image": SANDBOX_IMAGE}
+    common = {
+        "api_token": TOKEN,
+        "catalog": True,
+        "tools_dir": ray_cluster.root / "tools",
+        "image": SANDBOX_IMAGE,
+    }
     door = front_door(Settings(data_dir=tmp_path / "front", **common), ray_cluster.address, NAMESPACE)
     root = tmp_path / "local-ws"
     root.mkdir()

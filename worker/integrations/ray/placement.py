@@ -80,23 +80,37 @@ async def _wait(pg: PlacementGroup, timeout: float) -> None:
         raise NotPlaced() from None
 
 
+#: Seconds a slot pinned to the node its probe got may take to be placed before the
+#: placement starts again (another driver took that node's last free slot meanwhile).
+RETRY_SECONDS = 1.0
+
+
 async def place(ws_id: str, *, node: str | None, labels: dict[str, str] | None, timeout: float) -> tuple[str, str]:
     """Hold a slot for workspace ``ws_id`` on a node with a free one (Ray's choice, or
     ``node``, or a node whose labels match ``labels``), named ``ws_id`` in this driver's
     namespace. Returns (the node id, the slot's group id). Raises NameTaken, NotPlaced."""
-    probe = None
-    if node is None:
-        probe = await asyncio.to_thread(_group, "", labels, False)
-        await _wait(probe, timeout)
-        node = await asyncio.to_thread(_node_of, probe)
-    try:
-        # Made before the probe goes, so that no other group is offered the slot first.
-        slot = await asyncio.to_thread(_group, ws_id, {NODE_ID_LABEL: node}, True)
-    finally:
-        if probe is not None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        chosen = node
+        if chosen is None:
+            probe = await asyncio.to_thread(_group, "", labels, False)
+            await _wait(probe, max(0.0, deadline - loop.time()))
+            chosen = await asyncio.to_thread(_node_of, probe)
+            # Removed first: a slot made while the probe still holds the node's last free
+            # one could not be placed at once, and Ray tries a pending group again only
+            # after a back-off.
             await asyncio.to_thread(remove_placement_group, probe)
-    await _wait(slot, timeout)
-    return node, slot.id.hex()
+        slot = await asyncio.to_thread(_group, ws_id, {NODE_ID_LABEL: chosen}, True)
+        left = deadline - loop.time()
+        try:
+            # A pin is waited for; Ray's choice again when another driver's group took the
+            # slot between the probe and the pinned slot.
+            await _wait(slot, left if node is not None else min(RETRY_SECONDS, max(0.0, left)))
+            return chosen, slot.id.hex()
+        except NotPlaced:
+            if node is not None or loop.time() >= deadline:
+                raise
 
 
 def group(group_id: str) -> PlacementGroup:

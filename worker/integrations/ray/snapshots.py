@@ -16,16 +16,13 @@ import asyncio
 import builtins
 import secrets
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...service import WorkspaceExists, check_workspace_id
 from . import gcs, placement
 from .errors import ClusterFullError
 from .names import RESOURCE
-
-if TYPE_CHECKING:
-    from .client import ClusterRegistry
-    from .workspaces import ClusterWorkspace
+from .workspaces import ClusterWorkspace
 
 Workspace = str | PurePath
 
@@ -35,7 +32,8 @@ class ClusterSnapshots:
     raises what :class:`worker.snapshots.Snapshots`'s raises on the node, and
     WorkspaceNotFound, NodeLostError."""
 
-    def __init__(self, cluster: ClusterRegistry) -> None:
+    def __init__(self, cluster: Any) -> None:
+        #: The :class:`.client.ClusterRegistry` (which holds this object: not imported here).
         self._cluster = cluster
 
     async def create(self, workspace: Workspace, name: str | None = None, *, with_scratch: bool = False) -> Any:
@@ -97,7 +95,6 @@ class ClusterSnapshots:
         fork from the snapshot's workspace's name (the HTTP route's rule), and
         ``service_only`` refuses a snapshot of a directory that is not a workspace."""
         from ...snapshots import MAX_FORKS
-        from .workspaces import ClusterWorkspace
 
         if not 1 <= count <= MAX_FORKS:
             raise ValueError(f"count must be 1 to {MAX_FORKS}")

@@ -1,7 +1,8 @@
-"""Snapshots, forks and restore through the cluster's Python API
+"""More of the cluster's Python API: snapshots, forks and restore
 (``ClusterRegistry.snapshots``), on the real 3-node cluster: a fork is placed on its
 source workspace's node and becomes a workspace of its own (its slot, found by id from
-another driver process); the errors of a node reach the driver as they were raised."""
+another driver process); the errors of a node reach the driver as they were raised; the
+vendors' native tools run on the node."""
 
 from __future__ import annotations
 
@@ -99,3 +100,33 @@ async def test_a_nodes_errors_reach_the_driver_as_raised(cluster: Any) -> None:
         await cluster.undo(ws.id, call_id="w1")
     [conflict] = e2.value.conflicts
     assert conflict.startswith("a.txt: entry 1 left it a file"), conflict
+
+
+async def test_the_vendors_native_tools_run_on_the_node(cluster: Any, tmp_path: Path) -> None:
+    """``worker.native``'s entry points given the cluster as their registry: they register
+    the tool with it, and the node registers it too; the blocks answered are the local
+    API's."""
+    import os
+
+    from tests.conftest import SANDBOX_IMAGE
+    from worker.native import run_anthropic, run_openai
+    from worker.registry import default_registry
+    from worker.settings import Settings
+
+    ws = await cluster.create_workspace()
+    local_ws = tmp_path / "local"
+    local_ws.mkdir()
+    os.chown(local_ws, 1000, 1000)
+    bash = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo native; pwd"}}
+    shell = {"type": "shell_call", "call_id": "call_1", "action": {"commands": ["echo hi", "exit 3"]}}
+    async with default_registry(Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, catalog=False)) as local:
+        try:
+            want = await run_anthropic(local, bash, workspace=local_ws)
+            got = await run_anthropic(cluster, bash, workspace=ws.id)
+            assert got == want and "native" in json.dumps(got), got
+            assert cluster.get("bash") is not None  # (registered with the cluster by run_anthropic)
+            assert await run_openai(cluster, shell, workspace=ws.id) == await run_openai(
+                local, shell, workspace=local_ws
+            )
+        finally:
+            await local.stop(local_ws)

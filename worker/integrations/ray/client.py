@@ -85,7 +85,7 @@ class ClusterRegistry(Placements):
         super().__init__(namespace=namespace, place_timeout=place_timeout)
         self.direct = direct
         self._channels: dict[str, Channel] = {}
-        self._opening: dict[str, asyncio.Lock] = {}
+        self._opening: dict[tuple[str, int], asyncio.Lock] = {}  # by node and event loop
         self._unreachable: dict[str, float] = {}
         #: The vendors' native tools registered here (``worker.native.install``).
         self._native: dict[str, Tool] = {}
@@ -265,7 +265,7 @@ class ClusterRegistry(Placements):
             return channel
         if time.monotonic() < self._unreachable.get(loc.node, 0.0):
             return None
-        lock = self._opening.setdefault(loc.node, asyncio.Lock())
+        lock = self._opening.setdefault((loc.node, id(asyncio.get_running_loop())), asyncio.Lock())
         async with lock:
             channel = self._channels.get(loc.node)
             if channel is not None and channel.usable:

@@ -83,11 +83,18 @@ class Placements:
 
     @classmethod
     def connect(
-        cls, address: str | None = None, *, namespace: str = DEFAULT_NAMESPACE, place_timeout: float = 30.0
+        cls,
+        address: str | None = None,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        place_timeout: float = 30.0,
+        **options: Any,
     ) -> Self:
         """Connect to the cluster at ``address`` (``ray.init``'s: ``auto``, ``HOST:PORT``,
-        ``ray://...``) unless Ray is connected already. Raises RayNotConnectedError."""
-        self = cls(namespace=namespace, place_timeout=place_timeout)
+        not a Ray Client ``ray://`` one: a driver reads Ray's placement-group table) unless
+        Ray is connected already; ``options`` are the class's own (``direct``). Raises
+        RayNotConnectedError."""
+        self = cls(namespace=namespace, place_timeout=place_timeout, **options)
         self.open(address)
         return self
 

@@ -40,9 +40,22 @@ log = get_logger("worker.integrations.ray")
 PERIOD = 2.0
 
 
+#: Node services' handles by (namespace, node): a handle stays good while its node lives.
+_handles: dict[tuple[str, str], Any] = {}
+
+
 async def _live_services(namespace: str) -> list[tuple[str, Any]]:
+    """The services of the live nodes offering sandboxes (made where a node has none)."""
     nodes = sorted(n.node_id for n in await asyncio.to_thread(gcs.nodes) if n.alive and n.slots)
-    return [(n, await asyncio.to_thread(node_service, n, namespace)) for n in nodes]
+    for gone in [k for k in _handles if k[0] == namespace and k[1] not in nodes]:
+        del _handles[gone]
+    out = []
+    for n in nodes:
+        handle = _handles.get((namespace, n))
+        if handle is None:
+            handle = _handles[(namespace, n)] = await asyncio.to_thread(node_service, n, namespace)
+        out.append((n, handle))
+    return out
 
 
 def _cause(e: RayTaskError) -> BaseException:
@@ -89,7 +102,10 @@ class NodeTools:
             known = self._seen.get(node, {}).get("version")
             try:
                 found = await asyncio.wait_for(service.tool_listing.remote(known), 30)
-            except (RayActorError, RayTaskError, TimeoutError):
+            except RayActorError:
+                _handles.pop((self.namespace, node), None)  # (made again next time, if its node lives)
+                return node, None
+            except (RayTaskError, TimeoutError):
                 return node, None
             return node, self._seen.get(node) if found is None else found
 

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'loom-worker[ray]')")
 
-from worker.integrations.ray import channel as ch  # noqa: E402
-from worker.workspace_settings import SettingsError  # noqa: E402
+from worker.integrations.ray import channel as ch
+from worker.workspace_settings import SettingsError
 
 
 class Node:
@@ -22,9 +22,11 @@ class Node:
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.release = asyncio.Event()
+        self.called = asyncio.Event()
 
     async def handle(self, op: str, args: tuple[Any, ...]) -> Any:
         self.calls.append((op, args))
+        self.called.set()
         if op == "echo":
             await asyncio.sleep(args[1])
             return args[0]
@@ -80,8 +82,7 @@ async def test_a_connection_that_ends_during_a_call_breaks_it() -> None:
     server, (host, port) = await serve(node)
     client = await ch.Channel.open(host, port, server.key, timeout=5)
     waiting = asyncio.create_task(client.call("hang"))
-    while not node.calls:
-        await asyncio.sleep(0.01)
+    await node.called.wait()
     client._writer.transport.abort()  # the connection is cut (as by a node whose process died)
     with pytest.raises(ch.ChannelBroken):
         await waiting

@@ -2,8 +2,10 @@
 
 * ``read_file`` of a small file, one call at a time, through the local API
   (``default_registry`` in this process, the baseline) and through the cluster API
-  (``ClusterRegistry``: one actor call to the node service, which runs the same registry):
-  p50, p99 and calls/s of each, and the hop's cost (target: <= 1 ms added to the p50);
+  (``ClusterRegistry``: one call to the node service, which runs the same registry), over
+  the node's call channel (the default) and over Ray's actor calls (``direct=False``),
+  each surface in turn: p50, p99 and calls/s of each, the hop's cost (target: <= 1 ms
+  added to the p50), and the floor of each way to a node (a no-op call);
 * workspaces created per second over ``--nodes`` nodes (``--workspaces`` of them, placed
   ``--concurrency`` at a time; target: 100 with 0 errors), then deleted.
 
@@ -12,7 +14,7 @@ The cluster is real: ``ray.cluster_utils.Cluster`` on this machine (a raylet per
 engine. Both sides share the machine's two cores with Ray's own processes (a GCS and a
 raylet per node), so the hop measured here includes their competition for the CPU.
 
-Usage: .venv/bin/python bench/bench_ray.py [--n 500] [--workspaces 100] [--nodes 3]
+Usage: .venv/bin/python bench/bench_ray.py [--n 500] [--workspaces 100] [--nodes 3] [--slots 64]
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ray  # noqa: E402
 
-from worker.integrations.ray import ClusterRegistry  # noqa: E402
+from worker.integrations.ray import RESOURCE, ClusterRegistry  # noqa: E402
 from worker.integrations.ray.testing import local_cluster, remove_sandboxes  # noqa: E402
 from worker.registry import default_registry  # noqa: E402
 from worker.settings import Settings  # noqa: E402
@@ -46,40 +50,54 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-async def timed_calls(call: object, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        r = await call()  # type: ignore[operator]
-        out.append((time.perf_counter() - t) * 1000)
-        assert r.success, r.output
-    return out
+async def timed(call: Callable[[], Awaitable[Any]]) -> float:
+    t = time.perf_counter()
+    r = await call()
+    ms = (time.perf_counter() - t) * 1000
+    assert getattr(r, "success", True), r.output
+    return ms
 
 
-async def local_side(root: Path, n: int) -> list[float]:
+async def hop(root: Path, n: int) -> dict[str, list[float]]:
+    """``read_file`` of one small file, one call at a time, on each surface in turn (so
+    each sees the same moments of the machine): the local API, the cluster API over the
+    node's channel, the cluster API over Ray's actor calls; and the floors of the two ways
+    to a node: a no-op over the channel, a no-op async actor call."""
     ws = root / "local-ws"
     ws.mkdir()
     os.chown(ws, 1000, 1000)
     settings = Settings(data_dir=root / "local-data", image=IMAGE, catalog=False)
-    async with default_registry(settings) as reg:
+    channel = ClusterRegistry(namespace=NAMESPACE, place_timeout=120)
+    actor_calls = ClusterRegistry(namespace=NAMESPACE, direct=False)
+    noop = Noop.remote()  # type: ignore[attr-defined]
+    async with default_registry(settings) as local:
+        remote = await channel.create_workspace()
         try:
-            r = await reg.execute("write_file", {"path": "f.txt", "content": "x" * 1000}, ws)
-            assert r.success, r.output
-            await timed_calls(lambda: reg.execute("read_file", {"path": "f.txt"}, ws), 20)  # warm
-            return await timed_calls(lambda: reg.execute("read_file", {"path": "f.txt"}, ws), n)
+            loc = await channel._locate(remote.id)
+            read = {"path": "f.txt"}
+            surfaces: dict[str, Callable[[], Awaitable[Any]]] = {
+                "local": lambda: local.execute("read_file", read, ws),
+                "channel": lambda: channel.execute("read_file", read, remote.id),
+                "ray": lambda: actor_calls.execute("read_file", read, remote.id),
+                "channel floor": lambda: channel._invoke(remote.id, loc, "ping"),
+                "ray floor": lambda: noop.call.remote(),
+            }
+            for where, reg in ((ws, local), (remote.id, channel)):
+                r = await reg.execute("write_file", {"path": "f.txt", "content": "x" * 1000}, where)
+                assert r.success, r.output
+            out: dict[str, list[float]] = {k: [] for k in surfaces}
+            for i in range(n + 20):  # the first 20 of each warm up
+                for name, call in surfaces.items():
+                    ms = await timed(call)
+                    if i >= 20:
+                        out[name].append(ms)
+            return out
         finally:
-            await reg.stop(ws)
-
-
-async def cluster_side(cluster: ClusterRegistry, n: int) -> list[float]:
-    ws = await cluster.create_workspace()
-    try:
-        r = await cluster.execute("write_file", {"path": "f.txt", "content": "x" * 1000}, ws.id)
-        assert r.success, r.output
-        await timed_calls(lambda: cluster.execute("read_file", {"path": "f.txt"}, ws.id), 20)
-        return await timed_calls(lambda: cluster.execute("read_file", {"path": "f.txt"}, ws.id), n)
-    finally:
-        await cluster.delete_workspace(ws.id, delete_files=True)
+            await local.stop(ws)
+            await channel.delete_workspace(remote.id, delete_files=True)
+            await channel.aclose()
+            await actor_calls.aclose()
+            ray.kill(noop)
 
 
 async def placement(cluster: ClusterRegistry, count: int, concurrency: int) -> tuple[float, int, dict[str, int], float]:
@@ -119,55 +137,51 @@ class Noop:
         return True
 
 
-async def ray_floor(n: int) -> list[float]:
-    """An awaited call of a no-op method of an async actor: what any hop through Ray costs."""
-    actor = Noop.remote()  # type: ignore[attr-defined]
-
-    class Ok:
-        success = True
-
-    async def call() -> Ok:
-        await actor.call.remote()
-        return Ok()
-
-    await timed_calls(call, 20)
-    try:
-        return await timed_calls(call, n)
-    finally:
-        ray.kill(actor)
-
-
 async def run(args: argparse.Namespace, address: str, root: Path) -> None:
-    local = await local_side(root, args.n)
     cluster = ClusterRegistry(namespace=NAMESPACE, place_timeout=120)
-    remote = await cluster_side(cluster, args.n)
-    floor = await ray_floor(args.n)
-    created, errors, per_node, deleted = await placement(cluster, args.workspaces, args.concurrency)
+    # First on the fresh cluster (a node's service starts with its first workspace: a
+    # process, once per node), then again with every node's service running.
+    rounds = {"the nodes' services starting": await placement(cluster, args.workspaces, args.concurrency)}
+    for _ in range(300):  # the freed slots back in Ray's view (the raylets report them)
+        if ray.available_resources().get(RESOURCE, 0) >= ray.cluster_resources().get(RESOURCE, 0):
+            break
+        await asyncio.sleep(0.1)
+    rounds["the nodes' services running"] = await placement(cluster, args.workspaces, args.concurrency)
     await cluster.aclose()
+    times = await hop(root, args.n)
 
-    print(f"\nread_file of a 1 KB file, {args.n} calls one at a time (same run, medians of {args.n})\n")
+    def row(name: str, xs: list[float]) -> str:
+        rate = len(xs) / (sum(xs) / 1000)
+        return f"| {name} | {statistics.median(xs):.3f} | {pct(xs, 99):.3f} | {rate:.0f} |"
+
+    def added(name: str, xs: list[float]) -> str:
+        local = times["local"]
+        return (
+            f"| {name} | {statistics.median(xs) - statistics.median(local):+.3f} | "
+            f"{pct(xs, 99) - pct(local, 99):+.3f} | |"
+        )
+
+    print(f"\nread_file of a 1 KB file, {args.n} calls of each surface one at a time, in turn (same run)\n")
     print("| surface | p50 ms | p99 ms | calls/s |")
     print("|---|---:|---:|---:|")
-    for name, xs in (("local API (this process, baseline)", local), (f"cluster API ({args.nodes} nodes)", remote)):
-        print(f"| {name} | {statistics.median(xs):.3f} | {pct(xs, 99):.3f} | {len(xs) / (sum(xs) / 1000):.0f} |")
-    print(
-        f"| the hop (cluster - local) | {statistics.median(remote) - statistics.median(local):+.3f} | "
-        f"{pct(remote, 99) - pct(local, 99):+.3f} | |"
-    )
-    print(
-        f"| Ray's floor: a no-op async actor call | {statistics.median(floor):.3f} | {pct(floor, 99):.3f} | "
-        f"{len(floor) / (sum(floor) / 1000):.0f} |"
-    )
+    print(row("local API (this process, baseline)", times["local"]))
+    print(row(f"cluster API, node channel ({args.nodes} nodes; the default)", times["channel"]))
+    print(row("cluster API, Ray actor calls (direct=False)", times["ray"]))
+    print(added("the hop over the channel (cluster - local)", times["channel"]))
+    print(added("the hop over Ray actor calls (cluster - local)", times["ray"]))
+    print(row("floor: a no-op over the node channel", times["channel floor"]))
+    print(row("floor: a no-op async Ray actor call", times["ray floor"]))
     what = f"{args.workspaces} workspaces over {args.nodes} nodes ({args.slots} slots each)"
     print(f"\n{what}, {args.concurrency} at a time\n")
     print("| workspaces | created/s | errors | per node | deleted/s |")
     print("|---|---:|---:|---|---:|")
-    spread = " / ".join(str(v) for v in sorted(per_node.values(), reverse=True))
-    print(
-        f"| {args.workspaces} | {args.workspaces / created:.1f} | {errors} | {spread} | "
-        f"{(args.workspaces - errors) / deleted:.1f} |"
-    )
-    if errors:
+    for name, (created, errors, per_node, deleted) in rounds.items():
+        spread = " / ".join(str(v) for v in sorted(per_node.values(), reverse=True))
+        print(
+            f"| {args.workspaces}, {name} | {args.workspaces / created:.1f} | {errors} | {spread} | "
+            f"{(args.workspaces - errors) / deleted:.1f} |"
+        )
+    if any(r[1] for r in rounds.values()):
         raise SystemExit(1)
 
 
@@ -177,8 +191,11 @@ def main() -> None:
     p.add_argument("--workspaces", type=int, default=100)
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--slots", type=int, default=64, help="loom_sandboxes of each node")
     args = p.parse_args()
-    args.slots = -(-args.workspaces // args.nodes) + 1
+    # At least room for all, and an ordinary node's slots (docs/ray.md's example: 64): a
+    # cluster nearly full makes concurrent creators wait on each other (docs/ray.md).
+    args.slots = max(args.slots, -(-args.workspaces // args.nodes) + 1)
     root = Path(tempfile.mkdtemp(prefix="loom-bench-ray-")).resolve()
     try:
         t = time.perf_counter()

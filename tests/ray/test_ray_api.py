@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,34 +21,6 @@ from .conftest import NAMESPACE, SLOTS, RayCluster
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def cluster(ray_cluster: RayCluster) -> AsyncIterator[Any]:
-    """The Python API on the tier's cluster; the workspaces a test made are deleted after."""
-    from worker.integrations.ray import ClusterRegistry
-
-    reg = ClusterRegistry(namespace=NAMESPACE, place_timeout=20)
-    made: list[str] = []
-    create = reg.create_workspace
-
-    async def tracked(*args: Any, **kwargs: Any) -> Any:
-        ws = await create(*args, **kwargs)
-        made.append(ws.id)
-        return ws
-
-    reg.create_workspace = tracked  # type: ignore[method-assign]
-    try:
-        yield reg
-    finally:
-        from worker.service import WorkspaceNotFound
-
-        for ws_id in made:
-            try:
-                await reg.delete_workspace(ws_id, delete_files=True)
-            except WorkspaceNotFound:
-                pass
-        await reg.aclose()
 
 
 async def test_workspaces_spread_by_free_slots_and_a_full_cluster_refuses(
@@ -110,6 +81,8 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("shell_execute", {"command": "cat; echo done", "background": True}),
     ("process_list", {}),
     ("process_input", {"process_id": "p1", "text": "typed\n", "eof": True}),
+    # (time for it to end on both sides: else whether it still runs is a race)
+    ("shell_execute", {"command": "sleep 1"}),
     ("process_output", {"process_id": "p1", "wait_ms": 5000}),
     ("process_kill", {"process_id": "p1"}),
 ]
@@ -132,12 +105,15 @@ def _with_proc(args: dict[str, Any], proc: str | None) -> dict[str, Any]:
     return {k: (proc if v == "p1" else v) for k, v in args.items()}
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["channel", "ray-calls"])
 async def test_every_tool_round_trips_with_the_local_apis_results(
-    ray_cluster: RayCluster, cluster: Any, tmp_path: Path
+    ray_cluster: RayCluster, cluster: Any, tmp_path: Path, direct: bool
 ) -> None:
+    """Over the node's call channel, and over Ray's actor calls only (``direct=False``)."""
     from worker.registry import default_registry
     from worker.settings import Settings
 
+    cluster.direct = direct
     remote = await cluster.create_workspace()
     local_ws = tmp_path / "local"
     local_ws.mkdir()
@@ -157,6 +133,7 @@ async def test_every_tool_round_trips_with_the_local_apis_results(
                 assert _stable(got.to_dict(), procs["remote"]) == _stable(want.to_dict(), procs["local"]), name
         finally:
             await local.stop(local_ws)
+    assert (remote.node in cluster._channels) is direct  # (the way the calls went)
     # The node recorded the changes in its own changelog, under its own LOOM_DATA_DIR.
     entries = await cluster.changelog(remote.id)
     assert [e.path for e in entries if e.tool == "write_file"] == ["src/app.py"]

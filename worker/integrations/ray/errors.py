@@ -4,6 +4,8 @@
     ├── NodeLostError        (also SandboxUnavailableError: an infrastructure failure)
     │                        the workspace's node died or stopped answering
     ├── ClusterFullError     (also SandboxUnavailableError) no node has a free slot
+    ├── CallInterruptedError (also SandboxUnavailableError) a call's connection to its
+    │                        node broke before the answer, the node alive
     └── RayNotConnectedError the Ray cluster cannot be reached
 
 A workspace that does not exist is :class:`worker.service.WorkspaceNotFound`, one that
@@ -42,3 +44,16 @@ class ClusterFullError(ClusterError, SandboxUnavailableError):
 
 class RayNotConnectedError(ClusterError, ConnectionError):
     """The Ray cluster at the given address cannot be reached."""
+
+
+class CallInterruptedError(ClusterError, SandboxUnavailableError):
+    """The connection carrying a call to a workspace's node broke before its answer, and
+    Ray says the node is alive: the call may or may not have run there."""
+
+    def __init__(self, workspace: str, node: str | None, detail: str = "") -> None:
+        self.workspace, self.node = workspace, node
+        msg = (
+            f"the call to workspace {workspace!r} on node {node} lost its connection before the answer "
+            "(the node is alive; the call may or may not have run: look at the workspace before repeating it)"
+        )
+        super().__init__(f"{msg}: {detail}" if detail else msg)

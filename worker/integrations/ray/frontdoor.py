@@ -1,7 +1,7 @@
 """The service's front door on a cluster (``loom-worker serve --ray ADDRESS``): the same app
 (:func:`worker.http.create_app`: HTTP, MCP, dashboard, the same token and settings), with
 the registry and the workspaces replaced by cluster-backed objects implementing what the
-routes use.
+routes use. How each route is carried: :mod:`.forward`'s tables.
 
 - :class:`ClusterWorkspaces`: ``POST /v1/workspaces`` places the workspace on a node
   (its ``path`` is under that node's ``LOOM_WORKSPACE_ROOT``); the workspace JSON carries
@@ -10,9 +10,11 @@ routes use.
 - :class:`FrontRegistry`: each call, stream, settings or changelog request goes to the
   workspace's node (:class:`.client.ClusterRegistry`). The routes that take the
   workspace's sandbox or changelog get stand-ins (:class:`RemotePart`) whose methods run
-  on the node, and a tunnel of the port proxy is a :class:`.client.RemoteTunnel`: its
-  bytes flow as actor calls to the node service, so a front door reaches any node over
-  Ray's own connections, with no port of a node's loopback opened to the network.
+  on the node, and a tunnel of the port proxy is a :class:`.client.RemoteTunnel`. Its
+  tools are the nodes' (:class:`.listing.NodeTools`), its catalog a node's, its image
+  backend every node's (:mod:`.listing`).
+- :class:`.forward.Forwarder` hands the routes only a node can answer to that node's own
+  app, and :func:`.forward.fork_route` places forks.
 
 A lost node: :class:`.errors.NodeLostError`, answered 503 with the infrastructure result
 (``data.error_kind: "infrastructure"``) by :func:`install`'s handler. Several front doors
@@ -29,14 +31,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.middleware import Middleware
 
 from ...registry.table import ToolTable
 from ...result import ToolResult
-from ...service import WorkspaceInfo, WorkspaceNotFound, Workspaces, result_dict
+from ...service import WorkspaceInfo, WorkspaceNotFound, Workspaces
 from ...settings import Settings
-from ...tools import builtin_tools
-from .client import ClusterRegistry, infrastructure_result, workspace_id
-from .errors import NodeLostError
+from .client import ClusterRegistry, workspace_id
+from .errors import CallInterruptedError, ClusterError, NodeLostError
+from .forward import FORWARDED, REFUSED, Forwarder, fork_route, lost_response
+from .listing import ClusterImages, NodeCatalog, NodeTools
 from .node import SANDBOX
 
 
@@ -52,11 +56,8 @@ class ClusterWorkspaces(Workspaces):
 
     def path(self, ws_id: str) -> Path:
         """Not offered: a cluster's workspace is found over the network (:meth:`locate`).
-        Raises WorkspaceNotFound saying so (the routes that need it, the secrets', keep
-        their data on each node)."""
-        raise WorkspaceNotFound(
-            f"Workspace {ws_id!r}: this route is not served by a cluster's front door (set it on the node)"
-        )
+        Raises WorkspaceNotFound saying so."""
+        raise WorkspaceNotFound(f"Workspace {ws_id!r}: a cluster's workspace is found with locate()")
 
     async def locate(self, ws_id: str) -> Path:
         return Path(await self.cluster.path(ws_id))
@@ -124,38 +125,58 @@ class FrontRegistry:
 
     #: Per-workspace settings are kept by each node's registry (the routes check this).
     configs = "each node's"
-    backend = None
     journal = None
-    catalog_tools = None
 
-    def __init__(self, cluster: ClusterRegistry) -> None:
+    def __init__(self, cluster: ClusterRegistry, tools: NodeTools) -> None:
         self.cluster = cluster
-        # The front door lists the built-in tools; the calls run with each node's registry.
-        self.table = ToolTable(builtin_tools())
+        self.node_tools = tools
+        #: The vendors' native tools registered with the front door (its MCP's).
+        self._native = ToolTable()
         self.egress_observers: list[Callable[..., None]] = []
+        #: The image routes' backend: every live node's engine.
+        self.backend = ClusterImages(cluster.namespace)
+        self._catalog = NodeCatalog(cluster.namespace)
+
+    @property
+    def catalog_tools(self) -> NodeCatalog | None:
+        """A node's catalog, when the nodes have one (``GET /v1/tools/search``)."""
+        return self._catalog if self.node_tools.catalog else None
+
+    # -- tools: the nodes', and the native ones registered here -----------------------------
 
     @property
     def tools_version(self) -> int:
-        return self.table.version
+        # Each only grows: their sum moves with either.
+        return self.node_tools.version + self._native.version
 
     def names(self) -> list[str]:
-        return self.table.names()
-
-    @property
-    def tools(self) -> list[Any]:
-        return self.table.tools
+        return self.node_tools.names() + self._native.names()
 
     def get(self, name: str) -> Any:
-        return self.table.get(name)
+        return self._native.get(name)
+
+    def register(self, tool: Any) -> None:
+        """Register a vendor's native tool (``worker.native.install``); its calls have the
+        node register it too. Raises ValueError for another tool."""
+        self.cluster.register(tool)
+        self._native.register(tool)
 
     def all_schemas(self, fmt: str = "openai", *, native: bool = False) -> list[dict[str, Any]]:
-        return self.table.all_schemas(fmt, native=native)
-
-    def tools_for_subtask(self, subtask: object, fmt: str = "openai") -> list[dict[str, Any]]:
-        return self.table.tools_for_subtask(subtask, fmt)
+        """The nodes' tools (then, with ``native``, the native ones registered here).
+        Raises ValueError for an unknown format."""
+        out = self.node_tools.schemas(fmt)
+        return out + self._native.all_schemas(fmt, native=True) if native else out
 
     def subscribe_tools(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.table.subscribe(callback)
+        a, b = self.node_tools.subscribe(callback), self._native.subscribe(callback)
+
+        def unsubscribe() -> None:
+            a()
+            b()
+
+        return unsubscribe
+
+    # -- calls ------------------------------------------------------------------------------
 
     async def execute(
         self,
@@ -176,7 +197,7 @@ class FrontRegistry:
             name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
         )
         data = result.data or {}
-        if on_output is None and data.get("exception") == "NodeLostError":
+        if on_output is None and data.get("exception") in ("NodeLostError", "CallInterruptedError"):
             raise LostCall(result, workspace_id(workspace), data.get("node"))
         return result
 
@@ -203,20 +224,26 @@ class FrontRegistry:
 
 
 async def _lost(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, NodeLostError)
-    result = e.result if isinstance(e, LostCall) else infrastructure_result(e)
-    return JSONResponse(result_dict(result), status_code=503)
+    assert isinstance(e, ClusterError)
+    if isinstance(e, LostCall):
+        from ...service import result_dict
+
+        return JSONResponse(result_dict(e.result), status_code=503)
+    return lost_response(e)
 
 
 def install(app: FastAPI) -> None:
-    """Answer a lost node with 503 and the infrastructure result, on every route."""
+    """Answer a lost node (or a call cut from it) with 503 and the infrastructure result,
+    on every route."""
     app.add_exception_handler(NodeLostError, _lost)
+    app.add_exception_handler(CallInterruptedError, _lost)
 
 
 def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
     """The service app of ``settings`` whose workspaces are on the Ray cluster at
     ``address`` (connected at startup; raises RayNotConnectedError then)."""
     from ...http import create_app
+    from ...http.app import route_table
 
     cluster = ClusterRegistry(namespace=namespace)
 
@@ -226,10 +253,20 @@ def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
 
         await asyncio.to_thread(cluster.open, address)
         try:
-            yield FrontRegistry(cluster)
+            async with NodeTools(namespace).running() as tools:
+                yield FrontRegistry(cluster, tools)
         finally:
             await cluster.aclose()
 
     app = create_app(settings, registry_factory=registry_factory, workspaces=ClusterWorkspaces(cluster))
     install(app)
+    handled = FORWARDED | set(REFUSED)
+    carried = [r for r in route_table(app) if any((m, getattr(r, "path", None)) in handled for m in _methods(r))]
+    # Innermost: after the token and the body limit, before the routes.
+    app.user_middleware.append(Middleware(Forwarder, cluster=cluster, routes=carried))
+    app.router.routes.insert(0, fork_route(cluster))
     return app
+
+
+def _methods(route: Any) -> set[str]:
+    return set(getattr(route, "methods", None) or ())

@@ -1,13 +1,13 @@
-"""Reading Ray's control store (the GCS): the nodes, and the actors of loom's namespace,
-alive or dead.
+"""Reading Ray's control store (the GCS): the nodes, their free slots, and the workspaces'
+slots (the named placement groups of loom's namespace), placed, pending or lost.
 
-Nodes come from the public ``ray.nodes()``. Actors come from the GCS's actor table
-through ``ray._private.state``: Ray's public state API (``ray.util.state``) is served by
-the dashboard, which a cluster may run without (ours in the tests does), and it reads the
-same table; ``ray.util.list_named_actors`` knows neither the node of an actor nor the
-dead ones, and a lost workspace is a dead one with its last node. This module is the only
-place that touches that private module, so a Ray release that moves it is fixed here.
-All of it blocks on the network: call it off the event loop.
+Nodes come from the public ``ray.nodes()``. Placement groups come from the GCS's table
+through ``ray._private.state``: the public ``ray.util.placement_group_table`` leaves out
+each group's namespace and its bundles' label selectors, and a lost workspace is a group
+whose pinned node died (the selector is the only record of that node once Ray cleared
+the bundle's placement). This module is the only place that touches that private module,
+so a Ray release that moves it is fixed here. All of it blocks on the network: call it
+off the event loop.
 """
 
 from __future__ import annotations
@@ -17,60 +17,68 @@ from typing import Any
 
 import ray
 
-from .names import RESOURCE, SLOT_CLASS
+from .names import NODE_ID_LABEL, RESOURCE
+
+
+def _accessor() -> Any:
+    from ray._private import state as ray_state
+
+    return ray_state.state._connect_and_get_accessor()
 
 
 @dataclass(frozen=True)
-class ActorRecord:
-    name: str
-    class_name: str
-    node: str | None
-    state: str  # ALIVE, DEAD, PENDING_CREATION, RESTARTING, DEPENDENCIES_UNREADY
-    #: Why a dead actor died (Ray's ``ActorDiedErrorContext.Reason``: NODE_DIED, RAY_KILL, ...).
-    death_reason: str | None
-    end_time: int
+class SlotRecord:
+    """A workspace's slot as Ray's control store has it."""
+
+    name: str  # the workspace id
+    #: The node it is pinned to (its bundle's node-id label selector): where its files are.
+    node: str
+    #: Ray's state of the group: PENDING, PREPARED, CREATED, RESCHEDULING (REMOVED ones
+    #: are left out).
+    state: str
+    #: The node holding its bundle now (None while not placed, or after its node died).
+    placed_on: str | None
+    group_id: str
 
 
-def actors(namespace: str, *, state: str | None = None, class_name: str | None = SLOT_CLASS) -> list[ActorRecord]:
-    """The named actors of ``namespace`` (of ``class_name``; all with None) in ``state``
-    (all with None). Raises RuntimeError when Ray is not connected."""
-    from ray._private import state as ray_state
-    from ray.core.generated import common_pb2 as common
+def _record(raw: bytes) -> tuple[str, SlotRecord] | None:
     from ray.core.generated import gcs_pb2 as gcs_pb
 
-    # Generated protobuf modules: no types to check against.
-    common_pb2: Any = common
-    gcs_pb2: Any = gcs_pb
-    accessor = ray_state.state._connect_and_get_accessor()
+    gcs_pb2: Any = gcs_pb  # generated protobuf module: no types to check against
+    data = gcs_pb2.PlacementGroupTableData.FromString(raw)
+    state = gcs_pb2.PlacementGroupTableData.PlacementGroupState.Name(data.state)
+    if not data.name or state == "REMOVED" or len(data.bundles) != 1:
+        return None
+    bundle = data.bundles[0]
+    node = dict(bundle.label_selector).get(NODE_ID_LABEL)
+    if RESOURCE not in bundle.unit_resources or not node:
+        return None  # a group of someone else's, or one of our unnamed probes
+    placed = bundle.node_id.hex() if bundle.node_id else None
+    return data.ray_namespace, SlotRecord(data.name, node, state, placed, data.placement_group_id.hex())
+
+
+def slot(namespace: str, ws_id: str) -> SlotRecord | None:
+    """The slot of workspace ``ws_id`` (None: there is none)."""
+    raw = _accessor().get_placement_group_by_name(ws_id, namespace)
+    found = None if raw is None else _record(raw)
+    return None if found is None else found[1]
+
+
+def slots(namespace: str) -> list[SlotRecord]:
+    """Every workspace slot of ``namespace`` (placed, pending or lost)."""
     out = []
-    for raw in accessor.get_actor_table(None, state):
-        data = gcs_pb2.ActorTableData.FromString(raw)
-        if data.ray_namespace != namespace or not data.name:
-            continue
-        if class_name is not None and data.class_name != class_name:
-            continue
-        reason = None
-        if data.HasField("death_cause") and data.death_cause.HasField("actor_died_error_context"):
-            ctx = data.death_cause.actor_died_error_context
-            reason = common_pb2.ActorDiedErrorContext.Reason.Name(ctx.reason)
-        node = data.address.node_id.hex() if data.address.node_id else None
-        out.append(
-            ActorRecord(
-                name=data.name,
-                class_name=data.class_name,
-                node=node,
-                state=gcs_pb2.ActorTableData.ActorState.Name(data.state),
-                death_reason=reason,
-                end_time=data.end_time,
-            )
-        )
+    for raw in _accessor().get_placement_group_table():
+        found = _record(raw)
+        if found is not None and found[0] == namespace:
+            out.append(found[1])
     return out
 
 
-def lost_workspace(namespace: str, ws_id: str) -> ActorRecord | None:
-    """The newest dead slot of workspace ``ws_id`` whose node died, if any."""
-    found = [a for a in actors(namespace, state="DEAD") if a.name == ws_id and a.death_reason == "NODE_DIED"]
-    return max(found, key=lambda a: a.end_time) if found else None
+def free_slots(node_id: str) -> int:
+    """The node's ``loom_sandboxes`` not held now."""
+    from ray._private import state as ray_state
+
+    return int(ray_state.state.available_resources_per_node().get(node_id, {}).get(RESOURCE, 0))
 
 
 @dataclass(frozen=True)

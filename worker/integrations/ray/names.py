@@ -1,12 +1,15 @@
 """The names loom gives things in a Ray cluster, in one place.
 
 Everything here is Ray's own: a custom resource that says how many sandboxes a node
-offers, a namespace, and the names of two kinds of named actors in it:
+offers, a namespace, a node label Ray sets itself, and two kinds of names in the
+namespace:
 
-- ``loom/node/<node id>``: the node service of one node (:mod:`.node`), detached, pinned
-  to its node; ``/`` never appears in a workspace id, so the two kinds never collide;
-- ``<workspace id>``: the slot of one workspace (:mod:`.placement`), holding one unit of
-  :data:`RESOURCE` on the node Ray's scheduler chose for it.
+- ``loom/node/<node id>``: the node service of one node (:mod:`.node`), a detached named
+  actor pinned to its node; ``/`` never appears in a workspace id, so the two kinds never
+  collide;
+- ``<workspace id>``: the slot of one workspace (:mod:`.placement`), a detached named
+  placement group of one bundle of :data:`RESOURCE`, pinned to its node by
+  :data:`NODE_ID_LABEL`.
 """
 
 from __future__ import annotations
@@ -15,20 +18,16 @@ from __future__ import annotations
 #: ``ray start ... --resources '{"loom_sandboxes": 64}'``.
 RESOURCE = "loom_sandboxes"
 
-#: The Ray namespace loom's named actors live in unless another is given.
+#: The Ray namespace loom's named actors and placement groups live in unless another is
+#: given.
 DEFAULT_NAMESPACE = "loom"
 
-_NODE_PREFIX = "loom/node/"
+#: The label Ray gives every node: its node id (a workspace's slot is pinned by it).
+NODE_ID_LABEL = "ray.io/node-id"
 
-#: The class name of a workspace's slot actor (how a dead one is told from others in
-#: Ray's actor table).
-SLOT_CLASS = "WorkspaceSlot"
+_NODE_PREFIX = "loom/node/"
 
 
 def node_service_name(node_id: str) -> str:
     """The named actor serving node ``node_id`` (Ray's hex node id)."""
     return _NODE_PREFIX + node_id
-
-
-def is_node_service(name: str) -> bool:
-    return name.startswith(_NODE_PREFIX)

@@ -1,49 +1,43 @@
 """The node service: one detached named actor per Ray node that offers sandboxes, owning
 that node's :func:`worker.default_registry` (its Docker engine, data directory,
 workspaces, changelogs, egress gateway and fast channels, exactly as a local worker has
-them), configured by the environment ``ray start`` ran with on that node (``LOOM_*``;
-Ray's worker processes inherit it).
+them), configured by the environment ``ray start`` ran with on that node.
 
-Nobody starts it by hand: the first workspace placed on a node (its slot actor,
-:mod:`.placement`) creates it with ``get_if_exists=True``, pinned to that node by
-``NodeAffinitySchedulingStrategy(soft=False)``, so concurrent creators end up with the
-one actor. Its name is :func:`.names.node_service_name` of the node id.
+Nobody starts it by hand: the first workspace placed on a node creates it with
+``get_if_exists=True``, pinned to that node by ``NodeAffinitySchedulingStrategy(soft=False)``
+(:func:`.placement.node_service`), so concurrent creators end up with the one actor. Its
+name is :func:`.names.node_service_name` of the node id.
 
-Every call names the workspace by id: its directory is ``<LOOM_WORKSPACE_ROOT>/<id>`` on
-this node. The service answers only for the workspaces placed here (:meth:`adopt`; a
-workspace deleted from another driver is gone for every driver at once). The registry's
-per-workspace methods are carried by one table, :data:`REGISTRY_METHODS`: a registry
-method that takes the workspace's path first is forwarded by adding its name there.
+Its parts: :mod:`.nodebase` (settings, registry, the workspaces placed here),
+:mod:`.nodeapp` (its own HTTP service, for a front door's forwarded requests; tool
+listings; image pulls), :mod:`.nodesnap` (snapshots and forks), and here the calls: tool
+calls (also streamed), the registry's per-workspace methods (:data:`REGISTRY_METHODS`:
+one line carries another), the workspace's sandbox and changelog methods, the tunnels of
+a front door's port proxy, and the operations. The calls are served both as Ray actor
+calls and on the node's call channel (:mod:`.channel`), which drivers use for
+:data:`CHANNEL_OPS` when they can reach it.
+
+What a method raises reaches the driver as it was raised (:mod:`.portable`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-from pathlib import Path
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import ray
 
 from ...result import ToolResult
-from ...service import WorkspaceNotFound, Workspaces
 from ...streaming import ToolOutput
-from .names import SLOT_CLASS
+from .channel import ChannelServer
+from .nodesnap import NodeSnapshots
+from .portable import portable
 
 #: Registry methods a driver may call on a workspace, each taking the workspace's path
-#: first (``registry.<name>(path, *args, **kwargs)``). One line carries a new one (the
-#: snapshots' methods, once they exist).
-REGISTRY_METHODS = frozenset(
-    {
-        "workspace_settings",
-        "configure_workspace",
-        "egress_status",
-        "stop",
-    }
-)
+#: first (``registry.<name>(path, *args, **kwargs)``). One line carries a new one.
+REGISTRY_METHODS = frozenset({"workspace_settings", "configure_workspace", "egress_status", "stop"})
 
 #: The parts of a workspace (:class:`worker.Workspace`) whose methods a driver may call
 #: (``workspace_call``): its sandbox and its changelog.
@@ -53,119 +47,82 @@ PARTS = frozenset({"sandbox", "recorder"})
 #: changelog's ``undo(sandbox, ...)`` and ``diff(sandbox, ...)`` take it).
 SANDBOX = "\x00loom:sandbox"
 
+#: The methods served on the call channel (request and answer; streams stay on Ray).
+CHANNEL_OPS = frozenset(
+    {
+        "ping",
+        "execute",
+        "call",
+        "workspace_call",
+        "tunnel_open",
+        "tunnel_read",
+        "tunnel_write",
+        "tunnel_write_eof",
+        "tunnel_error",
+        "tunnel_close",
+    }
+)
 
-class NodeService:
+
+class NodeService(NodeSnapshots):
     """The loom worker of one Ray node (used as a Ray actor; see the module docstring)."""
 
     def __init__(self, node_id: str, namespace: str) -> None:
-        from ...settings import Settings
-
-        self.node_id = node_id
-        self.namespace = namespace
-        # Read once, here: this process is the node's entry point.
-        self.settings = Settings()
-        self.workspaces = Workspaces(self.settings.workspace_root, uid=self.settings.uid, gid=self.settings.gid)
-        self.workspaces.ensure_root()
-        self._stack = AsyncExitStack()
-        self._registry: Any = None
-        self._open = asyncio.Lock()
-        self._hosted: set[str] = set()
+        super().__init__(node_id, namespace)
         self._tunnels: dict[int, Any] = {}
         self._next_tunnel = 0
+        self._channel = ChannelServer(self._on_channel, CHANNEL_OPS)
 
-    async def _reg(self) -> Any:
-        if self._registry is None:
-            async with self._open:
-                if self._registry is None:
-                    from ...registry import default_registry
+    async def channel(self) -> dict[str, Any]:
+        """Where this node's call channel listens (started on first ask), and its key:
+        ``{"host", "port", "key"}``. Raises OSError."""
+        host, port = await self._channel.start(ray.util.get_node_ip_address())
+        return {"host": host, "port": port, "key": self._channel.key}
 
-                    self._registry = await self._stack.enter_async_context(default_registry(self.settings))
-        return self._registry
-
-    def info(self) -> dict[str, Any]:
-        """Where this node keeps things, and what runs it."""
-        from sandbox import __version__
-
-        return {
-            "node_id": self.node_id,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "workspace_root": str(self.workspaces.root),
-            "data_dir": str(self.settings.data_dir),
-            "runtime": self.settings.runtime,
-            "loom_version": __version__,
-            "ray_version": ray.__version__,
-            "workspaces": sorted(self._hosted),
-        }
-
-    # -- the workspaces of this node ------------------------------------------------------
-
-    async def create(self, ws_id: str, settings: dict[str, Any] | None = None) -> str:
-        """Make the workspace's directory (and store its own settings, checked first).
-        Returns its path. Raises SettingsError, InvalidWorkspaceId, WorkspaceExists."""
-        if settings:
-            from ...workspace_settings import WorkspaceSettings
-
-            reg = await self._reg()
-            await reg.check_settings(WorkspaceSettings(**settings))
-        info = await self.workspaces.create(ws_id)
-        if settings:
-            await (await self._reg()).configure_workspace(info.path, settings)
-        self._hosted.add(ws_id)
-        return info.path
-
-    async def _path(self, ws_id: str) -> Path:
-        """The directory of a workspace placed here. Raises WorkspaceNotFound."""
-        if ws_id not in self._hosted and not await self._adopt(ws_id):
-            raise WorkspaceNotFound(f"Workspace {ws_id!r} not found")
-        return self.workspaces.path(ws_id)
-
-    async def _adopt(self, ws_id: str) -> bool:
-        # A service that restarted has an empty set: Ray's named actor is the truth.
-        try:
-            slot = await asyncio.to_thread(ray.get_actor, ws_id, namespace=self.namespace)
-            where = await slot.where.remote()
-        except (ValueError, ray.exceptions.RayError):
-            return False
-        if where.get("node") != self.node_id or where.get("class") != SLOT_CLASS:
-            return False
-        self._hosted.add(ws_id)
-        return True
-
-    async def delete(self, ws_id: str, delete_files: bool = False) -> bool:
-        """Stop the workspace's sandbox, forget it, and with ``delete_files`` remove its
-        directory. Returns whether a sandbox was running. Raises OSError."""
-        path = self.workspaces.root / ws_id
-        stopped = False
-        if self._registry is not None:
-            stopped = bool(await self._registry.stop(path))
-        self._hosted.discard(ws_id)
-        if delete_files:
-            try:
-                await self.workspaces.delete_files(ws_id)
-            except WorkspaceNotFound:
-                pass
-        return stopped
+    async def _on_channel(self, op: str, args: tuple[Any, ...]) -> Any:
+        out = getattr(self, op)(*args)
+        return await out if inspect.isawaitable(out) else out
 
     # -- calls ----------------------------------------------------------------------------
 
+    async def _native(self, name: str, native: bool) -> Any:
+        reg = await self._reg()
+        if native:
+            # The driver registered the vendors' tool (worker.native.install): so does the node.
+            from ...native import install
+
+            install(reg, (name,))
+        return reg
+
     async def execute(
-        self, ws_id: str, name: str, arguments: Any, call_id: str | None, subtask_id: str | None
+        self,
+        ws_id: str,
+        name: str,
+        arguments: Any,
+        call_id: str | None,
+        subtask_id: str | None,
+        native: bool = False,
     ) -> ToolResult:
         """One tool call, as ``registry.execute`` runs it (never raises for the call)."""
         path = await self._path(ws_id)
-        reg = await self._reg()
+        reg = await self._native(name, native)
         result: ToolResult = await reg.execute(name, arguments, path, call_id=call_id, subtask_id=subtask_id)
         return result
 
     # 16 chunks in flight at most: the node's registry buffers the rest (worker.streaming).
     @ray.method(num_returns="streaming", _generator_backpressure_num_objects=16)
     async def execute_stream(
-        self, ws_id: str, name: str, arguments: Any, call_id: str | None, subtask_id: str | None
+        self,
+        ws_id: str,
+        name: str,
+        arguments: Any,
+        call_id: str | None,
+        subtask_id: str | None,
+        native: bool = False,
     ) -> AsyncIterator[ToolOutput | ToolResult]:
         """``registry.execute_stream``: the output chunks as they come, then the result."""
         path = await self._path(ws_id)
-        reg = await self._reg()
+        reg = await self._native(name, native)
         async for item in reg.execute_stream(name, arguments, path, call_id=call_id, subtask_id=subtask_id):
             yield item
 
@@ -176,7 +133,8 @@ class NodeService:
         if method not in REGISTRY_METHODS:
             raise ValueError(f"{method!r} is not a registry method forwarded to nodes")
         path = await self._path(ws_id)
-        return await getattr(await self._reg(), method)(path, *args, **kwargs)
+        out = getattr(await self._reg(), method)(path, *args, **kwargs)
+        return await out if inspect.isawaitable(out) else out
 
     async def workspace_call(
         self, ws_id: str, part: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -190,7 +148,7 @@ class NodeService:
         target = getattr(getattr(ws, part), method)
         args = tuple(ws.sandbox if a == SANDBOX else a for a in args)
         out = target(*args, **kwargs)
-        return await out if asyncio.iscoroutine(out) else out
+        return await out if inspect.isawaitable(out) else out
 
     # -- tunnels (the port proxy of a front door on another node) --------------------------
 
@@ -260,11 +218,69 @@ class NodeService:
 
     async def shutdown(self) -> None:
         """Close the registry (the node's sandboxes keep running, as a stopped worker's do)."""
+        await self._channel.close()
         for tid in list(self._tunnels):
             await self.tunnel_close(tid)
         await self._stack.aclose()
-        self._registry = None
+        self._registry = self._app = None
 
+
+def _carried(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, with what it raises made portable (:mod:`.portable`) before Ray pickles it."""
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        async def agen(*args: Any, **kwargs: Any) -> Any:
+            try:
+                async for item in fn(*args, **kwargs):
+                    yield item
+            except Exception as e:
+                raise portable(e) from None
+
+        return agen
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def coro(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as e:
+                raise portable(e) from None
+
+        return coro
+
+    @functools.wraps(fn)
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise portable(e) from None
+
+    return plain
+
+
+#: :class:`NodeService` with every public method :func:`_carried` (found by this name when
+#: Ray pickles the actor class).
+CarriedNodeService = type(
+    "CarriedNodeService",
+    (NodeService,),
+    {
+        **{n: _carried(f) for n, f in inspect.getmembers(NodeService, inspect.isfunction) if not n.startswith("_")},
+        "__module__": __name__,
+        "__qualname__": "CarriedNodeService",
+        "__doc__": NodeService.__doc__,
+    },
+)
 
 #: The actor class (``num_cpus=0``: it waits on sandboxes, it does not compute).
-NodeServiceActor = ray.remote(num_cpus=0, max_restarts=0)(NodeService)
+NodeServiceActor: Any = ray.remote(num_cpus=0, max_restarts=0)(CarriedNodeService)
+
+__all__ = [
+    "CHANNEL_OPS",
+    "PARTS",
+    "REGISTRY_METHODS",
+    "SANDBOX",
+    "CarriedNodeService",
+    "NodeService",
+    "NodeServiceActor",
+]

@@ -1,8 +1,8 @@
 """Operations over the whole cluster: its nodes and their slots, the workspaces on each,
 each node's numbers (metrics), and ``gc`` on every node.
 
-Everything is read from Ray (its node table, the actor table of loom's namespace) and
-from each node's service; nothing is kept between calls.
+Everything is read from Ray (its node table, the placement groups of loom's namespace)
+and from each node's service; nothing is kept between calls.
 """
 
 from __future__ import annotations
@@ -23,29 +23,25 @@ async def status(namespace: str) -> dict[str, Any]:
     has ``"details"`` (address, labels, versions, directories) for people; the JSON of
     ``loom-worker cluster status --json`` leaves them out."""
     nodes = await asyncio.to_thread(gcs.nodes)
-    records = await asyncio.to_thread(gcs.actors, namespace)
-    alive_ws: dict[str, list[str]] = {}
-    lost_ws: dict[str, list[str]] = {}
-    alive_names = {r.name for r in records if r.state == "ALIVE"}
+    records = await asyncio.to_thread(gcs.slots, namespace)
+    held: dict[str, list[str]] = {}
     for r in records:
-        if r.state == "ALIVE" and r.node:
-            alive_ws.setdefault(r.node, []).append(r.name)
-        elif r.state == "DEAD" and r.death_reason == "NODE_DIED" and r.node and r.name not in alive_names:
-            lost_ws.setdefault(r.node, []).append(r.name)
+        if r.state == "CREATED" or r.state == "RESCHEDULING":
+            held.setdefault(r.node, []).append(r.name)
     out = []
     infos = await asyncio.gather(*(_info(n.node_id, namespace) for n in nodes if n.alive and n.slots))
     by_node = {i["node_id"]: i for i in infos if i}
     for n in nodes:
-        if not n.slots and n.node_id not in alive_ws and n.node_id not in lost_ws:
+        if not n.slots and n.node_id not in held:
             continue  # a node that offers no sandboxes (a head, a trainer's GPU node)
-        held = sorted(alive_ws.get(n.node_id, [])) if n.alive else sorted(lost_ws.get(n.node_id, []))
+        names = sorted(held.get(n.node_id, []))
         out.append(
             {
                 "node_id": n.node_id,
                 "alive": n.alive,
                 "slots": n.slots,
-                "used": len(alive_ws.get(n.node_id, [])) if n.alive else 0,
-                "workspaces": held,
+                "used": len(names) if n.alive else 0,
+                "workspaces": names,
                 "details": {"address": n.address, "labels": n.labels, **by_node.get(n.node_id, {})},
             }
         )

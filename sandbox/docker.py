@@ -22,7 +22,7 @@ import re
 import socket
 import stat as statmod
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -32,8 +32,8 @@ from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from . import __version__, protocol
-from .base import Sandbox, SandboxBackend, TreeRemoval
+from . import __version__, protocol, users
+from .base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
 from .client import AgentSandbox, agent_info
 from .connection import AgentConnection, SocketTransport, StreamProtocol, StreamTransport
 from .errors import (
@@ -44,6 +44,7 @@ from .errors import (
     SandboxError,
     SandboxLostError,
     SandboxUnavailableError,
+    UserUnsupportedError,
 )
 from .handover import FdChannel, take_fd_channel
 from .hostscan import HostScanner
@@ -56,6 +57,7 @@ from .spec import (
     EGRESS_MOUNT,
     HOME_DIR,
     LABEL_PREFIX,
+    ROOT_CAPABILITIES,
     RUNTIME_MOUNT,
     WORKSPACE_MOUNT,
     SandboxSpec,
@@ -224,6 +226,16 @@ class DockerSandbox(AgentSandbox):
 
     container_name: str
     host_scanner: HostScanner | None = None
+    #: The workspace owner (uid, gid), whether root may run commands here, and how an
+    #: agent of another user is started (set by the backend; see :meth:`as_user`).
+    owner: tuple[int, int] = (-1, -1)
+    allow_root: bool = False
+    user_connect: Callable[[tuple[int, int]], Awaitable[AgentConnection]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Agents of other users, kept for their next commands (closed with this one).
+        self._users: dict[tuple[int, int], AgentSandbox] = {}
 
     async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         scanner = self.host_scanner
@@ -246,9 +258,37 @@ class DockerSandbox(AgentSandbox):
                 log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
         return await super().remove_tree(path)
 
+    async def as_user(self, user: str) -> Sandbox | ExecResult:
+        if not users.valid(user):
+            raise UserUnsupportedError(f"{user!r} is not a user name or uid[:gid]")
+        passwd = await self.read_path("/etc/passwd", max_bytes=4 << 20)
+        found = users.resolve(user, passwd.data.decode("utf-8", "replace"))
+        if found is None:
+            message = users.NOT_FOUND.format(user=user) + "\n"
+            return ExecResult(126, b"", message.encode(), "exit", 0.0, False, launch_error="user")
+        if found == self.owner:
+            return self
+        if found[0] == 0 and not self.allow_root:
+            raise UserUnsupportedError(
+                f"this workspace does not run commands as root ({user}): its settings would have to allow it "
+                "(allow_root: a writable root file system and the capabilities adduser needs; see docs/harness.md)"
+            )
+        box = self._users.get(found)
+        if box is None:
+            uid_gid: tuple[int, int] = found
+
+            def connect(_lost: bool) -> Awaitable[AgentConnection]:
+                return self.user_connect(uid_gid)
+
+            box = self._users[found] = AgentSandbox(self.workspace, connect, io_timeout=self._io_timeout)
+        return box
+
     async def close(self) -> None:
         if self.host_scanner is not None:
             self.host_scanner.close()
+        for box in list(self._users.values()):
+            await box.close()
+        self._users.clear()
         await super().close()
 
 
@@ -392,12 +432,18 @@ class DockerBackend(SandboxBackend):
             },
             "hostname": "sandbox",
             "network_mode": "none",
+            # allow_root (off by default): the container's user is root, so that an agent
+            # started for root gets ROOT_CAPABILITIES (the engine gives an exec process
+            # capabilities only in a container whose user is root); its main agent drops
+            # to the owner at once (setuid: the kernel clears its capabilities), and
+            # every other process of the owner is started as the owner, with none.
+            **({"user": "0:0", "cap_add": list(ROOT_CAPABILITIES)} if spec.allow_root else {}),
             "runtime": spec.runtime,
             "nano_cpus": int(spec.cpus * 1e9),
             "mem_limit": spec.memory,
             "memswap_limit": spec.memory,
             "pids_limit": spec.host_pids_limit(),
-            "read_only": True,
+            "read_only": not spec.allow_root,  # allow_root: adduser writes /etc
             "tmpfs": {
                 "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777",
                 HOME_DIR: f"{tmpfs_opts},size={spec.home_size},mode=0700,uid={uid},gid={gid}",
@@ -606,6 +652,9 @@ class DockerBackend(SandboxBackend):
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
                 "keeper_ttl": spec.idle_ttl,
+                # allow_root: the container's main process starts as root; the agent
+                # becomes the owner before anything else.
+                **({"run_as": list(self._owner(Path(container.labels[LABEL_WS])))} if spec.allow_root else {}),
                 **spec.agent_config(),
             },
             timeout=spec.agent_start_timeout,
@@ -624,8 +673,16 @@ class DockerBackend(SandboxBackend):
                 "another image."
             )
 
-    async def _exec_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
+    async def _exec_agent(
+        self, container: Any, spec: SandboxSpec, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """An agent started in ``container`` with ``docker exec``: as the workspace owner,
+        or as ``user`` (uid, gid: a harness's command as another user, see
+        :meth:`DockerSandbox.as_user`), from ``/`` (another user may not enter the
+        workspace)."""
         api = self._docker().api
+        ws = Path(container.labels[LABEL_WS])
+        uid, gid = user if user is not None else self._owner(ws)
 
         def start() -> Any:
             ex = api.exec_create(
@@ -635,19 +692,29 @@ class DockerBackend(SandboxBackend):
                 stdout=True,
                 stderr=True,
                 tty=False,
-                workdir=WORKSPACE_MOUNT,
+                workdir=WORKSPACE_MOUNT if user is None else "/",
+                user=f"{uid}:{gid}",  # always said: with allow_root the container's user is root
             )
             return api.exec_start(ex["Id"], socket=True)
 
         sock_io = await self._call("start sandbox agent", start)
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
-        hello = await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()},
-            timeout=spec.agent_start_timeout,
-        )
+        config = {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()}
+        if user is not None:
+            config["as_user"] = True
+        hello = await conn.start(config, timeout=spec.agent_start_timeout)
         await self._check_image(conn, hello, spec)
         return conn
+
+    async def _connect_user(self, ws: Path, user: tuple[int, int]) -> AgentConnection:
+        """An agent of ``ws``'s sandbox running as ``user`` (uid, gid). Raises what
+        :meth:`_connect` raises."""
+        container = await self.ensure_container(ws)
+        if container.name in self._fresh:
+            # Its main agent waits for this process: attach it first.
+            await self._connect(ws)
+        return await self._exec_agent(container, self.spec_of(ws), user)
 
     async def _settle(self, ws: Path) -> None:
         """After a lost connection: if the container is dying (OOM, keeper killed), wait
@@ -801,6 +868,13 @@ class DockerBackend(SandboxBackend):
                 on_exec_lost=lambda: self._reset_after_lost_exec(ws),
             )
             box.container_name = container_name(ws)
+            box.owner = self._owner(ws)
+            box.allow_root = spec.allow_root
+
+            def user_connect(user: tuple[int, int], ws: Path = ws) -> Awaitable[AgentConnection]:
+                return self._connect_user(ws, user)
+
+            box.user_connect = user_connect
             if spec.runtime == "runsc":
                 box.host_scanner = HostScanner(ws)
             self._boxes[ws] = box

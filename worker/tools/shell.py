@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox import protocol
 from sandbox.base import ProcessOutput
 from sandbox.errors import AgentError, SandboxLostError
 
@@ -52,6 +53,16 @@ class ShellArgs(BaseModel):
         description=(
             "Start it and answer at once with data.process_id and its first output; it runs on after the call "
             "(a dev server, a watcher, a long test run). Read it with process_output, stop it with process_kill."
+        ),
+    )
+    max_output: int = Field(
+        MAX_STREAM_BYTES,
+        ge=1024,
+        le=protocol.MAX_EXEC_OUTPUT,
+        description=(
+            f"Bytes of stdout and of stderr kept in data.stdout / data.stderr (head and tail): default 256 KiB, "
+            f"at most {protocol.MAX_EXEC_OUTPUT >> 20} MiB; beyond, data.truncated is true and data.stdout_bytes / "
+            "stderr_bytes count all. A command printing more than 64 MiB in all is stopped (output_limit)."
         ),
     )
     yield_ms: int | None = Field(
@@ -112,7 +123,7 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         command,
         cwd=cwd,
         timeout=timeout,
-        max_output=MAX_STREAM_BYTES,
+        max_output=args.max_output,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
         on_output=ctx.on_output,
@@ -134,6 +145,8 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         "outcome": res.outcome,
         "timed_out": res.timed_out,
         "truncated": res.truncated,
+        "stdout_bytes": res.stdout_bytes,
+        "stderr_bytes": res.stderr_bytes,
         "duration_ms": round(res.duration_ms, 3),
     }
     if res.signal is not None:

@@ -164,6 +164,9 @@ class Sandbox(abc.ABC):
     """One workspace's sandbox. Safe to call concurrently from one event loop."""
 
     workspace: Path
+    #: Where the workspace is seen inside the sandbox (what a command's ``pwd`` says in
+    #: it, and what an absolute path of :meth:`read_path` names it by).
+    workspace_mount: str = "/workspace"
 
     @abc.abstractmethod
     async def read(

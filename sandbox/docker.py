@@ -515,6 +515,12 @@ class DockerBackend(SandboxBackend):
                 # process that died before starting it: replace it.
                 await self._remove(container)
                 continue
+            if spec.allow_root and self._owner(ws)[0] == 0:
+                # Its main agent would stay root with root's capabilities, and so would
+                # every command of the owner: allow_root is root's alone.
+                raise SandboxUnavailableError(
+                    f"allow_root needs a workspace owned by another user than root (or LOOM_UID): {ws} is root's"
+                )
             if ws.stat().st_uid == 0 and spec.uid is None:
                 log.warning(
                     "sandbox.root_workspace",

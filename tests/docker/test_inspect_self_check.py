@@ -22,13 +22,13 @@ import pytest_asyncio
 
 pytest.importorskip("inspect_ai")
 
-from inspect_ai.util import SandboxEnvironment, SandboxUserUnsupportedError  # noqa: E402
-from inspect_ai.util._sandbox import self_check  # noqa: E402
-from inspect_ai.util._sandbox.registry import registry_find_sandboxenv  # noqa: E402
-from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F403  (the checks themselves)
+from inspect_ai.util import SandboxEnvironment, SandboxUserUnsupportedError
+from inspect_ai.util._sandbox import self_check
+from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+from inspect_ai.util._sandbox.self_check import *  # noqa: F403  (the checks themselves)
 
-from tests.conftest import SANDBOX_IMAGE  # noqa: E402
-from tests.docker.conftest import require_runtime  # noqa: E402
+from tests.conftest import SANDBOX_IMAGE
+from tests.docker.conftest import require_runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.asyncio(loop_scope="module")]
 

@@ -232,3 +232,32 @@ def test_the_cycle_finder_finds_every_cycle_once() -> None:
     assert [sorted(c) for c in _components(edges)] == [["a", "b", "c", "d"]]
     assert cycles(edges) == {("a", "b"), ("a", "b", "c"), ("a", "b", "c", "d")}
     assert cycles({"a": {"b"}, "b": set()}) == set()
+
+
+def _is_integration(module: str) -> bool:
+    return module == "worker.integrations" or module.startswith("worker.integrations.")
+
+
+def test_the_core_never_imports_an_integration() -> None:
+    """The extras of worker.integrations (the inspect_ai provider) speak another project's
+    API and need its package: only they, and the tests, import them. Their own project
+    finds them through its entry point."""
+    bad = [
+        f"{mod.path.relative_to(ROOT)}:{line} imports {target}"
+        for mod in graph().values()
+        if not _is_integration(mod.name)
+        for target, line in mod.imports.items()
+        if _is_integration(target)
+    ]
+    assert not bad, "\n".join(bad)
+    # (the rule can fail: the integrations exist and import the core)
+    assert any(_is_integration(m) and "worker.harness" in graph()[m].imports for m in graph())
+
+
+def test_only_the_integrations_import_their_projects() -> None:
+    bad = [
+        f"{mod.path.relative_to(ROOT)}:{mod.external['inspect_ai']}"
+        for mod in graph().values()
+        if "inspect_ai" in mod.external and not _is_integration(mod.name)
+    ]
+    assert not bad, "inspect_ai imported outside worker.integrations:\n" + "\n".join(bad)

@@ -31,7 +31,7 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.base import ExecControl, OutputCallback
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
@@ -55,7 +55,16 @@ from .results import (
 )
 
 if TYPE_CHECKING:
-    from ..registry import ToolRegistry
+    from ..calls import CallJournal
+
+
+class Registry(Protocol):
+    """What the handle needs of a :class:`~worker.registry.ToolRegistry` (named here, not
+    imported: the registry makes handles)."""
+
+    journal: CallJournal | None
+
+    async def workspace(self, path: Path | str) -> Workspace: ...
 
 
 class SandboxHandle:
@@ -64,7 +73,7 @@ class SandboxHandle:
     starts at the first call. Every call of one workspace takes turns with the tools'
     mutations (its changelog's order); commands run one at a time per user."""
 
-    def __init__(self, registry: ToolRegistry, workspace: Path | str) -> None:
+    def __init__(self, registry: Registry, workspace: Path | str) -> None:
         self.registry = registry
         self.workspace = workspace
 

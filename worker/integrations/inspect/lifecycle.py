@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
+
 from sandbox.logs import get_logger
 
 from .config import LoomSandboxConfig
@@ -101,7 +103,8 @@ async def task_done(task: str, cleanup: bool) -> None:
     state.tasks.discard(task)
     if not state.tasks:
         _shared = None
-        await state.registry.aclose()
+        with anyio.CancelScope(shield=True):
+            await state.registry.aclose()
 
 
 def workspace_for(cfg: LoomSandboxConfig, fixed: str | None, task: str, sample: object, service: str) -> Made:
@@ -134,17 +137,22 @@ async def release(path: Path) -> None:
     workspace not kept, delete it and what the worker kept of it (changelog, settings,
     call journal). Never raises: a cleanup that fails is logged, and the sandbox still
     ends at its idle TTL."""
-    state = _shared
-    made = _outstanding.pop(path, None)
-    if state is not None:
-        state.made.pop(path, None)
-    try:
+    # Shielded: a sample that is being cancelled (Ctrl-C, a failed task) must still lose
+    # its sandbox, and anyio cancels every await of a cancelled scope.
+    with anyio.CancelScope(shield=True):
+        state = _shared
+        made = _outstanding.get(path)
+        try:
+            if state is not None:
+                await state.registry.stop(path)
+        except Exception as e:  # cleanup must go on (the daemon may be gone)
+            log.warning("inspect.cleanup_failed", workspace=str(path), error=repr(e))
+        if made is not None and made.fresh and not made.keep:
+            await asyncio.to_thread(_remove, path, state.registry if state is not None else None)
+        # Forgotten last: until here the exit hook still knows it.
+        _outstanding.pop(path, None)
         if state is not None:
-            await state.registry.stop(path)
-    except Exception as e:  # cleanup must go on (the daemon may be gone)
-        log.warning("inspect.cleanup_failed", workspace=str(path), error=repr(e))
-    if made is not None and made.fresh and not made.keep:
-        await asyncio.to_thread(_remove, path, state.registry if state is not None else None)
+            state.made.pop(path, None)
 
 
 def _remove(path: Path, registry: ToolRegistry | None) -> None:

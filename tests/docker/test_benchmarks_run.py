@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
         ["bench/bench_secrets.py", "--rounds", "1", "--mb", "8"],
+        ["bench/bench_inspect.py", "--samples", "1", "--execs", "5"],
     ],
     ids=[
         "tools",
@@ -53,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "stream",
         "ports",
         "secrets",
+        "inspect",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

@@ -86,7 +86,7 @@ def _mb(n: int) -> str:
     return f"{n / (1 << 20):.0f} MB"
 
 
-def _describe_failure(
+def describe_failure(
     outcome: str, exit_code: int | None, signal: int | None, timeout: float, disk_used: int | None = None
 ) -> str:
     if outcome == "timeout":
@@ -159,7 +159,7 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     success = res.outcome == "exit" and res.exit_code == 0
     if success:
         return ToolResult.ok(output or "(no output)", data, changed)
-    error = _describe_failure(res.outcome, res.exit_code, res.signal, timeout, res.disk_used)
+    error = describe_failure(res.outcome, res.exit_code, res.signal, timeout, res.disk_used)
     tail = f"[{error}]"
     output = f"{output}\n{tail}" if output else tail
     return ToolResult(False, output, data, changed, error)

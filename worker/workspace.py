@@ -309,8 +309,10 @@ class Workspace:
         timeout: float,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> ProcessInfo:
-        """Start ``command`` as a background process (see :mod:`worker.background`).
+        """Start ``command`` as a background process (see :mod:`worker.background`), with
+        ``env`` on top of the sandbox's variables.
 
         Raises AgentError (code ``limit``: too many run; a bad cwd), infrastructure
         errors; NotImplementedError when the sandbox has none.
@@ -330,6 +332,7 @@ class Workspace:
                 command,
                 cwd=cwd,
                 timeout=timeout,
+                env=env,
                 max_running=limits.max_processes,
                 linger=limits.linger,
             )

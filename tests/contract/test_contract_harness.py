@@ -76,3 +76,17 @@ async def test_commands_of_any_length_with_their_own_env_and_cwd(registry: ToolR
     assert (out.returncode, out.launch_error) == (126, "cwd")
     r = await registry.execute("shell_execute", {"command": f"echo '{big}' | wc -c"}, str(workspace))
     assert r.success and r.output.strip() == str(len(big) + 1)
+
+
+async def test_shell_execute_takes_env_and_stdin(registry: ToolRegistry, workspace: Path) -> None:
+    ws = str(workspace)
+    args = {"command": 'cat; echo "[$GREETING]"', "env": {"GREETING": "hi there"}, "stdin": "line\n"}
+    r = await registry.execute("shell_execute", args, ws)
+    assert r.success and r.output == "line\n[hi there]\n", r.output
+    raw = base64.b64encode(EVERY_BYTE).decode()
+    r = await registry.execute("shell_execute", {"command": "wc -c", "stdin": raw, "stdin_encoding": "base64"}, ws)
+    assert r.success and r.output.strip() == str(len(EVERY_BYTE))
+    r = await registry.execute("shell_execute", {"command": "true", "stdin": "x", "background": True}, ws)
+    assert not r.success and "process_input" in (r.error or "")
+    r = await registry.execute("shell_execute", {"command": "true", "env": {"A=B": "x"}}, ws)
+    assert (not r.success and "'env'" in (r.error or "")) or "env" in (r.error or "")

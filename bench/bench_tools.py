@@ -132,7 +132,7 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
     await call("shell_execute", {"command": "true"})  # container start + agent + baseline
     start_ms = (time.perf_counter() - t) * 1000
     box = await backend.get(ws)
-    container = backend._docker().containers.get(box.container_name)  # type: ignore[attr-defined]
+    container = backend.engine.client().containers.get(box.container_name)  # type: ignore[attr-defined]
 
     def dexec(cmd: list[str]) -> Callable[[int], Awaitable[Any]]:
         async def go(_i: int) -> None:

@@ -102,8 +102,18 @@ def agent_info(r: dict[str, Any]) -> AgentInfo:
         kernel=check_str(r.get("kernel"), "kernel", limit=200),
         subreaper=bool(r.get("subreaper")),
         ripgrep=bool(r.get("ripgrep")),
-        extra={"cpu_quota": q} if isinstance(q := r.get("cpu_quota"), int | float) and not isinstance(q, bool) else {},
+        extra=_hello_extra(r),
     )
+
+
+def _hello_extra(r: dict[str, Any]) -> dict[str, object]:
+    """The hello's optional facts: the CPU quota, the seccomp mode (2: a filter)."""
+    extra: dict[str, object] = {}
+    if isinstance(q := r.get("cpu_quota"), int | float) and not isinstance(q, bool):
+        extra["cpu_quota"] = q
+    if isinstance(m := r.get("seccomp"), int) and not isinstance(m, bool):
+        extra["seccomp"] = m
+    return extra
 
 
 def list_result(r: dict[str, Any], max_entries: int) -> ListResult:

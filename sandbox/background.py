@@ -93,6 +93,7 @@ class BackgroundMixin:
         head: int = 64 << 10,
         tail: int = 1 << 20,
         linger: float = 600.0,
+        idle: float = 0.0,
     ) -> ProcessInfo:
         args = {
             "proc_id": process_id,
@@ -104,6 +105,7 @@ class BackgroundMixin:
             "head": head,
             "tail": tail,
             "linger": linger,
+            "idle": idle,
         }
         return process_info(await self._call("proc_start", args, timeout=30.0))
 

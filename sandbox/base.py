@@ -13,7 +13,9 @@ A backend may do more than the contract asks; what callers use of it is declared
 =============================  =================================================================
 :class:`ConfigurableBackend`   ``configure(workspace, spec)``: a workspace's own spec
 :class:`RuntimeInventory`      ``runtimes()``: the OCI runtimes the engine has
-:class:`ImageInventory`        ``has_image(image)``: whether an image is there (nothing pulled)
+:class:`ImageInventory`        ``has_image(image)``, ``ensure_image(image)``: is it there; get it (LOOM_PULL)
+:class:`PullWatcher`           ``add_pull_listener(fn)``: every pull's progress
+:class:`Freezer`               ``freeze(workspace, frozen)``: pause and resume a sandbox
 :class:`StatusReporter`        ``status(workspace)``: a workspace's container now, never started
 :class:`RestartCounter`        ``restarts``: sandboxes restarted after being lost
 =============================  =================================================================
@@ -60,6 +62,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:
+    from .pulls import PullEvent
     from .spec import SandboxSpec
     from .tunnel import Tunnel
 
@@ -81,6 +84,7 @@ __all__ = [
     "PathWrite",
     "ProcessInfo",
     "ProcessOutput",
+    "PullWatcher",
     "ReadResult",
     "RestartCounter",
     "RuntimeInventory",
@@ -505,10 +509,12 @@ class Sandbox(abc.ABC):
         head: int = 64 << 10,
         tail: int = 1 << 20,
         linger: float = 600.0,
+        idle: float = 0.0,
     ) -> ProcessInfo:
         """Start ``sh -c command`` as a background process that outlives the call: it ends
-        when it exits, at ``timeout`` (its whole tree killed), when killed, or with the
-        sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
+        when it exits, at ``timeout`` (its whole tree killed), when nobody asked for its
+        output or wrote to it for ``idle`` seconds (0: never; counted as a timeout), when
+        killed, or with the sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
         bytes); after it ended, it can be read for ``linger`` seconds.
 
         Raises AgentError (code ``limit``: ``max_running`` already run; ``invalid``: a bad
@@ -603,10 +609,36 @@ class RuntimeInventory(Protocol):
 
 @runtime_checkable
 class ImageInventory(Protocol):
-    """A backend that can say whether an image is at hand without pulling it."""
+    """A backend that can say whether an image is at hand, and get it as its pull policy
+    says (``LOOM_PULL``)."""
 
     async def has_image(self, image: str) -> bool:
-        """Whether ``image`` is on the engine. Raises DaemonUnavailableError."""
+        """Whether ``image`` is on the engine (nothing is pulled). Raises DaemonUnavailableError."""
+        ...
+
+    async def ensure_image(self, image: str) -> bool:
+        """Make ``image`` be on the engine as the pull policy and the allowed registries say;
+        True when it was pulled. Raises ImagePullError, ImageNotFoundError (missing, and the
+        policy is ``never``), DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class Freezer(Protocol):
+    """A backend that can pause a workspace's sandbox (every process in it) and resume it."""
+
+    async def freeze(self, workspace: Path, frozen: bool) -> bool:
+        """Pause (``frozen``) or resume the workspace's running sandbox; False when none
+        runs. Raises DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class PullWatcher(Protocol):
+    """A backend that tells listeners of every image pull it makes (the dashboard's view)."""
+
+    def add_pull_listener(self, fn: Callable[[PullEvent], None]) -> Callable[[], None]:
+        """Give ``fn`` every pull's progress; returns the function that stops it."""
         ...
 
 

@@ -6,6 +6,7 @@
     ├── SandboxUnavailableError        infrastructure: the box cannot be used right now
     │   ├── DaemonUnavailableError     the Docker daemon does not answer
     │   ├── ImageNotFoundError         the sandbox image is not built   (also LookupError)
+    │   │   └── ImagePullError         it could not be pulled: ``reason`` says why
     │   ├── ImageUnusableError         the image cannot be a sandbox (no /bin/sh)
     │   ├── RuntimeUnavailableError    runsc requested but not in effect (fail closed)
     │   └── SandboxLostError           the agent or container died / stopped answering mid-call
@@ -53,6 +54,19 @@ class DaemonUnavailableError(SandboxUnavailableError):
 
 class ImageNotFoundError(SandboxUnavailableError, LookupError):
     """The configured sandbox image does not exist on the engine."""
+
+
+class ImagePullError(ImageNotFoundError):
+    """The image is not on the engine and could not be pulled. ``reason``: ``not_found``,
+    ``unauthorized``, ``not_allowed`` (its registry is not one the operator allows),
+    ``unreachable``, ``invalid`` (not an image name) or ``failed``; ``registry`` is where
+    it would come from (``docker.io`` for a name without one)."""
+
+    def __init__(self, message: str, *, image: str, registry: str, reason: str) -> None:
+        super().__init__(message)
+        self.image = image
+        self.registry = registry
+        self.reason = reason
 
 
 class ImageUnusableError(SandboxUnavailableError):

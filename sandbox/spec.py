@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .pulls import normalize_registry
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -33,6 +35,9 @@ AGENT_COMMAND = (
     "-S",
     "-c",
 )
+#: The sandbox's init (PID 1) under runc: tini from the agent runtime, unreadable, so that
+#: the kernel keeps it non-dumpable (out of reach of commands of the same uid).
+INIT_COMMAND = (f"{RUNTIME_MOUNT}/bin/tini", "--")
 HOME_DIR = "/home/sandbox"
 #: Where a trusted CA bundle (:attr:`SandboxSpec.ca_bundle`) is mounted, and the variables
 #: that make it the trust store of the usual tools (OpenSSL, Python requests, pip, Node,
@@ -77,6 +82,9 @@ EGRESS_ENV = {
     "GIT_CONFIG_VALUE_0": EGRESS_PROXY,
 }
 ACTIVITY_FILE = "/tmp/.loom-activity"
+#: The sandbox's own directories and the modes every agent gives them at start, whatever the
+#: image's directories there had (see sandbox/docker/config.py: runc copies their modes).
+OWN_DIRS = {"/tmp": 0o1777, HOME_DIR: 0o700}
 #: What root's processes hold in a sandbox with :attr:`SandboxSpec.allow_root`: the least
 #: Debian's ``adduser``/``userdel`` need (CHOWN, DAC_OVERRIDE, FOWNER: new entries in
 #: /etc/shadow and /etc/gshadow, the new home chowned and chmodded; without any one of
@@ -108,6 +116,12 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     image: str = "loom-sandbox:latest"
+    #: When the image is pulled (sandbox/docker/images.py): ``missing`` (not on the engine),
+    #: ``never`` (it must be built or loaded), ``always`` (before every new container).
+    pull: Literal["missing", "never", "always"] = "missing"
+    #: The registries a pull may reach, as image names write them (``docker.io`` for a name
+    #: without one). An image already on the engine is used whatever its registry.
+    registries: tuple[str, ...] = ("docker.io",)
     #: The image the agent runtime is copied from (into a read-only volume per version).
     agent_runtime_image: str = "loom-agent-runtime:latest"
     runtime: Literal["runc", "runsc"] = "runc"
@@ -150,6 +164,11 @@ class SandboxSpec(BaseModel):
     #: default; the trade is in docs/harness.md.
     allow_root: bool = False
 
+    @field_validator("registries")
+    @classmethod
+    def _registries(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(normalize_registry(r) for r in v))
+
     @field_validator("memory", "tmp_size", "home_size", "max_file_size", mode="before")
     @classmethod
     def _size(cls, v: object) -> int:
@@ -178,6 +197,7 @@ class SandboxSpec(BaseModel):
         """What every agent of a sandbox is told at start (with its root and paths). The
         container's main agent also runs the egress relay when there is a gateway."""
         config: dict[str, object] = {
+            "own_dirs": OWN_DIRS,
             "disk_limit": self.disk_limit,
             "disk_reserve": self.disk_reserve,
             "inode_limit": self.inode_limit,
@@ -198,5 +218,7 @@ class SandboxSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""
-        body = self.model_dump(exclude={"agent_start_timeout", "io_timeout", "uid", "gid", "direct"})
+        body = self.model_dump(
+            exclude={"agent_start_timeout", "io_timeout", "uid", "gid", "direct", "pull", "registries"}
+        )
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]

@@ -32,3 +32,21 @@ def json_line(obj: Any) -> str:
     if not text.isascii() and has_surrogate(text):
         text = json.dumps(obj, separators=(",", ":"), default=str)
     return text
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (inf, -inf, NaN) as the string JSON writers
+    spell it with (``"Infinity"``, ``"-Infinity"``, ``"NaN"``): JSON has no such numbers,
+    and a browser's ``JSON.parse`` refuses the bare words. Echoes of a refused input (a
+    ``"timeout": Infinity`` a model sent) pass through here."""
+    if isinstance(obj, float):
+        if obj != obj:
+            return "NaN"
+        if obj in (float("inf"), float("-inf")):
+            return "Infinity" if obj > 0 else "-Infinity"
+        return obj
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj

@@ -78,6 +78,9 @@ SESSION_IDLE_TIMEOUT: float = DEFAULT_SESSION_IDLE_TIMEOUT
 
 WorkspaceResolver = Callable[[ServerRequestContext[Any, Any]], Path | None]
 
+#: OpenAI's native tools (``shell``, ``apply_patch``): Responses API tools, never listed here.
+_OPENAI_NATIVE = frozenset({"shell", "apply_patch"})
+
 
 class _Server(Server[Any]):
     """The SDK's low-level server, declaring ``tools.listChanged`` to handshake-era clients
@@ -120,9 +123,19 @@ class ToolList:
     lasts as long as the server's lifespan.
     """
 
-    def __init__(self, registry: ToolRegistry, *, idle_timeout: float | None = None) -> None:
+    def __init__(
+        self, registry: ToolRegistry, *, idle_timeout: float | None = None, native_tools: bool = False
+    ) -> None:
         self._registry = registry
         self._idle_timeout = idle_timeout
+        #: Also list Anthropic's ``bash`` and ``str_replace_based_edit_tool`` by those names
+        #: (registered here: :mod:`worker.native`), for clients that want the tools their
+        #: model was trained on. Off by default: most clients bring a shell of their own.
+        self._native = native_tools
+        if native_tools:
+            from .native import ANTHROPIC_NAMES, install
+
+            install(registry, ANTHROPIC_NAMES)
         self._rendered: tuple[int, list[types.Tool]] = (-1, [])
         self.bus = InMemorySubscriptionBus()
         #: The ``subscriptions/listen`` handler (serving it also declares ``listChanged``).
@@ -140,7 +153,11 @@ class ToolList:
     def tools(self) -> list[types.Tool]:
         version = self._registry.tools_version
         if self._rendered[0] != version:
-            tools = [types.Tool.model_validate(s) for s in self._registry.all_schemas("mcp")]
+            tools = [
+                types.Tool.model_validate(s)
+                for s in self._registry.all_schemas("mcp", native=self._native)
+                if s["name"] not in _OPENAI_NATIVE  # (Responses API tools: no MCP form)
+            ]
             self._rendered = (version, tools)
         return self._rendered[1]
 
@@ -245,23 +262,30 @@ def build_server(
     runner: CallRunner,
     resolve_workspace: WorkspaceResolver,
     tool_list: ToolList | None = None,
+    extra: Any = None,
 ) -> Server[Any]:
     """An MCP server whose tools are ``registry``'s (read live; sessions are told when
     they change, through ``tool_list``), run through ``runner`` in the workspace
-    ``resolve_workspace(ctx)`` returns for each request."""
+    ``resolve_workspace(ctx)`` returns for each request; ``extra`` adds tools of the server
+    alone (``tools``, ``names``, ``async call(name, arguments)``: the snapshot tools of
+    :mod:`worker.snapshots.mcp_tools`), never the registry's."""
     if tool_list is None:
         tool_list = ToolList(registry)
+    own_tools = list(extra.tools) if extra is not None else []
 
     async def list_tools(
         _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tool_list.tools())
+        return types.ListToolsResult(tools=tool_list.tools() + own_tools)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         workspace = resolve_workspace(ctx)
         arguments = dict(params.arguments or {})
+        if extra is not None and params.name in extra.names:
+            own: types.CallToolResult = await extra.call(params.name, arguments)
+            return own
         try:
             if _progress_token(ctx) is not None:
                 result = await _streamed(ctx, runner, params.name, arguments, workspace)
@@ -328,13 +352,22 @@ async def _streamed(
     return result
 
 
-async def serve_stdio(registry: ToolRegistry, workspace: Path, *, max_concurrent: int = 64) -> None:
-    """Serve ``workspace`` over stdin/stdout until the client closes the stream."""
+async def serve_stdio(
+    registry: ToolRegistry,
+    workspace: Path,
+    *,
+    max_concurrent: int = 64,
+    native_tools: bool = False,
+    extra: Any = None,
+) -> None:
+    """Serve ``workspace`` over stdin/stdout until the client closes the stream; with
+    ``native_tools`` Anthropic's ``bash`` and text editor are listed too (:class:`ToolList`),
+    and the server-only tools ``extra`` (see :func:`build_server`)."""
     from mcp.server.stdio import stdio_server
 
     ws = workspace.resolve()
     runner = CallRunner(registry, Metrics(), max_concurrent=max_concurrent)
-    server = build_server(registry, runner, lambda _ctx: ws)
+    server = build_server(registry, runner, lambda _ctx: ws, ToolList(registry, native_tools=native_tools), extra)
     log.info("mcp.stdio.started", workspace=str(ws))
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
@@ -346,9 +379,11 @@ class HttpMcp:
     It serves behind the service's :class:`worker.auth.AccessGuard`, which has already
     checked the token, the Host (DNS rebinding) and the Origin of every request."""
 
-    def __init__(self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces) -> None:
+    def __init__(
+        self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces, *, native_tools: bool = False
+    ) -> None:
         self._workspaces = workspaces
-        self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT)
+        self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT, native_tools=native_tools)
         server = build_server(registry, runner, self._workspace_of, self.tool_list)
         # The SDK's own Host/Origin lists are off: the service's guard decides those for
         # every route, this one included, in one place (worker.auth).
@@ -375,7 +410,7 @@ class HttpMcp:
         """ASGI: find the workspace (404 when there is none), then hand over to the SDK."""
         ws_id = scope.get("path_params", {}).get("workspace_id", "")
         try:
-            path = self._workspaces.path(ws_id)
+            path = await self._workspaces.locate(ws_id)
         except (InvalidWorkspaceId, WorkspaceNotFound) as e:
             await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
             return

@@ -50,6 +50,16 @@ class Settings(BaseSettings):
         "instead of the engine's attach stream (falls back to it when unreachable).",
     )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+    pull: Literal["missing", "never", "always"] = Field(
+        "missing",
+        description="When a sandbox image is pulled: missing (not on the engine), never (build or load it "
+        "first), always (before every new container). Credentials: Docker's own (docker login).",
+    )
+    registries: str = Field(
+        "docker.io",
+        description="Registries images may be pulled from, comma-separated host[:port] as image names write "
+        'them (docker.io for names without one; "" for none). Images already on the engine are used anyway.',
+    )
     ca_bundle: Path | None = Field(
         None,
         description="PEM file on the host mounted read-only into sandboxes as the trust store of pip, npm, git, "
@@ -122,9 +132,31 @@ class Settings(BaseSettings):
         description="History of tool calls kept per workspace (the dashboard's timeline, GET .../calls); "
         "0: none recorded.",
     )
+    # -- snapshots and forks (issue 29) --------------------------------------------------
+    max_snapshots: int = Field(
+        32, ge=1, le=10_000, description="Snapshots kept per workspace; one more is refused until one is deleted."
+    )
+    max_snapshot_bytes: str = Field(
+        "64g",
+        description="Bytes the snapshot store may hold (the apparent size of every snapshot's files, whatever "
+        "copy-on-write shares); a snapshot beyond it is refused.",
+    )
+    snapshot_strategy: Literal["auto", "btrfs", "reflink", "copy"] = Field(
+        "auto",
+        description="How snapshots and forks copy a tree: auto tries btrfs subvolume snapshots, then reflinks "
+        "(XFS, btrfs), then a plain copy; a name starts the list there.",
+    )
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
+
+    @field_validator("registries")
+    @classmethod
+    def _registries(cls, v: str) -> str:
+        from sandbox.pulls import parse_registries
+
+        parse_registries(v)  # ValueError naming the entry
+        return v
 
     @field_validator("egress_allow")
     @classmethod
@@ -154,6 +186,14 @@ class Settings(BaseSettings):
             problem = pem_problem(str(v))
             if problem is not None:
                 raise ValueError(problem)
+        return v
+
+    @field_validator("max_snapshot_bytes")
+    @classmethod
+    def _snapshot_bytes(cls, v: str) -> str:
+        from sandbox.spec import parse_size
+
+        parse_size(v)
         return v
 
     @field_validator("egress_bytes_per_minute")
@@ -189,6 +229,11 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("info", description="Lowest level logged: debug, info, warning, error.")
     max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
+    mcp_native_tools: bool = Field(
+        False,
+        description="MCP also lists Anthropic's `bash` and `str_replace_based_edit_tool` by those names "
+        "(docs/native-tools.md); `loom-worker mcp --native-tools` for one stdio server.",
+    )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."
     )
@@ -219,6 +264,8 @@ class Settings(BaseSettings):
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
         """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""
+        from sandbox.pulls import parse_registries
+
         return {
             "image": self.image,
             "runtime": self.runtime,
@@ -236,6 +283,8 @@ class Settings(BaseSettings):
             "idle_ttl": self.idle_ttl,
             "direct": self.direct_channel,
             "agent_runtime_image": self.agent_runtime_image,
+            "pull": self.pull,
+            "registries": parse_registries(self.registries),
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
         }
 

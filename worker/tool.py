@@ -5,6 +5,13 @@
 JSON Schema the model sees is generated from that same model (:func:`parameters_schema`)
 and rendered for OpenAI function calling, Anthropic tool use and MCP.
 
+Every built-in argument model derives from :class:`ToolArgs`: unknown fields refused,
+and strict types (a boolean is not a number, ``"10"`` is not an integer, ``2.0`` is not an
+integer, a number is not a boolean) with only finite numbers (``Infinity``, ``NaN`` and
+``1e309``, which Python's ``json`` reads as infinity, are refused). A model's mistaken
+argument comes back naming the field instead of being silently reinterpreted.
+:meth:`Tool.validate` validates strictly even a model that does not derive from it.
+
 Errors a tool raises for the model to act on::
 
     ToolError              success=false with this message (bad input, nothing to do)
@@ -14,11 +21,12 @@ Errors a tool raises for the model to act on::
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .result import ToolResult
 
@@ -26,6 +34,19 @@ if TYPE_CHECKING:
     from sandbox.base import ExecControl, OutputCallback
 
     from .workspace import Workspace
+
+
+class ToolArgs(BaseModel):
+    """Base of a tool's argument model: unknown fields are refused and types are strict.
+
+    ``strict``: no coercion between types (``true`` for a number, ``1`` for a boolean,
+    ``"10"`` for a number and ``2.0`` for an integer are refused, as is a tuple for a
+    list); ``allow_inf_nan=False``: a number must be finite. The JSON Schema the model
+    sees says the same (``"type": "integer"``, ``"boolean"``, bounds as ``minimum`` /
+    ``exclusiveMinimum``); a JSON document cannot carry a non-finite number at all.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ToolError(Exception):
@@ -94,9 +115,10 @@ class Tool:
         return self.timeout_for(args) if self.timeout_for is not None else self.timeout
 
     def validate(self, arguments: dict[str, Any]) -> BaseModel:
-        """The arguments as the tool's model. Raises ToolError naming each bad field."""
+        """The arguments as the tool's model, validated strictly (see :class:`ToolArgs`).
+        Raises ToolError naming each bad field."""
         try:
-            return self.args_model.model_validate(arguments)
+            return self.args_model.model_validate(arguments, strict=True)
         except ValidationError as e:
             raise ToolError(format_validation_error(self.name, e)) from None
 
@@ -194,6 +216,51 @@ _RANGE_TYPES = {
 }
 
 
+def non_finite(value: Any, loc: str = "") -> tuple[str, float] | None:
+    """The location (``a.0.b``) and value of the first non-finite number (inf, -inf,
+    NaN) in the JSON-like ``value``, or None. For arguments checked by a JSON Schema,
+    whose ``"type": "number"`` admits them once Python's ``json`` has read ``Infinity``,
+    ``NaN`` or ``1e309``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return loc or "arguments", value
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        found = non_finite(v, f"{loc}.{k}" if loc else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def non_finite_message(tool: str, arguments: dict[str, Any]) -> str | None:
+    """``Invalid arguments for <tool>: '<field>': wrong value ...`` when ``arguments``
+    hold a non-finite number (worded as for a model's field), else None."""
+    found = non_finite(arguments)
+    if found is None:
+        return None
+    loc, value = found
+    return f"Invalid arguments for {tool}: '{loc}': wrong value ({_shown(value)}): Input should be a finite number"
+
+
+def _shown(value: Any) -> str:
+    """The JSON type of a wrong value, and the value itself when it is a short scalar
+    (``boolean true``, ``string '10'``): what the model sent, so it sees its mistake."""
+    name = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+    if isinstance(value, bool):
+        return f"{name} {'true' if value else 'false'}"
+    if isinstance(value, float) and not math.isfinite(value):  # as JSON writers spell it
+        return f"{name} {'NaN' if math.isnan(value) else ('Infinity' if value > 0 else '-Infinity')}"
+    if isinstance(value, int | float) or (isinstance(value, str) and len(value) <= 40):
+        return f"{name} {value!r}"
+    return name
+
+
 def format_validation_error(tool: str, err: ValidationError) -> str:
     """One line per problem: the field, then missing / unknown field / wrong type / out of range."""
     problems = []
@@ -207,9 +274,10 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
             problems.append(f"'{loc}': unknown field (not an argument of {tool})")
         elif kind in _RANGE_TYPES:
             problems.append(f"'{loc}': out of range: {msg}")
+        elif kind == "finite_number":
+            problems.append(f"'{loc}': wrong value ({_shown(e.get('input'))}): {msg}")
         elif kind.endswith("_type") or kind.endswith("_parsing") or kind in ("model_attributes_type",):
-            got = type(e.get("input")).__name__
-            problems.append(f"'{loc}': wrong type ({got}): {msg}")
+            problems.append(f"'{loc}': wrong type ({_shown(e.get('input'))}): {msg}")
         else:
             text = msg.removeprefix("Value error, ")
             problems.append(f"'{loc}': {text}")

@@ -7,15 +7,19 @@ and then writes through the sandbox; :meth:`Workspace.run_shell` brackets a comm
 
 Mutations of one workspace (writes and shell commands) are serialized by one lock, so a
 change seen after a command is the command's and not a concurrent write's. Reads, lists
-and searches do not take it.
+and searches do not take it. A tool that reads a file and then writes it (``edit_file``)
+also holds the file's path (:meth:`Workspace.hold`, :mod:`worker.pathlocks`) from the read
+to the write, so concurrent mutations of one path take turns instead of conflicting.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandbox.base import (
     ExecControl,
@@ -30,6 +34,9 @@ from sandbox.base import (
 from sandbox.errors import SandboxError
 
 from .background import Background, BackgroundLimits, Started, new_process_id
+from .pathlocks import PathLocks
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -154,6 +161,7 @@ class Workspace:
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
         self._mutation_lock = asyncio.Lock()
+        self._paths = PathLocks(root)
         self._known: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._known_bytes = 0
 
@@ -192,6 +200,14 @@ class Workspace:
             item = self._known.pop(p, None)
             if item is not None:
                 self._known_bytes -= len(item[0])
+
+    def hold(self, path: str) -> AbstractAsyncContextManager[None]:
+        """Hold workspace-relative ``path`` while a tool reads and then changes it: other
+        holders of the same file (also through a symlink inside the workspace), of a
+        directory above it or of a path below it wait, in arrival order; unrelated paths
+        do not. Not reentrant. Shell commands do not take it (for an edit, a command that
+        changes its file between its read and its write is a change from outside)."""
+        return self._paths.hold(path)
 
     async def write(
         self,
@@ -299,6 +315,36 @@ class Workspace:
                 changed = []
             return result, sorted(set(changed))
 
+    async def run_recorded(
+        self,
+        command: str,
+        run: Callable[[], Awaitable[T]],
+        *,
+        tool: str,
+        call_id: str | None = None,
+        subtask_id: str | None = None,
+    ) -> tuple[T, list[str]]:
+        """Await ``run()`` (something that changes files by running ``command`` another
+        way than :meth:`run_shell`: a persistent shell's command) bracketed like a shell
+        command: under the mutation lock, what background processes changed before is
+        theirs, what changed while it ran is recorded as ``call_id``'s. Returns its value
+        and the changed paths. Raises what ``run`` raises (its changes are recorded
+        first) and the recorder's errors."""
+        async with self._mutation_lock:
+            bg = await self.background.attribution(self.sandbox) if self.background is not None else None
+            extra: dict[str, Any] = {"attribute": bg.record} if bg is not None else {}
+            token = await self.recorder.before_shell(self.sandbox, **extra)
+            if bg is not None and self.background is not None:
+                self.background.settled(bg)
+            try:
+                value = await run()
+            finally:
+                self.forget(None)
+                changed = await self.recorder.after_shell(
+                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                )
+            return value, sorted(set(changed))
+
     # -- background processes ---------------------------------------------------------------
 
     async def start_background(
@@ -309,10 +355,14 @@ class Workspace:
         timeout: float,
         call_id: str | None = None,
         subtask_id: str | None = None,
+        process_id: str | None = None,
+        idle: float = 0.0,
         env: dict[str, str] | None = None,
     ) -> ProcessInfo:
-        """Start ``command`` as a background process (see :mod:`worker.background`), with
-        ``env`` on top of the sandbox's variables.
+        """Start ``command`` as a background process (see :mod:`worker.background`),
+        named ``process_id`` (default: a new ``proc-`` id), ended after ``idle`` seconds
+        without a reader or writer when given, with ``env`` on top of the sandbox's
+        variables.
 
         Raises AgentError (code ``limit``: too many run; a bad cwd), infrastructure
         errors; NotImplementedError when the sandbox has none.
@@ -326,7 +376,8 @@ class Workspace:
             await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
             if bg is not None and attr is not None:
                 bg.settled(attr)
-            process_id = new_process_id()
+            process_id = process_id or new_process_id()
+            extra: dict[str, Any] = {"idle": idle} if idle else {}
             info = await self.sandbox.start_process(
                 process_id,
                 command,
@@ -335,6 +386,7 @@ class Workspace:
                 env=env,
                 max_running=limits.max_processes,
                 linger=limits.linger,
+                **extra,
             )
             self.forget(None)
             if bg is not None:

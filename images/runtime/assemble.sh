@@ -1,7 +1,7 @@
 #!/bin/sh
 # Assemble the agent runtime in $1 (default /opt/loom-runtime): the CPython that runs the
 # in-container agent, its standard library, ripgrep, and every shared library they load,
-# glibc's dynamic loader included. The worker mounts this directory read-only into every
+# glibc's dynamic loader included; and tini, the sandbox's init under runc (below). The worker mounts this directory read-only into every
 # sandbox (at /.loom) and starts the agent as
 #     /.loom/lib/ld-linux-x86-64.so.2 --library-path /.loom/lib /.loom/bin/python3 -I -S ...
 # so neither the interpreter nor the C library of the user's image is used: an image with
@@ -31,6 +31,17 @@ for f in "$DEST/bin/python3" "$DEST/bin/rg" "$DEST/lib/python$VER"/lib-dynload/*
 done | sort -u | while read -r lib; do
   cp -L "$lib" "$DEST/lib/"
 done
+# The sandbox's init (PID 1) under runc: Debian's static tini, the program Docker's own
+# `--init` runs, but unreadable (mode 0111). The kernel makes a process that executes a file
+# it may not read non-dumpable, and a non-dumpable process cannot be ptrace-attached, nor its
+# /proc/<pid>/mem opened, by commands of the same uid (seccomp cannot refuse the latter).
+# gVisor reads a program to load it, so under gVisor the engine's own init stays PID 1 (its
+# kernel refuses tracing it anyway).
+TINI=$(command -v tini-static || true)
+[ -n "$TINI" ] || { echo "no tini-static in the base image (Debian package tini)" >&2; exit 1; }
+cp "$TINI" "$DEST/bin/tini"
+chmod 0111 "$DEST/bin/tini"
+"$DEST/bin/tini" -- true
 LOADER=$(ls "$DEST"/lib/ld-linux-*.so.* | head -n1)
 [ -n "$LOADER" ] || { echo "no dynamic loader found" >&2; exit 1; }
 ln -sf "$(basename "$LOADER")" "$DEST/lib/loader"

@@ -63,7 +63,44 @@ def op_hello(req):
         # Commands run with the image's own /bin/sh: an image without one cannot serve.
         "shell": os.access("/bin/sh", os.X_OK),
         "cpu_quota": cgroup.cpu_quota(),
+        "seccomp": _seccomp_mode(),
     }
+
+
+def _own_dirs(dirs):
+    """Give the sandbox's own directories (/tmp, $HOME: tmpfs mounts owned by this uid) the
+    modes they must have, 1777 and 0700, where the runtime left the image's instead (runc
+    before 1.2 chmods a tmpfs mountpoint to the mode of the directory it covers, over the
+    mount's mode=). Only what this uid owns is touched, never through a link; best effort:
+    a command sees an error of its own if a directory stays unusable."""
+    if not isinstance(dirs, dict):
+        return
+    for path, mode in dirs.items():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, TypeError, ValueError):
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and isinstance(mode, int) and (st.st_mode & 0o7777) != mode:
+                os.fchmod(fd, mode)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _seccomp_mode():
+    """This process's seccomp mode as the kernel reports it (2: a filter is in effect, 0:
+    none), None where /proc does not say: the host checks that the profile took effect."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def op_direct(req):
@@ -201,6 +238,7 @@ def main(config):
     channel.open_stdout(sys.stdout.buffer)
     state.subreaper = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
     _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies
+    _own_dirs(config.get("own_dirs"))
     os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     stdin = sys.stdin.buffer

@@ -234,6 +234,7 @@ def op_proc_start(req):
         "tail": int(req.get("tail", 1 << 20)),
         "linger": float(req.get("linger", 600)),
         "grace": float(req.get("grace", 0.5)),
+        "idle": float(req.get("idle") or 0),
         "marker": "bg-" + pid_id,
         "activity_file": state.ACTIVITY_FILE,
     }

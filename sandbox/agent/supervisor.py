@@ -124,6 +124,9 @@ class Supervisor(object):
         #: Where a reader that passes no cursor goes on from: what "since the last read"
         #: means, shared by every worker process (the model's process_output).
         self.read_cursor = [0, 0]
+        #: When a reader or writer last came (``info`` does not count): past ``idle``
+        #: seconds without one, the process is ended as timed out.
+        self.last_use = time.time()
 
     # -- the process --------------------------------------------------------------
 
@@ -231,7 +234,10 @@ class Supervisor(object):
         if self.ended is not None:
             return last_touch
         timeout = float(self.cfg.get("timeout") or 0)
-        if timeout > 0 and now - self.started > timeout and self.reason is None:
+        idle = float(self.cfg.get("idle") or 0)
+        if (
+            (timeout > 0 and now - self.started > timeout) or (idle > 0 and now - self.last_use > idle)
+        ) and self.reason is None:
             with self.lock:
                 self.reason = "timeout"
             self.kill_tree(self.grace)
@@ -405,6 +411,8 @@ class Supervisor(object):
 
     def handle(self, req):
         op = req.get("op")
+        if op != "info":
+            self.last_use = time.time()
         if op == "info":
             return self.info()
         if op == "output":

@@ -41,6 +41,13 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
         ["bench/bench_secrets.py", "--rounds", "1", "--mb", "8"],
+        ["bench/bench_native.py", "--n", "3"],
+        [
+            "bench/bench_fork.py",
+            *("--files", "200", "--mb", "4", "--source", "", "--fs", "host"),
+            *("--rounds", "1", "--forks", "2", "--changed", "5"),
+        ],
+        ["bench/bench_ray.py", "--n", "20", "--workspaces", "6"],
         ["bench/bench_inspect.py", "--samples", "1", "--execs", "5"],
     ],
     ids=[
@@ -54,6 +61,9 @@ ROOT = Path(__file__).resolve().parents[2]
         "stream",
         "ports",
         "secrets",
+        "native",
+        "fork",
+        "ray",
         "inspect",
     ],
 )

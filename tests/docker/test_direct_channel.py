@@ -80,7 +80,7 @@ async def assert_stays_on_attach(backend: DockerBackend, workspace: Path) -> Non
     assert not conn.direct
     box = await backend.get(workspace)
     assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
-    assert backend._direct_failed == {box.container_name} and not backend._direct_unreachable
+    assert backend.channels.failed == {box.container_name} and not backend.channels.unreachable
 
 
 async def _conn(backend: DockerBackend, ws: Path) -> connmod.AgentConnection:
@@ -176,8 +176,6 @@ async def test_no_access_to_container_processes_stops_asking(
     """No access to /proc/<pid>/root at all (a worker in another pid namespace, as with
     docker compose, or without ptrace-read access): true for every container, so the
     process stays on attach streams without even asking the agents."""
-    import sandbox.docker as dmod
-
     real_open = os.open
 
     def guarded_open(path: object, *a: object, **k: object) -> int:
@@ -185,12 +183,12 @@ async def test_no_access_to_container_processes_stops_asking(
             raise PermissionError(13, "Permission denied", path)
         return real_open(path, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dmod.os, "open", guarded_open)
+    monkeypatch.setattr(os, "open", guarded_open)
     other = tmp_path / "other"
     other.mkdir()
     async with own_backend() as backend:
         assert not (await _conn(backend, workspace)).direct
-        assert backend._direct_unreachable
+        assert backend.channels.unreachable
         asked: list[int] = []
         real_go = connmod.AgentConnection.go_direct
 

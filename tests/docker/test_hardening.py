@@ -35,7 +35,12 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["Privileged"] is False
     assert host["ReadonlyRootfs"] is True
-    assert host["Init"] is True
+    # PID 1 is tini: under runc the agent runtime's unreadable copy (the kernel keeps it
+    # non-dumpable), under gVisor the engine's own (--init), which gVisor must read to load.
+    if runtime_backend.spec.runtime == "runc":
+        assert host["Init"] is False and cfg["Entrypoint"][:2] == ["/.loom/bin/tini", "--"]
+    else:
+        assert host["Init"] is True and cfg["Entrypoint"][0] == "/.loom/lib/loader"
     assert host["NanoCpus"] == 1_000_000_000
     assert host["Memory"] == 1 << 30
     assert host["MemorySwap"] == host["Memory"]  # no swap on top of the memory limit
@@ -46,7 +51,7 @@ async def test_inspect_shows_every_hardening_setting(runtime_backend: DockerBack
     assert host["LogConfig"]["Type"] == "none"  # agent traffic never lands in engine logs
     tmpfs = host["Tmpfs"]
     assert "size=" in tmpfs["/tmp"] and "size=" in tmpfs[HOME_DIR]
-    assert "uid=1000" in tmpfs[HOME_DIR]
+    assert "uid=1000" in tmpfs[HOME_DIR] and "uid=1000" in tmpfs["/tmp"]  # the agents set their modes
     assert all("exec" in opts.split(",") and "noexec" not in opts for opts in tmpfs.values())
     assert cfg["User"] == "1000:1000"
     # Only the workspace is mounted from the host: no docker socket, no other host path.
@@ -146,6 +151,21 @@ async def test_gvisor_requested_but_not_in_effect_is_refused(docker_ready: None,
         assert await backend.inspect(workspace) is None
     finally:
         await backend.remove_all_started()
+        await backend.aclose()
+
+
+async def test_an_agent_runtime_image_without_the_init_is_refused(docker_ready: None, workspace: Path) -> None:
+    """A runtime image older than the worker (no dev.loom.agent-runtime label of version 2,
+    so no bin/tini) is refused before any container is made, saying to rebuild it."""
+    from sandbox.errors import ImageNotFoundError
+    from tests.conftest import MINIMAL_IMAGE
+
+    backend = make_backend(agent_runtime_image=MINIMAL_IMAGE)
+    try:
+        with pytest.raises(ImageNotFoundError, match=r"older than this worker.*docker build"):
+            await backend.prepare()
+        assert await backend.inspect(workspace) is None
+    finally:
         await backend.aclose()
 
 

@@ -49,6 +49,11 @@ async def play(client: Any, workspace: Path) -> None:
     assert r.is_error is True and "not found" in text(r).lower()
     r = await client.call_tool("read_file", {"paht": "x"})
     assert r.is_error is True and "'path'" in text(r)
+    # Strict types (issue 24): a boolean or a numeric string for a number is refused by name.
+    r = await client.call_tool("read_file", {"path": "src/app.py", "max_bytes": True})
+    assert r.is_error is True and "'max_bytes': wrong type (boolean true)" in text(r)
+    r = await client.call_tool("shell_execute", {"command": "true", "timeout": "10"})
+    assert r.is_error is True and "'timeout': wrong type (string '10')" in text(r)
     r = await client.call_tool("read_file", {"path": "../outside"})
     assert r.is_error is True and "Safety violation" in text(r)
     r = await client.call_tool("shell_execute", {"command": "exit 4"})

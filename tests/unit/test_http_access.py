@@ -52,6 +52,7 @@ FILL = {
     "entry_id": "1",
     "process_id": "p1",
     "name": "TOKEN",
+    "ref": "s1",
     "port": str(NOTHING_LISTENS),
     "path": "index.js",
 }

@@ -104,7 +104,7 @@ async def test_unknown_tool(local_registry: ToolRegistry, workspace: Path) -> No
         ("read_file", {"path": 7}, ["'path'", "wrong type"]),
         ("read_file", {"path": "a", "bogus": 1}, ["'bogus'", "unknown field"]),
         ("read_file", {"path": "a", "line_range": [3, 1]}, ["'line_range'", "out of range"]),
-        ("read_file", {"path": "a", "line_range": [0, 1]}, ["'line_range'", "out of range"]),
+        ("read_file", {"path": "a", "line_range": [0, 1]}, ["'line_range.0'", "out of range"]),
         ("read_file", {"path": "a", "line_range": [1]}, ["'line_range'", "out of range"]),
         ("read_file", {"path": "a", "max_bytes": 0}, ["'max_bytes'", "out of range"]),
         ("list_directory", {"depth": 11}, ["'depth'", "out of range"]),

@@ -217,7 +217,12 @@ def test_disk_limits_parse_and_reach_the_container_and_its_agents(tmp_path: Path
 
     spec = SandboxSpec(max_file_size="2g", disk_limit="0", disk_reserve="512m")
     assert (spec.max_file_size, spec.disk_limit, spec.disk_reserve) == (2 << 30, 0, 512 << 20)
-    assert spec.agent_config() == {"disk_limit": 0, "disk_reserve": 512 << 20, "inode_limit": 1_000_000}
+    assert spec.agent_config() == {
+        "own_dirs": {"/tmp": 0o1777, "/home/sandbox": 0o700},
+        "disk_limit": 0,
+        "disk_reserve": 512 << 20,
+        "inode_limit": 1_000_000,
+    }
     defaults = SandboxSpec()
     assert (defaults.max_file_size, defaults.disk_limit, defaults.disk_reserve) == (4 << 30, 8 << 30, 1 << 30)
     assert spec.fingerprint() != defaults.fingerprint()  # a running sandbox with other limits is replaced

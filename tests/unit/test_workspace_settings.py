@@ -127,6 +127,19 @@ class _Backend:
     async def has_image(self, image: str) -> bool:
         return not image.startswith("missing")
 
+    async def ensure_image(self, image: str) -> bool:
+        """As DockerBackend.ensure_image: an image it cannot have is an ImagePullError."""
+        from sandbox.errors import ImagePullError
+
+        if image.startswith("missing"):
+            raise ImagePullError(
+                f"image {image} could not be pulled from docker.io: not found",
+                image=image,
+                registry="docker.io",
+                reason="not_found",
+            )
+        return False
+
     async def stop(self, workspace: Path) -> bool:
         return False
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..jsontext import finite
 from ..logging import CONTENT_KEYS, SECRET_MARKERS
 from ..result import ToolResult
 
@@ -89,9 +90,9 @@ def brief_args(arguments: Mapping[str, Any] | str | None) -> dict[str, Any]:
         elif isinstance(v, str):
             out[key] = cut(mask_secrets(v), MAX_ARG_CHARS)
         elif v is None or isinstance(v, bool | int | float):
-            out[key] = v
+            out[key] = finite(v)  # a refused "timeout": Infinity stays JSON a browser parses
         elif isinstance(v, list) and len(v) <= 4 and all(isinstance(x, int | float) for x in v):
-            out[key] = v  # a line_range
+            out[key] = finite(v)  # a line_range
         else:
             out[key] = _size(v)
     return out

@@ -50,6 +50,19 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def _integer(_checker: Any, instance: Any) -> bool:
+    # To JSON Schema 2.0 is an integer; as for the built-in tools' strict models, an
+    # integer argument must be written as one (and a boolean is never a number).
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+#: Draft 2020-12 with strict integers: the validator of custom and MCP tools' arguments.
+StrictValidator: Any = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _integer),
+)
+
+
 class CustomToolError(ValueError):
     """Arguments for a custom tool do not fit its parameter schema."""
 
@@ -136,7 +149,7 @@ class CustomTool:
         self.origin = origin
         schema = dict(spec.parameters)
         schema.setdefault("additionalProperties", False)  # unknown arguments are refused
-        self._validator = jsonschema.Draft202012Validator(schema)
+        self._validator = StrictValidator(schema)
         self.schema = schema
 
     @property
@@ -169,8 +182,8 @@ class CustomTool:
         errors = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
         if errors:
             e = errors[0]
-            where = "/".join(str(p) for p in e.path) or "arguments"
-            raise CustomToolError(f"{self.name}: {where}: {e.message}")
+            where = ".".join(str(p) for p in e.path) or "arguments"
+            raise CustomToolError(f"{self.name}: '{where}': {e.message}")
         if _has_nul(args):
             raise CustomToolError(f"{self.name}: arguments must not contain NUL characters")
         return args

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ..tool import ToolArgs
 from .capabilities import CAPABILITIES
 from .search import Catalog, SearchHit
 
@@ -27,10 +28,8 @@ DESCRIPTION = (
 _SOURCE_LABEL = {"builtin": "BUILTIN", "custom": "CUSTOM", "mcp": "MCP"}
 
 
-class ToolSearchArgs(BaseModel):
+class ToolSearchArgs(ToolArgs):
     """Arguments of ``tool_search``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     query: str = Field(description="Natural language description of what you want to do")
     mode: Literal["fast", "balanced", "accurate"] = Field(

@@ -9,6 +9,8 @@ of the workspace is read and written through the :class:`~sandbox.base.Sandbox`.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,21 @@ from .errors import EntryNotFoundError
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
+from .restore import Plan, Restorer
 from .shellscan import ShellToken, ShellTracker
-from .store import Store
+from .store import Store, WorkspaceLock
 from .undo import select, undo
 from .write import recorded_write
+
+#: Beside a fork's changelog: the snapshot its history starts at.
+ORIGIN_FILE = "forked_from.json"
+
+
+def _read_origin(root: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((root / ORIGIN_FILE).read_text()))
+    except FileNotFoundError:
+        return None
 
 
 class Changelog:
@@ -74,6 +87,12 @@ class Changelog:
     @property
     def limits(self) -> Limits:
         return self._core.limits
+
+    @property
+    def lock(self) -> WorkspaceLock:
+        """The workspace's lock across coroutines and processes (what every recorded
+        change takes); a snapshot holds it while it pauses the sandbox and copies."""
+        return self._core.lock
 
     async def aclose(self) -> None:
         await self._core.aclose()
@@ -315,3 +334,37 @@ class Changelog:
                 select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
             )
             return await undo(self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id)
+
+    # -- restore and lineage (snapshots) ------------------------------------------------
+
+    async def restore(self, sandbox: Sandbox, tree: Path, *, call_id: str, note: str, dry_run: bool = False) -> Plan:
+        """Make the workspace a copy of ``tree`` (a host directory no sandbox reaches: a
+        snapshot's), recording every change as an entry of ``call_id`` (tool ``restore``)
+        with its before-image, so ``undo(call_id=...)`` gives the state before it back.
+        ``dry_run`` changes nothing and fills ``Plan.diff``. Raises sandbox and storage
+        errors, OSError reading ``tree``; a path the agent refuses is in ``Plan.failed``."""
+        async with self._core.lock:
+            await self._core.recover(sandbox)
+            return await Restorer(self._core, self._shell, sandbox, tree).run(
+                call_id=call_id, note=note, dry_run=dry_run
+            )
+
+    async def last_entry(self) -> int:
+        """The id of the newest entry (0: none). Raises ChangelogStorageError."""
+        rows = await self._core.db(self._core.store.query, "SELECT COALESCE(MAX(id), 0) FROM entries")
+        return int(rows[0][0])
+
+    async def origin(self) -> dict[str, Any] | None:
+        """Where this changelog's history starts when its workspace is a fork (the
+        snapshot, its workspace, and that changelog's entry then), else None."""
+        return await asyncio.to_thread(_read_origin, self._core.root)
+
+    @staticmethod
+    def start_at(data_dir: Path, workspace: Path, origin: dict[str, Any]) -> None:
+        """Say that the history of a new workspace (a fork) starts at a snapshot (see
+        :meth:`origin`): a small file beside its changelog, written before its first
+        entry (a database per fork would cost a few fsyncs each). Blocking. Raises
+        OSError."""
+        root = workspace_dir(Path(data_dir), Path(workspace))
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / ORIGIN_FILE).write_text(json.dumps(origin, sort_keys=True) + "\n")

@@ -16,7 +16,7 @@ import time
 from typing import Any, Literal
 
 from sandbox.base import FileStat, Sandbox, TreeRemoval
-from sandbox.errors import AgentError, PathNotFoundError
+from sandbox.errors import AgentError, NotADirError, PathNotFoundError
 
 from ..quoting import quote_path
 from .diff import Content, read_now, unified
@@ -93,7 +93,7 @@ async def _states(sandbox: Sandbox, paths: list[str]) -> dict[str, State]:
     for p in paths:
         try:
             st = await sandbox.stat(p)
-        except PathNotFoundError:
+        except (PathNotFoundError, NotADirError):  # (a parent that is a file: no such path)
             out[p] = (None, None)
             continue
         except AgentError:

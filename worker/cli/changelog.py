@@ -112,6 +112,12 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> list[Entry]:
         async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
             path = None if args.path is None else unquote_path(args.path)
+            origin = await cl.origin()
+            if origin is not None and not args.json:  # a fork's history starts at its snapshot
+                print(
+                    f"# history starts at snapshot {origin['snapshot']} of {origin['workspace']} "
+                    f"(its entry {origin['entry']})"
+                )
             return await cl.log(path=path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
 
     for e in aio.run(run()):

@@ -173,6 +173,7 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
             box = await backend.get(ws)
             res = await box.exec("true")
             line(res.outcome == "exit", "sandbox start", f"container + agent answer ({settings.runtime})")
+            await _doctor_seccomp(backend, box, ws, info, settings.runtime, line)
             conn = await box.connection() if isinstance(box, AgentSandbox) else None
             if conn is not None:
                 channel = (
@@ -196,6 +197,32 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         _say("[note] running as root: root-owned workspaces run as uid 0 (no capabilities) inside the sandbox")
     await backend.aclose()
     return 0 if problems == 0 else 1
+
+
+async def _doctor_seccomp(backend: Any, box: Any, ws: Path, info: dict[str, Any], runtime: str, line: Any) -> None:
+    """The sandbox's seccomp profile: kept by the engine, and in effect for the agent (a
+    sandbox whose profile is not in effect does not start at all; this says which it is)."""
+    from sandbox.docker import seccomp
+    from sandbox.docker.checks import runsc_applies_seccomp
+
+    attrs = await backend.inspect(ws) or {}
+    kept = seccomp.in_security_opt((attrs.get("HostConfig") or {}).get("SecurityOpt"), runtime)
+    mode = (await box.info()).extra.get("seccomp")
+    name = f"loom profile {seccomp.digest(runtime)} ({runtime})"
+    if runtime == "runsc" and not runsc_applies_seccomp((info.get("Runtimes") or {}).get("runsc")):
+        _say(
+            f"[note] seccomp profile: {name} passed, but runsc ignores it (not registered with --oci-seccomp): "
+            "gVisor's own kernel decides what a sandboxed command may call (see docs/seccomp.md)"
+        )
+        return
+    line(
+        kept and mode == 2,
+        "seccomp profile",
+        f"{name} kept by the engine and in effect (agent: Seccomp {mode})"
+        if kept and mode == 2
+        else f"{name}: kept by the engine: {kept}, agent's seccomp mode: {mode!r} (2 expected)",
+        "the engine must run containers with seccomp (`docker info`: Security Options)",
+    )
 
 
 # -- gc / stop -----------------------------------------------------------------------------

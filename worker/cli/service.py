@@ -40,6 +40,9 @@ def register(sub: Any) -> None:
         help="Without LOOM_API_TOKEN: the API token is read from PATH, or generated there (mode 0600) at the first "
         "start. docker compose keeps it in its data volume.",
     )
+    from .cluster import add_ray_options
+
+    add_ray_options(serve, required=False)
     serve.set_defaults(func=_serve, own_logging=True)
 
     mcp = sub.add_parser(
@@ -48,7 +51,18 @@ def register(sub: Any) -> None:
         epilog="Exit status: 0 the client closed the stream; 2 usage error (the workspace is not a directory).",
     )
     mcp.add_argument("--workspace", type=path_arg, required=True, help="Workspace directory.")
+    mcp.add_argument(
+        "--native-tools",
+        action="store_true",
+        help="Also list Anthropic's bash and str_replace_based_edit_tool by those names (LOOM_MCP_NATIVE_TOOLS).",
+    )
     mcp.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
+    mcp.add_argument(
+        "--snapshot-tools",
+        action="store_true",
+        help="Also offer snapshot, fork and restore tools, for an orchestrating agent (never give this "
+        "server to an agent that should not fork its workspace).",
+    )
     mcp.set_defaults(func=_mcp, own_logging=True)
 
 
@@ -108,7 +122,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     except UnsafeBindError as e:
         print(f"loom-worker serve: {e}", file=sys.stderr)
         return 2
-    app = create_app(settings)
+    if args.ray:
+        # The front door of a Ray cluster: the same app, its workspaces on the nodes.
+        from .cluster import ray_integration
+
+        ray_cli = ray_integration("loom-worker serve")
+        if ray_cli is None:
+            return 2
+        app = ray_cli.front_door(settings, args.ray, args.ray_namespace)
+    else:
+        app = create_app(settings)
     uvicorn.run(
         app,
         host=settings.host,
@@ -153,7 +176,19 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     async def main() -> None:
         async with registry:
-            await serve_stdio(registry, workspace, max_concurrent=settings.max_concurrent_calls)
+            extra = None
+            if args.snapshot_tools:
+                from ..snapshots import Snapshots
+                from ..snapshots.mcp_tools import OrchestratorTools
+
+                extra = OrchestratorTools(Snapshots.from_settings(registry, settings), workspace)
+            await serve_stdio(
+                registry,
+                workspace,
+                max_concurrent=settings.max_concurrent_calls,
+                native_tools=args.native_tools or settings.mcp_native_tools,
+                extra=extra,
+            )
 
     import asyncio
 

@@ -124,6 +124,7 @@ class Runner:
         self._use_worker = self._worker_wanted()
         self._tty = sys.stderr.isatty()
         self._why_not: str | None = None  # why calls run here although the worker is wanted
+        self._bar: Any = None
 
     @staticmethod
     def _worker_wanted() -> bool:
@@ -164,6 +165,7 @@ class Runner:
                     on_log=_log_line,
                     tty=self._tty,
                     log_floor=verbosity.level(),
+                    on_pull=self._on_pull,
                 )
             except Retry as e:  # nothing ran: once more with a fresh worker
                 why = f"the local worker asked for a fresh one twice ({e})"
@@ -231,8 +233,21 @@ class Runner:
             if done is not None:
                 return done
         calls = self._calls()
-        code, result = self._loop.run(calls.execute(tool, arguments, workspace, call_id, check_unknown=check_unknown))
+        code, result = self._loop.run(
+            _showing_pulls(
+                calls.execute(tool, arguments, workspace, call_id, check_unknown=check_unknown), self._on_pull
+            )
+        )
         return code, result
+
+    def _on_pull(self, event: Any) -> None:
+        """Draw an image pull the call waits for (:mod:`worker.cli.pullbar`, imported only
+        when a pull happens)."""
+        if self._bar is None:
+            from .pullbar import PullBar
+
+            self._bar = PullBar()
+        self._bar(event)
 
     def close(self) -> None:
         if self._client is not None:
@@ -242,6 +257,14 @@ class Runner:
                 self._loop.run(self._in_process.aclose())
             finally:
                 self._loop.close()
+
+
+async def _showing_pulls(call: Any, bar: Any) -> Any:
+    """Run ``call`` with ``bar`` drawing the image pulls it waits for (this process's)."""
+    from sandbox.pulls import PULL_SINK
+
+    PULL_SINK.set(bar)
+    return await call
 
 
 def _runner(args: argparse.Namespace) -> Runner | int:

@@ -87,11 +87,14 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox.errors import SandboxError
+    from sandbox.pulls import PULL_SINK
 
     from ..registry import default_registry
     from ..tool import ToolError
     from ..workspace_settings import SettingsError
+    from .pullbar import PullBar
 
+    PULL_SINK.set(PullBar())  # a new --image is pulled now (LOOM_PULL): its progress on stderr
     async with default_registry(settings, catalog=False) as registry:
         try:
             if args.action == "show":

@@ -47,11 +47,14 @@ from . import (
     execute,
     harness,
     health,
+    images,
     mcp,
+    native,
     ports,
     processes,
     sandbox,
     secrets,
+    snapshots,
     stream,
     tools,
     workspaces,
@@ -67,6 +70,7 @@ from .state import Service
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     tools.router,
+    images.router,
     workspaces.router,
     execute.router,
     changelog.router,
@@ -78,7 +82,9 @@ ROUTERS: tuple[APIRouter, ...] = (
     sandbox.router,
     harness.router,
     secrets.router,
+    snapshots.router,
     stream.router,
+    native.router,
     ports.router,
 )
 
@@ -94,13 +100,16 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     registry_factory: RegistryFactory | None = None,
+    workspaces: Workspaces | None = None,
 ) -> FastAPI:
     """The service. With ``registry=None`` the app opens the default (Docker) registry at
     startup and closes it at shutdown; a given registry stays the caller's to close.
+    ``workspaces`` replaces the directories under ``LOOM_WORKSPACE_ROOT`` (a cluster's
+    front door gives its own, with the registry that goes with it).
     """
     service = Service(
         settings=settings,
-        workspaces=Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
+        workspaces=workspaces or Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
         access=Access(settings.api_token),
     )
     # The gauges read the running service when scraped.

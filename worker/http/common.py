@@ -15,10 +15,13 @@ from typing import Annotated, Any
 
 from fastapi import Path as PathParam
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
+from ..jsontext import finite
 from ..service import WORKSPACE_ID_PATTERN, Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound, encode_json
 
 WorkspaceId = Annotated[str, PathParam(pattern=WORKSPACE_ID_PATTERN, description="Workspace id.")]
@@ -41,13 +44,16 @@ class Problem(StrictModel):
 class SafeJSONResponse(JSONResponse):
     """The service's JSON response: a lone surrogate that reached a field (bytes of a file
     name or an output that are not UTF-8, which the tools and the changelog routes quote
-    first) is sent as a ``\\uXXXX`` escape instead of failing the request with a 500."""
+    first) is sent as a ``\\uXXXX`` escape instead of failing the request with a 500, and a
+    non-finite number (an Infinity or NaN a refused body held, echoed in its 422) as null."""
 
     def render(self, content: Any) -> bytes:
         try:
             return super().render(content)
         except UnicodeEncodeError:
             return encode_json(content)
+        except ValueError:  # a non-finite number: an echo of a refused input
+            return encode_json(finite(content))
 
 
 Responses = dict[int | str, dict[str, Any]]
@@ -79,10 +85,18 @@ async def _busy(_r: Request, e: Exception) -> Response:
     return JSONResponse({"detail": str(e)}, status_code=429, headers={"Retry-After": "1"})
 
 
+async def _invalid(_r: Request, e: Exception) -> Response:
+    # FastAPI's own handler, answering with the safe response: the errors echo the input,
+    # and a body's Infinity or NaN there made that handler fail with a 500.
+    assert isinstance(e, RequestValidationError)
+    return SafeJSONResponse({"detail": jsonable_encoder(e.errors())}, status_code=422)
+
+
 #: The answers to :mod:`worker.service`'s errors, for every route.
 HANDLERS: Handlers = {
     WorkspaceNotFound: _not_found,
     InvalidWorkspaceId: _bad_id,
     WorkspaceExists: _exists,
     Busy: _busy,
+    RequestValidationError: _invalid,
 }

@@ -24,6 +24,7 @@ from ..settings import Settings
 if TYPE_CHECKING:
     from ..mcp_server import HttpMcp
     from ..registry import ToolRegistry
+    from ..snapshots import Snapshots
 
 
 class NotStartedError(RuntimeError):
@@ -41,12 +42,23 @@ class Service:
     _registry: ToolRegistry | None = None
     _runner: CallRunner | None = None
     _mcp: HttpMcp | None = None
+    _snapshots: Snapshots | None = None
 
     def start(self, registry: ToolRegistry, runner: CallRunner, mcp: HttpMcp) -> None:
         self._registry, self._runner, self._mcp = registry, runner, mcp
 
     def stop(self) -> None:
         self._registry = self._runner = self._mcp = None
+        self._snapshots = None
+
+    @property
+    def snapshots(self) -> Snapshots:
+        """The snapshots of the service's workspaces (made at first use). Raises NotStartedError."""
+        if self._snapshots is None:
+            from ..snapshots import Snapshots
+
+            self._snapshots = Snapshots.from_settings(self.registry, self.settings)
+        return self._snapshots
 
     @property
     def started(self) -> bool:

@@ -161,9 +161,11 @@ class WorkerClient:
         on_log: Callable[[str], None],
         tty: bool,
         log_floor: str | None = None,
+        on_pull: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """One tool call: its exit code and result; the worker sends its log lines from
-        ``log_floor`` up (None: at its own level). Raises Unavailable, Retry or Lost."""
+        ``log_floor`` up (None: at its own level), and an image pull the call waits for
+        is shown through ``on_pull`` (``pull`` frames). Raises Unavailable, Retry or Lost."""
         frame = {
             "op": "call",
             "key": self.key,
@@ -175,7 +177,9 @@ class WorkerClient:
             "check_unknown": check_unknown,
             "log_floor": log_floor,
         }
-        answer = self.request(frame, on_log)
+        answer = self.request(
+            frame, on_log, None if on_pull is None else lambda f: on_pull(f) if f.get("t") == "pull" else None
+        )
         kind = answer.get("t")
         if kind == "retry":
             raise Retry(str(answer.get("reason")))

@@ -38,6 +38,7 @@ from typing import Any
 from sandbox import __version__
 from sandbox.base import ExecControl
 from sandbox.logs import get_logger
+from sandbox.pulls import PULL_SINK, PullEvent
 
 from ..logging import level_number
 from ..settings import Settings, describe_errors
@@ -246,8 +247,14 @@ class LocalWorker:
 
         for event in self.startup_events:
             sink(dict(event))
+
+        def pull_sink(event: PullEvent) -> None:  # the client draws a pull's progress
+            if not writer.is_closing():
+                _send(writer, {"id": rid, "t": "pull", **event.as_dict()})
+
         ctx = contextvars.copy_context()
         ctx.run(SINK.set, sink)
+        ctx.run(PULL_SINK.set, pull_sink)
         return ctx
 
     async def _call(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:

@@ -17,6 +17,8 @@ same path; today's frames::
       {"t": "hello", "pid": 4242, "key": K}   on accepting a connection, before any request
       {"id": 1, "t": "log", "text": "..."}            a log line for the client's stderr
       {"id": 4, "t": "output", "stream": "stdout", "data": BASE64, "dropped": 0}   exec's output
+      {"id": 1, "t": "pull", "image": "python:3.12-slim", "state": "pulling", ...}  an image
+                                                 pull's progress (sandbox.pulls.PullEvent)
       {"id": 1, "t": "result", "exit": 0, "result": {...}}                   (final)
       {"id": 1, "t": "retry", "reason": "..."}   not run: ask a fresh worker  (final)
       {"id": 1, "t": "error", "message": "..."}  a request it cannot read     (final)

@@ -155,12 +155,13 @@ class ToolRegistry:
         that unsubscribes it."""
         return self.table.subscribe(callback)
 
-    def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
-        """Every tool's definition in registration order (``fmt``: openai | anthropic | mcp).
+    def all_schemas(self, fmt: str = "openai", *, native: bool = False) -> list[dict[str, Any]]:
+        """Every tool's definition in registration order (``fmt``: openai | anthropic | mcp);
+        the vendors' native tools only with ``native`` (see :meth:`ToolTable.all_schemas`).
 
         Raises ValueError for an unknown format.
         """
-        return self.table.all_schemas(fmt)
+        return self.table.all_schemas(fmt, native=native)
 
     def tools_for_subtask(self, subtask: object, fmt: str = "openai") -> list[dict[str, Any]]:
         """The schemas a subtask may use (see :meth:`ToolTable.tools_for_subtask

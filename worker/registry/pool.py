@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.base import ConfigurableBackend, ImageInventory, RuntimeInventory, SandboxBackend
-from sandbox.errors import SandboxUnavailableError
+from sandbox.errors import ImageNotFoundError, SandboxUnavailableError
 from sandbox.logs import get_logger
 
 from ..background import Background, BackgroundIndex, BackgroundLimits
@@ -277,9 +277,9 @@ class WorkspacePool:
     async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
         """Every check of ``new`` (a workspace's settings, replacing ``before``): the
         operator's caps, the CA file, and what only the engine knows: a runtime it has, an
-        image it holds (a missing image would fail every later call of the workspace, so
-        it is refused here, naming it). Values unchanged from ``before`` are not asked
-        about again.
+        image it holds or pulls now as LOOM_PULL says (one that cannot be had would fail
+        every later call of the workspace, so it is refused here, naming it and the
+        registry's answer). Values unchanged from ``before`` are not asked about again.
 
         Raises SettingsError naming the field, DaemonUnavailableError when the engine must
         be asked and does not answer, ValueError when this pool has no settings.
@@ -293,12 +293,10 @@ class WorkspacePool:
         changed_image = new.image is not None and (before is None or new.image != before.image)
         if changed_image and isinstance(self.backend, ImageInventory):
             assert new.image is not None
-            if not await self.backend.has_image(new.image):
-                raise SettingsError(
-                    "image",
-                    f"{new.image} is not on this Docker engine (no registry is pulled from): build it "
-                    "(`docker build -t NAME .`) or load it (`docker load -i FILE`) first",
-                )
+            try:
+                await self.backend.ensure_image(new.image)
+            except ImageNotFoundError as e:  # ImagePullError too: the image, the registry and its answer
+                raise SettingsError("image", str(e)) from None
 
     def _settings_root(self, path: Path | str) -> tuple[Path, Configs]:
         if self.configs is None:

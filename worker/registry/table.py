@@ -24,6 +24,9 @@ log = get_logger("worker.registry")
 #: The tools a subtask gets when it names none it may use.
 CORE_TOOLS = BUILTIN_NAMES
 
+#: The tag of the vendors' native tools (:mod:`worker.native`): listed only when asked.
+NATIVE_TAG = "native"
+
 
 def _field(subtask: object, *names: str) -> Any:
     for name in names:
@@ -43,7 +46,7 @@ class ToolTable:
         self._subscribers: dict[object, Callable[[], None]] = {}
         # Each format's schemas as rendered at this version (pydantic renders a model's
         # JSON Schema anew each time: about 1 ms a tool; a copy costs a tenth of that).
-        self._rendered: dict[str, list[dict[str, Any]]] = {}
+        self._rendered: dict[tuple[str, bool], list[dict[str, Any]]] = {}
         for tool in tools:
             self.register(tool)
 
@@ -112,16 +115,23 @@ class ToolTable:
     def tools(self) -> list[Tool]:
         return list(self._tools.values())
 
-    def all_schemas(self, fmt: str = "openai") -> list[dict[str, Any]]:
+    def all_schemas(self, fmt: str = "openai", *, native: bool = False) -> list[dict[str, Any]]:
         """Every tool's definition in registration order (``fmt``: openai | anthropic | mcp).
 
-        Raises ValueError for an unknown format.
+        The vendors' native tools (tagged ``native``: :mod:`worker.native`) are run
+        through the table like any other but advertised with the vendor's own
+        definitions (``worker.native.anthropic_tools()``), so they are left out unless
+        ``native`` is true: a list sent to a model does not change because someone ran
+        a native call. Raises ValueError for an unknown format.
         """
         if fmt not in SCHEMA_FORMATS:
             raise ValueError(f"unknown schema format {fmt!r} (openai, anthropic, mcp)")
-        rendered = self._rendered.get(fmt)
+        key = (fmt, native)
+        rendered = self._rendered.get(key)
         if rendered is None:
-            rendered = self._rendered[fmt] = [t.schema(fmt) for t in self._tools.values()]
+            rendered = self._rendered[key] = [
+                t.schema(fmt) for t in self._tools.values() if native or NATIVE_TAG not in t.tags
+            ]
         return copy.deepcopy(rendered)  # the caller's to change
 
     def tools_for_subtask(self, subtask: object, fmt: str = "openai") -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from sandbox.errors import SandboxError, SandboxLostError
 from sandbox.logs import get_logger
 
 from ..catalog import IndexReport, db_path, load_mcp_config, mcp_file, open_catalog, tools_dir
-from ..catalog.custom import CustomTool, CustomToolError, load_custom_tools
+from ..catalog.custom import CustomTool, CustomToolError, StrictValidator, load_custom_tools
 from ..catalog.index import ToolDescriptor
 from ..catalog.mcp_source import MCPServerConfig, MCPSource, MCPSourceError, describe_result, index_mcp_sources
 from ..catalog.sandbox_stdio import SandboxStdioTransport
@@ -55,7 +55,7 @@ from ..catalog.tool_search import DESCRIPTION as SEARCH_DESCRIPTION
 from ..catalog.tool_search import NAME as SEARCH_NAME
 from ..catalog.tool_search import ToolSearchArgs, tool_search
 from ..result import ToolResult
-from ..tool import Tool, ToolContext, ToolError
+from ..tool import Tool, ToolContext, ToolError, non_finite_message
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -99,6 +99,11 @@ class SchemaTool(Tool):
     check: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def validate(self, arguments: dict[str, Any]) -> BaseModel:
+        # A JSON Schema's "number" admits inf and NaN once Python's json has read
+        # Infinity or 1e309; no tool means them, and a JSON client could not send them.
+        bad = non_finite_message(self.name, arguments)
+        if bad is not None:
+            raise ToolError(bad)
         try:
             values = self.check(arguments) if self.check is not None else arguments
         except ValueError as e:
@@ -117,7 +122,7 @@ def mcp_tool_name(server: str, tool: str) -> str:
 def _schema_checker(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
-        validator: jsonschema.Draft202012Validator | None = jsonschema.Draft202012Validator(schema)
+        validator: jsonschema.Draft202012Validator | None = StrictValidator(schema)
     except jsonschema.SchemaError:
         validator = None  # the server's schema is broken: let the server judge the arguments
 
@@ -125,8 +130,8 @@ def _schema_checker(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[s
         if validator is not None:
             errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
             if errors:
-                where = "/".join(str(p) for p in errors[0].path) or "arguments"
-                raise ValueError(f"{where}: {errors[0].message}")
+                where = ".".join(str(p) for p in errors[0].path) or "arguments"
+                raise ValueError(f"'{where}': {errors[0].message}")
         return args
 
     return check

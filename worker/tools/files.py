@@ -13,7 +13,7 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from sandbox import protocol
 from sandbox.base import ReadResult
@@ -22,7 +22,7 @@ from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 from ..paths import require_file_path
 from ..quoting import quote_path
 from ..result import ToolResult
-from ..tool import Tool, ToolContext, ToolError
+from ..tool import Tool, ToolArgs, ToolContext, ToolError
 from ..workspace import Workspace
 
 #: Largest content write_file / edit_file will write (UTF-8 bytes).
@@ -33,11 +33,9 @@ MAX_EDIT_BYTES = protocol.MAX_READ_BYTES
 Encoding = Literal["utf-8", "base64"]
 
 
-class ReadFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ReadFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root.")
-    line_range: list[int] | None = Field(
+    line_range: list[Annotated[int, Field(ge=1)]] | None = Field(
         None,
         min_length=2,
         max_length=2,
@@ -100,9 +98,7 @@ def _read_base64(rel: str, r: ReadResult, data: dict[str, Any], max_bytes: int) 
     return ToolResult.ok(output, data)
 
 
-class WriteFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WriteFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root. Parent directories are created.")
     # Raw bytes too, from Python (``{"content": b"..."}``); JSON callers send base64.
     content: Annotated[str | bytes, WithJsonSchema({"type": "string"})] = Field(
@@ -139,7 +135,8 @@ async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     data = content_bytes(args.content, args.encoding)
     if len(data) > MAX_WRITE_BYTES:
         raise ToolError(f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file")
-    res = await ws.write(rel, data, tool="write_file", call_id=ctx.call_id, subtask_id=ctx.subtask_id)
+    async with ws.hold(rel):  # not between an edit's read and its write
+        res = await ws.write(rel, data, tool="write_file", call_id=ctx.call_id, subtask_id=ctx.subtask_id)
     verb = "Created" if res.created else "Wrote"
     return ToolResult.ok(
         f"{verb} {quote_path(rel)} ({res.size} bytes)",
@@ -148,20 +145,25 @@ async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     )
 
 
-class Edit(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    old_str: str = Field(description="Exact text to find (must occur exactly once unless replace_all).")
+class Edit(ToolArgs):
+    old_str: str = Field(
+        description=(
+            "Exact text to find (must occur exactly once unless replace_all). Empty only in the first "
+            "edit, to create a missing file."
+        )
+    )
     new_str: str = Field(description="Replacement text.")
     replace_all: bool = Field(False, description="Replace every occurrence instead of exactly one.")
 
 
-class EditFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EditFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root.")
     old_str: str | None = Field(
-        None, description="Exact text to replace; it must occur exactly once. Empty creates a missing file."
+        None,
+        description=(
+            "Exact text to replace; it must occur exactly once. Empty only to create a missing file "
+            "(refused for an existing one: use write_file to replace a whole file)."
+        ),
     )
     new_str: str | None = Field(None, description="Replacement text (with old_str).")
     edits: list[Edit] | None = Field(
@@ -199,20 +201,25 @@ def _context(text: str, start: int, length: int) -> str:
     return "\n".join(f"{n + 1:>6}\t{lines[n].rstrip(chr(13))}" for n in range(lo, hi))
 
 
-def apply_edits(text: str, edits: list[Edit], path: str) -> tuple[str, list[str]]:
+def apply_edits(text: str, edits: list[Edit], path: str, *, exists: bool = True) -> tuple[str, list[str]]:
     """``text`` with ``edits`` applied in order, and a context snippet for each.
+    ``exists``: whether the file is there (else ``text`` is empty and the first edit,
+    with an empty ``old_str``, creates it).
 
-    Raises ToolError ("not found" / "appears N times") without applying anything.
+    Raises ToolError ("not found" / "appears N times" / an empty ``old_str`` anywhere
+    but in the first edit of a missing file) without applying anything.
     """
+    for i, e in enumerate(edits, 1):
+        if e.old_str == "" and (exists or i > 1):
+            # Appending there (as an empty old_str once did) is never what was meant.
+            raise ToolError(_empty_old_str(f"edit {i}: " if len(edits) > 1 else "", path, exists))
     snippets = []
     for i, e in enumerate(edits, 1):
         label = f"edit {i}: " if len(edits) > 1 else ""
         old = e.old_str
         if old == "":
-            # Empty old_str: create (or append to) the file, as in Rust Loom.
-            pos = len(text)
-            text = text + e.new_str
-            snippets.append(_context(text, pos, len(e.new_str)))
+            text = e.new_str  # the first edit of a missing file creates it
+            snippets.append(_context(text, 0, len(e.new_str)))
             continue
         count = text.count(old)
         if count == 0:
@@ -229,6 +236,15 @@ def apply_edits(text: str, edits: list[Edit], path: str) -> tuple[str, list[str]
     return text, snippets
 
 
+def _empty_old_str(label: str, path: str, exists: bool) -> str:
+    where = f"{path} already exists" if exists else "the file is created by the first edit"
+    return (
+        f"{label}old_str is empty, but {where}: an empty old_str only creates a missing file. "
+        f"Give the exact text to replace as a non-empty old_str, or use write_file to replace the whole "
+        "file. Nothing was changed"
+    )
+
+
 class _Stale(Exception):
     """The remembered content an edit started from is not the file's: read it instead."""
 
@@ -236,8 +252,16 @@ class _Stale(Exception):
 async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     rel = require_file_path(args.path, str(ws.root))
-    edits = args.edit_list()
-    known = ws.known(rel)
+    # From the read to the write this call holds the path: edits of one file sent at
+    # once take turns, each starting from what the previous one wrote, so a conflict
+    # means a change from outside (a command, another process), never a sibling call.
+    async with ws.hold(rel):
+        return await _edit_held(ws, ctx, rel, args.edit_list())
+
+
+async def _edit_held(ws: Workspace, ctx: ToolContext, rel: str, edits: list[Edit]) -> ToolResult:
+    creating = edits[0].old_str == ""  # only right for a missing file: ask, not remember
+    known = None if creating else ws.known(rel)
     if known is not None and b"\x00" not in known[0][:8192]:
         # Start from what this worker last wrote or read there: the write is conditional
         # on exactly that hash, so a stale guess writes nothing and we start over below.
@@ -248,7 +272,7 @@ async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
     try:
         r = await ws.sandbox.read(rel, max_bytes=MAX_EDIT_BYTES)
     except PathNotFoundError:
-        if edits[0].old_str != "":
+        if not creating:
             raise
         return await _edit(ws, ctx, rel, edits, b"", None, False, speculative=False)
     if r.binary:
@@ -275,7 +299,7 @@ async def _edit(
     # surrogateescape: invalid bytes round-trip unchanged instead of becoming U+FFFD.
     text = original.decode("utf-8", "surrogateescape")
     try:
-        new_text, snippets = apply_edits(text, edits, rel)
+        new_text, snippets = apply_edits(text, edits, rel, exists=exists)
     except ToolError:
         if speculative:
             raise _Stale() from None
@@ -350,7 +374,8 @@ TOOLS = [
         name="edit_file",
         description=(
             "Replace exact text in a file: old_str must occur exactly once (or set replace_all). "
-            "Several edits apply in order, all or nothing. An empty old_str creates a missing file. "
+            "Several edits apply in order, all or nothing. An empty old_str creates a missing file "
+            "(and is refused for an existing one). "
             "Shows the changed lines."
         ),
         args_model=EditFileArgs,

@@ -14,13 +14,13 @@ import signal as signals
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from sandbox.base import ProcessInfo, ProcessOutput
 from sandbox.errors import AgentError
 
 from ..result import ToolResult
-from ..tool import Tool, ToolContext, ToolError
+from ..tool import Tool, ToolArgs, ToolContext, ToolError
 
 #: Output returned per read and stream (the process keeps head and tail; see its cursor).
 MAX_READ = 256 * 1024
@@ -42,9 +42,7 @@ def cursor_text(cursor: tuple[int, int]) -> str:
     return f"{cursor[0]}:{cursor[1]}"
 
 
-class ProcessIdArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProcessIdArgs(ToolArgs):
     process_id: str = Field(
         min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="The id shell_execute returned."
     )
@@ -90,8 +88,8 @@ class KillArgs(ProcessIdArgs):
     )
 
 
-class ListArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ListArgs(ToolArgs):
+    pass  # no arguments (a docstring would become the schema's description)
 
 
 def _agent(e: AgentError) -> ToolError:

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from sandbox.base import ListEntry
 
 from ..paths import normalize
 from ..quoting import quote_path
 from ..result import ToolResult
-from ..tool import Tool, ToolContext
+from ..tool import Tool, ToolArgs, ToolContext
 
 MAX_MATCHES = 200
 MAX_LIST_ENTRIES = 2000
 SEARCH_TIMEOUT = 30.0
 
 
-class SearchArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SearchArgs(ToolArgs):
     pattern: str = Field(min_length=1, description="Regular expression to search for (always a pattern).")
     path: str = Field(".", description="Directory or file to search, relative to the workspace root.")
     file_pattern: str | None = Field(None, description="Only files matching this glob, e.g. '*.py'.")
@@ -52,9 +50,7 @@ async def search_files(args: SearchArgs, ctx: ToolContext) -> ToolResult:
     return ToolResult.ok("\n".join(lines), data)
 
 
-class ListArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ListArgs(ToolArgs):
     path: str = Field(".", description="Directory to list, relative to the workspace root.")
     depth: int = Field(2, ge=1, le=10, description="How many levels deep to list (1-10, default 2).")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from sandbox import protocol
 from sandbox.base import ProcessOutput
@@ -21,7 +21,7 @@ from ..background import BackgroundLimits
 from ..paths import normalize
 from ..result import ToolResult
 from ..shellpolicy import check_command
-from ..tool import Tool, ToolContext, ToolError
+from ..tool import Tool, ToolArgs, ToolContext, ToolError
 
 MAX_TIMEOUT = 300.0
 DEFAULT_TIMEOUT = 60.0
@@ -37,9 +37,7 @@ MAX_STDIN = 16 << 20
 DEADLINE_SLACK = 15.0
 
 
-class ShellArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ShellArgs(ToolArgs):
     command: str = Field(description="Shell command, run with sh -c in the workspace (no network).")
     cwd: str = Field(".", description="Working directory, relative to the workspace root.")
     timeout: float | None = Field(

@@ -7,7 +7,9 @@ it says how to.
 
 The runtime's arguments are the ones the worker needs: ``--host-uds=open`` lets a sandbox
 connect to its egress gateway's socket, mounted into it (gVisor refuses host sockets
-otherwise); ``--network=none`` because a sandbox has no network of its own anyway. The
+otherwise); ``--network=none`` because a sandbox has no network of its own anyway. Not
+``--oci-seccomp``: it would make gVisor apply the engine's default profile to every other
+gVisor container too, stopping their threads (docs/seccomp.md). The
 platform is gVisor's default (``scripts/setup`` adds ``--platform=ptrace`` for the kernel
 of the machine it was written on).
 """

@@ -7,6 +7,7 @@ import { egressView } from './egress.js';
 import { filesView } from './files.js';
 import { runView } from './run.js';
 import { sandboxView } from './sandbox.js';
+import { snapshotsView } from './snapshots.js';
 import { timelineView } from './timeline.js';
 
 const TABS = [
@@ -15,6 +16,7 @@ const TABS = [
   ['files', 'Files', filesView],
   ['run', 'Run', runView],
   ['sandbox', 'Sandbox', sandboxView],
+  ['snapshots', 'Snapshots', snapshotsView],
   ['egress', 'Egress', egressView],
 ];
 

@@ -1,0 +1,489 @@
+"""The Docker backend: one hardened container per workspace, its lifecycle, and the
+sandbox objects the registry gets.
+
+One container per workspace directory, named after the hash of its real path, so every
+worker process (a CLI call, a server) finds and reuses the same one; a creation race
+between two processes ends in a 409 for one of them, which then adopts the winner's
+container. Each process talks to its own agent (:mod:`.channel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from .. import users
+from ..base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
+from ..client import AgentSandbox
+from ..connection import AgentConnection
+from ..errors import (
+    ImageNotFoundError,
+    ImageUnusableError,
+    RuntimeUnavailableError,
+    SandboxLostError,
+    SandboxUnavailableError,
+    UserUnsupportedError,
+)
+from ..hostscan import HostScanner
+from ..logs import get_logger
+from ..pulls import PullEvent
+from ..spec import SandboxSpec
+from . import housekeeping, seccomp
+from .channel import AgentChannels
+from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
+from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name, owner
+from .engine import Engine
+from .images import ImagePuller
+from .runtime_volume import RuntimeVolume
+
+log = get_logger("sandbox.docker")
+
+
+class DockerSandbox(AgentSandbox):
+    """An :class:`AgentSandbox` that knows its container (for tests and diagnostics).
+
+    With ``host_scanner`` (gVisor sandboxes) scans of the workspace root and the removal of
+    whole trees run on the host (see :mod:`sandbox.hostscan`): seconds in the sandbox,
+    milliseconds here.
+    """
+
+    container_name: str
+    host_scanner: HostScanner | None = None
+    #: The workspace owner (uid, gid), whether root may run commands here, and how an
+    #: agent of another user is started (set by the backend; see :meth:`as_user`).
+    owner: tuple[int, int] = (-1, -1)
+    allow_root: bool = False
+    user_connect: Callable[[tuple[int, int]], Awaitable[AgentConnection]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Agents of other users, kept for their next commands (closed with this one).
+        self._users: dict[tuple[int, int], AgentSandbox] = {}
+
+    async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        scanner = self.host_scanner
+        if scanner is not None and req.get("path") == ".":
+            try:
+                return await asyncio.to_thread(scanner.scan, req)
+            except (OSError, RecursionError) as e:
+                # The agent's full walk answers instead (slower, same result).
+                log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
+        return await super()._scan(req, timeout)
+
+    async def remove_tree(self, path: str) -> TreeRemoval:
+        scanner = self.host_scanner
+        if scanner is not None:
+            try:
+                removed, (files, dirs, size) = await asyncio.to_thread(scanner.remove_tree, path)
+                return TreeRemoval(removed=removed, files=files, dirs=dirs, bytes=size)
+            except (OSError, ValueError, RecursionError) as e:
+                # The agent removes what is left (slower, same result).
+                log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
+        return await super().remove_tree(path)
+
+    async def as_user(self, user: str) -> Sandbox | ExecResult:
+        if not users.valid(user):
+            raise UserUnsupportedError(f"{user!r} is not a user name or uid[:gid]")
+        passwd = await self.read_path("/etc/passwd", max_bytes=4 << 20)
+        found = users.resolve(user, passwd.data.decode("utf-8", "replace"))
+        if found is None:
+            message = users.NOT_FOUND.format(user=user) + "\n"
+            return ExecResult(126, b"", message.encode(), "exit", 0.0, False, launch_error="user")
+        if found == self.owner:
+            return self
+        if found[0] == 0 and not self.allow_root:
+            raise UserUnsupportedError(
+                f"this workspace does not run commands as root ({user}): its settings would have to allow it "
+                "(allow_root: a writable root file system and the capabilities adduser needs; see docs/harness.md)"
+            )
+        box = self._users.get(found)
+        if box is None:
+            uid_gid: tuple[int, int] = found
+
+            def connect(_lost: bool) -> Awaitable[AgentConnection]:
+                return self.user_connect(uid_gid)
+
+            box = self._users[found] = AgentSandbox(self.workspace, connect, io_timeout=self._io_timeout)
+        return box
+
+    async def close(self) -> None:
+        if self.host_scanner is not None:
+            self.host_scanner.close()
+        for box in list(self._users.values()):
+            await box.close()
+        self._users.clear()
+        await super().close()
+
+
+class DockerBackend(SandboxBackend):
+    """Per-workspace hardened containers on a Docker engine."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec | None = None,
+        *,
+        worker_id: str | None = None,
+        base_url: str | None = None,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.spec = spec or SandboxSpec()
+        #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
+        self._specs: dict[Path, SandboxSpec] = {}
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.engine = Engine(base_url=base_url, client_factory=client_factory)
+        self._runtime_check = RuntimeCheck(self.engine)
+        self.channels = AgentChannels(self.engine, self._runtime_check)
+        self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
+        self._status = housekeeping.Status(self.engine)
+        #: Pulls images as :attr:`SandboxSpec.pull` says (:mod:`.images`).
+        self.images = ImagePuller(self.engine)
+        self._boxes: dict[Path, DockerSandbox] = {}
+        self._started: set[str] = set()
+        self._fresh: set[str] = set()  # started by us, main agent not attached yet
+        self.restarts = 0
+
+    # -- container lifecycle -----------------------------------------------------------
+
+    def container_config(self, ws: Path) -> dict[str, Any]:
+        """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
+        return container_config(ws, self.spec_of(ws), self._runtime_volume.name)
+
+    async def _check_runtime(self, spec: SandboxSpec) -> None:
+        await self._runtime_check.check(spec)
+
+    async def ensure_container(self, ws: Path) -> Any:
+        """Find this workspace's running container or start one. Returns the container;
+        ``name in self._fresh`` when this call started it (its main agent awaits us).
+
+        Raises ImageNotFoundError (ImagePullError: the image could not be pulled),
+        RuntimeUnavailableError, DaemonUnavailableError.
+        """
+        spec = self.spec_of(ws)
+        await self.prepare(spec)
+        name = container_name(ws)
+        client = self.engine.client()
+        for _attempt in range(5):
+            container = await self.engine.find(name)
+            if container is not None:
+                labels = container.labels or {}
+                same = (
+                    labels.get(LABEL_SPEC) == spec.fingerprint()
+                    and labels.get(LABEL_WS) == str(ws)
+                    and labels.get(LABEL_RUNTIME, "") == self._runtime_volume.name
+                    and labels.get(LABEL_SECCOMP) == seccomp.digest(spec.runtime)
+                    and seccomp_kept(container, spec.runtime)
+                )
+                if container.status == "running" and same:
+                    self._started.add(name)
+                    return container
+                if container.status == "created" and same and await self._started_by_peer(name):
+                    continue  # another process created it and has just started it: adopt it
+                # Exited (idle TTL, OOM, killed), made with other settings, or created by a
+                # process that died before starting it: replace it.
+                await self.engine.remove(container)
+                continue
+            if spec.allow_root and owner(ws, spec)[0] == 0:
+                # Its main agent would stay root with root's capabilities, and so would
+                # every command of the owner: allow_root is root's alone.
+                raise SandboxUnavailableError(
+                    f"allow_root needs a workspace owned by another user than root (or LOOM_UID): {ws} is root's"
+                )
+            if ws.stat().st_uid == 0 and spec.uid is None:
+                log.warning(
+                    "sandbox.root_workspace",
+                    workspace=str(ws),
+                    detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
+                    "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
+                )
+            if spec.pull == "always":
+                await self.images.ensure(spec.image, policy="always", registries=spec.registries)
+            cfg = self.container_config(ws)
+            try:
+                container = await self.engine.call("create sandbox", client.containers.create, **cfg)
+            except ImageNotFoundError:
+                # The engine does not have the image (its create answers that without asking
+                # a registry): pull it as the policy says, then create again, as `docker run`
+                # does. No extra engine call when the image is there, the usual case.
+                if not await self.images.ensure(spec.image, policy=spec.pull, registries=spec.registries):
+                    raise  # it is there, yet the engine cannot create from it: say what it said
+                continue
+            except SandboxUnavailableError as e:
+                if "Conflict" in str(e) or "already in use" in str(e):
+                    await asyncio.sleep(0.05)
+                    continue  # another process created it first: adopt theirs
+                raise
+            if not seccomp_kept(container, spec.runtime):
+                # The engine took the container but not our profile: never run in it.
+                await self.engine.remove(container)
+                raise RuntimeUnavailableError(
+                    "the Docker engine did not keep the sandbox's seccomp profile (HostConfig.SecurityOpt of the "
+                    "created container); refusing to run"
+                )
+            try:
+                await self.engine.call("start sandbox", container.start)
+            except SandboxUnavailableError as e:
+                if "marked for removal" in str(e) or "No such container" in str(e):
+                    # A peer took our fresh container for a stale one: start over.
+                    await asyncio.sleep(0.05)
+                    continue
+                await self.engine.remove(container)
+                raise
+            self._started.add(name)
+            self._fresh.add(name)
+            log.info("sandbox.started", workspace=str(ws), container=name, runtime=spec.runtime, image=spec.image)
+            return container
+        raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
+
+    async def prepare(self, spec: SandboxSpec | None = None) -> None:
+        """What every container needs before :meth:`container_config` can describe it:
+        the runtime checked (gVisor in effect when asked for) and the agent runtime's
+        volume in place. Idempotent and cheap after the first call.
+
+        Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
+        """
+        await self._check_runtime(spec or self.spec)
+        await self._runtime_volume.ensure()
+
+    async def _started_by_peer(self, name: str, wait: float = 5.0) -> bool:
+        """A container of ours sits in "created": a peer process made it and is about to
+        start it (create and start are two engine calls). Wait up to ``wait`` seconds for
+        it to run. False when it does not (its creator died in between) or it is gone."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            container = await self.engine.find(name)
+            if container is None:
+                return True  # gone: the caller's next round creates it
+            if container.status != "created":
+                return container.status == "running"
+        return False
+
+    async def _settle(self, ws: Path) -> None:
+        """After a lost connection: if the container is dying (OOM, keeper killed), wait
+        until the engine says so, so the reconnect replaces it instead of exec-ing into a
+        container that is about to vanish."""
+        for _ in range(10):
+            container = await self.engine.find(container_name(ws))
+            if container is None or container.status != "running":
+                return
+            await asyncio.sleep(0.1)
+
+    async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        if after_loss:
+            self.restarts += 1
+            await self._settle(ws)
+        last: Exception | None = None
+        for attempt in range(2):
+            container = await self.ensure_container(ws)
+            spec = self.spec_of(ws)
+            try:
+                if container.name in self._fresh:
+                    self._fresh.discard(container.name)
+                    conn = await self.channels.attach_agent(container, spec)
+                else:
+                    conn = await self.channels.exec_agent(container, spec)
+            except (ImageUnusableError, RuntimeUnavailableError):
+                with contextlib.suppress(SandboxUnavailableError):
+                    await self.engine.remove(container)
+                raise
+            except (SandboxLostError, SandboxUnavailableError) as e:
+                # The container died between inspect and exec (OOM, killed, TTL): replace it once.
+                last = e
+                log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
+                with contextlib.suppress(SandboxUnavailableError):
+                    await self.engine.remove(container)
+                self.restarts += 1
+                continue
+            if spec.runtime == "runsc":
+                await verify_gvisor(self.engine, conn, container)
+            elif spec.direct and not self.channels.unreachable and container.name not in self.channels.failed:
+                conn = await self.channels.go_direct(conn, container, spec)
+            return conn
+        assert last is not None
+        raise last
+
+    async def _connect_user(self, ws: Path, user: tuple[int, int]) -> AgentConnection:
+        """An agent of ``ws``'s sandbox running as ``user`` (uid, gid). Raises what
+        :meth:`_connect` raises."""
+        container = await self.ensure_container(ws)
+        if container.name in self._fresh:
+            await self._connect(ws)  # its main agent waits for this process: attach it first
+        return await self.channels.exec_agent(container, self.spec_of(ws), user)
+
+    # -- SandboxBackend ------------------------------------------------------------------
+
+    def spec_of(self, workspace: Path) -> SandboxSpec:
+        """The spec ``workspace``'s sandbox is made with: its own (:meth:`configure`) or
+        the backend's."""
+        return self._specs.get(workspace, self.spec)
+
+    async def configure(self, workspace: Path, spec: SandboxSpec | None) -> bool:
+        """Make ``workspace``'s sandbox with ``spec`` from now on (None: the backend's
+        default). A running container made with other settings is replaced at the next
+        call (the workspace's files are kept). Returns True when the spec changed."""
+        ws = Path(workspace).resolve()
+        old = self.spec_of(ws)
+        if spec is None or spec == self.spec:
+            self._specs.pop(ws, None)
+        else:
+            self._specs[ws] = spec
+        if self.spec_of(ws) == old:
+            return False
+        box = self._boxes.pop(ws, None)
+        if box is not None:
+            await box.close()  # the next get() connects to (and so replaces) the container
+        return True
+
+    async def get(self, workspace: Path) -> Sandbox:
+        ws = Path(workspace).resolve()
+        if not ws.is_dir():
+            raise SandboxUnavailableError(f"Workspace {ws} is not a directory")
+        box = self._boxes.get(ws)
+        if box is None:
+            spec = self.spec_of(ws)
+            box = DockerSandbox(
+                ws,
+                lambda after_loss: self._connect(ws, after_loss=after_loss),
+                io_timeout=spec.io_timeout,
+                on_exec_lost=lambda: self._reset_after_lost_exec(ws),
+            )
+            box.container_name = container_name(ws)
+            box.owner = owner(ws, spec)
+            box.allow_root = spec.allow_root
+
+            def user_connect(user: tuple[int, int], ws: Path = ws) -> Awaitable[AgentConnection]:
+                return self._connect_user(ws, user)
+
+            box.user_connect = user_connect
+            if spec.runtime == "runsc":
+                box.host_scanner = HostScanner(ws)
+            self._boxes[ws] = box
+        return box
+
+    async def _reset_after_lost_exec(self, ws: Path) -> str | None:
+        """The agent died or froze while running a command (``kill -9 $PPID``, ``kill
+        -STOP -1``, ...), or the whole sandbox was killed. Processes the command started may
+        have escaped the agent's tree-kill, and a frozen keeper would keep the container past
+        its idle TTL: remove the container, so every one of its processes is gone; the next
+        call starts a fresh one. Other processes using it reconnect to the new one.
+
+        Returns "oom" when the engine killed the container for memory (under gVisor the
+        host's cgroup sees the sandbox as one process, so a command's allocation past the
+        limit takes the sandbox: still the command's out-of-memory, not an infrastructure
+        failure), "reset" when it removed it otherwise, None when it could not."""
+        try:
+            container = await self.engine.find(container_name(ws))
+            for _ in range(15):  # an OOM kill ends the container within moments: let it settle
+                if container is None or container.status not in ("running", "restarting"):
+                    break
+                await asyncio.sleep(0.1)
+                await self.engine.call("inspect sandbox", container.reload)
+            if container is None:
+                return "reset"  # already gone (TTL, removed): nothing of the command is left
+            oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
+            await self.engine.remove(container)
+        except SandboxUnavailableError as e:
+            log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
+            return None
+        log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name, oom=oom)
+        return "oom" if oom else "reset"
+
+    async def stop(self, workspace: Path) -> bool:
+        ws = Path(workspace).resolve()
+        box = self._boxes.pop(ws, None)
+        if box is not None:
+            await box.close()
+        container = await self.engine.find(container_name(ws))
+        if container is None:
+            return False
+        await self.engine.remove(container)
+        log.info("sandbox.stopped", workspace=str(ws))
+        return True
+
+    async def freeze(self, workspace: Path, frozen: bool) -> bool:
+        """Pause (the cgroup freezer, ``docker pause``) or unpause the workspace's running
+        container, so a copy of its files is consistent; False when none runs.
+        Raises DaemonUnavailableError."""
+        container = await self.engine.find(container_name(Path(workspace).resolve()))
+        if container is None or container.status not in ("running", "paused"):
+            return False
+        if frozen != (container.status == "paused"):
+            await self.engine.call("pause sandbox", container.pause if frozen else container.unpause)
+        return True
+
+    async def aclose(self) -> None:
+        for box in list(self._boxes.values()):
+            await box.close()
+        self._boxes.clear()
+        await self.engine.aclose()
+
+    # -- housekeeping (:mod:`.housekeeping`) ----------------------------------------------
+
+    async def list_sandboxes(self) -> list[dict[str, Any]]:
+        """Every container carrying our labels, running or not."""
+        return await housekeeping.list_sandboxes(self.engine)
+
+    async def gc(self, *, all_running: bool = False) -> list[str]:
+        """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
+        versions (and every running one with ``all_running``). Only our labels are touched.
+        """
+        return await housekeeping.gc(self.engine, all_running=all_running)
+
+    async def remove_all_started(self) -> None:
+        """Remove every container this backend started or adopted (tests' cleanup)."""
+        for name in list(self._started):
+            container = await self.engine.find(name)
+            if container is not None:
+                await self.engine.remove(container)
+        self._started.clear()
+
+    async def daemon_info(self) -> dict[str, Any]:
+        """``docker info`` (raises DaemonUnavailableError)."""
+        return await self.engine.info()
+
+    async def runtimes(self) -> set[str]:
+        """The OCI runtimes the engine has (``runc``, ``runsc``...). Raises
+        DaemonUnavailableError."""
+        info = await self.engine.info()
+        return set((info.get("Runtimes") or {}).keys())
+
+    async def image_exists(self) -> bool:
+        """Whether the default spec's image is on the engine (raises DaemonUnavailableError)."""
+        return await self.has_image(self.spec.image)
+
+    async def has_image(self, image: str) -> bool:
+        """Whether ``image`` is on the engine (nothing is pulled). Raises
+        DaemonUnavailableError."""
+        return await self.images.has(image)
+
+    async def ensure_image(self, image: str) -> bool:
+        """Make ``image`` be on the engine as the backend's pull policy and registries say
+        (what a workspace naming it needs); True when it was pulled. Progress goes to the
+        pull listeners and the calling context's :data:`~sandbox.pulls.PULL_SINK`.
+
+        Raises ImagePullError, ImageNotFoundError (missing, and the policy is ``never``),
+        DaemonUnavailableError."""
+        return await self.images.ensure(image, policy=self.spec.pull, registries=self.spec.registries)
+
+    def add_pull_listener(self, fn: Callable[[PullEvent], None]) -> Callable[[], None]:
+        """Give ``fn`` the :class:`~sandbox.pulls.PullEvent` of every pull this backend
+        makes (on its event loop); returns what removes it."""
+        return self.images.add_listener(fn)
+
+    async def inspect(self, workspace: Path) -> dict[str, Any] | None:
+        """The raw ``docker inspect`` of a workspace's container, or None."""
+        container = await self.engine.find(container_name(Path(workspace).resolve()))
+        return None if container is None else dict(container.attrs)
+
+    async def status(self, workspace: Path) -> dict[str, Any] | None:
+        """A workspace's container as it is now, without starting one (None when it has
+        none): its state, image, runtime and limits, and while it runs its CPU (percent
+        of one CPU since this backend last looked; two looks 0.1 s apart the first time)
+        and memory in use (page cache it can drop not counted, as ``docker stats``).
+        Raises DaemonUnavailableError."""
+        return await self._status.of(await self.engine.find(container_name(Path(workspace).resolve())))

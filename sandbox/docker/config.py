@@ -1,0 +1,169 @@
+"""The container's configuration: its name and labels, its mounts, and the hardening
+every sandbox is created with (the ``containers.create`` arguments)."""
+
+from __future__ import annotations
+
+import os
+import stat as statmod
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.types import Mount
+
+from .. import __version__, protocol
+from ..identity import workspace_key
+from ..spec import (
+    AGENT_COMMAND,
+    CA_BUNDLE_PATH,
+    EGRESS_MOUNT,
+    HOME_DIR,
+    INIT_COMMAND,
+    LABEL_PREFIX,
+    ROOT_CAPABILITIES,
+    RUNTIME_MOUNT,
+    WORKSPACE_MOUNT,
+    SandboxSpec,
+)
+from . import seccomp
+
+LABEL_WORKER = f"{LABEL_PREFIX}.worker"
+LABEL_WS = f"{LABEL_PREFIX}.workspace"
+LABEL_WS_HASH = f"{LABEL_PREFIX}.workspace-hash"
+LABEL_VERSION = f"{LABEL_PREFIX}.version"
+LABEL_SPEC = f"{LABEL_PREFIX}.spec"
+LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
+LABEL_PIDS = f"{LABEL_PREFIX}.pids"  # the configured limit (the engine's differs under gVisor)
+LABEL_SECCOMP = f"{LABEL_PREFIX}.seccomp"  # the digest of the seccomp profile it was made with
+
+
+def container_name(workspace: Path) -> str:
+    return f"loom-sbx-{workspace_key(workspace)}"
+
+
+def owner(ws: Path, spec: SandboxSpec) -> tuple[int, int]:
+    """The uid and gid the sandbox of ``ws`` runs as: the spec's, else the workspace owner's."""
+    st = ws.stat()
+    uid = spec.uid if spec.uid is not None else st.st_uid
+    gid = spec.gid if spec.gid is not None else (st.st_gid if spec.uid is None else uid)
+    return uid, gid
+
+
+def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> list[Mount]:
+    """The workspace, the agent runtime, the CA bundle, the egress socket, and git's
+    hooks and config (read-only) of workspace ``ws`` (real path)."""
+    mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
+    if runtime_volume:
+        mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
+    if spec.ca_bundle:
+        mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
+    if spec.egress_dir:
+        # The gateway's socket (its directory, so a restarted gateway's new socket shows)
+        # and the resolv.conf naming the agent's stub resolver; both read-only.
+        mounts.append(Mount(target=EGRESS_MOUNT, source=spec.egress_dir, type="bind", read_only=True))
+        mounts.append(
+            Mount(target="/etc/resolv.conf", source=f"{spec.egress_dir}/resolv.conf", type="bind", read_only=True)
+        )
+    # Git runs hooks and honours config (core.fsmonitor, core.hooksPath, ...) when the
+    # host later uses the repository: the sandbox must not be able to plant them. Both
+    # are mounted read-only, and .git itself is bound onto itself so that it is a mount
+    # point: renaming or removing it (to put a fresh .git with hooks in its place) fails
+    # with EBUSY. Only real entries inside the workspace qualify, never a link out of it.
+    git = ws / ".git"
+    try:
+        git_st = os.lstat(git)
+    except OSError:
+        return mounts
+    if not statmod.S_ISDIR(git_st.st_mode):
+        return mounts
+    mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/.git", source=str(git), type="bind", read_only=False))
+    for rel in (".git/hooks", ".git/config"):
+        p = ws / rel
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if statmod.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(ws):
+            continue
+        mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(p), type="bind", read_only=True))
+    return mounts
+
+
+def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> dict[str, Any]:
+    """The ``containers.create`` arguments for workspace ``ws`` (real path), made with
+    ``spec``, with the agent runtime in volume ``runtime_volume``."""
+    uid, gid = owner(ws, spec)
+    # exec said outright: Docker mounts a tmpfs noexec unless told, and agents run what
+    # they put in /tmp and $HOME (a venv, pip --user scripts, test binaries, npx caches)
+    tmpfs_opts = "rw,exec,nosuid,nodev"
+    return {
+        "image": spec.image,
+        "name": container_name(ws),
+        # The main process is an agent too: the process that starts the container talks
+        # to it over the attach stream (no `docker exec`, and its Python boots while the
+        # engine finishes the start); once that client goes (StdinOnce), it stays as the
+        # keeper that ends the container after the idle TTL. Other processes exec their own.
+        # The agent runs from the runtime volume whatever the image holds; the image's
+        # own ENTRYPOINT must not wrap it (an entrypoint set here also drops its CMD).
+        # PID 1 is tini either way (it reaps orphans, forwards signals, exits with the
+        # agent): under runc the runtime's unreadable copy, which the kernel keeps
+        # non-dumpable, so no command can trace it or write its memory; gVisor must read
+        # a program to load it, so there the engine's own (--init), which its kernel
+        # protects anyway (see .seccomp and docs/seccomp.md).
+        "entrypoint": [*(INIT_COMMAND if spec.runtime == "runc" else ()), *AGENT_COMMAND, protocol.BOOTSTRAP],
+        "stdin_open": True,
+        "detach": False,  # with stdin_open: StdinOnce, see above
+        # Agent traffic (file contents!) must not end up in the engine's container logs.
+        "log_config": docker.types.LogConfig(type="none"),
+        "user": f"{uid}:{gid}",
+        "working_dir": WORKSPACE_MOUNT,
+        "environment": spec.environment(uid),
+        "labels": {
+            LABEL_WORKER: "1",
+            LABEL_WS: str(ws),
+            LABEL_WS_HASH: workspace_key(ws),
+            LABEL_VERSION: __version__,
+            LABEL_SPEC: spec.fingerprint(),
+            LABEL_RUNTIME: runtime_volume or "",
+            LABEL_PIDS: str(spec.pids),
+            LABEL_SECCOMP: seccomp.digest(spec.runtime),
+        },
+        "hostname": "sandbox",
+        "network_mode": "none",
+        # allow_root (off by default): the container's user is root, so that an agent
+        # started for root gets ROOT_CAPABILITIES (the engine gives an exec process
+        # capabilities only in a container whose user is root); its main agent drops to
+        # the owner at once (setuid: the kernel clears its capabilities), and every other
+        # process of the owner is started as the owner, with none.
+        **({"user": "0:0", "cap_add": list(ROOT_CAPABILITIES)} if spec.allow_root else {}),
+        "runtime": spec.runtime,
+        "nano_cpus": int(spec.cpus * 1e9),
+        "mem_limit": spec.memory,
+        "memswap_limit": spec.memory,
+        "pids_limit": spec.host_pids_limit(),
+        "read_only": not spec.allow_root,  # allow_root: adduser writes /etc
+        # Both owned by the sandbox's uid: runc before 1.2 chmods a tmpfs mountpoint to the
+        # mode of the image's directory after mounting, over mode= (an image whose /tmp is
+        # 0755 would leave it unwritable), so the agents set the modes themselves at start
+        # (OWN_DIRS), which only the owner may do without capabilities.
+        "tmpfs": {
+            "/tmp": f"{tmpfs_opts},size={spec.tmp_size},mode=1777,uid={uid},gid={gid}",
+            HOME_DIR: f"{tmpfs_opts},size={spec.home_size},mode=0700,uid={uid},gid={gid}",
+        },
+        "cap_drop": ["ALL"],
+        # Our own seccomp profile, whatever the engine's default is (see .seccomp).
+        "security_opt": ["no-new-privileges", seccomp.security_opt(spec.runtime)],
+        "init": spec.runtime != "runc",
+        "privileged": False,
+        "ipc_mode": "private",
+        "mounts": container_mounts(ws, spec, runtime_volume),
+        "ulimits": [
+            docker.types.Ulimit(name="core", soft=0, hard=0),
+            docker.types.Ulimit(name="fsize", soft=spec.max_file_size, hard=spec.max_file_size),
+        ],
+        "tty": False,
+        # With egress the agent's relay listens on the sandbox's own loopback on ports 53,
+        # 80 and 443 (no capability needed: the sandbox's network namespace has nothing
+        # else to protect).
+        **({"sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"}} if spec.egress_dir else {}),
+    }

@@ -1,0 +1,141 @@
+"""Housekeeping: the sandboxes on the engine (list, gc), a workspace container's status
+and usage. Only containers carrying our labels are ever touched."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import SandboxUnavailableError
+from .config import LABEL_PIDS, LABEL_VERSION, LABEL_WORKER, LABEL_WS
+from .engine import Engine
+
+
+def _int_label(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
+    """Every container carrying our labels, running or not."""
+    client = engine.client()
+    containers = await engine.call(
+        "list sandboxes", lambda: client.containers.list(all=True, filters={"label": f"{LABEL_WORKER}=1"})
+    )
+    return [
+        {
+            "name": c.name,
+            "status": c.status,
+            "workspace": (c.labels or {}).get(LABEL_WS),
+            "version": (c.labels or {}).get(LABEL_VERSION),
+            "container": c,
+        }
+        for c in containers
+    ]
+
+
+async def gc(engine: Engine, *, all_running: bool = False) -> list[str]:
+    """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
+    versions (and every running one with ``all_running``). Only our labels are touched.
+    """
+    removed = []
+    for item in await list_sandboxes(engine):
+        ws = item["workspace"]
+        stale = (
+            item["status"] != "running"
+            or not ws
+            or not Path(ws).is_dir()
+            or item["version"] != __version__
+            or all_running
+        )
+        if stale:
+            await engine.remove(item["container"])
+            removed.append(item["name"])
+    return removed
+
+
+class Status:
+    """Workspace containers' status; remembers each one's last CPU reading, so that the
+    next look gives the CPU used since."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._cpu_seen: dict[str, tuple[int, float]] = {}  # container id -> (CPU ns, monotonic s)
+
+    async def of(self, container: Any) -> dict[str, Any] | None:
+        """A workspace's container as it is now, without starting one (None when it has
+        none): its state, image, runtime and limits, and while it runs its CPU (percent
+        of one CPU since this backend last looked; two looks 0.1 s apart the first time)
+        and memory in use (page cache it can drop not counted, as ``docker stats``).
+        Raises DaemonUnavailableError."""
+        if container is None:
+            return None
+        attrs = container.attrs or {}
+        state, host, config = attrs.get("State") or {}, attrs.get("HostConfig") or {}, attrs.get("Config") or {}
+        nano = host.get("NanoCpus") or 0
+        out: dict[str, Any] = {
+            "container": container.name,
+            "status": state.get("Status"),
+            "running": state.get("Status") == "running",
+            "oom_killed": bool(state.get("OOMKilled")),
+            "started_at": state.get("StartedAt"),
+            "image": config.get("Image"),
+            "runtime": host.get("Runtime"),
+            "limits": {
+                "cpus": nano / 1e9 if nano else None,
+                "memory_bytes": host.get("Memory") or None,
+                "pids": _int_label((config.get("Labels") or {}).get(LABEL_PIDS)) or host.get("PidsLimit") or None,
+            },
+            "usage": None,
+        }
+        if out["running"]:
+            out["usage"] = await self._usage(container)
+        return out
+
+    async def _usage(self, container: Any) -> dict[str, Any] | None:
+        def sample() -> dict[str, Any]:
+            stats: dict[str, Any] = container.stats(stream=False, one_shot=True)
+            return stats
+
+        try:
+            stats = await self._engine.call("sandbox stats", sample)
+            now = time.monotonic()
+            seen = self._cpu_seen.get(container.id)
+            if seen is None or now - seen[1] > 60:
+                self._cpu_seen[container.id] = (_cpu_ns(stats), now)
+                await asyncio.sleep(0.1)
+                stats = await self._engine.call("sandbox stats", sample)
+                now = time.monotonic()
+        except SandboxUnavailableError as e:
+            if "No such container" in str(e) or "404" in str(e):
+                return None  # it stopped between the two looks
+            raise
+        cpu = _cpu_ns(stats)
+        prev = self._cpu_seen.get(container.id)
+        if len(self._cpu_seen) > 512:
+            self._cpu_seen.clear()
+        self._cpu_seen[container.id] = (cpu, now)
+        mem = stats.get("memory_stats") or {}
+        detail = mem.get("stats") or {}
+        usage = mem.get("usage")
+        if isinstance(usage, int):
+            usage -= detail.get("total_inactive_file", detail.get("inactive_file", 0)) or 0
+        percent = None
+        if prev is not None and now > prev[1] and cpu >= prev[0]:
+            percent = round((cpu - prev[0]) / ((now - prev[1]) * 1e9) * 100, 1)
+        return {
+            "cpu_percent": percent,
+            "memory_bytes": usage if isinstance(usage, int) else None,
+            "memory_limit_bytes": mem.get("limit"),
+            "pids": (stats.get("pids_stats") or {}).get("current"),
+        }
+
+
+def _cpu_ns(stats: dict[str, Any]) -> int:
+    total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    return total if isinstance(total, int) else 0

@@ -1,0 +1,61 @@
+"""Image pulls as the rest of the program sees them, without the Docker SDK: the progress
+event, the per-call sink for it, and the names of registries (:mod:`sandbox.docker.images`
+does the pulling)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+#: Where the engine pulls a name without a registry from, and the other names it goes by.
+DOCKER_HUB = "docker.io"
+_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
+@dataclass(frozen=True)
+class PullEvent:
+    """How one pull is going. ``state`` is ``pulling`` until one ``done`` or ``failed``."""
+
+    image: str
+    registry: str
+    state: Literal["pulling", "done", "failed"]
+    layers: int = 0
+    layers_done: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    #: The engine's last status line ("Downloading", "Extracting", "Pull complete"...).
+    status: str = ""
+    #: When ``failed``: why (an :class:`~sandbox.errors.ImagePullError` reason) and the message.
+    reason: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: The current call's own progress sink, set by whoever runs the call (the CLI's local
+#: worker hands the events to its client, which draws them). None: only the backend's
+#: listeners get them.
+PULL_SINK: ContextVar[Callable[[PullEvent], None] | None] = ContextVar("loom_pull_sink", default=None)
+
+
+def normalize_registry(name: str) -> str:
+    """A registry as :func:`registry_of` names it (Docker Hub's aliases are ``docker.io``)."""
+    name = name.strip().lower()
+    return DOCKER_HUB if name in _HUB_ALIASES else name
+
+
+def parse_registries(text: str) -> tuple[str, ...]:
+    """``LOOM_REGISTRIES`` ("docker.io, ghcr.io, 127.0.0.1:5000"; "" for none) as a tuple.
+    Raises ValueError naming an entry that is not a registry host[:port]."""
+    out: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if "/" in entry or "://" in entry or any(c.isspace() for c in entry) or entry.startswith("-"):
+            raise ValueError(f"registry {entry!r}: give a host or host:port as image names write it (e.g. ghcr.io)")
+        out.append(normalize_registry(entry))
+    return tuple(dict.fromkeys(out))

@@ -1,0 +1,33 @@
+"""Snapshots and forks of workspaces (issue 29): named, immutable points of a workspace's
+tree, settings and changelog position; forks made from them by copy-on-write where the host
+allows; restore, recorded in the changelog so it can be undone.
+
+Modules: ``api`` (:class:`Snapshots`), ``strategy`` (how a tree is copied: btrfs
+subvolumes, reflinks, a plain copy), ``index`` (the store's SQLite index and lineage),
+``scratch`` (``/tmp`` and ``$HOME``), ``errors``. Restore's recording lives in
+:mod:`worker.changelog.restore`.
+"""
+
+from .api import MAX_FORKS, Limits, Restored, Snapshots
+from .errors import (
+    SnapshotDiskFullError,
+    SnapshotError,
+    SnapshotInUseError,
+    SnapshotLimitError,
+    SnapshotNotFoundError,
+)
+from .index import Fork, Snapshot
+
+__all__ = [
+    "MAX_FORKS",
+    "Fork",
+    "Limits",
+    "Restored",
+    "Snapshot",
+    "SnapshotDiskFullError",
+    "SnapshotError",
+    "SnapshotInUseError",
+    "SnapshotLimitError",
+    "SnapshotNotFoundError",
+    "Snapshots",
+]

@@ -1,0 +1,51 @@
+"""The snapshot error tree.
+
+::
+
+    SnapshotError                     base of everything this package raises itself
+    ├── SnapshotNotFoundError         no snapshot with that id or name (also LookupError)
+    ├── SnapshotInUseError            deleting a snapshot that live forks came from (no --force)
+    ├── SnapshotLimitError            LOOM_MAX_SNAPSHOTS or LOOM_MAX_SNAPSHOT_BYTES reached:
+    │                                 a refusal, nothing was made
+    └── SnapshotDiskFullError         the disk filled during a copy: the partial copy was
+                                      removed, the source is untouched (also OSError)
+
+Sandbox and changelog errors raised on the way (the sandbox lost while its scratch is
+read, the changelog's storage failing) are re-raised unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class SnapshotError(Exception):
+    """Base class of the errors raised by :mod:`worker.snapshots`."""
+
+
+class SnapshotNotFoundError(SnapshotError, LookupError):
+    """No snapshot matches."""
+
+
+class SnapshotInUseError(SnapshotError):
+    """Live forks came from the snapshot; ``forks`` lists their directories."""
+
+    def __init__(self, message: str, forks: list[str]) -> None:
+        super().__init__(message)
+        self.forks = forks
+
+
+class SnapshotLimitError(SnapshotError):
+    """A configured limit refuses the snapshot; nothing was made."""
+
+
+class SnapshotDiskFullError(SnapshotError, OSError):
+    """No space left while copying; the partial copy is gone and the source untouched."""
+
+    def __init__(self, message: str) -> None:
+        SnapshotError.__init__(self, message)
+        self.errno = errno.ENOSPC
+        self.strerror = message
+
+    def __str__(self) -> str:
+        return self.strerror or ""

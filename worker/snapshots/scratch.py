@@ -1,0 +1,77 @@
+"""``--with-scratch``: the sandbox's own writable places (``/tmp``, ``$HOME``), which vanish
+with its container, carried as a tar archive.
+
+Both are tmpfs inside the container, which the engine's ``docker cp`` cannot read (it
+copies from the container's root filesystem, not its mounts), so the sandbox's own ``tar``
+writes the archive to its stdout, streamed to the host byte for byte; a fork's sandbox
+unpacks it from the standard input of a background process. The agent's private
+entries (its sockets, its background processes' state, its activity clock) are left out.
+The image needs ``tar`` (every Debian-based and busybox image has it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+from sandbox.base import Sandbox
+from sandbox.errors import ConflictError
+from sandbox.spec import HOME_DIR
+
+from .errors import SnapshotError
+
+#: What the agent keeps in /tmp for itself: never carried to another sandbox.
+_PRIVATE = ("./tmp/.loom-*", "./tmp/loom-*")
+#: The sandbox's /tmp and $HOME are tmpfs of 256 and 128 MiB by default.
+MAX_BYTES = 1 << 30
+_CHUNK = 1 << 20
+
+
+async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
+    """A tar archive of the sandbox's ``/tmp`` and ``$HOME``. Raises SnapshotError when
+    ``tar`` fails (none in the image), sandbox errors."""
+    parts: list[bytes] = []
+
+    def take(stream: str, data: bytes) -> None:
+        if stream == "stdout":
+            parts.append(data)
+
+    # What is *in* them, not the two directories (their owner and mode are the container's).
+    skip = " ".join(f"! -path '{p}'" for p in _PRIVATE)
+    result = await sandbox.exec(
+        f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
+        timeout=timeout,
+        max_output=64 << 10,
+        output_limit=MAX_BYTES,
+        on_output=take,
+    )
+    # GNU tar exits 1 when a file changed while it was read (a program still writing).
+    if result.outcome != "exit" or result.exit_code not in (0, 1):
+        err = result.stderr.decode("utf-8", "replace").strip()[-300:]
+        raise SnapshotError(f"cannot archive the sandbox's /tmp and $HOME ({result.outcome}): {err}")
+    return b"".join(parts)
+
+
+async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> None:
+    """Unpack ``archive`` (from :func:`capture`) over the sandbox's ``/tmp`` and ``$HOME``.
+    Raises SnapshotError when ``tar`` fails, sandbox errors."""
+    pid = "proc-scratch-" + secrets.token_hex(4)
+    await sandbox.start_process(pid, "tar -C / --no-overwrite-dir -xf -", timeout=timeout)
+    try:
+        for i in range(0, len(archive), _CHUNK):
+            await sandbox.process_input(pid, archive[i : i + _CHUNK])
+        await sandbox.process_input(pid, b"", eof=True)
+    except ConflictError:
+        pass  # tar stops reading at the archive's end marker (or on an error: its exit says)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    err = b""
+    while True:
+        out = await sandbox.process_output(pid, wait=1.0)
+        err += out.stderr
+        if not out.info.running:
+            break
+        if loop.time() > deadline:
+            raise SnapshotError("unpacking the scratch archive timed out")
+    if out.info.exit_code != 0:
+        raise SnapshotError(f"cannot unpack the scratch archive: {err.decode('utf-8', 'replace').strip()[-300:]}")

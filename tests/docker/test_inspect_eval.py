@@ -9,6 +9,7 @@ so what it leaves (or not) is its own.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -90,7 +91,7 @@ def test_the_example_eval_runs_with_inspect_eval(tmp_path: Path, config: str) ->
     samples = {s.id: s for s in log.samples or []}
     # The scripted model fixes the two bugs it knows and not the third: the scorer, the
     # project's own tests run in each sample's sandbox, says so.
-    assert {k: s.scores["project_tests"].value for k, s in samples.items()} == {
+    assert {k: (s.scores or {})["project_tests"].value for k, s in samples.items()} == {
         "sub": "C",
         "mul": "C",
         "unary-minus": "I",
@@ -148,5 +149,72 @@ def test_ctrl_c_during_a_sample_leaves_no_sandbox(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert _containers_of(tmp_path) == []
+    assert list((tmp_path / "workspaces").iterdir()) == []
+
+
+async def test_inspect_sandbox_cleanup_removes_what_a_run_left(tmp_path: Path) -> None:
+    """``inspect sandbox cleanup loom ID`` (the provider's cli_cleanup, in a process of its
+    own) removes a sandbox an eval left behind (here: a task ended with cleanup off)."""
+    from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+
+    from worker.integrations.inspect import LoomSandboxEnvironment, lifecycle
+
+    require_docker()
+    provider = registry_find_sandboxenv("loom")
+    config = provider.config_deserialize({"image": SANDBOX_IMAGE, "workspace_root": str(tmp_path / "workspaces")})
+    await provider.task_init("left", config)
+    envs = await provider.sample_init("left", config, {"__sample_id__": "1"})
+    workspace = envs["default"].as_type(LoomSandboxEnvironment).workspace
+    await provider.task_cleanup("left", config, False)  # as --no-sandbox-cleanup leaves it
+    try:
+        assert len(_containers_of(tmp_path)) == 1
+        run = await asyncio.to_thread(
+            subprocess.run,
+            [str(INSPECT), "sandbox", "cleanup", "loom", str(workspace)],
+            cwd=ROOT,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert _containers_of(tmp_path) == []
+    finally:
+        lifecycle._outstanding.pop(workspace, None)  # (nothing left for this process's exit hook)
+
+
+async def test_several_services_a_workspace_each_and_config_files(tmp_path: Path) -> None:
+    from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+
+    from tests.conftest import MINIMAL_IMAGE
+    from worker.integrations.inspect import LoomSandboxEnvironment
+
+    require_docker()
+    (tmp_path / "fixture.bin").write_bytes(b"\x00fixture\xff")
+    provider = registry_find_sandboxenv("loom")
+    config = provider.config_deserialize(
+        {
+            "image": SANDBOX_IMAGE,
+            "workspace_root": str(tmp_path / "workspaces"),
+            "files": {"data/fixture.bin": str(tmp_path / "fixture.bin")},
+            "services": {"db": {"image": MINIMAL_IMAGE, "env": {"ROLE": "db"}}, "default": {}},
+        }
+    )
+    await provider.task_init("multi", config)
+    envs = await provider.sample_init("multi", config, {"__sample_id__": "7"})
+    try:
+        assert list(envs) == ["default", "db"]  # the default first
+        default, db = envs["default"].as_type(LoomSandboxEnvironment), envs["db"].as_type(LoomSandboxEnvironment)
+        assert default.workspace != db.workspace and len(_containers_of(tmp_path)) == 2
+        assert await default.read_file("data/fixture.bin", text=False) == b"\x00fixture\xff"
+        await default.write_file("only-here.txt", "x")
+        assert not (await db.exec(["test", "-e", "only-here.txt"])).success
+        assert (await db.exec(["sh", "-c", "echo $ROLE"])).stdout == "db\n"
+        conn = await default.connection()
+        assert conn.type == "loom" and str(default.workspace) in conn.command and conn.command.endswith("-- bash")
+    finally:
+        await provider.sample_cleanup("multi", config, envs, False)
+        await provider.task_cleanup("multi", config, True)
     assert _containers_of(tmp_path) == []
     assert list((tmp_path / "workspaces").iterdir()) == []

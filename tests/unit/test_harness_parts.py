@@ -51,7 +51,7 @@ async def test_allow_root_is_refused_for_a_root_owned_workspace(tmp_path: Path) 
     async def nothing(_spec: Any = None) -> None:
         return None
 
-    backend.prepare = nothing  # type: ignore[method-assign]
+    backend.prepare = nothing  # type: ignore[method-assign,assignment]
     os.chown(tmp_path, 0, 0)
     with pytest.raises(SandboxUnavailableError, match="owned by another user than root"):
         await backend.ensure_container(tmp_path)

@@ -8,6 +8,8 @@ Public API::
         result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
         async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
             ...  # ToolOutput chunks as the command prints, then the ToolResult
+        box = registry.sandbox("/src/project")  # the harness API (not a tool): SandboxHandle
+        out = await box.exec(["python3", "-c", "print(1)"], input=b"...", user="nobody")
 
 ``worker`` imports ``sandbox``, never the other way.
 
@@ -25,6 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .harness import ExecOutput, FileWritten, SandboxHandle
     from .registry import ToolRegistry, default_registry
     from .result import ToolResult
     from .streaming import ToolOutput
@@ -34,8 +37,11 @@ if TYPE_CHECKING:
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "ChangeRecorder": ".workspace",
+    "ExecOutput": ".harness",
+    "FileWritten": ".harness",
     "NullRecorder": ".workspace",
     "PolicyError": ".tool",
+    "SandboxHandle": ".harness",
     "Tool": ".tool",
     "ToolContext": ".tool",
     "ToolError": ".tool",
@@ -48,8 +54,11 @@ _EXPORTS = {
 
 __all__ = [
     "ChangeRecorder",
+    "ExecOutput",
+    "FileWritten",
     "NullRecorder",
     "PolicyError",
+    "SandboxHandle",
     "Tool",
     "ToolContext",
     "ToolError",

@@ -17,6 +17,7 @@ import re
 import socket
 import stat as statmod
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 from .. import protocol
@@ -32,6 +33,7 @@ from ..handover import FdChannel, take_fd_channel
 from ..logs import get_logger
 from ..spec import ACTIVITY_FILE, AGENT_COMMAND, WORKSPACE_MOUNT, SandboxSpec
 from .checks import RuntimeCheck, check_seccomp_mode
+from .config import LABEL_WS, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -162,6 +164,9 @@ class AgentChannels:
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
                 "keeper_ttl": spec.idle_ttl,
+                # allow_root: the container's main process starts as root; the agent
+                # becomes the owner before anything else.
+                **({"run_as": list(owner(Path(container.labels[LABEL_WS]), spec))} if spec.allow_root else {}),
                 **spec.agent_config(),
             },
             timeout=spec.agent_start_timeout,
@@ -187,9 +192,15 @@ class AgentChannels:
                 "another image."
             )
 
-    async def exec_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
-        """Start another agent in the running container (one ``docker exec``) and talk to it."""
+    async def exec_agent(
+        self, container: Any, spec: SandboxSpec, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """Start another agent in the running container (one ``docker exec``) and talk to
+        it: as the workspace owner, or as ``user`` (uid, gid: a harness's command as
+        another user, see ``DockerSandbox.as_user``), from ``/`` (another user may not
+        enter the workspace)."""
         api = self._engine.client().api
+        uid, gid = user if user is not None else owner(Path(container.labels[LABEL_WS]), spec)
 
         def start() -> Any:
             ex = api.exec_create(
@@ -199,17 +210,18 @@ class AgentChannels:
                 stdout=True,
                 stderr=True,
                 tty=False,
-                workdir=WORKSPACE_MOUNT,
+                workdir=WORKSPACE_MOUNT if user is None else "/",
+                user=f"{uid}:{gid}",  # always said: with allow_root the container's user is root
             )
             return api.exec_start(ex["Id"], socket=True)
 
         sock_io = await self._engine.call("start sandbox agent", start)
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
-        hello = await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()},
-            timeout=spec.agent_start_timeout,
-        )
+        config: dict[str, Any] = {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()}
+        if user is not None:
+            config["as_user"] = True
+        hello = await conn.start(config, timeout=spec.agent_start_timeout)
         await self.check_hello(conn, hello, spec)
         return conn
 

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
             *("--rounds", "1", "--forks", "2", "--changed", "5"),
         ],
         ["bench/bench_ray.py", "--n", "20", "--workspaces", "6"],
+        ["bench/bench_inspect.py", "--samples", "1", "--execs", "5"],
     ],
     ids=[
         "tools",
@@ -63,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "native",
         "fork",
         "ray",
+        "inspect",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

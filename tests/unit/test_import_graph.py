@@ -232,11 +232,13 @@ def _is_integration(module: str) -> bool:
 
 
 def test_no_core_module_imports_an_integration() -> None:
-    # The optional extras (worker.integrations.*: the Ray cluster) are found by entry
-    # point (worker.plugins), never imported by the core: the core must work without them
-    # and their projects (``ray``) installed. They may import the core.
+    # The optional extras (worker.integrations.*: the Ray cluster, the inspect_ai
+    # provider) are found by entry point (worker.plugins; inspect's own group), never
+    # imported by the core: the core must work without them and their projects (``ray``,
+    # ``inspect_ai``) installed. They may import the core.
     mods = graph()
     assert "worker.service" in mods["worker.integrations.ray.workspaces"].imports  # the check can see them
+    assert "worker.harness" in mods["worker.integrations.inspect.provider"].imports
     bad = [
         f"{mod.path.relative_to(ROOT)}:{line} imports {target}"
         for mod in mods.values()
@@ -246,11 +248,12 @@ def test_no_core_module_imports_an_integration() -> None:
     ]
     assert not bad, "the core imports an integration:\n" + "\n".join(bad)
     only_integrations = [
-        f"{mod.path.relative_to(ROOT)}:{mod.external['ray']}"
+        f"{mod.path.relative_to(ROOT)}:{mod.external[project]} imports {project}"
         for mod in mods.values()
-        if "ray" in mod.external and not _is_integration(mod.name)
+        for project in ("ray", "inspect_ai")
+        if project in mod.external and not _is_integration(mod.name)
     ]
-    assert not only_integrations, "ray imported outside worker.integrations:\n" + "\n".join(only_integrations)
+    assert not only_integrations, "imported outside worker.integrations:\n" + "\n".join(only_integrations)
 
 
 def test_the_cycle_finder_finds_every_cycle_once() -> None:

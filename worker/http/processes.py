@@ -3,7 +3,7 @@
     GET  /v1/workspaces/{id}/processes                          the processes, oldest first
     GET  /v1/workspaces/{id}/processes/{pid}/output?since=&wait_ms=   what it printed after a cursor
     GET  /v1/workspaces/{id}/processes/{pid}/output?follow=1    ... as Server-Sent Events until it ends
-    POST /v1/workspaces/{id}/processes/{pid}/input   {"text", "eof"?}
+    POST /v1/workspaces/{id}/processes/{pid}/input   {"text", "encoding"?, "eof"?}
     POST /v1/workspaces/{id}/processes/{pid}/kill    {"signal"?: TERM|KILL|INT|HUP}
 
 Reading never moves the model's "last read" mark (``process_output`` without ``since``):
@@ -44,7 +44,8 @@ PING_SECONDS = 15
 class InputBody(BaseModel):
     # process_input's arguments: as strict as the tool's own (no "true" or 1 for eof).
     model_config = ConfigDict(extra="forbid", strict=True)
-    text: str = Field(max_length=1 << 20)
+    text: str = Field(max_length=(1 << 20) * 4 // 3 + 4, description="Text, or base64 of bytes (encoding).")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
     eof: bool = False
 
 

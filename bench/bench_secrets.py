@@ -154,7 +154,7 @@ async def main(args: argparse.Namespace) -> None:
     rows = {k: [] for k in ("ttfb_h", "ttfb_s", "ttfb_i", "tput_h", "tput_s", "tput_i")}  # type: dict[str, list[float]]
     try:
         async with default_registry(settings) as registry:
-            make = registry.egress_factory
+            make = registry.pool.egress_factory
 
             async def resolver(host: str, port: int) -> list[Any]:
                 return [ipaddress.ip_address(address)]
@@ -164,7 +164,7 @@ async def main(args: argparse.Namespace) -> None:
                 gw.upstream.resolver = resolver
                 return gw
 
-            registry.egress_factory = factory
+            registry.pool.egress_factory = factory
             await registry.configure_workspace(ws, {"egress": [SECRET_HOST, PLAIN_HOST]})
             registry.configs.secrets.store.set(
                 ws,

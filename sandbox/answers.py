@@ -10,7 +10,7 @@ import posixpath
 from typing import Any, cast
 
 from .errors import ProtocolError
-from .results import AgentInfo, EntryType, ScanEntry, ScanResult
+from .results import AgentInfo, EntryType, ListEntry, ListResult, ScanEntry, ScanResult, SearchMatch, SearchResult
 
 _ENTRY_TYPES = {"file", "dir", "symlink", "other"}
 
@@ -114,3 +114,46 @@ def _hello_extra(r: dict[str, Any]) -> dict[str, object]:
     if isinstance(m := r.get("seccomp"), int) and not isinstance(m, bool):
         extra["seccomp"] = m
     return extra
+
+
+def list_result(r: dict[str, Any], max_entries: int) -> ListResult:
+    """Validate an agent's listing."""
+    raw = r.get("entries")
+    if not isinstance(raw, list) or len(raw) > max_entries:
+        raise ProtocolError("agent sent an invalid listing")
+    entries = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 4:
+            raise ProtocolError("agent sent an invalid listing entry")
+        entries.append(
+            ListEntry(
+                path=check_relpath(item[0]),
+                type=check_entry_type(item[1]),
+                size=check_int(item[2], "size"),
+                depth=check_int(item[3], "depth", lo=1),
+            )
+        )
+    return ListResult(entries=entries, truncated=bool(r.get("truncated")))
+
+
+def search_result(r: dict[str, Any], max_matches: int) -> SearchResult:
+    """Validate an agent's search answer."""
+    raw = r.get("matches")
+    if not isinstance(raw, list) or len(raw) > max_matches:
+        raise ProtocolError("agent sent an invalid search result")
+    matches = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ProtocolError("agent sent an invalid match")
+        matches.append(
+            SearchMatch(
+                path=check_relpath(item[0]),
+                line=check_int(item[1], "line", lo=1),
+                text=check_str(item[2], "text", limit=8192),
+            )
+        )
+    return SearchResult(
+        matches=matches,
+        truncated=bool(r.get("truncated")),
+        engine=check_str(r.get("engine"), "engine", limit=20),
+    )

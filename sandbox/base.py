@@ -25,6 +25,8 @@ problem: missing file, path escape, conflict, ...) or the infrastructure errors 
 :mod:`sandbox.errors` (``SandboxLostError``, ``SandboxTimeoutError``, ...).
 """
 
+# long module: the Sandbox contract is one class, and its docstrings are the contract
+
 from __future__ import annotations
 
 import abc
@@ -43,6 +45,8 @@ from .results import (
     ListResult,
     Outcome,
     OutputChunk,
+    PathRead,
+    PathWrite,
     ProcessInfo,
     ProcessOutput,
     ReadResult,
@@ -76,6 +80,8 @@ __all__ = [
     "Outcome",
     "OutputCallback",
     "OutputChunk",
+    "PathRead",
+    "PathWrite",
     "ProcessInfo",
     "ProcessOutput",
     "PullWatcher",
@@ -162,6 +168,9 @@ class Sandbox(abc.ABC):
     """One workspace's sandbox. Safe to call concurrently from one event loop."""
 
     workspace: Path
+    #: Where the workspace is seen inside the sandbox (what a command's ``pwd`` says in
+    #: it, and what an absolute path of :meth:`read_path` names it by).
+    workspace_mount: str = "/workspace"
 
     @abc.abstractmethod
     async def read(
@@ -190,17 +199,22 @@ class Sandbox(abc.ABC):
         mkdirs: bool = True,
         fsync: bool = True,
         mode: int | None = None,
+        override_mode: bool = False,
     ) -> WriteResult:
         """Atomically replace ``path`` (temp file, fsync, rename), creating parents.
 
         An existing file keeps its permissions; a new one gets ``mode`` (permission bits,
-        e.g. an undone deletion of an executable), else 0o666 less the umask.
+        e.g. an undone deletion of an executable), else 0o666 less the umask. An existing
+        file the sandbox's user may not write (0444) is refused as its shell would refuse
+        it (PermissionDeniedError), unless ``override_mode`` (undo putting back what a
+        read-only file held).
 
         ``fsync=False`` keeps the atomicity (a reader or a killed process sees the old or
         the new file, never a torn one) but not durability across a power loss.
 
         ``expect_sha256`` / ``expect_absent`` make the write conditional on the current
-        content. Raises ConflictError, NotAFileError, PathEscapeError, TooLargeError.
+        content. Raises ConflictError, NotAFileError (IsADirError), PermissionDeniedError,
+        PathEscapeError, TooLargeError.
         """
 
     async def stage_write(
@@ -213,6 +227,7 @@ class Sandbox(abc.ABC):
         fsync: bool = True,
         token: str | None = None,
         mode: int | None = None,
+        override_mode: bool = False,
     ) -> StagedWrite:
         """The first half of :meth:`write`: the new content written (and fsync'd) beside
         ``path``, not yet in place, so the caller can record the change meanwhile. Finish
@@ -229,7 +244,7 @@ class Sandbox(abc.ABC):
             st = None
         staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
         pending = self.__dict__.setdefault("_host_staged", {})
-        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode)
+        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode)
         return staged
 
     async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
@@ -243,13 +258,19 @@ class Sandbox(abc.ABC):
         item = self.__dict__.get("_host_staged", {}).pop(token, None)
         if item is None:
             raise AgentError(f"No staged write {token!r}", code="invalid")
-        path, data, expect_sha256, expect_absent, fsync, mode = cast(
-            tuple[str, bytes, "str | None", bool, bool, "int | None"], item
+        path, data, expect_sha256, expect_absent, fsync, mode, override = cast(
+            tuple[str, bytes, "str | None", bool, bool, "int | None", bool], item
         )
         if expect_path is not None and expect_path != path:
             raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
         return await self.write(
-            path, data, expect_sha256=expect_sha256, expect_absent=expect_absent, fsync=fsync, mode=mode
+            path,
+            data,
+            expect_sha256=expect_sha256,
+            expect_absent=expect_absent,
+            fsync=fsync,
+            mode=mode,
+            override_mode=override,
         )
 
     async def abort_write(self, staged: StagedWrite | str) -> None:
@@ -347,12 +368,30 @@ class Sandbox(abc.ABC):
         scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        any_cwd: bool = False,
     ) -> ExecResult:
         """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
 
         Every process the command starts is killed when it ends or times out. A lost
         sandbox is reported as ``outcome="sandbox_lost"`` rather than raised, because the
         command may have had effects. Raises PathNotFoundError/PathEscapeError for ``cwd``.
+
+        A command of any length runs (one too long for an argument of ``sh -c`` is handed
+        to the shell in a private file). ``max_output`` (at most
+        :data:`~sandbox.protocol.MAX_EXEC_OUTPUT`) is what is kept of each stream, head
+        and tail (``truncated`` and the ``*_bytes`` totals say when more came);
+        ``output_limit`` stops a command that prints more than that in all.
+
+        The harness's options: ``stdin`` is the command's standard input (default
+        ``/dev/null``); ``user`` runs it as another user of the image (a name or
+        ``uid[:gid]``; ``root`` only where the workspace allows it, else
+        UserUnsupportedError; a user the image does not have is an ExecResult with
+        ``launch_error="user"``, exit 126); ``any_cwd`` lets ``cwd`` be any absolute
+        directory of the sandbox, entered as its shell would enter it (a failure is
+        ``launch_error="cwd"``). A program that cannot start is an ExecResult with
+        ``launch_error`` set, not an exception.
 
         With ``scan`` the snapshot scans that bracket a command travel with it (one round
         trip instead of three): the agent scans first and runs the command only if nothing
@@ -390,6 +429,33 @@ class Sandbox(abc.ABC):
             if not task.done():
                 _BACKGROUND.add(task)
                 task.add_done_callback(_BACKGROUND.discard)
+
+    # -- files anywhere in the sandbox (a harness's, not the model's) -------------------
+
+    async def read_path(self, path: str, *, max_bytes: int) -> PathRead:
+        """Read the file at the absolute ``path`` anywhere in the sandbox, as the
+        sandbox's user (links followed, as ``cat`` follows them; never a FIFO or device):
+        at most ``max_bytes`` (``truncated`` when the file is larger). Large files come in
+        pieces, checked to be of one unchanged file.
+
+        Raises PathNotFoundError, PermissionDeniedError, IsADirError, NotAFileError,
+        ConflictError (it kept changing while read), NotImplementedError where the
+        backend has no such API."""
+        raise NotImplementedError("this sandbox has no file API outside the workspace")
+
+    async def write_path(self, path: str, data: bytes, *, mode: int | None = None) -> PathWrite:
+        """Write ``data`` to the absolute ``path`` as the sandbox's user: where it may
+        write (``/tmp``, ``$HOME``; the root file system is read-only), parents made, an
+        existing file rewritten in place as the shell's ``>`` would (a 0444 one refused),
+        a new one with ``mode`` (default 0o666 less the umask). Nothing is recorded: this
+        is the sandbox's scratch space.
+
+        Raises InWorkspaceError (nothing written) when the target is in the workspace,
+        whose changes go through its changelog: the caller writes it with :meth:`write`
+        at the workspace-relative path the error carries. Raises PermissionDeniedError,
+        IsADirError, NotAFileError, PathNotFoundError, TooLargeError, NotImplementedError
+        where the backend has no such API."""
+        raise NotImplementedError("this sandbox has no file API outside the workspace")
 
     async def open_tunnel(self, port: int) -> Tunnel:
         """A TCP connection to ``port`` on the sandbox's own loopback, carried by the

@@ -11,8 +11,8 @@ paths) because the agent runs next to untrusted code.
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +27,9 @@ from .answers import (
     check_opt_int,
     check_relpath,
     check_str,
+    list_result,
     scan_result,
+    search_result,
 )
 from .background import BackgroundMixin
 from .base import (
@@ -36,7 +38,6 @@ from .base import (
     ExecControl,
     ExecResult,
     FileStat,
-    ListEntry,
     ListResult,
     Outcome,
     OutputCallback,
@@ -45,14 +46,20 @@ from .base import (
     ScanFirst,
     ScanRequest,
     ScanResult,
-    SearchMatch,
     SearchResult,
     StagedWrite,
     TreeRemoval,
     WriteResult,
 )
 from .connection import AgentConnection
-from .errors import AgentError, ProtocolError, SandboxLostError, SandboxTimeoutError
+from .errors import (
+    AgentError,
+    ProtocolError,
+    SandboxLostError,
+    SandboxTimeoutError,
+    TooLargeError,
+)
+from .harness import HarnessMixin
 from .process import SandboxProcess
 from .tunnel import SandboxTunnel, Tunnel
 
@@ -60,12 +67,13 @@ from .tunnel import SandboxTunnel, Tunnel
 Connector = Callable[[bool], Awaitable[AgentConnection]]
 
 _OUTCOMES = {"exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"}
+_LAUNCH_ERRORS = {"not_found", "permission", "cwd", "user", "exec"}
 
 #: Host deadline = the operation's own budget + this slack for the round trip.
 DEADLINE_SLACK = 5.0
 
 
-class AgentSandbox(BackgroundMixin, Sandbox):
+class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
     def __init__(
@@ -118,11 +126,18 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         max_bytes: int = 1 << 20,
     ) -> ReadResult:
         max_bytes = max(0, min(max_bytes, protocol.MAX_READ_BYTES))
-        args: dict[str, Any] = {"path": path, "offset": offset, "length": length, "max_bytes": max_bytes}
+        args: dict[str, Any] = {
+            "path": path,
+            "offset": offset,
+            "length": length,
+            "max_bytes": max_bytes,
+            "raw_out": True,
+        }
         if line_range is not None:
             args["line_range"] = [int(line_range[0]), int(line_range[1])]
         r = await self._call("read", args)
-        data = check_b64(r.get("data"), "data", max_bytes)
+        raw = r.get("_raw")
+        data = raw if isinstance(raw, bytes) else check_b64(r.get("data"), "data", max_bytes)
         if len(data) > max_bytes:
             raise ProtocolError("agent returned more bytes than requested")
         digest = r.get("sha256")
@@ -148,17 +163,32 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         mkdirs: bool = True,
         fsync: bool = True,
         mode: int | None = None,
+        override_mode: bool = False,
     ) -> WriteResult:
+        if len(data) > protocol.MAX_RAW_REQUEST:
+            # Too large for one request: staged in pieces, then put in place.
+            staged = await self.stage_write(
+                path,
+                data,
+                expect_sha256=expect_sha256,
+                expect_absent=expect_absent,
+                fsync=fsync,
+                mode=mode,
+                override_mode=override_mode,
+                mkdirs=mkdirs,
+            )
+            return await self.commit_write(staged)
         args = {
             "mode": mode,
             "fsync": fsync,
             "path": path,
-            "data": base64.b64encode(data).decode(),
             "expect_sha256": expect_sha256,
             "expect_absent": expect_absent,
             "mkdirs": mkdirs,
+            "bypass_permissions": override_mode,
         }
-        r = await self._call("write", args)
+        conn = await self.connection()
+        r = await conn.request("write", args, timeout=self._io_timeout + DEADLINE_SLACK, raw=data)
         return WriteResult(
             size=check_int(r.get("size"), "size"),
             sha256=check_str(r.get("sha256"), "sha256", limit=64),
@@ -175,25 +205,39 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         fsync: bool = True,
         token: str | None = None,
         mode: int | None = None,
+        override_mode: bool = False,
+        mkdirs: bool = True,
     ) -> StagedWrite:
+        piece = protocol.MAX_RAW_REQUEST
         args = {
             "mode": mode,
             "fsync": fsync,
             "path": path,
-            "data": base64.b64encode(data).decode(),
             "expect_sha256": expect_sha256,
             "expect_absent": expect_absent,
-            "mkdirs": True,
+            "mkdirs": mkdirs,
             "stage": True,
             "token": token,
+            "bypass_permissions": override_mode,
         }
+        if len(data) > piece:
+            args.update(more=True, total=len(data))
         conn = await self.connection()
-        r = await conn.request("write", args, timeout=self._io_timeout + DEADLINE_SLACK)
+        deadline = self._io_timeout + DEADLINE_SLACK
+        r = await conn.request("write", args, timeout=deadline, raw=data if len(data) <= piece else data[:piece])
         mode = r.get("mode")
         got = check_str(r.get("staged"), "staged", limit=64)
         if token is not None and got != token:
-            await conn.request("abort", {"staged": got}, timeout=self._io_timeout + DEADLINE_SLACK)
+            await conn.request("abort", {"staged": got}, timeout=deadline)
             raise ProtocolError("agent staged the write under another token")
+        for start in range(piece, len(data), piece):
+            more = {"staged": got, "last": start + piece >= len(data)}
+            try:
+                await conn.request("append", more, timeout=deadline, raw=data[start : start + piece])
+            except AgentError:
+                with contextlib.suppress(AgentError):
+                    await conn.request("abort", {"staged": got}, timeout=deadline)
+                raise
         return StagedWrite(
             token=got,
             path=check_relpath(r.get("path")),
@@ -273,22 +317,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         r = await self._call(
             "list", {"path": path, "depth": depth, "exclude": list(exclude), "max_entries": max_entries}
         )
-        raw = r.get("entries")
-        if not isinstance(raw, list) or len(raw) > max_entries:
-            raise ProtocolError("agent sent an invalid listing")
-        entries = []
-        for item in raw:
-            if not isinstance(item, list) or len(item) != 4:
-                raise ProtocolError("agent sent an invalid listing entry")
-            entries.append(
-                ListEntry(
-                    path=check_relpath(item[0]),
-                    type=check_entry_type(item[1]),
-                    size=check_int(item[2], "size"),
-                    depth=check_int(item[3], "depth", lo=1),
-                )
-            )
-        return ListResult(entries=entries, truncated=bool(r.get("truncated")))
+        return list_result(r, max_entries)
 
     async def search(
         self,
@@ -313,25 +342,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
             },
             timeout=timeout,
         )
-        raw = r.get("matches")
-        if not isinstance(raw, list) or len(raw) > max_matches:
-            raise ProtocolError("agent sent an invalid search result")
-        matches = []
-        for item in raw:
-            if not isinstance(item, list) or len(item) != 3:
-                raise ProtocolError("agent sent an invalid match")
-            matches.append(
-                SearchMatch(
-                    path=check_relpath(item[0]),
-                    line=check_int(item[1], "line", lo=1),
-                    text=check_str(item[2], "text", limit=8192),
-                )
-            )
-        return SearchResult(
-            matches=matches,
-            truncated=bool(r.get("truncated")),
-            engine=check_str(r.get("engine"), "engine", limit=20),
-        )
+        return search_result(r, max_matches)
 
     async def scan(
         self,
@@ -405,11 +416,39 @@ class AgentSandbox(BackgroundMixin, Sandbox):
         scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        any_cwd: bool = False,
     ) -> ExecResult:
+        if user is not None:
+            box = await self.as_user(user)
+            if isinstance(box, ExecResult):
+                return box  # no such user: the command's failure to start
+            if box is not self:
+                return await box.exec(
+                    command,
+                    cwd=cwd,
+                    timeout=timeout,
+                    env=env,
+                    max_output=max_output,
+                    argv=argv,
+                    output_limit=output_limit,
+                    on_output=on_output,
+                    control=control,
+                    stdin=stdin,
+                    any_cwd=any_cwd,
+                )
+        if stdin is not None and len(stdin) > protocol.MAX_RAW_REQUEST:
+            raise TooLargeError(
+                f"stdin of {len(stdin)} bytes is more than the {protocol.MAX_RAW_REQUEST} bytes a command "
+                "may be given: write it to a file first",
+                code="too_large",
+            )
         # One command at a time per connection: the agent kills the whole process subtree
         # it owns when a command ends, so two commands must not share it.
         async with self._exec_lock:
             started = time.monotonic()
+            max_output = max(0, min(max_output, protocol.MAX_EXEC_OUTPUT))
             args: dict[str, Any] = {
                 "command": command,
                 "cwd": cwd,
@@ -417,9 +456,14 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                 "env": env or {},
                 "max_output": max_output,
                 "output_limit": output_limit,
+                "raw_out": True,
             }
             if argv is not None:
                 args["argv"] = argv
+            if any_cwd:
+                args["cwd_any"] = True
+            if stdin is not None:
+                args["stdin"] = True
             if scan is not None:
                 args["scan"] = {
                     "snapshot": scan.snapshot,
@@ -446,7 +490,7 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                         control.bind(send)
 
                 try:
-                    r = await conn.request("exec", args, timeout=deadline, on_event=on_event, on_sent=sent)
+                    r = await conn.request("exec", args, timeout=deadline, on_event=on_event, on_sent=sent, raw=stdin)
                 finally:
                     if control is not None:
                         control.bind(None)
@@ -491,10 +535,14 @@ class AgentSandbox(BackgroundMixin, Sandbox):
             duration = r.get("duration_ms")
             if not isinstance(duration, int | float) or isinstance(duration, bool):
                 raise ProtocolError("agent sent an invalid duration")
+            stdout, stderr = _streams(r, limit)
+            launch = r.get("launch_error")
+            if launch is not None and launch not in _LAUNCH_ERRORS:
+                raise ProtocolError(f"agent sent an unknown launch error {launch!r:.40}")
             return ExecResult(
                 exit_code=check_opt_int(r.get("exit_code"), "exit_code"),
-                stdout=check_b64(r.get("stdout"), "stdout", limit),
-                stderr=check_b64(r.get("stderr"), "stderr", limit),
+                stdout=stdout,
+                stderr=stderr,
                 outcome=cast(Outcome, outcome),
                 duration_ms=float(duration),
                 truncated=bool(r.get("truncated")),
@@ -503,12 +551,25 @@ class AgentSandbox(BackgroundMixin, Sandbox):
                 stderr_bytes=check_int(r.get("stderr_bytes", 0), "stderr_bytes"),
                 scan_after=scan_after,
                 disk_used=check_opt_int(r.get("disk_used"), "disk_used"),
+                launch_error=launch,
             )
 
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+def _streams(r: dict[str, Any], limit: int) -> tuple[bytes, bytes]:
+    """A command's two streams from its answer: raw after the line (``stdout_len`` bytes
+    of stdout, then stderr), or base64 in it. Raises ProtocolError."""
+    raw = r.get("_raw")
+    if not isinstance(raw, bytes):
+        return check_b64(r.get("stdout"), "stdout", limit), check_b64(r.get("stderr"), "stderr", limit)
+    n = check_int(r.get("stdout_len"), "stdout_len")
+    if n > len(raw) or n > limit or len(raw) - n > limit:
+        raise ProtocolError("agent sent more output than asked for")
+    return raw[:n], raw[n:]
 
 
 def _output_events(on_output: OutputCallback) -> Callable[[dict[str, Any]], None]:

@@ -233,12 +233,16 @@ class AgentConnection:
         timeout: float,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         on_sent: Callable[[int], None] | None = None,
+        raw: bytes | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its answer.
 
         ``on_event`` gets the events the agent sends for this request (``"req": id``),
         all of them before the answer, and ``{"event": "lost"}`` if the connection ends
-        first. ``on_sent(id)`` is called once the request is written.
+        first. ``on_sent(id)`` is called once the request is written. ``raw`` (at most
+        :data:`~sandbox.protocol.MAX_RAW_REQUEST` bytes) follows the request's line as
+        it is (the agent gets it as ``data``); raw bytes after the answer's line come
+        back as the result's ``_raw``.
 
         Raises AgentError subclasses for refusals, SandboxLostError when the stream ends,
         SandboxTimeoutError when ``timeout`` passes (the connection is then closed,
@@ -253,12 +257,18 @@ class AgentConnection:
         payload = dict(args)
         payload["id"] = rid
         payload["op"] = op
+        if raw is not None:
+            if len(raw) > protocol.MAX_RAW_REQUEST:
+                raise ValueError(f"{len(raw)} raw bytes in one request (at most {protocol.MAX_RAW_REQUEST})")
+            payload["raw"] = len(raw)
         timer: asyncio.TimerHandle | None = None
         if on_event is not None:
             self._streams[("req", rid)] = on_event
         try:
             async with self._write_lock:
                 await self._transport.write(protocol.encode(payload))
+                if raw:
+                    await self._transport.write(raw)
             if on_sent is not None:
                 on_sent(rid)
             # The deadline counts from the end of the write, as asyncio.wait_for did; one
@@ -282,6 +292,9 @@ class AgentConnection:
             result = resp.get("result")
             if not isinstance(result, dict):
                 raise ProtocolError(f"agent answered {op} with a non-object result")
+            data = resp.get("data")
+            if isinstance(data, bytes):
+                result["_raw"] = data
             return result
         code = resp.get("code")
         msg = resp.get("error")
@@ -426,8 +439,10 @@ class AgentConnection:
             return
         raw = msg.get("raw")
         if raw is not None:
-            # A tunnel's bytes follow the line as they are (no base64, no JSON escaping).
-            if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_RAW:
+            # Bytes follow the line as they are (no base64, no JSON escaping): a tunnel's
+            # (an event), or an answer's (a read's data, a command's output).
+            limit = protocol.MAX_RAW_ANSWER if "event" not in msg and "id" in msg else MAX_RAW
+            if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= limit:
                 raise ProtocolError(f"agent announced {raw!r:.40} raw bytes")
             if raw:
                 self._raw_need, self._raw_msg = raw, msg

@@ -18,7 +18,12 @@
         ├── PathEscapeError            the path leaves /workspace or crosses a refused link
         │                              (also PermissionError)
         ├── NotAFileError              a directory, FIFO, socket or device where a file is needed
+        │   └── IsADirError            a directory                      (also IsADirectoryError)
         ├── NotADirError               (also NotADirectoryError)
+        ├── PermissionDeniedError      the sandbox's user may not      (also PermissionError)
+        ├── InWorkspaceError           a harness's write that belongs to the workspace (its
+        │                              changelog): the message is the workspace-relative path
+        ├── UserUnsupportedError       ``exec(user=...)`` this sandbox's settings do not allow
         ├── ConflictError              a precondition (expected content hash) did not hold
         ├── TooLargeError              a size cap was hit
         └── InvalidPatternError        a search regex that does not compile (also ValueError)
@@ -122,6 +127,34 @@ class NotAFileError(AgentError):
     code = "not_a_file"
 
 
+class IsADirError(NotAFileError, IsADirectoryError):
+    """A directory where a regular file is needed (also an ``IsADirectoryError``)."""
+
+    code = "is_a_directory"
+
+
+class PermissionDeniedError(AgentError, PermissionError):
+    """The sandbox's user may not do this (a 0444 file, another user's directory, a
+    read-only file system), as its shell would be refused (also a ``PermissionError``)."""
+
+    code = "permission"
+
+
+class InWorkspaceError(AgentError):
+    """A write through the sandbox's file API (:meth:`~sandbox.base.Sandbox.write_path`)
+    whose target is in the workspace: it was not made, so that the caller makes it through
+    the workspace's changelog. The message is the workspace-relative path."""
+
+    code = "in_workspace"
+
+
+class UserUnsupportedError(AgentError):
+    """A command asked to run as a user this sandbox may not switch to (root, unless the
+    workspace allows it; any user on a backend without users)."""
+
+    code = "user_unsupported"
+
+
 class NotADirError(AgentError, NotADirectoryError):
     """Something other than a directory where one is needed (also a ``NotADirectoryError``)."""
 
@@ -152,6 +185,10 @@ _BY_CODE: dict[str, type[AgentError]] = {
         PathNotFoundError,
         PathEscapeError,
         NotAFileError,
+        IsADirError,
+        PermissionDeniedError,
+        InWorkspaceError,
+        UserUnsupportedError,
         NotADirError,
         ConflictError,
         TooLargeError,

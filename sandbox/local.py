@@ -143,6 +143,7 @@ class LocalProcessBackend(SandboxBackend):
         box = self._boxes.get(ws)
         if box is None:
             box = AgentSandbox(ws, lambda _lost: self._connect(ws))
+            box.workspace_mount = str(ws)  # the agent runs on the host, rooted there
             self._boxes[ws] = box
         return box
 

@@ -1,9 +1,10 @@
 """Wire format between the host and the in-container agent (the package ``sandbox/agent/``).
 
-Newline-delimited JSON; bytes are base64. The host starts the agent with :data:`BOOTSTRAP`
-as ``python3 -c`` program, then writes the agent (the bundle of its package, see
-``sandbox.bundle``) and one config line, so the agent always matches the worker version
-and no host path is mounted for it.
+Newline-delimited JSON; bytes are base64, or raw after a line that announces them
+(``"raw": N``: a tunnel's, a large read's or write's, a command's stdin and output).
+The host starts the agent with :data:`BOOTSTRAP` as ``python3 -c`` program, then writes
+the agent (the bundle of its package, see ``sandbox.bundle``) and one config line, so
+the agent always matches the worker version and no host path is mounted for it.
 
 Over a ``docker exec`` attach with ``tty=False`` the engine multiplexes stdout and stderr
 into frames with an 8-byte header; :class:`Demuxer` undoes that.
@@ -31,6 +32,15 @@ MAX_RESPONSE_BYTES = 32 << 20
 #: Largest file content one read returns / one write sends.
 MAX_READ_BYTES = 16 << 20
 MAX_WRITE_BYTES = 64 << 20
+#: The most of each output stream a command's answer may keep (the agent's
+#: ``command.MAX_CAPTURE``): the largest cap a caller may set.
+MAX_EXEC_OUTPUT = 16 << 20
+#: Largest raw payload after an answer's line (a read's data, a command's two streams
+#: with their markers; the agent's ``channel.RAW_ANSWER``).
+MAX_RAW_ANSWER = 33 << 20
+#: Largest raw payload after a request's line (a write's content, a command's stdin); a
+#: larger file is sent in pieces of this size.
+MAX_RAW_REQUEST = MAX_WRITE_BYTES
 
 
 @functools.cache

@@ -118,10 +118,35 @@ class ExecResult:
     scan_after: ScanResult | None = None
     #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
     disk_used: int | None = None
+    #: The command never started: ``not_found`` (its program; exit 127), ``permission``
+    #: (not executable; 126), ``cwd`` (its directory could not be entered; 126), ``user``
+    #: (no such user in the image; 126), ``exec`` (another reason; 126). The message is
+    #: on stderr, as a shell would print it.
+    launch_error: str | None = None
 
     @property
     def timed_out(self) -> bool:
         return self.outcome == "timeout"
+
+
+@dataclass(frozen=True)
+class PathRead:
+    """What :meth:`Sandbox.read_path` read: the bytes (all of the file, or up to the cap
+    asked for) and the file's whole size."""
+
+    data: bytes
+    size: int
+    truncated: bool  # the file is larger than the cap: data is its first bytes
+
+
+@dataclass(frozen=True)
+class PathWrite:
+    """A file :meth:`Sandbox.write_path` wrote: where (links followed), its size, whether
+    it was new."""
+
+    path: str
+    size: int
+    created: bool
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,13 @@ ACTIVITY_FILE = "/tmp/.loom-activity"
 #: The sandbox's own directories and the modes every agent gives them at start, whatever the
 #: image's directories there had (see sandbox/docker/config.py: runc copies their modes).
 OWN_DIRS = {"/tmp": 0o1777, HOME_DIR: 0o700}
+#: What root's processes hold in a sandbox with :attr:`SandboxSpec.allow_root`: the least
+#: Debian's ``adduser``/``userdel`` need (CHOWN, DAC_OVERRIDE, FOWNER: new entries in
+#: /etc/shadow and /etc/gshadow, the new home chowned and chmodded; without any one of
+#: them adduser fails), and SETUID/SETGID: the container's main agent starts as root and
+#: must become the owner, and inspect counts root usable only with them (its injected
+#: tools switch users). Docker's default set has fourteen.
+ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID")
 LABEL_PREFIX = "dev.loom"
 
 
@@ -160,6 +167,13 @@ class SandboxSpec(BaseModel):
     #: /proc/<pid>/root, instead of through the engine's attach stream (~10x lower latency
     #: per call). Falls back to the attach stream when the socket is not reachable.
     direct: bool = True
+    #: Commands may run as root (``exec(user="root")``, as a harness such as inspect_ai
+    #: asks to add users): the root file system is writable and root's processes hold
+    #: :data:`ROOT_CAPABILITIES` (the capabilities ``adduser`` needs), in the bounding set,
+    #: which no process of another user holds (the workspace owner's commands keep none).
+    #: Everything else stays: no-new-privileges, the limits, no network, gVisor. Off by
+    #: default; the trade is in docs/harness.md.
+    allow_root: bool = False
 
     @field_validator("registries")
     @classmethod

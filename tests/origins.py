@@ -316,7 +316,7 @@ class Net:
 
     def resolve_for(self, registry: Any) -> None:
         """Make ``registry``'s gateway resolve the test names to their addresses."""
-        make = registry.egress_factory
+        make = registry.pool.egress_factory
 
         async def resolver(host: str, port: int) -> list[Any]:
             if host not in self.addresses:
@@ -328,7 +328,7 @@ class Net:
             gw.upstream.resolver = resolver
             return gw
 
-        registry.egress_factory = factory
+        registry.pool.egress_factory = factory
 
 
 def bare_repo(forge: Path) -> Path:

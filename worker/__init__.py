@@ -10,6 +10,8 @@ Public API::
             result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
             async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
                 ...  # ToolOutput chunks as the command prints, then the ToolResult
+            box = registry.sandbox("/src/project")  # the harness API (not a tool): SandboxHandle
+            out = await box.exec(["python3", "-c", "print(1)"], input=b"...", user="nobody")
 
     worker.run(main())  # asyncio.run(main()) on uvloop: what the CLI and the service run on
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .aio import run
+    from .harness import ExecOutput, FileWritten, SandboxHandle
     from .registry import ToolRegistry, default_registry
     from .result import ToolResult
     from .streaming import ToolOutput
@@ -39,8 +42,11 @@ if TYPE_CHECKING:
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "ChangeRecorder": ".workspace",
+    "ExecOutput": ".harness",
+    "FileWritten": ".harness",
     "NullRecorder": ".workspace",
     "PolicyError": ".tool",
+    "SandboxHandle": ".harness",
     "Tool": ".tool",
     "ToolContext": ".tool",
     "ToolError": ".tool",
@@ -54,8 +60,11 @@ _EXPORTS = {
 
 __all__ = [
     "ChangeRecorder",
+    "ExecOutput",
+    "FileWritten",
     "NullRecorder",
     "PolicyError",
+    "SandboxHandle",
     "Tool",
     "ToolContext",
     "ToolError",

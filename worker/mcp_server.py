@@ -410,7 +410,7 @@ class HttpMcp:
         """ASGI: find the workspace (404 when there is none), then hand over to the SDK."""
         ws_id = scope.get("path_params", {}).get("workspace_id", "")
         try:
-            path = self._workspaces.path(ws_id)
+            path = await self._workspaces.locate(ws_id)
         except (InvalidWorkspaceId, WorkspaceNotFound) as e:
             await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
             return

@@ -97,6 +97,10 @@ def check_workspace_id(ws_id: str) -> str:
 class WorkspaceInfo:
     id: str
     path: str
+    #: Where it runs, for a service whose workspaces are spread over a cluster (the Ray
+    #: node id, and ``ready`` or ``lost``); None for a one-machine service.
+    node: str | None = None
+    state: str | None = None
 
 
 class Workspaces:
@@ -124,6 +128,16 @@ class Workspaces:
         if not is_dir:
             raise WorkspaceNotFound(f"Workspace {ws_id!r} not found")
         return p
+
+    async def locate(self, ws_id: str) -> Path:
+        """:meth:`path`, for the routes: a workspace of a cluster's service is looked up
+        over the network (``worker.integrations.ray``), so the routes await it. Raises
+        InvalidWorkspaceId, WorkspaceNotFound."""
+        return self.path(ws_id)
+
+    async def release(self, ws_id: str) -> None:
+        """Give up what the service holds for a deleted workspace (here nothing: the
+        directory is the workspace; a cluster frees its slot)."""
 
     def _create(self, ws_id: str | None) -> WorkspaceInfo:
         if ws_id is None:

@@ -273,10 +273,12 @@ class Workspace:
         subtask_id: str | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[ExecResult, list[str]]:
         """Run ``command`` in the sandbox; returns its result and the paths it changed.
-        ``on_output`` gets its output as it happens, ``control`` signals it (see
-        ``Sandbox.exec``).
+        ``on_output`` gets its output as it happens, ``control`` signals it, ``options``
+        are more of ``Sandbox.exec``'s keywords (a harness's ``argv``, ``env``, ``stdin``,
+        ``user``, ``any_cwd``, ``output_limit``): see ``Sandbox.exec``.
 
         Raises PathNotFoundError/PathEscapeError for ``cwd`` and infrastructure errors
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
@@ -289,12 +291,16 @@ class Workspace:
             # (passed only when there is one: a recorder of our protocol's first version
             # takes no such argument)
             extra: dict[str, Any] = {"attribute": attribute} if attribute is not None else {}
-            token = await self.recorder.before_shell(self.sandbox, piggyback=True, **extra)
+            options = options or {}
+            # A command as another user runs in another agent: the scans, which belong to
+            # this one's snapshot, are made around it instead of travelling with it.
+            piggyback = options.get("user") is None
+            token = await self.recorder.before_shell(self.sandbox, piggyback=piggyback, **extra)
             if bg is not None and self.background is not None:
                 self.background.settled(bg)
             for attempt in range(3):
                 # The recorder's scans travel with the command when it can (one round trip).
-                scan = getattr(token, "scan", None) if attempt < 2 else None
+                scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
                 try:
                     result = await self.sandbox.exec(
                         command,
@@ -304,6 +310,7 @@ class Workspace:
                         scan=scan,
                         on_output=on_output,
                         control=control,
+                        **options,
                     )
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first
@@ -388,10 +395,12 @@ class Workspace:
         subtask_id: str | None = None,
         process_id: str | None = None,
         idle: float = 0.0,
+        env: dict[str, str] | None = None,
     ) -> ProcessInfo:
         """Start ``command`` as a background process (see :mod:`worker.background`),
         named ``process_id`` (default: a new ``proc-`` id), ended after ``idle`` seconds
-        without a reader or writer when given.
+        without a reader or writer when given, with ``env`` on top of the sandbox's
+        variables.
 
         Raises AgentError (code ``limit``: too many run; a bad cwd), infrastructure
         errors; NotImplementedError when the sandbox has none.
@@ -412,6 +421,7 @@ class Workspace:
                 command,
                 cwd=cwd,
                 timeout=timeout,
+                env=env,
                 max_running=limits.max_processes,
                 linger=limits.linger,
                 **extra,

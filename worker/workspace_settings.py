@@ -76,6 +76,12 @@ class WorkspaceSettings(BaseModel):
         description="Hosts the sandbox may reach through the egress gateway (pypi.org, *.example.com, "
         "host:8443, presets pypi/npm/debian/github, !denied.host); [] for none.",
     )
+    allow_root: bool | None = Field(
+        None,
+        description="Let a harness run commands as root (exec with user root, e.g. inspect's adduser): the root "
+        "file system becomes writable and root holds CHOWN, DAC_OVERRIDE, FOWNER, SETGID, SETUID; the owner's "
+        "commands keep no capability. Off by default; the trade is in docs/harness.md.",
+    )
 
     @field_validator("image")
     @classmethod
@@ -335,6 +341,7 @@ def effective(spec: SandboxSpec, egress: EgressPolicy | None = None) -> dict[str
         "idle_ttl": spec.idle_ttl,
         "env": dict(spec.env),
         "ca_bundle": spec.ca_bundle,
+        "allow_root": spec.allow_root,
     }
 
 

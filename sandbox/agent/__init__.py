@@ -11,8 +11,10 @@ then each request ``{"id": N, "op": "...", ...}`` gets exactly one response
 "error": "..."}``; a notification (an op of ``main.NOTIFY_OPS`` sent without an id) gets
 none. Events the host did not ask for one by one (a spawned process's output, a
 streamed command's output, a tunnel's bytes) are ``{"event": ..., ...}`` lines naming
-what they belong to (``proc``, ``req``, ``tunnel``). Bytes travel base64-encoded, but a
-tunnel's: raw, after a line announcing them (``"raw": N``, see ``channel``).
+what they belong to (``proc``, ``req``, ``tunnel``). Bytes travel base64-encoded, but
+large ones (a tunnel's, a write's content or a command's stdin, a read's data or a
+command's output when the host asks): raw, after a line announcing them (``"raw": N``,
+see ``channel``).
 Requests are served concurrently (slow ops on threads); at most one ``exec`` runs at a
 time per agent, because the agent is the *child subreaper* of everything the command
 starts and kills that whole subtree when the command ends or times out (that is how
@@ -34,7 +36,8 @@ The modules, each importing only those above it (no cycles)::
     tidy       the thread that does what may wait until after an answer
     disk       the workspace disk's reserve, and DiskWatch for commands
     files      read, stat, hash
-    write      atomic and staged writes, commit, abort
+    write      atomic and staged writes (their content in pieces: append), commit, abort
+    sysfiles   a harness's files anywhere in the sandbox, as its user: fs_read, fs_write
     tree       remove, remove_tree, mkdir, chmod, symlink
     listing    list
     scanwalk   the stat-only walk of change scans;  snapshot: inotify-backed snapshots
@@ -44,6 +47,8 @@ The modules, each importing only those above it (no cycles)::
     proctree   finding and killing what a command started; helpers spared from it
     output     Capped: a stream's head and tail within a bound
     search     ripgrep or Python
+    launch     what a command needs around Popen: a long one's script file, stdin, a
+               start that failed
     command    exec
     spawn      long-lived processes with streamed stdio
     supervisor the program that owns one background process (run apart from the agent)

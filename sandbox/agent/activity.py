@@ -18,6 +18,12 @@ def touch():
     _last_touch = now
     try:
         fd = os.open(state.ACTIVITY_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            # Writable by every user, so that an agent started for another user (a
+            # harness's command as root or as a user of the image) touches it too.
+            os.fchmod(fd, 0o666)
+        except OSError:
+            pass  # not ours
         os.close(fd)
         os.utime(state.ACTIVITY_FILE, None)
     except OSError:

@@ -52,8 +52,13 @@ def send(obj):
         _out.flush()
 
 
-#: The most raw bytes one message may carry, either way.
+#: The most raw bytes one message may carry, either way; a request with an id (a write's
+#: content, a command's stdin) and an answer (a read, a command's output) may carry more:
+#: up to state.MAX_WRITE and RAW_ANSWER.
 MAX_RAW = 4 << 20
+#: The most raw bytes an answer carries (a command's two streams at their largest cap,
+#: their markers; the host's ``protocol.MAX_RAW_ANSWER``).
+RAW_ANSWER = 33 << 20
 
 
 def send_raw(obj, data):
@@ -62,8 +67,12 @@ def send_raw(obj, data):
     obj["raw"] = len(data)
     line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
-        # One write: on the direct socket one sendall, so the two never split.
-        _out.write(line + data)
+        if len(data) <= 65536:
+            _out.write(line + data)  # one write, one sendall on the direct socket
+        else:
+            # (no copy of a large payload: the lock keeps anything from coming between)
+            _out.write(line)
+            _out.write(data)
         _out.flush()
 
 
@@ -74,8 +83,9 @@ def read_raw(reader, req):
     n = req.get("raw")
     if n is None:
         return True
-    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_RAW:
-        raise ValueError("raw must be 0-%d bytes" % MAX_RAW)
+    limit = MAX_RAW if "id" not in req else max(MAX_RAW, state.MAX_WRITE)
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= limit:
+        raise ValueError("raw must be 0-%d bytes" % limit)
     data = reader.read(n) if n else b""
     if len(data) < n:
         return False

@@ -12,6 +12,7 @@ With ``"stream": true`` the output is also sent as it is read, each chunk an eve
 it runs, the notification ``exec_signal {"req", "signal"}`` sends a signal to its process
 group (a Ctrl-C passed on by the host's CLI)."""
 
+import base64
 import os
 import selectors
 import signal
@@ -19,7 +20,7 @@ import subprocess
 import threading
 import time
 
-from . import activity, cgroup, channel, disk, environ, output, proctree, scan, state
+from . import activity, cgroup, channel, disk, environ, launch, output, proctree, scan, state
 from .errors import Refused
 
 #: On timeout: TERM to the command's tree, this long, then KILL.
@@ -34,6 +35,9 @@ LINGER_AFTER_EXIT = 0.1
 #: and 8-13 ms commands ~1 ms less. Bounded: at most this much CPU per command.
 SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
+#: The most of each stream a command's answer keeps (the host's ``MAX_EXEC_OUTPUT``).
+MAX_CAPTURE = 16 << 20
+
 _exec_lock = threading.Lock()
 #: The command running now, for ``exec_signal``: (request id, Popen) or None; and
 #: signals that came for a request whose command had not started yet (it is on its way
@@ -52,7 +56,7 @@ def op_exec(req):
     elif not isinstance(command, str) or not command.strip():
         raise Refused("invalid", "Empty command")
     timeout = float(req.get("timeout", 60))
-    cap = int(req.get("max_output", 256 * 1024))
+    cap = min(int(req.get("max_output", 256 * 1024)), MAX_CAPTURE)
     hard_limit = int(req.get("output_limit", 64 << 20))
     env, cwd = environ.command_env_cwd(req)
     scan_req = req.get("scan")
@@ -77,35 +81,45 @@ def op_exec(req):
 
 
 def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
+    script = None
+    if argv is None and len(command) > launch.ARGV_COMMAND_MAX // 4:
+        if len(command.encode("utf-8", "surrogateescape")) > launch.ARGV_COMMAND_MAX:
+            script = launch.script_file(command)
+    try:
+        return _run(req, command, argv, timeout, cap, hard_limit, env, cwd, script)
+    finally:
+        if script is not None:
+            launch.remove_script(script)
+
+
+def _run(req, command, argv, timeout, cap, hard_limit, env, cwd, script):
     marker = os.urandom(8).hex()
     env["LOOM_CALL"] = marker
+    stdin_data = req.get("data") if req.get("stdin") else None
+    if isinstance(stdin_data, str):
+        stdin_data = base64.b64decode(stdin_data)
     with _exec_lock:
         oom_before = cgroup.oom_kills()
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
-                argv or ["/bin/sh", "-c", command],
+                argv or ["/bin/sh", "-c", (". %s" % script) if script else command],
                 cwd=cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
             )
         except OSError as e:
-            return {
-                "exit_code": 127,
-                "stdout": "",
-                "stderr": channel.b64(("%s\n" % e).encode()),
-                "outcome": "exit",
-                "duration_ms": 0.0,
-                "truncated": False,
-                "signal": None,
-                "stdout_bytes": 0,
-                "stderr_bytes": 0,
-            }
+            return launch.failure(e, cwd, argv)
         assert proc.stdout is not None and proc.stderr is not None
+        if proc.stdin is not None:
+            # The descriptor is handed to the feeding thread, which closes it.
+            fd = os.dup(proc.stdin.fileno())
+            proc.stdin.close()
+            threading.Thread(target=launch.feed, args=(fd, stdin_data), daemon=True).start()
         # The start time is only needed where orphans are hunted by heuristics (gVisor).
         ctx = (proc.pid, 0 if state.subreaper else (proctree.start_ticks(proc.pid) or 0), marker)
         try:
@@ -225,10 +239,15 @@ def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
             exit_code = None
         out, t1 = out_buf.value()
         err, t2 = err_buf.value()
+        # The streams raw after the answer's line when the host takes them so (no base64,
+        # no JSON escaping: a command's 10 MiB cost a copy, not tens of milliseconds).
+        if req.get("raw_out"):
+            streams = {"stdout_len": len(out), "_raw": out + err}
+        else:
+            streams = {"stdout": channel.b64(out), "stderr": channel.b64(err)}
         return {
             "exit_code": exit_code,
-            "stdout": channel.b64(out),
-            "stderr": channel.b64(err),
+            **streams,
             "outcome": outcome,
             "duration_ms": duration,
             "truncated": bool(t1 or t2),

@@ -25,17 +25,35 @@ BASE_ENV = {
 
 def command_env_cwd(req):
     """The environment (the image's, then the non-interactive base, then the caller's
-    valid strings) and the real working directory (resolved inside the workspace) for a
-    process the host asks for."""
+    valid strings) and the working directory for a process the host asks for: resolved
+    inside the workspace, or with ``cwd_any`` (a harness's command) any absolute path,
+    which the kernel then judges as it would a ``cd``."""
     env = dict(state.image_env)
     env.update(BASE_ENV)
     if state.image_env.get("PATH"):
         env["PATH"] = state.image_env["PATH"]  # the image's own PATH (/usr/local/go/bin, ...)
     env["HOME"] = os.environ.get("HOME", "/tmp")
     env["USER"] = env["LOGNAME"] = os.environ.get("USER", "sandbox")
+    if state.as_user:
+        # An agent started as another user (root, or a user of the image): its own name
+        # and home, as a login would give them, not the workspace owner's.
+        env.update(_own_identity())
     for k, v in (req.get("env") or {}).items():
         if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
             env[k] = v
-    cwd_fd, parts = paths.open_dir(req.get("cwd", "."))
+    cwd = req.get("cwd", ".")
+    if req.get("cwd_any") and isinstance(cwd, str) and cwd.startswith("/") and "\x00" not in cwd:
+        return env, cwd
+    cwd_fd, parts = paths.open_dir(cwd)
     os.close(cwd_fd)
     return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
+
+
+def _own_identity():
+    try:
+        import pwd
+
+        entry = pwd.getpwuid(os.getuid())
+    except (ImportError, KeyError):
+        return {}
+    return {"HOME": entry.pw_dir or "/", "USER": entry.pw_name, "LOGNAME": entry.pw_name}

@@ -22,6 +22,8 @@ def error_answer(rid, e):
         return {"id": rid, "ok": False, "code": e.code, "error": e.message}
     if isinstance(e, FileNotFoundError):
         return {"id": rid, "ok": False, "code": "not_found", "error": "Not found: %s" % (e.filename or e)}
+    if isinstance(e, IsADirectoryError):
+        return {"id": rid, "ok": False, "code": "is_a_directory", "error": "Is a directory: %s" % (e.filename or e)}
     if isinstance(e, PermissionError):
         return {"id": rid, "ok": False, "code": "permission", "error": "Permission denied: %s" % (e.filename or e)}
     if isinstance(e, NotADirectoryError):

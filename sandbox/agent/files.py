@@ -20,6 +20,12 @@ def _hash_fd(f):
     return h.hexdigest()
 
 
+def _data(req, data):
+    """The bytes read, in the answer: raw after its line when the host asks (no base64, no
+    JSON escaping: a large file costs a copy, not ~3 ms a MiB), else base64 in it."""
+    return {"_raw": data} if req.get("raw_out") else {"data": channel.b64(data)}
+
+
 def op_read(req):
     path = req.get("path", ".")
     max_bytes = min(int(req.get("max_bytes") or state.MAX_READ), state.MAX_READ)
@@ -37,7 +43,7 @@ def op_read(req):
         binary = b"\x00" in head
         if whole and req.get("length") is None and len(head) == fst.st_size:
             return {
-                "data": channel.b64(head),
+                **_data(req, head),
                 "size": fst.st_size,
                 "truncated": False,
                 "sha256": hashlib.sha256(head).hexdigest(),
@@ -88,7 +94,7 @@ def op_read(req):
             if offset == 0 and not truncated and len(data) == fst.st_size:
                 digest = hashlib.sha256(data).hexdigest()
         return {
-            "data": channel.b64(data),
+            **_data(req, data),
             "size": fst.st_size,
             "truncated": truncated,
             "sha256": digest,

@@ -30,6 +30,7 @@ from . import (
     search,
     spawn,
     state,
+    sysfiles,
     tidy,
     tree,
     tunnel,
@@ -130,6 +131,10 @@ FAST_OPS = {
     "hash": files.op_hash,
     "commit": write.op_commit,
     "abort": write.op_abort,
+    # (in order on the reading thread, as a staged write's pieces must be)
+    "append": write.op_append,
+    "fs_write": sysfiles.op_fs_write,
+    "fs_append": sysfiles.op_fs_append,
 }
 SLOW_OPS = {
     "direct": op_direct,
@@ -137,6 +142,7 @@ SLOW_OPS = {
     "remove_tree": tree.op_remove_tree,
     "scan": scan.op_scan,
     "search": search.op_search,
+    "fs_read": sysfiles.op_fs_read,
     "exec": command.op_exec,
     "spawn": spawn.op_spawn,
     "stdin": spawn.op_stdin,
@@ -166,15 +172,21 @@ def _handle(req):
     op = req.get("op")
     fn = FAST_OPS.get(op) or SLOW_OPS.get(op)
     after = None
+    raw = None
     try:
         if fn is None:
             raise Refused("invalid", "Unknown op %r" % (op,))
         result = fn(req)
-        after = result.pop("_after_send", None) if isinstance(result, dict) else None
+        if isinstance(result, dict):
+            after = result.pop("_after_send", None)
+            raw = result.pop("_raw", None)  # bytes sent as they are, after the answer's line
         resp = {"id": rid, "ok": True, "result": result}
     except Exception as e:  # never let one request kill the agent
         resp = error_answer(rid, e)
-    channel.send(resp)
+    if raw is not None:
+        channel.send_raw(resp, raw)
+    else:
+        channel.send(resp)
     if after is not None:
         after()
 
@@ -206,7 +218,25 @@ def _dispatch_slow(req):
     _work.put(req)
 
 
+def become(run_as):
+    """Drop from root to the workspace owner (``[uid, gid]``), first thing, in a sandbox
+    whose container starts as root (``allow_root``): no supplementary groups, then the
+    group, then the user; the kernel clears every capability of a process that leaves
+    uid 0 this way. Raises OSError (the agent then never serves)."""
+    uid, gid = int(run_as[0]), int(run_as[1])
+    # gVisor (20240729) refuses every later thread (EAGAIN) to a container's first process
+    # that leaves root before it ever had a second thread; one started first avoids it.
+    t = threading.Thread(target=int)
+    t.start()
+    t.join()
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def main(config):
+    if config.get("run_as") and os.getuid() == 0:
+        become(config["run_as"])
     state.configure(config)
     channel.open_stdout(sys.stdout.buffer)
     state.subreaper = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
@@ -264,6 +294,7 @@ def _host_gone():
     staged temporary."""
     with _gone_lock:
         write.drop_staged()
+        sysfiles.drop_all()
         tidy.drain(5.0)
         tunnel.close_all()
         spawn.kill_all()

@@ -20,7 +20,10 @@ ACTIVITY_FILE = "/tmp/.loom-activity"
 #: The private directory of the background processes' supervisors (see ``processes``).
 PROCS_DIR = "/tmp/.loom-procs"
 MAX_READ = 16 << 20
+#: The most content one request carries, and the most one file written in pieces
+#: (``append``) may hold.
 MAX_WRITE = 64 << 20
+MAX_FILE = 4 << 30
 #: Disk a single command may consume on the workspace's filesystem, and the free space no
 #: command or write may push it below (bytes; None/0: no check). See ``disk.DiskWatch``.
 DISK_LIMIT = None  # type: int | None
@@ -32,6 +35,9 @@ nonce = None  # type: str | None
 #: Whether the kernel made the agent the child subreaper of what it starts: runc yes,
 #: gVisor no (then orphans are hunted by heuristics, and scans do not use inotify).
 subreaper = False
+#: An agent started as another user than the workspace owner's (``exec`` with ``user``):
+#: its commands get that user's HOME and name.
+as_user = False
 #: The container's main agent stays on as its keeper, for this idle TTL (seconds; None:
 #: not the keeper, the agent exits when the host goes).
 keeper_ttl = None  # type: float | None
@@ -44,8 +50,8 @@ image_env = {}  # type: dict
 def configure(config):
     """Take the host's config line (a dict). Raises OSError when the workspace root
     cannot be opened, ValueError for a limit that is not a number."""
-    global ROOT, ROOT_FD, ACTIVITY_FILE, PROCS_DIR, MAX_READ, MAX_WRITE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT
-    global nonce, keeper_ttl
+    global ROOT, ROOT_FD, ACTIVITY_FILE, PROCS_DIR, MAX_READ, MAX_WRITE, MAX_FILE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT
+    global nonce, keeper_ttl, as_user
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     nonce = config.get("nonce")
     image_env.update(os.environ)
@@ -53,8 +59,10 @@ def configure(config):
     PROCS_DIR = config.get("procs_dir", PROCS_DIR)
     MAX_READ = int(config.get("max_read", MAX_READ))
     MAX_WRITE = int(config.get("max_write", MAX_WRITE))
+    MAX_FILE = int(config.get("max_file", MAX_FILE))
     DISK_LIMIT = int(config.get("disk_limit") or 0) or None
     INODE_LIMIT = int(config.get("inode_limit") or 0) or None
     DISK_RESERVE = int(config.get("disk_reserve") or 0)
     ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     keeper_ttl = config.get("keeper_ttl")
+    as_user = bool(config.get("as_user"))

@@ -21,24 +21,52 @@ _staged_lock = threading.Lock()
 STAGE_TTL = 120.0
 
 
+def request_data(req):
+    """A request's content: raw bytes after its line, or base64 in it."""
+    data = req.get("data", "")
+    return data if isinstance(data, bytes) else base64.b64decode(data)
+
+
+def check_writable(dir_fd, name, path):
+    """Refuse to replace an existing file this process's user may not write, as the shell
+    refuses ``> file``: the rename of a temporary needs only the directory's permission,
+    which would give a tool more rights than the sandbox's user. The test is the shell's
+    own: open it for writing (nothing truncated, nothing blocks)."""
+    try:
+        f = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except PermissionError:
+        raise Refused("permission", "Permission denied: %s" % path)
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            raise Refused("permission", "Read-only: %s is on a read-only mount" % path)
+        return  # gone meanwhile, or a kind the caller refuses anyway
+    os.close(f)
+
+
 def op_write(req):
     path = req.get("path")
-    data = base64.b64decode(req.get("data", ""))
+    data = request_data(req)
     # fsync (file, then directory) unless the caller asked for process-crash safety only
     durable = req.get("fsync", True) is not False
-    if len(data) > state.MAX_WRITE:
-        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (len(data), state.MAX_WRITE))
+    # A write whose content follows in ``append`` requests (staged only): ``total`` bytes.
+    more = bool(req.get("more")) and bool(req.get("stage"))
+    total = int(req.get("total") or len(data)) if more else len(data)
+    if len(data) > state.MAX_WRITE or total > state.MAX_FILE:
+        cap = state.MAX_WRITE if len(data) > state.MAX_WRITE else state.MAX_FILE
+        raise Refused("too_large", "Write of %d bytes exceeds the %d byte cap" % (max(total, len(data)), cap))
     parts = paths.split(path)
     if not parts:
-        raise Refused("not_a_file", "Not a file: the workspace root is a directory")
+        raise Refused("is_a_directory", "Not a file: the workspace root is a directory")
     fd, name, parts, st = paths.resolve(path, create_dirs=req.get("mkdirs", True))
     try:
         if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
-            raise Refused("not_a_file", "Not a file: %s is a directory" % path)
+            raise Refused("is_a_directory", "Not a file: %s is a directory" % path)
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise Refused("not_a_file", "Not a file: %s is %s" % (path, paths.kind_name(st.st_mode)))
         files.check_expect(fd, name, st, path, req)
-        disk.check_reserve(len(data) - (st.st_size if st is not None else 0), path)
+        if st is not None and not req.get("bypass_permissions"):
+            check_writable(fd, name, path)
+        disk.check_reserve(total - (st.st_size if st is not None else 0), path)
         mode = (st.st_mode & 0o7777) if st is not None else 0o666
         create_mode = req.get("mode")
         if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
@@ -67,9 +95,10 @@ def op_write(req):
             os.unlink(tmp, dir_fd=fd)
             raise
         os.close(f)
+        digest = hashlib.sha256(data)
         result = {
             "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "sha256": digest.hexdigest(),
             "created": st is None,
             "path": paths.rel(parts),
         }
@@ -84,6 +113,8 @@ def op_write(req):
                 token = os.urandom(8).hex()
             expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
             expect["written"] = written
+            if more:
+                expect["more"] = (digest, total)  # the content so far, and its announced size
             with _staged_lock:
                 _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
             fd = -1
@@ -147,6 +178,41 @@ def _sync_close(dfd):
         os.close(dfd)
 
 
+def op_append(req):
+    """More of a staged write's content (``"more": true`` at staging), raw after the
+    line; ``last`` closes it (fsync'd then, when durable) so it can be committed. Its size
+    must come out as announced. Raises Refused (an unknown token, a wrong size)."""
+    token = req.get("staged")
+    data = request_data(req)
+    with _staged_lock:
+        item = _staged.get(token) if isinstance(token, str) else None
+    if item is None or "more" not in item[4]:
+        raise Refused("invalid", "No staged write %r taking more content" % (token,))
+    fd, tmp, _name, path, expect, durable, result, _at = item
+    digest, total = expect["more"]
+    if result["size"] + len(data) > total:
+        raise Refused("invalid", "More content than announced for %s" % path)
+    f = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(f, view) :]
+        last = bool(req.get("last"))
+        if last and durable:
+            os.fsync(f)
+        expect["written"] = os.fstat(f)
+    finally:
+        os.close(f)
+    digest.update(data)
+    result["size"] += len(data)
+    if last:
+        if result["size"] != total:
+            raise Refused("invalid", "Staged content of %s is %d bytes, not %d" % (path, result["size"], total))
+        result["sha256"] = digest.hexdigest()
+        del expect["more"]
+    return {"size": result["size"]}
+
+
 def _take_staged(req):
     token = req.get("staged")
     with _staged_lock:
@@ -159,6 +225,12 @@ def _take_staged(req):
 def op_commit(req):
     """Put a staged write in place, if the target still is what the write expected."""
     fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
+    if "more" in expect:  # content announced and never all sent: dropped
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        finally:
+            os.close(fd)
+        raise Refused("invalid", "Staged write of %s is incomplete" % path)
     try:
         try:
             here = paths.resolve(path, create_dirs=False)

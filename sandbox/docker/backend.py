@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..base import Sandbox, SandboxBackend, TreeRemoval
+from .. import users
+from ..base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
 from ..client import AgentSandbox
 from ..connection import AgentConnection
 from ..errors import (
@@ -26,6 +27,7 @@ from ..errors import (
     RuntimeUnavailableError,
     SandboxLostError,
     SandboxUnavailableError,
+    UserUnsupportedError,
 )
 from ..hostscan import HostScanner
 from ..logs import get_logger
@@ -42,6 +44,7 @@ from .config import (
     channel_dir,
     container_config,
     container_name,
+    owner,
 )
 from .engine import Engine
 from .images import ImagePuller
@@ -60,6 +63,16 @@ class DockerSandbox(AgentSandbox):
 
     container_name: str
     host_scanner: HostScanner | None = None
+    #: The workspace owner (uid, gid), whether root may run commands here, and how an
+    #: agent of another user is started (set by the backend; see :meth:`as_user`).
+    owner: tuple[int, int] = (-1, -1)
+    allow_root: bool = False
+    user_connect: Callable[[tuple[int, int]], Awaitable[AgentConnection]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Agents of other users, kept for their next commands (closed with this one).
+        self._users: dict[tuple[int, int], AgentSandbox] = {}
 
     async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         scanner = self.host_scanner
@@ -82,9 +95,37 @@ class DockerSandbox(AgentSandbox):
                 log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
         return await super().remove_tree(path)
 
+    async def as_user(self, user: str) -> Sandbox | ExecResult:
+        if not users.valid(user):
+            raise UserUnsupportedError(f"{user!r} is not a user name or uid[:gid]")
+        passwd = await self.read_path("/etc/passwd", max_bytes=4 << 20)
+        found = users.resolve(user, passwd.data.decode("utf-8", "replace"))
+        if found is None:
+            message = users.NOT_FOUND.format(user=user) + "\n"
+            return ExecResult(126, b"", message.encode(), "exit", 0.0, False, launch_error="user")
+        if found == self.owner:
+            return self
+        if found[0] == 0 and not self.allow_root:
+            raise UserUnsupportedError(
+                f"this workspace does not run commands as root ({user}): its settings would have to allow it "
+                "(allow_root: a writable root file system and the capabilities adduser needs; see docs/harness.md)"
+            )
+        box = self._users.get(found)
+        if box is None:
+            uid_gid: tuple[int, int] = found
+
+            def connect(_lost: bool) -> Awaitable[AgentConnection]:
+                return self.user_connect(uid_gid)
+
+            box = self._users[found] = AgentSandbox(self.workspace, connect, io_timeout=self._io_timeout)
+        return box
+
     async def close(self) -> None:
         if self.host_scanner is not None:
             self.host_scanner.close()
+        for box in list(self._users.values()):
+            await box.close()
+        self._users.clear()
         await super().close()
 
 
@@ -171,6 +212,12 @@ class DockerBackend(SandboxBackend):
                 # process that died before starting it: replace it.
                 await self.engine.remove(container)
                 continue
+            if spec.allow_root and owner(ws, spec)[0] == 0:
+                # Its main agent would stay root with root's capabilities, and so would
+                # every command of the owner: allow_root is root's alone.
+                raise SandboxUnavailableError(
+                    f"allow_root needs a workspace owned by another user than root (or LOOM_UID): {ws} is root's"
+                )
             if ws.stat().st_uid == 0 and spec.uid is None:
                 log.warning(
                     "sandbox.root_workspace",
@@ -291,13 +338,34 @@ class DockerBackend(SandboxBackend):
                 continue
             if spec.runtime == "runsc":
                 await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
-                if spec.direct and spec.channel_dir and container.name not in self.channels.failed:
-                    conn = await self.channels.dial_direct(conn, container, spec, ws)
-            elif spec.direct and not self.channels.unreachable and container.name not in self.channels.failed:
-                conn = await self.channels.go_direct(conn, container, spec)
-            return conn
+            return await self._direct(conn, container, spec, ws)
         assert last is not None
         raise last
+
+    async def _direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """``conn`` moved to the direct channel where this container has one (gVisor: the
+        agent dials the worker; runc: the worker reaches the agent's socket), else as is."""
+        if not spec.direct or container.name in self.channels.failed:
+            return conn
+        if spec.runtime == "runsc":
+            if spec.channel_dir:
+                return await self.channels.dial_direct(conn, container, spec, ws, user)
+            return conn
+        if self.channels.unreachable:
+            return conn
+        return await self.channels.go_direct(conn, container, spec, user)
+
+    async def _connect_user(self, ws: Path, user: tuple[int, int]) -> AgentConnection:
+        """An agent of ``ws``'s sandbox running as ``user`` (uid, gid), on the direct
+        channel as the owner's agents are. Raises what :meth:`_connect` raises."""
+        container = await self.ensure_container(ws)
+        if container.name in self._fresh:
+            await self._connect(ws)  # its main agent waits for this process: attach it first
+        spec = self.spec_of(ws)
+        conn = await self.channels.exec_agent(container, spec, user)
+        return await self._direct(conn, container, spec, ws, user)
 
     # -- SandboxBackend ------------------------------------------------------------------
 
@@ -337,6 +405,13 @@ class DockerBackend(SandboxBackend):
                 on_exec_lost=lambda: self._reset_after_lost_exec(ws),
             )
             box.container_name = container_name(ws)
+            box.owner = owner(ws, spec)
+            box.allow_root = spec.allow_root
+
+            def user_connect(user: tuple[int, int], ws: Path = ws) -> Awaitable[AgentConnection]:
+                return self._connect_user(ws, user)
+
+            box.user_connect = user_connect
             if spec.runtime == "runsc":
                 box.host_scanner = HostScanner(ws)
             self._boxes[ws] = box

@@ -35,7 +35,7 @@ from ..handover import FdChannel, take_fd_channel
 from ..logs import get_logger
 from ..spec import ACTIVITY_FILE, AGENT_COMMAND, CHANNEL_MOUNT, WORKSPACE_MOUNT, SandboxSpec
 from .checks import RuntimeCheck, check_seccomp_mode
-from .config import channel_dir, owner
+from .config import LABEL_WS, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -166,6 +166,9 @@ class AgentChannels:
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
                 "keeper_ttl": spec.idle_ttl,
+                # allow_root: the container's main process starts as root; the agent
+                # becomes the owner before anything else.
+                **({"run_as": list(owner(Path(container.labels[LABEL_WS]), spec))} if spec.allow_root else {}),
                 **spec.agent_config(),
             },
             timeout=spec.agent_start_timeout,
@@ -191,9 +194,15 @@ class AgentChannels:
                 "another image."
             )
 
-    async def exec_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
-        """Start another agent in the running container (one ``docker exec``) and talk to it."""
+    async def exec_agent(
+        self, container: Any, spec: SandboxSpec, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """Start another agent in the running container (one ``docker exec``) and talk to
+        it: as the workspace owner, or as ``user`` (uid, gid: a harness's command as
+        another user, see ``DockerSandbox.as_user``), from ``/`` (another user may not
+        enter the workspace)."""
         api = self._engine.client().api
+        uid, gid = user if user is not None else owner(Path(container.labels[LABEL_WS]), spec)
 
         def start() -> Any:
             ex = api.exec_create(
@@ -203,27 +212,31 @@ class AgentChannels:
                 stdout=True,
                 stderr=True,
                 tty=False,
-                workdir=WORKSPACE_MOUNT,
+                workdir=WORKSPACE_MOUNT if user is None else "/",
+                user=f"{uid}:{gid}",  # always said: with allow_root the container's user is root
             )
             return api.exec_start(ex["Id"], socket=True)
 
         sock_io = await self._engine.call("start sandbox agent", start)
         transport = await DockerExecTransport.open(sock_io)
         conn = AgentConnection(transport, label=container.name)
-        hello = await conn.start(
-            {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()},
-            timeout=spec.agent_start_timeout,
-        )
+        config: dict[str, Any] = {"root": WORKSPACE_MOUNT, "activity_file": ACTIVITY_FILE, **spec.agent_config()}
+        if user is not None:
+            config["as_user"] = True
+        hello = await conn.start(config, timeout=spec.agent_start_timeout)
         await self.check_hello(conn, hello, spec)
         return conn
 
-    async def go_direct(self, conn: AgentConnection, container: Any, spec: SandboxSpec) -> AgentConnection:
+    async def go_direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
         """Move ``conn`` to the agent's direct channel: a unix socket on the container's
         /tmp, reached through ``/proc/<pid>/root`` (~0.04 ms per round trip instead of
         ~0.4 ms through the engine). Stays on the attach stream when that path is not
         reachable (a worker without ptrace-read access to the container, or inside
         another pid namespace) and from then on stops trying. gVisor never gets here:
-        its /tmp lives inside the sandbox kernel.
+        its /tmp lives inside the sandbox kernel. ``user``: the agent's, when it is not the
+        owner's (:meth:`exec_agent`); a replacement agent runs as that user too.
 
         Raises SandboxLostError/SandboxUnavailableError only when starting a plain
         replacement agent fails as well.
@@ -252,16 +265,18 @@ class AgentChannels:
                 return conn
             # The container's root was reachable but the socket was not (a command may
             # have moved it): this container stays on the attach stream.
-            self.failed.add(container.name)
+            self._failed(container, user)
             return conn
         except SandboxLostError as e:
             # The agent may have moved already: this connection is closed. Start a plain
             # one (the container is fine) and stay on attach streams from now on.
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
-            self.failed.add(container.name)
-            return await self.exec_agent(container, spec)
+            self._failed(container, user)
+            return await self.exec_agent(container, spec, user)
 
-    async def dial_direct(self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path) -> AgentConnection:
+    async def dial_direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
         """Under gVisor, move ``conn`` to a direct channel the agent dials: this process
         listens on a unix socket of its own in the workspace's channel directory (mounted
         read-only at CHANNEL_MOUNT: :func:`~.config.channel_dir`), the agent connects and
@@ -272,7 +287,9 @@ class AgentChannels:
         behalf) is taken as the peer where its process is visible; the socket is the
         sandbox user's alone (0600) where this process may give it away, and the secret
         decides in any case. Stays on the attach stream when the directory is missing or
-        the agent cannot connect. Raises SandboxLostError/SandboxUnavailableError only
+        the agent cannot connect. ``user``: the agent's, when it is not the owner's
+        (:meth:`exec_agent`): the socket is given to that user, and a replacement agent
+        runs as that user too. Raises SandboxLostError/SandboxUnavailableError only
         when starting a plain replacement agent fails as well.
         """
         d = channel_dir(ws, spec)
@@ -289,7 +306,7 @@ class AgentChannels:
                 lst.bind(f"/proc/self/fd/{dfd}/{name}")
             finally:
                 os.close(dfd)
-            _give_to_sandbox(path, owner(ws, spec)[0])
+            _give_to_sandbox(path, (user or owner(ws, spec))[0])
             lst.listen(4)
             lst.setblocking(False)
         except OSError as e:
@@ -311,16 +328,22 @@ class AgentChannels:
         try:
             if await conn.go_direct(take, timeout=spec.agent_start_timeout, dial=f"{CHANNEL_MOUNT}/{name}"):
                 return conn
-            self.failed.add(container.name)
+            self._failed(container, user)
             return conn
         except SandboxLostError as e:
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
-            self.failed.add(container.name)
-            return await self.exec_agent(container, spec)
+            self._failed(container, user)
+            return await self.exec_agent(container, spec, user)
         finally:
             lst.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+    def _failed(self, container: Any, user: tuple[int, int] | None) -> None:
+        """Remember a container where the owner's agent could not go direct; another
+        user's agent failing says nothing of the owner's (its /tmp access differs)."""
+        if user is None:
+            self.failed.add(container.name)
 
     async def _take_fd_channel(self, conn: AgentConnection, pid: int, name: str, spec: SandboxSpec) -> None:
         """Where the direct channel works, the agent can also hand tunnels' sockets over

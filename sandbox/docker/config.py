@@ -21,6 +21,7 @@ from ..spec import (
     HOME_DIR,
     INIT_COMMAND,
     LABEL_PREFIX,
+    ROOT_CAPABILITIES,
     RUNTIME_MOUNT,
     WORKSPACE_MOUNT,
     SandboxSpec,
@@ -145,12 +146,18 @@ def container_config(
         },
         "hostname": "sandbox",
         "network_mode": "none",
+        # allow_root (off by default): the container's user is root, so that an agent
+        # started for root gets ROOT_CAPABILITIES (the engine gives an exec process
+        # capabilities only in a container whose user is root); its main agent drops to
+        # the owner at once (setuid: the kernel clears its capabilities), and every other
+        # process of the owner is started as the owner, with none.
+        **({"user": "0:0", "cap_add": list(ROOT_CAPABILITIES)} if spec.allow_root else {}),
         "runtime": engine_runtime or spec.runtime,
         "nano_cpus": int(spec.cpus * 1e9),
         "mem_limit": spec.memory,
         "memswap_limit": spec.memory,
         "pids_limit": spec.host_pids_limit(),
-        "read_only": True,
+        "read_only": not spec.allow_root,  # allow_root: adduser writes /etc
         # Both owned by the sandbox's uid: runc before 1.2 chmods a tmpfs mountpoint to the
         # mode of the image's directory after mounting, over mode= (an image whose /tmp is
         # 0755 would leave it unwritable), so the agents set the modes themselves at start

@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
             *("--files", "200", "--mb", "4", "--source", "", "--fs", "host"),
             *("--rounds", "1", "--forks", "2", "--changed", "5"),
         ],
+        ["bench/bench_ray.py", "--n", "20", "--workspaces", "6"],
+        ["bench/bench_inspect.py", "--samples", "1", "--execs", "5"],
     ],
     ids=[
         "tools",
@@ -61,6 +63,8 @@ ROOT = Path(__file__).resolve().parents[2]
         "secrets",
         "native",
         "fork",
+        "ray",
+        "inspect",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

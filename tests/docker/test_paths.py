@@ -45,6 +45,7 @@ def planted(user_workspace: Path) -> Path:
     (ws / "sub" / "up").symlink_to("../..")
     os.mkfifo(ws / "fifo")
     (ws / "inside.txt").write_text("root of all good\n")
+    os.chown(ws / "inside.txt", 1000, 1000)  # the user's own file (a tool writes only what its user may)
     (ws / "link_inside").symlink_to("inside.txt")
     yield ws
     for p in sibling.iterdir():

@@ -14,7 +14,7 @@ from worker.cli import build_parser
 from worker.cli.reference import commands, render
 
 REFERENCE = ROOT / "docs/reference/cli.md"
-REGENERATE = "python -m worker.cli.reference > docs/reference/cli.md"
+REGENERATE = "python -m worker.docs_gen"
 
 
 def test_the_reference_is_current() -> None:

@@ -80,7 +80,7 @@ def test_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert docs_gen.main(["--check", "--out", str(tmp_path)]) == 1
     assert not list(tmp_path.iterdir())
     assert docs_gen.main(["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [docs_gen.CONFIGURATION_MD, docs_gen.HTTP_MD]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [docs_gen.CLI_MD, docs_gen.CONFIGURATION_MD, docs_gen.HTTP_MD]
     assert docs_gen.main(["--check", "--out", str(tmp_path)]) == 0
     (tmp_path / docs_gen.HTTP_MD).write_text("old\n")
     assert docs_gen.main(["--check", "--out", str(tmp_path)]) == 1

@@ -227,6 +227,35 @@ def test_only_sandbox_docker_imports_the_docker_sdk() -> None:
     assert not bad, "the Docker SDK imported outside sandbox.docker:\n" + "\n".join(bad)
 
 
+def _is_integration(module: str) -> bool:
+    return module == "worker.integrations" or module.startswith("worker.integrations.")
+
+
+def test_no_core_module_imports_an_integration() -> None:
+    # The optional extras (worker.integrations.*: the Ray cluster, the inspect_ai
+    # provider) are found by entry point (worker.plugins; inspect's own group), never
+    # imported by the core: the core must work without them and their projects (``ray``,
+    # ``inspect_ai``) installed. They may import the core.
+    mods = graph()
+    assert "worker.service" in mods["worker.integrations.ray.workspaces"].imports  # the check can see them
+    assert "worker.harness" in mods["worker.integrations.inspect.provider"].imports
+    bad = [
+        f"{mod.path.relative_to(ROOT)}:{line} imports {target}"
+        for mod in mods.values()
+        if not _is_integration(mod.name)
+        for target, line in mod.imports.items()
+        if _is_integration(target)
+    ]
+    assert not bad, "the core imports an integration:\n" + "\n".join(bad)
+    only_integrations = [
+        f"{mod.path.relative_to(ROOT)}:{mod.external[project]} imports {project}"
+        for mod in mods.values()
+        for project in ("ray", "inspect_ai")
+        if project in mod.external and not _is_integration(mod.name)
+    ]
+    assert not only_integrations, "imported outside worker.integrations:\n" + "\n".join(only_integrations)
+
+
 def test_the_cycle_finder_finds_every_cycle_once() -> None:
     edges = {"a": {"b"}, "b": {"c", "a"}, "c": {"a", "d"}, "d": {"a"}, "e": {"a"}}
     assert [sorted(c) for c in _components(edges)] == [["a", "b", "c", "d"]]

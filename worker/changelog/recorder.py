@@ -351,6 +351,9 @@ class ChangelogCore:
                 expect_absent=expect_absent,
                 fsync=self.fsync,
                 mode=None if mode is None else mode & 0o777,
+                # Undo puts back what the file held even where its mode now refuses its
+                # user (a file made read-only after the change); a tool never does.
+                override_mode=fields["origin"] == "undo",
             ),
             self.db(self._begin_tx, fields, blobs, settled=False),
             return_exceptions=True,

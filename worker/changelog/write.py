@@ -18,7 +18,7 @@ import asyncio
 import secrets
 
 from sandbox.base import Sandbox, StagedWrite, WriteResult
-from sandbox.errors import AgentError, ConflictError, NotAFileError
+from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError
 
 from .errors import ChangelogStorageError
 from .paths import canonical
@@ -71,7 +71,7 @@ async def recorded_write(
             raise canon
         rel, st = canon
         if st is not None and st.type == "dir":
-            raise NotAFileError(f"Not a file: {path} is a directory", code="not_a_file")
+            raise IsADirError(f"Not a file: {path} is a directory", code="is_a_directory")
         cur = first if rel == path and not isinstance(first, BaseException) else await core.current(sandbox, rel)
         if st is not None:
             cur.mode = st.mode

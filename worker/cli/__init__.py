@@ -47,9 +47,11 @@ COMMAND_MODULES = (
     "worker.cli.secrets",  # secret set / list / delete
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
     "worker.cli.exec",  # exec (a command, its output as it comes)
+    "worker.cli.cp",  # cp (a file into or out of the sandbox)
     "worker.cli.ports",  # port-forward
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
     "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore
+    "worker.cli.cluster",  # cluster status / metrics / gc (a Ray cluster)
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

@@ -7,7 +7,9 @@ reads them: they are quoted for ``sh -c``, so ``$HOME`` or ``*`` stay literal); 
 alone is a shell command (``exec -w . -- 'make test && make lint'``). It runs as
 ``shell_execute`` runs a model's command: the same sandbox, limits and tree-kill, its
 standard input ``/dev/null``, and every file it changes recorded in the workspace's
-changelog (``loom-worker log``, ``loom-worker undo --call-id ...``).
+changelog (``loom-worker log``, ``loom-worker undo --call-id ...``). With ``--env``,
+``--user``, ``--stdin`` or an absolute ``--cwd`` it runs through the harness API
+(:mod:`worker.harness`) instead: the same recording, and those options.
 
 What comes out: the command's stdout on our stdout and its stderr on our stderr, byte
 for byte (any bytes, not only text), as the sandbox reads them. Our own words go to
@@ -255,6 +257,7 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
             call_id=frame["call_id"],
             on_output=on_output,
             control=control,
+            harness=frame.get("harness"),
         )
 
     try:
@@ -269,6 +272,33 @@ def _in_process(frame: dict[str, Any], backend: str, out: Output, why: str | Non
 
 
 # -- the command -------------------------------------------------------------------------------
+
+
+#: The most standard input ``--stdin`` takes (``worker.harness.MAX_STDIN``).
+MAX_STDIN = 64 << 20
+
+
+def _harness_options(args: argparse.Namespace) -> dict[str, Any] | str | None:
+    """The harness API's options of this command (``--env``, ``--user``, ``--stdin``, an
+    absolute ``--cwd``), None when it has none (it then runs as ``shell_execute``), or a
+    usage message."""
+    env: dict[str, str] = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or "\x00" in item:
+            return f"--env {item!r}: use KEY=VALUE"
+        env[key] = value
+    if not (env or args.user is not None or args.stdin or args.cwd.startswith("/")):
+        return None
+    out: dict[str, Any] = {"env": env, "user": args.user}
+    if args.stdin:
+        import base64
+
+        data = sys.stdin.buffer.read(MAX_STDIN + 1)
+        if len(data) > MAX_STDIN:
+            return f"--stdin: more than {MAX_STDIN} bytes of input (write it to a file in the sandbox: loom-worker cp)"
+        out["stdin"] = base64.b64encode(data).decode("ascii")
+    return out
 
 
 def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
@@ -289,6 +319,9 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
     backend = getattr(args, "backend", "docker")
     if backend == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
         return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    harness = _harness_options(args)
+    if isinstance(harness, str):
+        return _usage(harness)
     frame = {
         "op": "exec",
         "workspace": ws,
@@ -300,6 +333,8 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
         # Our stderr is the command's: log lines only when something is wrong, unless asked.
         "log_floor": verbosity.level(),
     }
+    if harness is not None:
+        frame["harness"] = harness
     out = Output()
     from ..localworker.client import switch
 
@@ -345,7 +380,26 @@ def register(subparsers: Any, only: str | None = None) -> None:
         default=MAX_TIMEOUT,
         help=f"Seconds before the command is killed (exit 124). Default and most: {MAX_TIMEOUT:g}.",
     )
-    p.add_argument("--cwd", default=".", help="Working directory, relative to the workspace (default: its root).")
+    p.add_argument(
+        "--cwd",
+        default=".",
+        help="Working directory, relative to the workspace (default: its root), or any absolute directory of the "
+        "sandbox.",
+    )
+    p.add_argument("--env", "-e", action="append", metavar="KEY=VALUE", help="A variable of the command (repeatable).")
+    p.add_argument(
+        "--user",
+        "-u",
+        default=None,
+        help="Run as this user of the image (name or uid[:gid]); root only where the workspace allows it "
+        "(workspace set --allow-root).",
+    )
+    p.add_argument(
+        "--stdin",
+        "-i",
+        action="store_true",
+        help="Give the command our standard input (read to its end first, at most 64 MiB; no terminal).",
+    )
     p.add_argument("--call-id", default=None, help="Id recorded with the call (changelog, logs).")
     p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]", help="The command.")

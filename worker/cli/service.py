@@ -40,6 +40,9 @@ def register(sub: Any) -> None:
         help="Without LOOM_API_TOKEN: the API token is read from PATH, or generated there (mode 0600) at the first "
         "start. docker compose keeps it in its data volume.",
     )
+    from .cluster import add_ray_options
+
+    add_ray_options(serve, required=False)
     serve.set_defaults(func=_serve, own_logging=True)
 
     mcp = sub.add_parser(
@@ -119,7 +122,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     except UnsafeBindError as e:
         print(f"loom-worker serve: {e}", file=sys.stderr)
         return 2
-    app = create_app(settings)
+    if args.ray:
+        # The front door of a Ray cluster: the same app, its workspaces on the nodes.
+        from .cluster import ray_integration
+
+        ray_cli = ray_integration("loom-worker serve")
+        if ray_cli is None:
+            return 2
+        app = ray_cli.front_door(settings, args.ray, args.ray_namespace)
+    else:
+        app = create_app(settings)
     uvicorn.run(
         app,
         host=settings.host,

@@ -146,18 +146,33 @@ async def _restore(args: argparse.Namespace, snaps: Snapshots) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("snapshot", help="Take, list, show or delete snapshots of workspaces.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    q = actions.add_parser("create", help="Snapshot a workspace; prints its id.")
+    q = actions.add_parser(
+        "create",
+        help="Snapshot a workspace; prints its id.",
+        epilog="Exit status: 0 taken (its id on stdout); 1 refused or failed (a limit, the disk, the sandbox), "
+        "nothing kept; 2 usage error (no such workspace directory).",
+    )
     q.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
     q.add_argument("name", nargs="?", help="A name for it.")
     q.add_argument("--with-scratch", action="store_true", help="Also keep the sandbox's /tmp and $HOME.")
     q.set_defaults(func=_run, handler=_create)
-    q = actions.add_parser("list", help="List snapshots (of one workspace with --workspace).")
+    q = actions.add_parser(
+        "list",
+        help="List snapshots (of one workspace with --workspace).",
+        epilog="Exit status: 0; 1 the snapshot store cannot be read; 2 usage error.",
+    )
     q.add_argument("--workspace", "-w", type=path_arg, help="Only this workspace's.")
     q.add_argument("--all", action="store_true", help="Deleted ones too.")
     q.add_argument("--json", action="store_true", help="One JSON object per line.")
     q.set_defaults(func=_run, handler=_list)
     for name, text in (("show", "Show a snapshot: size, files, parent, forks."), ("delete", "Delete a snapshot.")):
-        q = actions.add_parser(name, help=text)
+        q = actions.add_parser(
+            name,
+            help=text,
+            epilog="Exit status: 0; 1 "
+            + ("the store cannot be read" if name == "show" else "refused: forks of it live (--force), or it failed")
+            + "; 2 usage error (no such snapshot).",
+        )
         q.add_argument("snapshot", help="Its id, or its name (with --workspace).")
         q.add_argument("--workspace", "-w", type=path_arg, help="Look the name up among this workspace's.")
         if name == "show":
@@ -167,14 +182,24 @@ def register(sub: Any) -> None:
             q.add_argument("--force", action="store_true", help="Even with live forks (they stay).")
             q.set_defaults(func=_run, handler=_delete)
 
-    p = sub.add_parser("fork", help="Make N independent workspaces from a snapshot; prints their directories.")
+    p = sub.add_parser(
+        "fork",
+        help="Make N independent workspaces from a snapshot; prints their directories.",
+        epilog="Exit status: 0 every fork made (one directory per line on stdout); 1 failed (the disk, a limit, "
+        "the sandbox), no partial fork left; 2 usage error (no such snapshot or workspace, a bad --count).",
+    )
     p.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace (its snapshot's names).")
     p.add_argument("--snapshot", help="The snapshot (id or name); none: snapshot the workspace first.")
     p.add_argument("--count", "-n", type=int, default=1, help="How many forks (1-64).")
     p.add_argument("--into", type=path_arg, help="Their parent directory (default: beside the workspace).")
     p.set_defaults(func=_run, handler=_fork)
 
-    p = sub.add_parser("restore", help="Put a workspace back to a snapshot (recorded: undo reverts it).")
+    p = sub.add_parser(
+        "restore",
+        help="Put a workspace back to a snapshot (recorded: undo reverts it).",
+        epilog="Exit status: 0 restored (or, with --dry-run, the diff printed); 1 some paths could not be "
+        "restored (listed) or it failed; 2 usage error (no such snapshot or workspace).",
+    )
     p.add_argument("--workspace", "-w", required=True, type=path_arg, help="The workspace directory.")
     p.add_argument("--snapshot", required=True, help="The snapshot (id or name).")
     p.add_argument("--dry-run", action="store_true", help="Print the diff it would apply; change nothing.")

@@ -19,7 +19,7 @@ from .common import path_arg
 if TYPE_CHECKING:
     from ..settings import Settings
 
-_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle", "egress")
+_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle", "egress", "allow_root")
 
 
 def _usage(message: str) -> int:
@@ -56,6 +56,8 @@ def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str,
         # "pypi,npm,!x.org"; "" or "none" for no network at all.
         text = args.egress.strip()
         out["egress"] = [] if text.lower() in ("", "none") else [e.strip() for e in text.split(",") if e.strip()]
+    if args.allow_root is not None:
+        out["allow_root"] = args.allow_root
     if args.ca_bundle is not None:
         from pathlib import Path
 
@@ -151,6 +153,14 @@ def register(sub: Any) -> None:
             metavar="LIST",
             help="Hosts the sandbox may reach, comma-separated: pypi.org, *.example.com, host:8443, presets "
             "pypi,npm,debian,github, !denied.host; 'none' for no network. Applies to new connections at once.",
+        )
+        q.add_argument(
+            "--allow-root",
+            dest="allow_root",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="Let a harness run commands as root (inspect's adduser): a writable root file system and the "
+            "capabilities adduser needs, for root alone. Off by default; see docs/harness.md for the trade.",
         )
         q.add_argument(
             "--unset", action="append", metavar="NAME", help="Back to the default: a setting, or env.KEY (repeatable)."

@@ -12,6 +12,7 @@ module each with its own ``APIRouter`` and models:
     :mod:`.calls`       GET .../calls, .../calls/stream
     :mod:`.changes`     GET .../changelog/diff
     :mod:`.sandbox`     GET .../sandbox
+    :mod:`.harness`     POST .../sandbox/exec, GET and PUT .../sandbox/files   the harness API
     :mod:`.stream`      POST .../execute/stream
     :mod:`.ports`       * .../ports/{port}/{path}   a server in the sandbox
     :mod:`.mcp`         * .../mcp                   MCP streamable HTTP
@@ -44,6 +45,7 @@ from . import (
     changes,
     egress,
     execute,
+    harness,
     health,
     images,
     mcp,
@@ -78,6 +80,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     calls.router,
     changes.router,
     sandbox.router,
+    harness.router,
     secrets.router,
     snapshots.router,
     stream.router,
@@ -97,13 +100,16 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     registry_factory: RegistryFactory | None = None,
+    workspaces: Workspaces | None = None,
 ) -> FastAPI:
     """The service. With ``registry=None`` the app opens the default (Docker) registry at
     startup and closes it at shutdown; a given registry stays the caller's to close.
+    ``workspaces`` replaces the directories under ``LOOM_WORKSPACE_ROOT`` (a cluster's
+    front door gives its own, with the registry that goes with it).
     """
     service = Service(
         settings=settings,
-        workspaces=Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
+        workspaces=workspaces or Workspaces(settings.workspace_root, uid=settings.uid, gid=settings.gid),
         access=Access(settings.api_token),
     )
     # The gauges read the running service when scraped.
@@ -133,6 +139,7 @@ def create_app(
         limit=settings.max_body_bytes,
         on_reject=lambda: service.reject("too_large"),
         exempt=ports.is_proxied,
+        limit_for=harness.body_limit,
     )
     return app
 

@@ -20,24 +20,28 @@ class BodyLimit:
         limit: int,
         on_reject: Callable[[], None] = lambda: None,
         exempt: Callable[[str], bool] = lambda _path: False,
+        limit_for: Callable[[str], int | None] = lambda _path: None,
     ) -> None:
         self.app = app
         self.limit = limit
         self.on_reject = on_reject
         self.exempt = exempt
+        #: A path's own limit, where it takes larger bodies (a file's bytes), else None.
+        self.limit_for = limit_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.exempt(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope.get("path", "")) or self.limit
         for k, v in scope.get("headers", []):
             if k == b"content-length":
                 try:
-                    too_big = int(v) > self.limit
+                    too_big = int(v) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._reject(scope, receive, send)
+                    await self._reject(scope, receive, send, limit)
                     return
         seen = 0
         exceeded = False
@@ -48,7 +52,7 @@ class BodyLimit:
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     exceeded = True
                     raise _TooLarge
             return msg
@@ -59,7 +63,7 @@ class BodyLimit:
             if exceeded:
                 if msg["type"] == "http.response.start" and not replaced:
                     replaced = True
-                    await self._reject(scope, receive, send)
+                    await self._reject(scope, receive, send, limit)
                 return
             await send(msg)
 
@@ -67,11 +71,11 @@ class BodyLimit:
             await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
             if not replaced:
-                await self._reject(scope, receive, send)
+                await self._reject(scope, receive, send, limit)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         self.on_reject()
-        resp = JSONResponse({"detail": f"Request body larger than {self.limit} bytes"}, status_code=413)
+        resp = JSONResponse({"detail": f"Request body larger than {limit} bytes"}, status_code=413)
         await resp(scope, receive, send)
 
 

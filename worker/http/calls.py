@@ -105,7 +105,7 @@ async def calls(
     limit: int = Query(50, ge=1, le=500),
 ) -> Response:
     """The workspace's tool calls, newest first, a page at a time (follow ``next``)."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     journal = journal_of(service.registry)
     journal.flush()  # this process's calls of this very loop turn too
     found, nxt = page(journal.directory(path), before=before, limit=limit)
@@ -127,7 +127,7 @@ async def stream(
 ) -> EventSourceResponse:
     """Each new call as an SSE event ``call`` (``id:`` its cursor, ``data:`` as in
     ``GET .../calls``), from this and every other process using the workspace."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     journal = journal_of(service.registry)
     if after is None and last_event_id is not None and last_event_id.strip().isdigit():
         after = min(int(last_event_id), MAX_CURSOR)

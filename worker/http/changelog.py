@@ -121,12 +121,18 @@ HANDLERS: Handlers = {
 }
 
 
-async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Changelog, Any]:
+def is_changelog(recorder: Any) -> bool:
+    """Whether ``recorder`` is a changelog: this process's, or one on a cluster's node
+    reached through a stand-in that says so (``remote_changelog``)."""
+    return isinstance(recorder, Changelog) or getattr(recorder, "remote_changelog", False) is True
+
+
+async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
     """The workspace's path, changelog and sandbox. Raises _NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
-    path = service.workspaces.path(ws_id)
+    path = await service.workspaces.locate(ws_id)
     ws = await service.registry.workspace(path)
-    if not isinstance(ws.recorder, Changelog):
+    if not is_changelog(ws.recorder):
         raise _NoChangelog
     return path, ws.recorder, ws.sandbox
 
@@ -221,4 +227,4 @@ async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest
             )
 
 
-__all__ = ["HANDLERS", "ChangelogPool", "DiffOut", "UndoRequest", "router"]
+__all__ = ["HANDLERS", "ChangelogPool", "DiffOut", "UndoRequest", "is_changelog", "router"]

@@ -10,12 +10,13 @@ keep is said as such.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from ..changelog import Changelog
 from ..result import safe_text
-from .changelog import DiffOut
+from .changelog import DiffOut, is_changelog
 from .common import WS_ERRORS, WorkspaceId
 from .state import ServiceDep
 
@@ -53,9 +54,10 @@ async def changes(
             },
             status_code=422,
         )
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     ws = await service.registry.workspace(path)
-    if not isinstance(ws.recorder, Changelog):
+    if not is_changelog(ws.recorder):
         return JSONResponse({"detail": "This service records no changelog"}, status_code=409)  # type: ignore[return-value]
-    text = await ws.recorder.changes(entry=entry, call_id=call_id, subtask_id=subtask_id)
+    recorder: Any = ws.recorder  # this process's Changelog, or a cluster node's stand-in
+    text = await recorder.changes(entry=entry, call_id=call_id, subtask_id=subtask_id)
     return DiffOut(diff=safe_text(text))

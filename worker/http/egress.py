@@ -8,6 +8,7 @@ verdict, the reason, the address the gateway connected to and the bytes each way
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
@@ -29,11 +30,14 @@ async def egress(
 ) -> dict[str, Any]:
     """The workspace's egress allowlist (empty: no network), whether this service serves
     its gateway now, and its newest log records, newest first."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     registry = service.registry
     if getattr(registry, "configs", None) is None:
         return {"policy": [], "enabled": False, "serving": False, "entries": []}
     try:
-        return {"id": workspace_id, **registry.egress_status(path, limit=limit, verdict=verdict)}
+        status = registry.egress_status(path, limit=limit, verdict=verdict)
+        if inspect.isawaitable(status):  # a cluster's registry asks the workspace's node
+            status = await status
+        return {"id": workspace_id, **status}
     except SettingsError as e:
         return refused(e)  # type: ignore[return-value]

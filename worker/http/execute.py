@@ -62,7 +62,7 @@ class ToolMessage(StrictModel):
 # for a small read. ``response_model`` keeps the OpenAPI document as it was.
 @router.post("/v1/workspaces/{workspace_id}/execute", responses=CALL_ERRORS, response_model=ToolResultOut)
 async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteRequest) -> Response:
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     runner = service.runner
     async with runner.slot():
         result = await runner.execute(
@@ -80,7 +80,7 @@ async def tool_calls(service: ServiceDep, workspace_id: WorkspaceId, calls: list
     """Run an assistant message's ``tool_calls`` in order; returns the tool messages
     to append to the conversation. A malformed arguments string becomes a message
     explaining it, so the model can correct itself."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     runner = service.runner
     out = []
     async with runner.slot():

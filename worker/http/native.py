@@ -101,7 +101,7 @@ async def native_anthropic(
     bash_timeout: float | None = Query(None, gt=0, le=MAX_TIMEOUT, description="Seconds one bash command may take."),
 ) -> dict[str, Any]:
     """Run one ``tool_use`` block; answers its ``tool_result`` block."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     runner = service.runner
     async with runner.slot():
         return await calls.run_anthropic(
@@ -118,7 +118,7 @@ async def native_anthropic(
 @router.post("/v1/workspaces/{workspace_id}/native/openai")
 async def native_openai(service: ServiceDep, workspace_id: WorkspaceId, item: OpenAICall) -> dict[str, Any]:
     """Run one ``shell_call`` or ``apply_patch_call``; answers its output item."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     runner = service.runner
     async with runner.slot():
         return await calls.run_openai(

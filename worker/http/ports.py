@@ -122,7 +122,7 @@ class PortProxy:
         ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
         service = service_of(scope["app"])
         try:
-            path = service.workspaces.path(ws_id)
+            path = await service.workspaces.locate(ws_id)
         except (InvalidWorkspaceId, WorkspaceNotFound) as e:
             return _problem(404, str(e))
         if not 1 <= port <= 65535:

@@ -3,7 +3,7 @@
     GET  /v1/workspaces/{id}/processes                          the processes, oldest first
     GET  /v1/workspaces/{id}/processes/{pid}/output?since=&wait_ms=   what it printed after a cursor
     GET  /v1/workspaces/{id}/processes/{pid}/output?follow=1    ... as Server-Sent Events until it ends
-    POST /v1/workspaces/{id}/processes/{pid}/input   {"text", "eof"?}
+    POST /v1/workspaces/{id}/processes/{pid}/input   {"text", "encoding"?, "eof"?}
     POST /v1/workspaces/{id}/processes/{pid}/kill    {"signal"?: TERM|KILL|INT|HUP}
 
 Reading never moves the model's "last read" mark (``process_output`` without ``since``):
@@ -44,7 +44,8 @@ PING_SECONDS = 15
 class InputBody(BaseModel):
     # process_input's arguments: as strict as the tool's own (no "true" or 1 for eof).
     model_config = ConfigDict(extra="forbid", strict=True)
-    text: str = Field(max_length=1 << 20)
+    text: str = Field(max_length=(1 << 20) * 4 // 3 + 4, description="Text, or base64 of bytes (encoding).")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
     eof: bool = False
 
 
@@ -77,7 +78,7 @@ _ERRORS = {**WS_ERRORS, 404: {"description": "No such workspace or process"}}
 async def running_sandbox(service: Service, workspace_id: str) -> Any:
     """The workspace's sandbox when its container runs (None: no processes then).
     Raises InvalidWorkspaceId, WorkspaceNotFound, SandboxError."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     registry = service.registry
     backend = registry.backend
     if isinstance(backend, StatusReporter):
@@ -138,7 +139,7 @@ async def output(
 async def via_tool(service: Service, workspace_id: str, tool: str, args: dict[str, Any]) -> Any:
     # Straight to the registry, not queued behind the workspace's other calls: a kill
     # must not wait for the very command it may be meant to stop the effects of.
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     result = await service.registry.execute(tool, args, path)
     body = result_dict(result)
     if not result.success and (result.data or {}).get("error_code") == "not_found":

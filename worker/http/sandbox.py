@@ -61,7 +61,7 @@ router = APIRouter(tags=["workspaces"])
 async def sandbox_status(service: ServiceDep, workspace_id: WorkspaceId) -> SandboxOut:
     """The workspace's sandbox now: running or not, image, runtime, limits, CPU and
     memory in use. Never starts it."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     backend = service.registry.backend
     if not isinstance(backend, StatusReporter):
         return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)

@@ -126,8 +126,8 @@ async def _delete(request: Request, root: Path | None, name: str) -> dict[str, A
     return {"deleted": name}
 
 
-def _root(request: Request, workspace_id: str) -> Path:
-    path: Path = service_of(request.app).workspaces.path(workspace_id)  # 404 / 422 by the app's handlers
+async def _root(request: Request, workspace_id: str) -> Path:
+    path: Path = await service_of(request.app).workspaces.locate(workspace_id)
     return path.resolve()
 
 
@@ -135,7 +135,7 @@ def _root(request: Request, workspace_id: str) -> Path:
 async def list_secrets(request: Request, workspace_id: WorkspaceId) -> Any:
     """The secrets that apply to the workspace (its own, and the defaults it does not
     override), without their values."""
-    return _wrap(_list(request, _root(request, workspace_id)), id=workspace_id)
+    return _wrap(_list(request, await _root(request, workspace_id)), id=workspace_id)
 
 
 @router.put("/v1/workspaces/{workspace_id}/secrets/{name}", openapi_extra=_BODY)
@@ -143,12 +143,12 @@ async def put_secret(request: Request, workspace_id: WorkspaceId, name: SecretNa
     """Create or change one of the workspace's secrets. A new one is in the sandbox (as a
     placeholder in ``$NAME``) from its next call; a changed value is used by the next
     request."""
-    return _wrap(await _put(request, _root(request, workspace_id), name), id=workspace_id)
+    return _wrap(await _put(request, await _root(request, workspace_id), name), id=workspace_id)
 
 
 @router.delete("/v1/workspaces/{workspace_id}/secrets/{name}")
 async def delete_secret(request: Request, workspace_id: WorkspaceId, name: SecretName) -> Any:
-    return _wrap(await _delete(request, _root(request, workspace_id), name), id=workspace_id)
+    return _wrap(await _delete(request, await _root(request, workspace_id), name), id=workspace_id)
 
 
 @router.get("/v1/secrets")

@@ -44,7 +44,7 @@ def _configurable(registry: Any) -> Any:
 @router.get(_WS_PATH, responses=_RESPONSES)
 async def show(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
     """The workspace: its path, its own settings and those its sandbox is made with."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     try:
         own, eff = await _configurable(service.registry).workspace_settings(path)
     except SettingsError as e:
@@ -57,7 +57,7 @@ async def change(service: ServiceDep, workspace_id: WorkspaceId, body: Workspace
     """Change the settings: a field given replaces the workspace's value, a field given
     as null goes back to the process default, a field left out stays as it is. The
     sandbox is recreated with them at the next call (files kept)."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     changes = {name: getattr(body, name) for name in body.model_fields_set}
     try:
         done = await _configurable(service.registry).configure_workspace(path, changes)

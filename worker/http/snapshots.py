@@ -144,7 +144,7 @@ async def _own(snaps: Snapshots, workspaces: Workspaces, ref: str, path: Path | 
 async def list_snapshots(request: Request, workspace_id: WorkspaceId) -> SnapshotList:
     """The workspace's snapshots, oldest first, each with its forks; ``origin``: the
     snapshot this workspace was forked from."""
-    path = service_of(request.app).workspaces.path(workspace_id)
+    path = await service_of(request.app).workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     try:
         found = await snaps.list(path)
@@ -157,7 +157,7 @@ async def list_snapshots(request: Request, workspace_id: WorkspaceId) -> Snapsho
 @router.post("/v1/workspaces/{workspace_id}/snapshots", status_code=201)
 async def create_snapshot(request: Request, workspace_id: WorkspaceId, body: CreateSnapshot | None = None) -> Snapshot:
     """Snapshot the workspace: its whole tree, settings, where its changelog stands."""
-    path = service_of(request.app).workspaces.path(workspace_id)
+    path = await service_of(request.app).workspaces.locate(workspace_id)
     body = body or CreateSnapshot()
     runner = service_of(request.app).runner
     try:
@@ -170,7 +170,7 @@ async def create_snapshot(request: Request, workspace_id: WorkspaceId, body: Cre
 @router.get("/v1/workspaces/{workspace_id}/snapshots/{ref}")
 async def show_snapshot(request: Request, workspace_id: WorkspaceId, ref: SnapshotRef) -> Snapshot:
     workspaces = service_of(request.app).workspaces
-    path = workspaces.path(workspace_id)
+    path = await workspaces.locate(workspace_id)
     try:
         return await _own(_snapshots(request), workspaces, ref, path)
     except _ERRORS as e:
@@ -186,7 +186,7 @@ async def delete_snapshot(
 ) -> dict[str, Any]:
     """Delete a snapshot's files; its lineage is kept. ``left``: the live forks it leaves."""
     workspaces = service_of(request.app).workspaces
-    path = workspaces.path(workspace_id)
+    path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     try:
         snap = await _own(snaps, workspaces, ref, path)
@@ -201,7 +201,7 @@ async def fork(request: Request, workspace_id: WorkspaceId, body: ForkRequest) -
     """``count`` new workspaces from a snapshot (or from the workspace as it is now), each
     with its own files, settings, changelog (starting at the snapshot) and sandbox."""
     workspaces = service_of(request.app).workspaces
-    path = workspaces.path(workspace_id)
+    path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     runner = service_of(request.app).runner
     try:
@@ -224,7 +224,7 @@ async def restore(request: Request, workspace_id: WorkspaceId, body: RestoreRequ
     """Put the workspace back to a snapshot byte for byte; every change is recorded as one
     call of the changelog (``call_id``), so ``POST .../undo {"call_id"}`` reverts it."""
     workspaces = service_of(request.app).workspaces
-    path = workspaces.path(workspace_id)
+    path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     runner = service_of(request.app).runner
     try:

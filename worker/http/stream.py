@@ -54,7 +54,7 @@ router = APIRouter(tags=["tools"])
 async def execute_stream(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteRequest) -> EventSourceResponse:
     """Run one tool call; its output as SSE ``output`` events while it runs, then a
     ``result`` event with the ToolResult (as ``POST .../execute`` returns it)."""
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     stream = service.runner.execute_stream(
         body.tool,
         body.arguments,

@@ -38,6 +38,8 @@ class CreateWorkspace(StrictModel):
 class WorkspaceOut(StrictModel):
     id: str
     path: str = Field(description="Absolute path on the host (identical inside the worker container).")
+    node: str | None = Field(None, description="Ray's id of the node holding it (a cluster's service only).")
+    state: str | None = Field(None, description="ready, or lost when its node died (a cluster's service only).")
 
 
 @router.post(
@@ -53,12 +55,12 @@ async def create_workspace(service: ServiceDep, body: CreateWorkspace | None = N
     except SettingsError as e:
         return refused(e, "settings")  # type: ignore[return-value]
     log.info("workspace.created", workspace_id=info.id)
-    return WorkspaceOut(id=info.id, path=info.path)
+    return WorkspaceOut(id=info.id, path=info.path, node=info.node, state=info.state)
 
 
 @router.get("/v1/workspaces", responses=ERRORS)
 async def list_workspaces(service: ServiceDep) -> list[WorkspaceOut]:
-    return [WorkspaceOut(id=w.id, path=w.path) for w in await service.workspaces.list()]
+    return [WorkspaceOut(id=w.id, path=w.path, node=w.node, state=w.state) for w in await service.workspaces.list()]
 
 
 @router.delete("/v1/workspaces/{workspace_id}", responses=WS_ERRORS)
@@ -67,12 +69,13 @@ async def delete_workspace(
     workspace_id: WorkspaceId,
     delete_files: bool = Query(False, description="Also delete the directory and its files."),
 ) -> dict[str, Any]:
-    path = service.workspaces.path(workspace_id)
+    path = await service.workspaces.locate(workspace_id)
     runner = service.runner
     async with runner.lock(path):
         stopped = await stop_sandbox(service.registry, path)
         runner.forget(path)
         if delete_files:
             await service.workspaces.delete_files(workspace_id)
+        await service.workspaces.release(workspace_id)
     log.info("workspace.deleted", workspace_id=workspace_id, files_deleted=delete_files)
     return {"id": workspace_id, "sandbox_stopped": stopped, "files_deleted": delete_files}

@@ -92,12 +92,26 @@ class Calls:
         call_id: str | None,
         on_output: Callable[[ToolOutput], Awaitable[None]],
         control: ExecControl | None = None,
+        harness: dict[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """``loom-worker exec``: ``command`` as ``shell_execute`` runs it (recorded in the
         changelog like any call), its output handed to ``on_output`` as it comes; returns
-        the exit code (:func:`exec_exit_code`) and the result as a dict. Never raises but
-        on cancellation."""
+        the exit code (:func:`exec_exit_code`) and the result as a dict. With ``harness``
+        (``env``, ``user``, ``stdin`` as base64; an absolute ``cwd``) it runs through the
+        harness API instead (:mod:`.harness_exec`). Never raises but on cancellation."""
         result = None
+        if harness is not None:
+            from .harness_exec import harness_stream
+
+            stream = harness_stream(self.registry, workspace, command, timeout, cwd, call_id, harness, control)
+            async for item in stream:
+                if isinstance(item, ToolOutput):
+                    await on_output(item)
+                else:
+                    result = item
+            assert result is not None
+            done = result.to_dict()
+            return exec_exit_code(done), done
         arguments = {"command": command, "timeout": timeout, "cwd": cwd}
         stream = self.registry.execute_stream("shell_execute", arguments, workspace, call_id=call_id, control=control)
         async for item in stream:

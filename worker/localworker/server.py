@@ -324,6 +324,7 @@ class LocalWorker:
                 call_id=None if call_id is None else str(call_id),
                 on_output=on_output,
                 control=control,
+                harness=req.get("harness") if isinstance(req.get("harness"), dict) else None,
             ),
             context=ctx,
         )

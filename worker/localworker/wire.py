@@ -8,7 +8,8 @@ same path; today's frames::
       {"op": "call", "id": 1, "key": K, "tool": "read_file", "arguments": {...},
        "workspace": "/abs/real/path", "call_id": null, "tty": false, "check_unknown": true}
       {"op": "exec", "id": 4, "key": K, "workspace": "/abs", "command": "make test",
-       "timeout": 300, "cwd": ".", "call_id": null, "tty": false, "log_floor": "warning"}
+       "timeout": 300, "cwd": ".", "call_id": null, "tty": false, "log_floor": "warning",
+       "harness": {"env": {...}, "user": null, "stdin": BASE64}?}   (the harness API's options)
       {"op": "signal", "id": 4, "signal": 2}     while exec 4 runs: pass a Ctrl-C on
       {"op": "status", "id": 2}              {"op": "shutdown", "id": 3}
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # annotations only: each is imported by the code that makes i
     from ..calls import CallJournal
     from ..egress.gateway import EgressGateway
     from ..egress.log import EgressRecord
+    from ..harness import SandboxHandle
     from ..tools.catalog_tools import CatalogTools
 
 
@@ -197,6 +198,15 @@ class ToolRegistry:
         """Every check of a workspace's new settings. Raises SettingsError naming the
         field, DaemonUnavailableError, ValueError."""
         await self.pool.check_settings(new, before)
+
+    def sandbox(self, path: Path | str) -> SandboxHandle:
+        """The harness API of workspace ``path``'s sandbox (:class:`worker.harness.
+        SandboxHandle`): commands with any stdin, cwd, env, user and size, and files
+        anywhere the sandbox's user may read or write, as bytes. Not a tool: no model's
+        tool list offers it. Nothing starts until its first call."""
+        from ..harness import SandboxHandle
+
+        return SandboxHandle(self, path)
 
     async def stop(self, path: Path | str) -> bool:
         """Forget the workspace and stop its sandbox. Returns False if none was running."""

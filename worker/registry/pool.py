@@ -153,6 +153,11 @@ class WorkspacePool:
         self._egress_roots.discard(root)
         if self.egress is not None:
             await self.egress.release(root)
+        closer = getattr(ws.recorder, "aclose", None) if ws is not None and self._own_recorders else None
+        if closer is not None:
+            # (a pool that makes a workspace per sample, as the inspect provider does,
+            # must not keep every changelog it opened: its next call opens it again)
+            await closer()
         return await self.backend.stop(root) if self.backend is not None else False
 
     async def aclose(self) -> None:

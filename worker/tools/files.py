@@ -9,11 +9,14 @@ writes only if the file still has the hash it had when read.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import base64
+import binascii
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from sandbox import protocol
+from sandbox.base import ReadResult
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
 from ..paths import require_file_path
@@ -26,6 +29,8 @@ from ..workspace import Workspace
 MAX_WRITE_BYTES = 10 << 20
 #: Largest file edit_file will load.
 MAX_EDIT_BYTES = protocol.MAX_READ_BYTES
+#: How file content travels in JSON: text, or the exact bytes as base64.
+Encoding = Literal["utf-8", "base64"]
 
 
 class ReadFileArgs(ToolArgs):
@@ -38,6 +43,11 @@ class ReadFileArgs(ToolArgs):
     )
     max_bytes: int = Field(
         1 << 20, ge=1, le=protocol.MAX_READ_BYTES, description="Most bytes to return (default 1 MiB)."
+    )
+    encoding: Encoding = Field(
+        "utf-8",
+        description="utf-8: data.content is text (invalid bytes replaced, binary files withheld); base64: the "
+        "exact bytes of any file, base64-encoded.",
     )
 
     @field_validator("line_range")
@@ -54,6 +64,8 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     lr = (args.line_range[0], args.line_range[1]) if args.line_range else None
     r = await ws.sandbox.read(rel, line_range=lr, max_bytes=args.max_bytes)
     data: dict[str, Any] = {"path": quote_path(rel), "size": r.size, "truncated": r.truncated, "binary": r.binary}
+    if args.encoding == "base64":
+        return _read_base64(rel, r, data, args.max_bytes)
     if r.binary:
         data["content"] = None
         return ToolResult.ok(f"{quote_path(rel)} is a binary file ({r.size} bytes); its content is not shown.", data)
@@ -75,9 +87,26 @@ async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     return ToolResult.ok(output, data)
 
 
+def _read_base64(rel: str, r: ReadResult, data: dict[str, Any], max_bytes: int) -> ToolResult:
+    """``read_file`` with ``encoding: "base64"``: the bytes exactly, in ``data.content``."""
+    data.update(content=base64.b64encode(r.data).decode("ascii"), encoding="base64", bytes=len(r.data))
+    if r.sha256:
+        data["sha256"] = r.sha256
+    output = f"Read {len(r.data)} bytes of {quote_path(rel)} (base64 in data.content)"
+    if r.truncated:
+        output += f"; truncated at {max_bytes} bytes of {r.size}"
+    return ToolResult.ok(output, data)
+
+
 class WriteFileArgs(ToolArgs):
     path: str = Field(description="File path, relative to the workspace root. Parent directories are created.")
-    content: str = Field(description="The complete new content of the file.")
+    # Raw bytes too, from Python (``{"content": b"..."}``); JSON callers send base64.
+    content: Annotated[str | bytes, WithJsonSchema({"type": "string"})] = Field(
+        description="The complete new content of the file (base64 of its bytes with encoding base64)."
+    )
+    encoding: Encoding = Field(
+        "utf-8", description="utf-8: content is text; base64: content is the file's exact bytes, base64-encoded."
+    )
 
 
 def _encode(text: str, what: str) -> bytes:
@@ -87,10 +116,23 @@ def _encode(text: str, what: str) -> bytes:
         raise ToolError(f"{what} is not valid Unicode text (lone surrogate at position {e.start})") from None
 
 
+def content_bytes(content: str | bytes, encoding: str, what: str = "content") -> bytes:
+    """The bytes a ``content`` argument stands for (text, base64 text, or bytes from
+    Python). Raises ToolError naming ``what`` for text that is not valid Unicode or base64."""
+    if isinstance(content, bytes):
+        return content
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ToolError(f"'{what}': not valid base64 (encoding is base64)") from None
+    return _encode(content, what)
+
+
 async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     rel = require_file_path(args.path, str(ws.root))
-    data = _encode(args.content, "content")
+    data = content_bytes(args.content, args.encoding)
     if len(data) > MAX_WRITE_BYTES:
         raise ToolError(f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file")
     async with ws.hold(rel):  # not between an edit's read and its write
@@ -307,7 +349,8 @@ TOOLS = [
         name="read_file",
         description=(
             "Read a text file in the workspace. Optional line_range [start, end] (1-based, inclusive). "
-            "Binary files are reported by size, not dumped; invalid UTF-8 is replaced."
+            "Binary files are reported by size, not dumped; invalid UTF-8 is replaced (encoding base64: the "
+            "exact bytes of any file, in data.content)."
         ),
         args_model=ReadFileArgs,
         fn=read_file,
@@ -318,7 +361,8 @@ TOOLS = [
         name="write_file",
         description=(
             "Create or overwrite a file in the workspace with the given content (atomic; parent "
-            "directories are created). The previous content is recorded so the change can be undone."
+            "directories are created; encoding base64 for bytes). The previous content is recorded so the "
+            "change can be undone."
         ),
         args_model=WriteFileArgs,
         fn=write_file,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import signal as signals
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from sandbox.base import ProcessInfo, ProcessOutput
 from sandbox.errors import AgentError
@@ -68,8 +68,17 @@ class OutputArgs(ProcessIdArgs):
         return v
 
 
+#: Most bytes one process_input writes.
+MAX_INPUT = 1 << 20
+
+
 class InputArgs(ProcessIdArgs):
-    text: str = Field(max_length=1 << 20, description="Text written to the process's stdin (add \\n for a line).")
+    # Raw bytes too, from Python; JSON callers send base64 for bytes.
+    text: Annotated[str | bytes, WithJsonSchema({"type": "string"})] = Field(
+        max_length=MAX_INPUT * 4 // 3 + 4,
+        description="Text written to the process's stdin (add \\n for a line); with encoding base64, the bytes.",
+    )
+    encoding: Literal["utf-8", "base64"] = Field("utf-8", description="utf-8 text, or base64 of the exact bytes.")
     eof: bool = Field(False, description="Close its stdin afterwards (end of input).")
 
 
@@ -161,8 +170,12 @@ async def process_output(args: OutputArgs, ctx: ToolContext) -> ToolResult:
 
 
 async def process_input(args: InputArgs, ctx: ToolContext) -> ToolResult:
+    from .files import content_bytes
+
     ws = ctx.require_workspace()
-    data = args.text.encode()
+    data = content_bytes(args.text, args.encoding, "text")
+    if len(data) > MAX_INPUT:
+        raise ToolError(f"'text': {len(data)} bytes is more than the {MAX_INPUT} bytes one process_input writes")
     try:
         written = await ws.sandbox.process_input(args.process_id, data, eof=args.eof)
     except AgentError as e:

@@ -9,10 +9,11 @@ the command started when it ends or times out.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from sandbox import protocol
 from sandbox.base import ProcessOutput
 from sandbox.errors import AgentError, SandboxLostError
 
@@ -27,8 +28,10 @@ DEFAULT_TIMEOUT = 60.0
 MAX_YIELD_MS = 300_000
 #: How long a background start waits for the process's first output.
 FIRST_OUTPUT_WAIT = 0.1
-#: Bytes of stdout and of stderr kept (head and tail) in ``data``.
+#: Bytes of stdout and of stderr kept (head and tail) in ``data``, by default.
 MAX_STREAM_BYTES = 256 * 1024
+#: The most a command's stdin may hold.
+MAX_STDIN = 16 << 20
 #: The registry's deadline beyond the command's own timeout: the agent needs its kill
 #: grace and the reply its round trip before the host gives up on the call.
 DEADLINE_SLACK = 15.0
@@ -52,6 +55,25 @@ class ShellArgs(ToolArgs):
             "(a dev server, a watcher, a long test run). Read it with process_output, stop it with process_kill."
         ),
     )
+    env: dict[str, str] | None = Field(
+        None, description="Variables for the command, on top of the sandbox's (NAME: value)."
+    )
+    stdin: str | None = Field(
+        None,
+        max_length=MAX_STDIN * 4 // 3 + 4,
+        description="The command's standard input (default: none, /dev/null); base64 of bytes with stdin_encoding.",
+    )
+    stdin_encoding: Literal["utf-8", "base64"] = Field("utf-8", description="How stdin is given: text or base64.")
+    max_output: int = Field(
+        MAX_STREAM_BYTES,
+        ge=1024,
+        le=protocol.MAX_EXEC_OUTPUT,
+        description=(
+            f"Bytes of stdout and of stderr kept in data.stdout / data.stderr (head and tail): default 256 KiB, "
+            f"at most {protocol.MAX_EXEC_OUTPUT >> 20} MiB; beyond, data.truncated is true and data.stdout_bytes / "
+            "stderr_bytes count all. A command printing more than 64 MiB in all is stopped (output_limit)."
+        ),
+    )
     yield_ms: int | None = Field(
         None,
         ge=0,
@@ -66,6 +88,11 @@ class ShellArgs(ToolArgs):
     def _cap(self) -> ShellArgs:
         if not self.background and self.yield_ms is None:
             self.timeout = min(self.timeout or DEFAULT_TIMEOUT, MAX_TIMEOUT)
+        elif self.stdin is not None:
+            raise ValueError("stdin is for a command run to its end (a background process: process_input)")
+        for name, value in (self.env or {}).items():
+            if not name or "=" in name or "\x00" in name + value:
+                raise ValueError(f"env: {name!r} is not a variable name (no '=' or NUL)")
         return self
 
 
@@ -73,7 +100,7 @@ def _mb(n: int) -> str:
     return f"{n / (1 << 20):.0f} MB"
 
 
-def _describe_failure(
+def describe_failure(
     outcome: str, exit_code: int | None, signal: int | None, timeout: float, disk_used: int | None = None
 ) -> str:
     if outcome == "timeout":
@@ -106,15 +133,25 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     if args.background or args.yield_ms is not None:
         return await run_background(args, ctx, cwd)
     timeout = args.timeout or DEFAULT_TIMEOUT
+    options: dict[str, Any] = {}
+    if args.env:
+        options["env"] = args.env
+    if args.stdin is not None:
+        from .files import content_bytes
+
+        options["stdin"] = content_bytes(args.stdin, args.stdin_encoding, "stdin")
+        if len(options["stdin"]) > MAX_STDIN:
+            raise ToolError(f"'stdin': more than {MAX_STDIN} bytes; write it to a file and redirect it")
     res, changed = await ws.run_shell(
         command,
         cwd=cwd,
         timeout=timeout,
-        max_output=MAX_STREAM_BYTES,
+        max_output=args.max_output,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
         on_output=ctx.on_output,
         control=ctx.control,
+        options=options,
     )
     stdout = res.stdout.decode("utf-8", "replace")
     stderr = res.stderr.decode("utf-8", "replace")
@@ -132,6 +169,8 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
         "outcome": res.outcome,
         "timed_out": res.timed_out,
         "truncated": res.truncated,
+        "stdout_bytes": res.stdout_bytes,
+        "stderr_bytes": res.stderr_bytes,
         "duration_ms": round(res.duration_ms, 3),
     }
     if res.signal is not None:
@@ -144,7 +183,7 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     success = res.outcome == "exit" and res.exit_code == 0
     if success:
         return ToolResult.ok(output or "(no output)", data, changed)
-    error = _describe_failure(res.outcome, res.exit_code, res.signal, timeout, res.disk_used)
+    error = describe_failure(res.outcome, res.exit_code, res.signal, timeout, res.disk_used)
     tail = f"[{error}]"
     output = f"{output}\n{tail}" if output else tail
     return ToolResult(False, output, data, changed, error)
@@ -160,7 +199,7 @@ async def run_background(args: ShellArgs, ctx: ToolContext, cwd: str) -> ToolRes
     timeout = min(args.timeout or limits.timeout, limits.max_timeout)
     try:
         info = await ws.start_background(
-            args.command, cwd=cwd, timeout=timeout, call_id=ctx.call_id, subtask_id=ctx.subtask_id
+            args.command, cwd=cwd, timeout=timeout, call_id=ctx.call_id, subtask_id=ctx.subtask_id, env=args.env
         )
     except AgentError as e:
         if e.code == "limit":

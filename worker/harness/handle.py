@@ -1,0 +1,308 @@
+"""The harness API: one workspace's sandbox as an evaluation harness drives it.
+
+The model's tools (Spec 05: ``read_file``, ``write_file``, ``shell_execute``...) stay in
+the workspace: their paths are workspace-relative and a path outside is a "Safety
+violation". A harness (inspect_ai's ``SandboxEnvironment``, a CI script, a grader) works
+on the sandbox as a whole: it reads ``/tmp/result.json``, writes a fixture into
+``$HOME``, runs a command in ``/usr/bin`` as another user with its own stdin, and moves
+bytes, not text. :class:`SandboxHandle` is that API, kept apart from the tools so that
+no tool list a model sees ever offers it (``registry.sandbox(workspace)`` in Python,
+``/v1/workspaces/{id}/sandbox/...`` over HTTP, ``loom-worker exec``/``cp``, the inspect
+provider):
+
+- :meth:`SandboxHandle.exec`: a shell string or an argv, any stdin (bytes), cwd, env,
+  user, timeout and output cap; commands of any length;
+- :meth:`SandboxHandle.read_file`: any file the sandbox's user can read, as bytes;
+- :meth:`SandboxHandle.write_file`: where that user can write, with its permissions.
+
+What changes inside the workspace is recorded in its changelog as always (a command's
+changes by the usual scans, a write before it happens), under the call's ``call_id``, so
+it can be undone; what changes elsewhere (``/tmp``, ``$HOME``) is the sandbox's scratch
+space and is not recorded (the results say which: ``files_changed``, ``recorded``). The
+command policy applies to commands here too: in inspect, the model's own commands come
+this way.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sandbox.base import ExecControl, OutputCallback
+from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
+
+from ..result import ToolResult
+from ..shellpolicy import check_command
+from ..tool import PolicyError
+from ..workspace import Workspace
+from .results import (
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_MAX_READ,
+    DEFAULT_TIMEOUT,
+    HARD_OUTPUT_LIMIT,
+    MAX_OUTPUT,
+    MAX_READ,
+    MAX_STDIN,
+    MAX_TIMEOUT,
+    MAX_WRITE,
+    ExecOutput,
+    FileWritten,
+)
+
+if TYPE_CHECKING:
+    from ..calls import CallJournal
+
+
+class Registry(Protocol):
+    """What the handle needs of a :class:`~worker.registry.ToolRegistry` (named here, not
+    imported: the registry makes handles)."""
+
+    journal: CallJournal | None
+
+    async def workspace(self, path: Path | str) -> Workspace: ...
+
+
+class SandboxHandle:
+    """``workspace``'s sandbox, for a harness (see the module docstring). Made by
+    :meth:`ToolRegistry.sandbox <worker.registry.ToolRegistry.sandbox>`; the sandbox
+    starts at the first call. Every call of one workspace takes turns with the tools'
+    mutations (its changelog's order); commands run one at a time per user."""
+
+    def __init__(self, registry: Registry, workspace: Path | str) -> None:
+        self.registry = registry
+        self.workspace = workspace
+
+    async def _ws(self) -> Workspace:
+        return await self.registry.workspace(self.workspace)
+
+    # -- paths ----------------------------------------------------------------------
+
+    @staticmethod
+    def absolute(path: str, mount: str) -> str:
+        """``path`` as the sandbox names it: relative to the workspace (``mount``), or
+        absolute; ``..`` resolved lexically. Raises ValueError for an empty path or a NUL."""
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise ValueError("a path is a non-empty string without NUL")
+        return posixpath.normpath(posixpath.join(mount, path))
+
+    @staticmethod
+    def _in_workspace(abspath: str, mount: str) -> str | None:
+        if abspath == mount:
+            return "."
+        prefix = mount.rstrip("/") + "/"
+        return abspath[len(prefix) :] if abspath.startswith(prefix) else None
+
+    # -- exec -----------------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        call_id: str | None = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
+    ) -> ExecOutput:
+        """Run ``cmd`` (a shell string for ``sh -c``, or an argv run as it is) in the
+        sandbox and wait for its end. ``input``: its stdin (text is UTF-8; default
+        ``/dev/null``; at most 64 MiB); ``cwd``: relative to the workspace or any
+        absolute directory (default: the workspace); ``env``: variables on top of the
+        sandbox's; ``user``: a user of the image, or ``root`` where the workspace allows
+        it; ``timeout`` in seconds (default 3600, at most 86400); ``max_output``: bytes
+        kept of each stream (default 10 MiB, at most 16 MiB). ``on_output``/``control``:
+        as ``Sandbox.exec``.
+
+        A timeout, a limit or a refusal by the command policy is an :class:`ExecOutput`
+        (``outcome``), never an exception. Raises ValueError (bad arguments),
+        UserUnsupportedError (a user this workspace may not run as), the infrastructure
+        errors of ``sandbox.errors`` (SandboxUnavailableError, SandboxLostError when the
+        sandbox died with the command), ChangelogStorageError.
+        """
+        argv, text = _command(cmd)
+        stdin = input.encode("utf-8") if isinstance(input, str) else input
+        if stdin is not None and len(stdin) > MAX_STDIN:
+            raise ValueError(f"input of {len(stdin)} bytes is more than {MAX_STDIN}: write it to a file first")
+        limit = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        if not 0 < limit <= MAX_TIMEOUT:
+            raise ValueError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
+        if not 0 <= max_output <= MAX_OUTPUT:
+            raise ValueError(f"max_output must be 0-{MAX_OUTPUT} bytes")
+        variables = _env(env)
+        call_id = call_id or "call_" + secrets.token_hex(8)
+        started = time.perf_counter()
+        ws = await self._ws()
+        workdir = self.absolute(cwd or ".", ws.sandbox.workspace_mount)
+        try:
+            check_command(text)
+        except PolicyError as e:
+            out = ExecOutput(126, b"", (e.message + "\n").encode(), "refused", 0.0, call_id=call_id)
+            self._journal(ws, "sandbox.exec", _exec_brief(text, workdir, user, stdin), out, started)
+            return out
+        options: dict[str, Any] = {"any_cwd": True, "output_limit": max(HARD_OUTPUT_LIMIT, 4 * max_output)}
+        if argv is not None:
+            options["argv"] = argv
+        if variables:
+            options["env"] = variables
+        if stdin is not None:
+            options["stdin"] = stdin
+        if user is not None:
+            options["user"] = user
+        res, changed = await ws.run_shell(
+            text,
+            cwd=workdir,
+            timeout=limit,
+            max_output=max_output,
+            tool="sandbox.exec",
+            call_id=call_id,
+            on_output=on_output,
+            control=control,
+            options=options,
+        )
+        if res.outcome == "sandbox_lost":
+            raise SandboxLostError(
+                "the sandbox was lost while running the command: " + res.stderr.decode("utf-8", "replace").strip()
+            )
+        out = ExecOutput(
+            res.exit_code,
+            res.stdout,
+            res.stderr,
+            res.outcome,
+            res.duration_ms,
+            truncated=res.truncated,
+            stdout_bytes=res.stdout_bytes,
+            stderr_bytes=res.stderr_bytes,
+            signal=res.signal,
+            launch_error=res.launch_error,
+            call_id=call_id,
+            files_changed=changed,
+        )
+        self._journal(ws, "sandbox.exec", _exec_brief(text, workdir, user, stdin), out, started)
+        return out
+
+    # -- files ----------------------------------------------------------------------
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
+        """The bytes of the file at ``path`` (relative to the workspace, or absolute:
+        anything the sandbox's user can read, links followed). Raises
+        PathNotFoundError (a FileNotFoundError), PermissionDeniedError (a
+        PermissionError), IsADirError (an IsADirectoryError), NotAFileError (a FIFO, a
+        device), TooLargeError when the file is larger than ``max_bytes`` (default
+        100 MiB, at most 1 GiB), ValueError, and the infrastructure errors."""
+        if not 0 <= max_bytes <= MAX_READ:
+            raise ValueError(f"max_bytes must be 0-{MAX_READ}")
+        ws = await self._ws()
+        target = self.absolute(path, ws.sandbox.workspace_mount)
+        got = await ws.sandbox.read_path(target, max_bytes=max_bytes)
+        if got.truncated:
+            raise TooLargeError(
+                f"{path} is {got.size} bytes, more than the {max_bytes} bytes this read may return", code="too_large"
+            )
+        return got.data
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, mode: int | None = None, call_id: str | None = None
+    ) -> FileWritten:
+        """Write ``data`` (text is UTF-8) to ``path`` (relative to the workspace, or
+        absolute) as the sandbox's user: parents made, an existing file replaced unless
+        its mode refuses that user (0444), a new one with ``mode``. Inside the workspace
+        the change is recorded in its changelog (undoable under ``call_id``), elsewhere
+        it is not (``recorded``). Raises PermissionDeniedError (a PermissionError: a
+        read-only file or file system, another user's directory), IsADirError (an
+        IsADirectoryError), NotAFileError, ValueError (more than 1 GiB), and the
+        infrastructure errors."""
+        content = data.encode("utf-8") if isinstance(data, str) else data
+        if len(content) > MAX_WRITE:
+            raise ValueError(f"{len(content)} bytes is more than the {MAX_WRITE} bytes one write may carry")
+        call_id = call_id or "call_" + secrets.token_hex(8)
+        started = time.perf_counter()
+        ws = await self._ws()
+        mount = ws.sandbox.workspace_mount
+        target = self.absolute(path, mount)
+        rel = self._in_workspace(target, mount)
+        out: FileWritten | None = None
+        if rel is not None:
+            try:
+                out = await self._recorded(ws, rel, target, content, call_id)
+            except PathEscapeError:
+                pass  # a link out of the workspace on the way: the sandbox's own files
+        if out is None:
+            try:
+                w = await ws.sandbox.write_path(target, content, mode=mode)
+                out = FileWritten(w.path, w.size, w.created, recorded=False, call_id=call_id)
+            except InWorkspaceError as e:  # a link into the workspace: recorded after all
+                rel = str(e)
+                out = await self._recorded(ws, rel, posixpath.join(mount, rel), content, call_id)
+        brief = {"path": path, "data": f"[{len(content)} bytes]", "recorded": out.recorded}
+        self._journal(ws, "sandbox.write_file", brief, out, started)
+        return out
+
+    @staticmethod
+    async def _recorded(ws: Workspace, rel: str, shown: str, content: bytes, call_id: str) -> FileWritten:
+        if rel == ".":
+            from sandbox.errors import IsADirError
+
+            raise IsADirError(f"Is a directory: {shown}", code="is_a_directory")
+        res = await ws.write(rel, content, tool="sandbox.write_file", call_id=call_id)
+        return FileWritten(shown, res.size, res.created, recorded=True, call_id=call_id)
+
+    # -- the call journal -----------------------------------------------------------
+
+    def _journal(
+        self, ws: Workspace, name: str, brief: dict[str, Any], out: ExecOutput | FileWritten, t0: float
+    ) -> None:
+        """One line in the workspace's call journal (the dashboard's timeline), as every
+        tool call has."""
+        journal = self.registry.journal
+        if journal is None:
+            return
+        if isinstance(out, ExecOutput):
+            data = {"outcome": out.outcome if out.outcome != "refused" else "exit", "exit_code": out.returncode}
+            what = f"exit code {out.returncode}" if out.outcome == "exit" else out.outcome
+            result = ToolResult(out.success, what, data, list(out.files_changed), None if out.success else what)
+            call_id = out.call_id
+        else:
+            files = [posixpath.relpath(out.path, ws.sandbox.workspace_mount)] if out.recorded else []
+            result = ToolResult.ok(f"wrote {out.size} bytes to {out.path}", None, files)
+            call_id = out.call_id
+        duration = (time.perf_counter() - t0) * 1000.0
+        journal.record(ws.root, name, brief, result.capped(), duration, call_id=call_id, subtask_id=None, root=ws.root)
+
+
+def _command(cmd: str | Sequence[str]) -> tuple[list[str] | None, str]:
+    """``(argv or None, the command as text)``. Raises ValueError for an empty one."""
+    if isinstance(cmd, str):
+        if not cmd.strip() or "\x00" in cmd:
+            raise ValueError("the command is empty or holds a NUL")
+        return None, cmd
+    argv = list(cmd)
+    if not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv) or not argv[0]:
+        raise ValueError("argv is a non-empty list of strings without NUL")
+    return argv, shlex.join(argv)
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not k or "=" in k or "\x00" in k or not isinstance(v, str) or "\x00" in v:
+            raise ValueError(f"env: {k!r} is not NAME=value (no '=' in the name, no NUL)")
+        out[k] = v
+    return out
+
+
+def _exec_brief(text: str, cwd: str, user: str | None, stdin: bytes | None) -> dict[str, Any]:
+    brief: dict[str, Any] = {"command": text, "cwd": cwd}
+    if user is not None:
+        brief["user"] = user
+    if stdin is not None:
+        brief["stdin"] = f"[{len(stdin)} bytes]"
+    return brief

@@ -161,3 +161,56 @@ async def test_the_agent_dials_the_workers_socket_under_gvisor(
         [d] = list(channels.iterdir())
         assert d.name == backend.container_config(workspace)["labels"]["dev.loom.workspace-hash"]
         assert list(d.iterdir()) == []
+
+
+@pytest.mark.parametrize("platform", ["systrap", "ptrace"])
+def test_doctor_names_the_platform_in_effect(docker_ready: None, platform: str) -> None:
+    """``loom-worker doctor`` with LOOM_RUNTIME=runsc: the runtime registered for the
+    platform configured, and a sandbox started on it (the worker refuses one whose gVisor
+    booted another platform, so "as the sandbox process shows" is a check, not a claim)."""
+    import sys
+
+    name = require_platform(platform)
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "LOOM_IMAGE": SANDBOX_IMAGE,
+        "LOOM_RUNTIME": "runsc",
+        "LOOM_GVISOR_PLATFORM": platform,
+        "LOOM_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(root),
+    }
+    loom = str(Path(sys.executable).with_name("loom-worker"))
+    p = subprocess.run([loom, "doctor"], capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"[ok] gVisor (runsc): platform {platform} (LOOM_GVISOR_PLATFORM) on runtime {name} (" in p.stdout, p.stdout
+    assert f"[ok] sandbox start: container + agent answer (gVisor on {platform}, as the sandbox process shows)" in (
+        p.stdout
+    ), p.stdout
+
+
+def test_doctor_fails_for_a_platform_the_engine_has_no_runtime_for(docker_ready: None) -> None:
+    """A platform with no runtime registered (kvm here, unless this machine has one): doctor
+    exits 1 and says what is registered and how to add it."""
+    import sys
+
+    require_runtime("runsc")
+    runtimes = _engine_runtimes()
+    try:
+        gvisor.engine_runtime(runtimes, "kvm")
+        pytest.skip("this engine has a runtime for gVisor's kvm platform")
+    except RuntimeUnavailableError:
+        pass
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "LOOM_IMAGE": SANDBOX_IMAGE,
+        "LOOM_RUNTIME": "runsc",
+        "LOOM_GVISOR_PLATFORM": "kvm",
+        "LOOM_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(root),
+    }
+    loom = str(Path(sys.executable).with_name("loom-worker"))
+    p = subprocess.run([loom, "doctor"], capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "[FAIL] gVisor (runsc): gVisor's kvm platform was requested (LOOM_GVISOR_PLATFORM=kvm)" in p.stdout, p.stdout

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
             *("--workspaces", "1,2", "--callers", "2", "--seconds", "1", "--warmup", "0.2", "--rounds", "1"),
         ],
         ["bench/bench_loop.py", "--n", "20", "--rounds", "1"],
+        ["bench/bench_platforms.py", "--n", "2", "--rounds", "1"],
     ],
     ids=[
         "tools",
@@ -72,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "inspect",
         "scale",
         "loop",
+        "platforms",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

@@ -47,6 +47,8 @@ async def main(a: argparse.Namespace) -> None:
     os.chown(ws, 1000, 1000)
     (ws / "native.py").write_text("value = 'a'\n" + "# filler line\n" * 200)
     (ws / "ours.py").write_text("value = 'a'\n" + "# filler line\n" * 200)
+    for name in ("native.py", "ours.py"):  # the workspace owner's, as a project's files are
+        os.chown(ws / name, 1000, 1000)
     settings = Settings(data_dir=tmp / "data", runtime=a.runtime, catalog=False)
     times: dict[str, list[float]] = {k: [] for k in ("bt", "st", "bc", "sc", "ed", "ef")}
     try:

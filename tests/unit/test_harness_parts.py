@@ -94,20 +94,6 @@ async def test_large_payloads_go_in_pieces(
     assert r.data == data[:800] and r.truncated
 
 
-async def test_a_0444_file_is_refused_to_a_tool_write(local_backend: Any, workspace: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root on the host writes anything; the Docker tier tests this as the sandbox's user")
-    from sandbox.errors import PermissionDeniedError
-
-    box = await local_backend.get(workspace)
-    (workspace / "ro.txt").write_text("x")
-    (workspace / "ro.txt").chmod(0o444)
-    with pytest.raises(PermissionDeniedError):
-        await box.write("ro.txt", b"y")
-    await box.write("ro.txt", b"y", override_mode=True)  # undo's way
-    assert (workspace / "ro.txt").read_text() == "y"
-
-
 # -- the inspect provider ---------------------------------------------------------------
 
 

@@ -104,16 +104,11 @@ class Calls:
             from .harness_exec import harness_stream
 
             stream = harness_stream(self.registry, workspace, command, timeout, cwd, call_id, harness, control)
-            async for item in stream:
-                if isinstance(item, ToolOutput):
-                    await on_output(item)
-                else:
-                    result = item
-            assert result is not None
-            done = result.to_dict()
-            return exec_exit_code(done), done
-        arguments = {"command": command, "timeout": timeout, "cwd": cwd}
-        stream = self.registry.execute_stream("shell_execute", arguments, workspace, call_id=call_id, control=control)
+        else:
+            arguments = {"command": command, "timeout": timeout, "cwd": cwd}
+            stream = self.registry.execute_stream(
+                "shell_execute", arguments, workspace, call_id=call_id, control=control
+            )
         async for item in stream:
             if isinstance(item, ToolOutput):
                 await on_output(item)

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import gvisor_spec
+
 from sandbox.base import Sandbox, SandboxBackend
 from worker import aio
 from worker.changelog import Changelog, Durability
@@ -46,7 +48,7 @@ async def _backend(kind: str, runtime: str = "runc") -> SandboxBackend:
     from sandbox.docker import DockerBackend
     from sandbox.spec import SandboxSpec
 
-    return DockerBackend(SandboxSpec(runtime=runtime), worker_id="bench")  # type: ignore[arg-type]
+    return DockerBackend(SandboxSpec(runtime=runtime, **gvisor_spec()), worker_id="bench")  # type: ignore[arg-type]
 
 
 async def bench_write(box: Sandbox, cl: Changelog, n: int, name: str) -> tuple[list[float], list[float]]:

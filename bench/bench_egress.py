@@ -12,7 +12,7 @@ Inside the sandbox the timings are curl's and the command's own, so the tool cal
 overhead is not counted. The host reaches PyPI through this machine's TLS-intercepting
 proxy, and so does the gateway: both paths pay it.
 
-Usage: .venv/bin/python bench/bench_egress.py [--runtime runc|runsc] [--rounds 7] [--mb 256]
+Usage: .venv/bin/python bench/bench_egress.py [--runtime runc|runsc|both] [--rounds 7] [--mb 256]
 """
 
 from __future__ import annotations
@@ -100,72 +100,87 @@ def med(values: list[float]) -> float:
 async def main(args: argparse.Namespace) -> None:
     srv, port = big_server(args.mb)
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-egress-"))
-    ws = tmp / "ws"
-    ws.mkdir()
-    os.chown(ws, 1000, 1000)
+    runtimes = ["runc", "runsc"] if args.runtime == "both" else [args.runtime]
     settings = Settings(
         data_dir=tmp / "data",
-        runtime=args.runtime,
+        runtime=runtimes[0],
         ca_bundle=Path(HOST_CA),
         egress_trusted_networks="127.0.0.1/32",
         catalog=False,
         cpus=args.cpus,
     )
-    rows: list[tuple[str, str, float, float, float]] = []
+    host: dict[str, list[float]] = {"ttfb": [], "tput": [], "pip": []}
+    box: dict[str, dict[str, list[float]]] = {r: {"ttfb": [], "tput": [], "pip": []} for r in runtimes}
+    allowed = 0
     try:
         async with default_registry(settings) as registry:
-            await registry.configure_workspace(ws, {"egress": ["pypi", f"127.0.0.1:{port}"]})
+            spaces = {}
+            for runtime in runtimes:  # one workspace per runtime, the rounds interleaved
+                ws = tmp / f"ws-{runtime}"
+                ws.mkdir()
+                os.chown(ws, 1000, 1000)
+                await registry.configure_workspace(ws, {"egress": ["pypi", f"127.0.0.1:{port}"], "runtime": runtime})
+                await sandbox_cmd(registry, ws, f"curl -sS -o /dev/null {PYPI_URL}")  # warm: container, relay
+                spaces[runtime] = ws
             proxy = "-x http://127.0.0.1:3128 --noproxy ''"
-            await sandbox_cmd(registry, ws, f"curl -sS -o /dev/null {PYPI_URL}")  # warm: container, relay
-            ttfb_h, ttfb_s, tput_h, tput_s, pip_h, pip_s = [], [], [], [], [], []
+            big = f"https://127.0.0.1:{port}/big"
             for _ in range(args.rounds):
-                ttfb_h.append(await asyncio.to_thread(host_curl, ["-w", "%{time_starttransfer}", PYPI_URL]) * 1000)
-                r = await sandbox_cmd(registry, ws, f"curl -sS -o /dev/null -w '%{{time_starttransfer}}' {PYPI_URL}")
-                ttfb_s.append(float(r.output.strip()) * 1000)
-                big = f"https://127.0.0.1:{port}/big"
-                tput_h.append(await asyncio.to_thread(host_curl, ["-k", "-w", "%{speed_download}", big]) / 1e6)
-                r = await sandbox_cmd(registry, ws, f"curl -sS -k {proxy} -o /dev/null -w '%{{speed_download}}' {big}")
-                tput_s.append(float(r.output.strip()) / 1e6)
-            for _ in range(args.pip_rounds):
-                pip_h.append(await asyncio.to_thread(host_pip, tmp / "host-target"))
-                r = await sandbox_cmd(
-                    registry,
-                    ws,
-                    f"rm -rf /tmp/t && {PIP} --target /tmp/t requests",
+                host["ttfb"].append(
+                    await asyncio.to_thread(host_curl, ["-w", "%{time_starttransfer}", PYPI_URL]) * 1000
                 )
-                pip_s.append(float((r.data or {})["duration_ms"]) / 1000)
-            status = registry.egress_status(ws, limit=10_000)
-            await registry.stop(ws)
+                host["tput"].append(await asyncio.to_thread(host_curl, ["-k", "-w", "%{speed_download}", big]) / 1e6)
+                for runtime, ws in spaces.items():
+                    r = await sandbox_cmd(
+                        registry, ws, f"curl -sS -o /dev/null -w '%{{time_starttransfer}}' {PYPI_URL}"
+                    )
+                    box[runtime]["ttfb"].append(float(r.output.strip()) * 1000)
+                    r = await sandbox_cmd(
+                        registry, ws, f"curl -sS -k {proxy} -o /dev/null -w '%{{speed_download}}' {big}"
+                    )
+                    box[runtime]["tput"].append(float(r.output.strip()) / 1e6)
+            for _ in range(args.pip_rounds):
+                host["pip"].append(await asyncio.to_thread(host_pip, tmp / "host-target"))
+                for runtime, ws in spaces.items():
+                    r = await sandbox_cmd(registry, ws, f"rm -rf /tmp/t && {PIP} --target /tmp/t requests")
+                    box[runtime]["pip"].append(float((r.data or {})["duration_ms"]) / 1000)
+            for ws in spaces.values():
+                status = registry.egress_status(ws, limit=10_000)
+                allowed += sum(1 for e in status["entries"] if e["verdict"] == "allowed")
+                await registry.stop(ws)
     finally:
         srv.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = [
-        ("time to first byte, small HTTPS request to PyPI", "ms", med(ttfb_h), med(ttfb_s), med(ttfb_h) / med(ttfb_s)),
-        (
-            f"download of {args.mb} MiB over HTTPS from a local server",
-            "MB/s",
-            med(tput_h),
-            med(tput_s),
-            med(tput_s) / med(tput_h),
-        ),
-        ("pip install --target: requests and its 4 dependencies", "s", med(pip_h), med(pip_s), med(pip_h) / med(pip_s)),
+    measurements = [
+        ("time to first byte, small HTTPS request to PyPI", "ms", "ttfb", False),
+        (f"download of {args.mb} MiB over HTTPS from a local server", "MB/s", "tput", True),
+        ("pip install --target: requests and its 4 dependencies", "s", "pip", False),
     ]
-    allowed = sum(1 for e in status["entries"] if e["verdict"] == "allowed")
+    platform = os.environ.get("LOOM_GVISOR_PLATFORM", "systrap")
     print(
-        f"runtime {args.runtime}; sandbox cpus {args.cpus:g} (host: {os.cpu_count()}); "
-        f"{args.rounds} interleaved rounds (pip: {args.pip_rounds}); medians; "
+        f"runtimes {', '.join(runtimes)} (gVisor platform {platform}); sandbox cpus {args.cpus:g} "
+        f"(host: {os.cpu_count()}); {args.rounds} interleaved rounds (pip: {args.pip_rounds}); medians; "
         f"{allowed} allowed connections logged"
     )
     print()
-    print("| measurement | unit | host directly | sandbox through the gateway | ratio (gateway speed / direct) |")
-    print("|---|---|---:|---:|---:|")
-    for name, unit, h, s, ratio in rows:
-        print(f"| {name} | {unit} | {h:.1f} | {s:.1f} | {ratio:.2f} |")
+    head = "| measurement | unit | host directly |"
+    head += "".join(f" {r} through the gateway |" for r in runtimes)
+    head += "".join(f" {r}: ratio (gateway speed / direct) |" for r in runtimes)
+    head += " runsc / runc (speed) |" if len(runtimes) > 1 else ""
+    print(head)
+    print("|---|---|" + "---:|" * (head.count("|") - 3))
+    for name, unit, key, higher_better in measurements:
+        h = med(host[key])
+        vals = [med(box[r][key]) for r in runtimes]
+        ratios = [(v / h if higher_better else h / v) for v in vals]
+        cells = [f"{h:.1f}", *(f"{v:.1f}" for v in vals), *(f"{x:.2f}" for x in ratios)]
+        if len(runtimes) > 1:
+            cells.append(f"{ratios[1] / ratios[0]:.2f}")
+        print(f"| {name} | {unit} | " + " | ".join(cells) + " |")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runtime", choices=("runc", "runsc"), default="runc")
+    ap.add_argument("--runtime", choices=("runc", "runsc", "both"), default="runc")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pip-rounds", type=int, default=3)
     ap.add_argument("--mb", type=int, default=256, help="size of the large download")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+from common import gvisor_spec
 
 from sandbox.docker import DockerBackend, container_name
 from sandbox.spec import SandboxSpec
@@ -87,7 +88,7 @@ def make_tree(ws: Path, files: int = 200) -> None:
 
 
 async def bench_runtime(runtime: str, n: int, cold_n: int) -> list[tuple[str, list[float], list[float] | None]]:
-    backend = DockerBackend(SandboxSpec(runtime=runtime), worker_id="bench")  # type: ignore[arg-type]
+    backend = DockerBackend(SandboxSpec(runtime=runtime, **gvisor_spec()), worker_id="bench")  # type: ignore[arg-type]
     client = docker.from_env()
     rows: list[tuple[str, list[float], list[float] | None]] = []
     ws = Path(tempfile.mkdtemp(prefix="loom-bench-")).resolve()
@@ -137,7 +138,10 @@ async def bench_runtime(runtime: str, n: int, cold_n: int) -> list[tuple[str, li
 async def bench_images(images: list[str], runtime: str, n: int, cold_n: int, rounds: int = 10) -> None:
     """read / exec `true` / cold start per image, interleaved (round r measures every image
     in turn), so a slow phase of the machine hits them all alike."""
-    backends = {img: DockerBackend(SandboxSpec(image=img, runtime=runtime), worker_id="bench") for img in images}  # type: ignore[arg-type]
+    backends = {
+        img: DockerBackend(SandboxSpec(image=img, runtime=runtime, **gvisor_spec()), worker_id="bench")  # type: ignore[arg-type]
+        for img in images
+    }
     results: dict[str, dict[str, list[float]]] = {img: {"read": [], "exec": [], "cold": []} for img in images}
     workspaces: list[Path] = []
     try:

@@ -2,7 +2,7 @@
 ``docker exec`` into the same container doing the equivalent work, in the same run.
 
     .venv/bin/python bench/bench_tools.py [--n 200] [--search-n 50] [--files 5000] [--changelog]
-        [--journal] [--loop uvloop|asyncio]
+        [--journal] [--loop uvloop|asyncio] [--runtimes runc,runsc] [--gvisor-platform systrap|ptrace|kvm]
 
 Prints a markdown table of p50 / p99 in milliseconds and the docker-exec / registry ratio.
 ``docker exec`` is measured through the Docker SDK (``exec_run``: create + start + wait),
@@ -16,7 +16,10 @@ real changelog; ``--journal`` adds a table of read_file and shell_execute with t
 journal (``worker.calls``, the dashboard's timeline) off and on (without a changelog),
 calls alternating on the same sandbox, and the journal's own cost. The event loop is
 uvloop by default, as in the worker's CLI and HTTP service; ``--loop asyncio`` measures
-the default loop (about 0.15 ms more per call here).
+the default loop (about 0.15 ms more per call here). ``--runtimes runc,runsc`` prints the
+table for each runtime in turn (gVisor on ``--gvisor-platform``, default
+``LOOM_GVISOR_PLATFORM`` or systrap), then each tool's registry p50 under gVisor as a ratio
+to runc's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from common import gvisor_spec
 
 from sandbox.docker import DockerBackend
 from sandbox.spec import SandboxSpec
@@ -76,6 +80,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
     ap.add_argument("--changelog", action="store_true", help="record through worker.changelog")
     ap.add_argument("--journal", action="store_true", help="also compare the call journal off and on")
+    ap.add_argument("--runtimes", default="runc", help="comma-separated: runc, runsc")
+    ap.add_argument(
+        "--gvisor-platform",
+        default=os.environ.get("LOOM_GVISOR_PLATFORM", "systrap"),
+        choices=("systrap", "ptrace", "kvm"),
+        help="gVisor's platform for runsc",
+    )
     ap.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
@@ -88,12 +99,38 @@ def parse_args() -> argparse.Namespace:
 async def main(args: argparse.Namespace) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
+    runtimes = args.runtimes.split(",")
+    p50s = {}
+    for runtime in runtimes:
+        p50s[runtime] = await one_runtime(args, runtime)
+    if len(runtimes) > 1:
+        base = runtimes[0]
+        print(f"\nregistry p50 as a ratio to {base}'s (gVisor platform: {args.gvisor_platform})\n")
+        print(
+            "| tool | "
+            + " | ".join(f"{r} p50 ms" for r in runtimes)
+            + " | "
+            + " | ".join(f"{r} / {base}" for r in runtimes[1:])
+            + " |"
+        )
+        print("|---|" + "---:|" * (2 * len(runtimes) - 1))
+        for label in p50s[base]:
+            cells = [f"{p50s[r][label]:.2f}" for r in runtimes]
+            ratios = [f"{p50s[r][label] / p50s[base][label]:.2f}x" for r in runtimes[1:]]
+            print(f"| {label} | " + " | ".join(cells + ratios) + " |")
+
+
+async def one_runtime(args: argparse.Namespace, runtime: str) -> dict[str, float]:
+    """The tool table on ``runtime``; returns each tool's registry p50 (ms)."""
     with tempfile.TemporaryDirectory(prefix="loom-bench-tools-") as tmp:
         ws = Path(tmp, "ws")
         ws.mkdir()
         make_tree(ws, args.files)
         os.sync()  # write the tree back now, not in the middle of the measurements
-        backend = DockerBackend(SandboxSpec(image=args.image), worker_id="bench")
+        spec = SandboxSpec(
+            image=args.image, runtime=runtime, **{**gvisor_spec(), "gvisor_platform": args.gvisor_platform}
+        )
+        backend = DockerBackend(spec, worker_id="bench")
         changelogs: list[Any] = []
         factory = None
         if args.changelog:
@@ -106,7 +143,7 @@ async def main(args: argparse.Namespace) -> None:
 
         reg = ToolRegistry(backend=backend, recorder_factory=factory)
         try:
-            await run(reg, backend, ws, args)
+            p50 = await run(reg, backend, ws, args)
             if args.journal:
                 from worker.calls import CallJournal
 
@@ -120,9 +157,10 @@ async def main(args: argparse.Namespace) -> None:
                 await cl.aclose()
             await backend.remove_all_started()
             await backend.aclose()
+    return p50
 
 
-async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argparse.Namespace) -> None:
+async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argparse.Namespace) -> dict[str, float]:
     async def call(name: str, arguments: dict[str, Any]) -> None:
         r = await reg.execute(name, arguments, ws)
         if not r.success:
@@ -194,11 +232,13 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
             0.0,
         ),
     ]
-    print(f"\nimage {args.image}; first call (container start, agent, baseline): {start_ms:.0f} ms")
+    runtime = backend.spec.runtime + (f" ({backend.spec.gvisor_platform})" if backend.spec.runtime == "runsc" else "")
+    print(f"\nruntime {runtime}; image {args.image}; first call (container start, agent, baseline): {start_ms:.0f} ms")
     print(f"changelog recorder: {'on' if args.changelog else 'off (NullRecorder)'}; event loop: {args.loop}\n")
     print("| tool | n | registry p50 ms | registry p99 ms | docker exec p50 ms | docker exec p99 ms | ratio (p50) |")
     print("|---|---|---|---|---|---|---|")
     await asyncio.sleep(1.0)  # steady state: the container's start-up is bench_sandbox's "cold start"
+    p50: dict[str, float] = {}
     for label, ours, theirs, count, gap in cases:
         if not label.startswith("edit_file"):  # edit_file's counter must start at 0
             for _ in range(30):
@@ -207,11 +247,13 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
             await theirs(0)
         a = await timed(count, ours, gap)
         b = await timed(max(10, count // 4), theirs, gap)
+        p50[label] = statistics.median(a)
         ratio = statistics.median(b) / statistics.median(a)
         print(
             f"| {label} | {count} | {pct(a, 0.5):.2f} | {pct(a, 0.99):.2f} | "
             f"{pct(b, 0.5):.2f} | {pct(b, 0.99):.2f} | {ratio:.0f}x |"
         )
+    return p50
 
 
 async def journal_cost(off: ToolRegistry, on: ToolRegistry, ws: Path, n: int) -> None:

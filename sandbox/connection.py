@@ -147,10 +147,14 @@ class AgentConnection:
         text = b"".join(self._stderr).decode("utf-8", "replace").strip()
         return text[-2000:] or self.close_reason or "no output"
 
-    async def go_direct(self, open_socket: Callable[[str], Awaitable[SocketTransport]], *, timeout: float) -> bool:
+    async def go_direct(
+        self, open_socket: Callable[[str], Awaitable[SocketTransport]], *, timeout: float, dial: str | None = None
+    ) -> bool:
         """Move this connection's traffic to the agent's direct channel (see the agent's
         ``op_direct``): ask it to listen, connect with ``open_socket(path)`` and check the
-        first line carries this connection's secret. The old stream stays open: its end
+        first line carries this connection's secret; with ``dial`` (a path in the
+        sandbox where the host listens), ask it to connect there instead, and
+        ``open_socket(dial)`` takes that connection. The old stream stays open: its end
         still means the agent is gone, and its stderr still feeds :meth:`diagnostics`.
 
         Returns False, staying on the current stream, when the agent's socket cannot be
@@ -164,14 +168,14 @@ class AgentConnection:
         if self._reader is not None or self._pending:
             return False  # pull-mode transport, or traffic in flight: stay where we are
         try:
-            resp = await self.request("direct", {}, timeout=timeout)
+            resp = await self.request("direct", {} if dial is None else {"dial": dial}, timeout=timeout)
         except AgentError as e:
             # The agent could not listen (an image whose /tmp is not writable to it, for
             # one: runc gives the tmpfs the mode of the image's own /tmp): stay here.
             log.info("sandbox.direct_refused", connection=self._label, error=str(e))
             return False
         path = resp.get("path")
-        if not isinstance(path, str) or not path.startswith("/tmp/"):
+        if not isinstance(path, str) or (path != dial if dial is not None else not path.startswith("/tmp/")):
             raise ProtocolError("agent answered direct with a bad path")
         try:
             sock = await asyncio.wait_for(open_socket(path), timeout)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import socket
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import cast
@@ -169,6 +171,9 @@ class ProtocolFeed:
             w.set_result(None)
 
 
+_READ_BUFFERS = threading.local()
+
+
 class StreamProtocol(asyncio.BufferedProtocol):
     """A byte stream from an agent on an ``asyncio`` protocol, handed to a
     :class:`ProtocolFeed` as it arrives (``feed``), with the feed's flow control.
@@ -185,7 +190,18 @@ class StreamProtocol(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.feed = ProtocolFeed(self._reading)
-        self._buffer = memoryview(bytearray(self.BUFFER_SIZE))
+
+    @property
+    def _buffer(self) -> memoryview:
+        # One buffer per thread, shared by every protocol of the thread's event loop: a
+        # loop hands a protocol the buffer, reads into it and calls buffer_updated in one
+        # step, and buffer_updated copies out what it keeps, so no two reads ever overlap
+        # in it. A buffer per connection was 256 KiB of memory per workspace (two
+        # connections each: half of what a workspace cost the worker).
+        buf: memoryview | None = getattr(_READ_BUFFERS, "buf", None)
+        if buf is None:
+            buf = _READ_BUFFERS.buf = memoryview(bytearray(self.BUFFER_SIZE))
+        return buf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's transports (uvicorn picks uvloop when it
@@ -258,6 +274,12 @@ class SocketTransport(StreamTransport):
     async def connect(cls, path: str) -> SocketTransport:
         """Connect to the unix socket at ``path``. Raises OSError when it cannot."""
         transport, proto = await asyncio.get_running_loop().create_unix_connection(StreamProtocol, path)
+        return cls(cast(asyncio.Transport, transport), proto)
+
+    @classmethod
+    async def of_socket(cls, sock: socket.socket) -> SocketTransport:
+        """Over a connected unix socket (an accepted one). Raises OSError."""
+        transport, proto = await asyncio.get_running_loop().create_unix_connection(StreamProtocol, sock=sock)
         return cls(cast(asyncio.Transport, transport), proto)
 
     async def first_line(self) -> bytes:

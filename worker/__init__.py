@@ -2,14 +2,18 @@
 
 Public API::
 
+    import worker
     from worker import ToolRegistry, ToolResult, Tool, default_registry
 
-    async with default_registry() as registry:
-        result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
-        async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
-            ...  # ToolOutput chunks as the command prints, then the ToolResult
-        box = registry.sandbox("/src/project")  # the harness API (not a tool): SandboxHandle
-        out = await box.exec(["python3", "-c", "print(1)"], input=b"...", user="nobody")
+    async def main() -> None:
+        async with default_registry() as registry:
+            result = await registry.execute("read_file", {"path": "README.md"}, workspace="/src/project")
+            async for item in registry.execute_stream("shell_execute", {"command": "make"}, workspace="/src/project"):
+                ...  # ToolOutput chunks as the command prints, then the ToolResult
+            box = registry.sandbox("/src/project")  # the harness API (not a tool): SandboxHandle
+            out = await box.exec(["python3", "-c", "print(1)"], input=b"...", user="nobody")
+
+    worker.run(main())  # asyncio.run(main()) on uvloop: what the CLI and the service run on
 
 ``worker`` imports ``sandbox``, never the other way.
 
@@ -27,6 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .aio import run
     from .harness import ExecOutput, FileWritten, SandboxHandle
     from .registry import ToolRegistry, default_registry
     from .result import ToolResult
@@ -50,6 +55,7 @@ _EXPORTS = {
     "ToolResult": ".result",
     "Workspace": ".workspace",
     "default_registry": ".registry",
+    "run": ".aio",
 }
 
 __all__ = [
@@ -67,6 +73,7 @@ __all__ = [
     "ToolResult",
     "Workspace",
     "default_registry",
+    "run",
 ]
 
 

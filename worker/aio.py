@@ -1,4 +1,10 @@
-"""The event loop the worker's own entry points (the CLI) run on."""
+"""The event loop the worker's own entry points (the CLI, ``mcp``) run on, public as
+``worker.run``: ``asyncio.run`` on uvloop.
+
+What a call costs on asyncio's own loop, beyond uvloop's: ``bench/bench_loop.py`` (table in
+docs/benchmarks.md). A library cannot change the loop its caller runs, so a program using
+``asyncio.run(main())`` gets asyncio's; ``worker.run(main())`` is the one-line change.
+"""
 
 from __future__ import annotations
 

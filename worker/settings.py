@@ -28,6 +28,13 @@ class Settings(BaseSettings):
         "loom-agent-runtime:latest", description="Image the agent's own interpreter is mounted from (images/runtime)."
     )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; runsc = gVisor.")
+    gvisor_platform: Literal["systrap", "ptrace", "kvm"] = Field(
+        "systrap",
+        description="gVisor's platform under runsc: systrap (fastest here, gVisor's default), ptrace (slowest, "
+        "runs anywhere), kvm (needs /dev/kvm with hardware virtualization). The engine needs a runtime for it "
+        "(runsc-<platform>, or runsc registered with it: `loom-worker setup --register-gvisor`); a sandbox on "
+        "another platform is refused.",
+    )
     cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox.")
     memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
     pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
@@ -50,6 +57,13 @@ class Settings(BaseSettings):
         "instead of the engine's attach stream (falls back to it when unreachable).",
     )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
+    max_parallel_starts: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="Sandboxes started (or connected to) at once; first calls beyond it wait their turn "
+        "(many workspaces opened at once start side by side, without thrashing the engine).",
+    )
     pull: Literal["missing", "never", "always"] = Field(
         "missing",
         description="When a sandbox image is pulled: missing (not on the engine), never (build or load it "
@@ -269,6 +283,7 @@ class Settings(BaseSettings):
         return {
             "image": self.image,
             "runtime": self.runtime,
+            "gvisor_platform": self.gvisor_platform,
             "cpus": self.cpus,
             "memory": self.memory,
             "pids": self.pids,
@@ -286,6 +301,9 @@ class Settings(BaseSettings):
             "pull": self.pull,
             "registries": parse_registries(self.registries),
             "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
+            # gVisor's direct channels live beside the egress gateway's sockets: a
+            # directory with the same path in the worker and on the engine's host (compose).
+            "channel_dir": str((self.egress_dir or self.data_dir / "egress") / "channels"),
         }
 
 

@@ -54,8 +54,13 @@ class ChangeRecorder(Protocol):
         tool: str,
         call_id: str | None,
         subtask_id: str | None,
+        guess_sha256: str | None = None,
     ) -> WriteResult:
         """Record ``path``'s before-image, then write ``data`` through ``sandbox``.
+        ``guess_sha256`` is what the file probably holds (the worker's last sight of it):
+        a recorder may try it first to save reading the file, never rely on it. (Passed
+        only when there is one: a recorder of this protocol's first version takes no such
+        argument.)
 
         Raises what ``Sandbox.write`` raises (ConflictError, PathEscapeError, ...).
         """
@@ -110,6 +115,7 @@ class NullRecorder:
         tool: str,
         call_id: str | None,
         subtask_id: str | None,
+        guess_sha256: str | None = None,
     ) -> WriteResult:
         return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
 
@@ -164,6 +170,9 @@ class Workspace:
         self._paths = PathLocks(root)
         self._known: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._known_bytes = 0
+        # Paths whose remembered content is what this worker itself last wrote there (so
+        # the changelog holds it): a write's before-image is guessed from those only.
+        self._written: set[str] = set()
 
     # -- remembered content ----------------------------------------------------------------
     #
@@ -182,24 +191,28 @@ class Workspace:
 
     def remember(self, path: str, data: bytes, sha256: str) -> None:
         self.forget([path])
+        self._written.discard(path)
         if len(data) > KNOWN_MAX_BYTES // 8:
             return
         self._known[path] = (data, sha256)
         self._known_bytes += len(data)
         while len(self._known) > KNOWN_MAX_FILES or self._known_bytes > KNOWN_MAX_BYTES:
-            _p, (old, _s) = self._known.popitem(last=False)
+            p, (old, _s) = self._known.popitem(last=False)
             self._known_bytes -= len(old)
+            self._written.discard(p)
 
     def forget(self, paths: list[str] | None = None) -> None:
         """Drop what is remembered about ``paths`` (None: everything)."""
         if paths is None:
             self._known.clear()
             self._known_bytes = 0
+            self._written.clear()
             return
         for p in paths:
             item = self._known.pop(p, None)
             if item is not None:
                 self._known_bytes -= len(item[0])
+            self._written.discard(p)
 
     def hold(self, path: str) -> AbstractAsyncContextManager[None]:
         """Hold workspace-relative ``path`` while a tool reads and then changes it: other
@@ -226,6 +239,11 @@ class Workspace:
         sandbox's infrastructure errors.
         """
         async with self._mutation_lock:
+            extra: dict[str, Any] = {}
+            if expect_sha256 is None and not expect_absent and path in self._written:
+                # What this worker last wrote there: if the file still holds it, the
+                # recorder need not read the file for its before-image (one round trip).
+                extra["guess_sha256"] = self._known[path][1]
             self.forget([path])
             result = await self.recorder.write(
                 self.sandbox,
@@ -236,8 +254,11 @@ class Workspace:
                 tool=tool,
                 call_id=call_id,
                 subtask_id=subtask_id,
+                **extra,
             )
             self.remember(path, data, result.sha256)
+            if path in self._known:
+                self._written.add(path)
             return result
 
     async def run_shell(
@@ -296,7 +317,6 @@ class Workspace:
                     token = await self.recorder.before_shell(
                         self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
                     )
-            self.forget(None)  # a command may have changed any file
             try:
                 changed = await self.recorder.after_shell(
                     self.sandbox,
@@ -308,12 +328,26 @@ class Workspace:
                     result=result,
                 )
             except SandboxError:
+                self.forget(None)
                 if result.outcome != "sandbox_lost":
                     raise
                 # The box died with the command; its result already says so, and the
                 # recorder's next snapshot will see whatever the command changed.
                 changed = []
+            except BaseException:
+                self.forget(None)
+                raise
+            self._forget_changed(changed)
             return result, sorted(set(changed))
+
+    def _forget_changed(self, changed: list[str]) -> None:
+        """After a command: forget what it changed, as the recorder saw it; everything when
+        the recorder does not look (the remembered content is only ever a guess, see
+        :meth:`known`, so a change it missed costs a retry, never a wrong result)."""
+        if isinstance(self.recorder, NullRecorder):
+            self.forget(None)
+        else:
+            self.forget(changed)
 
     async def run_recorded(
         self,
@@ -339,10 +373,14 @@ class Workspace:
             try:
                 value = await run()
             finally:
-                self.forget(None)
-                changed = await self.recorder.after_shell(
-                    self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
-                )
+                try:
+                    changed = await self.recorder.after_shell(
+                        self.sandbox, token, tool=tool, command=command, call_id=call_id, subtask_id=subtask_id
+                    )
+                except BaseException:
+                    self.forget(None)
+                    raise
+                self._forget_changed(changed)
             return value, sorted(set(changed))
 
     # -- background processes ---------------------------------------------------------------

@@ -229,6 +229,10 @@ class SettingsStore:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
         self._cache: dict[Path, tuple[Any, WorkspaceSettings]] = {}
+        # The file of each workspace, by the path it was asked for: :meth:`changed` runs
+        # on every call, and naming the file (a realpath and a sha256) cost ~10 times the
+        # stat itself.
+        self._paths: dict[Path, str] = {}
         #: Also part of what :meth:`changed` compares: a stamp of other files the sandbox
         #: is made from (the secrets files, whose placeholders are in its environment).
         self.also: Callable[[Path], object] | None = None
@@ -237,8 +241,11 @@ class SettingsStore:
         return workspace_dir(self.data_dir, workspace) / SETTINGS_FILE
 
     def _file_stamp(self, workspace: Path) -> tuple[int, int, int] | None:
+        path = self._paths.get(workspace)
+        if path is None:
+            path = self._paths[workspace] = str(self.path(workspace))
         try:
-            st = os.stat(self.path(workspace))
+            st = os.stat(path)
         except FileNotFoundError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -123,6 +123,43 @@ def offer_direct(serve):
     return {"path": path, "_after_send": after}
 
 
+#: Where the host's end of a dialled direct channel is mounted (read-only) in the sandbox.
+DIAL_DIR = "/.loom-host/"
+
+
+def dial_direct(path, serve):
+    """The direct channel where the host cannot reach into the sandbox (gVisor: its /tmp
+    lives in the sandbox's own kernel): the host listens on a unix socket in a directory
+    of its own, mounted read-only at DIAL_DIR, and the agent connects to it (gVisor passes
+    such a connection to the host with ``--host-uds=open``). A unix socket through
+    gVisor costs ~0.05 ms a round trip, the engine's attach stream ~0.5 ms.
+
+    The agent connects here, before its answer, so the host, which listens already, has
+    the connection by the time it reads the answer; the first line on the socket carries
+    this connection's secret, as for :func:`offer_direct`. Returns the ``direct`` op's
+    answer; once it is sent, the channel is switched and a thread serves it. Raises
+    Refused for a path outside DIAL_DIR or when the channel was offered before, OSError
+    when the socket cannot be reached."""
+    if _direct["state"] is not None:
+        raise Refused("invalid", "the direct channel was already offered")
+    if not isinstance(path, str) or not path.startswith(DIAL_DIR) or "/" in path[len(DIAL_DIR) :] or ".." in path:
+        raise Refused("invalid", "dial: the host's socket must be a file directly in %s" % DIAL_DIR)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.settimeout(DIRECT_ACCEPT_TIMEOUT)
+        conn.connect(path)
+        conn.settimeout(None)
+    except OSError:
+        conn.close()
+        raise
+    _direct["state"] = "listening"
+
+    def after():
+        threading.Thread(target=_switch_direct, args=(conn, serve), daemon=True).start()
+
+    return {"path": path, "_after_send": after}
+
+
 class _SocketOut(object):
     """What ``send`` writes to once the direct channel is open: one ``send`` per message,
     without SIGPIPE (a host that vanished must not kill the container's keeper; the
@@ -195,11 +232,15 @@ def accept_host(lst, d, path):
 
 
 def _accept_direct(lst, d, path, serve):
-    global _out
     conn = accept_host(lst, d, path)
     if conn is None:
         _direct["state"] = "refused"
         return
+    _switch_direct(conn, serve)
+
+
+def _switch_direct(conn, serve):
+    global _out
     hello = json.dumps({"direct": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8") + b"\n"
     with _out_lock:
         # From here on every answer and event goes to the socket, after this first line

@@ -104,7 +104,10 @@ def _seccomp_mode():
 
 
 def op_direct(req):
-    """Offer the host the direct channel (see ``channel.offer_direct``)."""
+    """Offer the host the direct channel (see ``channel.offer_direct``), or, with
+    ``dial``, connect to the host's socket at that path (``channel.dial_direct``)."""
+    if req.get("dial") is not None:
+        return channel.dial_direct(req.get("dial"), _serve_direct)
     return channel.offer_direct(_serve_direct)
 
 

@@ -33,10 +33,19 @@ from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import housekeeping, seccomp
-from .channel import AgentChannels
+from . import gvisor, housekeeping, seccomp
+from .channel import AgentChannels, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
-from .config import LABEL_RUNTIME, LABEL_SECCOMP, LABEL_SPEC, LABEL_WS, container_config, container_name, owner
+from .config import (
+    LABEL_RUNTIME,
+    LABEL_SECCOMP,
+    LABEL_SPEC,
+    LABEL_WS,
+    channel_dir,
+    container_config,
+    container_name,
+    owner,
+)
 from .engine import Engine
 from .images import ImagePuller
 from .runtime_volume import RuntimeVolume
@@ -120,8 +129,19 @@ class DockerSandbox(AgentSandbox):
         await super().close()
 
 
+#: Sandboxes started (or connected to) at once by default (see ``max_parallel_starts``).
+DEFAULT_PARALLEL_STARTS = 16
+
+
 class DockerBackend(SandboxBackend):
-    """Per-workspace hardened containers on a Docker engine."""
+    """Per-workspace hardened containers on a Docker engine.
+
+    ``max_parallel_starts`` bounds how many sandboxes are started (or connected to) at
+    once: beyond it, first calls wait their turn. Each start holds no lock that another
+    start needs, so many workspaces opened at once start side by side; the bound keeps
+    the engine (and a 2-core machine) from thrashing, and the engine's threads and
+    connections are sized to it.
+    """
 
     def __init__(
         self,
@@ -130,12 +150,16 @@ class DockerBackend(SandboxBackend):
         worker_id: str | None = None,
         base_url: str | None = None,
         client_factory: Callable[[], Any] | None = None,
+        max_parallel_starts: int = DEFAULT_PARALLEL_STARTS,
     ) -> None:
         self.spec = spec or SandboxSpec()
         #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
         self._specs: dict[Path, SandboxSpec] = {}
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.engine = Engine(base_url=base_url, client_factory=client_factory)
+        self.max_parallel_starts = max(1, max_parallel_starts)
+        # Made at first use: a semaphore belongs to the loop it is first used on.
+        self._start_slots: asyncio.Semaphore | None = None
+        self.engine = Engine(base_url=base_url, client_factory=client_factory, threads=self.max_parallel_starts + 4)
         self._runtime_check = RuntimeCheck(self.engine)
         self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
@@ -151,7 +175,8 @@ class DockerBackend(SandboxBackend):
 
     def container_config(self, ws: Path) -> dict[str, Any]:
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
-        return container_config(ws, self.spec_of(ws), self._runtime_volume.name)
+        spec = self.spec_of(ws)
+        return container_config(ws, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec))
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
@@ -202,6 +227,9 @@ class DockerBackend(SandboxBackend):
                 )
             if spec.pull == "always":
                 await self.images.ensure(spec.image, policy="always", registries=spec.registries)
+            channel = channel_dir(ws, spec)
+            if channel is not None:
+                await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", client.containers.create, **cfg)
@@ -274,6 +302,15 @@ class DockerBackend(SandboxBackend):
             await asyncio.sleep(0.1)
 
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        if self._start_slots is None:
+            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
+        async with self._start_slots:
+            return await self._connect_now(ws, after_loss=after_loss)
+
+    async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
+        """A connection to ``ws``'s agent: its container found or started, an agent
+        attached or started in it, checked, and moved to the direct channel where it
+        can. Raises SandboxUnavailableError (and its kinds), SandboxLostError."""
         if after_loss:
             self.restarts += 1
             await self._settle(ws)
@@ -300,20 +337,35 @@ class DockerBackend(SandboxBackend):
                 self.restarts += 1
                 continue
             if spec.runtime == "runsc":
-                await verify_gvisor(self.engine, conn, container)
-            elif spec.direct and not self.channels.unreachable and container.name not in self.channels.failed:
-                conn = await self.channels.go_direct(conn, container, spec)
-            return conn
+                await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+            return await self._direct(conn, container, spec, ws)
         assert last is not None
         raise last
 
+    async def _direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """``conn`` moved to the direct channel where this container has one (gVisor: the
+        agent dials the worker; runc: the worker reaches the agent's socket), else as is."""
+        if not spec.direct or container.name in self.channels.failed:
+            return conn
+        if spec.runtime == "runsc":
+            if spec.channel_dir:
+                return await self.channels.dial_direct(conn, container, spec, ws, user)
+            return conn
+        if self.channels.unreachable:
+            return conn
+        return await self.channels.go_direct(conn, container, spec, user)
+
     async def _connect_user(self, ws: Path, user: tuple[int, int]) -> AgentConnection:
-        """An agent of ``ws``'s sandbox running as ``user`` (uid, gid). Raises what
-        :meth:`_connect` raises."""
+        """An agent of ``ws``'s sandbox running as ``user`` (uid, gid), on the direct
+        channel as the owner's agents are. Raises what :meth:`_connect` raises."""
         container = await self.ensure_container(ws)
         if container.name in self._fresh:
             await self._connect(ws)  # its main agent waits for this process: attach it first
-        return await self.channels.exec_agent(container, self.spec_of(ws), user)
+        spec = self.spec_of(ws)
+        conn = await self.channels.exec_agent(container, spec, user)
+        return await self._direct(conn, container, spec, ws, user)
 
     # -- SandboxBackend ------------------------------------------------------------------
 
@@ -447,10 +499,21 @@ class DockerBackend(SandboxBackend):
         return await self.engine.info()
 
     async def runtimes(self) -> set[str]:
-        """The OCI runtimes the engine has (``runc``, ``runsc``...). Raises
+        """The OCI runtimes the engine has (``runc``, ``runsc``...; ``runsc`` also when
+        gVisor is registered only per platform, as ``runsc-systrap``...). Raises
         DaemonUnavailableError."""
         info = await self.engine.info()
-        return set((info.get("Runtimes") or {}).keys())
+        names = set((info.get("Runtimes") or {}).keys())
+        if any(n.startswith(gvisor.FAMILY + "-") for n in names):
+            names.add(gvisor.FAMILY)
+        return names
+
+    async def gvisor_runtime(self, platform: str | None = None) -> str:
+        """The engine runtime gVisor runs with on ``platform`` (default: the backend's
+        spec's). Raises RuntimeUnavailableError (none for it: the message says what is
+        registered and how to fix it), DaemonUnavailableError."""
+        info = await self.engine.info()
+        return gvisor.engine_runtime(dict(info.get("Runtimes") or {}), platform or self.spec.gvisor_platform)
 
     async def image_exists(self) -> bool:
         """Whether the default spec's image is on the engine (raises DaemonUnavailableError)."""

@@ -14,8 +14,10 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import socket
 import stat as statmod
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -31,9 +33,9 @@ from ..errors import (
 )
 from ..handover import FdChannel, take_fd_channel
 from ..logs import get_logger
-from ..spec import ACTIVITY_FILE, AGENT_COMMAND, WORKSPACE_MOUNT, SandboxSpec
+from ..spec import ACTIVITY_FILE, AGENT_COMMAND, CHANNEL_MOUNT, WORKSPACE_MOUNT, SandboxSpec
 from .checks import RuntimeCheck, check_seccomp_mode
-from .config import LABEL_WS, owner
+from .config import LABEL_WS, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -225,13 +227,16 @@ class AgentChannels:
         await self.check_hello(conn, hello, spec)
         return conn
 
-    async def go_direct(self, conn: AgentConnection, container: Any, spec: SandboxSpec) -> AgentConnection:
+    async def go_direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
         """Move ``conn`` to the agent's direct channel: a unix socket on the container's
         /tmp, reached through ``/proc/<pid>/root`` (~0.04 ms per round trip instead of
         ~0.4 ms through the engine). Stays on the attach stream when that path is not
         reachable (a worker without ptrace-read access to the container, or inside
         another pid namespace) and from then on stops trying. gVisor never gets here:
-        its /tmp lives inside the sandbox kernel.
+        its /tmp lives inside the sandbox kernel. ``user``: the agent's, when it is not the
+        owner's (:meth:`exec_agent`); a replacement agent runs as that user too.
 
         Raises SandboxLostError/SandboxUnavailableError only when starting a plain
         replacement agent fails as well.
@@ -260,14 +265,85 @@ class AgentChannels:
                 return conn
             # The container's root was reachable but the socket was not (a command may
             # have moved it): this container stays on the attach stream.
-            self.failed.add(container.name)
+            self._failed(container, user)
             return conn
         except SandboxLostError as e:
             # The agent may have moved already: this connection is closed. Start a plain
             # one (the container is fine) and stay on attach streams from now on.
             log.warning("sandbox.direct_failed", container=container.name, error=str(e))
+            self._failed(container, user)
+            return await self.exec_agent(container, spec, user)
+
+    async def dial_direct(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path, user: tuple[int, int] | None = None
+    ) -> AgentConnection:
+        """Under gVisor, move ``conn`` to a direct channel the agent dials: this process
+        listens on a unix socket of its own in the workspace's channel directory (mounted
+        read-only at CHANNEL_MOUNT: :func:`~.config.channel_dir`), the agent connects and
+        proves itself with the connection's secret (``go_direct``), and the socket file
+        is removed at once. ~0.05 ms per round trip instead of ~0.5 ms through the engine.
+
+        Only this container's gVisor (its gofer makes the connection on the sandbox's
+        behalf) is taken as the peer where its process is visible; the socket is the
+        sandbox user's alone (0600) where this process may give it away, and the secret
+        decides in any case. Stays on the attach stream when the directory is missing or
+        the agent cannot connect. ``user``: the agent's, when it is not the owner's
+        (:meth:`exec_agent`): the socket is given to that user, and a replacement agent
+        runs as that user too. Raises SandboxLostError/SandboxUnavailableError only
+        when starting a plain replacement agent fails as well.
+        """
+        d = channel_dir(ws, spec)
+        if d is None:
+            return conn
+        name = f"c-{secrets.token_hex(8)}.sock"
+        path = d / name
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            # Bound through the directory's descriptor: a unix socket's path may not exceed
+            # 107 bytes, and a data directory's path can be long.
+            dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                lst.bind(f"/proc/self/fd/{dfd}/{name}")
+            finally:
+                os.close(dfd)
+            _give_to_sandbox(path, (user or owner(ws, spec))[0])
+            lst.listen(4)
+            lst.setblocking(False)
+        except OSError as e:
+            lst.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            log.warning("sandbox.direct_unavailable", container=container.name, error=repr(e))
+            return conn
+        loop = asyncio.get_running_loop()
+        cid = str(getattr(container, "id", "") or "")
+
+        async def take(_path: str) -> SocketTransport:
+            while True:
+                sock, _ = await loop.sock_accept(lst)
+                if _peer_is(sock, cid):
+                    return await SocketTransport.of_socket(sock)
+                sock.close()  # a process of this host that is not this container's gVisor
+
+        try:
+            if await conn.go_direct(take, timeout=spec.agent_start_timeout, dial=f"{CHANNEL_MOUNT}/{name}"):
+                return conn
+            self._failed(container, user)
+            return conn
+        except SandboxLostError as e:
+            log.warning("sandbox.direct_failed", container=container.name, error=str(e))
+            self._failed(container, user)
+            return await self.exec_agent(container, spec, user)
+        finally:
+            lst.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def _failed(self, container: Any, user: tuple[int, int] | None) -> None:
+        """Remember a container where the owner's agent could not go direct; another
+        user's agent failing says nothing of the owner's (its /tmp access differs)."""
+        if user is None:
             self.failed.add(container.name)
-            return await self.exec_agent(container, spec)
 
     async def _take_fd_channel(self, conn: AgentConnection, pid: int, name: str, spec: SandboxSpec) -> None:
         """Where the direct channel works, the agent can also hand tunnels' sockets over
@@ -281,3 +357,37 @@ class AgentChannels:
             await take_fd_channel(conn, open_channel, timeout=spec.agent_start_timeout)
         except (SandboxError, OSError, TimeoutError) as e:
             log.info("sandbox.fd_channel_unavailable", container=name, error=repr(e))
+
+
+def prepare_channel_dir(d: Path) -> None:
+    """Make workspace channel directory ``d`` (see :func:`~.config.channel_dir`) so a
+    container can mount it: the root traversable only, ``d`` readable by the sandbox's
+    user (any uid), as the egress gateway's. Raises OSError."""
+    d.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o755)
+
+
+def _give_to_sandbox(path: Path, uid: int) -> None:
+    """Let the sandbox's user connect to our socket at ``path`` (gVisor checks the
+    file's mode against the sandboxed process): theirs alone where possible."""
+    if uid == os.geteuid():
+        os.chmod(path, 0o600)
+    elif os.geteuid() == 0:
+        os.chown(path, uid, -1)
+        os.chmod(path, 0o600)
+    else:  # another user's sandbox and no right to give the file away: the secret decides
+        os.chmod(path, 0o666)
+
+
+def _peer_is(sock: socket.socket, container_id: str) -> bool:
+    """Whether the peer of ``sock`` can be this container's gVisor (its gofer connects
+    on the sandbox's behalf, a process whose command line names the container): True
+    also when the peer's process is not visible from here (another pid namespace)."""
+    try:
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (OSError, struct.error):
+        return True
+    return not pid or not container_id or container_id.encode() in cmdline

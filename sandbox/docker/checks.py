@@ -5,6 +5,7 @@ under."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -12,61 +13,88 @@ from ..client import agent_info
 from ..connection import AgentConnection
 from ..errors import RuntimeUnavailableError
 from ..spec import SandboxSpec
-from . import seccomp
+from . import gvisor, seccomp
 from .engine import Engine
 
 
 class RuntimeCheck:
-    """Whether the engine can run a spec's runtime; asks the engine once (twice when a
-    later spec needs egress and the first did not)."""
+    """Whether the engine can run a spec's runtime, and on which of its registered
+    runtimes (under gVisor, the one for the spec's platform: :mod:`.gvisor`). Asks the
+    engine once per gVisor platform (again when a later spec needs egress)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._runsc_checked = False
-        self._runsc_uds = False
+        self._lock: asyncio.Lock | None = None  # one `docker info` for many starts at once
+        #: The engine's runtimes as last asked (``docker info``'s ``Runtimes``).
+        self.runtimes: dict[str, Any] = {}
+        self._resolved: dict[str, str] = {}  # gVisor platform -> engine runtime
+        self._uds: dict[str, bool] = {}
         #: Whether the engine's runsc applies the OCI seccomp profile inside the sandbox
         #: (registered with ``--oci-seccomp``); known once a runsc spec was checked.
         self.runsc_oci_seccomp = False
 
+    def engine_runtime(self, spec: SandboxSpec) -> str:
+        """The engine runtime ``spec``'s containers are made with (``runc``, or gVisor's
+        for its platform once :meth:`check` resolved it; ``runsc`` before)."""
+        if spec.runtime != "runsc":
+            return spec.runtime
+        return self._resolved.get(spec.gvisor_platform, gvisor.FAMILY)
+
     async def check(self, spec: SandboxSpec) -> None:
         """Raises RuntimeUnavailableError when ``spec`` asks for gVisor and the engine has
-        no ``runsc`` runtime, or not one that lets the sandbox reach the egress gateway's
-        socket when ``spec`` needs it; DaemonUnavailableError."""
-        if spec.runtime != "runsc" or (self._runsc_checked and (self._runsc_uds or not spec.egress_dir)):
+        no runtime for its platform, or not one that lets the sandbox reach the egress
+        gateway's socket when ``spec`` needs it; DaemonUnavailableError."""
+        if self._done(spec):
             return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if not self._done(spec):
+                await self._check(spec)
+
+    def _done(self, spec: SandboxSpec) -> bool:
+        if spec.runtime != "runsc":
+            return True
+        name = self._resolved.get(spec.gvisor_platform)
+        return name is not None and (self._uds[name] or not spec.egress_dir)
+
+    async def _check(self, spec: SandboxSpec) -> None:
         info = await self._engine.info()
-        runsc = (info.get("Runtimes") or {}).get("runsc") or {}
-        args = " ".join(runsc.get("runtimeArgs") or []) if isinstance(runsc, dict) else ""
-        self._runsc_uds = "--host-uds=open" in args or "--host-uds=all" in args
-        self.runsc_oci_seccomp = runsc_applies_seccomp(runsc)
-        if spec.egress_dir and runsc and not self._runsc_uds:
+        self.runtimes = dict(info.get("Runtimes") or {})
+        name = gvisor.engine_runtime(self.runtimes, spec.gvisor_platform)
+        args = gvisor.runtime_args(self.runtimes[name])
+        uds = "--host-uds=open" in args or "--host-uds=all" in args
+        if spec.egress_dir and not uds:
             raise RuntimeUnavailableError(
-                "this workspace may reach the network, but the engine's runsc runtime is not registered with "
+                f"this workspace may reach the network, but the engine's {name} runtime is not registered with "
                 "--host-uds=open, so its sandbox could not reach the egress gateway's socket. Run scripts/setup "
-                "(it registers runsc with that flag in /etc/docker/daemon.json), or use LOOM_RUNTIME=runc."
+                "(it registers gVisor's runtimes with that flag in /etc/docker/daemon.json), or use LOOM_RUNTIME=runc."
             )
-        if "runsc" not in (info.get("Runtimes") or {}):
-            raise RuntimeUnavailableError(
-                "gVisor (runsc) was requested but the Docker engine has no 'runsc' runtime registered; "
-                "refusing to run without it. Run scripts/setup (it installs the runsc this "
-                "project needs, not bookworm's, whose statx breaks `ls -l`, and registers it in "
-                "/etc/docker/daemon.json), or set LOOM_RUNTIME=runc."
-            )
-        self._runsc_checked = True
+        self.runsc_oci_seccomp = runsc_applies_seccomp(self.runtimes[name])
+        self._uds[name] = uds
+        self._resolved[spec.gvisor_platform] = name
 
 
-async def verify_gvisor(engine: Engine, conn: AgentConnection, container: Any) -> None:
-    """Fail closed unless the agent really runs on gVisor's kernel: else the connection is
-    closed, the container removed, and RuntimeUnavailableError raised."""
+async def verify_gvisor(
+    engine: Engine, conn: AgentConnection, container: Any, runtimes: RuntimeCheck, spec: SandboxSpec
+) -> None:
+    """Fail closed unless the agent really runs on gVisor's kernel, on the platform
+    ``spec`` asks for (:func:`.gvisor.check_platform`): else the connection is closed,
+    the container removed, and RuntimeUnavailableError raised."""
     hello = agent_info(await conn.request("hello", {}, timeout=10))
     await engine.call("inspect sandbox", container.reload)
     runtime = container.attrs.get("HostConfig", {}).get("Runtime")
-    if runtime != "runsc" or hello.kernel == os.uname().release:
+    try:
+        if not isinstance(runtime, str) or not runtime.startswith(gvisor.FAMILY) or hello.kernel == os.uname().release:
+            raise RuntimeUnavailableError(
+                f"gVisor was requested but is not in effect (runtime={runtime!r}, kernel={hello.kernel!r}); "
+                "refusing to run"
+            )
+        gvisor.check_platform(container, runtimes.runtimes, spec.gvisor_platform)
+    except RuntimeUnavailableError:
         await conn.close("gVisor not in effect")
         await engine.remove(container)
-        raise RuntimeUnavailableError(
-            f"gVisor was requested but is not in effect (runtime={runtime!r}, kernel={hello.kernel!r}); refusing to run"
-        )
+        raise
 
 
 def runsc_applies_seccomp(runsc: object) -> bool:

@@ -16,6 +16,7 @@ from ..identity import workspace_key
 from ..spec import (
     AGENT_COMMAND,
     CA_BUNDLE_PATH,
+    CHANNEL_MOUNT,
     EGRESS_MOUNT,
     HOME_DIR,
     INIT_COMMAND,
@@ -49,6 +50,14 @@ def owner(ws: Path, spec: SandboxSpec) -> tuple[int, int]:
     return uid, gid
 
 
+def channel_dir(ws: Path, spec: SandboxSpec) -> Path | None:
+    """The host directory of workspace ``ws``'s direct channel under gVisor (where the
+    worker listens for the agent), or None (runc, or no ``channel_dir``)."""
+    if spec.runtime != "runsc" or not spec.channel_dir:
+        return None
+    return Path(spec.channel_dir) / workspace_key(ws)
+
+
 def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> list[Mount]:
     """The workspace, the agent runtime, the CA bundle, the egress socket, and git's
     hooks and config (read-only) of workspace ``ws`` (real path)."""
@@ -57,6 +66,9 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
     if spec.ca_bundle:
         mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
+    channel = channel_dir(ws, spec)
+    if channel is not None:
+        mounts.append(Mount(target=CHANNEL_MOUNT, source=str(channel), type="bind", read_only=True))
     if spec.egress_dir:
         # The gateway's socket (its directory, so a restarted gateway's new socket shows)
         # and the resolv.conf naming the agent's stub resolver; both read-only.
@@ -89,9 +101,13 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
     return mounts
 
 
-def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> dict[str, Any]:
+def container_config(
+    ws: Path, spec: SandboxSpec, runtime_volume: str | None, engine_runtime: str | None = None
+) -> dict[str, Any]:
     """The ``containers.create`` arguments for workspace ``ws`` (real path), made with
-    ``spec``, with the agent runtime in volume ``runtime_volume``."""
+    ``spec``, with the agent runtime in volume ``runtime_volume``, on the engine's runtime
+    ``engine_runtime`` (default ``spec.runtime``; under gVisor, the one registered for the
+    spec's platform, :func:`~.gvisor.engine_runtime`)."""
     uid, gid = owner(ws, spec)
     # exec said outright: Docker mounts a tmpfs noexec unless told, and agents run what
     # they put in /tmp and $HOME (a venv, pip --user scripts, test binaries, npx caches)
@@ -136,7 +152,7 @@ def container_config(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         # the owner at once (setuid: the kernel clears its capabilities), and every other
         # process of the owner is started as the owner, with none.
         **({"user": "0:0", "cap_add": list(ROOT_CAPABILITIES)} if spec.allow_root else {}),
-        "runtime": spec.runtime,
+        "runtime": engine_runtime or spec.runtime,
         "nano_cpus": int(spec.cpus * 1e9),
         "mem_limit": spec.memory,
         "memswap_limit": spec.memory,

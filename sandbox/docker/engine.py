@@ -1,11 +1,22 @@
 """The engine: one Docker SDK client per backend, and the calls every other module makes
 through it (blocking SDK calls in a thread, retried and translated; find and remove a
-container by name)."""
+container by name).
+
+The SDK's calls block, so they run in threads: the engine's own pool, not asyncio's
+default one (``min(32, cores + 4)`` threads, 6 on a 2-core machine, shared with everything
+else the process hands to threads), so starting many sandboxes at once is bounded by the
+backend's own setting (:attr:`Engine.threads`) and not by the machine's core count. The
+client keeps as many connections to the engine as there are threads (the SDK keeps 10
+and drops the others after each call).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,13 +29,26 @@ from .errors import SDK_ERRORS, retry_daemon, translate
 T = TypeVar("T")
 
 
-class Engine:
-    """A lazily made Docker client (``client_factory``, ``base_url`` or the environment's)."""
+#: Threads (and connections to the engine) of one engine by default.
+DEFAULT_THREADS = 16
 
-    def __init__(self, *, base_url: str | None = None, client_factory: Callable[[], Any] | None = None) -> None:
+
+class Engine:
+    """A lazily made Docker client (``client_factory``, ``base_url`` or the environment's),
+    and ``threads`` threads its blocking calls run in."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        client_factory: Callable[[], Any] | None = None,
+        threads: int = DEFAULT_THREADS,
+    ) -> None:
         self._base_url = base_url
         self._client_factory = client_factory
         self._client: Any = None
+        self.threads = max(1, threads)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def client(self) -> Any:
         """The SDK client, made on first use. Raises DaemonUnavailableError."""
@@ -33,9 +57,9 @@ class Engine:
                 if self._client_factory is not None:
                     self._client = self._client_factory()
                 elif self._base_url:
-                    self._client = docker.DockerClient(base_url=self._base_url, timeout=60)
+                    self._client = docker.DockerClient(base_url=self._base_url, timeout=60, max_pool_size=self.threads)
                 else:
-                    self._client = docker.from_env(timeout=60)
+                    self._client = docker.from_env(timeout=60, max_pool_size=self.threads)
             except docker.errors.DockerException as e:
                 raise DaemonUnavailableError(f"Cannot reach the Docker daemon: {e}") from e
         return self._client
@@ -47,8 +71,12 @@ class Engine:
         def run() -> T:
             return retry_daemon(fn)(*args, **kwargs)
 
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="docker-engine")
+        # (as asyncio.to_thread does: the call sees the caller's context variables)
+        call = functools.partial(contextvars.copy_context().run, run)
         try:
-            return await asyncio.to_thread(run)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
         except SDK_ERRORS as e:
             raise translate(e, what) from e
 
@@ -89,8 +117,11 @@ class Engine:
             await asyncio.sleep(0.05)
 
     async def aclose(self) -> None:
-        """Close the client (a later call makes a new one)."""
+        """Close the client and the threads (a later call makes new ones)."""
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._client.close)
             self._client = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)

@@ -49,6 +49,12 @@ ROOT = Path(__file__).resolve().parents[2]
         ],
         ["bench/bench_ray.py", "--n", "20", "--workspaces", "6"],
         ["bench/bench_inspect.py", "--samples", "1", "--execs", "5"],
+        [
+            "bench/bench_scale.py",
+            *("--workspaces", "1,2", "--callers", "2", "--seconds", "1", "--warmup", "0.2", "--rounds", "1"),
+        ],
+        ["bench/bench_loop.py", "--n", "20", "--rounds", "1"],
+        ["bench/bench_platforms.py", "--n", "2", "--rounds", "1"],
     ],
     ids=[
         "tools",
@@ -65,6 +71,9 @@ ROOT = Path(__file__).resolve().parents[2]
         "fork",
         "ray",
         "inspect",
+        "scale",
+        "loop",
+        "platforms",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

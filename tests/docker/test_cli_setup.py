@@ -170,16 +170,19 @@ def test_register_gvisor_writes_only_the_file_it_is_given(tmp_path: Path) -> Non
     argv = ["setup", "--register-gvisor", str(runsc), "--daemon-json", str(config)]
     p = loom(env, *argv)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"[done] gVisor (runsc): registered {runsc} (--network=none --host-uds=open) in {config}" in p.stdout
-    assert "does not reload" in p.stdout
-    assert json.loads(config.read_text()) == {
-        "features": {"buildkit": False},
-        "runtimes": {"runsc": {"path": str(runsc), "runtimeArgs": ["--network=none", "--host-uds=open"]}},
+    assert f"[done] gVisor (runsc): registered {runsc} as runsc, runsc-systrap, runsc-ptrace" in p.stdout
+    assert f"in {config}" in p.stdout and "does not reload" in p.stdout
+    written = json.loads(config.read_text())
+    assert written["features"] == {"buildkit": False}
+    assert written["runtimes"]["runsc-systrap"] == {
+        "path": str(runsc),
+        "runtimeArgs": ["--platform=systrap", "--network=none", "--host-uds=open"],
     }
+    assert written["runtimes"]["runsc-ptrace"]["runtimeArgs"][0] == "--platform=ptrace"
     p = loom(env, *argv)
-    assert re.search(r"\[ok\] gVisor \(runsc\): already registered in .* as wanted", p.stdout), p.stdout
+    assert re.search(r"\[ok\] gVisor \(runsc\): runsc, .* already registered in .* as wanted", p.stdout), p.stdout
     assert (engine_config.read_bytes() if engine_config.exists() else None) == before
     # without the flag nothing is written, and the engine's own registration is reported
     config.unlink()
     p = loom(env, "setup", "--daemon-json", str(config))
-    assert not config.exists() and "gVisor (runsc): " in p.stdout
+    assert not config.exists() and "gVisor (runsc, systrap): " in p.stdout

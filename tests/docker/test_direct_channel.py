@@ -319,3 +319,28 @@ async def test_a_link_planted_at_the_socket_path_is_not_followed(docker_ready: N
         await helper.remove_all_started()
         await helper.aclose()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_another_users_agent_goes_direct_too(
+    docker_ready: None, user_workspace: Path, tmp_path: Path, runtime: str
+) -> None:
+    """The harness's agent for another user (``as_user``) moves to the direct channel as
+    the owner's does (runc: its socket reached through /proc; gVisor: it dials a socket
+    given to that user), runs as that user, and leaves the owner's agent direct."""
+    from sandbox.client import AgentSandbox
+    from tests.docker.conftest import own_backend as backend_of
+    from tests.docker.conftest import require_runtime
+
+    require_runtime(runtime)
+    spec: dict[str, Any] = {"channel_dir": str(tmp_path / "channels")} if runtime == "runsc" else {}
+    async with backend_of(runtime, **spec) as backend:
+        box = await backend.get(user_workspace)
+        other = await box.as_user("nobody")  # type: ignore[attr-defined]
+        assert isinstance(other, AgentSandbox) and other is not box
+        r = await box.exec("id -u", cwd="/", any_cwd=True, user="nobody")  # another user may not enter the workspace
+        assert (r.exit_code, r.stdout) == (0, b"65534\n"), r
+        conn = await other.connection()
+        assert conn.direct, conn.close_reason
+        assert (await box.connection()).direct  # type: ignore[attr-defined]
+        assert not backend.channels.failed

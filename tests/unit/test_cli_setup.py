@@ -89,37 +89,46 @@ def test_a_wheel_ships_the_build_contexts(tmp_path: Path) -> None:
 
 
 def test_gvisor_status() -> None:
-    wanted = {"path": "/x/runsc", "runtimeArgs": gvisor.RUNTIME_ARGS}
+    wanted = {"path": "/x/runsc", "runtimeArgs": ["--platform=systrap", *gvisor.RUNTIME_ARGS]}
     assert gvisor.status({"runc": {}}, "runc").status == "skip"
     missing = gvisor.status({"runc": {}}, "runsc")
     assert missing.status == "FAIL" and "LOOM_RUNTIME=runsc" in missing.detail and "--register-gvisor" in missing.fix
     assert gvisor.status({"runsc": wanted}, "runc").status == "ok"
+    assert gvisor.status({"runsc-systrap": wanted}, "runsc", "systrap").status == "ok"
     no_uds = gvisor.status({"runsc": {"path": "/x/runsc"}}, "runsc")
     assert no_uds.status == "note" and "egress gateway" in no_uds.detail
+    # gVisor registered, but not for the platform asked for: it says which there are
+    other = gvisor.status({"runsc": {"path": "/x/runsc", "runtimeArgs": ["--platform=ptrace"]}}, "runsc", "systrap")
+    assert other.status == "FAIL" and "runsc (--platform=ptrace)" in other.detail
 
 
 def test_register_gvisor_keeps_the_rest_of_daemon_json(tmp_path: Path) -> None:
     config = tmp_path / "docker" / "daemon.json"
-    step = gvisor.register(config, "/opt/runsc")  # no file yet
+    step = gvisor.register(config, "/opt/runsc", kvm=False)  # no file yet
     assert step.status == "done" and "reload" in step.detail and "does not reload" in step.detail
-    assert json.loads(config.read_text()) == {
-        "runtimes": {"runsc": {"path": "/opt/runsc", "runtimeArgs": gvisor.RUNTIME_ARGS}}
-    }
+
+    def entry(platform: str) -> dict[str, object]:
+        return {"path": "/opt/runsc", "runtimeArgs": [f"--platform={platform}", *gvisor.RUNTIME_ARGS]}
+
+    wanted = {"runsc": entry("systrap"), "runsc-systrap": entry("systrap"), "runsc-ptrace": entry("ptrace")}
+    assert json.loads(config.read_text()) == {"runtimes": wanted}
     assert config.stat().st_mode & 0o777 == 0o644
 
     config.write_text(
         json.dumps({"log-driver": "local", "runtimes": {"runsc": {"path": "/old"}, "other": {"path": "/o"}}})
     )
     config.chmod(0o600)
-    assert gvisor.register(config, "/opt/runsc").status == "done"
+    assert gvisor.register(config, "/opt/runsc", kvm=False).status == "done"
     after = json.loads(config.read_text())
     assert after["log-driver"] == "local" and after["runtimes"]["other"] == {"path": "/o"}
-    assert after["runtimes"]["runsc"] == {"path": "/opt/runsc", "runtimeArgs": gvisor.RUNTIME_ARGS}
+    assert {k: v for k, v in after["runtimes"].items() if k != "other"} == wanted
     assert config.stat().st_mode & 0o777 == 0o600
     before = config.stat().st_mtime_ns
-    assert gvisor.register(config, "/opt/runsc").status == "ok"  # as wanted: not written again
+    assert gvisor.register(config, "/opt/runsc", kvm=False).status == "ok"  # as wanted: not written again
     assert config.stat().st_mtime_ns == before
     assert [p.name for p in config.parent.iterdir()] == ["daemon.json"]  # no temporary file left
+    assert gvisor.register(config, "/opt/runsc", kvm=True).status == "done"  # where KVM works, runsc-kvm too
+    assert json.loads(config.read_text())["runtimes"]["runsc-kvm"] == entry("kvm")
 
 
 def test_register_gvisor_leaves_a_broken_daemon_json_alone(tmp_path: Path) -> None:

@@ -39,6 +39,11 @@ _SECRET_VALUE = re.compile(
     r"(?:\s*[=:]\s*|\s+)(?:bearer\s+|basic\s+)?)(\"[^\"]*\"|'[^']*'|[^\s\"';&|]+)"
 )
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+# Whether a string could hold a credential at all: one scan in C, no lowering.
+_ANY_MARKER = re.compile("|".join(re.escape(m) for m in (*SECRET_MARKERS, "bearer", "basic")), re.IGNORECASE)
+#: What :func:`brief_args` does with an argument's name ("secret", "content", or ""): the
+#: names are a tool's fields, a small vocabulary, so it is decided once per name.
+_KEY_ACTION: dict[str, str] = {}
 
 
 def _size(value: Any) -> str:
@@ -51,8 +56,8 @@ def _size(value: Any) -> str:
 
 def mask_secrets(text: str) -> str:
     """``text`` with credential values (``TOKEN=...``, ``Bearer ...``) replaced."""
-    if not any(m in text.lower() for m in (*SECRET_MARKERS, "bearer", "basic")):
-        return text  # the common case: one scan in C, no regex
+    if _ANY_MARKER.search(text) is None:
+        return text  # the common case: one scan in C
     text = _SECRET_VALUE.sub(lambda m: m.group(1) + "[redacted]", text)
     return _BEARER.sub(lambda m: m.group(1) + " [redacted]", text)
 
@@ -82,10 +87,15 @@ def brief_args(arguments: Mapping[str, Any] | str | None) -> dict[str, Any]:
             out["…"] = f"{len(arguments) - MAX_ARGS} more"
             break
         key = cut(str(k), 64)
-        low = key.lower()
-        if any(m in low for m in SECRET_MARKERS):
+        action = _KEY_ACTION.get(key)
+        if action is None:
+            low = key.lower()
+            action = "secret" if any(m in low for m in SECRET_MARKERS) else "content" if low in CONTENT_KEYS else ""
+            if len(_KEY_ACTION) < 4096:  # a bound: custom tools may name their fields anything
+                _KEY_ACTION[key] = action
+        if action == "secret":
             out[key] = "[redacted]"
-        elif low in CONTENT_KEYS:
+        elif action == "content":
             out[key] = _size(v)
         elif isinstance(v, str):
             out[key] = cut(mask_secrets(v), MAX_ARG_CHARS)

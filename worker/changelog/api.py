@@ -122,8 +122,10 @@ class Changelog:
         tool: str = "write_file",
         call_id: str | None = None,
         subtask_id: str | None = None,
+        guess_sha256: str | None = None,
     ) -> WriteResult:
         """Record ``path``'s before-image durably, then write ``data`` through the sandbox.
+        ``guess_sha256``: what the file probably holds now (saves reading it when right).
 
         Raises the sandbox's errors unchanged (ConflictError, NotAFileError,
         PathEscapeError, TooLargeError, infrastructure errors) and ChangelogStorageError
@@ -139,6 +141,7 @@ class Changelog:
             tool=tool,
             call_id=call_id,
             subtask_id=subtask_id,
+            guess_sha256=guess_sha256,
         )
 
     async def before_shell(

@@ -118,8 +118,17 @@ class ShellTracker:
     def _kept_bytes(self) -> int:
         return int(self.core.store.query("SELECT COALESCE(SUM(size), 0) FROM baseline WHERE status = 'ok'")[0][0])
 
+    def _rows_and_kept(self, paths: list[str] | None) -> tuple[dict[str, Row], int]:
+        # One trip to the database thread for what a scan's diff needs (``paths`` None:
+        # the rows are known already).
+        return ({} if paths is None else self._rows(paths)), self._kept_bytes()
+
     def _commit(self, batch: _Batch, *, rebuild: bool = False) -> None:
-        with self.core.store.tx() as db:
+        # A batch that only refreshes stats of rows whose content is known (a file this
+        # changelog wrote, seen by the scan after it) records nothing recovery needs: not
+        # fsync'd. Lost, the next scan finds the same files and refreshes them again.
+        refresh_only = not (rebuild or batch.entries or batch.blobs or batch.deleted)
+        with self.core.store.tx(durable=not refresh_only) as db:
             if rebuild:
                 db.execute("DELETE FROM baseline")
             for digest, data in batch.blobs:
@@ -271,10 +280,12 @@ class ShellTracker:
             self._generation = res.generation
             return []
         paths = sorted({e.path for e in changed} | set(removed) | set(racy))
-        rows = base if base is not None else await self.core.db(self._rows, paths)
+        rows, kept = await self.core.db(self._rows_and_kept, None if base is not None else paths)
+        if base is not None:
+            rows = base
         if self._dirs_known is None:
             self._dirs_known = await self.core.db(self.core.store.meta, "baseline") == BASELINE_VERSION
-        batch = await self._diff(sandbox, changed, removed, racy, rows, record)
+        batch = await self._diff(sandbox, changed, removed, racy, rows, record, kept)
         if record is not None and res.truncated:
             batch.entries.append(
                 change_entry(
@@ -302,6 +313,7 @@ class ShellTracker:
         racy: list[str],
         rows: dict[str, Row],
         record: dict[str, Any] | None,
+        kept: int,
     ) -> _Batch:
         """The baseline rows, blobs and entries for one scan's differences.
 
@@ -320,7 +332,7 @@ class ShellTracker:
         """
         batch = _Batch()
         ignored_names = self.limits.ignored_dirs
-        budget = [self.limits.max_total_bytes - await self.core.db(self._kept_bytes)]
+        budget = [self.limits.max_total_bytes - kept]
         changed_paths = {e.path for e in changed}
         recheck = [p for p in racy if p not in changed_paths and p not in removed]
         if recheck:
@@ -335,7 +347,10 @@ class ShellTracker:
                     batch.rows.append(b)
                 else:  # rewritten within one mtime tick: treat as changed, stat unknown
                     changed.append(ScanEntry(p, "file", b.size, -1, 0, b.mode))
-        described = [(e, row, data) for e, row, data in await self._describe_all(sandbox, changed, budget) if row]
+        known, changed = await self._known_content(sandbox, changed, rows, budget)
+        described = known + [
+            (e, row, data) for e, row, data in await self._describe_all(sandbox, changed, budget) if row
+        ]
         new = {row.path: row for _e, row, _d in described if rows.get(row.path) is None}
         trees = tree_roots(new, ignored_names)
         created: dict[int, tuple[ScanEntry, Row, bytes | None]] = {}
@@ -401,6 +416,43 @@ class ShellTracker:
             if record is not None:
                 batch.entries += group.entries(record)
         return batch
+
+    async def _known_content(
+        self, sandbox: Sandbox, changed: list[ScanEntry], rows: dict[str, Row], budget: list[int]
+    ) -> tuple[list[tuple[ScanEntry, Row, bytes | None]], list[ScanEntry]]:
+        """Files this changelog wrote since the last scan (their rows hold the content's
+        hash, stored, but no stat: :func:`~.recorder._baseline_after_change`), checked
+        with one ``hash`` request for them all instead of a read of each: a file that
+        still holds that content only gets its stat refreshed (what reading it would have
+        concluded). Returns those rows, and the entries left for :meth:`_describe_all`
+        (the others, and any whose hash differs). Raises sandbox errors."""
+        ours = [
+            e
+            for e in changed
+            if e.type == "file"
+            and (b := rows.get(e.path)) is not None
+            and b.type == "file"
+            and b.mtime_ns == -1
+            and b.status == "ok"
+            and b.sha256 is not None
+            and e.size <= self.limits.max_file_bytes
+            and ignored_root(e.path, self.limits.ignored_dirs) is None
+        ]
+        if not ours:
+            return [], changed
+        hashes = await sandbox.hash([e.path for e in ours])
+        now_ns = time.time_ns()
+        known: list[tuple[ScanEntry, Row, bytes | None]] = []
+        done: set[str] = set()
+        for e in ours:
+            b = rows[e.path]
+            if hashes.get(e.path) != b.sha256 or budget[0] < e.size:
+                continue  # changed since (read and recorded), or beyond the cap: the usual way
+            budget[0] -= e.size
+            racy = int(e.mtime_ns >= now_ns - RACY_NS)
+            known.append((e, Row(e.path, "file", e.size, e.mtime_ns, e.ino, e.mode, b.sha256, None, "ok", racy), None))
+            done.add(e.path)
+        return known, [e for e in changed if e.path not in done]
 
     def _change(self, batch: _Batch, record: dict[str, Any] | None, b: Row | None, a: Row | None) -> None:
         path = (a or b).path  # type: ignore[union-attr]

@@ -7,7 +7,9 @@ read the file and passes its hash, and that content is already stored (the previ
 entry's after-image), so the entry is recorded while the agent stages the new content
 (written and fsync'd beside the file, path and hash checked), and the agent then puts it
 in place only if the file still has exactly that hash: the before-image is true or
-nothing is written.
+nothing is written. A whole-file write of a file this worker last wrote or read takes the
+fast path with that content's hash as a *guess* (not a precondition): when the file no
+longer has it, nothing was written and the general path takes over.
 """
 
 from __future__ import annotations
@@ -34,16 +36,29 @@ async def recorded_write(
     tool: str,
     call_id: str | None,
     subtask_id: str | None,
+    guess_sha256: str | None = None,
 ) -> WriteResult:
     """The ``ChangeRecorder.write`` implementation (see the module docstring for the order).
+    ``guess_sha256``: what the file probably holds (the caller's last sight of it), tried
+    first, never required.
 
     Raises the sandbox's errors unchanged (ConflictError when the caller's precondition
     does not hold, NotAFileError, PathEscapeError, ...), ChangelogStorageError.
     """
     async with core.lock:
-        if expect_sha256 is not None and not expect_absent:
+        precondition = expect_sha256 is not None and not expect_absent
+        known = expect_sha256 if precondition else (None if expect_absent else guess_sha256)
+        if known is not None:
             result = await _write_known_before(
-                core, sandbox, path, data, expect_sha256, tool=tool, call_id=call_id, subtask_id=subtask_id
+                core,
+                sandbox,
+                path,
+                data,
+                known,
+                tool=tool,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                precondition=precondition,
             )
             if result is not None:
                 return result
@@ -93,10 +108,12 @@ async def _write_known_before(
     tool: str,
     call_id: str | None,
     subtask_id: str | None,
+    precondition: bool = True,
 ) -> WriteResult | None:
     """The fast path of an edit: the caller read the file (``expect_sha256``) and that
     content is already stored (typically the previous entry's after-image), so there is
-    no before-image to read.
+    no before-image to read. Without ``precondition`` the hash is only a guess: a file
+    that no longer holds it is left to the general path (None) instead of a conflict.
 
     Two things happen at once: the entry is committed (durably) on the database thread,
     and the agent *stages* the new content (temp file written and fsync'd beside the
@@ -144,6 +161,8 @@ async def _write_known_before(
         await core.db(core._drop_tx, entry_id)  # refused before anything was written
         if isinstance(staged_err, NotAFileError):
             return None
+        if not precondition and (staged_err is None or isinstance(staged_err, ConflictError)):
+            return None  # the guess was wrong (or the path is a link): the general path decides
         if staged_err is not None:
             raise staged_err from None
         if staged is not None and staged.path != path:
@@ -152,6 +171,8 @@ async def _write_known_before(
     except AgentError:
         await core.db(core._drop_tx, entry_id)  # nothing staged, so nothing written
         if isinstance(staged_err, NotAFileError):
+            return None
+        if not precondition and isinstance(staged_err, ConflictError):
             return None
         if staged_err is not None:
             raise staged_err from None

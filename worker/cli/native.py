@@ -47,7 +47,6 @@ def _read_patch(source: str) -> str:
 
 
 def _cmd_apply_patch(args: argparse.Namespace, settings: Settings | None) -> int:
-    import asyncio
     from pathlib import Path
 
     ws = Path(args.workspace).expanduser()
@@ -66,7 +65,9 @@ def _cmd_apply_patch(args: argparse.Namespace, settings: Settings | None) -> int
         async with default_registry(settings, catalog=False) as registry:
             return await apply_envelope(registry, patch, workspace=ws.resolve(), call_id=args.call_id)
 
-    result = asyncio.run(run())
+    from .. import aio
+
+    result = aio.run(run())
     if result.success:
         sys.stdout.write(result.output)
         return 0

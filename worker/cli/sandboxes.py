@@ -156,23 +156,18 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         settings.image,
         "`loom-worker setup` builds or pulls it (`loom-worker doctor --fix` does the same)",
     )
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    gvisor = "runsc" in runtimes
-    line(
-        gvisor or settings.runtime != "runsc",
-        "gVisor (runsc)",
-        "registered"
-        if gvisor
-        else "not registered" + ("" if settings.runtime == "runsc" else " (optional: runc in use)"),
-        "install runsc (https://gvisor.dev/docs/user_guide/install/), then `sudo loom-worker setup "
-        "--register-gvisor` and reload the engine",
-    )
+    _doctor_gvisor(dict(info.get("Runtimes") or {}), settings, line)
     if has_image:
         ws = Path(tempfile.mkdtemp(prefix="loom-doctor-"))
         try:
             box = await backend.get(ws)
             res = await box.exec("true")
-            line(res.outcome == "exit", "sandbox start", f"container + agent answer ({settings.runtime})")
+            in_effect = (
+                f"gVisor on {settings.gvisor_platform}, as the sandbox process shows"
+                if (settings.runtime == "runsc")
+                else settings.runtime
+            )
+            line(res.outcome == "exit", "sandbox start", f"container + agent answer ({in_effect})")
             await _doctor_seccomp(backend, box, ws, info, settings.runtime, line)
             conn = await box.connection() if isinstance(box, AgentSandbox) else None
             if conn is not None:
@@ -199,6 +194,38 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
     return 0 if problems == 0 else 1
 
 
+def _doctor_gvisor(runtimes: dict[str, Any], settings: Settings, line: Any) -> None:
+    """gVisor: the engine runtime for LOOM_GVISOR_PLATFORM, and the platforms registered.
+    A problem only when LOOM_RUNTIME=runsc (a sandbox would be refused); the sandbox start
+    below then checks the platform really in effect."""
+    from sandbox.docker import gvisor
+    from sandbox.errors import RuntimeUnavailableError
+
+    platform = settings.gvisor_platform
+    registered = {n: gvisor.platform_of_args(gvisor.runtime_args(e)) for n, e in runtimes.items() if "runsc" in n}
+    have = ", ".join(f"{n} ({p})" for n, p in sorted(registered.items())) or "none"
+    try:
+        name = gvisor.engine_runtime(runtimes, platform)
+    except RuntimeUnavailableError as e:
+        optional = "" if settings.runtime == "runsc" else " (optional: runc in use)"
+        line(
+            settings.runtime != "runsc",
+            "gVisor (runsc)",
+            (str(e) if registered else "not registered") + optional,
+            ""
+            if registered
+            else "install runsc (https://gvisor.dev/docs/user_guide/install/), then `sudo loom-worker setup "
+            "--register-gvisor` (it registers a runtime per platform) and reload the engine",
+        )
+        return
+    args = " ".join(gvisor.runtime_args(runtimes[name]))
+    use = "" if settings.runtime == "runsc" else "; LOOM_RUNTIME=runsc uses it"
+    line(True, "gVisor (runsc)", f"platform {platform} (LOOM_GVISOR_PLATFORM) on runtime {name} ({args}){use}")
+    _say(f"[note] gVisor runtimes registered: {have}")
+    if "--host-uds=open" not in args and "--host-uds=all" not in args:
+        _say(f"[note] {name} lacks --host-uds=open: a sandbox allowed out could not reach its egress gateway")
+
+
 async def _doctor_seccomp(backend: Any, box: Any, ws: Path, info: dict[str, Any], runtime: str, line: Any) -> None:
     """The sandbox's seccomp profile: kept by the engine, and in effect for the agent (a
     sandbox whose profile is not in effect does not start at all; this says which it is)."""
@@ -209,7 +236,8 @@ async def _doctor_seccomp(backend: Any, box: Any, ws: Path, info: dict[str, Any]
     kept = seccomp.in_security_opt((attrs.get("HostConfig") or {}).get("SecurityOpt"), runtime)
     mode = (await box.info()).extra.get("seccomp")
     name = f"loom profile {seccomp.digest(runtime)} ({runtime})"
-    if runtime == "runsc" and not runsc_applies_seccomp((info.get("Runtimes") or {}).get("runsc")):
+    engine_runtime = (attrs.get("HostConfig") or {}).get("Runtime") or runtime
+    if runtime == "runsc" and not runsc_applies_seccomp((info.get("Runtimes") or {}).get(engine_runtime)):
         _say(
             f"[note] seccomp profile: {name} passed, but runsc ignores it (not registered with --oci-seccomp): "
             "gVisor's own kernel decides what a sandboxed command may call (see docs/seccomp.md)"

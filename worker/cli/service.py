@@ -190,10 +190,10 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
                 extra=extra,
             )
 
-    import asyncio
+    from .. import aio
 
     try:
-        asyncio.run(main())
+        aio.run(main())  # uvloop, as the CLI's other commands and `serve`
     except KeyboardInterrupt:
         pass
     return 0

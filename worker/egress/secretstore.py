@@ -38,7 +38,7 @@ MAX_SECRETS = 64
 Stamp = tuple[int, int, int] | None
 
 
-def file_stamp(path: Path) -> Stamp:
+def file_stamp(path: Path | str) -> Stamp:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -52,7 +52,11 @@ class SecretStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
+        self._defaults = str(self.data_dir / FILE)
         self._cache: dict[Path, tuple[Stamp, dict[str, Secret]]] = {}
+        # Each workspace's file by the path it was asked for: :meth:`stamp` runs on every
+        # call, and naming the file (a realpath and a sha256) costs more than its stat.
+        self._paths: dict[Path, str] = {}
 
     def path(self, workspace: Path | None) -> Path:
         """The file of ``workspace`` (None: the process-wide defaults)."""
@@ -62,7 +66,10 @@ class SecretStore:
 
     def stamp(self, workspace: Path) -> tuple[Stamp, Stamp]:
         """What changes when either file that applies to ``workspace`` does."""
-        return (file_stamp(self.path(workspace)), file_stamp(self.path(None)))
+        path = self._paths.get(workspace)
+        if path is None:
+            path = self._paths[workspace] = str(self.path(workspace))
+        return (file_stamp(path), file_stamp(self._defaults))
 
     def load(self, workspace: Path | None) -> dict[str, Secret]:
         """The secrets of one file, by name. Raises SecretError (a file edited into

@@ -54,7 +54,11 @@ def default_registry(
         settings = Settings(**settings_overrides)
     elif settings_overrides:
         settings = settings.model_copy(update=settings_overrides)
-    backend = DockerBackend(SandboxSpec(**settings.sandbox_spec_kwargs()), base_url=settings.docker_host)
+    backend = DockerBackend(
+        SandboxSpec(**settings.sandbox_spec_kwargs()),
+        base_url=settings.docker_host,
+        max_parallel_starts=settings.max_parallel_starts,
+    )
     own_recorders = False
     if recorder_factory is None and changelog:
         # Every change is recorded (Spec 11) unless the caller opts out: the changelog of

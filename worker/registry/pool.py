@@ -71,7 +71,9 @@ class WorkspacePool:
         # The same workspaces by the caller's own spelling of an absolute path, so a call
         # does not resolve it again (expanduser + realpath: a few lstat calls each time).
         self._by_arg: dict[str, Workspace] = {}
-        self._lock = asyncio.Lock()
+        # One lock per workspace: opening or reconfiguring one never waits for another's
+        # (a hundred workspaces opened at once start side by side: the backend bounds that).
+        self._locks: dict[Path, asyncio.Lock] = {}
         self._egress_roots: set[Path] = set()
 
     # -- the workspaces -------------------------------------------------------------------
@@ -104,7 +106,7 @@ class WorkspacePool:
                 raise SandboxUnavailableError("No sandbox backend is configured for this registry")
             if not root.is_dir():
                 raise ToolError(f"Workspace directory not found: {root}")
-            async with self._lock:
+            async with self._lock(root):
                 ws = self._workspaces.get(root)
                 if ws is None:
                     await self._apply_settings(root)
@@ -117,6 +119,12 @@ class WorkspacePool:
         if root in self._egress_roots:
             await self._serve_egress(root)
         return ws
+
+    def _lock(self, root: Path) -> asyncio.Lock:
+        lock = self._locks.get(root)
+        if lock is None:
+            lock = self._locks[root] = asyncio.Lock()
+        return lock
 
     def cached(self, path: Path | str) -> Workspace | None:
         """The workspace already opened under this spelling of an absolute path, if any
@@ -227,7 +235,7 @@ class WorkspacePool:
     async def _reconfigure(self, root: Path) -> Workspace:
         """The workspace's settings file changed (here or in another process): from now
         on its sandbox is made with the new spec; the changelog stays."""
-        async with self._lock:
+        async with self._lock(root):
             old = self._workspaces.get(root)
             if not await self._apply_settings(root) and old is not None:
                 return old

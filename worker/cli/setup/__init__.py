@@ -12,9 +12,10 @@ get it):
 3. the default sandbox image (``LOOM_IMAGE``): built from ``images/sandbox`` if it is one
    of ours and missing, else pulled as the pull policy allows (:mod:`.images` says from
    which base, and in which order it tries them);
-4. gVisor: whether ``runsc`` is registered with the engine and how to add it. Only with
-   ``--register-gvisor`` is the engine's ``daemon.json`` written, and the engine is never
-   reloaded by this command (:mod:`.gvisor`).
+4. gVisor: whether a runtime for ``LOOM_GVISOR_PLATFORM`` is registered with the engine and
+   how to add it. Only with ``--register-gvisor`` is the engine's ``daemon.json`` written
+   (one runtime per gVisor platform), and the engine is never reloaded by this command
+   (:mod:`.gvisor`).
 
 It is idempotent: a second run finds everything there and builds nothing. Nothing is
 ever removed. Exit 0 when the worker has what it needs, 1 when something is missing (the
@@ -130,7 +131,7 @@ def run_setup(
             if registered.status == "ok":  # in the file, but the engine has not read it
                 report(Step("note", "gVisor (runsc)", "in daemon.json, not loaded by the engine yet", gvisor.RELOAD))
         else:
-            report(gvisor.status(runtimes, settings.runtime))
+            report(gvisor.status(runtimes, settings.runtime, getattr(settings, "gvisor_platform", "systrap")))
 
     failed = [s for s in steps if s.status == "FAIL"]
     if failed:

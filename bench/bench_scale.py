@@ -1,0 +1,354 @@
+"""Many workspaces, many callers: calls per second, latency, time until every workspace is
+ready, and the worker's memory, through the Python API as a user runs it.
+
+    .venv/bin/python bench/bench_scale.py [--workspaces 16,64,100] [--callers 32] [--seconds 10]
+        [--rounds 3] [--tree PATH] [--runtime runc|runsc] [--loop asyncio|uvloop|worker]
+        [--no-changelog]
+
+Each measurement is one fresh process (the worker, as a user's program would be): it
+makes ``--workspaces`` directories, a ``default_registry()`` (changelog and call journal
+on, as by default), starts every workspace at once (a ``shell_execute true`` in each, gathered:
+"ready" is when the last one answered), then runs ``--callers`` concurrent callers for
+``--seconds``, each cycling through ``read_file`` (4 KB), ``write_file`` (1 KB, a file of
+its own) and ``shell_execute true`` on the workspaces in turn. It prints one JSON line;
+this script runs those processes and prints the table: calls/s, p50 and p99 latency, ready
+time, and the worker's resident memory after the load (``VmRSS``).
+
+``--tree PATH`` runs the same load against another checkout of loom-worker (its
+``.venv/bin/python`` when it has one, with ``PYTHONPATH=PATH``), alternating with this
+one, round after round (the order flips every round), so both see the same machine;
+the table then gives the medians per tree and the ratio of calls/s. The load only uses the
+public API (``worker.default_registry``, ``ToolRegistry.execute``), so any version runs it.
+
+``--loop``: ``asyncio`` is ``asyncio.run(main())`` (a user's plain program, the default),
+``uvloop`` is ``uvloop.run``, ``worker`` is ``worker.run`` where the tree has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+READ_BODY = ("0123456789abcdef" * 4 + "\n") * 63  # 4,095 bytes
+TOOLS = ("read_file", "write_file", "shell_execute")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread name (``/proc/self/task``), to tell the event loop from the
+    threads calls hand work to."""
+    import re
+    import threading
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:
+            continue
+        name = names.get(int(tid)) or head.partition("(")[2]
+        fields = rest.split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def container_cpu(roots: list[str]) -> float | None:
+    """CPU seconds the workspaces' containers used so far (their cgroups' ``cpuacct``,
+    cgroup v1 or v2), or None where that cannot be read."""
+    import hashlib
+
+    names = ["loom-sbx-" + hashlib.sha256(os.path.realpath(r).encode()).hexdigest()[:16] for r in roots]
+    p = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", *names], capture_output=True, text=True)
+    total = 0.0
+    for cid in p.stdout.split():
+        for path, scale in (
+            (f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
+            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6),
+        ):
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            total += (int(text.split()[1]) if text.startswith("usage_usec") else int(text)) * scale
+            break
+        else:
+            return None
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine so far (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+# -- the worker process ---------------------------------------------------------------------
+
+
+async def load(args: argparse.Namespace) -> dict[str, Any]:
+    from worker import default_registry
+
+    tmp = Path(tempfile.mkdtemp(prefix="loom-bench-scale-"))
+    roots = []
+    for i in range(args.workspaces):
+        ws = tmp / f"ws{i:03d}"
+        ws.mkdir()
+        (ws / "read4k.txt").write_text(READ_BODY)
+        roots.append(str(ws))
+    overrides: dict[str, Any] = {"data_dir": tmp / "data", "runtime": args.runtime, "catalog": False}
+    if args.image:
+        overrides["image"] = args.image
+    reg = default_registry(changelog=not args.no_changelog, **overrides)
+    out: dict[str, Any] = {"workspaces": args.workspaces, "callers": args.callers}
+    try:
+        t = time.perf_counter()
+        # (a command with a long timeout: a first call's deadline also covers its sandbox's start)
+        ready = {"command": "true", "timeout": 300}
+        first = await asyncio.gather(*(reg.execute("shell_execute", ready, w) for w in roots))
+        out["ready_s"] = time.perf_counter() - t
+        bad = [r.error for r in first if not r.success]
+        if bad:
+            raise SystemExit(f"{len(bad)} workspaces failed to start: {bad[0]}")
+        out["rss_ready_mb"] = rss_mb()
+        content = "x" * 1000 + "\n"
+        mix = ["rws".index(c) for c in args.mix]
+        calls: list[tuple[int, float]] = []
+        errors: list[str] = []
+        stop_at = 0.0
+
+        async def caller(c: int) -> None:
+            k = 0
+            while time.perf_counter() < stop_at:
+                ws = roots[(c + k * args.callers) % len(roots)]
+                kind = mix[k % len(mix)]
+                if kind == 0:
+                    name, arguments = "read_file", {"path": "read4k.txt"}
+                elif kind == 1:
+                    name, arguments = "write_file", {"path": f"w{c}.txt", "content": f"{k}\n{content}"}
+                else:
+                    name, arguments = "shell_execute", {"command": "true"}
+                t0 = time.perf_counter()
+                r = await reg.execute(name, arguments, ws)
+                calls.append((kind, time.perf_counter() - t0))
+                if not r.success:
+                    errors.append(f"{name}: {r.error}")
+                k += 1
+
+        # One second of the same load first, unmeasured (caches, the journal's files).
+        stop_at = time.perf_counter() + args.warmup
+        await asyncio.gather(*(caller(c) for c in range(args.callers)))
+        calls.clear()
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile(time.thread_time)  # the event loop's CPU, not its waits
+            profiler.enable()
+        threads, boxes, busy = thread_cpu(), container_cpu(roots), machine_busy()
+        t, cpu = time.perf_counter(), time.process_time()
+        stop_at = t + args.seconds
+        await asyncio.gather(*(caller(c) for c in range(args.callers)))
+        elapsed, cpu = time.perf_counter() - t, time.process_time() - cpu
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+        if errors:
+            raise SystemExit(f"{len(errors)} calls failed, first: {errors[0]}")
+        ms = [d * 1000.0 for _k, d in calls]
+        out.update(
+            calls=len(calls),
+            calls_per_s=len(calls) / elapsed,
+            p50_ms=pct(ms, 0.5),
+            p99_ms=pct(ms, 0.99),
+            rss_mb=rss_mb(),
+            cpu_ms_per_call=cpu * 1000.0 / max(1, len(calls)),
+            sandbox_cpu_ms_per_call=(
+                None
+                if boxes is None or (after := container_cpu(roots)) is None
+                else (after - boxes) * 1000.0 / max(1, len(calls))
+            ),
+            machine_busy=(machine_busy()[0] - busy[0]) / max(1, machine_busy()[1] - busy[1]),
+            thread_cpu_ms_per_call={
+                k: round((v - threads.get(k, 0.0)) * 1000.0 / max(1, len(calls)), 4)
+                for k, v in thread_cpu().items()
+                if v - threads.get(k, 0.0) > 0
+            },
+            per_tool={TOOLS[kind]: pct([d * 1000.0 for k, d in calls if k == kind], 0.5) for kind in range(len(TOOLS))},
+            per_tool_calls={TOOLS[kind]: sum(1 for k, _d in calls if k == kind) for kind in range(len(TOOLS))},
+        )
+        t = time.perf_counter()
+        await asyncio.gather(*(reg.stop(w) for w in roots))
+        out["stop_s"] = time.perf_counter() - t
+    finally:
+        # Whatever happened, no sandbox of ours is left running.
+        for w in roots:
+            try:
+                await reg.stop(w)
+            except Exception as e:  # cleanup: report it, go on
+                print(f"stop {w}: {e!r}", file=sys.stderr)
+        await reg.aclose()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    import logging
+
+    logging.getLogger("worker").setLevel(logging.WARNING)
+    logging.getLogger("sandbox").setLevel(logging.WARNING)
+    if args.loop == "uvloop":
+        import uvloop
+
+        result = uvloop.run(load(args))
+    elif args.loop == "worker":
+        import worker
+
+        run = getattr(worker, "run", None)
+        if run is None:
+            from worker import aio
+
+            run = aio.run
+        result = run(load(args))
+    else:
+        result = asyncio.run(load(args))
+    print(json.dumps(result))
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+
+def run_child(tree: Path, args: argparse.Namespace, workspaces: int) -> dict[str, Any]:
+    python = tree / ".venv" / "bin" / "python"
+    exe = str(python) if python.exists() else sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_")}
+    env.update(PYTHONPATH=str(tree), LOOM_LOG_LEVEL="warning")
+    argv = [
+        exe,
+        str(Path(__file__).resolve()),
+        "--child",
+        *("--workspaces", str(workspaces), "--callers", str(args.callers)),
+        *("--seconds", str(args.seconds), "--warmup", str(args.warmup)),
+        *("--runtime", args.runtime, "--loop", args.loop, "--image", args.image or ""),
+    ]
+    if args.no_changelog:
+        argv.append("--no-changelog")
+    p = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise SystemExit(f"load against {tree} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def main(args: argparse.Namespace) -> None:
+    trees = [("this", ROOT)]
+    if args.tree:
+        trees.append(("other", Path(args.tree).resolve()))
+    sizes = [int(s) for s in args.workspaces.split(",")]
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in range(args.rounds):
+        for n in sizes:
+            order = trees if r % 2 == 0 else trees[::-1]
+            for label, tree in order:
+                res = run_child(tree, args, n)
+                results.setdefault((label, n), []).append(res)
+                print(
+                    f"round {r + 1} {label} ({tree}) {n} workspaces: {res['calls_per_s']:.0f} calls/s, "
+                    f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.1f} ms, "
+                    f"CPU/call {res['cpu_ms_per_call']:.3f} ms, "
+                    f"ready {res['ready_s']:.2f} s, "
+                    f"RSS {res['rss_mb']:.0f} MB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def med(rows: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(float(x[key]) for x in rows)
+
+    load_line = (
+        f"{args.callers} callers, read_file 4 KB / write_file 1 KB / shell_execute true in turn, "
+        f"{args.seconds:g} s, changelog {'off' if args.no_changelog else 'on'}, runtime {args.runtime}, "
+        f"loop {args.loop}, medians of {args.rounds} round(s)"
+    )
+    print(f"\n{load_line}; trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees) + "\n")
+    print(
+        "| tree | workspaces | calls/s | p50 (ms) | p99 (ms) | read / write / true p50 (ms) "
+        "| worker CPU per call (ms) | ready (s) | worker RSS (MB) | calls/s vs other |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for n in sizes:
+        for label, _tree in trees:
+            rows = results[(label, n)]
+            per = " / ".join(f"{statistics.median(x['per_tool'][t] for x in rows):.2f}" for t in TOOLS)
+            ratio = ""
+            if len(trees) > 1:
+                other = "other" if label == "this" else "this"
+                ratio = f"{med(rows, 'calls_per_s') / med(results[(other, n)], 'calls_per_s'):.2f}"
+            print(
+                f"| {label} | {n} | {med(rows, 'calls_per_s'):.0f} | {med(rows, 'p50_ms'):.2f} "
+                f"| {med(rows, 'p99_ms'):.1f} | {per} | {med(rows, 'cpu_ms_per_call'):.3f} "
+                f"| {med(rows, 'ready_s'):.2f} | {med(rows, 'rss_mb'):.0f} "
+                f"| {ratio} |"
+            )
+    if len(trees) > 1:
+        print("\nper round, calls/s (this / other):")
+        for n in sizes:
+            pairs = zip(results[("this", n)], results[("other", n)], strict=True)
+            print(
+                f"  {n} workspaces: " + ", ".join(f"{a['calls_per_s']:.0f} / {b['calls_per_s']:.0f}" for a, b in pairs)
+            )
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workspaces", default="16,64,100", help="comma-separated workspace counts")
+    ap.add_argument("--callers", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load first")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tree", help="another loom-worker checkout to run the same load against, alternating")
+    ap.add_argument("--runtime", default="runc", choices=("runc", "runsc"))
+    ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
+    ap.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "worker"))
+    ap.add_argument("--no-changelog", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mix", default="rws", help=argparse.SUPPRESS)  # child: r(ead) w(rite) s(hell), in turn
+    ap.add_argument("--profile", help=argparse.SUPPRESS)  # child: cProfile the measured load to this file
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    a = parse_args()
+    if a.child:
+        if isinstance(a.workspaces, str):
+            a.workspaces = int(a.workspaces)
+        child(a)
+    else:
+        main(a)

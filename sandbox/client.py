@@ -97,6 +97,9 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         self._exec_lock = asyncio.Lock()
         self._io_timeout = io_timeout
         self.restarts = 0
+        # Set by a backend that can see, on the host, OOM kills the agent cannot (gVisor):
+        # the count of the sandbox's memory cgroup. See sandbox.docker.memcg.
+        self.oom_counter: Callable[[], int | None] | None = None
 
     async def connection(self) -> AgentConnection:
         conn = self._conn
@@ -477,9 +480,12 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
                 args["stream"] = True
                 on_event = _output_events(on_output)
             deadline = timeout + 2.0 + (30.0 if scan is not None else 0.0) + DEADLINE_SLACK
+            oom_before: int | None = None
             try:
                 # The agent kills the command at ``timeout`` and needs its TERM grace on top.
                 conn = await self.connection()
+                counter = self.oom_counter
+                oom_before = counter() if counter is not None else None
                 sent = None
                 if control is not None:
 
@@ -539,8 +545,14 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
             launch = r.get("launch_error")
             if launch is not None and launch not in _LAUNCH_ERRORS:
                 raise ProtocolError(f"agent sent an unknown launch error {launch!r:.40}")
+            exit_code = check_opt_int(r.get("exit_code"), "exit_code")
+            if oom_before is not None and (outcome == "signal" or (outcome == "exit" and exit_code != 0)):
+                counter = self.oom_counter
+                oom_after = counter() if counter is not None else None
+                if oom_after is not None and oom_after > oom_before:
+                    outcome, exit_code, sig = "oom", None, 9  # the host's OOM killer, unseen inside
             return ExecResult(
-                exit_code=check_opt_int(r.get("exit_code"), "exit_code"),
+                exit_code=exit_code,
                 stdout=stdout,
                 stderr=stderr,
                 outcome=cast(Outcome, outcome),

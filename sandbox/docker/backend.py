@@ -33,7 +33,7 @@ from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import gvisor, housekeeping, seccomp
+from . import gvisor, housekeeping, memcg, seccomp
 from .channel import AgentChannels, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import (
@@ -118,7 +118,12 @@ class DockerSandbox(AgentSandbox):
                 return self.user_connect(uid_gid)
 
             box = self._users[found] = AgentSandbox(self.workspace, connect, io_timeout=self._io_timeout)
+            box.oom_counter = self._count_ooms  # the same container's cgroup
         return box
+
+    def _count_ooms(self) -> int | None:
+        counter = self.oom_counter
+        return counter() if counter is not None else None
 
     async def close(self) -> None:
         if self.host_scanner is not None:
@@ -338,6 +343,10 @@ class DockerBackend(SandboxBackend):
                 continue
             if spec.runtime == "runsc":
                 await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+                box = self._boxes.get(ws)
+                if box is not None:  # OOM kills the agent cannot see in there (memcg.py)
+                    pid = (container.attrs.get("State") or {}).get("Pid") or 0
+                    box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
             return await self._direct(conn, container, spec, ws)
         assert last is not None
         raise last

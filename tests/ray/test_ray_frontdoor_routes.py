@@ -298,6 +298,24 @@ async def _sandbox(ctx: Ctx) -> None:
     assert body["image"] == SANDBOX_IMAGE
 
 
+@probe("POST", f"{WS}/sandbox/exec")
+@probe("GET", f"{WS}/sandbox/files")
+@probe("PUT", f"{WS}/sandbox/files")
+async def _harness(ctx: Ctx) -> None:
+    data = bytes(range(256)) * 64  # every byte value, raw both ways
+    a, b = await both(ctx, "PUT", f"{WS}/sandbox/files", params={"path": "/tmp/h.bin"}, content=data)
+    assert a.status_code == 200 and a.json()["recorded"] is False, a.text
+    assert norm(ctx, a.json(), frozenset({"call_id"})) == norm(ctx, b.json(), frozenset({"call_id"}))
+    a, b = await both(ctx, "GET", f"{WS}/sandbox/files", params={"path": "/tmp/h.bin"})
+    assert a.status_code == 200 and a.content == data == b.content
+    body = {"cmd": ["sh", "-c", "wc -c; echo $K; pwd"], "stdin": "aGVsbG8=", "stdin_encoding": "base64"}
+    body |= {"env": {"K": "v"}, "cwd": "/tmp"}
+    a, b = await both(ctx, "POST", f"{WS}/sandbox/exec", json=body)
+    assert a.status_code == 200 and a.json()["stdout"] == "5\nv\n/tmp\n" == b.json()["stdout"], a.text
+    a, b = await both(ctx, "GET", f"{WS}/sandbox/files", params={"path": "/nonexistent"})
+    assert a.status_code == b.status_code == 404 and a.json() == b.json(), a.text
+
+
 @probe("GET", f"{WS}/calls")
 @probe("GET", f"{WS}/calls/stream")
 async def _calls(ctx: Ctx) -> None:

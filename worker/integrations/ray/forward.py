@@ -5,7 +5,8 @@ them.
 - :data:`FORWARDED`: the request is handed, whole, to the workspace's node, whose own
   service app answers it (:mod:`.nodeapp`): the call history and its live stream, the
   workspace's secrets (set, list, delete: values never in an answer, as on one machine),
-  its snapshots and restore, its processes and sandbox, the vendors' native tools. The
+  its snapshots and restore, its processes and sandbox (the harness API's exec and files too, bytes as they are), the
+  vendors' native tools. The
   answer streams back as the node's app sends it (a stream ends when the client leaves:
   the node's call is cancelled).
 - :data:`REFUSED`: answered ``501`` with the reason (:func:`refusal`): what a cluster has
@@ -58,6 +59,9 @@ FORWARDED: frozenset[tuple[str, str]] = frozenset(
         ("POST", f"{_WS}/processes/{{process_id}}/input"),
         ("POST", f"{_WS}/processes/{{process_id}}/kill"),
         ("GET", f"{_WS}/sandbox"),
+        ("POST", f"{_WS}/sandbox/exec"),
+        ("GET", f"{_WS}/sandbox/files"),
+        ("PUT", f"{_WS}/sandbox/files"),
         ("POST", f"{_WS}/native/anthropic"),
         ("POST", f"{_WS}/native/openai"),
     }

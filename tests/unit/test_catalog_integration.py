@@ -340,3 +340,21 @@ async def test_http_search_without_a_catalog_is_404(local_backend: Any, tmp_path
     async for c in _http(app):
         r = await c.get("/v1/tools/search", params={"query": "read"})
         assert r.status_code == 404 and "not enabled" in r.json()["detail"]
+
+
+async def test_the_index_leaves_the_native_tools_out_as_tool_lists_do(
+    local_backend: Any, catalog: Catalog, workspace: Path
+) -> None:
+    """A native call registers the vendors' tools; the index (and its count) must not
+    change for it, as ``all_schemas`` does not."""
+    from worker.native.calls import install
+
+    reg = ToolRegistry(backend=local_backend, catalog_tools=CatalogTools(catalog))
+    before = (await reg.execute("tool_search", {"query": "run a shell command"}, workspace)).data
+    install(reg)
+    assert {"bash", "str_replace_based_edit_tool"} <= set(reg.names())
+    await reg.catalog_tools.refresh(reg, mcp=False)  # type: ignore[union-attr]
+    after = (await reg.execute("tool_search", {"query": "run a shell command"}, workspace)).data
+    assert before is not None and after is not None
+    assert after["total_tools_indexed"] == before["total_tools_indexed"]
+    assert not {"bash", "shell", "apply_patch", "str_replace_based_edit_tool"} & {x["name"] for x in after["results"]}

@@ -303,7 +303,10 @@ class CatalogTools:
     # -- indexing -------------------------------------------------------------------------
 
     def _builtin_schemas(self, registry: ToolTableLike) -> list[dict[str, Any]]:
-        return [t.schema("openai") for t in registry.tools if t.name not in self.ids]
+        # The vendors' native tools are left out as ``all_schemas`` leaves them out: a
+        # model gets them from the vendor's own definitions, and the index must not
+        # change because someone made a native call (which registers them).
+        return [t.schema("openai") for t in registry.tools if t.name not in self.ids and "native" not in t.tags]
 
     async def _index_local(self, registry: ToolTableLike, report: IndexReport) -> None:
         catalog = self.catalog()

@@ -20,8 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("inspect_ai")
-
 from tests.conftest import SANDBOX_IMAGE, require_docker
 from tests.docker.conftest import require_runtime
 

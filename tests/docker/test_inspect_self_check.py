@@ -19,9 +19,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-
-pytest.importorskip("inspect_ai")
-
 from inspect_ai.util import SandboxEnvironment, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv

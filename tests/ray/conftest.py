@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray  # the test extra installs it: missing, the tier fails loudly
 
 from tests.conftest import SANDBOX_IMAGE, require_docker
-
-ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'loom-worker[ray]')")
-
-from worker.integrations.ray.testing import LocalCluster, local_cluster, remove_sandboxes  # noqa: E402
+from worker.integrations.ray.testing import LocalCluster, local_cluster, remove_sandboxes
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

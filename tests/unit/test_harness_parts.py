@@ -98,7 +98,6 @@ async def test_large_payloads_go_in_pieces(
 
 
 def test_the_provider_config_from_yaml_and_its_errors(tmp_path: Path) -> None:
-    pytest.importorskip("inspect_ai")
     from worker.integrations.inspect.config import load
 
     path = tmp_path / "loom.yaml"
@@ -124,7 +123,6 @@ def test_the_provider_config_from_yaml_and_its_errors(tmp_path: Path) -> None:
 
 
 def test_the_provider_answers_as_inspect_expects() -> None:
-    pytest.importorskip("inspect_ai")
     from inspect_ai.util import OutputLimitExceededError
 
     from worker.harness import ExecOutput
@@ -145,7 +143,6 @@ def test_the_provider_answers_as_inspect_expects() -> None:
 
 
 def test_the_entry_point_registers_loom() -> None:
-    pytest.importorskip("inspect_ai")
     from importlib.metadata import entry_points
 
     eps = [ep for ep in entry_points(group="inspect_ai") if ep.value.startswith("worker.")]

@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is a test dependency")
-
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kuberay"
 KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service"}
 

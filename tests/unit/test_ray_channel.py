@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'loom-worker[ray]')")
-
 from worker.integrations.ray import channel as ch
 from worker.workspace_settings import SettingsError
 

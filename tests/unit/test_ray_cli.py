@@ -40,7 +40,6 @@ def test_cluster_needs_an_address_and_an_action(capsys: pytest.CaptureFixture[st
 
 
 def test_the_integration_is_found_by_its_entry_point() -> None:
-    pytest.importorskip("ray")
     module = integration("ray")
     assert module.__name__ == "worker.integrations.ray.cli"
     assert callable(module.cluster_command) and callable(module.front_door)

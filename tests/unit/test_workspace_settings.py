@@ -215,3 +215,22 @@ async def test_http_create_show_change_and_refuse(settings_service: Any) -> None
     assert (await c.get("/v1/workspaces/nope")).status_code == 404
     # The sandbox never sees them: they are in the data directory, not the workspace.
     assert os.listdir(settings_service.root / "w1") == []
+
+
+async def test_allow_root_is_refused_where_the_sandbox_would_run_as_root(settings_service: Any) -> None:
+    """A root-owned workspace (no LOOM_UID) already runs its owner's commands as uid 0:
+    allow_root there would keep root's capabilities. Refused when set, naming the field,
+    not at every later start as an infrastructure failure (an API fuzzer found the 503)."""
+    c = settings_service.client
+    r = await c.post("/v1/workspaces", json={"name": "r", "settings": {"allow_root": True}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "settings", "allow_root"]
+    assert "root's" in r.json()["detail"][0]["msg"]
+    assert not (settings_service.root / "r").exists()  # nothing was created
+    assert (await c.post("/v1/workspaces", json={"name": "w"})).status_code == 201
+    r = await c.patch("/v1/workspaces/w", json={"allow_root": True})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "allow_root"
+    assert "allow_root" not in (await c.get("/v1/workspaces/w")).json()["settings"]  # nothing stored
+    os.chown(settings_service.root / "w", 1000, 1000)  # another owner: the sandbox's user is 1000
+    r = await c.patch("/v1/workspaces/w", json={"allow_root": True})
+    assert r.status_code == 200 and r.json()["settings"] == {"allow_root": True}
+    assert (await c.patch("/v1/workspaces/w", json={"cpus": 1})).status_code == 200  # kept on later changes

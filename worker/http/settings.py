@@ -76,5 +76,11 @@ async def create_with(
         await registry.check_settings(settings)
     info = await workspaces.create(name)
     if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
-        await registry.configure_workspace(info.path, settings.set_fields())
+        try:
+            await registry.configure_workspace(info.path, settings.set_fields())
+        except BaseException:
+            # Refused by what only the new directory can tell (allow_root and its owner):
+            # the workspace was never handed out, so it goes with the refusal.
+            await workspaces.delete_files(info.id)
+            raise
     return info

@@ -264,7 +264,8 @@ class WorkspacePool:
         checking every value; the sandbox is recreated with them at its next call (the
         workspace's files are kept).
 
-        Raises SettingsError naming the refused field (nothing is stored then), ToolError
+        Raises SettingsError naming the refused field (nothing is stored then; ``allow_root``
+        on a workspace whose sandbox would run as root), ToolError
         (no such directory), ValueError when this pool has no per-workspace settings,
         DaemonUnavailableError when the engine must be asked about a runtime and does not
         answer, OSError when the settings cannot be written.
@@ -275,6 +276,8 @@ class WorkspacePool:
         await self.check_settings(new, before)
         old_spec = configs.spec(root, before)
         spec = configs.spec(root, new)
+        if spec.allow_root and not old_spec.allow_root:
+            _check_allow_root(root, spec.uid)
         egress_changed = configs.policy(root, before) != configs.policy(root, new)
         if new != before:
             configs.store.save(root, new)
@@ -313,3 +316,17 @@ class WorkspacePool:
         if not root.is_dir():
             raise ToolError(f"Workspace directory not found: {root}")
         return root, self.configs
+
+
+def _check_allow_root(root: Path, uid: int | None) -> None:
+    """Refuse ``allow_root`` for a workspace whose sandbox runs as root (LOOM_UID unset and
+    a root-owned directory): its main agent would keep root's capabilities, and so would
+    every command of the owner. Refused here, naming the field, rather than at every later
+    start. Raises SettingsError."""
+    owner = uid if uid is not None else root.stat().st_uid
+    if owner == 0:
+        raise SettingsError(
+            "allow_root",
+            f"needs a workspace owned by another user than root (or LOOM_UID): {root} is root's, and "
+            "its owner's commands would keep root's capabilities",
+        )

@@ -13,6 +13,7 @@ A backend may do more than the contract asks; what callers use of it is declared
 =============================  =================================================================
 :class:`ConfigurableBackend`   ``configure(workspace, spec)``: a workspace's own spec
 :class:`RuntimeInventory`      ``runtimes()``: the OCI runtimes the engine has
+:class:`CpuInventory`          ``cpu_count()``: the CPUs the engine's host has
 :class:`ImageInventory`        ``has_image(image)``, ``ensure_image(image)``: is it there; get it (LOOM_PULL)
 :class:`PullWatcher`           ``add_pull_listener(fn)``: every pull's progress
 :class:`Freezer`               ``freeze(workspace, frozen)``: pause and resume a sandbox
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "AgentInfo",
     "ConfigurableBackend",
+    "CpuInventory",
     "EntryType",
     "ExecControl",
     "ExecResult",
@@ -604,6 +606,16 @@ class RuntimeInventory(Protocol):
 
     async def runtimes(self) -> set[str]:
         """The runtimes the engine has. Raises DaemonUnavailableError."""
+        ...
+
+
+@runtime_checkable
+class CpuInventory(Protocol):
+    """A backend that can say how many CPUs its engine has: a CPU limit above that is
+    refused by the engine at every start, so settings refuse it first."""
+
+    async def cpu_count(self) -> int:
+        """The engine host's CPUs. Raises DaemonUnavailableError."""
         ...
 
 

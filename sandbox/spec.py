@@ -131,7 +131,7 @@ class SandboxSpec(BaseModel):
     #: gVisor's platform under ``runtime="runsc"`` (:mod:`sandbox.docker.gvisor`): how the
     #: sandbox's system calls reach gVisor's kernel. One engine runtime per platform.
     gvisor_platform: Literal["systrap", "ptrace", "kvm"] = "systrap"
-    cpus: float = Field(1.0, gt=0, le=64)
+    cpus: float = Field(1.0, ge=0.1, le=64)
     memory: int = Field(1 << 30, description="bytes; swap is set equal, i.e. no swap")
     pids: int = Field(256, ge=16, le=65536)
     tmp_size: int = 256 << 20

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
         "(runsc-<platform>, or runsc registered with it: `loom-worker setup --register-gvisor`); a sandbox on "
         "another platform is refused.",
     )
-    cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox.")
+    cpus: float = Field(1.0, ge=0.1, le=64, description="CPU limit per sandbox.")
     memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
     pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
     tmp_size: str = Field("256m", description="Size of the /tmp tmpfs.")

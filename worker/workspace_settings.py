@@ -63,7 +63,9 @@ class WorkspaceSettings(BaseModel):
 
     image: str | None = Field(None, min_length=1, max_length=512, description="Sandbox image (any image with /bin/sh).")
     runtime: Literal["runc", "runsc"] | None = Field(None, description="OCI runtime; runsc = gVisor.")
-    cpus: float | None = Field(None, gt=0, le=64, description="CPU limit.")
+    cpus: float | None = Field(
+        None, ge=0.1, le=64, description="CPU limit; at least 0.1 (with less, gVisor takes 40 s to start)."
+    )
     memory: str | None = Field(None, max_length=32, description="Memory limit, e.g. 2g (swap is set equal).")
     pids: int | None = Field(None, ge=16, le=65536, description="Process limit.")
     idle_ttl: int | None = Field(None, ge=10, description="Seconds without calls before the sandbox exits.")

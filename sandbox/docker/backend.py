@@ -517,6 +517,12 @@ class DockerBackend(SandboxBackend):
             names.add(gvisor.FAMILY)
         return names
 
+    async def cpu_count(self) -> int:
+        """The CPUs of the engine's host (``NCPU``): the engine refuses a larger CPU
+        limit. Raises DaemonUnavailableError."""
+        info = await self.engine.info()
+        return int(info.get("NCPU") or os.cpu_count() or 1)
+
     async def gvisor_runtime(self, platform: str | None = None) -> str:
         """The engine runtime gVisor runs with on ``platform`` (default: the backend's
         spec's). Raises RuntimeUnavailableError (none for it: the message says what is

@@ -201,3 +201,25 @@ async def test_the_default_image_is_one_an_agent_can_work_in(
     for word in ("pip ", "node v", "compiled", "curl ", "jq-", "root-read-only"):
         assert word in out, (word, out)
     assert (user_workspace / "app" / "package.json").exists() and (user_workspace / "repo" / ".git").is_dir()
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_every_value_settings_accept_starts_a_sandbox(
+    registry: ToolRegistry, tmp_path: Path, runtime: str
+) -> None:
+    """A value a setting accepts must not fail every later start (an API fuzzer's 503s):
+    the least of each limit runs a command, and more CPUs than the engine has is refused
+    when set, naming the field."""
+    require_runtime(runtime)
+    ws = tmp_path / "least"
+    ws.mkdir()
+    have = docker.from_env().info()["NCPU"]
+    with pytest.raises(SettingsError) as refused:
+        await registry.configure_workspace(ws, {"cpus": have + 1})
+    assert refused.value.field == "cpus" and f"engine's {have} CPUs" in refused.value.message
+    await registry.configure_workspace(
+        ws, {"runtime": runtime, "cpus": 0.1, "memory": "64m", "pids": 16, "idle_ttl": 10}
+    )
+    assert (await run(registry, ws, "echo least")).strip() == "least"
+    c = _container(ws)
+    assert (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"]) == (100_000_000, 64 << 20)

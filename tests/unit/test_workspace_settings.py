@@ -124,6 +124,9 @@ class _Backend:
     async def runtimes(self) -> set[str]:
         return {"runc"}
 
+    async def cpu_count(self) -> int:
+        return 2
+
     async def has_image(self, image: str) -> bool:
         return not image.startswith("missing")
 
@@ -234,3 +237,20 @@ async def test_allow_root_is_refused_where_the_sandbox_would_run_as_root(setting
     r = await c.patch("/v1/workspaces/w", json={"allow_root": True})
     assert r.status_code == 200 and r.json()["settings"] == {"allow_root": True}
     assert (await c.patch("/v1/workspaces/w", json={"cpus": 1})).status_code == 200  # kept on later changes
+
+
+async def test_cpus_the_engine_cannot_give_are_refused_when_set(tmp_path: Path) -> None:
+    """The engine refuses a CPU limit above its host's CPUs, and gVisor takes 40 s to
+    start below 0.1 CPU: both would fail every later start, so both are refused here."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    configs = Configs(SettingsStore(tmp_path / "data"), {"image": "default:1"}, Caps(max_cpus=8))
+    registry = ToolRegistry(backend=_Backend(), configs=configs)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError) as refused:
+        await registry.configure_workspace(ws, {"cpus": 3})
+    assert refused.value.field == "cpus" and "engine's 2 CPUs" in refused.value.message
+    with pytest.raises(SettingsError) as refused:
+        await registry.configure_workspace(ws, {"cpus": 0.05})
+    assert refused.value.field == "cpus" and "0.1" in refused.value.message
+    assert (await registry.workspace_settings(ws))[0].cpus is None  # nothing stored
+    assert (await registry.configure_workspace(ws, {"cpus": 2})).settings.cpus == 2

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.base import ConfigurableBackend, ImageInventory, RuntimeInventory, SandboxBackend
+from sandbox.base import ConfigurableBackend, CpuInventory, ImageInventory, RuntimeInventory, SandboxBackend
 from sandbox.errors import ImageNotFoundError, SandboxUnavailableError
 from sandbox.logs import get_logger
 
@@ -287,7 +287,8 @@ class WorkspacePool:
 
     async def check_settings(self, new: WorkspaceSettings, before: WorkspaceSettings | None = None) -> None:
         """Every check of ``new`` (a workspace's settings, replacing ``before``): the
-        operator's caps, the CA file, and what only the engine knows: a runtime it has, an
+        operator's caps, the CA file, and what only the engine knows: a runtime it has, no
+        more CPUs than it has (it would refuse every start), an
         image it holds or pulls now as LOOM_PULL says (one that cannot be had would fail
         every later call of the workspace, so it is refused here, naming it and the
         registry's answer). Values unchanged from ``before`` are not asked about again.
@@ -301,6 +302,11 @@ class WorkspacePool:
         if new.runtime is not None and isinstance(self.backend, RuntimeInventory):
             runtimes = await self.backend.runtimes()
         check(new, self.configs.caps, runtimes)
+        changed_cpus = new.cpus is not None and (before is None or new.cpus != before.cpus)
+        if changed_cpus and isinstance(self.backend, CpuInventory):
+            have = await self.backend.cpu_count()
+            if new.cpus is not None and new.cpus > have:
+                raise SettingsError("cpus", f"{new.cpus} is more than the engine's {have} CPUs")
         changed_image = new.image is not None and (before is None or new.image != before.image)
         if changed_image and isinstance(self.backend, ImageInventory):
             assert new.image is not None

@@ -4,6 +4,7 @@ does the pulling)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
@@ -12,6 +13,39 @@ from typing import Any, Literal
 #: Where the engine pulls a name without a registry from, and the other names it goes by.
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
+# An image reference as the engine parses it: the grammar of the distribution project's
+# ``reference`` package (regexp.go), which Docker and containerd use; written out here
+# because neither the Docker SDK nor the standard library has a checker. An image ID
+# (``sha256:<hex>`` or its short hex form) fits it too.
+_ALNUM = r"[a-z0-9]+"
+_SEP = r"(?:[._]|__|-+)"
+_PATH = rf"{_ALNUM}(?:{_SEP}{_ALNUM})*"
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_REFERENCE = re.compile(rf"(?:{_HOST}/)?{_PATH}(?:/{_PATH})*(?::{_TAG})?(?:@{_DIGEST})?")
+_NAME = re.compile(rf"(?:{_HOST}/)?{_PATH}(?:/{_PATH})*")
+#: The engine's longest repository name.
+MAX_NAME = 255
+
+
+def reference_problem(image: str) -> str | None:
+    """What makes ``image`` not an image reference the engine takes (``python:3.12-slim``,
+    ``ghcr.io/org/app:1``, ``name@sha256:...``, an image ID), or None. A name the engine
+    would refuse (upper case, ``..``, a path) is refused here first: asked about it, the
+    engine can answer with another resource (``.`` lists every image)."""
+    if _REFERENCE.fullmatch(image) is None:
+        return f"{image!r} is not an image reference (e.g. python:3.12-slim, ghcr.io/org/app:1, name@sha256:...)"
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    if len(name) > MAX_NAME or _NAME.fullmatch(name) is None:
+        return f"{image!r} is not an image reference: its name is longer than {MAX_NAME} characters"
+    return None
 
 
 @dataclass(frozen=True)

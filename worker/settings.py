@@ -164,6 +164,16 @@ class Settings(BaseSettings):
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
 
+    @field_validator("image", "agent_runtime_image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        from sandbox.pulls import reference_problem
+
+        problem = reference_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
     @field_validator("registries")
     @classmethod
     def _registries(cls, v: str) -> str:

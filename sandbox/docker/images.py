@@ -39,7 +39,7 @@ import docker.utils
 
 from ..errors import ImageNotFoundError, ImagePullError
 from ..logs import get_logger
-from ..pulls import PULL_SINK, PullEvent, normalize_registry
+from ..pulls import PULL_SINK, PullEvent, normalize_registry, reference_problem
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -170,6 +170,8 @@ class ImagePuller:
     async def has(self, image: str) -> bool:
         """Whether ``image`` is on the engine (nothing is pulled). Raises
         DaemonUnavailableError."""
+        if reference_problem(image) is not None:
+            return False  # not a name the engine has an image by (asked, it may answer for another resource)
         client = self._engine.client()
 
         def get() -> bool:
@@ -204,6 +206,9 @@ class ImagePuller:
     async def pull(self, image: str, *, registries: tuple[str, ...]) -> None:
         """Pull ``image`` (or wait for the pull of it under way). Raises ImagePullError,
         DaemonUnavailableError."""
+        problem = reference_problem(image)
+        if problem is not None:
+            raise ImagePullError(problem, image=image, registry="", reason="invalid")
         try:
             registry = registry_of(image)
         except ValueError as e:

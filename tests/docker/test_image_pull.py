@@ -396,6 +396,9 @@ async def test_http_pull_route_settings_and_the_event_stream(
             ).status_code == 401
             r = await c.post("/v1/images/pull", json={"image": "two words"})
             assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "image"]
+            for bad in (".", "a/.."):  # the engine's inspect URL would become its image list
+                r = await c.post("/v1/images/pull", json={"image": bad})
+                assert r.status_code == 422 and "not an image reference" in r.text
 
             watched: list[tuple[str, dict[str, Any]]] = []
 
@@ -427,6 +430,8 @@ async def test_http_pull_route_settings_and_the_event_stream(
 
             # A workspace's settings naming an image pull it before they are stored.
             assert (await c.post("/v1/workspaces", json={"name": "w"})).status_code in (200, 201)
+            r = await c.patch("/v1/workspaces/w", json={"image": "."})
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "image"
             r = await c.patch("/v1/workspaces/w", json={"image": missing})
             assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "image"]
             assert missing in r.json()["detail"][0]["msg"]

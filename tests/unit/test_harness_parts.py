@@ -112,7 +112,14 @@ def test_the_provider_config_from_yaml_and_its_errors(tmp_path: Path) -> None:
     assert default.settings() == {"image": "img:1", "runtime": "runsc", "env": {"A": "1"}, "allow_root": True}
     assert db.settings() == {"image": "img:2", "runtime": "runsc", "env": {"A": "1"}, "allow_root": False}
     assert load(None).service_items()[0][0] == "default" and load({"cpus": 2}).cpus == 2
-    for bad, word in (({"runtime": "kata"}, "runtime"), ({"nope": 1}, "nope"), ({"services": {}}, "services")):
+    bad_settings = (({"image": "."}, "image"), ({"cpus": 0.01}, "cpus"), ({"memory": "lots"}, "memory"))
+    bad_settings += (({"services": {"db": {"env": {"LD_PRELOAD": "x"}}}}, "env"),)  # a service's, checked as well
+    for bad, word in (
+        ({"runtime": "kata"}, "runtime"),
+        ({"nope": 1}, "nope"),
+        ({"services": {}}, "services"),
+        *bad_settings,
+    ):
         with pytest.raises(ValueError, match=word):
             load(bad)
     with pytest.raises(ValueError, match="No such file"):

@@ -9,7 +9,7 @@ import io
 import pytest
 
 from sandbox.docker.images import _Progress, classify, registry_of
-from sandbox.pulls import PullEvent, parse_registries
+from sandbox.pulls import PullEvent, parse_registries, reference_problem
 from sandbox.spec import SandboxSpec
 from worker.cli.pullbar import PullBar
 from worker.settings import Settings
@@ -37,6 +37,82 @@ def test_the_registry_of_an_image_name(image: str, registry: str) -> None:
 def test_names_the_engine_would_not_take(image: str) -> None:
     with pytest.raises(ValueError, match="not an image name"):
         registry_of(image)
+
+
+GOOD = [
+    "python:3.12-slim",
+    "ghcr.io/org/app:1",
+    "loom-sandbox:latest",
+    "localhost:5000/a/b:c",
+    "127.0.0.1:5000/x",
+    "[::1]:5000/x:y",
+    "Registry.Example.com/app",
+    "org/app@sha256:" + "a" * 64,
+    "sha256:" + "a" * 64,  # an image ID
+    "0555a27b9d32",  # a short one
+    "a__b/c-d.e",
+    "x:" + "t" * 128,
+]
+BAD = [
+    ".",
+    "..",
+    "a/..",
+    "../",
+    "./x",
+    "a/./b",
+    "a..b",
+    "/x",
+    "x/",
+    "a//b",
+    "-a",
+    "a-",
+    "Abc",
+    "x:",
+    "x@",
+    "x:-y",
+    "x:y:z",
+    "x:" + "t" * 129,
+    "x@sha256:abc",
+    "%2e",
+    "a b",
+    "a" * 256,
+    "?",
+    "#",
+]
+
+
+@pytest.mark.parametrize("image", GOOD)
+def test_image_references_the_engine_takes(image: str) -> None:
+    assert reference_problem(image) is None
+
+
+@pytest.mark.parametrize("image", BAD)
+def test_image_references_refused_before_the_engine_is_asked(image: str) -> None:
+    """Asked about ``.`` or ``a/..``, the engine's inspect URL becomes its image list (an API
+    fuzzer's 500); the distribution project's grammar refuses them first."""
+    assert reference_problem(image) is not None
+    from worker.workspace_settings import SettingsError, parse
+
+    with pytest.raises(SettingsError) as e:
+        parse({"image": image})
+    assert e.value.field == "image"
+    with pytest.raises(ValueError, match="image"):
+        Settings(image=image)
+
+
+async def test_the_puller_does_not_ask_the_engine_about_a_bad_reference() -> None:
+    from sandbox.docker.images import ImagePuller
+    from sandbox.errors import ImagePullError
+
+    class NoEngine:
+        def client(self) -> None:
+            raise AssertionError("the engine was asked")
+
+    puller = ImagePuller(NoEngine())  # type: ignore[arg-type]
+    assert await puller.has(".") is False
+    with pytest.raises(ImagePullError) as e:
+        await puller.ensure("a/..", policy="missing", registries=("docker.io",))
+    assert e.value.reason == "invalid" and "not an image reference" in str(e.value)
 
 
 def test_the_registries_setting() -> None:

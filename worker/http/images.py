@@ -32,12 +32,12 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from sandbox.base import ImageInventory, PullWatcher
 from sandbox.errors import ImageNotFoundError, ImagePullError, SandboxUnavailableError
-from sandbox.pulls import PULL_SINK, PullEvent
+from sandbox.pulls import PULL_SINK, PullEvent, reference_problem
 
 from ..result import json_line
 from .common import ERRORS
@@ -59,6 +59,14 @@ class PullRequest(BaseModel):
         pattern=r"^\S+$",
         description="The image, as `docker pull` takes it: python:3.12-slim, ghcr.io/org/app:1, name@sha256:...",
     )
+
+    @field_validator("image")
+    @classmethod
+    def _reference(cls, v: str) -> str:
+        problem = reference_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 def _backend(service: ServiceDep) -> Any:

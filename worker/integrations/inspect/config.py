@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 #: The fields that are the workspace's sandbox settings (``worker.workspace_settings``).
 SETTINGS = ("image", "runtime", "cpus", "memory", "pids", "env", "egress", "allow_root", "ca_bundle")
@@ -59,6 +59,18 @@ class LoomServiceConfig(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The workspace settings this service sets (``configure_workspace``'s changes)."""
         return {k: getattr(self, k) for k in SETTINGS if getattr(self, k) is not None}
+
+    @model_validator(mode="after")
+    def _as_workspace_settings(self) -> LoomServiceConfig:
+        # Every rule of a workspace's settings (an image reference, a size, at least 0.1
+        # CPU, variable names, egress entries), so a bad one fails the task, not a sample.
+        from ...workspace_settings import SettingsError, parse
+
+        try:
+            parse(self.settings())
+        except SettingsError as e:
+            raise ValueError(f"{e.field}: {e.message}") from None
+        return self
 
 
 class LoomSandboxConfig(LoomServiceConfig):

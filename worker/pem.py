@@ -1,7 +1,19 @@
 """Whether a file is a usable PEM bundle: one check for the settings of the process
-(``LOOM_CA_BUNDLE``, ``LOOM_EGRESS_UPSTREAM_CA``) and of a workspace (``ca_bundle``)."""
+(``LOOM_CA_BUNDLE``, ``LOOM_EGRESS_UPSTREAM_CA``) and of a workspace (``ca_bundle``); and
+the copy of its certificates a sandbox is given instead of the file itself."""
 
 from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+
+_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----")
+#: The trust copies' file names: ``ca-<sha256 of the certificates, 16 hex>.pem``.
+COPY_PREFIX = "ca-"
 
 
 def pem_problem(path: str) -> str | None:
@@ -15,3 +27,38 @@ def pem_problem(path: str) -> str | None:
     if b"-----BEGIN CERTIFICATE-----" not in head:
         return f"{path} holds no PEM certificate"
     return None
+
+
+def certificates(data: bytes) -> bytes:
+    """The PEM certificates in ``data``, each as written, one after another: whatever else
+    a bundle holds (a private key beside its certificate, comments) is left out."""
+    return b"".join(m.group(0) + b"\n" for m in _CERTIFICATE.finditer(data))
+
+
+def trusted_copy(path: str, directory: Path) -> str:
+    """A copy of the certificates of bundle ``path`` in ``directory`` (mode 0644, named by
+    their hash), the file a sandbox mounts instead of ``path``: read here, once, as the
+    worker, so what the sandbox sees is certificates only (never a key kept in the same
+    file) and cannot become another file later (``path`` swapped for a symlink after it
+    was checked). Copies unused for a day are removed (another process, or a container
+    being created, may still name one). Returns the copy's path. Raises OSError (``path``
+    unreadable or without a certificate: ``ENOENT``/``EINVAL`` naming it)."""
+    with open(path, "rb") as f:
+        body = certificates(f.read(64 << 20))
+    if not body:
+        raise OSError(22, "holds no PEM certificate", path)
+    copy = directory / f"{COPY_PREFIX}{hashlib.sha256(body).hexdigest()[:16]}.pem"
+    if not copy.exists():
+        directory.mkdir(parents=True, exist_ok=True, mode=0o711)
+        tmp = copy.with_name(f".{copy.name}.{os.getpid()}")
+        tmp.write_bytes(body)
+        os.chmod(tmp, 0o644)  # the sandbox's user reads it
+        os.replace(tmp, copy)
+    else:
+        with contextlib.suppress(OSError):
+            os.utime(copy)  # in use: not a day old
+    for old in directory.glob(f"{COPY_PREFIX}*.pem"):
+        with contextlib.suppress(OSError):
+            if old != copy and time.time() - old.stat().st_mtime > 86_400:
+                old.unlink()
+    return str(copy)

@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # annotations only: the settings module is not needed to use 
     from .settings import Settings
 
 SETTINGS_FILE = "settings.json"
+#: The directory of the CA bundles' copies (:meth:`Configs.trust_dir`).
+TRUST_DIR = "trust"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Variables the worker owns in a sandbox: the agent runtime must not be steered through
 #: the dynamic loader, and HOME/USER belong to the sandbox's tmpfs home.
@@ -406,6 +408,15 @@ class Configs:
 
     def effective(self, workspace: Path, s: WorkspaceSettings | None = None) -> dict[str, Any]:
         return effective(self.spec(workspace, s), self.policy(workspace, s))
+
+    def trust_dir(self, workspace: Path) -> Path:
+        """Where the copies of CA bundles a sandbox mounts are written
+        (:func:`worker.pem.trusted_copy`): beside the egress sockets, whose directory has
+        the same path for the worker and the engine when the worker is a container (the
+        data directory need not), else under the data directory."""
+        if self.egress_socket_dir is not None:
+            return self.egress_socket_dir(workspace).parent / TRUST_DIR
+        return self.store.data_dir / TRUST_DIR
 
 
 @functools.lru_cache(maxsize=256)

@@ -170,6 +170,16 @@ async def test_the_ca_bundle_is_the_trust_store_of_the_usual_tools(registry: Too
     # A missing or non-PEM file is refused before anything is stored.
     with pytest.raises(ValueError, match="ca_bundle"):
         await registry.configure_workspace(ws, {"ca_bundle": str(tmp_path / "missing.pem")})
+    # A file that keeps a private key beside its certificates: the sandbox sees the certificates.
+    combined = tmp_path / "combined.pem"
+    combined.write_bytes(
+        Path(HOST_CA).read_bytes() + b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n"
+    )
+    await registry.configure_workspace(ws, {"ca_bundle": str(combined)})
+    out = await run(
+        registry, ws, 'grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"; grep -c "PRIVATE KEY" "$SSL_CERT_FILE" || true'
+    )
+    assert int(out.split()[0]) > 10 and out.split()[1] == "0"
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])

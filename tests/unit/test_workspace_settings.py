@@ -254,3 +254,47 @@ async def test_cpus_the_engine_cannot_give_are_refused_when_set(tmp_path: Path) 
     assert refused.value.field == "cpus" and "0.1" in refused.value.message
     assert (await registry.workspace_settings(ws))[0].cpus is None  # nothing stored
     assert (await registry.configure_workspace(ws, {"cpus": 2})).settings.cpus == 2
+
+
+def _combined(tmp_path: Path) -> tuple[Path, bytes]:
+    """A bundle as some hosts keep one: a certificate with its private key in one file."""
+    from worker.pem import certificates
+
+    cert = certificates(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()).split(b"-----END CERTIFICATE-----")[0]
+    cert += b"-----END CERTIFICATE-----\n"
+    key = b"-----BEGIN PRIVATE KEY-----\nTUlJRXZRSUJBREFOQmdrcWhraUc5dzBC\n-----END PRIVATE KEY-----\n"
+    path = tmp_path / "combined.pem"
+    path.write_bytes(b"# the site's certificate and key\n" + cert + key)
+    return path, cert
+
+
+def test_a_sandbox_gets_a_copy_of_the_certificates_only(tmp_path: Path) -> None:
+    from worker.pem import trusted_copy
+
+    path, cert = _combined(tmp_path)
+    copy = Path(trusted_copy(str(path), tmp_path / "trust"))
+    assert copy.read_bytes() == cert and b"PRIVATE KEY" not in copy.read_bytes()
+    assert copy.stat().st_mode & 0o777 == 0o644 and (tmp_path / "trust").stat().st_mode & 0o777 == 0o711
+    assert trusted_copy(str(path), tmp_path / "trust") == str(copy)  # the same certificates, the same file
+    # Swapped for a link to another file after it was checked: the copy is what was read.
+    path.unlink()
+    path.symlink_to("/etc/shadow")
+    assert copy.read_bytes() == cert
+    with pytest.raises(OSError, match="no PEM certificate"):
+        trusted_copy(str(path), tmp_path / "trust")  # and a copy now would hold nothing of it
+
+
+async def test_the_backend_is_given_the_copy_not_the_named_file(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    path, cert = _combined(tmp_path)
+    backend = _Backend()
+    configs = Configs(SettingsStore(tmp_path / "data"), {"image": "default:1"}, CAPS)
+    registry = ToolRegistry(backend=backend, configs=configs)  # type: ignore[arg-type]
+    done = await registry.configure_workspace(ws, {"ca_bundle": str(path)})
+    assert done.effective["ca_bundle"] == str(path)  # what the operator named
+    await registry.workspace(str(ws))
+    given = backend.specs[ws.resolve()]
+    assert given is not None and given.ca_bundle is not None
+    assert Path(given.ca_bundle).parent == tmp_path / "data" / "trust"
+    assert Path(given.ca_bundle).read_bytes() == cert

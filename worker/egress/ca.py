@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..pem import certificates
 from .policy import parse_ip
 
 CA_KEY = "secrets-ca.key"
@@ -235,9 +236,7 @@ def write_bundle(ca_pem: bytes, base: str | None, prefix: str) -> str:
     base_pem = b""
     src = base or host_trust_file()
     if src:
-        base_pem = Path(src).read_bytes()
-        if base_pem and not base_pem.endswith(b"\n"):
-            base_pem += b"\n"
+        base_pem = certificates(Path(src).read_bytes())  # certificates only: never a key beside them
     body = base_pem + b"# loom-worker: this workspace's secrets CA (the egress gateway's)\n" + ca_pem
     digest = hashlib.sha256(body).hexdigest()[:16]
     path = Path(f"{prefix}.ca-{digest}.pem")

@@ -20,6 +20,7 @@ from sandbox.logs import get_logger
 
 from ..background import Background, BackgroundIndex, BackgroundLimits
 from ..changelog.recorder import workspace_dir
+from ..pem import trusted_copy
 from ..tool import ToolError
 from ..workspace import ChangeRecorder, Workspace
 from ..workspace_settings import Configs, Configured, SettingsError, WorkspaceSettings, check, parse
@@ -220,6 +221,12 @@ class WorkspacePool:
             return False
         try:
             spec = self.configs.spec(root)
+            if spec.ca_bundle:
+                # Its certificates, copied now: never the named file itself (see trusted_copy).
+                trust = self.configs.trust_dir(root)
+                spec = spec.model_copy(
+                    update={"ca_bundle": await asyncio.to_thread(trusted_copy, spec.ca_bundle, trust)}
+                )
         except (SettingsError, OSError) as e:
             raise SandboxUnavailableError(f"The workspace's settings cannot be used: {e}") from e
         if spec.egress_dir:

@@ -27,7 +27,6 @@ _HOST = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 _REFERENCE = re.compile(rf"(?:{_HOST}/)?{_PATH}(?:/{_PATH})*(?::{_TAG})?(?:@{_DIGEST})?")
-_NAME = re.compile(rf"(?:{_HOST}/)?{_PATH}(?:/{_PATH})*")
 #: The engine's longest repository name.
 MAX_NAME = 255
 
@@ -41,9 +40,9 @@ def reference_problem(image: str) -> str | None:
         return f"{image!r} is not an image reference (e.g. python:3.12-slim, ghcr.io/org/app:1, name@sha256:...)"
     name = image.split("@", 1)[0]
     last = name.rsplit("/", 1)[-1]
-    if ":" in last:
+    if ":" in last:  # the tag
         name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    if len(name) > MAX_NAME or _NAME.fullmatch(name) is None:
+    if len(name) > MAX_NAME:
         return f"{image!r} is not an image reference: its name is longer than {MAX_NAME} characters"
     return None
 

@@ -5,10 +5,11 @@ the copy of its certificates a sandbox is given instead of the file itself."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
-import time
+import tempfile
 from pathlib import Path
 
 _CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----")
@@ -40,25 +41,25 @@ def trusted_copy(path: str, directory: Path) -> str:
     their hash), the file a sandbox mounts instead of ``path``: read here, once, as the
     worker, so what the sandbox sees is certificates only (never a key kept in the same
     file) and cannot become another file later (``path`` swapped for a symlink after it
-    was checked). Copies unused for a day are removed (another process, or a container
-    being created, may still name one). Returns the copy's path. Raises OSError (``path``
-    unreadable or without a certificate: ``ENOENT``/``EINVAL`` naming it)."""
+    was checked). Copies are kept: one per distinct bundle, and a container recreated
+    from a spec made days ago still names its own. Safe from several threads and
+    processes at once. Returns the copy's path. Raises OSError (``path`` unreadable, or
+    without a certificate: ``EINVAL`` naming it)."""
     with open(path, "rb") as f:
         body = certificates(f.read(64 << 20))
     if not body:
-        raise OSError(22, "holds no PEM certificate", path)
+        raise OSError(errno.EINVAL, "holds no PEM certificate", path)
     copy = directory / f"{COPY_PREFIX}{hashlib.sha256(body).hexdigest()[:16]}.pem"
     if not copy.exists():
         directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-        tmp = copy.with_name(f".{copy.name}.{os.getpid()}")
-        tmp.write_bytes(body)
-        os.chmod(tmp, 0o644)  # the sandbox's user reads it
-        os.replace(tmp, copy)
-    else:
-        with contextlib.suppress(OSError):
-            os.utime(copy)  # in use: not a day old
-    for old in directory.glob(f"{COPY_PREFIX}*.pem"):
-        with contextlib.suppress(OSError):
-            if old != copy and time.time() - old.stat().st_mtime > 86_400:
-                old.unlink()
+        fd, tmp = tempfile.mkstemp(prefix=f".{copy.name}.", dir=directory)  # one per writer
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.chmod(tmp, 0o644)  # the sandbox's user reads it
+            os.replace(tmp, copy)  # the same bytes whoever wins
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     return str(copy)

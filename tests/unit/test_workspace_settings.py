@@ -4,6 +4,7 @@ file), and the HTTP routes. The real engine's side is in tests/docker/test_envir
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import stat
@@ -276,6 +277,11 @@ def test_a_sandbox_gets_a_copy_of_the_certificates_only(tmp_path: Path) -> None:
     assert copy.read_bytes() == cert and b"PRIVATE KEY" not in copy.read_bytes()
     assert copy.stat().st_mode & 0o777 == 0o644 and (tmp_path / "trust").stat().st_mode & 0o777 == 0o711
     assert trusted_copy(str(path), tmp_path / "trust") == str(copy)  # the same certificates, the same file
+    # Many sandboxes starting at once with one bundle: every writer gets the one copy.
+    fresh = tmp_path / "fresh"
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        made = set(pool.map(lambda _: trusted_copy(str(path), fresh), range(64)))
+    assert len(made) == 1 and os.listdir(fresh) == [Path(made.pop()).name]  # no temporary file left
     # Swapped for a link to another file after it was checked: the copy is what was read.
     path.unlink()
     path.symlink_to("/etc/shadow")

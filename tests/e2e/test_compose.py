@@ -7,7 +7,7 @@ project name and port of the test's own and throwaway image names (the shared
 ``loom-sandbox:latest``... are never rebuilt). This machine reaches no container registry and
 reaches PyPI only through a TLS-intercepting proxy, so the environment names what a user of
 such a machine would (scripts/compose-setup.sh writes them to .env): the offline bases
-(``LOOM_BASE_IMAGE``, ``LOOM_SANDBOX_BASE_IMAGE``) and the proxy's CA for pip
+(``LOOM_BASE_IMAGE``, ``LOOM_SANDBOX_BASE_IMAGE``) and the proxy's CA
 (``LOOM_BUILD_CA_CERTS``). Everything else is compose.yaml's defaults; the API token is the
 one the worker generated at its first start, read from its volume.
 

@@ -47,6 +47,15 @@ def reference_problem(image: str) -> str | None:
     return None
 
 
+def check_reference(image: str) -> str:
+    """``image`` if :func:`reference_problem` finds nothing, for validators. Raises
+    ValueError saying what is wrong."""
+    problem = reference_problem(image)
+    if problem is not None:
+        raise ValueError(problem)
+    return image
+
+
 @dataclass(frozen=True)
 class PullEvent:
     """How one pull is going. ``state`` is ``pulling`` until one ``done`` or ``failed``."""

@@ -167,12 +167,9 @@ class Settings(BaseSettings):
     @field_validator("image", "agent_runtime_image")
     @classmethod
     def _image(cls, v: str) -> str:
-        from sandbox.pulls import reference_problem
+        from sandbox.pulls import check_reference
 
-        problem = reference_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return check_reference(v)
 
     @field_validator("registries")
     @classmethod

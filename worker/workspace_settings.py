@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandbox.pulls import reference_problem
+from sandbox.pulls import check_reference
 from sandbox.spec import SandboxSpec, parse_size
 
 from .changelog.recorder import workspace_dir
@@ -93,10 +93,7 @@ class WorkspaceSettings(BaseModel):
     def _image(cls, v: str | None) -> str | None:
         if v is not None and (v != v.strip() or any(c.isspace() or c == "\x00" for c in v)):
             raise ValueError("an image name has no spaces")
-        problem = None if v is None else reference_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return None if v is None else check_reference(v)
 
     @field_validator("memory")
     @classmethod

@@ -37,7 +37,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from sandbox.base import ImageInventory, PullWatcher
 from sandbox.errors import ImageNotFoundError, ImagePullError, SandboxUnavailableError
-from sandbox.pulls import PULL_SINK, PullEvent, reference_problem
+from sandbox.pulls import PULL_SINK, PullEvent, check_reference
 
 from ..result import json_line
 from .common import ERRORS
@@ -63,10 +63,7 @@ class PullRequest(BaseModel):
     @field_validator("image")
     @classmethod
     def _reference(cls, v: str) -> str:
-        problem = reference_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
-        return v
+        return check_reference(v)
 
 
 def _backend(service: ServiceDep) -> Any:

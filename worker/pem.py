@@ -50,16 +50,25 @@ def trusted_copy(path: str, directory: Path) -> str:
     if not body:
         raise OSError(errno.EINVAL, "holds no PEM certificate", path)
     copy = directory / f"{COPY_PREFIX}{hashlib.sha256(body).hexdigest()[:16]}.pem"
-    if not copy.exists():
-        directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-        fd, tmp = tempfile.mkstemp(prefix=f".{copy.name}.", dir=directory)  # one per writer
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            os.chmod(tmp, 0o644)  # the sandbox's user reads it
-            os.replace(tmp, copy)  # the same bytes whoever wins
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+    write_once(copy, body)
     return str(copy)
+
+
+def write_once(path: Path, body: bytes) -> None:
+    """Make ``path`` (a name given by its content's hash) hold ``body``, readable by a
+    sandbox's user (0644, its directory 0711), unless it exists. Atomic, and safe from
+    several threads and processes at once: each writer has its own temporary file, and
+    whoever renames last renames the same bytes. Raises OSError."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..pem import certificates
+from ..pem import certificates, write_once
 from .policy import parse_ip
 
 CA_KEY = "secrets-ca.key"
@@ -240,12 +240,7 @@ def write_bundle(ca_pem: bytes, base: str | None, prefix: str) -> str:
     body = base_pem + b"# loom-worker: this workspace's secrets CA (the egress gateway's)\n" + ca_pem
     digest = hashlib.sha256(body).hexdigest()[:16]
     path = Path(f"{prefix}.ca-{digest}.pem")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(body)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+    write_once(path, body)
     for old in path.parent.glob(f"{Path(prefix).name}.ca-*.pem"):
         with contextlib.suppress(OSError):
             if old != path and time.time() - old.stat().st_mtime > 86_400:

@@ -169,6 +169,8 @@ async def main(args: argparse.Namespace) -> None:
     print(head)
     print("|---|---|" + "---:|" * (head.count("|") - 3))
     for name, unit, key, higher_better in measurements:
+        if not host[key]:
+            continue  # not measured this run (--pip-rounds 0)
         h = med(host[key])
         vals = [med(box[r][key]) for r in runtimes]
         ratios = [(v / h if higher_better else h / v) for v in vals]

@@ -3,7 +3,7 @@ ready, and the worker's memory, through the Python API as a user runs it.
 
     .venv/bin/python bench/bench_scale.py [--workspaces 16,64,100] [--callers 32] [--seconds 10]
         [--rounds 3] [--tree PATH] [--runtime runc|runsc] [--loop asyncio|uvloop|worker]
-        [--no-changelog]
+        [--no-changelog] [--mix rws]
 
 Each measurement is one fresh process (the worker, as a user's program would be): it
 makes ``--workspaces`` directories, a ``default_registry()`` (changelog and call journal
@@ -12,7 +12,10 @@ on, as by default), starts every workspace at once (a ``shell_execute true`` in 
 ``--seconds``, each cycling through ``read_file`` (4 KB), ``write_file`` (1 KB, a file of
 its own) and ``shell_execute true`` on the workspaces in turn. It prints one JSON line;
 this script runs those processes and prints the table: calls/s, p50 and p99 latency, ready
-time, and the worker's resident memory after the load (``VmRSS``).
+time, and the worker's resident memory after the load (``VmRSS``). Where the CPU of a call
+goes: the worker's (and of that, the changelog's database thread), and the workspaces'
+containers' (their cgroups), each per call. ``--mix w`` (or ``r``, ``s``) runs one kind of
+call only, to see what each costs.
 
 ``--tree PATH`` runs the same load against another checkout of loom-worker (its
 ``.venv/bin/python`` when it has one, with ``PYTHONPATH=PATH``), alternating with this
@@ -258,6 +261,7 @@ def run_child(tree: Path, args: argparse.Namespace, workspaces: int) -> dict[str
         *("--workspaces", str(workspaces), "--callers", str(args.callers)),
         *("--seconds", str(args.seconds), "--warmup", str(args.warmup)),
         *("--runtime", args.runtime, "--loop", args.loop, "--image", args.image or ""),
+        *("--mix", args.mix),
     ]
     if args.no_changelog:
         argv.append("--no-changelog")
@@ -292,21 +296,26 @@ def main(args: argparse.Namespace) -> None:
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(float(x[key]) for x in rows)
 
+    kinds = {"r": "read_file 4 KB", "w": "write_file 1 KB", "s": "shell_execute true"}
     load_line = (
-        f"{args.callers} callers, read_file 4 KB / write_file 1 KB / shell_execute true in turn, "
+        f"{args.callers} callers, {' / '.join(kinds[c] for c in args.mix)} in turn, "
         f"{args.seconds:g} s, changelog {'off' if args.no_changelog else 'on'}, runtime {args.runtime}, "
         f"loop {args.loop}, medians of {args.rounds} round(s)"
     )
     print(f"\n{load_line}; trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees) + "\n")
     print(
         "| tree | workspaces | calls/s | p50 (ms) | p99 (ms) | read / write / true p50 (ms) "
-        "| worker CPU per call (ms) | ready (s) | worker RSS (MB) | calls/s vs other |"
+        "| worker CPU per call (ms) | of which the changelog's thread | sandboxes' CPU per call (ms) "
+        "| ready (s) | worker RSS (MB) | calls/s vs other |"
     )
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
         for label, _tree in trees:
             rows = results[(label, n)]
-            per = " / ".join(f"{statistics.median(x['per_tool'][t] for x in rows):.2f}" for t in TOOLS)
+            per = " / ".join(
+                f"{statistics.median(x['per_tool'][t] for x in rows):.2f}" if rows[0]["per_tool_calls"][t] else "-"
+                for t in TOOLS
+            )
             ratio = ""
             if len(trees) > 1:
                 other = "other" if label == "this" else "this"
@@ -314,6 +323,7 @@ def main(args: argparse.Namespace) -> None:
             print(
                 f"| {label} | {n} | {med(rows, 'calls_per_s'):.0f} | {med(rows, 'p50_ms'):.2f} "
                 f"| {med(rows, 'p99_ms'):.1f} | {per} | {med(rows, 'cpu_ms_per_call'):.3f} "
+                f"| {_median_of(rows, 'changelog-db')} | {_median_of(rows, 'sandbox_cpu_ms_per_call')} "
                 f"| {med(rows, 'ready_s'):.2f} | {med(rows, 'rss_mb'):.0f} "
                 f"| {ratio} |"
             )
@@ -324,6 +334,17 @@ def main(args: argparse.Namespace) -> None:
             print(
                 f"  {n} workspaces: " + ", ".join(f"{a['calls_per_s']:.0f} / {b['calls_per_s']:.0f}" for a, b in pairs)
             )
+
+
+def _median_of(rows: list[dict[str, Any]], key: str) -> str:
+    """The median of a CPU figure the load may not have (a tree without it, cgroups that
+    cannot be read, the changelog off): ``changelog-db`` is the changelog's database
+    thread in ``thread_cpu_ms_per_call``, anything else a top-level key."""
+    vals = [
+        (x.get("thread_cpu_ms_per_call") or {}).get(key, 0.0) if key == "changelog-db" else x.get(key) for x in rows
+    ]
+    got = [float(v) for v in vals if v is not None]
+    return f"{statistics.median(got):.3f}" if got else ""
 
 
 def parse_args() -> argparse.Namespace:
@@ -339,9 +360,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "worker"))
     ap.add_argument("--no-changelog", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mix", default="rws", help=argparse.SUPPRESS)  # child: r(ead) w(rite) s(hell), in turn
+    ap.add_argument(
+        "--mix",
+        default="rws",
+        help="the calls each caller makes in turn: r (read_file 4 KB), w (write_file 1 KB), s (shell_execute true); "
+        "'w' alone measures writes (default rws)",
+    )
     ap.add_argument("--profile", help=argparse.SUPPRESS)  # child: cProfile the measured load to this file
-    return ap.parse_args()
+    args = ap.parse_args()
+    if not args.mix or set(args.mix) - set("rws"):
+        ap.error(f"--mix: letters r, w and s only (got {args.mix!r})")
+    return args
 
 
 if __name__ == "__main__":

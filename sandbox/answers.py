@@ -21,6 +21,17 @@ def check_int(v: Any, name: str, *, lo: int = 0) -> int:
     return v
 
 
+def check_stat(v: Any) -> tuple[int, int, int, int] | None:
+    """A file's (size, mtime_ns, inode, st_mode) as the agent sent it, None when it sent
+    none (an older agent). Raises ProtocolError for anything else."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) != 4:
+        raise ProtocolError(f"agent sent an invalid stat: {v!r:.80}")
+    size, mtime_ns, ino, mode = (check_int(x, "stat") for x in v)
+    return size, mtime_ns, ino, mode
+
+
 def check_opt_int(v: Any, name: str) -> int | None:
     return None if v is None else check_int(v, name, lo=-(1 << 62))
 

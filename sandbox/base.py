@@ -249,10 +249,16 @@ class Sandbox(abc.ABC):
         pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode)
         return staged
 
-    async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
+    async def commit_write(
+        self, staged: StagedWrite | str, *, expect_path: str | None = None, snapshot: str | None = None
+    ) -> WriteResult:
         """Put a staged write (or the one staged under a token) in place if the target is
-        still what it expected and, with ``expect_path``, resolves to that path. Raises
-        ConflictError (nothing written), NotAFileError, AgentError for an unknown token,
+        still what it expected and, with ``expect_path``, resolves to that path.
+        ``snapshot``: the key of the caller's scan snapshot (:meth:`scan`), when the caller
+        records this write itself (the changelog): that snapshot's next scan then does
+        not report the file it put there, only what changes it after. Raises
+        ConflictError (nothing written), NotAFileError, AgentError for an unknown token
+        (staged files live in the agent that staged them: a fresh connection has none),
         and infrastructure errors."""
         from .errors import AgentError, ConflictError
 

@@ -26,6 +26,7 @@ from .answers import (
     check_int,
     check_opt_int,
     check_relpath,
+    check_stat,
     check_str,
     list_result,
     scan_result,
@@ -247,18 +248,17 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
             mode=None if mode is None else check_int(mode, "mode"),
         )
 
-    async def commit_write(self, staged: StagedWrite | str, *, expect_path: str | None = None) -> WriteResult:
-        # Staged files live in the agent that staged them (it removes them when it exits),
-        # so a commit on a fresh connection finds nothing: the agent says so.
+    async def commit_write(
+        self, staged: StagedWrite | str, *, expect_path: str | None = None, snapshot: str | None = None
+    ) -> WriteResult:
         token = staged.token if isinstance(staged, StagedWrite) else staged
-        args: dict[str, Any] = {"staged": token}
-        if expect_path is not None:
-            args["expect_path"] = expect_path
-        r = await self._call("commit", args)
+        asked = (("staged", token), ("expect_path", expect_path), ("snapshot", snapshot))
+        r = await self._call("commit", {k: v for k, v in asked if v is not None})
         return WriteResult(
             size=check_int(r.get("size"), "size"),
             sha256=check_str(r.get("sha256"), "sha256", limit=64),
             created=bool(r.get("created")),
+            stat=check_stat(r.get("stat")),
         )
 
     async def abort_write(self, staged: StagedWrite | str) -> None:

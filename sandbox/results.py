@@ -26,11 +26,14 @@ class ReadResult:
 
 @dataclass(frozen=True)
 class WriteResult:
-    """A file :meth:`Sandbox.write` put in place: its size, sha256 and whether it was new."""
+    """A file :meth:`Sandbox.write` put in place: its size, sha256 and whether it was new;
+    ``stat``, where the sandbox says (:meth:`Sandbox.commit_write`), is the file's
+    (size, mtime_ns, inode, st_mode) as the sandbox's scans see it."""
 
     size: int
     sha256: str
     created: bool
+    stat: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)

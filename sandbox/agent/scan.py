@@ -23,6 +23,22 @@ def op_scan(req):
         os.close(dfd)
 
 
+def put_known(key, path, put, st):
+    """Run ``put()``, the rename that puts a write the host records in its changelog in
+    place at ``path`` (its file's stat: ``st``), so that snapshot ``key``, when it watches
+    the whole workspace and knows the path, takes the new file as already seen (see
+    ``Snapshot.known_write``): the host's next command need not wait for the host to be
+    handed its own write back. Raises what ``put`` raises."""
+    with _scan_lock:
+        snap = _snapshots.get(key)
+        if snap is None or snap.params[0] != "." or not snap.takes_known(path):
+            put()
+            return
+        snap.absorb()
+        put()
+        snap.known_write(path, st)
+
+
 def scan_tree(dfd, prefix, req, snapshots, watch):
     """The work of ``op_scan`` on an open directory ``dfd`` (``prefix``: its path in the
     workspace), keeping snapshots in ``snapshots`` (caller holds their lock). Shared with

@@ -84,6 +84,10 @@ class Snapshot(object):
         self.multi = set()  # type: set  # files with several hard links
         self.new_multi = False
         self.full_at = time.monotonic()
+        # Events read off the queue ahead of a scan (``absorb``), for the next ``refresh``.
+        self.early_dirty = set()  # type: set
+        self.early_touched = set()  # type: set
+        self.early_lost = False
         self.wds = {}  # type: dict  # wd -> prefix
         self.fd = -1
         self.broken = not watch
@@ -95,6 +99,33 @@ class Snapshot(object):
                 self.broken = True
             else:
                 self.fd = fd
+
+    def takes_known(self, path):
+        """Whether a recorded write of ``path`` can be taken as seen (see ``known_write``):
+        a watched snapshot that already has the file."""
+        return path in self.files and not self.broken and self.fd >= 0
+
+    def absorb(self):
+        """Read the events queued so far into this snapshot, for the next ``refresh``."""
+        touched = set()  # type: set
+        dirty = self.drain(touched)
+        if dirty is None:
+            self.early_lost = True
+            return
+        self.early_dirty |= dirty
+        self.early_touched |= touched
+
+    def known_write(self, path, st):
+        """The host put a file at ``path`` by renaming it there, and records that change
+        itself; ``st`` is that file's stat. Take it as this snapshot's view, so the next
+        scan does not hand the host its own write back. Called just after the rename,
+        with the events from before it read off by ``absorb`` just before: writes to
+        ``path`` seen then were to the file the rename replaced (or the write's own
+        permission check), so they are dropped. What comes after still shows: a rename
+        over the path is another inode, a write in place an event still queued, a chmod
+        another mode."""
+        self.early_touched.discard(path)
+        self.files[path] = (paths.type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
     def close(self):
         if self.fd >= 0:
@@ -162,8 +193,11 @@ class Snapshot(object):
         when a full walk is needed instead."""
         touched = set()  # type: set
         dirty = self.drain(touched)
-        if dirty is None:
+        if dirty is None or self.early_lost:
             return None
+        dirty |= self.early_dirty
+        touched |= self.early_touched
+        self.early_dirty, self.early_touched = set(), set()
         changed = {}  # type: dict
         removed = set()  # type: set
         self.new_multi = False

@@ -11,7 +11,7 @@ import stat
 import threading
 import time
 
-from . import disk, files, paths, state, tidy
+from . import disk, files, paths, scan, state, tidy
 from .errors import Refused
 
 #: Staged writes by token: (directory fd, temporary, name, path, expectations, durable,
@@ -274,9 +274,17 @@ def op_commit(req):
             except OSError:
                 pass
             raise
-        _put_in_place(fd, tmp, name, durable)
+        key = req.get("snapshot")
+        if isinstance(key, str):
+            # The host records this write (its changelog's baseline gets the new content):
+            # its next scan need not hand the file back (``now``: the file renamed in).
+            scan.put_known(key, result["path"], lambda: _put_in_place(fd, tmp, name, durable), now)
+        else:
+            _put_in_place(fd, tmp, name, durable)
         result = dict(result)
         result["created"] = st is None
+        # What the scans will see of the file now there (the host's baseline takes it).
+        result["stat"] = [now.st_size, now.st_mtime_ns, now.st_ino, now.st_mode]
         return result
     finally:
         os.close(fd)

@@ -40,6 +40,7 @@ from tests.unit.test_changelog_exact_undo import (
     test_undo_of_one_command_removes_only_its_creations,
 )
 from tests.unit.test_changelog_shell import (
+    test_a_command_after_a_tool_write_runs_at_once,
     test_a_directory_that_was_there_stays,
     test_a_made_directory_goes_with_what_later_calls_put_in_it,
     test_dir_swapped_for_symlink_before_undo_writes_nothing_outside,
@@ -58,12 +59,14 @@ from tests.unit.test_changelog_shell import (
     test_symlinks_recorded_by_target,
     test_tampered_entry_path_is_refused,
     test_undone_deletion_gets_its_permissions_back,
+    test_what_a_command_does_to_a_tool_written_file_is_recorded,
 )
 from worker.changelog import Changelog, Limits
 
 pytestmark = pytest.mark.docker
 
 __all__ = [
+    "test_a_command_after_a_tool_write_runs_at_once",
     "test_a_directory_that_was_there_stays",
     "test_a_dry_run_touches_nothing",
     "test_a_file_made_then_rewritten_in_an_ignored_dir_needs_no_before_image",
@@ -103,6 +106,7 @@ __all__ = [
     "test_undo_of_one_command_removes_only_its_creations",
     "test_undo_twice_is_noop",
     "test_undone_deletion_gets_its_permissions_back",
+    "test_what_a_command_does_to_a_tool_written_file_is_recorded",
 ]
 
 

@@ -91,6 +91,45 @@ async def test_scan_travels_with_the_command_when_watched(cl, box, workspace: Pa
     assert await cl.after_shell(box, token, command="echo z > z", result=r) == ["z"]
 
 
+async def test_a_command_after_a_tool_write_runs_at_once(cl, box, workspace: Path) -> None:
+    """A write the changelog recorded is not handed back by the scan before the next
+    command (the agent's snapshot takes the file it put there as seen, and the baseline
+    gets its real stat): the command runs on its first try, nothing is recorded twice."""
+    (workspace / "a.txt").write_text("a0")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "b.txt").write_text("b0")
+    await shell(cl, box, "true")
+    await cl.write(box, "a.txt", b"a1 from the tool", call_id="w1")
+    await cl.write(box, "sub/b.txt", b"b1", call_id="w2")
+    token = await cl.before_shell(box, piggyback=True)
+    assert token.scan is not None  # type: ignore[attr-defined]
+    r = await box.exec("true", scan=token.scan)  # type: ignore[attr-defined]  # ScanFirst if handed back
+    assert r.scan_after is not None and r.scan_after.entries == []
+    assert await cl.after_shell(box, token, command="true", result=r) == []
+    assert [(e.path, e.origin) for e in await cl.log()] == [("a.txt", "tool"), ("sub/b.txt", "tool")]
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["chmod 600 a.txt", "printf 'A1 FROM THE TOOL' > a.txt", "echo x >> a.txt", "rm a.txt", "mv c.txt a.txt"],
+)
+async def test_what_a_command_does_to_a_tool_written_file_is_recorded(cl, box, workspace: Path, command: str) -> None:
+    """After a recorded write the baseline holds that file's real stat: a later command's
+    change to it (its mode only, a same-size rewrite, a rename over it) is the command's
+    entry, and undoing it brings back the tool's content and mode."""
+    (workspace / "a.txt").write_text("a0")
+    (workspace / "c.txt").write_text("from c")
+    await shell(cl, box, "true")
+    await cl.write(box, "a.txt", b"a1 from the tool", call_id="w1")
+    mode = (workspace / "a.txt").stat().st_mode
+    changed = await shell(cl, box, command, call_id="c1")
+    assert "a.txt" in changed
+    assert [e.path for e in await cl.log(call_id="c1")].count("a.txt") == 1
+    await cl.undo(box, call_id="c1")
+    assert (workspace / "a.txt").read_bytes() == b"a1 from the tool"
+    assert (workspace / "a.txt").stat().st_mode == mode
+
+
 async def test_shell_create_modify_delete_and_undo_exact_bytes(cl, box, workspace: Path) -> None:
     (workspace / "keep.bin").write_bytes(b"\x00\x01binary\xff")
     (workspace / "old.txt").write_bytes(b"old\n")

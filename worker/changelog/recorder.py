@@ -50,13 +50,16 @@ from sandbox.logs import get_logger
 
 from .errors import ChangelogStorageError
 from .model import Entry, Kind, Limits, Origin
-from .store import Connection, Store, WorkspaceLock, sha256
+from .store import RACY_OWN_WRITE, Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
 log = get_logger("worker.changelog")
 #: Seconds of quiet after which held step-5 updates are applied on their own.
 FINISH_DELAY = 0.005
-_Finish = tuple[int, tuple[str, str | None] | None, int | None, int | None]
+#: What a change leaves in the shell baseline: (path, content hash after) or, where the
+#: sandbox said, (path, hash, (size, mtime_ns, inode, st_mode) of the file put there).
+Baseline = tuple[str, str | None] | tuple[str, str | None, tuple[int, int, int, int] | None]
+_Finish = tuple[int, Baseline | None, int | None, int | None]
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -237,7 +240,7 @@ class ChangelogCore:
         self,
         entry_id: int,
         state: str,
-        baseline: tuple[str, str | None] | None,
+        baseline: Baseline | None,
         reverts: int | None,
         mode: int | None = None,
     ) -> None:
@@ -246,7 +249,7 @@ class ChangelogCore:
             _finish_in(db, entry_id, state, baseline, reverts, mode)
 
     def _finish_later(
-        self, entry_id: int, baseline: tuple[str, str | None] | None, reverts: int | None, mode: int | None = None
+        self, entry_id: int, baseline: Baseline | None, reverts: int | None, mode: int | None = None
     ) -> None:
         """Hold step 5 of a successful change until the next use of the database thread,
         or ``FINISH_DELAY`` of quiet (see the module docstring). Event loop only."""
@@ -373,11 +376,11 @@ class ChangelogCore:
             entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
         assert entry_id is not None
         try:
-            result = await sandbox.commit_write(staged)
+            result = await sandbox.commit_write(staged, snapshot=self.snapshot_key)
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise
-        self._finish_later(entry_id, (path, after), reverts, staged.mode)
+        self._finish_later(entry_id, (path, after, result.stat), reverts, staged.mode)
         return entry_id, result
 
     def entry(
@@ -499,7 +502,7 @@ def _finish_in(
     db: Any,
     entry_id: int,
     state: str,
-    baseline: tuple[str, str | None] | None,
+    baseline: Baseline | None,
     reverts: int | None,
     mode: int | None = None,
     note: str | None = None,
@@ -518,18 +521,26 @@ def _finish_in(
             db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
 
 
-def _baseline_after_change(db: Any, path: str, after: str | None) -> None:
+def _baseline_after_change(
+    db: Any, path: str, after: str | None, stat: tuple[int, int, int, int] | None = None
+) -> None:
     """Keep the shell baseline in step with a change made through the changelog.
 
-    The stat is unknown here, so it is set impossible (-1): the next scan sees the file as
-    changed, hashes it, finds the recorded content and only refreshes the stat.
+    With the file's ``stat`` as the sandbox put it there (a committed write: the agent's
+    scan snapshot takes that same file as seen, so no scan hands it back), the row is that
+    stat, marked :data:`~.store.RACY_OWN_WRITE` (a stat walk re-hashes it, as any file
+    written within a tick of a scan; a scan that reports it checks it by hash). Without,
+    the stat is unknown, so it is set impossible (-1) and mode 0 (unknown): the next scan
+    sees the file as changed, hashes it, finds the recorded content and only refreshes
+    the stat.
     """
     if after is None:
         db.execute("DELETE FROM baseline WHERE path = ?", (path,))
         return
     kept = db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (after,)).fetchone() is not None
+    size, mtime_ns, ino, mode, racy = (*stat, RACY_OWN_WRITE) if stat is not None else (-1, -1, 0, 0, 0)
     db.execute(
         "INSERT OR REPLACE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, status, "
-        "racy) VALUES (?, 'file', -1, -1, 0, 0, ?, NULL, ?, 0)",
-        (path, after, "ok" if kept else "too_large"),
+        "racy) VALUES (?, 'file', ?, ?, ?, ?, ?, NULL, ?, ?)",
+        (path, size, mtime_ns, ino, mode, after, "ok" if kept else "too_large", racy),
     )

@@ -58,7 +58,7 @@ from .shellrows import (
     tree_roots,
     why_not,
 )
-from .store import BASELINE_COLUMNS, Store
+from .store import BASELINE_COLUMNS, RACY_OWN_WRITE, Store
 
 RACY_NS = 1_000_000_000
 #: The baseline's format: "2" lists directories too. A baseline of version "1" (files
@@ -113,7 +113,7 @@ class ShellTracker:
         return {r[0]: Row(*r) for r in self.core.store.query(f"SELECT {BASELINE_COLUMNS} FROM baseline")}
 
     def _racy(self) -> list[str]:
-        return [r[0] for r in self.core.store.query("SELECT path FROM baseline WHERE racy = 1")]
+        return [r[0] for r in self.core.store.query("SELECT path FROM baseline WHERE racy != 0")]
 
     def _kept_bytes(self) -> int:
         return int(self.core.store.query("SELECT COALESCE(SUM(size), 0) FROM baseline WHERE status = 'ok'")[0][0])
@@ -421,7 +421,8 @@ class ShellTracker:
         self, sandbox: Sandbox, changed: list[ScanEntry], rows: dict[str, Row], budget: list[int]
     ) -> tuple[list[tuple[ScanEntry, Row, bytes | None]], list[ScanEntry]]:
         """Files this changelog wrote since the last scan (their rows hold the content's
-        hash, stored, but no stat: :func:`~.recorder._baseline_after_change`), checked
+        hash, stored, and no stat or the stat the sandbox reported for the file it put
+        there: :func:`~.recorder._baseline_after_change`), checked
         with one ``hash`` request for them all instead of a read of each: a file that
         still holds that content only gets its stat refreshed (what reading it would have
         concluded). Returns those rows, and the entries left for :meth:`_describe_all`
@@ -432,7 +433,7 @@ class ShellTracker:
             if e.type == "file"
             and (b := rows.get(e.path)) is not None
             and b.type == "file"
-            and b.mtime_ns == -1
+            and (b.mtime_ns == -1 or b.racy == RACY_OWN_WRITE)
             and b.status == "ok"
             and b.sha256 is not None
             and e.size <= self.limits.max_file_bytes

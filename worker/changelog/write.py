@@ -148,7 +148,7 @@ async def _write_known_before(
     if entry_id is None:  # not stored, or entries pending: the general path decides
         await _abort(sandbox, stage, token)
         return None
-    committed = asyncio.ensure_future(sandbox.commit_write(token, expect_path=path))
+    committed = asyncio.ensure_future(sandbox.commit_write(token, expect_path=path, snapshot=core.snapshot_key))
     staged_err: BaseException | None = None
     try:
         staged = await stage
@@ -178,7 +178,7 @@ async def _write_known_before(
             raise staged_err from None
         raise
     assert staged is not None
-    core._finish_later(entry_id, (path, after), None, staged.mode)
+    core._finish_later(entry_id, (path, after, result.stat), None, staged.mode)
     return result
 
 

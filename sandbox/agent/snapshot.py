@@ -102,8 +102,12 @@ class Snapshot(object):
 
     def takes_known(self, path):
         """Whether a recorded write of ``path`` can be taken as seen (see ``known_write``):
-        a watched snapshot that already has the file."""
-        return path in self.files and not self.broken and self.fd >= 0
+        a watched snapshot that has the file, or its directory (a file the write creates).
+        A directory the snapshot has not seen yet (made by the write, or by a command
+        whose events are still queued) is left to the scan."""
+        if self.broken or self.fd < 0:
+            return False
+        return path in self.files or path[: path.rfind("/") + 1] in self.dirs
 
     def absorb(self):
         """Read the events queued so far into this snapshot, for the next ``refresh``."""
@@ -125,6 +129,8 @@ class Snapshot(object):
         over the path is another inode, a write in place an event still queued, a chmod
         another mode."""
         self.early_touched.discard(path)
+        cut = path.rfind("/") + 1
+        self.names.setdefault(path[:cut], {})[path[cut:]] = True
         self.files[path] = (paths.type_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
     def close(self):

@@ -68,11 +68,22 @@ def test_without_the_key_or_for_another_snapshot_it_is_reported(root: Path) -> N
     assert changed(scan(gen_other, "other")) == {"a.txt", "b.txt"}
 
 
-def test_a_new_file_is_still_reported(root: Path) -> None:
-    # Only files the snapshot knew are taken as seen: a creation stays the host's to add.
+def test_a_file_the_write_creates_is_taken_as_seen_in_a_known_directory(root: Path) -> None:
+    (root / "sub").mkdir()
     gen = scan(None)["generation"]
     staged_write("new.txt", b"x\n", "k")
-    assert changed(scan(gen)) == {"new.txt"}
+    staged_write("sub/new.txt", b"y\n", "k")
+    assert changed(scan(gen)) == set()
+    os.unlink(root / "sub" / "new.txt")  # and the snapshot knows it is there
+    assert changed(scan(agent_scan._snapshots["k"].generation)) == {"sub/new.txt"}
+
+
+def test_a_file_in_a_directory_the_snapshot_has_not_seen_is_reported(root: Path) -> None:
+    gen = scan(None)["generation"]
+    staged_write("made/new.txt", b"x\n", "k")  # the write makes the directory
+    (root / "cmd").mkdir()  # a command made this one; its events are still queued
+    staged_write("cmd/new.txt", b"y\n", "k")
+    assert changed(scan(gen)) >= {"made", "made/new.txt", "cmd", "cmd/new.txt"}
 
 
 @pytest.mark.parametrize("after", ["rewrite_same_size", "append", "rename_over", "chmod", "delete"])
@@ -142,3 +153,47 @@ def test_the_host_refuses_a_malformed_stat(sent: object) -> None:
     assert check_stat([5, 6, 7, 0o100644]) == (5, 6, 7, 0o100644)
     with pytest.raises(ProtocolError):
         check_stat(sent)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_hosts_view_stays_exact_under_random_changes_and_recorded_writes(root: Path, seed: int) -> None:
+    """The host's view (the last scan, plus each recorded write's stat from the commit),
+    updated by each incremental scan, must be the tree a full walk sees: a recorded write
+    never hides what else happened, before or after it in the same round."""
+    import random
+
+    from tests.unit.test_agent_scan_watch import apply, full_walk, random_op
+
+    rng = random.Random(seed)
+    for i in range(20):
+        (root / f"a{i % 3}").mkdir(exist_ok=True)
+        (root / f"a{i % 3}" / f"x{i}").write_text(str(i))
+    res = scan(None)
+    view, gen = apply({}, res), res["generation"]
+    for _round in range(25):
+        for _ in range(rng.randrange(0, 6)):
+            if rng.random() < 0.5:
+                random_op(rng, root)
+                continue
+            files = [p for p, v in full_walk().items() if v[0] == "file"]
+            dirs = [p for p, v in full_walk().items() if v[0] == "dir"]
+            path = (
+                rng.choice(files) if files and rng.random() < 0.6 else f"{rng.choice([*dirs, ''])}/k{rng.randrange(99)}"
+            )
+            path = path.lstrip("/")
+            try:
+                st = staged_write(path, os.urandom(rng.randrange(0, 32)), "k")["stat"]
+            except Exception:
+                continue  # refused (a link, a directory in the way): nothing written
+            view = {**view, path: ("file", st[0], st[1], st[2], st[3])}
+            for p in [p for p in view if p.startswith(path + "/")]:
+                del view[p]
+        res = scan(gen)
+        assert not res["full"]
+        before = view
+        view, gen = apply(view, res), res["generation"]
+        truth = full_walk()
+        assert view == truth
+        expected_changed = {p for p, v in truth.items() if before.get(p) != v}
+        assert expected_changed <= {e[0] for e in res["entries"]}
+        assert set(res["removed"]) >= set(before) - set(truth)

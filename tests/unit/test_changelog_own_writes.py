@@ -133,3 +133,19 @@ async def test_a_command_keeps_what_it_did_not_change_remembered(ws: Workspace, 
     assert calls == ["read"]
     [entry] = await ws.recorder.log(call_id="w4")  # type: ignore[attr-defined]
     assert entry.before_hash == hashlib.sha256(b"BEE").hexdigest()
+
+
+async def test_a_file_reported_again_unchanged_is_hashed_again_not_read(ws: Workspace, workspace: Path) -> None:
+    """After a tool's write, a command that opens the file for writing and writes nothing
+    (as gVisor's own late close of the file it wrote looks on the host) makes the scan
+    report it with its stat unchanged: the content is checked by hash each time, never
+    read back through the sandbox."""
+    await ws.run_shell("true")
+    await ws.write("a.txt", b"x" * 5000, tool="write_file", call_id="w1")
+    calls: list[str] = []
+    counting(ws.sandbox, calls)
+    for _ in range(3):
+        _result, changed = await ws.run_shell(": >> a.txt")
+        assert changed == []
+    assert "read" not in calls and calls.count("hash") >= 2, calls
+    assert await ws.recorder.log() == await ws.recorder.log(call_id="w1")  # type: ignore[attr-defined]

@@ -68,9 +68,10 @@ ENTRY_COLUMNS = (
 )
 _ENTRY_FIELDS = [c.strip() for c in ENTRY_COLUMNS.split(",")]
 BASELINE_COLUMNS = "path, type, size, mtime_ns, ino, mode, sha256, target, status, racy"
-#: ``racy`` of a baseline row a tool's write left with the stat the sandbox reported: racy
-#: (a stat walk re-hashes it), and its content is the changelog's own, so a scan that
-#: reports the file checks it by hash, not by a read (``ShellTracker._known_content``).
+#: ``racy`` of a baseline row a tool's write left with the stat the sandbox reported (or a
+#: scan then found still holding that content): racy (a stat walk re-hashes it), and its
+#: content is the changelog's own, so a scan that reports the file checks it by hash, not
+#: by a read (``ShellTracker._known_content``).
 RACY_OWN_WRITE = 2
 
 

@@ -7,27 +7,17 @@ this process, rooted at a temporary directory, with inotify as on runc."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox.agent import scan as agent_scan
-from sandbox.agent import state, write
+from sandbox.agent import write
 
 
 @pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
-    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
-    monkeypatch.setattr(state, "subreaper", True)  # a real Linux kernel: watching allowed
-    try:
-        yield tmp_path
-    finally:
-        for snap in agent_scan._snapshots.values():
-            snap.close()
-        agent_scan._snapshots.clear()
-        os.close(state.ROOT_FD)
+def root(agent_root: Path) -> Path:
+    return agent_root
 
 
 def scan(since: str | None, key: str = "k") -> dict:
@@ -162,7 +152,7 @@ def test_the_hosts_view_stays_exact_under_random_changes_and_recorded_writes(roo
     never hides what else happened, before or after it in the same round."""
     import random
 
-    from tests.unit.test_agent_scan_watch import apply, full_walk, random_op
+    from tests.unit.test_agent_scan_watch import apply, full_walk, random_op, scan_and_check
 
     rng = random.Random(seed)
     for i in range(20):
@@ -188,12 +178,7 @@ def test_the_hosts_view_stays_exact_under_random_changes_and_recorded_writes(roo
             view = {**view, path: ("file", st[0], st[1], st[2], st[3])}
             for p in [p for p in view if p.startswith(path + "/")]:
                 del view[p]
-        res = scan(gen)
-        assert not res["full"]
         before = view
-        view, gen = apply(view, res), res["generation"]
-        truth = full_walk()
-        assert view == truth
-        expected_changed = {p for p, v in truth.items() if before.get(p) != v}
-        assert expected_changed <= {e[0] for e in res["entries"]}
+        res, view, truth = scan_and_check(view, gen)
+        gen = res["generation"]
         assert set(res["removed"]) >= set(before) - set(truth)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -186,13 +187,18 @@ class Placements:
         return await asyncio.to_thread(gcs.slot, self.namespace, ws_id) is not None
 
     async def _has_free_slot(self) -> bool:
-        # Ray's view of free resources follows a freed slot within a moment (it is
-        # broadcast from the nodes): look again for a few seconds before refusing.
-        for _ in range(15):
+        # Ray's view of free resources follows a freed slot or a new node within a moment
+        # (it is broadcast from the nodes), and later on a loaded cluster: a node just added
+        # showed its slots only after more than 3 s on a 2-core machine running three
+        # raylets and a test suite. Look again for up to 10 s (at most ``place_timeout``)
+        # before refusing.
+        deadline = time.monotonic() + min(self.place_timeout, 10.0)
+        while True:
             if (await asyncio.to_thread(ray.available_resources)).get(RESOURCE, 0) >= 1:
                 return True
+            if time.monotonic() >= deadline:
+                return False
             await asyncio.sleep(0.2)
-        return False
 
     async def get_workspace(self, workspace: str | PurePath) -> ClusterWorkspace:
         """The workspace, ``ready`` or ``lost``. Raises WorkspaceNotFound."""

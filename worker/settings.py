@@ -140,6 +140,12 @@ class Settings(BaseSettings):
         1 << 30, ge=0, description="Content the shell baseline keeps per workspace; beyond it, stat only."
     )
     changelog_max_files: int = Field(200_000, ge=1, description="Files a change scan walks (beyond: reported).")
+    changelog_reserve_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="Free space the data directory must have before a command or write starts (room to record "
+        "its changes); below it the call is refused as a limit, nothing run. 0: no check.",
+    )
     call_journal_bytes: int = Field(
         16 << 20,
         ge=0,
@@ -237,6 +243,7 @@ class Settings(BaseSettings):
             max_total_bytes=self.changelog_max_total_bytes,
             max_files=self.changelog_max_files,
             durability=self.durability,
+            reserve_bytes=self.changelog_reserve_bytes,
             **extra,
         )
 

@@ -33,6 +33,7 @@ from sandbox.base import (
 )
 from sandbox.errors import SandboxError
 
+from . import faults
 from .background import Background, BackgroundLimits, Started, new_process_id
 from .pathlocks import PathLocks
 
@@ -73,6 +74,7 @@ class ChangeRecorder(Protocol):
         piggyback: bool = False,
         pending: ScanResult | None = None,
         attribute: dict[str, Any] | None = None,
+        intent: dict[str, Any] | None = None,
     ) -> object:
         """Snapshot what is needed to see a command's changes; returns a token.
 
@@ -126,6 +128,7 @@ class NullRecorder:
         piggyback: bool = False,
         pending: ScanResult | None = None,
         attribute: dict[str, Any] | None = None,
+        intent: dict[str, Any] | None = None,
     ) -> object:
         return None
 
@@ -160,13 +163,18 @@ class Workspace:
         sandbox: Sandbox,
         recorder: ChangeRecorder | None = None,
         background: Background | None = None,
+        mutation_lock: AbstractAsyncContextManager[Any] | None = None,
     ) -> None:
+        """``mutation_lock``: held across each mutation (the changelog's, which other
+        processes on the same workspace take too); default an in-process lock."""
         self.root = root
         self.sandbox = sandbox
         self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
-        self._mutation_lock = asyncio.Lock()
+        self._mutation_lock: AbstractAsyncContextManager[Any] = (
+            mutation_lock if mutation_lock is not None else asyncio.Lock()
+        )
         self._paths = PathLocks(root)
         self._known: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._known_bytes = 0
@@ -295,9 +303,11 @@ class Workspace:
             # A command as another user runs in another agent: the scans, which belong to
             # this one's snapshot, are made around it instead of travelling with it.
             piggyback = options.get("user") is None
-            token = await self.recorder.before_shell(self.sandbox, piggyback=piggyback, **extra)
+            intent = {"tool": tool, "command": command, "call_id": call_id, "subtask_id": subtask_id}
+            token = await self.recorder.before_shell(self.sandbox, piggyback=piggyback, intent=intent, **extra)
             if bg is not None and self.background is not None:
                 self.background.settled(bg)
+            faults.point("command.started")
             for attempt in range(3):
                 # The recorder's scans travel with the command when it can (one round trip).
                 scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
@@ -314,9 +324,13 @@ class Workspace:
                     )
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first
+                    opened = getattr(token, "intent", None)
                     token = await self.recorder.before_shell(
                         self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
                     )
+                    if opened is not None:  # the same command, sent again: still its intent
+                        token.intent = opened  # type: ignore[attr-defined]
+            faults.point("command.ran")
             try:
                 changed = await self.recorder.after_shell(
                     self.sandbox,
@@ -367,7 +381,8 @@ class Workspace:
         async with self._mutation_lock:
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
             extra: dict[str, Any] = {"attribute": bg.record} if bg is not None else {}
-            token = await self.recorder.before_shell(self.sandbox, **extra)
+            intent = {"tool": tool, "command": command, "call_id": call_id, "subtask_id": subtask_id}
+            token = await self.recorder.before_shell(self.sandbox, intent=intent, **extra)
             if bg is not None and self.background is not None:
                 self.background.settled(bg)
             try:

@@ -71,7 +71,11 @@ def op_write(req):
         create_mode = req.get("mode")
         if st is None and isinstance(create_mode, int) and not isinstance(create_mode, bool):
             mode = create_mode & 0o777  # a restored file gets its permissions back (never setuid)
-        tmp = ".%s.loom-%s.tmp" % (name[:100], os.urandom(6).hex())
+        # A staging's temporary is named after the host's token, so the host, which
+        # notes the name before asking, can remove it after a crash of its own.
+        token = req.get("token") if req.get("stage") else None
+        unique = token if isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum() else None
+        tmp = ".%s.loom-%s.tmp" % (name[:100], unique or os.urandom(6).hex())
         try:
             f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
         except PermissionError:

@@ -450,7 +450,9 @@ class SpyRecorder:
         self.events.append(("write", path, tool, call_id, subtask_id, expect_sha256, expect_absent))
         return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
 
-    async def before_shell(self, sandbox: Sandbox, *, piggyback: bool = False, pending: object = None) -> object:
+    async def before_shell(
+        self, sandbox: Sandbox, *, piggyback: bool = False, pending: object = None, intent: object = None
+    ) -> object:
         self.active_shells += 1
         self.max_active = max(self.max_active, self.active_shells)
         self.events.append(("before",))

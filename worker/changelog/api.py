@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.base import ExecResult, Sandbox, ScanResult, WriteResult
+from sandbox.logs import get_logger
 
+from .. import faults
 from ..quoting import quote_path
 from .changes import entries_diff
 from .diff import Content, first_before, read_now, summarize, unified
-from .errors import EntryNotFoundError
+from .errors import ChangelogStorageError, ChangesNotRecordedError, EntryNotFoundError
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
@@ -28,6 +30,8 @@ from .shellscan import ShellToken, ShellTracker
 from .store import Store, WorkspaceLock
 from .undo import select, undo
 from .write import recorded_write
+
+log = get_logger("worker.changelog")
 
 #: Beside a fork's changelog: the snapshot its history starts at.
 ORIGIN_FILE = "forked_from.json"
@@ -47,6 +51,7 @@ class Changelog:
     def __init__(self, core: ChangelogCore) -> None:
         self._core = core
         self._shell = ShellTracker(core)
+
 
     @classmethod
     def open(
@@ -89,6 +94,15 @@ class Changelog:
         return self._core.limits
 
     @property
+    def mutations(self) -> WorkspaceLock:
+        """The workspace's mutation lock across coroutines and processes: held for a whole
+        change (a command from its scan before to its scan after, a write, an undo, a
+        restore), so two processes on one workspace (the CLI's local worker and ``serve``,
+        two services) take turns and every change is recorded exactly once. Reentrant
+        within one hold (:class:`~worker.changelog.store.WorkspaceLock`)."""
+        return self._core.mutations
+
+    @property
     def lock(self) -> WorkspaceLock:
         """The workspace's lock across coroutines and processes (what every recorded
         change takes); a snapshot holds it while it pauses the sandbox and copies."""
@@ -104,10 +118,30 @@ class Changelog:
         await self.aclose()
 
     async def recover(self, sandbox: Sandbox) -> list[Entry]:
-        """Settle entries a crashed writer left ``pending`` (every other operation does this
-        first, too). Returns them as they were. Raises sandbox and storage errors."""
-        async with self._core.lock:
-            return await self._core.recover(sandbox)
+        """Settle what a crashed writer left (every other change does this first, too):
+        entries ``pending``, staged temporaries, and commands whose end was never recorded
+        (their changes recorded as theirs, marked interrupted). Returns the pending entries
+        as they were. Raises sandbox and storage errors."""
+        async with self._core.mutations, self._core.lock:
+            return await self._settle(sandbox)
+
+    async def interrupted(self) -> int:
+        """How many commands or staged writes a crashed writer left open (reconciled by
+        the next change, :meth:`recover`). Raises ChangelogStorageError."""
+        return len(self._core.intents.orphans())
+
+    async def _settle(self, sandbox: Sandbox) -> list[Entry]:
+        """:meth:`recover` with the locks held."""
+        settled = await self._core.recover(sandbox)
+        for intent in self._core.intents.orphans():
+            if intent.kind != "command":
+                continue
+            if await self._shell.ready():
+                record = {**intent.record, "interrupted": True}
+                changed = await self._shell.sync(sandbox, record)
+                log.info("changelog.reconciled", command=str(record.get("command", ""))[:200], changed=len(changed))
+            self._core.intents.end(intent.id)
+        return settled
 
     # -- ChangeRecorder ---------------------------------------------------------------
 
@@ -131,18 +165,23 @@ class Changelog:
         PathEscapeError, TooLargeError, infrastructure errors) and ChangelogStorageError
         (then the workspace was not changed).
         """
-        return await recorded_write(
-            self._core,
-            sandbox,
-            path,
-            data,
-            expect_sha256=expect_sha256,
-            expect_absent=expect_absent,
-            tool=tool,
-            call_id=call_id,
-            subtask_id=subtask_id,
-            guess_sha256=guess_sha256,
-        )
+        async with self._core.mutations:
+            self._core.check_reserve(tool)
+            if self._core.intents.orphans():
+                async with self._core.lock:
+                    await self._settle(sandbox)
+            return await recorded_write(
+                self._core,
+                sandbox,
+                path,
+                data,
+                expect_sha256=expect_sha256,
+                expect_absent=expect_absent,
+                tool=tool,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                guess_sha256=guess_sha256,
+            )
 
     async def before_shell(
         self,
@@ -151,6 +190,7 @@ class Changelog:
         piggyback: bool = False,
         pending: ScanResult | None = None,
         attribute: dict[str, Any] | None = None,
+        intent: dict[str, Any] | None = None,
     ) -> ShellToken:
         """Make sure the baseline exists and is current before a command runs.
 
@@ -160,13 +200,21 @@ class Changelog:
         snapshot is watched; ``pending`` is the scan an ``exec`` handed back unrun
         (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes, or, with
         ``attribute`` (``tool``, ``command``, ``call_id``, ``subtask_id``: a background
-        process that ran meanwhile), as that process's entries. Raises sandbox and storage
-        errors.
+        process that ran meanwhile), as that process's entries.
+
+        ``intent`` (the command's ``tool``, ``command``, ``call_id``, ``subtask_id``) says
+        a command is about to run: the reserve is checked and the command's intent is
+        opened before this returns (``token.intent``), so a crash before its
+        ``after_shell`` leaves it to be reconciled. The caller should hold
+        :attr:`mutations` from here to ``after_shell``. Raises ReserveError, sandbox and
+        storage errors.
         """
         import time
 
+        if intent is not None:
+            self._core.check_reserve("the command")
         async with self._core.lock:
-            await self._core.recover(sandbox)
+            await self._settle(sandbox)
             if not await self._shell.ready():
                 await self._shell.build(sandbox)
             elif pending is not None:
@@ -174,14 +222,15 @@ class Changelog:
             elif not piggyback or self._shell.scan_request() is None or attribute is not None:
                 await self._shell.sync(sandbox, attribute)
             scan = self._shell.scan_request() if piggyback else None
-        return ShellToken(started=time.time(), baseline_ready=True, scan=scan)
+            opened = None if intent is None else self._core.intents.start("command", intent, ts=time.time())
+        return ShellToken(started=time.time(), baseline_ready=True, scan=scan, intent=opened)
 
     async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
         """Record what changed since the last scan as ``record``'s (a background process
         that ran meanwhile: ``tool``, ``command``, ``call_id``, ``subtask_id``); return the
         changed paths. Raises sandbox and storage errors."""
-        async with self._core.lock:
-            await self._core.recover(sandbox)
+        async with self._core.mutations, self._core.lock:
+            await self._settle(sandbox)
             if not await self._shell.ready():
                 await self._shell.build(sandbox)
                 return []
@@ -200,10 +249,12 @@ class Changelog:
     ) -> list[str]:
         """Record every file the command created, modified or deleted; return their paths.
         ``result`` is the command's result: its ``scan_after`` is used when the scan was
-        sent along with it.
+        sent along with it. Closes the command's intent once its changes are recorded.
 
-        Raises sandbox and storage errors (a later scan then catches up: nothing is lost,
-        though it may be attributed to the next command).
+        Raises ChangesNotRecordedError when the command ran but storage failed (its
+        intent stays open: its changes are recorded, as its own and marked interrupted,
+        at the next use of the changelog that storage allows), sandbox errors (the
+        intent likewise stays open for the next use).
         """
         record: dict[str, Any] = {
             "tool": tool,
@@ -211,12 +262,31 @@ class Changelog:
             "call_id": call_id,
             "subtask_id": subtask_id,
         }
+        intent = token.intent if isinstance(token, ShellToken) else None
         scanned = result.scan_after if result is not None and getattr(token, "scan", None) is not None else None
         async with self._core.lock:
-            if not await self._shell.ready():
-                await self._shell.build(sandbox)
-                return []
-            return await self._shell.sync(sandbox, record, result=scanned)
+            try:
+                if not await self._shell.ready():
+                    await self._shell.build(sandbox)
+                    changed: list[str] = []
+                else:
+                    changed = await self._shell.sync(sandbox, record, result=scanned)
+            except ChangelogStorageError as e:
+                if intent is not None:
+                    self._core.intents.abandon(intent)
+                ran = "" if result is None else f" (exit code {result.exit_code})"
+                raise ChangesNotRecordedError(
+                    f"the command ran{ran}, but the changelog could not record its changes yet ({e}); they are "
+                    "kept and recorded as this command's, marked interrupted, at the next call storage allows"
+                ) from e
+            except BaseException:
+                if intent is not None:
+                    self._core.intents.abandon(intent)
+                raise
+            faults.point("command.recorded")
+            if intent is not None:
+                self._core.intents.end(intent)
+            return changed
 
     # -- log / diff / summary --------------------------------------------------------------
 
@@ -331,8 +401,8 @@ class Changelog:
         UndoRefusedError (tampered entry), ChangelogStorageError, sandbox infrastructure
         errors. A refusal by the agent for one entry is a ``failed`` step in the result.
         """
-        async with self._core.lock:
-            await self._core.recover(sandbox)
+        async with self._core.mutations, self._core.lock:
+            await self._settle(sandbox)
             targets = await self._core.db(
                 select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
             )
@@ -346,8 +416,8 @@ class Changelog:
         with its before-image, so ``undo(call_id=...)`` gives the state before it back.
         ``dry_run`` changes nothing and fills ``Plan.diff``. Raises sandbox and storage
         errors, OSError reading ``tree``; a path the agent refuses is in ``Plan.failed``."""
-        async with self._core.lock:
-            await self._core.recover(sandbox)
+        async with self._core.mutations, self._core.lock:
+            await self._settle(sandbox)
             return await Restorer(self._core, self._shell, sandbox, tree).run(
                 call_id=call_id, note=note, dry_run=dry_run
             )

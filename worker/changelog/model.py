@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..quoting import quote_path
 from ..result import safe_text
@@ -205,6 +205,10 @@ class Limits(BaseModel):
     #: (about 1 ms each on an SSD, far more on a busy disk) and keeps every guarantee
     #: except surviving a power loss: record-before-write, whole-old-or-whole-new files.
     durability: Durability = "full"
+    #: Free bytes the data directory must have before a command or write starts (the
+    #: room to record what it changes); below it the call is refused as a limit, the
+    #: workspace untouched. 0 turns the check off.
+    reserve_bytes: int = Field(64 << 20, ge=0)
     #: Directory names whose files are tracked by stat only: what a command makes there
     #: is recorded (one entry per tree, or per such directory and command) and undone by
     #: removing it; a file that was there before and changes cannot be restored. ``.git``

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import os
+import posixpath
+import secrets
 import sqlite3
 import threading
 import time
@@ -48,8 +51,10 @@ from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 from sandbox.identity import workspace_digest
 from sandbox.logs import get_logger
 
-from .errors import ChangelogStorageError
-from .model import Entry, Kind, Limits, Origin
+from .. import faults
+from .errors import ChangelogStorageError, ReserveError
+from .intents import IntentJournal
+from .model import Entry, Kind, Limits, Origin, size_text
 from .store import RACY_OWN_WRITE, Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
@@ -60,6 +65,13 @@ FINISH_DELAY = 0.005
 #: sandbox said, (path, hash, (size, mtime_ns, inode, st_mode) of the file put there).
 Baseline = tuple[str, str | None] | tuple[str, str | None, tuple[int, int, int, int] | None]
 _Finish = tuple[int, Baseline | None, int | None, int | None]
+
+
+def staged_temp(path: str, token: str) -> str:
+    """The workspace-relative name of the temporary a staged write of ``path`` with
+    ``token`` uses (the agent's naming, :mod:`sandbox.agent.write`)."""
+    head, name = posixpath.split(path)
+    return posixpath.join(head, f".{name[:100]}.loom-{token}.tmp")
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -91,6 +103,10 @@ class ChangelogCore:
         self.fsync = limits.durability == "full"
         self.store = Store(root / "changelog.sqlite3", fsync=self.fsync)
         self.lock = WorkspaceLock(root / "lock")
+        #: Held across a whole mutation (a command from its before-scan to its after-scan,
+        #: a write, an undo): one writer per workspace across processes (see api.py).
+        self.mutations = WorkspaceLock(root / "mutation.lock")
+        self.intents = IntentJournal(root / "intents")
         self.snapshot_key = "loom-changelog-" + root.name
         self._peek: sqlite3.Connection | None = None
         # Step-5 updates not yet applied (see the module docstring): appended on the event
@@ -168,6 +184,27 @@ class ChangelogCore:
         await self.db(self.store.close)
         self._pool.shutdown(wait=True)
         self.lock.close()
+        self.mutations.close()
+        self.intents.close()
+
+    def check_reserve(self, what: str) -> None:
+        """Refuse to start ``what`` when the data directory has less free space than the
+        reserve (room to record its changes). One ``statvfs``: about a microsecond.
+        Raises ReserveError (a limit: nothing was started), ChangelogStorageError."""
+        reserve = self.limits.reserve_bytes
+        if not reserve:
+            return
+        try:
+            st = os.statvfs(self.root)
+        except OSError as e:
+            raise ChangelogStorageError(f"cannot check the free space of {self.root}: {e}") from e
+        free = st.f_bavail * st.f_frsize
+        if free < reserve:
+            raise ReserveError(
+                f"Not started: the changelog's data directory {self.root.parent.parent} has {size_text(free)} free, "
+                f"less than the {size_text(reserve)} kept to record {what}'s changes (LOOM_CHANGELOG_RESERVE_BYTES); "
+                "nothing was changed. Free space there, then retry."
+            )
 
     # -- reading through the sandbox ---------------------------------------------------
 
@@ -346,6 +383,34 @@ class ChangelogCore:
         """``change`` for a write: the entry's commit and the agent's staging of the new
         content (temp file written and fsync'd) run at once; the file is put in place
         only after both, so the entry is still durable before the file changes."""
+        token = secrets.token_hex(8)
+        intent = self.stage_intent(path, token)
+        try:
+            return await self._staged(
+                sandbox, path, data, fields, blobs, after, expect_sha256, expect_absent, reverts, mode, token
+            )
+        finally:
+            self.intents.end(intent)
+
+    def stage_intent(self, path: str, token: str) -> str:
+        """Open the intent of a staged write (its temporary's name known, so a crash's
+        leftover is removed by recovery). Raises ChangelogStorageError."""
+        return self.intents.start("stage", temp=staged_temp(path, token), ts=time.time())
+
+    async def _staged(
+        self,
+        sandbox: Sandbox,
+        path: str,
+        data: bytes,
+        fields: dict[str, Any],
+        blobs: list[tuple[str, bytes]],
+        after: str | None,
+        expect_sha256: str | None,
+        expect_absent: bool,
+        reverts: int | None,
+        mode: int | None,
+        token: str,
+    ) -> tuple[int, WriteResult | None]:
         staged, entry_id = await asyncio.gather(
             sandbox.stage_write(
                 path,
@@ -353,6 +418,7 @@ class ChangelogCore:
                 expect_sha256=expect_sha256,
                 expect_absent=expect_absent,
                 fsync=self.fsync,
+                token=token,
                 mode=None if mode is None else mode & 0o777,
                 # Undo puts back what the file held even where its mode now refuses its
                 # user (a file made read-only after the change); a tool never does.
@@ -375,11 +441,13 @@ class ChangelogCore:
             await self.recover(sandbox)  # hashes files only: our staged temporary is untouched
             entry_id = await self.db(self._begin_tx, fields, blobs, settled=True)
         assert entry_id is not None
+        faults.point("write.recorded")
         try:
             result = await sandbox.commit_write(staged, snapshot=self.snapshot_key)
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise
+        faults.point("write.placed")
         self._finish_later(entry_id, (path, after, result.stat), reverts, staged.mode)
         return entry_id, result
 
@@ -471,8 +539,17 @@ class ChangelogCore:
     async def recover(self, sandbox: Sandbox) -> list[Entry]:
         """Settle entries left ``pending`` by a crashed or cancelled writer. Caller holds the lock.
 
-        Returns the settled entries. Raises infrastructure errors of the sandbox.
+        Also removes the temporaries of staged writes a crashed writer left (their intents
+        name them). Returns the settled entries. Raises infrastructure errors of the
+        sandbox, ChangelogStorageError.
         """
+        for intent in self.intents.orphans():
+            if intent.kind == "stage":
+                if intent.temp:
+                    with contextlib.suppress(AgentError):  # gone already (renamed in, or never made)
+                        await sandbox.remove(intent.temp)
+                    log.info("changelog.stage_cleaned", temp=intent.temp)
+                self.intents.end(intent.id)
         if self._peek_pending() is False:
             return []
         pending = await self.db(self.store.entries, "state = 'pending'")

@@ -308,9 +308,18 @@ def change_entry(
         "state": "applied",
         "origin": "shell",
         "restorable": int(restorable),
-        "note": note if note is not None else (f"$ {record['command'][:200]}" if record.get("command") else None),
+        "note": _note(record, note),
         "reverts": None,
     }
+
+
+def _note(record: dict[str, Any], note: str | None) -> str | None:
+    if note is None and record.get("command"):
+        note = f"$ {record['command'][:200]}"
+    if record.get("interrupted"):  # recorded at recovery: the worker stopped before the command's end
+        note = f"{note} " if note else ""
+        note += "[interrupted: recorded when the worker next started]"
+    return note
 
 
 def _kind(r: Row | None) -> str | None:

@@ -76,6 +76,8 @@ class ShellToken:
     baseline_ready: bool
     #: The scan to send along with the command (``Sandbox.exec(scan=...)``), if any.
     scan: ScanRequest | None = None
+    #: The command's intent (see :mod:`worker.changelog.intents`), closed by after_shell.
+    intent: str | None = None
 
 
 @dataclass

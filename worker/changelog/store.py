@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import fcntl
 import hashlib
 import os
@@ -28,7 +29,7 @@ from typing import Any
 
 from ..result import has_surrogate
 from ..sqlite_wal import enable_wal
-from .errors import ChangelogStorageError
+from .errors import ChangelogDamagedError, ChangelogStorageError
 from .model import Entry
 
 SCHEMA_VERSION = "2"
@@ -144,6 +145,51 @@ class Connection:
         return self.raw.in_transaction
 
 
+def _storage_error(path: Path, e: sqlite3.Error) -> ChangelogStorageError:
+    """SQLite's error as ours: a malformed database is damage, anything else (a full disk,
+    an I/O error, busy beyond the timeout) a storage failure."""
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+        return ChangelogDamagedError(path, str(e))
+    if "malformed" in str(e) or "not a database" in str(e):
+        return ChangelogDamagedError(path, str(e))
+    return ChangelogStorageError(f"changelog storage failed: {e}")
+
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def _damage(path: Path, existed: bool) -> str | None:
+    """What is wrong with the file of a database, judged without opening it: None when it
+    is a healthy file or may be a new one. ``existed``: it held a history before."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "the database file is missing" if existed else None
+    except OSError as e:
+        return f"cannot stat it: {e}"
+    if st.st_size == 0:
+        return "the database file is empty (0 bytes)" if existed else None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        return f"cannot read it: {e}"
+    if len(head) < 100 or not head.startswith(_MAGIC):
+        return "not a SQLite database (its header is damaged)"
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    valid = head[24:28] == head[92:96]  # the header's page count is current
+    try:
+        wal = os.stat(str(path) + "-wal").st_size
+    except OSError:
+        wal = 0
+    # With frames in the WAL a checkpoint may have been cut short: SQLite replays it.
+    if valid and wal == 0 and pages and st.st_size < pages * page:
+        return f"truncated: {st.st_size} bytes of the {pages * page} its header counts"
+    return None
+
+
 def _entry(row: Sequence[Any]) -> Entry:
     d = dict(zip(_ENTRY_FIELDS, row, strict=True))
     d["restorable"] = bool(d["restorable"])
@@ -156,8 +202,19 @@ class Store:
     def __init__(self, path: Path, *, fsync: bool = True) -> None:
         """Open (creating) the database. ``fsync=False`` commits without fsync
         (``synchronous=NORMAL`` in WAL mode): a committed transaction survives the death of
-        any process, not a power cut. Raises ChangelogStorageError."""
+        any process, not a power cut.
+
+        A database that held a history before (its marker file ``<name>.created`` exists)
+        but is now missing, empty, truncated or not a database is never taken as a new,
+        empty history: ChangelogDamagedError. Raises ChangelogStorageError otherwise.
+        """
         self._fsync = fsync
+        self.path = path
+        marker = path.with_name(path.name + ".created")
+        existed = marker.exists()
+        problem = _damage(path, existed)
+        if problem is not None:
+            raise ChangelogDamagedError(path, problem)
         try:
             raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
             raw.text_factory = _text
@@ -165,6 +222,8 @@ class Store:
             enable_wal(raw)
             self._db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             self._db.execute("PRAGMA busy_timeout=60000")
+            if existed:
+                self._check(raw)
             with self.tx():
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
@@ -174,9 +233,34 @@ class Store:
                     if col not in have:
                         self._db.execute(f"ALTER TABLE entries ADD COLUMN {col} {typ}")
                 self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        except sqlite3.Error as e:
-            raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
-        self.path = path
+        except ChangelogDamagedError:
+            raise
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError):
+                raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
+            raise ChangelogDamagedError(path, str(e)) from e
+        if not existed:
+            try:  # from now on an empty or missing database is a lost history
+                marker.touch(mode=0o600)
+            except OSError as e:
+                raise ChangelogStorageError(f"cannot write {marker}: {e}") from e
+
+    def _check(self, raw: sqlite3.Connection) -> None:
+        """The integrity check of a database that held a history: SQLite's own
+        ``quick_check`` (reads every page: a few milliseconds per megabyte, once per open)
+        and the tables a history has. Raises ChangelogDamagedError."""
+        try:
+            rows = raw.execute("PRAGMA quick_check(5)").fetchall()
+            tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as e:
+            raise ChangelogDamagedError(self.path, str(e)) from e
+        if rows != [("ok",)]:
+            raise ChangelogDamagedError(self.path, "integrity check: " + "; ".join(str(r[0]) for r in rows)[:300])
+        missing = {"meta", "entries", "blobs", "baseline"} - tables
+        if missing:
+            raise ChangelogDamagedError(self.path, "tables missing: " + ", ".join(sorted(missing)))
 
     def close(self) -> None:
         self._db.raw.close()
@@ -203,7 +287,7 @@ class Store:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as e:
-            raise ChangelogStorageError(f"changelog storage failed: {e}") from e
+            raise _storage_error(self.path, e) from e
         finally:
             if switch:
                 with contextlib.suppress(sqlite3.Error):
@@ -214,7 +298,7 @@ class Store:
         try:
             return self._db.execute(sql, tuple(params)).fetchall()
         except sqlite3.Error as e:
-            raise ChangelogStorageError(f"changelog storage failed: {e}") from e
+            raise _storage_error(self.path, e) from e
 
     # -- blobs ----------------------------------------------------------------------
 
@@ -273,34 +357,68 @@ class Store:
         db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
 
+#: Per lock file: the hold in progress in this process (see :class:`WorkspaceLock`).
+_HOLDS: dict[str, object] = {}
+_HELD: contextvars.ContextVar[frozenset[object]] = contextvars.ContextVar("loom_held_locks", default=frozenset())
+#: Per task: for each ``async with`` of a WorkspaceLock in progress, whether it re-entered.
+_ENTERED: contextvars.ContextVar[tuple[bool, ...]] = contextvars.ContextVar("loom_lock_entries", default=())
+
+
 class WorkspaceLock:
     """Serializes read-check-write sequences on one workspace across coroutines *and*
     processes: an ``asyncio.Lock`` in-process plus ``flock`` on a file in the data
     directory. The kernel drops a dead process's ``flock``, so a SIGKILL never wedges it.
     Acquisition polls with ``LOCK_NB`` so that cancelling a waiter can never leave the
     lock held by an orphaned thread.
+
+    Reentrant within one hold: code running inside a hold (the same task, or a task it
+    started during the hold) passes through, whichever ``WorkspaceLock`` object of the
+    same file it uses. Why: a workspace holds its mutation lock across a whole command
+    and calls the changelog, which takes the same lock for what other callers (an undo
+    from the CLI) must not interleave with; several changelog objects of one workspace
+    may live in one process (the service's and the registry's), each with its own file
+    descriptor, and two descriptors' ``flock`` would wait for each other. A task started
+    during a hold that outlives it holds nothing afterwards (the hold's token is gone).
     """
 
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._key = str(path)
         self._local = asyncio.Lock()
 
+    def _reentered(self) -> bool:
+        hold = _HOLDS.get(self._key)
+        return hold is not None and hold in _HELD.get()
+
     async def __aenter__(self) -> None:
+        if self._reentered():
+            _ENTERED.set((*_ENTERED.get(), True))
+            return
         await self._local.acquire()
         try:
             delay = 0.0005
             while True:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
+                    break
                 except BlockingIOError:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.02)
         except BaseException:
             self._local.release()
             raise
+        token = object()
+        _HOLDS[self._key] = token
+        _HELD.set(_HELD.get() | {token})
+        _ENTERED.set((*_ENTERED.get(), False))
 
     async def __aexit__(self, *exc: object) -> None:
+        entered = _ENTERED.get()
+        _ENTERED.set(entered[:-1])
+        if entered and entered[-1]:
+            return  # a re-entry: the outer hold releases
+        token = _HOLDS.pop(self._key, None)
+        _HELD.set(_HELD.get() - {token})
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._local.release()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from typing import Any
 
 from sandbox.base import Sandbox, StagedWrite, WriteResult
 from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError
@@ -133,6 +134,28 @@ async def _write_known_before(
     # Our own token, so the commit can follow the entry's commit at once, queued in the
     # agent behind the staging, with no wait for the staging's answer.
     token = secrets.token_hex(8)
+    intent = core.stage_intent(path, token)
+    try:
+        return await _stage_and_commit(
+            core, sandbox, path, data, expect_sha256, token, fields, blobs, after, precondition
+        )
+    finally:
+        core.intents.end(intent)
+
+
+async def _stage_and_commit(
+    core: ChangelogCore,
+    sandbox: Sandbox,
+    path: str,
+    data: bytes,
+    expect_sha256: str,
+    token: str,
+    fields: dict[str, Any],
+    blobs: list[tuple[str, bytes]],
+    after: str | None,
+    precondition: bool,
+) -> WriteResult | None:
+    """``_write_known_before`` once its staging's intent is open."""
     stage = asyncio.ensure_future(
         sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token)
     )

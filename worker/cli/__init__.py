@@ -125,4 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = None if getattr(args, "own_settings", False) else load_settings()
     if settings is not None and not getattr(args, "own_logging", False):
         verbosity.configure(settings)
-    return int(args.func(args, settings) or 0)
+    try:
+        return int(args.func(args, settings) or 0)
+    except Exception as e:
+        # A damaged changelog: one clear line, whatever command met it. (The module is
+        # loaded if it raised; looked up, not imported, so other commands do not pay.)
+        errors = sys.modules.get("worker.changelog.errors")
+        if errors is not None and isinstance(e, errors.ChangelogDamagedError):
+            print(f"loom-worker: error: {e}", file=sys.stderr)
+            return 1
+        raise

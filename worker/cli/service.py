@@ -132,7 +132,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         app = ray_cli.front_door(settings, args.ray, args.ray_namespace)
     else:
         app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -146,7 +146,29 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         loop="auto",
         http="auto",
     )
+    _quiet_exit_server()(config).run()
     return 0
+
+
+def _quiet_exit_server() -> type:
+    import contextlib
+
+    import uvicorn
+
+    class QuietExitServer(uvicorn.Server):
+        """uvicorn's server, but a clean shutdown on SIGTERM/SIGINT exits 0 as the CLI
+        reference says: uvicorn raises the signal again once it has shut down (so the
+        process dies of it: status 143), which a service manager reads as a failure."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    return QuietExitServer
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:

@@ -11,7 +11,10 @@ path / command refused by policy    success=false, "Safety violation: ..."
 ToolError / AgentError              success=false, the message (e.g. "File not found: a.txt")
 the call's deadline passed          success=false, "t timed out after Ns"
 sandbox unavailable / lost / broken success=false, "Sandbox unavailable (infrastructure ...",
-changelog storage failed            data["error_kind"] == "infrastructure"
+changelog storage failed            data["error_kind"] == "infrastructure" ("nothing was changed",
+                                    or, after a command ran, that its changes are recorded later)
+changelog damaged                   data["error_kind"] == "infrastructure", naming the file
+the data directory below its reserve success=false, data["error_kind"] == "limit"
 anything else (a bug)               success=false, "Internal error ...", error_kind "internal"
 ==================================  ==========================================================
 
@@ -42,7 +45,12 @@ from sandbox.errors import (
 )
 from sandbox.logs import get_logger
 
-from ..changelog.errors import ChangelogStorageError
+from ..changelog.errors import (
+    ChangelogDamagedError,
+    ChangelogStorageError,
+    ChangesNotRecordedError,
+    ReserveError,
+)
 from ..result import ToolResult
 from ..tool import ToolContext, ToolError
 from .pool import WorkspacePool
@@ -182,6 +190,12 @@ class Execution:
             return _infra("Sandbox unavailable", e)
         except ProtocolError as e:
             return _infra("Sandbox protocol error", e)
+        except ReserveError as e:  # a limit: nothing was started
+            return ToolResult.fail(str(e), data={"error_kind": "limit", "limit": "changelog_reserve"})
+        except ChangesNotRecordedError as e:  # the command ran: say so, never "nothing was changed"
+            return _infra("Changelog storage failed after the command ran", e)
+        except ChangelogDamagedError as e:
+            return _infra("Changelog damaged", e)
         except ChangelogStorageError as e:
             # Recorded before writing, so the workspace was not changed.
             return _infra("Changelog storage failed; nothing was changed", e)

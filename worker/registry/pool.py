@@ -19,7 +19,9 @@ from sandbox.errors import ImageNotFoundError, SandboxUnavailableError
 from sandbox.logs import get_logger
 
 from ..background import Background, BackgroundIndex, BackgroundLimits
+from ..changelog.api import Changelog
 from ..changelog.recorder import workspace_dir
+from ..changelog.store import WorkspaceLock
 from ..pem import trusted_copy
 from ..tool import ToolError
 from ..workspace import ChangeRecorder, Workspace
@@ -113,7 +115,7 @@ class WorkspacePool:
                     await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
-                    ws = Workspace(root, sandbox, recorder, self._background(root))
+                    ws = Workspace(root, sandbox, recorder, self._background(root), _mutation_lock(recorder))
                     self._workspaces[root] = ws
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
@@ -253,7 +255,13 @@ class WorkspacePool:
                 recorder = old.recorder
             else:
                 recorder = self._recorder_factory(root) if self._recorder_factory else None
-            ws = Workspace(root, sandbox, recorder, old.background if old is not None else self._background(root))
+            ws = Workspace(
+                root,
+                sandbox,
+                recorder,
+                old.background if old is not None else self._background(root),
+                _mutation_lock(recorder),
+            )
             self._workspaces[root] = ws
             for key in [k for k, v in self._by_arg.items() if v is old]:
                 self._by_arg[key] = ws
@@ -343,3 +351,9 @@ def _check_allow_root(root: Path, uid: int | None) -> None:
             f"needs a workspace owned by another user than root (or LOOM_UID): {root} is root's, and "
             "its owner's commands would keep root's capabilities",
         )
+
+
+def _mutation_lock(recorder: ChangeRecorder | None) -> WorkspaceLock | None:
+    """The recorder's lock across processes, when it has one (the changelog's): a
+    workspace's mutations then take turns with those of every other process."""
+    return recorder.mutations if isinstance(recorder, Changelog) else None

@@ -147,7 +147,8 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
     # what keeps a concurrent write out of this call's change set.
     async with ws._mutation_lock:
         ws.forget(None)  # the command may change any file
-        token = await ws.recorder.before_shell(ws.sandbox)
+        intent = {"tool": tool, "command": command, "call_id": ctx.call_id, "subtask_id": ctx.subtask_id}
+        token = await ws.recorder.before_shell(ws.sandbox, intent=intent)
 
         async def after() -> list[str]:
             return await ws.recorder.after_shell(

@@ -73,6 +73,23 @@ async def test_a_damaged_changelog_stops_every_surface_with_one_message(
         assert not r.success and (r.data or {}).get("error_kind") == "infrastructure"
         assert "damaged" in r.output and str(db) in r.output, r.output
     assert not (workspace / "new.txt").exists()
+    # doctor names it; repair keeps what is readable and says what was lost; then the
+    # workspace works again, its history (what could be read) still undoable.
+    from worker.changelog.repair import survey
+
+    assert [str(d) for d, what in survey(data) if what.startswith("damaged")] == [str(db)]
+    p = await asyncio.to_thread(
+        subprocess.run, [LOOM, "repair", "--workspace", str(workspace)], capture_output=True, text=True, env=env
+    )
+    assert p.returncode == 0 and "repaired" in p.stdout and "lost" in p.stdout, (p.stdout, p.stderr)
+    assert list(db.parent.glob("changelog.sqlite3.damaged-*")), "the damaged file is kept"
+    p = await asyncio.to_thread(
+        subprocess.run, [LOOM, "log", "--workspace", str(workspace)], capture_output=True, text=True, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    async with own_registry(tmp_path) as reg:
+        r = await reg.execute("write_file", {"path": "new.txt", "content": "x"}, workspace=str(workspace))
+        assert r.success, r.output
 
 
 async def test_a_full_data_disk_during_a_session_loses_nothing(tmp_path: Path, workspace: Path) -> None:

@@ -109,6 +109,29 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
 
+    async def interrupted() -> int:
+        async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
+            return await cl.interrupted()
+
+    if aio.run(interrupted()):
+        # A worker died with a command running: record what it changed (through the
+        # workspace's sandbox, as the next call would) before showing the log.
+        from sandbox.errors import SandboxError
+
+        from ..changelog import ChangelogError
+
+        async def settle(cl: Changelog, box: Sandbox) -> object:
+            return await cl.recover(box)
+
+        try:
+            _with_sandbox(args, settings, ws, settle)
+        except (ChangelogError, SandboxError) as err:
+            print(
+                f"loom-worker log: a command was interrupted and its changes cannot be recorded now: {err}",
+                file=sys.stderr,
+            )
+            return 1
+
     async def run() -> list[Entry]:
         async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
             path = None if args.path is None else unquote_path(args.path)
@@ -120,9 +143,9 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
                 )
             return await cl.log(path=path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
 
-    for e in aio.run(run()):
-        e = e.shown()  # odd file names quoted, as git shows them
-        print(json.dumps(e.model_dump(), ensure_ascii=False) if args.json else _line(e))
+    for found in aio.run(run()):
+        shown = found.shown()  # odd file names quoted, as git shows them
+        print(json.dumps(shown.model_dump(), ensure_ascii=False) if args.json else _line(shown))
     return 0
 
 
@@ -194,12 +217,35 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if result.failed and any(s.status == "failed" for s in result.failed) else 0
 
 
+def _cmd_repair(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from ..changelog.repair import repair
+
+    ws = _workspace(args.workspace)
+    if ws is None:
+        return _usage(f"--workspace {args.workspace} is not a directory")
+    try:
+        report = asyncio.run(asyncio.to_thread(repair, settings.data_dir, ws, force=args.force))
+    except OSError as e:
+        print(f"loom-worker repair: {e}", file=sys.stderr)
+        return 1
+    for line in report.lines():
+        print(line)
+    return 0
+
+
 def register(sub: Any) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--workspace", "-w", required=True, help="The workspace directory.")
         p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
 
-    p = sub.add_parser("log", help="List the workspace's recorded changes.", epilog="Exit status: 0; 2 usage error.")
+    p = sub.add_parser(
+        "log",
+        help="List the workspace's recorded changes.",
+        epilog="Exit status: 0; 1 the changelog is damaged, or a command a dead worker left running could not be "
+        "recorded; 2 usage error.",
+    )
     common(p)
     p.add_argument("--path", help="Only entries for this workspace-relative path.")
     p.add_argument("--call", help="Only entries of this call id.")
@@ -235,3 +281,15 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="Overwrite files that changed since the entry.")
     p.add_argument("--json", action="store_true", help="Print the result as JSON.")
     p.set_defaults(func=_cmd_undo)
+
+    p = sub.add_parser(
+        "repair",
+        help="Make a damaged changelog whole again, keeping what is readable.",
+        description="Moves the damaged database aside (kept as changelog.sqlite3.damaged-<time>) and writes a new "
+        "one with every row still readable; says what was kept and what was lost. A healthy changelog is left "
+        "alone (--force repairs it anyway).",
+        epilog="Exit status: 0 repaired or healthy; 1 the files could not be moved or written; 2 usage error.",
+    )
+    p.add_argument("--workspace", "-w", required=True, help="The workspace directory.")
+    p.add_argument("--force", action="store_true", help="Rewrite the changelog even when it opens.")
+    p.set_defaults(func=_cmd_repair)

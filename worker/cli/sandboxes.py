@@ -188,6 +188,10 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         finally:
             await backend.stop(ws)
             shutil.rmtree(ws, ignore_errors=True)
+    from ..changelog.repair import survey
+
+    for db, what in survey(settings.data_dir):
+        line(not what.startswith("damaged"), "changelog", f"{db}: {what}")
     if os.geteuid() == 0 and settings.uid is None:
         _say("[note] running as root: root-owned workspaces run as uid 0 (no capabilities) inside the sandbox")
     await backend.aclose()

@@ -5,6 +5,7 @@ what it opened."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,8 @@ from sandbox.logs import get_logger
 
 from .. import default_registry
 from ..mcp_server import HttpMcp
+from ..registry.core import ToolRegistry
+from ..registry.recovery import reconcile_interrupted
 from ..service import CallRunner
 from ..settings import Settings
 from .changelog import ChangelogPool
@@ -62,9 +65,18 @@ def lifespan(
             await stack.enter_async_context(mcp.run())
             service.start(reg, runner, mcp)
             log.info("service.started", workspace_root=str(service.workspaces.root), auth=service.access.token_required)
+            # What a crashed worker's commands changed is recorded now, not only at the
+            # next call on each workspace (off the startup path: it may start sandboxes).
+            recon = (
+                asyncio.create_task(reconcile_interrupted(reg, settings.data_dir))
+                if isinstance(reg, ToolRegistry)
+                else None
+            )
             try:
                 yield
             finally:
+                if recon is not None:
+                    recon.cancel()
                 if settings.stop_sandboxes_on_exit:
                     await _stop_opened(reg, runner)
                 service.stop()

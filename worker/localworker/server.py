@@ -41,6 +41,7 @@ from sandbox.logs import get_logger
 from sandbox.pulls import PULL_SINK, PullEvent
 
 from ..logging import level_number
+from ..registry.recovery import reconcile_interrupted
 from ..settings import Settings, describe_errors
 from . import daemon_logs, wire
 from .calls import Calls
@@ -104,10 +105,13 @@ class LocalWorker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.retire, f"signal {signal.Signals(sig).name}")
         house = asyncio.create_task(self._housekeeping())
+        # A crashed worker's interrupted commands: recorded now (see registry.recovery).
+        recon = asyncio.create_task(reconcile_interrupted(self.calls.registry, self.calls.settings.data_dir))
         try:
             await self._stop.wait()
         finally:
             house.cancel()
+            recon.cancel()
             self._close_listener()
             await self.calls.aclose()
         return self.retiring or "stopped"

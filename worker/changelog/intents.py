@@ -55,7 +55,10 @@ def _started(pid: int) -> str | None:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):  # dead, not yet reaped by its parent
+        return None
+    return fields[19].decode()
 
 
 @dataclass

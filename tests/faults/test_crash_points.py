@@ -117,6 +117,10 @@ def runtime(request: pytest.FixtureRequest) -> str:
 async def test_a_command_killed_at_each_point_is_recorded_and_undone(
     tmp_path: Path, workspace: Path, runtime: str, point: str
 ) -> None:
+    if runtime == "runsc" and point in ("command.started", "command.recorded"):
+        # The same host-side code as under runc (nothing runs in the sandbox between the
+        # kill and the intent's line): gVisor's slow scans kept for the points that differ.
+        pytest.skip("runc covers this point; gVisor's scans are exercised by command.ran and during")
     _seed(workspace)
     before = tree_state(workspace)
     # A first worker makes the sandbox and the baseline, as a session does.

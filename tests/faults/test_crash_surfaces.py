@@ -122,7 +122,7 @@ async def _up(base: str, proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(base + "/healthz", timeout=1):
+            with urllib.request.urlopen(base + "/healthz", timeout=1):  # noqa: ASYNC210
                 return
         except OSError:
             assert proc.poll() is None, proc.communicate()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 from dataclasses import dataclass, field
 from functools import cache
@@ -59,6 +60,13 @@ def _started(pid: int) -> str | None:
     if fields[0] in (b"Z", b"X"):  # dead, not yet reaped by its parent
         return None
     return fields[19].decode()
+
+
+def staged_temp(path: str, token: str) -> str:
+    """The workspace-relative name of the temporary a staged write of ``path`` with
+    ``token`` uses (the agent's naming, :mod:`sandbox.agent.write`)."""
+    head, name = posixpath.split(path)
+    return posixpath.join(head, f".{name[:100]}.loom-{token}.tmp")
 
 
 @dataclass

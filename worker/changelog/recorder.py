@@ -36,7 +36,6 @@ import concurrent.futures
 import contextlib
 import functools
 import os
-import posixpath
 import secrets
 import sqlite3
 import threading
@@ -52,9 +51,10 @@ from sandbox.identity import workspace_digest
 from sandbox.logs import get_logger
 
 from .. import faults
-from .errors import ChangelogStorageError, ReserveError
-from .intents import IntentJournal
-from .model import Entry, Kind, Limits, Origin, size_text
+from .errors import ChangelogStorageError
+from .intents import IntentJournal, staged_temp
+from .model import Entry, Kind, Limits, Origin
+from .reserve import check_reserve
 from .store import RACY_OWN_WRITE, Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
@@ -65,13 +65,6 @@ FINISH_DELAY = 0.005
 #: sandbox said, (path, hash, (size, mtime_ns, inode, st_mode) of the file put there).
 Baseline = tuple[str, str | None] | tuple[str, str | None, tuple[int, int, int, int] | None]
 _Finish = tuple[int, Baseline | None, int | None, int | None]
-
-
-def staged_temp(path: str, token: str) -> str:
-    """The workspace-relative name of the temporary a staged write of ``path`` with
-    ``token`` uses (the agent's naming, :mod:`sandbox.agent.write`)."""
-    head, name = posixpath.split(path)
-    return posixpath.join(head, f".{name[:100]}.loom-{token}.tmp")
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -188,23 +181,8 @@ class ChangelogCore:
         self.intents.close()
 
     def check_reserve(self, what: str) -> None:
-        """Refuse to start ``what`` when the data directory has less free space than the
-        reserve (room to record its changes). One ``statvfs``: about a microsecond.
-        Raises ReserveError (a limit: nothing was started), ChangelogStorageError."""
-        reserve = self.limits.reserve_bytes
-        if not reserve:
-            return
-        try:
-            st = os.statvfs(self.root)
-        except OSError as e:
-            raise ChangelogStorageError(f"cannot check the free space of {self.root}: {e}") from e
-        free = st.f_bavail * st.f_frsize
-        if free < reserve:
-            raise ReserveError(
-                f"Not started: the changelog's data directory {self.root.parent.parent} has {size_text(free)} free, "
-                f"less than the {size_text(reserve)} kept to record {what}'s changes (LOOM_CHANGELOG_RESERVE_BYTES); "
-                "nothing was changed. Free space there, then retry."
-            )
+        """Refuse to start ``what`` below the reserve (:func:`.reserve.check_reserve`)."""
+        check_reserve(self.root, self.limits.reserve_bytes, what)
 
     # -- reading through the sandbox ---------------------------------------------------
 
@@ -393,8 +371,7 @@ class ChangelogCore:
             self.intents.end(intent)
 
     def stage_intent(self, path: str, token: str) -> str:
-        """Open the intent of a staged write (its temporary's name known, so a crash's
-        leftover is removed by recovery). Raises ChangelogStorageError."""
+        """Open a staged write's intent (a crash's temporary is then removed by recovery)."""
         return self.intents.start("stage", temp=staged_temp(path, token), ts=time.time())
 
     async def _staged(

@@ -195,3 +195,86 @@ async def test_serve_killed_under_a_command(tmp_path: Path, runtime: str) -> Non
         ).stdout.split()
         if ids:
             subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)  # noqa: ASYNC221
+
+
+async def test_two_clis_and_a_service_on_one_workspace(tmp_path: Path) -> None:
+    """Two CLIs (through their local worker) and ``serve``, a hundred calls each at once,
+    on one workspace: every call recorded once, ``undo --all`` without ``--force``."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    data = tmp_path / "data"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LOOM_")},
+        "LOOM_DATA_DIR": str(data),
+        "LOOM_WORKSPACE_ROOT": str(root),
+        "LOOM_IMAGE": SANDBOX_IMAGE,
+        "LOOM_STOP_SANDBOXES_ON_EXIT": "false",
+    }
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = _serve(env, port, tmp_path / "token")
+    n = 100
+    try:
+        await _up(base, server)
+        token = (tmp_path / "token").read_text().strip()
+        ws = (await asyncio.to_thread(_request, base, token, "POST", "/v1/workspaces", {"name": "shared"}))["id"]
+        path = root / ws
+        os.chown(path, 1000, 1000)
+        (path / "shared.txt").write_text("start\n")
+        os.chown(path / "shared.txt", 1000, 1000)
+        before = tree_state(path)
+
+        def calls(tag: str) -> list[tuple[str, dict[str, Any]]]:
+            out: list[tuple[str, dict[str, Any]]] = []
+            for i in range(n):
+                # Writes and commands on the same files: one process's write during the
+                # other's command is what got recorded twice.
+                if i % 2:
+                    target = "shared.txt" if i % 4 == 1 else f"{tag}-{i % 5}.txt"
+                    out.append(("write_file", {"path": target, "content": f"{tag} {i}\n"}))
+                else:
+                    cmd = f"echo {tag}{i} >> shared.txt; sleep 0.05; echo {i} > {tag}.log; cat shared.txt > copy.txt"
+                    out.append(("shell_execute", {"command": cmd}))
+            return out
+
+        def by_cli(tag: str, cli_env_: dict[str, str]) -> None:
+            for i, (tool, args) in enumerate(calls(tag)):
+                p = cli(cli_env_, "call", tool, "-w", str(path), "--args", json.dumps(args), "--call-id", f"{tag}-{i}")
+                assert p.returncode == 0, (tag, i, p.stdout[-500:], p.stderr[-1000:])
+
+        def by_http() -> None:
+            for i, (tool, args) in enumerate(calls("h")):
+                body = {"tool": tool, "arguments": args, "call_id": f"h-{i}"}
+                r = _request(base, token, "POST", f"/v1/workspaces/{ws}/execute", body)
+                assert r["success"], r
+
+        with run_dir() as run:
+            cenv = cli_env(run, data, LOOM_IMAGE=SANDBOX_IMAGE)
+            await asyncio.gather(
+                asyncio.to_thread(by_cli, "a", cenv), asyncio.to_thread(by_cli, "b", cenv), asyncio.to_thread(by_http)
+            )
+            log = await asyncio.to_thread(cli, cenv, "log", "-w", str(path), "--json")
+            assert log.returncode == 0, log.stderr
+            rows: dict[str, list[tuple[str, str]]] = {}
+            for line in log.stdout.splitlines():
+                e = json.loads(line)
+                if e["call_id"]:
+                    rows.setdefault(e["call_id"], []).append((e["path"], e["op"]))
+            for call_id, entries in rows.items():
+                assert len(entries) == len(set(entries)), (call_id, entries)  # recorded once
+            expected = {f"{t}-{i}" for t in "abh" for i in range(n)}
+            assert expected <= set(rows), sorted(expected - set(rows))[:10]
+            undo = await asyncio.to_thread(cli, cenv, "undo", "-w", str(path), "--all")
+            assert undo.returncode == 0, undo.stderr[-3000:]  # never needs --force
+        assert tree_diff(before, tree_state(path)) == []
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(server.communicate, timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        ids = subprocess.run(  # noqa: ASYNC221
+            ["docker", "ps", "-aq", "--filter", f"label={LABEL_WS}={root / 'shared'}"], capture_output=True, text=True
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)  # noqa: ASYNC221

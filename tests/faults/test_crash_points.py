@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,9 +186,7 @@ async def test_a_write_killed_at_each_point_leaves_no_temporary(
     assert len(written) == 1 and written[0].state in ("applied", "failed"), written
 
 
-async def test_the_sandbox_killed_under_a_command_loses_nothing(
-    tmp_path: Path, workspace: Path, runtime: str
-) -> None:
+async def test_the_sandbox_killed_under_a_command_loses_nothing(tmp_path: Path, workspace: Path, runtime: str) -> None:
     """What a dying engine does to a running command: its container is killed. The worker
     lives on; the command's changes are recorded at the next call, as its own."""
     _seed(workspace)
@@ -226,3 +225,52 @@ def _json(value: object) -> str:
     import json
 
     return json.dumps(value)
+
+
+def _restart_engine() -> None:
+    """SIGKILL dockerd and start it again the way scripts/setup does; wait until it answers."""
+    subprocess.run(["pkill", "-KILL", "-x", "dockerd"], check=False)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "dockerd did not die"
+        time.sleep(0.1)
+    systemd = (
+        subprocess.run(["systemctl", "is-system-running"], capture_output=True).returncode == 0
+        if shutil.which("systemctl")
+        else False
+    )
+    if systemd:
+        subprocess.run(["systemctl", "restart", "docker"], check=True)
+    else:
+        subprocess.Popen(["sh", "-c", "nohup dockerd >>/var/log/dockerd.log 2>&1 &"], start_new_session=True).wait()
+    deadline = time.monotonic() + 90
+    while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "dockerd did not come back"
+        time.sleep(0.5)
+
+
+async def test_the_engine_killed_under_a_command_loses_nothing(tmp_path: Path, workspace: Path, runtime: str) -> None:
+    """The Docker engine SIGKILLed while a worker runs a command, then started again: the
+    worker answers the call as an infrastructure failure, and the next worker records the
+    command's changes as its own and undoes them exactly."""
+    _seed(workspace)
+    before = tree_state(workspace)
+    async with own_registry(tmp_path, runtime) as reg:
+        assert (await reg.execute("shell_execute", {"command": "true"}, workspace=str(workspace))).success
+    args = _json({"command": REWRITE.format(sleep="60"), "timeout": 120})
+    child = _child(tmp_path / "data", workspace, runtime, "shell_execute", args)
+    try:
+        deadline = time.monotonic() + 120
+        while not (workspace / ".rewritten").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(_restart_engine)
+        out, err = await asyncio.to_thread(child.communicate, timeout=180)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert '"success": false' in out, (out[-2000:], err[-3000:])
+    entries = await _after_restart(tmp_path, workspace, runtime, before)
+    victim = [e for e in entries if e.call_id == "victim"]
+    assert {f"f{i}.txt" for i in range(FILES)} <= {e.path for e in victim}

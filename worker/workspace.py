@@ -35,6 +35,7 @@ from sandbox.errors import SandboxError
 
 from . import faults
 from .background import Background, BackgroundLimits, Started, new_process_id
+from .changelog.intents import release
 from .pathlocks import PathLocks
 
 T = TypeVar("T")
@@ -308,28 +309,21 @@ class Workspace:
             if bg is not None and self.background is not None:
                 self.background.settled(bg)
             faults.point("command.started")
-            for attempt in range(3):
-                # The recorder's scans travel with the command when it can (one round trip).
-                scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
-                try:
-                    result = await self.sandbox.exec(
-                        command,
-                        cwd=cwd,
-                        timeout=timeout,
-                        max_output=max_output,
-                        scan=scan,
-                        on_output=on_output,
-                        control=control,
-                        **options,
-                    )
-                    break
-                except ScanFirst as e:  # changed from outside since the last scan: record that first
-                    opened = getattr(token, "intent", None)
-                    token = await self.recorder.before_shell(
-                        self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
-                    )
-                    if opened is not None:  # the same command, sent again: still its intent
-                        token.intent = opened  # type: ignore[attr-defined]
+            exec_args: dict[str, Any] = {
+                "cwd": cwd,
+                "timeout": timeout,
+                "max_output": max_output,
+                "on_output": on_output,
+                "control": control,
+            }
+            try:
+                result, token = await self._exec_scanned(command, token, piggyback, extra, options, **exec_args)
+            except BaseException:
+                # The command may have run: its intent is left to the next use of the
+                # changelog, which records what changed as this call's.
+                release(getattr(token, "intent", None))
+                self.forget(None)
+                raise
             faults.point("command.ran")
             try:
                 changed = await self.recorder.after_shell(
@@ -353,6 +347,30 @@ class Workspace:
                 raise
             self._forget_changed(changed)
             return result, sorted(set(changed))
+
+    async def _exec_scanned(
+        self,
+        command: str,
+        token: object,
+        piggyback: bool,
+        extra: dict[str, Any],
+        options: dict[str, Any],
+        **exec_args: Any,
+    ) -> tuple[ExecResult, object]:
+        """Send the command, the recorder's scans travelling with it when they can (one
+        round trip); a scan the agent refuses (the tree changed from outside since the
+        last one) is recorded first and the command sent again. Returns its result and the
+        token to finish with. Raises what ``Sandbox.exec`` raises."""
+        for attempt in range(3):
+            scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
+            try:
+                return await self.sandbox.exec(command, scan=scan, **exec_args, **options), token
+            except ScanFirst as e:  # changed from outside since the last scan: record that first
+                opened = getattr(token, "intent", None)
+                token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra)
+                if opened is not None:  # the same command, sent again: still its intent
+                    token.intent = opened  # type: ignore[attr-defined]
+        raise AssertionError("unreachable: the third attempt sends no scan")
 
     def _forget_changed(self, changed: list[str]) -> None:
         """After a command: forget what it changed, as the recorder saw it; everything when

@@ -69,6 +69,14 @@ def staged_temp(path: str, token: str) -> str:
     return posixpath.join(head, f".{name[:100]}.loom-{token}.tmp")
 
 
+def release(intent_id: str | None) -> None:
+    """The work of ``intent_id`` ended without its changes being recorded (its command
+    raised: the sandbox lost, the call's deadline): the intent becomes an orphan, which
+    the next use of the changelog reconciles. No-op for None."""
+    if intent_id is not None:
+        _LIVE.discard(intent_id)
+
+
 @dataclass
 class Intent:
     """One open intent: ``kind`` is "command", "process" (a background process) or

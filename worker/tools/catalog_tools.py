@@ -58,8 +58,9 @@ from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError, non_finite_message
 
 if TYPE_CHECKING:
+    from ..changelog.intents import release
     from ..settings import Settings
-    from ..workspace import Workspace
+from ..workspace import Workspace
 
 log = get_logger("worker.catalog")
 
@@ -158,7 +159,10 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
         try:
             yield changed
         except (SandboxError, asyncio.CancelledError):
-            raise  # no sandbox to look at; the next snapshot sees whatever changed
+            # No sandbox to look at: the intent is left to the next use of the changelog,
+            # which records what changed as this call's.
+            release(getattr(token, "intent", None))
+            raise
         except Exception:
             with contextlib.suppress(Exception):  # record what a failed call changed anyway
                 await after()

@@ -36,10 +36,11 @@ class ChangelogDamagedError(ChangelogStorageError):
     """The changelog's database is damaged (unreadable, truncated, fails its integrity
     check). Its message names the file and what to do; nothing was changed."""
 
-    def __init__(self, path: object, problem: str) -> None:
+    def __init__(self, path: object, problem: str, workspace: object = None) -> None:
+        where = "DIR" if workspace is None else str(workspace)
         super().__init__(
             f"the changelog {path} is damaged ({problem}); calls on this workspace stop until it is repaired: "
-            f"`loom-worker repair --workspace DIR` keeps what is readable and says what was lost "
+            f"`loom-worker repair --workspace {where}` keeps what is readable and says what was lost "
             f"(or move the directory {getattr(path, 'parent', path)} aside to start a new, empty history)"
         )
         self.path = path

@@ -94,7 +94,7 @@ class ChangelogCore:
         self.limits = limits
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="changelog-db")
         self.fsync = limits.durability == "full"
-        self.store = Store(root / "changelog.sqlite3", fsync=self.fsync)
+        self.store = Store(root / "changelog.sqlite3", fsync=self.fsync, workspace=self.workspace)
         self.lock = WorkspaceLock(root / "lock")
         #: Held across a whole mutation (a command from its before-scan to its after-scan,
         #: a write, an undo): one writer per workspace across processes (see api.py).

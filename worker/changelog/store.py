@@ -145,13 +145,13 @@ class Connection:
         return self.raw.in_transaction
 
 
-def _storage_error(path: Path, e: sqlite3.Error) -> ChangelogStorageError:
+def _storage_error(path: Path, e: sqlite3.Error, workspace: Path | None = None) -> ChangelogStorageError:
     """SQLite's error as ours: a malformed database is damage, anything else (a full disk,
     an I/O error, busy beyond the timeout) a storage failure."""
     if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
-        return ChangelogDamagedError(path, str(e))
+        return ChangelogDamagedError(path, str(e), workspace)
     if "malformed" in str(e) or "not a database" in str(e):
-        return ChangelogDamagedError(path, str(e))
+        return ChangelogDamagedError(path, str(e), workspace)
     return ChangelogStorageError(f"changelog storage failed: {e}")
 
 
@@ -199,10 +199,10 @@ def _entry(row: Sequence[Any]) -> Entry:
 class Store:
     """One workspace's changelog database. Not thread-safe: use it from one thread."""
 
-    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+    def __init__(self, path: Path, *, fsync: bool = True, workspace: Path | None = None) -> None:
         """Open (creating) the database. ``fsync=False`` commits without fsync
         (``synchronous=NORMAL`` in WAL mode): a committed transaction survives the death of
-        any process, not a power cut.
+        any process, not a power cut. ``workspace`` names the workspace in errors.
 
         A database that held a history before (its marker file ``<name>.created`` exists)
         but is now missing, empty, truncated or not a database is never taken as a new,
@@ -210,11 +210,12 @@ class Store:
         """
         self._fsync = fsync
         self.path = path
+        self.workspace = workspace
         marker = path.with_name(path.name + ".created")
         existed = marker.exists()
         problem = _damage(path, existed)
         if problem is not None:
-            raise ChangelogDamagedError(path, problem)
+            raise ChangelogDamagedError(path, problem, workspace)
         try:
             raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
             raw.text_factory = _text
@@ -238,7 +239,7 @@ class Store:
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError):
                 raise ChangelogStorageError(f"cannot open the changelog database {path}: {e}") from e
-            raise ChangelogDamagedError(path, str(e)) from e
+            raise ChangelogDamagedError(path, str(e), workspace) from e
         if not existed:
             try:  # from now on an empty or missing database is a lost history
                 marker.touch(mode=0o600)
@@ -255,12 +256,13 @@ class Store:
         except sqlite3.OperationalError:
             raise
         except sqlite3.DatabaseError as e:
-            raise ChangelogDamagedError(self.path, str(e)) from e
+            raise ChangelogDamagedError(self.path, str(e), self.workspace) from e
         if rows != [("ok",)]:
-            raise ChangelogDamagedError(self.path, "integrity check: " + "; ".join(str(r[0]) for r in rows)[:300])
+            problem = "integrity check: " + "; ".join(str(r[0]) for r in rows)[:300]
+            raise ChangelogDamagedError(self.path, problem, self.workspace)
         missing = {"meta", "entries", "blobs", "baseline"} - tables
         if missing:
-            raise ChangelogDamagedError(self.path, "tables missing: " + ", ".join(sorted(missing)))
+            raise ChangelogDamagedError(self.path, "tables missing: " + ", ".join(sorted(missing)), self.workspace)
 
     def close(self) -> None:
         self._db.raw.close()
@@ -287,7 +289,7 @@ class Store:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as e:
-            raise _storage_error(self.path, e) from e
+            raise _storage_error(self.path, e, self.workspace) from e
         finally:
             if switch:
                 with contextlib.suppress(sqlite3.Error):
@@ -298,7 +300,7 @@ class Store:
         try:
             return self._db.execute(sql, tuple(params)).fetchall()
         except sqlite3.Error as e:
-            raise _storage_error(self.path, e) from e
+            raise _storage_error(self.path, e, self.workspace) from e
 
     # -- blobs ----------------------------------------------------------------------
 

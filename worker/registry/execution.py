@@ -65,10 +65,15 @@ Arguments = Mapping[str, Any] | str | None
 
 
 def _infra(kind: str, err: Exception) -> ToolResult:
-    # A missing or unusable image does not go away by itself: "retry later" would only
-    # make the model repeat the call. It is still the operator's problem, not the call's.
-    lasting = isinstance(err, ImageNotFoundError | ImageUnusableError)
-    advice = "the workspace's image must be fixed by its operator" if lasting else "retry later"
+    # A missing or unusable image, or a damaged changelog, does not go away by itself:
+    # "retry later" would only make the model repeat the call. It is still the
+    # operator's problem, not the call's.
+    if isinstance(err, ImageNotFoundError | ImageUnusableError):
+        advice = "the workspace's image must be fixed by its operator"
+    elif isinstance(err, ChangelogDamagedError):
+        advice = "the workspace's changelog must be repaired by its operator"
+    else:
+        advice = "retry later"
     return ToolResult.fail(
         f"{kind} (infrastructure failure, not a problem with the tool call; {advice}): {err}",
         data={"error_kind": "infrastructure", "exception": type(err).__name__},

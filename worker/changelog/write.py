@@ -19,11 +19,11 @@ import secrets
 from typing import Any
 
 from sandbox.base import Sandbox, StagedWrite, WriteResult
-from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError
+from sandbox.errors import AgentError, ConflictError, IsADirError, NotADirError, NotAFileError, PathNotFoundError
 
 from .errors import ChangelogStorageError
-from .paths import canonical
-from .recorder import ChangelogCore, Current
+from .paths import canonical_new
+from .recorder import MADE_DIR, ChangelogCore, Current
 
 
 async def recorded_write(
@@ -66,11 +66,11 @@ async def recorded_write(
         # Two independent round trips at once (the agent serves requests concurrently).
         # Entries a crashed writer left pending are settled by ``change`` when it finds any.
         canon, first = await asyncio.gather(
-            canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
+            canonical_new(sandbox, path), core.current(sandbox, path), return_exceptions=True
         )
         if isinstance(canon, BaseException):
             raise canon
-        rel, st = canon
+        rel, st, dirs = canon
         if st is not None and st.type == "dir":
             raise IsADirError(f"Not a file: {path} is a directory", code="is_a_directory")
         cur = first if rel == path and not isinstance(first, BaseException) else await core.current(sandbox, rel)
@@ -83,20 +83,48 @@ async def recorded_write(
             raise ConflictError(f"Conflict: {path} {what}", code="conflict")
         if cur.kind is not None and cur.sha is None:
             raise ChangelogStorageError(f"cannot record {path}: its content could not be hashed")
-        _, result = await core.change(
-            sandbox,
-            rel,
-            data,
-            cur,
-            expect_sha256=cur.sha,
-            expect_absent=cur.kind is None,
-            tool=tool,
-            call_id=call_id,
-            subtask_id=subtask_id,
-            origin="tool",
-        )
+        made: list[dict[str, Any]] = [{"path": d} for d in dirs]
+        try:
+            _, result = await core.change(
+                sandbox,
+                rel,
+                data,
+                cur,
+                expect_sha256=cur.sha,
+                expect_absent=cur.kind is None,
+                tool=tool,
+                call_id=call_id,
+                subtask_id=subtask_id,
+                origin="tool",
+                made=made,
+            )
+        except BaseException:
+            if any("id" in m for m in made):
+                await _settle_made(core, sandbox, made, written=False)
+            raise
+        await _settle_made(core, sandbox, made, written=True)
         assert result is not None
         return result
+
+
+async def _settle_made(core: ChangelogCore, sandbox: Sandbox, made: list[dict[str, Any]], *, written: bool) -> None:
+    """Settle the entries of the directories a write made (recorded with its entry, see
+    ``ChangelogCore.change``): applied with the write; when it failed, applied if the
+    directory is there anyway (the agent makes a write's directories first), failed if
+    not, pending if the sandbox cannot tell (recovery then settles them)."""
+    for m in made:
+        if "id" not in m:
+            continue
+        if written:
+            core._finish_later(m["id"], (m["path"], MADE_DIR), None)
+            continue
+        try:
+            there = (await sandbox.stat(m["path"])).type == "dir"
+        except (PathNotFoundError, NotADirError):
+            there = False
+        except AgentError:
+            continue
+        await core.db(core._finish_tx, m["id"], "applied" if there else "failed", (m["path"], MADE_DIR), None)
 
 
 async def _write_known_before(
@@ -157,7 +185,9 @@ async def _stage_and_commit(
 ) -> WriteResult | None:
     """``_write_known_before`` once its staging's intent is open."""
     stage = asyncio.ensure_future(
-        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token)
+        # The file is there (or the guess is wrong): never make directories on this path,
+        # where nothing would record them (the general path does).
+        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token, mkdirs=False)
     )
     try:
         # Let the staging request go out before the database thread starts: both need
@@ -182,7 +212,7 @@ async def _stage_and_commit(
         result = await committed
     except ConflictError as e:
         await core.db(core._drop_tx, entry_id)  # refused before anything was written
-        if isinstance(staged_err, NotAFileError):
+        if isinstance(staged_err, (NotAFileError, PathNotFoundError)):
             return None
         if not precondition and (staged_err is None or isinstance(staged_err, ConflictError)):
             return None  # the guess was wrong (or the path is a link): the general path decides
@@ -193,8 +223,8 @@ async def _stage_and_commit(
         raise e
     except AgentError:
         await core.db(core._drop_tx, entry_id)  # nothing staged, so nothing written
-        if isinstance(staged_err, NotAFileError):
-            return None
+        if isinstance(staged_err, (NotAFileError, PathNotFoundError)):
+            return None  # (its directory is gone: the general path decides)
         if not precondition and isinstance(staged_err, ConflictError):
             return None
         if staged_err is not None:

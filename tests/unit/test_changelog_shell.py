@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.base import Sandbox
 from sandbox.errors import PathEscapeError
-from worker.changelog import Changelog, Limits, UndoConflictError, UndoRefusedError
+from worker.changelog import Changelog, Limits, UndoRefusedError
 from worker.workspace import Workspace
 
 

@@ -152,12 +152,14 @@ async def _kept_dirs(
     (deepest first). Raises sandbox infrastructure errors."""
     gone_dirs: set[str] = set()
     kept: dict[int, str] = {}
-    for e in sorted((e for e in plan if _made_dir(e)), key=lambda e: -e.path.count("/")):
+    made = sorted((e for e in plan if _made_dir(e)), key=lambda e: -e.path.count("/"))
+    made_paths = {e.path for e in made}
+    for e in made:
         stay = [
             p
             for p in await _children(sandbox, e.path)
-            if final.get(p, ("?", None)) != (None, None)
-            and p not in gone_dirs
+            if p not in gone_dirs
+            and (p in made_paths or final.get(p, ("?", None)) != (None, None))
             and not any(_inside(p, r) for _id, roots in removals for r in roots)
         ]
         if stay:
@@ -186,7 +188,9 @@ async def _why_kept(core: ChangelogCore, e: Entry, stay: list[str]) -> str:
         (first, first),
         order="id DESC",
     )
-    if found:
+    if found and _made_dir(found[0]) and found[0].reverted_by is None:
+        why = f"{quote_path(first)}/ stays, not empty"  # a directory made, kept too: its step says why
+    elif found:
         by = found[0]
         when = "a later change" if by.id > e.id else "a change"
         who = f"{when}, entry {by.id}" + (f", call {by.call_id}" if by.call_id else "")

@@ -404,7 +404,7 @@ def _cmd_batch(args: argparse.Namespace, _settings: Settings | None) -> int:
     all_ok = True
     try:
         for n, line in enumerate(_bounded_lines(sys.stdin.buffer), 1):
-            if not line.strip():
+            if isinstance(line, str) and not line.strip():
                 continue
             try:
                 if isinstance(line, int):

@@ -123,7 +123,8 @@ class WorkerClient:
         data = wire.encode({"id": rid, **frame})  # id and op first: the worker reads them before the rest
         limit = wire.frame_limit(frame.get("op"), self.max_request)
         if len(data) > limit:  # the worker would refuse it while reading: nothing is sent
-            return {"id": rid, "t": "error", "code": "too_large", "message": too_large(limit, len(data))}
+            shown = too_large(self.max_request, len(data)) if frame.get("op") == "call" else f"{len(data)} bytes"
+            return {"id": rid, "t": "error", "code": "too_large", "message": shown}
         try:
             self.sock.sendall(data)
         except OSError as e:  # it went away before taking anything: nothing ran

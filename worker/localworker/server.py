@@ -73,9 +73,14 @@ _PIECE = 1 << 20
 class FrameTooLarge(Exception):
     """A frame over its op's limit (:func:`wire.frame_limit`), refused while read."""
 
-    def __init__(self, op: str | None, rid: int | None, read: int, limit: int) -> None:
+    def __init__(self, op: str | None, rid: int | None, read: int, limit: int, max_request: int) -> None:
         self.op, self.rid, self.read, self.limit = op, rid, read, limit
-        self.message = too_large(limit) + f" (a {op or 'request'} frame)"
+        if op == "call":
+            self.message = too_large(max_request)
+        else:
+            self.message = (
+                f"Request too large: a {op or 'request'} frame of more than {limit} bytes; refused while reading it"
+            )
         super().__init__(self.message)
 
 
@@ -100,7 +105,7 @@ async def read_frame(reader: asyncio.StreamReader, max_request: int) -> bytes:
             op, rid = wire.head_fields(bytes(buf[: wire.HEAD]))
             limit = wire.frame_limit(op, max_request)
         if limit is not None and len(buf) > limit:
-            raise FrameTooLarge(op, rid, len(buf), limit)
+            raise FrameTooLarge(op, rid, len(buf), limit, max_request)
         if done:
             return bytes(buf)
 

@@ -26,6 +26,11 @@ def is_safe_relpath(path: object) -> bool:
     return posixpath.normpath(path) == path and not path.startswith("../")
 
 
+def inside(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or lies under it."""
+    return path == root or path.startswith(root + "/")
+
+
 async def canonical(sandbox: Sandbox, path: str) -> tuple[str, FileStat | None]:
     """The canonical workspace-relative path of ``path`` and its lstat (None when absent).
 

@@ -21,13 +21,14 @@ from sandbox.errors import AgentError, ConflictError, NotADirError, PathNotFound
 from ..quoting import quote_path
 from .diff import Content, read_now, unified
 from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
+from .madedirs import State, children, kept_dirs, made_dir, why_kept
 from .model import Entry, UndoResult, UndoStep
+from .paths import inside as _inside
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, Current, _finish_in
 from .shellrows import symlink_digest
 
-State = tuple[str | None, str | None]
-_MAX_ID = (1 << 63) - 1  # (kind or None when absent, sha256 for files)
+_MAX_ID = (1 << 63) - 1
 
 
 def select(
@@ -118,87 +119,14 @@ def _describe(state: State) -> str:
     return f"a {kind}"
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + "/")
-
-
 def _removes(e: Entry, members: dict[int, list[tuple[str, str]]]) -> list[str]:
     """The paths undoing ``e`` removes with everything in them (a creation), else [] (a
-    directory made is removed only when empty: :func:`_made_dir`)."""
-    if e.op != "create" or not e.restorable or _made_dir(e):
+    directory made is removed only when empty: :func:`.madedirs.made_dir`)."""
+    if e.op != "create" or not e.restorable or made_dir(e):
         return []
     if e.is_group:
         return [p for p, _t in members.get(e.id, [])]
     return [e.path] if e.before_kind is None else []
-
-
-def _made_dir(e: Entry) -> bool:
-    """A directory made (by a command's ``mkdir`` or for a tool's write), not a tree made
-    whole: its undo removes it only when nothing else is left in it, and keeps it otherwise
-    with the reason (what is still in it, and which change put it there)."""
-    return e.op == "create" and e.after_kind == "dir" and e.before_kind is None and not e.is_tree
-
-
-async def _kept_dirs(
-    core: ChangelogCore,
-    sandbox: Sandbox,
-    plan: list[Entry],
-    final: dict[str, State],
-    removals: list[tuple[int, list[str]]],
-) -> dict[int, str]:
-    """For a dry run: the directories made that the undo of ``plan`` would keep, by entry
-    id, with the reason. A directory goes when every path now in it goes: a path the plan
-    leaves absent (``final``), inside a tree it removes, or a made directory that goes too
-    (deepest first). Raises sandbox infrastructure errors."""
-    gone_dirs: set[str] = set()
-    kept: dict[int, str] = {}
-    made = sorted((e for e in plan if _made_dir(e)), key=lambda e: -e.path.count("/"))
-    made_paths = {e.path for e in made}
-    for e in made:
-        stay = [
-            p
-            for p in await _children(sandbox, e.path)
-            if p not in gone_dirs
-            and (p in made_paths or final.get(p, ("?", None)) != (None, None))
-            and not any(_inside(p, r) for _id, roots in removals for r in roots)
-        ]
-        if stay:
-            kept[e.id] = await _why_kept(core, e, stay)
-        else:
-            gone_dirs.add(e.path)
-    return kept
-
-
-async def _children(sandbox: Sandbox, path: str) -> list[str]:
-    """What is in directory ``path`` now ([] when it is not there)."""
-    try:
-        listing = await sandbox.list(path, depth=1, exclude=(), max_entries=1000)
-    except (PathNotFoundError, NotADirError):
-        return []
-    # (the listing's paths are relative to the directory listed)
-    return [x.path if x.path.startswith(path + "/") else f"{path}/{x.path}" for x in listing.entries if x.depth <= 1]
-
-
-async def _why_kept(core: ChangelogCore, e: Entry, stay: list[str]) -> str:
-    """ "kept d/: not empty (d/x was added by a later change, entry 7, call c)"."""
-    first = sorted(stay)[0]
-    found = await core.db(
-        core.store.entries,
-        "(path = ? OR new_path = ?) AND state = 'applied' AND origin != 'undo'",
-        (first, first),
-        order="id DESC",
-    )
-    if found and _made_dir(found[0]) and found[0].reverted_by is None:
-        why = f"{quote_path(first)}/ stays, not empty"  # a directory made, kept too: its step says why
-    elif found:
-        by = found[0]
-        when = "a later change" if by.id > e.id else "a change"
-        who = f"{when}, entry {by.id}" + (f", call {by.call_id}" if by.call_id else "")
-        why = f"{quote_path(first)} was added by {who}"
-    else:
-        why = f"{quote_path(first)} is in it, not recorded by the changelog"
-    more = f" and {len(stay) - 1} more" if len(stay) > 1 else ""
-    return f"kept {quote_path(e.path)}/: not empty ({why}{more})"
 
 
 def _covered_by(e: Entry, members: dict[int, list[tuple[str, str]]], plan: list[tuple[int, list[str]]]) -> int | None:
@@ -303,7 +231,7 @@ async def undo(
         why = f"no before-image, but undoing entry {by} removes what it changed"
         steps.append(UndoStep(entry_id=e.id, path=e.path, action="skip", status=done, message=why))
     if dry_run:
-        kept = await _kept_dirs(core, sandbox, plan, state, removals)
+        kept = await kept_dirs(core, sandbox, plan, state, removals)
         steps += [
             UndoStep(entry_id=e.id, path=e.path, action="remove", status="kept", message=kept[e.id])
             if e.id in kept
@@ -485,8 +413,8 @@ async def _revert_path(core: ChangelogCore, sandbox: Sandbox, e: Entry, *, undo_
             return UndoStep(entry_id=e.id, path=path, action=action, status="reverted")
         if now == e.before_kind == e.after_kind and e.before_hash == e.after_hash:
             return await _revert_mode(core, sandbox, e, st, undo_call_id=undo_call_id)
-        if _made_dir(e) and now == "dir" and st is not None:
-            return await _revert_made_dir(core, sandbox, e, st, undo_call_id=undo_call_id)
+        if made_dir(e) and now == "dir" and st is not None:
+            return await _revertmade_dir(core, sandbox, e, st, undo_call_id=undo_call_id)
         target = None
         if e.before_kind == "symlink":
             blob = await core.db(core.store.get_blob, e.before_hash) if e.before_hash else None
@@ -546,7 +474,7 @@ async def _revert_path(core: ChangelogCore, sandbox: Sandbox, e: Entry, *, undo_
     return UndoStep(entry_id=e.id, path=path, action=action, status="reverted", undo_entry_id=uid, message=message)
 
 
-async def _revert_made_dir(
+async def _revertmade_dir(
     core: ChangelogCore, sandbox: Sandbox, e: Entry, st: FileStat, *, undo_call_id: str | None
 ) -> UndoStep:
     """Undo the making of a directory: removed when empty (what this undo reverted before
@@ -559,7 +487,7 @@ async def _revert_made_dir(
     except ConflictError:  # not empty
         await core.db(core._drop_tx, uid)
         try:
-            why = await _why_kept(core, e, await _children(sandbox, e.path))
+            why = await why_kept(core, e, await children(sandbox, e.path))
         except AgentError:
             why = f"kept {quote_path(e.path)}/: not empty"
         return UndoStep(entry_id=e.id, path=e.path, action="remove", status="kept", message=why)

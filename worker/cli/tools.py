@@ -377,8 +377,9 @@ def _parse_line(line: str) -> tuple[Any, str, Any]:
 
 
 def _bounded_lines(stream: Any) -> Any:
-    """The lines of binary ``stream`` as text; a line over the request limit
-    (``worker.limits``) is that limit (an int) instead, its bytes skipped, never held."""
+    """The lines of ``stream`` (binary, or text where it has no buffer) as text; a line
+    over the request limit (``worker.limits``) is that limit (an int) instead, its bytes
+    skipped, never held."""
     from ..limits import max_request_bytes
 
     limit = max_request_bytes()
@@ -386,12 +387,13 @@ def _bounded_lines(stream: Any) -> Any:
         line = stream.readline(limit + 1)
         if not line:
             return
-        if len(line) > limit and not line.endswith(b"\n"):
-            while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+        nl = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) > limit and not line.endswith(nl):
+            while (rest := stream.readline(1 << 20)) and not rest.endswith(nl):
                 pass
             yield limit
             continue
-        yield line.decode("utf-8", "replace")
+        yield line.decode("utf-8", "replace") if isinstance(line, bytes) else line
 
 
 def _cmd_batch(args: argparse.Namespace, _settings: Settings | None) -> int:
@@ -403,7 +405,7 @@ def _cmd_batch(args: argparse.Namespace, _settings: Settings | None) -> int:
         return runner
     all_ok = True
     try:
-        for n, line in enumerate(_bounded_lines(sys.stdin.buffer), 1):
+        for n, line in enumerate(_bounded_lines(getattr(sys.stdin, "buffer", sys.stdin)), 1):
             if isinstance(line, str) and not line.strip():
                 continue
             try:

@@ -84,10 +84,11 @@ class FrameTooLarge(Exception):
         super().__init__(self.message)
 
 
-async def read_frame(reader: asyncio.StreamReader, max_request: int) -> bytes:
-    """The next frame (b"" at the end of the stream), read a piece at a time and refused
-    as soon as it is over its op's limit, which its first bytes name: an oversized frame
-    costs at most its limit in memory. Raises FrameTooLarge, ConnectionError."""
+async def read_frame(reader: asyncio.StreamReader, max_request: int, piece: int = _PIECE) -> bytes:
+    """The next frame (b"" at the end of the stream), read ``piece`` bytes at a time and
+    refused as soon as it is over its op's limit, which its first bytes name: an oversized
+    frame costs at most its limit (and a piece) in memory. Raises FrameTooLarge,
+    ConnectionError."""
     buf = bytearray()
     limit: int | None = None
     op = rid = None
@@ -99,7 +100,7 @@ async def read_frame(reader: asyncio.StreamReader, max_request: int) -> bytes:
             buf += e.partial
             done = True
         except asyncio.LimitOverrunError as e:  # no newline in the buffer yet: take it
-            buf += await reader.readexactly(e.consumed)
+            buf += await reader.readexactly(min(e.consumed, piece))
             done = False
         if limit is None and (done or len(buf) >= wire.HEAD):
             op, rid = wire.head_fields(bytes(buf[: wire.HEAD]))

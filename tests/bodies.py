@@ -84,8 +84,8 @@ def http_post(
                     sending = False
     finally:
         sock.close()
-    status_line, _, rest = answer.partition(b"\r\n")
-    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split(b"\r\n")[0].split()[1]), _body(head, rest)
 
 
 def _complete(answer: bytes) -> bool:
@@ -96,4 +96,20 @@ def _complete(answer: bytes) -> bool:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             return len(rest) >= int(value)
+        if name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            return rest.endswith(b"0\r\n\r\n")
     return True
+
+
+def _body(head: bytes, rest: bytes) -> bytes:
+    """The body of an answer whose headers are ``head`` (chunked or not)."""
+    if b"transfer-encoding: chunked" not in head.lower():
+        return rest
+    out = b""
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, rest = out + rest[:n], rest[n + 2 :]
+    return out

@@ -383,8 +383,16 @@ class HttpMcp:
     checked the token, the Host (DNS rebinding) and the Origin of every request."""
 
     def __init__(
-        self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces, *, native_tools: bool = False
+        self,
+        registry: ToolRegistry,
+        runner: CallRunner,
+        workspaces: Workspaces,
+        *,
+        native_tools: bool = False,
+        max_message: int = MAX_REQUEST_BYTES,
     ) -> None:
+        """``max_message``: the largest request body, the service's own limit (the SDK's
+        default, 4 MiB, would refuse a ``write_file`` the tools take)."""
         self._workspaces = workspaces
         self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT, native_tools=native_tools)
         server = build_server(registry, runner, self._workspace_of, self.tool_list)
@@ -392,7 +400,11 @@ class HttpMcp:
         # every route, this one included, in one place (worker.auth).
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         self.manager = StreamableHTTPSessionManager(
-            app=server, security_settings=security, json_response=False, session_idle_timeout=SESSION_IDLE_TIMEOUT
+            app=server,
+            security_settings=security,
+            json_response=False,
+            session_idle_timeout=SESSION_IDLE_TIMEOUT,
+            max_request_body_size=max_message,
         )
 
     @staticmethod

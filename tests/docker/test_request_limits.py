@@ -94,8 +94,8 @@ def test_mcp_over_http_refuses_it_while_reading(service: tuple[int, int, str], s
     rss = reset_peak(pid)
     start = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + WRITE[1:]
     accept = "Accept: application/json, text/event-stream\r\n"
-    status, _answer = http_post(port, f"/v1/workspaces/{ws}/mcp", body(size, start), length=None, headers=accept)
-    assert status == 413
+    status, answer = http_post(port, f"/v1/workspaces/{ws}/mcp", body(size, start), length=None, headers=accept)
+    assert status == 413 and json.loads(answer) == {"detail": f"Request body larger than {MAX_REQUEST_BYTES} bytes"}
     assert grown(pid, rss) <= BOUND
 
 

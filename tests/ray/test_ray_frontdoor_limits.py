@@ -76,5 +76,7 @@ def test_the_front_door_refuses_it_while_reading(front_door: tuple[int, int], si
     ):
         rss = reset_peak(pid)
         status, answer = http_post(port, path, body(size, start), length=length)
-        assert status == 413 and json.loads(answer) == {"detail": f"Request body larger than {MAX_REQUEST_BYTES} bytes"}
+        assert status == 413 and json.loads(answer) == {
+            "detail": f"Request body larger than {MAX_REQUEST_BYTES} bytes"
+        }, (path, answer)
         assert grown(pid, rss) <= BOUND, path

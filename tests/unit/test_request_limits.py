@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -102,3 +103,20 @@ def test_batch_lines_over_the_limit_are_skipped(monkeypatch: pytest.MonkeyPatch)
     data = b'{"tool": "a"}\n' + b"z" * 5000 + b"\n" + b'{"tool": "b"}\n'
     got: list[Any] = list(_bounded_lines(io.BytesIO(data)))
     assert got == ['{"tool": "a"}\n', 1024, '{"tool": "b"}\n']
+
+
+def test_cp_refuses_a_file_larger_than_the_sandbox_takes_reading_one_byte_past_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import worker.harness
+    from worker.cli.cp import _cmd_cp
+    from worker.settings import Settings
+
+    monkeypatch.setattr(worker.harness, "MAX_WRITE", 1000)
+    src = tmp_path / "big.bin"
+    src.write_bytes(b"z" * 1001)
+    args = argparse.Namespace(src=str(src), dest=":big.bin", workspace=str(tmp_path), call_id=None)
+    assert _cmd_cp(args, Settings()) == 1
+    assert "larger than 1000 bytes" in capsys.readouterr().err

@@ -65,8 +65,6 @@ FINISH_DELAY = 0.005
 #: sandbox said, (path, hash, (size, mtime_ns, inode, st_mode) of the file put there).
 Baseline = tuple[str, str | None] | tuple[str, str | None, tuple[int, int, int, int] | None]
 _Finish = tuple[int, Baseline | None, int | None, int | None]
-#: The "after" of a :data:`Baseline` for a directory a tool's write made.
-MADE_DIR = "dir"
 
 
 def workspace_dir(data_dir: Path, workspace: Path) -> Path:
@@ -246,12 +244,7 @@ class ChangelogCore:
             return None
         for digest, data in blobs:
             Store.put_blob(db, digest, data)
-        # The directories the write makes (see ``change``'s ``made``): entries of their own,
-        # older than the file's, in its transaction, so undo removes the file first.
-        made = fields.get("_made") or []
-        for m in made:
-            m["id"] = Store.insert_entry(db, **made_dir_fields(fields, m["path"]))
-        return Store.insert_entry(db, **{k: v for k, v in fields.items() if k != "_made"})
+        return Store.insert_entry(db, **fields)
 
     def _drop_tx(self, entry_id: int) -> None:
         """Delete a pending entry whose change was never attempted, or refused as a conflict."""
@@ -307,13 +300,9 @@ class ChangelogCore:
         reverts: int | None = None,
         note: str | None = None,
         mode: int | None = None,
-        made: list[dict[str, Any]] | None = None,
     ) -> tuple[int, WriteResult | None]:
         """Record, then write ``data`` to (or with None, remove) ``path``. Caller holds the lock.
-        ``mode``: the permissions of a file this creates (an undone deletion). ``made``: the
-        directories the write makes (``{"path": ...}`` each, outermost first), recorded as
-        ``create`` entries in the same transaction; each gets its ``"id"`` (the caller
-        settles them: :func:`made_dir_fields`).
+        ``mode``: the permissions of a file this creates (an undone deletion).
 
         Returns the entry id and the sandbox's WriteResult (None for a removal). Raises the
         sandbox's error unchanged (the entry is then ``failed``, or left ``pending`` when
@@ -331,8 +320,6 @@ class ChangelogCore:
             reverts=reverts,
             note=note,
         )
-        if made:
-            fields["_made"] = made
         # Settling a crashed writer's entries is folded into the recording transaction:
         # any pending entry was there before the caller took the lock (this process's own
         # step 5 runs before this on the database thread), and recovery only hashes
@@ -604,13 +591,6 @@ def _baseline_after_change(
     if after is None:
         db.execute("DELETE FROM baseline WHERE path = ?", (path,))
         return
-    if after == MADE_DIR:  # stat and mode unknown: the next scan refreshes the row, records nothing
-        db.execute(
-            "INSERT OR REPLACE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, status, "
-            "racy) VALUES (?, 'dir', -1, -1, 0, 0, NULL, NULL, 'dir', 0)",
-            (path,),
-        )
-        return
     kept = db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (after,)).fetchone() is not None
     size, mtime_ns, ino, mode, racy = (*stat, RACY_OWN_WRITE) if stat is not None else (-1, -1, 0, 0, 0)
     db.execute(
@@ -618,23 +598,3 @@ def _baseline_after_change(
         "racy) VALUES (?, 'file', ?, ?, ?, ?, ?, NULL, ?, ?)",
         (path, size, mtime_ns, ino, mode, after, "ok" if kept else "too_large", racy),
     )
-
-
-def made_dir_fields(write: dict[str, Any], path: str) -> dict[str, Any]:
-    """The entry of directory ``path`` made by the write whose entry is ``write``: a
-    ``create`` of a directory, as a command's ``mkdir`` is recorded (undo removes it when
-    nothing else is left in it)."""
-    return {
-        **{k: v for k, v in write.items() if k != "_made"},
-        "op": "create",
-        "path": path,
-        "new_path": None,
-        "before_hash": None,
-        "after_hash": None,
-        "before_kind": None,
-        "after_kind": "dir",
-        "before_mode": None,
-        "restorable": 1,
-        "note": f"made for {write['path']}",
-        "reverts": None,
-    }

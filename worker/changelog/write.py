@@ -19,11 +19,12 @@ import secrets
 from typing import Any
 
 from sandbox.base import Sandbox, StagedWrite, WriteResult
-from sandbox.errors import AgentError, ConflictError, IsADirError, NotADirError, NotAFileError, PathNotFoundError
+from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError, PathNotFoundError
 
 from .errors import ChangelogStorageError
+from .madedirs import made_entries, settle_made
 from .paths import canonical_new
-from .recorder import MADE_DIR, ChangelogCore, Current
+from .recorder import ChangelogCore, Current
 
 
 async def recorded_write(
@@ -83,48 +84,23 @@ async def recorded_write(
             raise ConflictError(f"Conflict: {path} {what}", code="conflict")
         if cur.kind is not None and cur.sha is None:
             raise ChangelogStorageError(f"cannot record {path}: its content could not be hashed")
-        made: list[dict[str, Any]] = [{"path": d} for d in dirs]
+        # (``core.change``, with the entries of the directories the write makes in its transaction)
+        fields, blobs, after = core.entry(
+            rel, data, cur, tool=tool, call_id=call_id, subtask_id=subtask_id, origin="tool"
+        )
+        made = made_entries(fields, dirs)
+        if made:
+            fields["_made"] = made
         try:
-            _, result = await core.change(
-                sandbox,
-                rel,
-                data,
-                cur,
-                expect_sha256=cur.sha,
-                expect_absent=cur.kind is None,
-                tool=tool,
-                call_id=call_id,
-                subtask_id=subtask_id,
-                origin="tool",
-                made=made,
+            _, result = await core._staged_change(
+                sandbox, rel, data, fields, blobs, after, cur.sha, cur.kind is None, None
             )
         except BaseException:
-            if any("id" in m for m in made):
-                await _settle_made(core, sandbox, made, written=False)
+            await settle_made(core, sandbox, made, written=False)
             raise
-        await _settle_made(core, sandbox, made, written=True)
+        await settle_made(core, sandbox, made, written=True)
         assert result is not None
         return result
-
-
-async def _settle_made(core: ChangelogCore, sandbox: Sandbox, made: list[dict[str, Any]], *, written: bool) -> None:
-    """Settle the entries of the directories a write made (recorded with its entry, see
-    ``ChangelogCore.change``): applied with the write; when it failed, applied if the
-    directory is there anyway (the agent makes a write's directories first), failed if
-    not, pending if the sandbox cannot tell (recovery then settles them)."""
-    for m in made:
-        if "id" not in m:
-            continue
-        if written:
-            core._finish_later(m["id"], (m["path"], MADE_DIR), None)
-            continue
-        try:
-            there = (await sandbox.stat(m["path"])).type == "dir"
-        except (PathNotFoundError, NotADirError):
-            there = False
-        except AgentError:
-            continue
-        await core.db(core._finish_tx, m["id"], "applied" if there else "failed", (m["path"], MADE_DIR), None)
 
 
 async def _write_known_before(

@@ -28,6 +28,8 @@ from .limits import too_large
 
 #: How much of a refused line is kept to find its id.
 HEAD = 512
+#: How much of a line is read at a time.
+_PIECE = 1 << 20
 _ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,256}")')
 
 
@@ -63,15 +65,21 @@ class BoundedLines:
             await self._refuse(item)
 
     def _next(self) -> bytes | _Refused | None:
-        """The next line, a refusal, or None at the end of the stream (blocking)."""
-        line = self.stream.readline(self.limit + 1)
-        if not line:
-            return None
-        if len(line) <= self.limit or line.endswith(b"\n"):
-            return line
-        head = line[:HEAD]
-        del line
-        while (rest := self.stream.readline(1 << 16)) and not rest.endswith(b"\n"):
+        """The next line, a refusal, or None at the end of the stream (blocking). Read a
+        piece at a time: a refused line costs the limit, once (not a buffer and its copy)."""
+        pieces: list[bytes] = []
+        size = 0
+        while size <= self.limit:
+            piece = self.stream.readline(_PIECE)
+            if not piece:
+                return b"".join(pieces) or None
+            pieces.append(piece)
+            size += len(piece)
+            if piece.endswith(b"\n"):
+                return b"".join(pieces) if size <= self.limit + 1 else _Refused(pieces[0][:HEAD])
+        head = pieces[0][:HEAD]
+        pieces.clear()
+        while (rest := self.stream.readline(_PIECE)) and not rest.endswith(b"\n"):
             pass
         return _Refused(head)
 

@@ -230,13 +230,15 @@ class Sandbox(abc.ABC):
         token: str | None = None,
         mode: int | None = None,
         override_mode: bool = False,
+        mkdirs: bool = True,
     ) -> StagedWrite:
         """The first half of :meth:`write`: the new content written (and fsync'd) beside
         ``path``, not yet in place, so the caller can record the change meanwhile. Finish
         with :meth:`commit_write` (the conditions are checked again there) or
         :meth:`abort_write`. ``StagedWrite.path`` is the resolved path (in-workspace links
         followed). A caller-chosen ``token`` (alphanumeric) lets it send the commit before
-        this call has returned. Raises like :meth:`write`. This default stages on the
+        this call has returned. ``mkdirs`` as for :meth:`write` (the agent makes missing
+        directories when staging). Raises like :meth:`write`. This default stages on the
         host side and writes at commit; the agent sandbox stages in the workspace.
         """
         st: FileStat | None
@@ -246,7 +248,7 @@ class Sandbox(abc.ABC):
             st = None
         staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
         pending = self.__dict__.setdefault("_host_staged", {})
-        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode)
+        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode, mkdirs)
         return staged
 
     async def commit_write(
@@ -266,8 +268,8 @@ class Sandbox(abc.ABC):
         item = self.__dict__.get("_host_staged", {}).pop(token, None)
         if item is None:
             raise AgentError(f"No staged write {token!r}", code="invalid")
-        path, data, expect_sha256, expect_absent, fsync, mode, override = cast(
-            tuple[str, bytes, "str | None", bool, bool, "int | None", bool], item
+        path, data, expect_sha256, expect_absent, fsync, mode, override, mkdirs = cast(
+            tuple[str, bytes, "str | None", bool, bool, "int | None", bool, bool], item
         )
         if expect_path is not None and expect_path != path:
             raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
@@ -279,6 +281,7 @@ class Sandbox(abc.ABC):
             fsync=fsync,
             mode=mode,
             override_mode=override,
+            mkdirs=mkdirs,
         )
 
     async def abort_write(self, staged: StagedWrite | str) -> None:

@@ -60,6 +60,7 @@ from starlette.types import Receive, Scope, Send
 from sandbox import __version__
 from sandbox.logs import get_logger
 
+from .limits import MAX_REQUEST_BYTES
 from .metrics import Metrics
 from .result import ToolResult, json_safe
 from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
@@ -359,17 +360,19 @@ async def serve_stdio(
     max_concurrent: int = 64,
     native_tools: bool = False,
     extra: Any = None,
+    max_message: int = MAX_REQUEST_BYTES,
 ) -> None:
     """Serve ``workspace`` over stdin/stdout until the client closes the stream; with
     ``native_tools`` Anthropic's ``bash`` and text editor are listed too (:class:`ToolList`),
-    and the server-only tools ``extra`` (see :func:`build_server`)."""
-    from mcp.server.stdio import stdio_server
+    and the server-only tools ``extra`` (see :func:`build_server`). A message over
+    ``max_message`` bytes is refused while it is read (:mod:`worker.mcp_stdio`)."""
+    from .mcp_stdio import bounded_stdio_server
 
     ws = workspace.resolve()
     runner = CallRunner(registry, Metrics(), max_concurrent=max_concurrent)
     server = build_server(registry, runner, lambda _ctx: ws, ToolList(registry, native_tools=native_tools), extra)
     log.info("mcp.stdio.started", workspace=str(ws))
-    async with stdio_server() as (read_stream, write_stream):
+    async with bounded_stdio_server(max_message) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
@@ -380,8 +383,16 @@ class HttpMcp:
     checked the token, the Host (DNS rebinding) and the Origin of every request."""
 
     def __init__(
-        self, registry: ToolRegistry, runner: CallRunner, workspaces: Workspaces, *, native_tools: bool = False
+        self,
+        registry: ToolRegistry,
+        runner: CallRunner,
+        workspaces: Workspaces,
+        *,
+        native_tools: bool = False,
+        max_message: int = MAX_REQUEST_BYTES,
     ) -> None:
+        """``max_message``: the largest request body, the service's own limit (the SDK's
+        default, 4 MiB, would refuse a ``write_file`` the tools take)."""
         self._workspaces = workspaces
         self.tool_list = ToolList(registry, idle_timeout=SESSION_IDLE_TIMEOUT, native_tools=native_tools)
         server = build_server(registry, runner, self._workspace_of, self.tool_list)
@@ -389,7 +400,11 @@ class HttpMcp:
         # every route, this one included, in one place (worker.auth).
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         self.manager = StreamableHTTPSessionManager(
-            app=server, security_settings=security, json_response=False, session_idle_timeout=SESSION_IDLE_TIMEOUT
+            app=server,
+            security_settings=security,
+            json_response=False,
+            session_idle_timeout=SESSION_IDLE_TIMEOUT,
+            max_request_body_size=max_message,
         )
 
     @staticmethod

@@ -13,6 +13,8 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .limits import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES
+
 
 def _default_data_dir() -> Path:
     """The user's data directory (``~/.local/share/loom-worker`` on Linux)."""
@@ -263,7 +265,10 @@ class Settings(BaseSettings):
         "(docs/native-tools.md); `loom-worker mcp --native-tools` for one stdio server.",
     )
     max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="Largest HTTP request body accepted (413 beyond)."
+        MAX_REQUEST_BYTES,
+        ge=MIN_REQUEST_BYTES,
+        description="Largest request accepted on every surface, refused while it is read: an HTTP body (413 "
+        "beyond), an MCP message (stdio and HTTP), a call sent to the CLI's local worker (worker/limits.py).",
     )
     stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
 

@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.base import Sandbox
 from sandbox.errors import PathEscapeError
-from worker.changelog import Changelog, Limits, UndoConflictError, UndoRefusedError
+from worker.changelog import Changelog, Limits, UndoRefusedError
 from worker.workspace import Workspace
 
 
@@ -405,21 +405,32 @@ async def test_a_directory_that_was_there_stays(cl, box, workspace: Path) -> Non
     assert _tree(workspace) == {"keep": None}
 
 
-async def test_a_made_directory_goes_with_what_later_calls_put_in_it(cl, box, workspace: Path) -> None:
+async def test_a_made_directory_stays_with_what_later_calls_put_in_it(cl, box, workspace: Path) -> None:
     """Undoing the command that made a directory, while a later command's file is still in
-    it: the directory goes with everything in it, and the step says what it took."""
+    it: the directory is kept, and the step (dry run too) says what is in it and which
+    change put it there. Undoing the later command then leaves it empty, and an undo of
+    everything removes it: the exact tree there was."""
     await shell(cl, box, "true")
     await shell(cl, box, "mkdir d && printf 1 > d/first", call_id="one")
     await shell(cl, box, "printf 2 > d/second", call_id="two")
+    second = next(e.id for e in await cl.log() if e.path == "d/second")
     preview = await cl.undo(box, call_id="one", dry_run=True)
-    assert "everything still in it" in (next(s for s in preview.steps if s.path == "d").message or "")
+    step = next(s for s in preview.steps if s.path == "d")
+    assert step.status == "kept", preview.steps
+    assert step.message == f"kept d/: not empty (d/second was added by a later change, entry {second}, call two)"
     result = await cl.undo(box, call_id="one")
     step = next(s for s in result.steps if s.path == "d")
-    assert step.status == "reverted" and "1 file(s)" in (step.message or "")
+    assert (step.status, step.message) == (
+        "kept",
+        f"kept d/: not empty (d/second was added by a later change, entry {second}, call two)",
+    )
+    assert not result.failed
+    assert _tree(workspace) == {"d": None, "d/second": b"2"}
+    await cl.undo(box, call_id="two")
+    assert _tree(workspace) == {"d": None}
+    again = await cl.undo(box, all=True)
+    assert [s.status for s in again.steps if s.path == "d"] == ["reverted"], again.steps
     assert _tree(workspace) == {}
-    # The later command's change is now a conflict (its file is gone), never silently redone.
-    with pytest.raises(UndoConflictError):
-        await cl.undo(box, call_id="two")
 
 
 async def test_directories_a_tool_write_made_are_not_taken_for_a_command(cl, box, workspace: Path) -> None:
@@ -429,7 +440,57 @@ async def test_directories_a_tool_write_made_are_not_taken_for_a_command(cl, box
     ws = Workspace(workspace, box, cl)
     await ws.write("new/deep/file.txt", b"x", tool="write_file", call_id="w")
     assert await shell(cl, box, "true", call_id="after") == []
-    assert [e.call_id for e in await cl.log()] == ["w"]
+    assert [(e.call_id, e.path) for e in await cl.log()] == [
+        ("w", "new"),
+        ("w", "new/deep"),
+        ("w", "new/deep/file.txt"),
+    ]
+
+
+async def test_directories_a_tool_write_made_are_undone(cl, box, workspace: Path) -> None:
+    """write_file of ``new/deep/f.txt`` records the two directories it makes (older
+    entries of the same call, in the write's transaction); undoing the call removes the
+    file and then, emptied, the directories: the tree there was. A directory that was
+    there stays."""
+    (workspace / "old").mkdir()
+    before = _tree(workspace)
+    await shell(cl, box, "true")
+    ws = Workspace(workspace, box, cl)
+    await ws.write("new/deep/f.txt", b"x", tool="write_file", call_id="w")
+    await ws.write("old/a/g.txt", b"y", tool="write_file", call_id="w")
+    got = [(e.op, e.path, e.after_kind, e.state) for e in await cl.log()]
+    assert got == [
+        ("create", "new", "dir", "applied"),
+        ("create", "new/deep", "dir", "applied"),
+        ("create", "new/deep/f.txt", "file", "applied"),
+        ("create", "old/a", "dir", "applied"),
+        ("create", "old/a/g.txt", "file", "applied"),
+    ]
+    assert await shell(cl, box, "true", call_id="after") == []  # the baseline knows them
+    assert len(await cl.log()) == 5
+    preview = await cl.undo(box, call_id="w", dry_run=True)
+    assert {s.status for s in preview.steps} == {"would_revert"}, preview.steps
+    result = await cl.undo(box, call_id="w")
+    assert {s.status for s in result.steps} == {"reverted"}, result.steps
+    assert _tree(workspace) == before
+
+
+async def test_a_directory_a_tool_made_is_kept_while_a_later_file_is_in_it(cl, box, workspace: Path) -> None:
+    """Undoing only the write that made ``new/``, while a later command's file is in it:
+    ``new/`` stays, and the step says why (dry run and undo alike)."""
+    await shell(cl, box, "true")
+    ws = Workspace(workspace, box, cl)
+    await ws.write("new/f.txt", b"x", tool="write_file", call_id="w")
+    await shell(cl, box, "printf 2 > new/x.txt", call_id="later")
+    later = next(e.id for e in await cl.log() if e.path == "new/x.txt")
+    why = f"kept new/: not empty (new/x.txt was added by a later change, entry {later}, call later)"
+    preview = await cl.undo(box, call_id="w", dry_run=True)
+    assert [(s.status, s.message) for s in preview.steps if s.path == "new"] == [("kept", why)]
+    result = await cl.undo(box, call_id="w")
+    assert [(s.status, s.message) for s in result.steps if s.path == "new"] == [("kept", why)]
+    assert _tree(workspace) == {"new": None, "new/x.txt": b"2"}
+    await cl.undo(box, all=True)
+    assert _tree(workspace) == {}
 
 
 async def test_a_files_only_baseline_is_upgraded_without_entries(tmp_path: Path, box, workspace: Path) -> None:

@@ -71,7 +71,8 @@ async def test_creates_a_missing_file(recorded: tuple[ToolRegistry, list[Changel
     edits = [{"old_str": "", "new_str": "abc\n"}, {"old_str": "b", "new_str": "B"}]
     r = await reg.execute("edit_file", {"path": "e.txt", "edits": edits}, workspace)
     assert r.success and (workspace / "e.txt").read_text() == "aBc\n"
-    assert [(e.path, e.op) for e in await logs[0].log()] == [("d/new.txt", "create"), ("e.txt", "create")]
+    made = [("d", "create"), ("d/new.txt", "create"), ("e.txt", "create")]  # d: made for d/new.txt
+    assert [(e.path, e.op) for e in await logs[0].log()] == made
 
 
 async def test_a_second_empty_old_str_on_a_missing_file_is_refused(

@@ -72,7 +72,7 @@ async def test_files_raw_both_ways_recorded_inside_only(svc: Service, tmp_path: 
     r = await svc.client.put(url, params={"path": str(outside)}, content=b"\x00\xff")
     assert r.status_code == 200 and r.json()["recorded"] is False and outside.read_bytes() == b"\x00\xff"
     log = (await svc.client.get("/v1/workspaces/w1/changelog")).json()
-    assert [e["path"] for e in log] == ["d/all.bin"]
+    assert [e["path"] for e in log] == ["d", "d/all.bin"]  # the directory the write made, then the file
 
 
 async def test_file_errors_are_statuses(svc: Service, tmp_path: Path) -> None:

@@ -54,3 +54,19 @@ async def test_mcp_endpoint_needs_the_token_and_a_workspace(base_url: str) -> No
         assert r.status_code == 404
         r = await c.post("/v1/workspaces/..%2F/mcp", json=init, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 404
+
+
+async def test_a_write_as_large_as_the_tool_takes_goes_through(base_url: str) -> None:
+    """The MCP SDK refuses bodies over 4 MiB by default; the service gives it its own
+    limit (LOOM_MAX_BODY_BYTES), so a ``write_file`` of 8 MiB (the tool takes 10) arrives."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers) as c:
+        r = await c.post("/v1/workspaces", json={"name": "big"})
+        assert r.status_code == 201
+        workspace = Path(r.json()["path"])
+    content = "x" * (8 << 20)
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with Client(streamable_http_client(f"{base_url}/v1/workspaces/big/mcp", http_client=http)) as client:
+            result = await client.call_tool("write_file", {"path": "big.txt", "content": content})
+    assert not result.is_error, result
+    assert (workspace / "big.txt").stat().st_size == len(content)

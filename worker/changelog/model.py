@@ -127,7 +127,10 @@ class UndoStep(BaseModel):
     entry_id: int
     path: str
     action: Literal["restore", "remove", "rename_back", "skip"]
-    status: Literal["reverted", "would_revert", "already_reverted", "not_restorable", "failed"]
+    #: ``kept``: a directory made whose undo leaves it, because something else is in it
+    #: (the message says what, and which change put it there); its entry stays, so a later
+    #: undo that empties it removes it.
+    status: Literal["reverted", "would_revert", "already_reverted", "not_restorable", "failed", "kept"]
     undo_entry_id: int | None = None
     message: str | None = None
     #: For a not-restorable step of a group entry: every path it could not put back.

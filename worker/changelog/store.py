@@ -320,6 +320,10 @@ class Store:
 
     @staticmethod
     def insert_entry(db: Connection, **fields: Any) -> int:
+        """Insert an entry; ``_made``: entries inserted first, in the same transaction (the
+        directories a write makes, each dict's ``fields``; its ``id`` is set)."""
+        for m in fields.pop("_made", ()):
+            m["id"] = Store.insert_entry(db, **m["fields"])
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         cur = db.execute(f"INSERT INTO entries({cols}) VALUES ({marks})", tuple(fields.values()))

@@ -16,18 +16,19 @@ import time
 from typing import Any, Literal
 
 from sandbox.base import FileStat, Sandbox, TreeRemoval
-from sandbox.errors import AgentError, NotADirError, PathNotFoundError
+from sandbox.errors import AgentError, ConflictError, NotADirError, PathNotFoundError
 
 from ..quoting import quote_path
 from .diff import Content, read_now, unified
 from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
+from .madedirs import State, children, kept_dirs, made_dir, why_kept
 from .model import Entry, UndoResult, UndoStep
+from .paths import inside as _inside
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, Current, _finish_in
 from .shellrows import symlink_digest
 
-State = tuple[str | None, str | None]
-_MAX_ID = (1 << 63) - 1  # (kind or None when absent, sha256 for files)
+_MAX_ID = (1 << 63) - 1
 
 
 def select(
@@ -118,13 +119,10 @@ def _describe(state: State) -> str:
     return f"a {kind}"
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + "/")
-
-
 def _removes(e: Entry, members: dict[int, list[tuple[str, str]]]) -> list[str]:
-    """The paths undoing ``e`` removes with everything in them (a creation), else []."""
-    if e.op != "create" or not e.restorable:
+    """The paths undoing ``e`` removes with everything in them (a creation), else [] (a
+    directory made is removed only when empty: :func:`.madedirs.made_dir`)."""
+    if e.op != "create" or not e.restorable or made_dir(e):
         return []
     if e.is_group:
         return [p for p, _t in members.get(e.id, [])]
@@ -233,8 +231,11 @@ async def undo(
         why = f"no before-image, but undoing entry {by} removes what it changed"
         steps.append(UndoStep(entry_id=e.id, path=e.path, action="skip", status=done, message=why))
     if dry_run:
+        kept = await kept_dirs(core, sandbox, plan, state, removals)
         steps += [
-            UndoStep(entry_id=e.id, path=e.path, action=_action(e), status="would_revert", message=_preview(e))
+            UndoStep(entry_id=e.id, path=e.path, action="remove", status="kept", message=kept[e.id])
+            if e.id in kept
+            else UndoStep(entry_id=e.id, path=e.path, action=_action(e), status="would_revert", message=_preview(e))
             for e in plan
         ]
         return UndoResult(dry_run=True, steps=sorted(steps, key=lambda s: -s.entry_id), diff=diff)
@@ -253,7 +254,7 @@ def _preview(e: Entry) -> str | None:
     """What a dry run says of a step that removes more than one path."""
     if e.is_group:
         return f"removes what entry {e.id} made under {e.path}: {e.note or ''}".rstrip(": ")
-    if e.op == "create" and e.after_kind == "dir":
+    if e.is_tree:
         return f"removes directory {e.path} with everything still in it"
     return None
 
@@ -412,6 +413,8 @@ async def _revert_path(core: ChangelogCore, sandbox: Sandbox, e: Entry, *, undo_
             return UndoStep(entry_id=e.id, path=path, action=action, status="reverted")
         if now == e.before_kind == e.after_kind and e.before_hash == e.after_hash:
             return await _revert_mode(core, sandbox, e, st, undo_call_id=undo_call_id)
+        if made_dir(e) and now == "dir" and st is not None:
+            return await _revertmade_dir(core, sandbox, e, st, undo_call_id=undo_call_id)
         target = None
         if e.before_kind == "symlink":
             blob = await core.db(core.store.get_blob, e.before_hash) if e.before_hash else None
@@ -469,6 +472,30 @@ async def _revert_path(core: ChangelogCore, sandbox: Sandbox, e: Entry, *, undo_
     if removed is not None and removed.files + removed.dirs > 1:
         message = f"removed {path} with {removed.files} file(s) and {max(removed.dirs - 1, 0)} directories in it"
     return UndoStep(entry_id=e.id, path=path, action=action, status="reverted", undo_entry_id=uid, message=message)
+
+
+async def _revertmade_dir(
+    core: ChangelogCore, sandbox: Sandbox, e: Entry, st: FileStat, *, undo_call_id: str | None
+) -> UndoStep:
+    """Undo the making of a directory: removed when empty (what this undo reverted before
+    it, newest first, is gone by now), kept otherwise, with the reason. Recorded before
+    it is done; the record is dropped when the directory stays."""
+    fields = _undo_fields(e, undo_call_id, op="delete", before_kind="dir", before_mode=st.mode)
+    uid = await _record(core, fields, [])
+    try:
+        await sandbox.remove(e.path)
+    except ConflictError:  # not empty
+        await core.db(core._drop_tx, uid)
+        try:
+            why = await why_kept(core, e, await children(sandbox, e.path))
+        except AgentError:
+            why = f"kept {quote_path(e.path)}/: not empty"
+        return UndoStep(entry_id=e.id, path=e.path, action="remove", status="kept", message=why)
+    except AgentError as err:
+        await core.db(core._finish_tx, uid, "failed", None, None)
+        return UndoStep(entry_id=e.id, path=e.path, action="remove", status="failed", message=str(err))
+    await core.db(_path_done, core, uid, e, None)
+    return UndoStep(entry_id=e.id, path=e.path, action="remove", status="reverted", undo_entry_id=uid)
 
 
 async def _revert_mode(

@@ -19,10 +19,11 @@ import secrets
 from typing import Any
 
 from sandbox.base import Sandbox, StagedWrite, WriteResult
-from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError
+from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError, PathNotFoundError
 
 from .errors import ChangelogStorageError
-from .paths import canonical
+from .madedirs import made_entries, settle_made
+from .paths import canonical_new
 from .recorder import ChangelogCore, Current
 
 
@@ -66,11 +67,11 @@ async def recorded_write(
         # Two independent round trips at once (the agent serves requests concurrently).
         # Entries a crashed writer left pending are settled by ``change`` when it finds any.
         canon, first = await asyncio.gather(
-            canonical(sandbox, path), core.current(sandbox, path), return_exceptions=True
+            canonical_new(sandbox, path), core.current(sandbox, path), return_exceptions=True
         )
         if isinstance(canon, BaseException):
             raise canon
-        rel, st = canon
+        rel, st, dirs = canon
         if st is not None and st.type == "dir":
             raise IsADirError(f"Not a file: {path} is a directory", code="is_a_directory")
         cur = first if rel == path and not isinstance(first, BaseException) else await core.current(sandbox, rel)
@@ -83,18 +84,21 @@ async def recorded_write(
             raise ConflictError(f"Conflict: {path} {what}", code="conflict")
         if cur.kind is not None and cur.sha is None:
             raise ChangelogStorageError(f"cannot record {path}: its content could not be hashed")
-        _, result = await core.change(
-            sandbox,
-            rel,
-            data,
-            cur,
-            expect_sha256=cur.sha,
-            expect_absent=cur.kind is None,
-            tool=tool,
-            call_id=call_id,
-            subtask_id=subtask_id,
-            origin="tool",
+        # (``core.change``, with the entries of the directories the write makes in its transaction)
+        fields, blobs, after = core.entry(
+            rel, data, cur, tool=tool, call_id=call_id, subtask_id=subtask_id, origin="tool"
         )
+        made = made_entries(fields, dirs)
+        if made:
+            fields["_made"] = made
+        try:
+            _, result = await core._staged_change(
+                sandbox, rel, data, fields, blobs, after, cur.sha, cur.kind is None, None
+            )
+        except BaseException:
+            await settle_made(core, sandbox, made, written=False)
+            raise
+        await settle_made(core, sandbox, made, written=True)
         assert result is not None
         return result
 
@@ -157,7 +161,9 @@ async def _stage_and_commit(
 ) -> WriteResult | None:
     """``_write_known_before`` once its staging's intent is open."""
     stage = asyncio.ensure_future(
-        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token)
+        # The file is there (or the guess is wrong): never make directories on this path,
+        # where nothing would record them (the general path does).
+        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token, mkdirs=False)
     )
     try:
         # Let the staging request go out before the database thread starts: both need
@@ -182,7 +188,7 @@ async def _stage_and_commit(
         result = await committed
     except ConflictError as e:
         await core.db(core._drop_tx, entry_id)  # refused before anything was written
-        if isinstance(staged_err, NotAFileError):
+        if isinstance(staged_err, (NotAFileError, PathNotFoundError)):
             return None
         if not precondition and (staged_err is None or isinstance(staged_err, ConflictError)):
             return None  # the guess was wrong (or the path is a link): the general path decides
@@ -193,8 +199,8 @@ async def _stage_and_commit(
         raise e
     except AgentError:
         await core.db(core._drop_tx, entry_id)  # nothing staged, so nothing written
-        if isinstance(staged_err, NotAFileError):
-            return None
+        if isinstance(staged_err, (NotAFileError, PathNotFoundError)):
+            return None  # (its directory is gone: the general path decides)
         if not precondition and isinstance(staged_err, ConflictError):
             return None
         if staged_err is not None:

@@ -40,10 +40,19 @@ def _cmd_cp(args: argparse.Namespace, settings: Settings) -> int:
     if not os.path.isdir(ws):
         return _fail(2, f"--workspace {args.workspace} is not a directory")
     if dest.startswith(":"):
+        from ..harness import MAX_WRITE
+
         try:
-            data = sys.stdin.buffer.read() if src == "-" else open(os.path.expanduser(src), "rb").read()
+            # One byte past the most the sandbox takes: a larger file is refused, never held.
+            if src == "-":
+                data = sys.stdin.buffer.read(MAX_WRITE + 1)
+            else:
+                with open(os.path.expanduser(src), "rb") as f:
+                    data = f.read(MAX_WRITE + 1)
         except OSError as e:
             return _fail(1, f"{src}: {e.strerror or e}")
+        if len(data) > MAX_WRITE:
+            return _fail(1, f"{src}: larger than {MAX_WRITE} bytes, the most a file written into the sandbox may be")
         return _run(settings, ws, "in", dest[1:], data, args.call_id)
     return _run(settings, ws, "out", src[1:], dest, args.call_id)
 

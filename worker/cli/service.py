@@ -210,6 +210,7 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
                 max_concurrent=settings.max_concurrent_calls,
                 native_tools=args.native_tools or settings.mcp_native_tools,
                 extra=extra,
+                max_message=settings.max_body_bytes,
             )
 
     from .. import aio

@@ -80,18 +80,24 @@ def fail_dict(error: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
 def read_arguments(value: str) -> dict[str, Any] | str:
     """``--args``: a JSON object given inline, as ``@FILE`` or as ``-`` / ``@-`` (standard
     input). Returns the object, or the message of a usage error."""
+    from ..limits import max_request_bytes, too_large
+
     text: str | bytes
+    limit = max_request_bytes()
     if value in ("-", "@-"):
-        label, text = f"--args {value}", sys.stdin.buffer.read()
+        # At most one byte past the limit is read: a larger input is refused, never held.
+        label, text = f"--args {value}", sys.stdin.buffer.read(limit + 1)
     elif value.startswith("@"):
         label = f"--args {value}"
         try:
             with open(value[1:], "rb") as f:
-                text = f.read()
+                text = f.read(limit + 1)
         except OSError as e:
             return f"{label}: cannot read {value[1:]}: {e.strerror}"
     else:
         label, text = "--args", value
+    if len(text) > limit:
+        return f"{label}: {too_large(limit)}"
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -370,6 +376,26 @@ def _parse_line(line: str) -> tuple[Any, str, Any]:
     return req.get("id"), tool, req.get("arguments", {})
 
 
+def _bounded_lines(stream: Any) -> Any:
+    """The lines of ``stream`` (binary, or text where it has no buffer) as text; a line
+    over the request limit (``worker.limits``) is that limit (an int) instead, its bytes
+    skipped, never held."""
+    from ..limits import max_request_bytes
+
+    limit = max_request_bytes()
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        nl = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) > limit and not line.endswith(nl):
+            while (rest := stream.readline(1 << 20)) and not rest.endswith(nl):
+                pass
+            yield limit
+            continue
+        yield line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+
+
 def _cmd_batch(args: argparse.Namespace, _settings: Settings | None) -> int:
     ws = _workspace(args.workspace)
     if ws is None:
@@ -379,10 +405,14 @@ def _cmd_batch(args: argparse.Namespace, _settings: Settings | None) -> int:
         return runner
     all_ok = True
     try:
-        for n, line in enumerate(sys.stdin, 1):
-            if not line.strip():
+        for n, line in enumerate(_bounded_lines(getattr(sys.stdin, "buffer", sys.stdin)), 1):
+            if isinstance(line, str) and not line.strip():
                 continue
             try:
+                if isinstance(line, int):
+                    from ..limits import too_large
+
+                    raise ValueError(too_large(line))
                 call_id, tool, arguments = _parse_line(line)
             except ValueError as e:
                 result = fail_dict(f"Invalid batch line {n}: {e}")

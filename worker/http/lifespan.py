@@ -61,7 +61,13 @@ def lifespan(
             if observers is not None:
                 observers.append(service.metrics.observe_egress)
             runner = CallRunner(reg, service.metrics, max_concurrent=settings.max_concurrent_calls)
-            mcp = HttpMcp(reg, runner, service.workspaces, native_tools=service.settings.mcp_native_tools)
+            mcp = HttpMcp(
+                reg,
+                runner,
+                service.workspaces,
+                native_tools=service.settings.mcp_native_tools,
+                max_message=service.settings.max_body_bytes,
+            )
             await stack.enter_async_context(mcp.run())
             service.start(reg, runner, mcp)
             log.info("service.started", workspace_root=str(service.workspaces.root), auth=service.access.token_required)

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+from ..limits import max_request_bytes, too_large
 from . import wire
 from .identity import cwd_matters, settings_env
 from .rundir import RunDirError, WorkerFiles, worker_files
@@ -85,6 +86,8 @@ class WorkerClient:
         self._next_id = 0
         #: The id of the request sent last (``exec`` signals name it).
         self.last_id = 0
+        #: The most a call may hold, as the worker said in its greeting (LOOM_MAX_BODY_BYTES).
+        self.max_request = max_request_bytes()
 
     def close(self) -> None:
         try:
@@ -117,12 +120,17 @@ class WorkerClient:
         already), Lost when the answer breaks off."""
         self._next_id += 1
         rid = self.last_id = self._next_id
-        data = wire.encode({**frame, "id": rid})
-        if len(data) > wire.MAX_FRAME:
-            raise Unavailable(f"the request is larger than a frame may be ({len(data)} > {wire.MAX_FRAME} bytes)")
+        data = wire.encode({"id": rid, **frame})  # id and op first: the worker reads them before the rest
+        limit = wire.frame_limit(frame.get("op"), self.max_request)
+        if len(data) > limit:  # the worker would refuse it while reading: nothing is sent
+            shown = too_large(self.max_request, len(data)) if frame.get("op") == "call" else f"{len(data)} bytes"
+            return {"id": rid, "t": "error", "code": "too_large", "message": shown}
         try:
             self.sock.sendall(data)
         except OSError as e:  # it went away before taking anything: nothing ran
+            refused = self._refusal(rid)
+            if refused is not None:
+                return refused
             raise Unavailable(f"the local worker closed its socket ({e.strerror})") from None
         while True:
             try:
@@ -144,6 +152,18 @@ class WorkerClient:
                 return answer
             if on_frame is not None and answer.get("id") == rid:
                 on_frame(answer)
+
+    def _refusal(self, rid: int) -> dict[str, Any] | None:
+        """The worker's ``too_large`` answer to request ``rid``, when that is why it stopped
+        reading it (a worker whose limit is lower than this client thought)."""
+        try:
+            self.sock.settimeout(GREETING_TIMEOUT)
+            answer = wire.decode(self._readline())
+        except (OSError, ValueError):
+            return None
+        if answer.get("code") == "too_large" and answer.get("id") in (rid, None):
+            return answer
+        return None
 
     def send(self, frame: dict[str, Any]) -> None:
         """Send a frame about a request in progress (``signal``); no answer comes to it.
@@ -183,6 +203,11 @@ class WorkerClient:
         kind = answer.get("t")
         if kind == "retry":
             raise Retry(str(answer.get("reason")))
+        if kind == "error" and answer.get("code") == "too_large":  # refused, as in-process it would be
+            message = str(answer.get("message"))
+            # (``ToolResult.fail``'s dict, as ``worker.cli.tools.fail_dict`` makes it)
+            result = {"success": False, "output": f"Error: {message}", "data": {"error_kind": "too_large"}}
+            return 1, {**result, "files_changed": [], "error": message}
         if kind == "result" and isinstance(answer.get("result"), dict) and isinstance(answer.get("exit"), int):
             return answer["exit"], answer["result"]
         raise Lost(f"the local worker could not run the call: {answer.get('message', answer)}")
@@ -226,6 +251,8 @@ def connect(files: WorkerFiles, key: str) -> WorkerClient | None:
     if hello.get("t") != "hello":
         client.close()
         raise Unavailable(f"{files.socket} answered something other than a local worker's greeting")
+    if isinstance(hello.get("max_request"), int):
+        client.max_request = hello["max_request"]
     return client
 
 

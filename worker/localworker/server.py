@@ -40,6 +40,7 @@ from sandbox.base import ExecControl
 from sandbox.logs import get_logger
 from sandbox.pulls import PULL_SINK, PullEvent
 
+from ..limits import too_large
 from ..logging import level_number
 from ..registry.recovery import reconcile_interrupted
 from ..settings import Settings, describe_errors
@@ -65,6 +66,51 @@ def _send(writer: asyncio.StreamWriter, frame: dict[str, Any]) -> None:
         pass
 
 
+#: How much of a frame the connection's buffer holds before it is taken (read_frame).
+_PIECE = 1 << 20
+
+
+class FrameTooLarge(Exception):
+    """A frame over its op's limit (:func:`wire.frame_limit`), refused while read."""
+
+    def __init__(self, op: str | None, rid: int | None, read: int, limit: int, max_request: int) -> None:
+        self.op, self.rid, self.read, self.limit = op, rid, read, limit
+        if op == "call":
+            self.message = too_large(max_request)
+        else:
+            self.message = (
+                f"Request too large: a {op or 'request'} frame of more than {limit} bytes; refused while reading it"
+            )
+        super().__init__(self.message)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_request: int, piece: int = _PIECE) -> bytes:
+    """The next frame (b"" at the end of the stream), read ``piece`` bytes at a time and
+    refused as soon as it is over its op's limit, which its first bytes name: an oversized
+    frame costs at most its limit (and a piece) in memory. Raises FrameTooLarge,
+    ConnectionError."""
+    buf = bytearray()
+    limit: int | None = None
+    op = rid = None
+    while True:
+        try:
+            buf += await reader.readuntil(b"\n")
+            done = True
+        except asyncio.IncompleteReadError as e:  # the end of the stream
+            buf += e.partial
+            done = True
+        except asyncio.LimitOverrunError as e:  # no newline in the buffer yet: take it
+            buf += await reader.readexactly(min(e.consumed, piece))
+            done = False
+        if limit is None and (done or len(buf) >= wire.HEAD):
+            op, rid = wire.head_fields(bytes(buf[: wire.HEAD]))
+            limit = wire.frame_limit(op, max_request)
+        if limit is not None and len(buf) > limit:
+            raise FrameTooLarge(op, rid, len(buf), limit, max_request)
+        if done:
+            return bytes(buf)
+
+
 def peer_uid(sock: Any) -> int:
     """The uid of the process at the other end of unix socket ``sock`` (SO_PEERCRED)."""
     _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
@@ -83,6 +129,8 @@ class LocalWorker:
         #: load): an in-process call logs them each time, so each call gets them too.
         self.startup_events = startup
         self.idle = settings.cli_daemon_idle
+        #: The most a call's frame may hold, besides its envelope (LOOM_MAX_BODY_BYTES).
+        self.max_request = settings.max_body_bytes
         self.code = code_identity()
         self.inputs = registry_inputs(settings, calls.registry)
         self.baseline = fingerprint(self.inputs)
@@ -100,7 +148,8 @@ class LocalWorker:
     async def run(self, sock: socket.socket) -> str:
         """Serve on listening ``sock`` until it is time to stop; returns why."""
         self._sock_ino = os.stat(self.files.socket).st_ino
-        self._server = await asyncio.start_unix_server(self._handle, sock=sock, limit=wire.MAX_FRAME)
+        # The stream's buffer holds one piece of a frame at a time (read_frame).
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, limit=_PIECE)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.retire, f"signal {signal.Signals(sig).name}")
@@ -169,11 +218,20 @@ class LocalWorker:
             return
         # Before anything else: a client sends nothing until it has this, so a connection
         # reset before it (one queued when this worker stopped listening) lost nothing.
-        _send(writer, {"t": "hello", "pid": os.getpid(), "key": self.key})
+        _send(writer, {"t": "hello", "pid": os.getpid(), "key": self.key, "max_request": self.max_request})
         self.active += 1
         try:
             while True:
-                line = await reader.readline()
+                try:
+                    line = await read_frame(reader, self.max_request)
+                except FrameTooLarge as e:
+                    # Dropped at the limit, never held whole; the rest of it is not read, so
+                    # the connection ends here (the client checks the size first).
+                    log.warning("local_worker.request_too_large", op=e.op, read=e.read, limit=e.limit)
+                    _send(writer, {"id": e.rid, "t": "error", "code": "too_large", "message": e.message})
+                    with contextlib.suppress(ConnectionError):
+                        await writer.drain()
+                    break
                 if not line:
                     break
                 try:
@@ -185,7 +243,7 @@ class LocalWorker:
                 await self._request(req, writer, reader)
                 await writer.drain()
         except (ConnectionError, RuntimeError, ValueError, asyncio.LimitOverrunError) as e:
-            # A broken pipe, or a frame over MAX_FRAME (the client checks that first).
+            # A broken pipe.
             log.info("local_worker.connection_ended", error=repr(e))
         finally:
             self.active -= 1

@@ -34,6 +34,7 @@ Standard library only: the client runs this on every call.
 from __future__ import annotations
 
 import json
+import re
 
 # Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
 TYPE_CHECKING = False
@@ -41,10 +42,39 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-#: The largest frame a worker reads; the client runs a larger call in-process instead.
-MAX_FRAME = 512 << 20
+#: What a frame holds besides a call's arguments or a command's stdin (and the most a
+#: frame of any other op may be).
+ENVELOPE = 64 << 10
+#: The largest ``exec`` frame: a command's stdin of up to 64 MiB (``loom-worker exec
+#: --stdin``) as base64, and the rest.
+MAX_EXEC_FRAME = (64 << 20) * 4 // 3 + (1 << 20)
+#: How much of a frame is read before its op decides its limit (the client sends ``id``
+#: and ``op`` first).
+HEAD = 256
+
+
+def frame_limit(op: str | None, max_request: int) -> int:
+    """The most bytes a frame of ``op`` may hold: a call, ``max_request`` (the one limit of
+    a request, ``worker.limits``) and the envelope; ``exec``, :data:`MAX_EXEC_FRAME`;
+    anything else, the envelope."""
+    if op == "exec":
+        return MAX_EXEC_FRAME
+    if op == "call":
+        return max_request + ENVELOPE
+    return ENVELOPE
+
+
+def head_fields(head: bytes) -> tuple[str | None, int | None]:
+    """The ``op`` and ``id`` named in the first bytes of a frame, where they are."""
+    op = _OP.search(head)
+    rid = _ID.search(head)
+    return (op.group(1).decode() if op else None), (int(rid.group(1)) if rid else None)
+
 
 FINAL = frozenset({"result", "retry", "error", "status"})
+
+_OP = re.compile(rb'"op":\s*"([a-z_]{1,20})"')
+_ID = re.compile(rb'"id":\s*(\d{1,18})[,}]')
 
 
 def encode(frame: dict[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ from sandbox.base import Sandbox
 from sandbox.errors import AgentError, NotADirError, PathNotFoundError
 
 from ..quoting import quote_path
+from .finish import made_dir_row
 from .model import Entry
 from .paths import inside
 from .recorder import ChangelogCore
@@ -148,8 +149,4 @@ def _settle_tx(core: ChangelogCore, states: list[tuple[int, str, str]]) -> None:
         for entry_id, path, state in states:
             cur = db.execute("UPDATE entries SET state = ? WHERE id = ? AND state = 'pending'", (state, entry_id))
             if state == "applied" and cur.rowcount == 1:
-                db.execute(
-                    "INSERT OR REPLACE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, "
-                    "status, racy) VALUES (?, 'dir', -1, -1, 0, 0, NULL, NULL, 'dir', 0)",
-                    (path,),
-                )
+                made_dir_row(db, path)

@@ -52,18 +52,16 @@ from sandbox.logs import get_logger
 
 from .. import faults
 from .errors import ChangelogStorageError
+from .finish import Baseline, finish_in, made_dir_row
 from .intents import IntentJournal, staged_temp
 from .model import Entry, Kind, Limits, Origin
 from .reserve import check_reserve
-from .store import RACY_OWN_WRITE, Connection, Store, WorkspaceLock, sha256
+from .store import Connection, Store, WorkspaceLock, sha256
 
 T = TypeVar("T")
 log = get_logger("worker.changelog")
 #: Seconds of quiet after which held step-5 updates are applied on their own.
 FINISH_DELAY = 0.005
-#: What a change leaves in the shell baseline: (path, content hash after) or, where the
-#: sandbox said, (path, hash, (size, mtime_ns, inode, st_mode) of the file put there).
-Baseline = tuple[str, str | None] | tuple[str, str | None, tuple[int, int, int, int] | None]
 _Finish = tuple[int, Baseline | None, int | None, int | None]
 
 
@@ -139,7 +137,7 @@ class ChangelogCore:
         try:
             with self.store.tx(durable=False) as db:
                 for item in items:
-                    _finish_in(db, item[0], "applied", *item[1:])
+                    finish_in(db, item[0], "applied", *item[1:])
         except ChangelogStorageError as e:
             # The entries stay pending; the next user's recovery settles them by hash.
             log.warning("changelog.finish_deferred", entries=[i[0] for i in items], error=str(e)[:300])
@@ -220,7 +218,7 @@ class ChangelogCore:
         try:
             with self.store.tx() as db:
                 for item in held:  # this process's step 5 of earlier changes, in this commit
-                    _finish_in(db, item[0], "applied", *item[1:])
+                    finish_in(db, item[0], "applied", *item[1:])
                 return self._record_in(db, fields, blobs, settled=settled, require_blob=require_blob)
         except BaseException:
             self._requeue_finishes(held)
@@ -261,7 +259,7 @@ class ChangelogCore:
     ) -> None:
         # Not fsync'd: if this is lost the entry stays pending and recovery settles it.
         with self.store.tx(durable=False) as db:
-            _finish_in(db, entry_id, state, baseline, reverts, mode)
+            finish_in(db, entry_id, state, baseline, reverts, mode)
 
     def _finish_later(
         self, entry_id: int, baseline: Baseline | None, reverts: int | None, mode: int | None = None
@@ -535,6 +533,13 @@ class ChangelogCore:
         paths = sorted({p for e in pending for p in (e.path, e.new_path) if p})
         hashes = await sandbox.hash(paths)
         for e in pending:
+            if e.after_kind == "dir" and e.before_kind is None:  # a directory a write made
+                try:
+                    made = (await sandbox.stat(e.path)).type == "dir"
+                except AgentError:
+                    made = False
+                await self.db(self._settle_dir_tx, e, "applied" if made else "failed")
+                continue
             now = hashes.get(e.path)
             applied = now == e.after_hash
             if e.op == "rename" and e.new_path:
@@ -545,56 +550,13 @@ class ChangelogCore:
             await self.db(self._settle_tx, e, state, note)
         return pending
 
+    def _settle_dir_tx(self, e: Entry, state: str) -> None:
+        with self.store.tx() as db:
+            if finish_in(db, e.id, state, None, None) and state == "applied":
+                made_dir_row(db, e.path)
+
     def _settle_tx(self, e: Entry, state: str, note: str | None) -> None:
         # What the writer's own step 5 would have done (the shell baseline follows an
         # applied change, an undo marks what it reverted), only if still pending.
         with self.store.tx() as db:
-            _finish_in(db, e.id, state, (e.path, e.after_hash), e.reverts, note=note)
-
-
-def _finish_in(
-    db: Any,
-    entry_id: int,
-    state: str,
-    baseline: Baseline | None,
-    reverts: int | None,
-    mode: int | None = None,
-    note: str | None = None,
-) -> None:
-    """Step 5 inside a transaction (also recovery's settling). Only a still-pending entry:
-    another process's recovery, or the writer's own late step 5, may have come first."""
-    cur = db.execute(
-        "UPDATE entries SET state = ?, before_mode = COALESCE(?, before_mode), note = COALESCE(?, note) "
-        "WHERE id = ? AND state = 'pending'",
-        (state, mode, note, entry_id),
-    )
-    if state == "applied" and cur.rowcount == 1:
-        if baseline is not None:
-            _baseline_after_change(db, *baseline)
-        if reverts is not None:
-            db.execute("UPDATE entries SET reverted_by = ? WHERE id = ?", (entry_id, reverts))
-
-
-def _baseline_after_change(
-    db: Any, path: str, after: str | None, stat: tuple[int, int, int, int] | None = None
-) -> None:
-    """Keep the shell baseline in step with a change made through the changelog.
-
-    With the file's ``stat`` as the sandbox put it there (a committed write: the agent's
-    scan snapshot takes that same file as seen, so no scan hands it back), the row is that
-    stat, marked :data:`~.store.RACY_OWN_WRITE` (a stat walk re-hashes it, as any file
-    written within a tick of a scan; a scan that reports it checks it by hash). Without,
-    the stat is unknown, so it is set impossible (-1) and mode 0 (unknown): the next scan
-    sees the file as changed, hashes it, finds the recorded content and only refreshes
-    the stat.
-    """
-    if after is None:
-        db.execute("DELETE FROM baseline WHERE path = ?", (path,))
-        return
-    kept = db.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (after,)).fetchone() is not None
-    size, mtime_ns, ino, mode, racy = (*stat, RACY_OWN_WRITE) if stat is not None else (-1, -1, 0, 0, 0)
-    db.execute(
-        "INSERT OR REPLACE INTO baseline(path, type, size, mtime_ns, ino, mode, sha256, target, status, "
-        "racy) VALUES (?, 'file', ?, ?, ?, ?, ?, NULL, ?, ?)",
-        (path, size, mtime_ns, ino, mode, after, "ok" if kept else "too_large", racy),
-    )
+            finish_in(db, e.id, state, (e.path, e.after_hash), e.reverts, note=note)

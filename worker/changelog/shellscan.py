@@ -424,7 +424,7 @@ class ShellTracker:
     ) -> tuple[list[tuple[ScanEntry, Row, bytes | None]], list[ScanEntry]]:
         """Files this changelog wrote since the last scan (their rows hold the content's
         hash, stored, and no stat or the stat the sandbox reported for the file it put
-        there: :func:`~.recorder._baseline_after_change`), checked
+        there: :func:`~.finish.baseline_after_change`), checked
         with one ``hash`` request for them all instead of a read of each: a file that
         still holds that content only gets its stat refreshed (what reading it would have
         concluded). Returns those rows, and the entries left for :meth:`_describe_all`

@@ -6,8 +6,7 @@ request is refused, with the list of conflicts, before anything is written (``fo
 overrides). Each revert is then an ordinary recorded change whose agent write carries the
 precondition "content is still what the plan saw", so nothing that changes underneath is
 overwritten silently. Undo entries (``origin='undo'``) are never picked by call, subtask,
-``to`` or ``all`` selections, which is what makes reverting twice a no-op; naming one by
-``entry`` id reverts the undo (a redo).
+``to`` or ``all`` (reverting twice is a no-op); naming one by ``entry`` id is a redo.
 """
 
 from __future__ import annotations
@@ -21,11 +20,12 @@ from sandbox.errors import AgentError, ConflictError, NotADirError, PathNotFound
 from ..quoting import quote_path
 from .diff import Content, read_now, unified
 from .errors import EntryNotFoundError, UndoConflictError, UndoRefusedError
+from .finish import finish_in
 from .madedirs import State, children, kept_dirs, made_dir, why_kept
 from .model import Entry, UndoResult, UndoStep
 from .paths import inside as _inside
 from .paths import is_safe_relpath
-from .recorder import ChangelogCore, Current, _finish_in
+from .recorder import ChangelogCore, Current
 from .shellrows import symlink_digest
 
 _MAX_ID = (1 << 63) - 1
@@ -571,7 +571,7 @@ def _path_done(core: ChangelogCore, uid: int, e: Entry, removed: TreeRemoval | N
     """Step 5 of :func:`_revert_path`: the entry applied, the baseline in step. The stat
     is left unknown (-1, mode 0) so the next scan re-reads the path and only refreshes it."""
     with core.store.tx(durable=False) as db:
-        _finish_in(db, uid, "applied", None, e.id)
+        finish_in(db, uid, "applied", None, e.id)
         if removed is not None:
             db.execute(
                 "UPDATE entries SET tree_files = ?, tree_bytes = ? WHERE id = ?", (removed.files, removed.bytes, uid)

@@ -53,6 +53,7 @@ from worker.snapshots.errors import (
     SnapshotLimitError,
     SnapshotNotFoundError,
 )
+from worker.tool import PolicyError
 from worker.workspace_settings import SettingsError
 
 #: One error of each row's class (a new row needs one here), and what the service answers.
@@ -81,6 +82,7 @@ SAMPLES: dict[type[Exception], tuple[Exception, int, dict[str, Any]]] = {
     SnapshotLimitError: (SnapshotLimitError("32 snapshots"), 409, {}),
     ReserveError: (ReserveError("below the reserve"), 507, {}),
     SnapshotDiskFullError: (SnapshotDiskFullError("disk full"), 507, {}),
+    PolicyError: (PolicyError("Path '../x' is outside the workspace"), 403, {}),
     SettingsError: (SettingsError("env.FOO", "reserved"), 422, {}),
     SecretError: (SecretError("hosts", "an entry is refused"), 422, {}),
     table.Unavailable: (table.Unavailable("could not be stored: OSError"), 503, {}),
@@ -189,8 +191,10 @@ def _decides_a_status(fn: Any) -> list[str]:
         if isinstance(node, ast.ExceptHandler):
             for inner in ast.walk(node):
                 # (a bare return ends a stream already answered: its error was an event)
-                if isinstance(inner, ast.Return) and inner.value is not None and not (
-                    isinstance(inner.value, ast.Call) and ast.unparse(inner.value.func) == "answer"
+                if (
+                    isinstance(inner, ast.Return)
+                    and inner.value is not None
+                    and not (isinstance(inner.value, ast.Call) and ast.unparse(inner.value.func) == "answer")
                 ):
                     found.append(f"line {inner.lineno}: returns from `except {ast.unparse(node.type or ast.Pass())}`")
     return found

@@ -11,14 +11,20 @@ caller             4xx     the request itself: a body or query refused by its mo
                            workspace id (422), something not found (404), a name taken or a
                            state that refuses the request (409), too large (413); an agent's
                            error by its code (``not_found`` 404, ``too_large`` 413, the
-                           policy's codes 403, the rest 409)
+                           policy's codes 403, the rest 409); a part this service does not
+                           have (409; tool search 404, image pulls 501); the port proxy's: a
+                           request it cannot pass on (400), nothing valid answering (502)
 limit              429     too many calls at once (``Retry-After``)
+                   409     the snapshots a workspace may keep (``LOOM_MAX_SNAPSHOTS``)
                    507     storage the service keeps is full: the changelog's reserve
                            (:class:`~worker.changelog.errors.ReserveError`: free space the
                            data directory must keep, so the call did not start), the
                            snapshot store's disk. 507 rather than 429: waiting does not help,
                            an operator must free space
-policy             403     refused by the workspace's policy (a user it may not run as)
+policy             403     refused by policy: a path that leaves the workspace, a command the
+                           policy refuses (:class:`~worker.tool.PolicyError`); the agent's
+                           refusals (a path escape, a permission, a user the workspace may
+                           not run as) by their code, in the agent's row above
 settings           422     a setting refused, ``detail[0].loc`` naming the field
 infrastructure     503     the sandbox, the changelog's storage (a damaged changelog and
                            changes not recorded name the file), the host's disk; retry or
@@ -65,6 +71,7 @@ from ..snapshots.errors import (
     SnapshotLimitError,
     SnapshotNotFoundError,
 )
+from ..tool import PolicyError
 from ..workspace_settings import SettingsError
 
 log = get_logger("worker.http")
@@ -264,6 +271,8 @@ TABLE: tuple[Row, ...] = (
     Row(SnapshotLimitError, "limit", 409),
     Row(ReserveError, "limit", 507),
     Row(SnapshotDiskFullError, "limit", 507),
+    # -- policy (and, above, the agent's refusals by code: escape, permission, user) --------
+    Row(PolicyError, "policy", 403),
     # -- settings -------------------------------------------------------------------------
     Row(SettingsError, "settings", 422, _setting),
     Row(SecretError, "settings", 422, _secret),

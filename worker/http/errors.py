@@ -199,7 +199,7 @@ class Row:
     status: int
     body: Callable[[Exception], dict[str, Any]] = _detail
     headers: Mapping[str, str] = field(default_factory=dict)
-    #: The status from the error's ``code`` (the agent's errors), ``status`` for others.
+    #: The status by an agent's error's ``code`` (else ``status``).
     by_code: Mapping[str, int] | None = None
 
     def statuses(self) -> set[int]:
@@ -208,8 +208,8 @@ class Row:
 
     def answer(self, e: Exception) -> Response:
         status = self.status
-        if self.by_code is not None:
-            status = self.by_code.get(getattr(e, "code", ""), self.status)
+        if self.by_code is not None and isinstance(e, AgentError):
+            status = self.by_code.get(e.code, self.status)
         return _json(self.body(e), status, dict(self.headers) or None)
 
 

@@ -310,19 +310,10 @@ class Configured:
 
 
 def effective(spec: SandboxSpec, egress: EgressPolicy | None = None) -> dict[str, Any]:
-    """The settings a sandbox is made with, as the operator sees them."""
-    return {
-        "egress": list(egress.entries) if egress else [],
-        "image": spec.image,
-        "runtime": spec.runtime,
-        "cpus": spec.cpus,
-        "memory": spec.memory,
-        "pids": spec.pids,
-        "idle_ttl": spec.idle_ttl,
-        "env": dict(spec.env),
-        "ca_bundle": spec.ca_bundle,
-        "allow_root": spec.allow_root,
-    }
+    """The settings a sandbox is made with, as the operator sees them: every one a
+    workspace may set, as its spec has it."""
+    shown = set(WorkspaceSettings.model_fields) - {"egress"}
+    return {"egress": list(egress.entries) if egress else [], **spec.model_dump(include=shown)}
 
 
 class Configs:

@@ -181,3 +181,18 @@ async def test_a_bad_value_of_any_workspace_setting_is_a_422_naming_it(service: 
         assert r.status_code == 422, (name, value, r.text)
         assert r.json()["detail"][0]["loc"][:3] == ["body", "settings", name], (name, value, r.text)
         assert not (service.root / "w2").exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "call"])
+def test_the_commands_exit_2_with_that_line(command: str, tmp_path: Path) -> None:
+    from tests.workers import cli, cli_env
+
+    env = cli_env(str(tmp_path / "run"), tmp_path / "data", LOOM_MEMORY="1m")
+    argv = (
+        ["serve"]
+        if command == "serve"
+        else ["call", "read_file", "--args", '{"path": "a"}', "--workspace", str(tmp_path)]
+    )
+    p = cli(env, *argv, timeout=60)
+    assert p.returncode == 2 and p.stdout == b"", p
+    assert p.stderr.decode().splitlines() == ["loom-worker: error: LOOM_MEMORY: at least 64m"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -98,6 +98,17 @@ ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID")
 LABEL_PREFIX = "dev.loom"
 
 
+#: The bounds of the limits, declared once: the spec's fields and the settings they come
+#: from (``worker.sandbox_settings``, the process's and each workspace's) use these.
+Cpus = Annotated[float, Field(ge=0.1, le=64)]
+Pids = Annotated[int, Field(ge=16, le=65536)]
+IdleTtl = Annotated[int, Field(ge=10)]
+NonNegative = Annotated[int, Field(ge=0)]
+Runtime = Literal["runc", "runsc"]
+GvisorPlatform = Literal["systrap", "ptrace", "kvm"]
+Pull = Literal["missing", "never", "always"]
+
+
 def parse_size(value: str | int) -> int:
     """``"1g"`` -> 1073741824. Raises ValueError for anything else."""
     if isinstance(value, int):
@@ -121,19 +132,19 @@ class SandboxSpec(BaseModel):
     image: str = "loom-sandbox:latest"
     #: When the image is pulled (sandbox/docker/images.py): ``missing`` (not on the engine),
     #: ``never`` (it must be built or loaded), ``always`` (before every new container).
-    pull: Literal["missing", "never", "always"] = "missing"
+    pull: Pull = "missing"
     #: The registries a pull may reach, as image names write them (``docker.io`` for a name
     #: without one). An image already on the engine is used whatever its registry.
     registries: tuple[str, ...] = ("docker.io",)
     #: The image the agent runtime is copied from (into a read-only volume per version).
     agent_runtime_image: str = "loom-agent-runtime:latest"
-    runtime: Literal["runc", "runsc"] = "runc"
+    runtime: Runtime = "runc"
     #: gVisor's platform under ``runtime="runsc"`` (:mod:`sandbox.docker.gvisor`): how the
     #: sandbox's system calls reach gVisor's kernel. One engine runtime per platform.
-    gvisor_platform: Literal["systrap", "ptrace", "kvm"] = "systrap"
-    cpus: float = Field(1.0, ge=0.1, le=64)
+    gvisor_platform: GvisorPlatform = "systrap"
+    cpus: Cpus = 1.0
     memory: int = Field(1 << 30, description="bytes; swap is set equal, i.e. no swap")
-    pids: int = Field(256, ge=16, le=65536)
+    pids: Pids = 256
     tmp_size: int = 256 << 20
     home_size: int = 128 << 20
     #: The workspace is a bind mount of the host's disk, beyond the container's memory
@@ -145,10 +156,11 @@ class SandboxSpec(BaseModel):
     disk_reserve: int = 1 << 30
     #: Files one command may create in the workspace (0: no limit); and none may use the
     #: filesystem's last 1% of inodes.
-    inode_limit: int = Field(1_000_000, ge=0)
-    uid: int | None = Field(None, ge=0)
-    gid: int | None = Field(None, ge=0)
-    idle_ttl: int = Field(900, ge=10, description="seconds without a call before the container exits")
+    inode_limit: NonNegative = 1_000_000
+    uid: NonNegative | None = None
+    gid: NonNegative | None = None
+    #: Seconds without a call before the container exits.
+    idle_ttl: IdleTtl = 900
     agent_start_timeout: float = 20.0
     io_timeout: float = 30.0
     #: Environment variables every process in the sandbox gets (per-workspace settings).

@@ -25,7 +25,7 @@ import re
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from fastapi.routing import APIRoute
 from pydantic.fields import FieldInfo
@@ -251,6 +251,9 @@ def _model(name: str, schema: dict[str, Any]) -> str:
 
 def _type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
+    if origin is Annotated:  # a type declared once with its bounds (sandbox.spec.Cpus, ...)
+        base, *metadata = get_args(annotation)
+        return _type_name(base) + _bounds(metadata)
     if origin is Literal:
         return " | ".join(f"`{json.dumps(a)}`" for a in get_args(annotation))
     if origin in (Union, types.UnionType):
@@ -265,11 +268,16 @@ def _type_name(annotation: Any) -> str:
 
 
 def _limits(info: FieldInfo) -> str:
+    return _bounds(info.metadata)
+
+
+def _bounds(metadata: Any) -> str:
     out = []
-    for m in info.metadata:  # annotated_types' Ge, Gt, Le, Lt: one bound each
-        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
-            if getattr(m, attr, None) is not None:
-                out.append(f"{sign} {getattr(m, attr)}")
+    for m in metadata:  # annotated_types' Ge, Gt, Le, Lt: one bound each; a Field's own
+        for inner in getattr(m, "metadata", [m]):
+            for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+                if getattr(inner, attr, None) is not None:
+                    out.append(f"{sign} {getattr(inner, attr)}")
     return f" ({', '.join(out)})" if out else ""
 
 
@@ -285,13 +293,16 @@ def _setting_default(info: FieldInfo) -> str:
 def _sections(model: type[Settings]) -> dict[str, str]:
     """Field name -> the section comment above it in the class's source
     (``# -- sandbox (issue 2) ---``), so the reference keeps the code's grouping."""
-    try:
-        source = inspect.getsource(model)
-    except (OSError, TypeError):
-        return {}
+    sources = []
+    for cls in reversed(model.__mro__):  # a base's fields (the sandbox's) come first
+        if "__annotations__" in vars(cls):
+            try:
+                sources.append(inspect.getsource(cls))
+            except (OSError, TypeError):
+                continue
     heading = ""
     out: dict[str, str] = {}
-    for line in source.splitlines():
+    for line in "\n".join(sources).splitlines():
         m = re.match(r"\s*# -- (.+?) -+\s*$", line)
         if m:
             heading = re.sub(r"\s*\(issues? [^)]*\)", "", m.group(1)).strip()

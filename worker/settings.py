@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .limits import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES
+from .sandbox_settings import SandboxSettings, Size
 
 
 def _default_data_dir() -> Path:
@@ -21,43 +22,11 @@ def _default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("loom-worker", appauthor=False))
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
+class Settings(SandboxSettings, BaseSettings):
+    """Every ``LOOM_*`` setting: the sandbox's (:class:`~worker.sandbox_settings.SandboxSettings`,
+    declared there) and the process's own."""
 
     # -- sandbox (issue 2) -----------------------------------------------------------
-    image: str = Field("loom-sandbox:latest", description="Sandbox image (any Linux image with /bin/sh).")
-    agent_runtime_image: str = Field(
-        "loom-agent-runtime:latest", description="Image the agent's own interpreter is mounted from (images/runtime)."
-    )
-    runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; runsc = gVisor.")
-    gvisor_platform: Literal["systrap", "ptrace", "kvm"] = Field(
-        "systrap",
-        description="gVisor's platform under runsc: systrap (fastest here, gVisor's default), ptrace (slowest, "
-        "runs anywhere), kvm (needs /dev/kvm with hardware virtualization). The engine needs a runtime for it "
-        "(runsc-<platform>, or runsc registered with it: `loom-worker setup --register-gvisor`); a sandbox on "
-        "another platform is refused.",
-    )
-    cpus: float = Field(1.0, ge=0.1, le=64, description="CPU limit per sandbox.")
-    memory: str = Field("1g", description="Memory limit per sandbox (swap is set equal).")
-    pids: int = Field(256, ge=16, le=65536, description="Process limit per sandbox.")
-    tmp_size: str = Field("256m", description="Size of the /tmp tmpfs.")
-    home_size: str = Field("128m", description="Size of the $HOME tmpfs.")
-    max_file_size: str = Field("4g", description="Largest file a sandbox process may write (RLIMIT_FSIZE).")
-    disk_limit: str = Field(
-        "8g", description="Disk one command may consume in the workspace; beyond: stopped (0: none)."
-    )
-    inode_limit: int = Field(1_000_000, ge=0, description="Files one command may create in the workspace (0: none).")
-    disk_reserve: str = Field(
-        "1g", description="Free space kept on the workspace's disk: commands and writes stop short of it (0: none)."
-    )
-    uid: int | None = Field(None, ge=0, description="Run as this uid instead of the workspace owner.")
-    gid: int | None = Field(None, ge=0, description="Run as this gid instead of the workspace owner's.")
-    idle_ttl: int = Field(900, ge=10, description="Seconds without calls before a sandbox exits by itself.")
-    direct_channel: bool = Field(
-        True,
-        description="Talk to runc sandboxes over a unix socket reached through /proc/<pid>/root "
-        "instead of the engine's attach stream (falls back to it when unreachable).",
-    )
     docker_host: str | None = Field(None, description="Docker endpoint (default: DOCKER_HOST or the socket).")
     max_parallel_starts: int = Field(
         16,
@@ -66,25 +35,12 @@ class Settings(BaseSettings):
         description="Sandboxes started (or connected to) at once; first calls beyond it wait their turn "
         "(many workspaces opened at once start side by side, without thrashing the engine).",
     )
-    pull: Literal["missing", "never", "always"] = Field(
-        "missing",
-        description="When a sandbox image is pulled: missing (not on the engine), never (build or load it "
-        "first), always (before every new container). Credentials: Docker's own (docker login).",
-    )
-    registries: str = Field(
-        "docker.io",
-        description="Registries images may be pulled from, comma-separated host[:port] as image names write "
-        'them (docker.io for names without one; "" for none). Images already on the engine are used anyway.',
-    )
-    ca_bundle: Path | None = Field(
-        None,
-        description="PEM file on the host mounted read-only into sandboxes as the trust store of pip, npm, git, "
-        "curl, requests and Node (a TLS-intercepting proxy's CA); per workspace too.",
-    )
+
+    model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
 
     # -- per-workspace settings: the operator's caps (issue 15) -------------------------
     max_cpus: float = Field(4.0, gt=0, le=64, description="Most CPUs a workspace's settings may ask for.")
-    max_memory: str = Field("8g", description="Most memory a workspace's settings may ask for.")
+    max_memory: Size = Field("8g", description="Most memory a workspace's settings may ask for.")
     max_pids: int = Field(4096, ge=16, le=65536, description="Most processes a workspace's settings may ask for.")
     max_idle_ttl: int = Field(86_400, ge=10, description="Longest idle TTL a workspace's settings may ask for.")
 
@@ -171,21 +127,6 @@ class Settings(BaseSettings):
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
-
-    @field_validator("image", "agent_runtime_image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        from sandbox.pulls import check_reference
-
-        return check_reference(v)
-
-    @field_validator("registries")
-    @classmethod
-    def _registries(cls, v: str) -> str:
-        from sandbox.pulls import parse_registries
-
-        parse_registries(v)  # ValueError naming the entry
-        return v
 
     @field_validator("egress_allow")
     @classmethod
@@ -296,30 +237,9 @@ class Settings(BaseSettings):
     )
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
-        """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""
-        from sandbox.pulls import parse_registries
-
+        """The :class:`sandbox.spec.SandboxSpec` of these settings (its keyword arguments)."""
         return {
-            "image": self.image,
-            "runtime": self.runtime,
-            "gvisor_platform": self.gvisor_platform,
-            "cpus": self.cpus,
-            "memory": self.memory,
-            "pids": self.pids,
-            "tmp_size": self.tmp_size,
-            "home_size": self.home_size,
-            "max_file_size": self.max_file_size,
-            "disk_limit": self.disk_limit,
-            "disk_reserve": self.disk_reserve,
-            "inode_limit": self.inode_limit,
-            "uid": self.uid,
-            "gid": self.gid,
-            "idle_ttl": self.idle_ttl,
-            "direct": self.direct_channel,
-            "agent_runtime_image": self.agent_runtime_image,
-            "pull": self.pull,
-            "registries": parse_registries(self.registries),
-            "ca_bundle": None if self.ca_bundle is None else str(self.ca_bundle),
+            **self.spec_kwargs(),
             # gVisor's direct channels live beside the egress gateway's sockets: a
             # directory with the same path in the worker and on the engine's host (compose).
             "channel_dir": str((self.egress_dir or self.data_dir / "egress") / "channels"),
@@ -332,5 +252,14 @@ def describe_errors(error: Any) -> str:
     problems = []
     for err in error.errors(include_url=False):
         name = "LOOM_" + "_".join(str(p) for p in err["loc"][:1]).upper()
-        problems.append(f"{name}: {err['msg']}")
+        problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(problems)
+
+
+def describe_source_error(error: Exception) -> str:
+    """pydantic-settings' own error (a value it could not decode, before validation) as
+    ``LOOM_NAME: not valid JSON``."""
+    import re
+
+    m = re.search(r'field "(\w+)"', str(error))
+    return f"LOOM_{m.group(1).upper()}: not valid JSON" if m else str(error).splitlines()[0]

@@ -26,16 +26,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandbox.pulls import check_reference
-from sandbox.spec import SandboxSpec, parse_size
+from sandbox.spec import Cpus, IdleTtl, Pids, Runtime, SandboxSpec, parse_size
 
 from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
 from .pem import pem_problem
+from .sandbox_settings import HostPath, Image, Memory, override
 
 if TYPE_CHECKING:  # annotations only: the settings module is not needed to use these
     from .egress.provision import SecretsHost
@@ -64,18 +64,17 @@ class WorkspaceSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    image: str | None = Field(None, min_length=1, max_length=512, description="Sandbox image (any image with /bin/sh).")
-    runtime: Literal["runc", "runsc"] | None = Field(None, description="OCI runtime; runsc = gVisor.")
-    cpus: float | None = Field(
-        None, ge=0.1, le=64, description="CPU limit; at least 0.1 (with less, gVisor takes 40 s to start)."
-    )
-    memory: str | None = Field(None, max_length=32, description="Memory limit, e.g. 2g (swap is set equal).")
-    pids: int | None = Field(None, ge=16, le=65536, description="Process limit.")
-    idle_ttl: int | None = Field(None, ge=10, description="Seconds without calls before the sandbox exits.")
+    # The sandbox's settings a workspace may override (PER_WORKSPACE): their types,
+    # validators and descriptions are the process-wide ones (worker.sandbox_settings).
+    image: Image | None = override("image")
+    runtime: Runtime | None = override("runtime")
+    cpus: Cpus | None = override("cpus")
+    memory: Memory | None = override("memory")
+    pids: Pids | None = override("pids")
+    idle_ttl: IdleTtl | None = override("idle_ttl")
+    ca_bundle: HostPath | None = override("ca_bundle")
+    # A workspace's own.
     env: dict[str, str] | None = Field(None, description="Environment variables of every process in the sandbox.")
-    ca_bundle: str | None = Field(
-        None, max_length=4096, description="PEM file on the host: the trust store of pip, npm, git, curl, Node."
-    )
     egress: list[str] | None = Field(
         None,
         description="Hosts the sandbox may reach through the egress gateway (pypi.org, *.example.com, "
@@ -87,23 +86,6 @@ class WorkspaceSettings(BaseModel):
         "file system becomes writable and root holds CHOWN, DAC_OVERRIDE, FOWNER, SETGID, SETUID; the owner's "
         "commands keep no capability. Off by default; the trade is in docs/harness.md.",
     )
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        if v is not None and (v != v.strip() or any(c.isspace() or c == "\x00" for c in v)):
-            raise ValueError("an image name has no spaces")
-        return None if v is None else check_reference(v)
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        n = parse_size(v)  # ValueError: "not a size"
-        if n < 64 << 20:
-            raise ValueError("at least 64m")
-        return v.strip().lower()
 
     @field_validator("env")
     @classmethod
@@ -130,13 +112,6 @@ class WorkspaceSettings(BaseModel):
             return list(EgressPolicy.parse(v).entries)
         except EgressPatternError as e:
             raise ValueError(f"entry {e.entry!r} refused: {e.message}") from None
-
-    @field_validator("ca_bundle")
-    @classmethod
-    def _ca(cls, v: str | None) -> str | None:
-        if v is not None and not os.path.isabs(v):
-            raise ValueError("an absolute path on the host")
-        return v
 
     def set_fields(self) -> dict[str, Any]:
         """The fields this workspace overrides."""
@@ -335,19 +310,10 @@ class Configured:
 
 
 def effective(spec: SandboxSpec, egress: EgressPolicy | None = None) -> dict[str, Any]:
-    """The settings a sandbox is made with, as the operator sees them."""
-    return {
-        "egress": list(egress.entries) if egress else [],
-        "image": spec.image,
-        "runtime": spec.runtime,
-        "cpus": spec.cpus,
-        "memory": spec.memory,
-        "pids": spec.pids,
-        "idle_ttl": spec.idle_ttl,
-        "env": dict(spec.env),
-        "ca_bundle": spec.ca_bundle,
-        "allow_root": spec.allow_root,
-    }
+    """The settings a sandbox is made with, as the operator sees them: every one a
+    workspace may set, as its spec has it."""
+    shown = set(WorkspaceSettings.model_fields) - {"egress"}
+    return {"egress": list(egress.entries) if egress else [], **spec.model_dump(include=shown)}
 
 
 class Configs:

@@ -24,11 +24,14 @@ def load_settings() -> Settings:
     """The ``LOOM_*`` settings. A value that does not validate is a usage error: it is
     reported naming the variable, and the process exits 2 (raises SystemExit)."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
-    from ..settings import Settings, describe_errors
+    from ..settings import Settings, describe_errors, describe_source_error
 
     try:
         return Settings()
     except ValidationError as e:
         print(f"loom-worker: error: {describe_errors(e)}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except SettingsError as e:  # a list or object setting that is not JSON
+        print(f"loom-worker: error: {describe_source_error(e)}", file=sys.stderr)
+    raise SystemExit(2)

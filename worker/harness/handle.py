@@ -58,6 +58,11 @@ if TYPE_CHECKING:
     from ..calls import CallJournal
 
 
+class HarnessArgumentError(ValueError):
+    """An argument of a harness call refused before anything ran (an empty command, a
+    path with a NUL, a timeout or size out of range)."""
+
+
 class Registry(Protocol):
     """What the handle needs of a :class:`~worker.registry.ToolRegistry` (named here, not
     imported: the registry makes handles)."""
@@ -85,9 +90,9 @@ class SandboxHandle:
     @staticmethod
     def absolute(path: str, mount: str) -> str:
         """``path`` as the sandbox names it: relative to the workspace (``mount``), or
-        absolute; ``..`` resolved lexically. Raises ValueError for an empty path or a NUL."""
+        absolute; ``..`` resolved lexically. Raises HarnessArgumentError (a ValueError) for an empty path or a NUL."""
         if not isinstance(path, str) or not path or "\x00" in path:
-            raise ValueError("a path is a non-empty string without NUL")
+            raise HarnessArgumentError("a path is a non-empty string without NUL")
         return posixpath.normpath(posixpath.join(mount, path))
 
     @staticmethod
@@ -123,7 +128,7 @@ class SandboxHandle:
         as ``Sandbox.exec``.
 
         A timeout, a limit or a refusal by the command policy is an :class:`ExecOutput`
-        (``outcome``), never an exception. Raises ValueError (bad arguments),
+        (``outcome``), never an exception. Raises HarnessArgumentError (a ValueError: bad arguments),
         UserUnsupportedError (a user this workspace may not run as), the infrastructure
         errors of ``sandbox.errors`` (SandboxUnavailableError, SandboxLostError when the
         sandbox died with the command), ChangelogStorageError.
@@ -131,12 +136,14 @@ class SandboxHandle:
         argv, text = _command(cmd)
         stdin = input.encode("utf-8") if isinstance(input, str) else input
         if stdin is not None and len(stdin) > MAX_STDIN:
-            raise ValueError(f"input of {len(stdin)} bytes is more than {MAX_STDIN}: write it to a file first")
+            raise HarnessArgumentError(
+                f"input of {len(stdin)} bytes is more than {MAX_STDIN}: write it to a file first"
+            )
         limit = DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if not 0 < limit <= MAX_TIMEOUT:
-            raise ValueError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
+            raise HarnessArgumentError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
         if not 0 <= max_output <= MAX_OUTPUT:
-            raise ValueError(f"max_output must be 0-{MAX_OUTPUT} bytes")
+            raise HarnessArgumentError(f"max_output must be 0-{MAX_OUTPUT} bytes")
         variables = _env(env)
         call_id = call_id or "call_" + secrets.token_hex(8)
         started = time.perf_counter()
@@ -197,9 +204,9 @@ class SandboxHandle:
         PathNotFoundError (a FileNotFoundError), PermissionDeniedError (a
         PermissionError), IsADirError (an IsADirectoryError), NotAFileError (a FIFO, a
         device), TooLargeError when the file is larger than ``max_bytes`` (default
-        100 MiB, at most 1 GiB), ValueError, and the infrastructure errors."""
+        100 MiB, at most 1 GiB), HarnessArgumentError (a ValueError), and the infrastructure errors."""
         if not 0 <= max_bytes <= MAX_READ:
-            raise ValueError(f"max_bytes must be 0-{MAX_READ}")
+            raise HarnessArgumentError(f"max_bytes must be 0-{MAX_READ}")
         ws = await self._ws()
         target = self.absolute(path, ws.sandbox.workspace_mount)
         got = await ws.sandbox.read_path(target, max_bytes=max_bytes)
@@ -218,11 +225,11 @@ class SandboxHandle:
         the change is recorded in its changelog (undoable under ``call_id``), elsewhere
         it is not (``recorded``). Raises PermissionDeniedError (a PermissionError: a
         read-only file or file system, another user's directory), IsADirError (an
-        IsADirectoryError), NotAFileError, ValueError (more than 1 GiB), and the
+        IsADirectoryError), NotAFileError, HarnessArgumentError (a ValueError: more than 1 GiB), and the
         infrastructure errors."""
         content = data.encode("utf-8") if isinstance(data, str) else data
         if len(content) > MAX_WRITE:
-            raise ValueError(f"{len(content)} bytes is more than the {MAX_WRITE} bytes one write may carry")
+            raise HarnessArgumentError(f"{len(content)} bytes is more than the {MAX_WRITE} bytes one write may carry")
         call_id = call_id or "call_" + secrets.token_hex(8)
         started = time.perf_counter()
         ws = await self._ws()
@@ -279,14 +286,14 @@ class SandboxHandle:
 
 
 def _command(cmd: str | Sequence[str]) -> tuple[list[str] | None, str]:
-    """``(argv or None, the command as text)``. Raises ValueError for an empty one."""
+    """``(argv or None, the command as text)``. Raises HarnessArgumentError for an empty one."""
     if isinstance(cmd, str):
         if not cmd.strip() or "\x00" in cmd:
-            raise ValueError("the command is empty or holds a NUL")
+            raise HarnessArgumentError("the command is empty or holds a NUL")
         return None, cmd
     argv = list(cmd)
     if not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv) or not argv[0]:
-        raise ValueError("argv is a non-empty list of strings without NUL")
+        raise HarnessArgumentError("argv is a non-empty list of strings without NUL")
     return argv, shlex.join(argv)
 
 
@@ -294,7 +301,7 @@ def _env(env: Mapping[str, str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in (env or {}).items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k or not isinstance(v, str) or "\x00" in v:
-            raise ValueError(f"env: {k!r} is not NAME=value (no '=' in the name, no NUL)")
+            raise HarnessArgumentError(f"env: {k!r} is not NAME=value (no '=' in the name, no NUL)")
         out[k] = v
     return out
 

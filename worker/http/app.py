@@ -18,6 +18,7 @@ module each with its own ``APIRouter`` and models:
     :mod:`.mcp`         * .../mcp                   MCP streamable HTTP
     :mod:`worker.dashboard`   GET / and /ui/*  (public)
 
+Routes raise; the status of every error is decided by one table, :mod:`.errors`.
 Every route list, with its parameters and models: ``docs/reference/http.md`` (generated,
 :mod:`worker.docs_gen`). Who may call is decided once, for every route, by
 :class:`worker.auth.AccessGuard`; the routes reach the service's state through
@@ -61,7 +62,8 @@ from . import (
 )
 from . import settings as workspace_settings
 from .body_limit import BodyLimit
-from .common import HANDLERS, SafeJSONResponse
+from .common import SafeJSONResponse
+from .errors import HANDLERS
 from .lifespan import RegistryFactory, lifespan
 from .state import Service
 
@@ -120,7 +122,7 @@ def create_app(
         description="Sandboxed tool execution for AI coding agents.",
         lifespan=lifespan(registry, registry_factory),
         default_response_class=SafeJSONResponse,
-        exception_handlers={**HANDLERS, **changelog.HANDLERS, **calls.HANDLERS},
+        exception_handlers=HANDLERS,
     )
     app.state.service = service
     for router in ROUTERS:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import BodyTooLarge, answer
 
 
 class BodyLimit:
@@ -75,8 +76,7 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         self.on_reject()
-        resp = JSONResponse({"detail": f"Request body larger than {limit} bytes"}, status_code=413)
-        await resp(scope, receive, send)
+        await answer(BodyTooLarge(f"Request body larger than {limit} bytes"))(scope, receive, send)
 
 
 class _TooLarge(Exception):

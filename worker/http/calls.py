@@ -21,15 +21,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..calls import CallJournal, Tail, page
 from ..result import json_line
 from ..service import encode_json
-from .common import WS_ERRORS, Handlers, WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .errors import NoCallHistory
 from .state import ServiceDep
 
 #: How often a stream looks for calls other processes appended.
@@ -70,23 +71,11 @@ class CallsPage(BaseModel):
     next: int | None = Field(description="The `before` of the next (older) page; null at the oldest call kept.")
 
 
-class _NoJournal(Exception):
-    pass
-
-
-async def _no_journal(_r: Request, _e: Exception) -> Response:
-    return JSONResponse({"detail": "This service records no call history"}, status_code=409)
-
-
-#: The app's answers to this module's errors.
-HANDLERS: Handlers = {_NoJournal: _no_journal}
-
-
 def journal_of(registry: Any) -> CallJournal:
-    """The registry's call journal. Raises _NoJournal (a 409) without one."""
+    """The registry's call journal. Raises NoCallHistory (a 409) without one."""
     journal: CallJournal | None = getattr(registry, "journal", None)
     if journal is None:
-        raise _NoJournal
+        raise NoCallHistory
     return journal
 
 
@@ -159,4 +148,4 @@ async def _events(journal: CallJournal, path: Any, after: int | None) -> AsyncIt
         tail.close()
 
 
-__all__ = ["HANDLERS", "journal_of", "router"]
+__all__ = ["journal_of", "router"]

@@ -13,28 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
-
-from sandbox.errors import SandboxError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..changelog import (
     Changelog,
-    ChangelogError,
     Durability,
     Entry,
-    EntryNotFoundError,
     Limits,
     Summary,
-    UndoConflictError,
-    UndoRefusedError,
     UndoResult,
 )
 from ..quoting import quote_path, unquote_path
 from ..result import safe_text
-from .common import WS_ERRORS, Handlers, WorkspaceId
+from .common import WS_ERRORS, WorkspaceId
+from .errors import NoChangelog
 from .state import Service, ServiceDep
 
 
@@ -75,50 +69,17 @@ class UndoRequest(BaseModel):
     dry_run: bool = Field(False, description="Return the diff it would apply; change nothing.")
     force: bool = Field(False, description="Overwrite files that changed since the entry.")
 
+    @model_validator(mode="after")
+    def _one_selector(self) -> UndoRequest:
+        given = (self.entry, self.call_id, self.subtask_id, self.to)
+        if sum(x is not None for x in given) + self.all != 1:
+            raise ValueError("give exactly one of entry, call_id, subtask_id, to, all")
+        return self
+
 
 class DiffOut(BaseModel):
     model_config = ConfigDict(extra="forbid")
     diff: str
-
-
-class _NoChangelog(Exception):
-    pass
-
-
-async def _no_changelog(_r: Request, _e: Exception) -> Response:
-    return JSONResponse({"detail": "This service records no changelog"}, status_code=409)
-
-
-async def _conflict(_r: Request, e: Exception) -> Response:
-    conflicts = getattr(e, "conflicts", [])
-    return JSONResponse({"detail": str(e), "conflicts": conflicts}, status_code=409)
-
-
-async def _refused(_r: Request, e: Exception) -> Response:
-    return JSONResponse({"detail": str(e)}, status_code=409)
-
-
-async def _no_entry(_r: Request, e: Exception) -> Response:
-    return JSONResponse({"detail": str(e)}, status_code=404)
-
-
-async def _sandbox(_r: Request, e: Exception) -> Response:
-    return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)
-
-
-async def _changelog(_r: Request, e: Exception) -> Response:
-    return JSONResponse({"detail": f"Changelog unavailable: {e}"}, status_code=503)
-
-
-#: The app's answers to the changelog's and the sandbox's errors (for every route).
-HANDLERS: Handlers = {
-    _NoChangelog: _no_changelog,
-    UndoConflictError: _conflict,
-    UndoRefusedError: _refused,
-    EntryNotFoundError: _no_entry,
-    SandboxError: _sandbox,
-    ChangelogError: _changelog,
-}
 
 
 def is_changelog(recorder: Any) -> bool:
@@ -128,12 +89,12 @@ def is_changelog(recorder: Any) -> bool:
 
 
 async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
-    """The workspace's path, changelog and sandbox. Raises _NoChangelog (a 409) when the
+    """The workspace's path, changelog and sandbox. Raises NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
     path = await service.workspaces.locate(ws_id)
     ws = await service.registry.workspace(path)
     if not is_changelog(ws.recorder):
-        raise _NoChangelog
+        raise NoChangelog
     return path, ws.recorder, ws.sandbox
 
 
@@ -186,45 +147,20 @@ async def diff(
 
 @router.post(f"{_WS_PATH}/undo", responses=_RESPONSES)
 async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
-    selectors = [
-        body.entry is not None,
-        body.call_id is not None,
-        body.subtask_id is not None,
-        body.to is not None,
-        body.all,
-    ]
-    if sum(selectors) != 1:
-        return JSONResponse(  # type: ignore[return-value]
-            {
-                "detail": [
-                    {
-                        "loc": ["body"],
-                        "type": "value_error",
-                        "msg": "give exactly one of entry, call_id, subtask_id, to, all",
-                    }
-                ]
-            },
-            status_code=422,
-        )
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
     async with runner.slot(), runner.lock(p):
-        try:
-            result = await cl.undo(
-                box,
-                entry=body.entry,
-                call_id=body.call_id,
-                subtask_id=body.subtask_id,
-                to=body.to,
-                all=body.all,
-                dry_run=body.dry_run,
-                force=body.force,
-            )
-            return result.shown()
-        except ValueError as e:
-            return JSONResponse(  # type: ignore[return-value]
-                {"detail": [{"loc": ["body"], "type": "value_error", "msg": str(e)}]}, status_code=422
-            )
+        result = await cl.undo(
+            box,
+            entry=body.entry,
+            call_id=body.call_id,
+            subtask_id=body.subtask_id,
+            to=body.to,
+            all=body.all,
+            dry_run=body.dry_run,
+            force=body.force,
+        )
+        return result.shown()
 
 
-__all__ = ["HANDLERS", "ChangelogPool", "DiffOut", "UndoRequest", "is_changelog", "router"]
+__all__ = ["ChangelogPool", "DiffOut", "UndoRequest", "is_changelog", "router"]

@@ -10,14 +10,15 @@ keep is said as such.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, model_validator
 
 from ..result import safe_text
 from .changelog import DiffOut, is_changelog
 from .common import WS_ERRORS, WorkspaceId
+from .errors import NoChangelog
 from .state import ServiceDep
 
 MAX_ID = (1 << 63) - 1
@@ -31,33 +32,30 @@ _RESPONSES = {
 }
 
 
+class ChangesQuery(BaseModel):
+    """Exactly one selector: ``entry``, ``call_id`` or ``subtask_id``."""
+
+    entry: int | None = Field(None, ge=1, le=MAX_ID, description="One entry.")
+    call_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a call.")
+    subtask_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a subtask.")
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> ChangesQuery:
+        if sum(x is not None for x in (self.entry, self.call_id, self.subtask_id)) != 1:
+            raise ValueError("give exactly one of entry, call_id, subtask_id")
+        return self
+
+
 @router.get("/v1/workspaces/{workspace_id}/changelog/diff", responses=_RESPONSES)
 async def changes(
-    service: ServiceDep,
-    workspace_id: WorkspaceId,
-    entry: int | None = Query(None, ge=1, le=MAX_ID, description="One entry."),
-    call_id: str | None = Query(None, min_length=1, max_length=256, description="Every entry of a call."),
-    subtask_id: str | None = Query(None, min_length=1, max_length=256, description="Every entry of a subtask."),
+    service: ServiceDep, workspace_id: WorkspaceId, selector: Annotated[ChangesQuery, Query()]
 ) -> DiffOut:
     """The unified diff of what the selected entries changed (give exactly one of
     ``entry``, ``call_id``, ``subtask_id``), oldest entry first."""
-    if sum(x is not None for x in (entry, call_id, subtask_id)) != 1:
-        return JSONResponse(  # type: ignore[return-value]
-            {
-                "detail": [
-                    {
-                        "loc": ["query"],
-                        "type": "value_error",
-                        "msg": "give exactly one of entry, call_id, subtask_id",
-                    }
-                ]
-            },
-            status_code=422,
-        )
     path = await service.workspaces.locate(workspace_id)
     ws = await service.registry.workspace(path)
     if not is_changelog(ws.recorder):
-        return JSONResponse({"detail": "This service records no changelog"}, status_code=409)  # type: ignore[return-value]
+        raise NoChangelog
     recorder: Any = ws.recorder  # this process's Changelog, or a cluster node's stand-in
-    text = await recorder.changes(entry=entry, call_id=call_id, subtask_id=subtask_id)
+    text = await recorder.changes(entry=selector.entry, call_id=selector.call_id, subtask_id=selector.subtask_id)
     return DiffOut(diff=safe_text(text))

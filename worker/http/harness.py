@@ -10,11 +10,11 @@ because, unlike the tools, these reach anywhere the sandbox's user may: any abso
 path, any working directory, another user. Files travel as raw bytes (no JSON, no
 base64); a command's stdin and output are text or base64 (``*_encoding``).
 
-Errors are HTTP statuses with ``{"detail", "error"}`` (``error``: the agent's code):
-404 no such file, 403 refused (a permission, a user the workspace may not run as), 409
-a directory or other non-file where a file is needed, 413 too large, 422 bad input,
-503 the sandbox is unavailable. A command that fails, times out or is refused by the
-command policy is a 200 with its ``outcome``.
+Errors are HTTP statuses with ``{"detail", "error"}`` (``error``: the agent's code),
+decided by the service's error table (:mod:`.errors`): 404 no such file, 403 refused (a
+permission, a user the workspace may not run as), 409 a directory or other non-file where
+a file is needed, 413 too large, 422 bad input, 503 the sandbox is unavailable. A command
+that fails, times out or is refused by the command policy is a 200 with its ``outcome``.
 """
 
 from __future__ import annotations
@@ -24,21 +24,9 @@ import binascii
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import Field
 
-from sandbox.errors import (
-    AgentError,
-    NotAFileError,
-    PathNotFoundError,
-    PermissionDeniedError,
-    SandboxTimeoutError,
-    SandboxUnavailableError,
-    TooLargeError,
-    UserUnsupportedError,
-)
-
-from ..changelog.errors import ChangelogStorageError
 from ..harness import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_MAX_READ,
@@ -49,6 +37,7 @@ from ..harness import (
     MAX_WRITE,
     ExecOutput,
 )
+from ..harness.handle import HarnessArgumentError
 from .common import CALL_ERRORS, StrictModel, WorkspaceId
 from .state import ServiceDep
 
@@ -119,30 +108,6 @@ class FileOut(StrictModel):
     call_id: str | None = None
 
 
-def _problem(status: int, e: Exception) -> JSONResponse:
-    code = e.code if isinstance(e, AgentError) else None
-    return JSONResponse({"detail": str(e), "error": code}, status_code=status)
-
-
-def _answer_error(e: Exception) -> JSONResponse:
-    """The HTTP answer to an error of the harness API. Re-raises what is not its own."""
-    if isinstance(e, PathNotFoundError):
-        return _problem(404, e)
-    if isinstance(e, PermissionDeniedError | UserUnsupportedError):
-        return _problem(403, e)
-    if isinstance(e, NotAFileError):
-        return _problem(409, e)
-    if isinstance(e, TooLargeError):
-        return _problem(413, e)
-    if isinstance(e, ValueError):
-        return _problem(422, e)
-    if isinstance(e, AgentError):
-        return _problem(409, e)
-    if isinstance(e, SandboxUnavailableError | SandboxTimeoutError | ChangelogStorageError):
-        return _problem(503, e)
-    raise e
-
-
 def _text(data: bytes, encoding: Encoding) -> str:
     return base64.b64encode(data).decode("ascii") if encoding == "base64" else data.decode("utf-8", "replace")
 
@@ -160,22 +125,19 @@ async def sandbox_exec(service: ServiceDep, workspace_id: WorkspaceId, body: Exe
                 base64.b64decode(body.stdin, validate=True) if body.stdin_encoding == "base64" else body.stdin.encode()
             )
         except (binascii.Error, ValueError):
-            return JSONResponse({"detail": "stdin: not valid base64", "error": "invalid"}, status_code=422)
+            raise HarnessArgumentError("stdin: not valid base64") from None
     runner = service.runner
-    try:
-        async with runner.slot(), runner.lock(path):
-            out: ExecOutput = await service.registry.sandbox(path).exec(
-                body.cmd,
-                input=stdin,
-                cwd=body.cwd,
-                env=body.env,
-                user=body.user,
-                timeout=body.timeout,
-                max_output=body.max_output,
-                call_id=body.call_id,
-            )
-    except Exception as e:
-        return _answer_error(e)
+    async with runner.slot(), runner.lock(path):
+        out: ExecOutput = await service.registry.sandbox(path).exec(
+            body.cmd,
+            input=stdin,
+            cwd=body.cwd,
+            env=body.env,
+            user=body.user,
+            timeout=body.timeout,
+            max_output=body.max_output,
+            call_id=body.call_id,
+        )
     runner.opened.add(path)
     return ExecOut(
         returncode=out.returncode,
@@ -209,11 +171,8 @@ async def sandbox_read_file(
     """A file anywhere the sandbox's user can read, its bytes exactly."""
     ws = service.workspaces.path(workspace_id)
     runner = service.runner
-    try:
-        async with runner.slot():
-            data = await service.registry.sandbox(ws).read_file(path, max_bytes=max_bytes)
-    except Exception as e:
-        return _answer_error(e)
+    async with runner.slot():
+        data = await service.registry.sandbox(ws).read_file(path, max_bytes=max_bytes)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -232,11 +191,8 @@ async def sandbox_write_file(
     ws = service.workspaces.path(workspace_id)
     data = await request.body()  # bounded by FILE_BODY_LIMIT (see app.py)
     runner = service.runner
-    try:
-        async with runner.slot(), runner.lock(ws):
-            out = await service.registry.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
-    except Exception as e:
-        return _answer_error(e)
+    async with runner.slot(), runner.lock(ws):
+        out = await service.registry.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
     runner.opened.add(ws)
     return FileOut(path=out.path, size=out.size, created=out.created, recorded=out.recorded, call_id=out.call_id)
 

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -41,6 +40,7 @@ from sandbox.pulls import PULL_SINK, PullEvent, check_reference
 
 from ..result import json_line
 from .common import ERRORS
+from .errors import NoImagePulls
 from .state import ServiceDep
 
 #: Seconds between keep-alive comments while nothing is pulled.
@@ -72,10 +72,6 @@ def _backend(service: ServiceDep) -> Any:
     return backend if isinstance(backend, ImageInventory) and isinstance(backend, PullWatcher) else None
 
 
-def _no_pulls() -> JSONResponse:
-    return JSONResponse({"detail": "this service's sandbox backend does not pull images"}, status_code=501)
-
-
 router = APIRouter(tags=["images"])
 _ERRORS = {**ERRORS, 501: {"description": "The sandbox backend does not pull images"}}
 
@@ -86,7 +82,7 @@ async def pull(service: ServiceDep, body: PullRequest) -> EventSourceResponse:
     events, then ``result`` or ``error``."""
     backend = _backend(service)
     if backend is None:
-        return _no_pulls()  # type: ignore[return-value]
+        raise NoImagePulls
     return EventSourceResponse(_pull_events(backend, body.image), ping=PING_SECONDS, headers=_HEADERS)
 
 
@@ -96,7 +92,7 @@ async def pulls(service: ServiceDep) -> EventSourceResponse:
     (the dashboard's view of images being fetched)."""
     backend = _backend(service)
     if backend is None:
-        return _no_pulls()  # type: ignore[return-value]
+        raise NoImagePulls
     return EventSourceResponse(_watch(backend.add_pull_listener), ping=PING_SECONDS, headers=_HEADERS)
 
 

@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 import h11
 from fastapi import APIRouter
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -50,6 +50,7 @@ from sandbox.errors import AgentError, SandboxError
 from sandbox.logs import get_logger
 
 from ..service import InvalidWorkspaceId, WorkspaceNotFound
+from .errors import Invalid, PortUnreachable, Unforwardable, answer
 from .state import service_of
 
 log = get_logger("worker.http.ports")
@@ -91,10 +92,6 @@ def is_port_path(path: str) -> bool:
     return _PORTS.match(path) is not None
 
 
-def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
-
-
 class PortProxy:
     """A server listening on ``port`` in the workspace's sandbox, any method, proxied.
 
@@ -117,16 +114,16 @@ class PortProxy:
 
     # -- the proxying ----------------------------------------------------------------------
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> JSONResponse | None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> Response | None:
         params = scope.get("path_params", {})
         ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
         service = service_of(scope["app"])
         try:
             path = await service.workspaces.locate(ws_id)
-        except (InvalidWorkspaceId, WorkspaceNotFound) as e:
-            return _problem(404, str(e))
+        except (InvalidWorkspaceId, WorkspaceNotFound) as e:  # (an id that cannot exist is not here)
+            return answer(WorkspaceNotFound(str(e)))
         if not 1 <= port <= 65535:
-            return _problem(422, f"port {port} is out of range (1-65535)")
+            return answer(Invalid(("path", "port"), f"port {port} is out of range (1-65535)"))
         try:
             ws = await service.registry.workspace(path)
             # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
@@ -134,10 +131,10 @@ class PortProxy:
             tunnel = await ws.sandbox.open_tunnel(port)
         except AgentError as e:
             if e.code == "connection_refused":
-                return _problem(502, f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}")
-            return _problem(502, f"Cannot reach port {port} in the sandbox: {e}")
+                return answer(PortUnreachable(f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}"))
+            return answer(PortUnreachable(f"Cannot reach port {port} in the sandbox: {e}"))
         except SandboxError as e:
-            return _problem(503, f"The workspace's sandbox is unavailable: {e}")
+            return answer(e)
         try:
             return await _Exchange(tunnel, scope, receive, send, ws_id, port).run()
         finally:
@@ -245,13 +242,13 @@ class _Exchange:
         if data:
             await self.tunnel.write(data)
 
-    async def run(self) -> JSONResponse | None:
+    async def run(self) -> Response | None:
         headers, _chunked = _request_headers(self.scope, self.prefix)
         method = self.scope["method"].encode()
         try:
             await self._out(h11.Request(method=method, target=self._target(), headers=headers))
         except h11.LocalProtocolError as e:
-            return _problem(400, f"The request cannot be passed on: {e}")
+            return answer(Unforwardable(f"The request cannot be passed on: {e}"))
         sender = asyncio.ensure_future(self._send_body())
         try:
             return await self._answer(sender)
@@ -288,7 +285,7 @@ class _Exchange:
             data = await self.tunnel.read()
             self.h11.receive_data(data)
 
-    async def _answer(self, sender: asyncio.Future[None]) -> JSONResponse | None:
+    async def _answer(self, sender: asyncio.Future[None]) -> Response | None:
         try:
             while True:
                 event = await self._next_event()
@@ -301,7 +298,9 @@ class _Exchange:
             if self.disconnected.is_set():
                 return None
             why = self.tunnel.error or str(e)
-            return _problem(502, f"The server on port {self.port} in the sandbox sent no valid HTTP answer: {why}")
+            return answer(
+                PortUnreachable(f"The server on port {self.port} in the sandbox sent no valid HTTP answer: {why}")
+            )
         await self.send(
             {
                 "type": "http.response.start",

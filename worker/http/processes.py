@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -35,6 +34,7 @@ from sandbox.errors import AgentError, SandboxError
 from ..service import result_dict
 from ..tools.processes import cursor_text, parse_cursor
 from .common import WS_ERRORS, WorkspaceId
+from .errors import Gone, Invalid
 from .state import Service, ServiceDep
 
 ProcessId = PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
@@ -92,13 +92,11 @@ async def running_sandbox(service: Service, workspace_id: str) -> Any:
 async def processes(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
     """The workspace's background processes (running, or ended within their linger
     time), oldest first. Never starts a sandbox."""
+    box = await running_sandbox(service, workspace_id)
     try:
-        box = await running_sandbox(service, workspace_id)
         procs = [] if box is None else await box.processes()
-    except NotImplementedError:
+    except NotImplementedError:  # a backend without background processes: none
         procs = []
-    except SandboxError as e:
-        return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)  # type: ignore[return-value]
     return {"processes": [_info(p) for p in procs]}
 
 
@@ -116,16 +114,13 @@ async def output(
     try:
         cursor = parse_cursor(since or last_event_id) or (0, 0)
     except ValueError as e:
-        return JSONResponse({"detail": [{"loc": ["query", "since"], "msg": str(e)}]}, status_code=422)
+        raise Invalid(("query", "since"), str(e)) from None
     box = await running_sandbox(service, workspace_id)
     if box is None:
-        return JSONResponse({"detail": f"No process {process_id}: the sandbox is not running"}, status_code=404)
+        raise Gone(f"No process {process_id}: the sandbox is not running")
     if follow:
         return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
-    try:
-        out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
-    except AgentError as e:
-        return JSONResponse({"detail": str(e)}, status_code=404 if e.code == "not_found" else 409)
+    out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
     return {
         **_info(out.info),
         "stdout": out.stdout.decode("utf-8", "replace"),
@@ -143,7 +138,7 @@ async def via_tool(service: Service, workspace_id: str, tool: str, args: dict[st
     result = await service.registry.execute(tool, args, path)
     body = result_dict(result)
     if not result.success and (result.data or {}).get("error_code") == "not_found":
-        return JSONResponse(body, status_code=404)
+        raise Gone(str(result.error), body)
     return body
 
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.base import StatusReporter
-from sandbox.errors import SandboxUnavailableError
 
 from .common import WS_ERRORS, WorkspaceId
 from .state import ServiceDep
@@ -65,10 +63,7 @@ async def sandbox_status(service: ServiceDep, workspace_id: WorkspaceId) -> Sand
     backend = service.registry.backend
     if not isinstance(backend, StatusReporter):
         return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
-    try:
-        found: dict[str, Any] | None = await backend.status(path)
-    except SandboxUnavailableError as e:
-        return JSONResponse({"detail": f"Sandbox state unavailable: {e}"}, status_code=503)
+    found: dict[str, Any] | None = await backend.status(path)
     if found is None:
         return SandboxOut(id=workspace_id, backend="docker", exists=False, running=False)
     return SandboxOut(id=workspace_id, backend="docker", exists=True, **found)

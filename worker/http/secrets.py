@@ -23,12 +23,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..egress.provision import advice
 from ..egress.secrets import NAME, SecretError
 from .common import WorkspaceId
+from .errors import Gone, Unavailable
 from .state import service_of
 
 router = APIRouter(tags=["secrets"])
@@ -51,10 +51,6 @@ class SecretIn(BaseModel):
 
 
 _BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": SecretIn.model_json_schema()}}}}
-
-
-def _refused(field: str, message: str) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=422)
 
 
 def _store(request: Request) -> Any:
@@ -80,49 +76,40 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _secret_error(e: SecretError) -> JSONResponse:
-    field = e.field.split(".")[-1] if "." in e.field else e.field
-    return _refused(field, e.message)
+async def _put(request: Request, root: Path | None, name: str) -> dict[str, Any]:
+    """Raises SecretError (a 422 naming the field), Unavailable (a 503 naming only the
+    kind of failure: an OSError's message could hold what was being written)."""
+    store = _store(request)
+    body = await _body(request)
 
+    def write() -> tuple[bool, Any]:  # (a locked, fsync'd write: off the event loop)
+        existed = name in store.load(root)
+        hosts, header, query = body.get("hosts"), body.get("header"), body.get("query")
+        return existed, store.set(root, name, hosts=hosts, header=header, query=query, value=body["value"])
 
-async def _put(request: Request, root: Path | None, name: str) -> dict[str, Any] | JSONResponse:
     try:
-        store = _store(request)
-        body = await _body(request)
-
-        def write() -> tuple[bool, Any]:  # (a locked, fsync'd write: off the event loop)
-            existed = name in store.load(root)
-            hosts, header, query = body.get("hosts"), body.get("header"), body.get("query")
-            return existed, store.set(root, name, hosts=hosts, header=header, query=query, value=body["value"])
-
         existed, secret = await asyncio.to_thread(write)
         configs = service_of(request.app).registry.configs
         policy = None if root is None or configs is None else configs.policy(root)
-    except SecretError as e:
-        return _secret_error(e)
+    except SecretError:
+        raise
     except (OSError, ValueError) as e:  # (a settings file that does not parse)
-        return JSONResponse({"detail": f"could not be stored: {type(e).__name__}"}, status_code=503)
+        raise Unavailable(f"could not be stored: {type(e).__name__}") from None
     return {"secret": secret.public(), "message": advice(secret, not existed, policy)}
 
 
-def _list(request: Request, root: Path | None) -> dict[str, Any] | JSONResponse:
-    try:
-        store = _store(request)
-        secrets = store.load(None) if root is None else store.effective(root)
-        if root is not None:
-            store.load(root)  # a file that does not parse is reported, not hidden
-    except SecretError as e:
-        return _secret_error(e)
+def _list(request: Request, root: Path | None) -> dict[str, Any]:
+    store = _store(request)
+    secrets = store.load(None) if root is None else store.effective(root)
+    if root is not None:
+        store.load(root)  # a file that does not parse is reported, not hidden
     return {"secrets": [s.public() for s in sorted(secrets.values(), key=lambda s: s.name)]}
 
 
-async def _delete(request: Request, root: Path | None, name: str) -> dict[str, Any] | JSONResponse:
-    try:
-        deleted = await asyncio.to_thread(_store(request).delete, root, name)
-    except SecretError as e:
-        return _secret_error(e)
+async def _delete(request: Request, root: Path | None, name: str) -> dict[str, Any]:
+    deleted = await asyncio.to_thread(_store(request).delete, root, name)
     if not deleted:
-        return JSONResponse({"detail": f"no secret {name} here"}, status_code=404)
+        raise Gone(f"no secret {name} here")
     return {"deleted": name}
 
 
@@ -168,5 +155,5 @@ async def delete_default(request: Request, name: SecretName) -> Any:
     return await _delete(request, None, name)
 
 
-def _wrap(out: dict[str, Any] | JSONResponse, **extra: Any) -> Any:
-    return out if isinstance(out, JSONResponse) else {**extra, **out}
+def _wrap(out: dict[str, Any], **extra: Any) -> Any:
+    return {**extra, **out}

@@ -4,7 +4,8 @@
     PATCH  /v1/workspaces/{id}            {"memory": "2g", "image": null, ...}: change them
     (and ``POST /v1/workspaces`` takes {"name"?, "settings"?}: see :func:`create_with`)
 
-A refused value is a 422 whose ``detail`` names the field, as FastAPI's own validation
+A refused value (:class:`~worker.workspace_settings.SettingsError`) is a 422 whose
+``detail`` names the field (the error table, :mod:`.errors`), as FastAPI's own validation
 errors do (``{"detail": [{"loc": ["body", "memory"], "msg": ...}]}``); nothing is stored.
 A change takes effect at the workspace's next call, which recreates its container (the
 files are kept); the answer says so.
@@ -15,19 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from ..service import Workspaces
 from ..workspace_settings import SettingsError, WorkspaceSettings
 from .common import WS_ERRORS, WorkspaceId
 from .state import ServiceDep
-
-
-def refused(e: SettingsError, *where: str) -> JSONResponse:
-    """The 422 for a refused setting, in FastAPI's own shape."""
-    loc = ["body", *where, *e.field.split(".")]
-    return JSONResponse({"detail": [{"loc": loc, "msg": e.message, "type": "value_error"}]}, status_code=422)
-
 
 router = APIRouter(tags=["workspaces"])
 _RESPONSES = {**WS_ERRORS, 422: {"description": "A refused setting; detail[0].loc names it"}}
@@ -45,10 +38,7 @@ def _configurable(registry: Any) -> Any:
 async def show(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
     """The workspace: its path, its own settings and those its sandbox is made with."""
     path = await service.workspaces.locate(workspace_id)
-    try:
-        own, eff = await _configurable(service.registry).workspace_settings(path)
-    except SettingsError as e:
-        return refused(e)  # type: ignore[return-value]
+    own, eff = await _configurable(service.registry).workspace_settings(path)
     return {"id": workspace_id, "path": str(path), "settings": own.set_fields(), "effective": eff}
 
 
@@ -59,10 +49,7 @@ async def change(service: ServiceDep, workspace_id: WorkspaceId, body: Workspace
     sandbox is recreated with them at the next call (files kept)."""
     path = await service.workspaces.locate(workspace_id)
     changes = {name: getattr(body, name) for name in body.model_fields_set}
-    try:
-        done = await _configurable(service.registry).configure_workspace(path, changes)
-    except SettingsError as e:
-        return refused(e)  # type: ignore[return-value]
+    done = await _configurable(service.registry).configure_workspace(path, changes)
     return {"id": workspace_id, **done.as_dict()}
 
 

@@ -23,21 +23,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.errors import SandboxError
-
-from ..changelog import ChangelogError
 from ..quoting import quote_path
 from ..service import WORKSPACE_ID_PATTERN, Workspaces
 from ..snapshots import (
     MAX_FORKS,
     Snapshot,
-    SnapshotDiskFullError,
-    SnapshotError,
-    SnapshotInUseError,
-    SnapshotLimitError,
     SnapshotNotFoundError,
     Snapshots,
 )
@@ -110,23 +102,6 @@ class RestoreOut(BaseModel):
     diff: str
 
 
-def _refusal(e: Exception) -> JSONResponse:
-    if isinstance(e, SnapshotNotFoundError):
-        return JSONResponse({"detail": str(e)}, status_code=404)
-    if isinstance(e, SnapshotInUseError):
-        return JSONResponse({"detail": str(e), "forks": e.forks}, status_code=409)
-    if isinstance(e, SnapshotLimitError):
-        return JSONResponse({"detail": str(e)}, status_code=409)
-    if isinstance(e, SnapshotDiskFullError):
-        return JSONResponse({"detail": str(e)}, status_code=507)
-    if isinstance(e, SandboxError):
-        return JSONResponse({"detail": f"Sandbox unavailable: {e}"}, status_code=503)
-    return JSONResponse({"detail": f"Snapshot failed: {e}"}, status_code=503)
-
-
-_ERRORS = (SnapshotError, SandboxError, ChangelogError, OSError)
-
-
 def _snapshots(request: Request) -> Snapshots:
     return service_of(request.app).snapshots
 
@@ -146,11 +121,8 @@ async def list_snapshots(request: Request, workspace_id: WorkspaceId) -> Snapsho
     snapshot this workspace was forked from."""
     path = await service_of(request.app).workspaces.locate(workspace_id)
     snaps = _snapshots(request)
-    try:
-        found = await snaps.list(path)
-        origin = await snaps.origin(path)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    found = await snaps.list(path)
+    origin = await snaps.origin(path)
     return SnapshotList(workspace=workspace_id, origin=None if origin is None else origin.model_dump(), snapshots=found)
 
 
@@ -160,21 +132,15 @@ async def create_snapshot(request: Request, workspace_id: WorkspaceId, body: Cre
     path = await service_of(request.app).workspaces.locate(workspace_id)
     body = body or CreateSnapshot()
     runner = service_of(request.app).runner
-    try:
-        async with runner.slot(), runner.lock(path):
-            return await _snapshots(request).create(path, body.name, with_scratch=body.with_scratch)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    async with runner.slot(), runner.lock(path):
+        return await _snapshots(request).create(path, body.name, with_scratch=body.with_scratch)
 
 
 @router.get("/v1/workspaces/{workspace_id}/snapshots/{ref}")
 async def show_snapshot(request: Request, workspace_id: WorkspaceId, ref: SnapshotRef) -> Snapshot:
     workspaces = service_of(request.app).workspaces
     path = await workspaces.locate(workspace_id)
-    try:
-        return await _own(_snapshots(request), workspaces, ref, path)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    return await _own(_snapshots(request), workspaces, ref, path)
 
 
 @router.delete("/v1/workspaces/{workspace_id}/snapshots/{ref}")
@@ -188,11 +154,8 @@ async def delete_snapshot(
     workspaces = service_of(request.app).workspaces
     path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
-    try:
-        snap = await _own(snaps, workspaces, ref, path)
-        left = await snaps.delete(snap.id, force=force)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    snap = await _own(snaps, workspaces, ref, path)
+    left = await snaps.delete(snap.id, force=force)
     return {"id": snap.id, "deleted": True, "left": left}
 
 
@@ -204,18 +167,15 @@ async def fork(request: Request, workspace_id: WorkspaceId, body: ForkRequest) -
     path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     runner = service_of(request.app).runner
-    try:
-        async with runner.slot():
-            if body.snapshot is None:
-                async with runner.lock(path):
-                    snap = await snaps.create(path, "fork-base")
-            else:
-                snap = await _own(snaps, workspaces, body.snapshot, path)
-            base = Path(snap.workspace).name[:48]
-            names = [f"{base}-{secrets.token_hex(3)}" for _ in range(body.count)]
-            made = await snaps.fork(snap.id, body.count, into=workspaces.root, names=names)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    async with runner.slot():
+        if body.snapshot is None:
+            async with runner.lock(path):
+                snap = await snaps.create(path, "fork-base")
+        else:
+            snap = await _own(snaps, workspaces, body.snapshot, path)
+        base = Path(snap.workspace).name[:48]
+        names = [f"{base}-{secrets.token_hex(3)}" for _ in range(body.count)]
+        made = await snaps.fork(snap.id, body.count, into=workspaces.root, names=names)
     return Forked(snapshot=snap.id, workspaces=[ForkedWorkspace(id=p.name, path=str(p)) for p in made])
 
 
@@ -227,12 +187,9 @@ async def restore(request: Request, workspace_id: WorkspaceId, body: RestoreRequ
     path = await workspaces.locate(workspace_id)
     snaps = _snapshots(request)
     runner = service_of(request.app).runner
-    try:
-        snap = await _own(snaps, workspaces, body.snapshot, path)
-        async with runner.slot(), runner.lock(path):
-            done = await snaps.restore(path, snap.id, dry_run=body.dry_run)
-    except _ERRORS as e:
-        return _refusal(e)  # type: ignore[return-value]
+    snap = await _own(snaps, workspaces, body.snapshot, path)
+    async with runner.slot(), runner.lock(path):
+        done = await snaps.restore(path, snap.id, dry_run=body.dry_run)
     from ..result import safe_text
 
     out = done.as_dict()

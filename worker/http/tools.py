@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from sandbox.logs import get_logger
@@ -18,6 +17,7 @@ from sandbox.logs import get_logger
 from ..catalog.search import InvalidQueryError
 from ..catalog.tool_search import ToolSearchArgs
 from .common import ERRORS, Problem, StrictModel
+from .errors import NoToolSearch, Unavailable
 from .state import ServiceDep
 
 log = get_logger("worker.http")
@@ -59,15 +59,13 @@ async def search_tools(
     registry = service.registry
     catalog_tools = getattr(registry, "catalog_tools", None)
     if catalog_tools is None:
-        return JSONResponse({"detail": "Tool search is not enabled on this service"}, status_code=404)  # type: ignore[return-value]
+        raise NoToolSearch
+    args = ToolSearchArgs(query=query, mode=mode, capabilities=capability or [], max_results=max_results)
     try:
-        args = ToolSearchArgs(query=query, mode=mode, capabilities=capability or [], max_results=max_results)
         out: dict[str, Any] = await catalog_tools.search(registry, args, has_workspace=True)
-    except InvalidQueryError as e:
-        return JSONResponse({"detail": str(e), "code": e.code}, status_code=422)  # type: ignore[return-value]
+    except InvalidQueryError:
+        raise
     except Exception as e:  # the catalog's storage or an MCP source: never a 500
         log.warning("tools.search_failed", error=f"{type(e).__name__}: {e}"[:300])
-        return JSONResponse(  # type: ignore[return-value]
-            {"detail": f"Tool search failed: {type(e).__name__}: {e}"[:500]}, status_code=503
-        )
+        raise Unavailable(f"Tool search failed: {type(e).__name__}: {e}"[:500]) from None
     return out

@@ -20,7 +20,7 @@ from ..service import WORKSPACE_ID_PATTERN
 from ..workspace_settings import SettingsError, WorkspaceSettings
 from .common import ERRORS, WS_ERRORS, Problem, StrictModel, WorkspaceId
 from .lifespan import stop_sandbox
-from .settings import create_with, refused
+from .settings import create_with
 from .state import ServiceDep
 
 log = get_logger("worker.http")
@@ -52,8 +52,8 @@ async def create_workspace(service: ServiceDep, body: CreateWorkspace | None = N
         info = await create_with(
             service.registry, service.workspaces, body.name if body else None, body.settings if body else None
         )
-    except SettingsError as e:
-        return refused(e, "settings")  # type: ignore[return-value]
+    except SettingsError as e:  # a field of the body's "settings"
+        raise SettingsError(f"settings.{e.field}", e.message) from None
     log.info("workspace.created", workspace_id=info.id)
     return WorkspaceOut(id=info.id, path=info.path, node=info.node, state=info.state)
 

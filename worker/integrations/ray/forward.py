@@ -232,19 +232,15 @@ def fork_route(cluster: ClusterRegistry) -> APIRoute:
     async def fork(request: Request, workspace_id: WorkspaceId, body: route.ForkRequest) -> route.Forked:
         await service_of(request.app).workspaces.locate(workspace_id)
         runner = service_of(request.app).runner
-        try:
-            async with runner.slot():
-                snap, made = await cluster.snapshots.fork_named(
-                    body.snapshot,
-                    body.count,
-                    workspace=workspace_id,
-                    name_of=lambda base: f"{Path(base).name[:48]}-{secrets.token_hex(3)}",
-                    service_only=True,
-                )
-        except (*route._ERRORS, ClusterError) as e:
-            if isinstance(e, NodeLostError):
-                raise
-            return route._refusal(e)  # type: ignore[return-value]
+        # (its refusals are answered by the service's error table: worker.http.errors)
+        async with runner.slot():
+            snap, made = await cluster.snapshots.fork_named(
+                body.snapshot,
+                body.count,
+                workspace=workspace_id,
+                name_of=lambda base: f"{Path(base).name[:48]}-{secrets.token_hex(3)}",
+                service_only=True,
+            )
         return route.Forked(snapshot=snap, workspaces=[route.ForkedWorkspace(id=w.id, path=w.path or "") for w in made])
 
     # (this module's annotations are strings: FastAPI reads the real types from here)

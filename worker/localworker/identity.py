@@ -71,7 +71,6 @@ PATH_SETTINGS = frozenset(
         "LOOM_DATA_DIR",
         "LOOM_TOOLS_DIR",
         "LOOM_MCP_SERVERS_FILE",
-        "LOOM_CA_BUNDLE",
         "LOOM_WORKSPACE_ROOT",
         "LOOM_EGRESS_DIR",
         "LOOM_EGRESS_UPSTREAM_CA",

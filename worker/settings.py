@@ -299,6 +299,8 @@ class Settings(BaseSettings):
         """The subset that configures a :class:`sandbox.spec.SandboxSpec`."""
         from sandbox.pulls import parse_registries
 
+        from .owner import owner_id
+
         return {
             "image": self.image,
             "runtime": self.runtime,
@@ -323,6 +325,8 @@ class Settings(BaseSettings):
             # gVisor's direct channels live beside the egress gateway's sockets: a
             # directory with the same path in the worker and on the engine's host (compose).
             "channel_dir": str((self.egress_dir or self.data_dir / "egress") / "channels"),
+            # gc removes only this data directory's sandboxes (worker/owner.py).
+            "owner": owner_id(self.data_dir),
         }
 
 

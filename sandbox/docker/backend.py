@@ -490,10 +490,18 @@ class DockerBackend(SandboxBackend):
         return await housekeeping.list_sandboxes(self.engine)
 
     async def gc(self, *, all_running: bool = False) -> list[str]:
-        """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
-        versions (and every running one with ``all_running``). Only our labels are touched.
-        """
-        return await housekeeping.gc(self.engine, all_running=all_running)
+        """Remove this backend's owner's (``spec.owner``) exited sandboxes, sandboxes of
+        vanished workspaces or other worker versions (and every running one with
+        ``all_running``); another owner's are left alone. Returns the names removed.
+        Raises DaemonUnavailableError."""
+        removed = await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running)
+        return [item["name"] for item in removed]
+
+    async def gc_engine_wide(self, *, all_running: bool = False) -> list[dict[str, Any]]:
+        """Like :meth:`gc`, for every loom sandbox on the engine, whoever made it. Returns
+        the removed ones (name, status, workspace, version, owner). Raises
+        DaemonUnavailableError."""
+        return await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running, engine_wide=True)
 
     async def remove_all_started(self) -> None:
         """Remove every container this backend started or adopted (tests' cleanup)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def owner_id(data_dir: Path) -> str:
 
 def _read(path: Path) -> str:
     text = path.read_text(encoding="ascii").strip()
-    if not text or not text.isalnum():
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", text):
         raise ValueError(f"{path}: not an owner id")
     return text
 

@@ -13,9 +13,9 @@ import pytest
 
 from sandbox.docker import container_name
 from sandbox.docker.config import LABEL_OWNER
-from tests.conftest import SANDBOX_IMAGE
-from tests.docker.conftest import own_registry, require_runtime
-from worker.owner import owner_id
+from tests.conftest import SANDBOX_IMAGE, TEST_OWNER
+from tests.docker.conftest import own_backend, own_registry, require_runtime
+from worker.owner import OWNER_FILE, owner_id
 
 pytestmark = pytest.mark.docker
 
@@ -41,6 +41,9 @@ async def test_gc_all_of_one_data_dir_leaves_the_others_running(
     ws_a, ws_b = tmp_path / "ws-a", tmp_path / "ws-b"
     ws_a.mkdir()
     ws_b.mkdir()
+    for name in ("a", "b"):  # two installations (not the run's TEST_OWNER)
+        (tmp_path / name / "data").mkdir(parents=True)
+        (tmp_path / name / "data" / OWNER_FILE).write_text(f"{TEST_OWNER}-{name}\n")
     client = docker.from_env()
     try:
         async with own_registry(tmp_path / "a", runtime) as reg_a, own_registry(tmp_path / "b", runtime) as reg_b:
@@ -64,3 +67,20 @@ async def test_gc_all_of_one_data_dir_leaves_the_others_running(
             assert result.success and "still" in result.output, result
     finally:
         client.close()
+
+
+async def test_gc_all_of_a_data_dir_holding_an_owner_id_removes_that_owners_sandboxes(
+    docker_ready: None, tmp_path: Path, workspace: Path
+) -> None:
+    """How scripts/test leaves none of its run's sandboxes behind: its tests' sandboxes
+    carry the run's id, and it runs ``gc --all`` for a data directory holding that id."""
+    owner = f"{TEST_OWNER}-run"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / OWNER_FILE).write_text(owner + "\n")
+    async with own_backend(owner=owner) as backend:
+        await (await backend.get(workspace)).info()
+        done = _gc(data, "runc", "--all")
+        assert done.returncode == 0, done.stderr
+        assert container_name(workspace) in done.stdout
+        assert await backend.inspect(workspace) is None

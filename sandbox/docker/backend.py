@@ -79,7 +79,7 @@ class DockerSandbox(AgentSandbox):
         if scanner is not None and req.get("path") == ".":
             try:
                 return await asyncio.to_thread(scanner.scan, req)
-            except (OSError, RecursionError) as e:
+            except OSError as e:
                 # The agent's full walk answers instead (slower, same result).
                 log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
         return await super()._scan(req, timeout)
@@ -90,7 +90,7 @@ class DockerSandbox(AgentSandbox):
             try:
                 removed, (files, dirs, size) = await asyncio.to_thread(scanner.remove_tree, path)
                 return TreeRemoval(removed=removed, files=files, dirs=dirs, bytes=size)
-            except (OSError, ValueError, RecursionError) as e:
+            except (OSError, ValueError) as e:
                 # The agent removes what is left (slower, same result).
                 log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
         return await super().remove_tree(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import subprocess
 from pathlib import Path
 
@@ -119,4 +120,53 @@ async def test_a_command_makes_an_odd_tree(
     finally:
         # shutil.rmtree (the fixture's cleanup) recurses per level: what a failed run
         # left goes first, by rm.
+        await asyncio.to_thread(remove_all_in, user_workspace)
+
+
+def _make_on_host(root: Path) -> None:
+    """Before any call: 1,000 levels with a file at each tenth, and 20 levels of 255-byte
+    names (past PATH_MAX) with a non-UTF-8 file at the bottom; all made from descriptors."""
+    for top, name, depth in ((b"deep", b"d", 1000), (b"long", b"n" * 255, 20)):
+        cur = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        os.mkdir(top, dir_fd=cur)
+        nxt = os.open(top, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+        for i in range(depth):
+            if i % 10 == 0:
+                fd = os.open(b"f\xff%d" % i, os.O_WRONLY | os.O_CREAT, 0o640, dir_fd=cur)
+                os.write(fd, b"level %d\n" % i)
+                os.close(fd)
+            os.mkdir(name, dir_fd=cur)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        os.symlink(b"../" * 3, b"loop", dir_fd=cur)
+        os.close(cur)
+    subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
+
+
+@pytest.mark.slow  # undo makes each directory again from the root: ~2 minutes under gVisor
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_command_removes_a_deep_tree_and_undo_puts_it_back(
+    docker_ready: None, user_workspace: Path, tmp_path: Path, runtime: str
+) -> None:
+    _make_on_host(user_workspace)
+    before = tree_state(user_workspace)
+    try:
+        async with own_registry(tmp_path, runtime) as reg:
+            first = await reg.execute("shell_execute", {"command": "true"}, workspace=user_workspace)
+            assert first.success, first.output
+            gone = await reg.execute(
+                "shell_execute", {"command": "rm -rf deep long", "timeout": 600}, workspace=user_workspace, call_id="rm"
+            )
+            assert gone.success, gone.output
+            assert not (user_workspace / "deep").exists()
+            ws = await reg.workspace(user_workspace)
+            assert await ws.recorder.log(call_id="rm")
+            done = await ws.recorder.undo(ws.sandbox, all=True)
+            bad = [s for s in done.steps if s.status not in ("reverted", "already_reverted")]
+            assert not bad, bad[:5]
+            assert tree_state(user_workspace) == before
+    finally:
         await asyncio.to_thread(remove_all_in, user_workspace)

@@ -90,7 +90,7 @@ async def _check(registry: ToolRegistry, ws: Path, tool: str, path: str, shell: 
         registry,
         ws,
         "rm -rf /tmp/forms && mkdir /tmp/forms && cp -a . /tmp/forms/ws && cd /tmp/forms/ws && "
-        f"{shell}; echo \"rc=$?\"; find . -type f -exec cat {{}} + | sort | md5sum",
+        f'{shell}; echo "rc=$?"; find . -type f -exec cat {{}} + | sort | md5sum',
     )
     out = copy["stdout"]
     ok = "rc=0" in out

@@ -9,10 +9,14 @@ import binascii
 import posixpath
 from typing import Any, cast
 
+from .agent.scanwalk import MAX_PATH as _SCAN_MAX_PATH
 from .errors import ProtocolError
 from .results import AgentInfo, EntryType, ListEntry, ListResult, ScanEntry, ScanResult, SearchMatch, SearchResult
 
 _ENTRY_TYPES = {"file", "dir", "symlink", "other"}
+#: The longest path an agent may send: a scan's rows go as deep as the agent's walk
+#: (``sandbox.agent.scanwalk.MAX_PATH``), plus one name.
+MAX_RELPATH = _SCAN_MAX_PATH + 512
 
 
 def check_int(v: Any, name: str, *, lo: int = 0) -> int:
@@ -52,7 +56,7 @@ def check_b64(v: Any, name: str, limit: int) -> bytes:
 
 def check_relpath(v: Any) -> str:
     """A workspace-relative path from the agent: normalized, never absolute, never ``..``."""
-    s = check_str(v, "path", limit=8192)
+    s = check_str(v, "path", limit=MAX_RELPATH)
     if s in ("", ".") or "\x00" in s:
         if s == ".":
             return s

@@ -39,8 +39,8 @@ class HostScanner:
 
         ``watched`` is always False in the answer: the agent in the sandbox has no such
         snapshot, so the changelog must not send the scan along with a command.
-        Raises OSError (workspace gone or unreadable) and RecursionError (a tree deeper
-        than Python's recursion limit); the caller then asks the agent instead.
+        Raises OSError (workspace gone or unreadable); the caller then asks the agent
+        instead. Any depth is walked (``sandbox.agent.dirstack``).
         """
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:

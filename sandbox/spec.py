@@ -186,6 +186,10 @@ class SandboxSpec(BaseModel):
     #: Everything else stays: no-new-privileges, the limits, no network, gVisor. Off by
     #: default; the trade is in docs/harness.md.
     allow_root: bool = False
+    #: Whose sandboxes these are: the identity of the worker installation (its data
+    #: directory, see ``worker.owner``), set as a label on every container, so that
+    #: ``gc`` removes only its own. None: unowned (tests, a backend made by hand).
+    owner: str | None = None
 
     @field_validator("registries")
     @classmethod
@@ -244,7 +248,7 @@ class SandboxSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of what a running container was created with (uid/gid decided per workspace)."""
-        exclude = {"agent_start_timeout", "io_timeout", "uid", "gid", "direct", "pull", "registries"}
+        exclude = {"agent_start_timeout", "io_timeout", "uid", "gid", "direct", "pull", "registries", "owner"}
         if self.runtime != "runsc":
             exclude |= {"gvisor_platform", "channel_dir"}  # runc containers do not depend on them
         body = self.model_dump(exclude=exclude)

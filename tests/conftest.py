@@ -42,6 +42,10 @@ SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
 #: The small Debian image (python3, git, ripgrep): one of the contract suite's images.
 MINIMAL_IMAGE = os.environ.get("LOOM_TEST_MINIMAL_IMAGE", "loom-sandbox:minimal")
 REQUIRE_DOCKER = os.environ.get("REQUIRE_DOCKER") == "1"
+#: Whose the suite's sandboxes are (``SandboxSpec.owner``, the ``dev.loom.owner`` label):
+#: one id per run (scripts/test sets it), so that its closing ``gc --all`` removes this
+#: run's leftovers and never another run's or another installation's sandboxes.
+TEST_OWNER = os.environ.get("LOOM_TEST_OWNER") or f"loom-tests-{os.getpid()}"
 
 
 def _docker_problem() -> str | None:
@@ -160,7 +164,7 @@ async def docker_backend(docker_ready: None) -> AsyncIterator[object]:
     from sandbox.docker import DockerBackend
     from sandbox.spec import SandboxSpec
 
-    backend = DockerBackend(SandboxSpec(image=SANDBOX_IMAGE), worker_id="test")
+    backend = DockerBackend(SandboxSpec(image=SANDBOX_IMAGE, owner=TEST_OWNER), worker_id="test")
     try:
         yield backend
     finally:

@@ -90,5 +90,5 @@ def require_file_path(path: str, workspace_root: str | None = None) -> str:
     """
     rel = normalize(path, workspace_root)
     if rel == ".":
-        raise ToolError(f"Not a file: '{path}' is the workspace directory")
+        raise ToolError(f"Not a file: '{path}' is a directory (the workspace's root)")
     return rel

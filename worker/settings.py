@@ -238,11 +238,15 @@ class Settings(SandboxSettings, BaseSettings):
 
     def sandbox_spec_kwargs(self) -> dict[str, object]:
         """The :class:`sandbox.spec.SandboxSpec` of these settings (its keyword arguments)."""
+        from .owner import owner_id
+
         return {
             **self.spec_kwargs(),
             # gVisor's direct channels live beside the egress gateway's sockets: a
             # directory with the same path in the worker and on the engine's host (compose).
             "channel_dir": str((self.egress_dir or self.data_dir / "egress") / "channels"),
+            # gc removes only this data directory's sandboxes (worker/owner.py).
+            "owner": owner_id(self.data_dir),
         }
 
 

@@ -33,6 +33,7 @@ The modules, each importing only those above it (no cycles)::
     channel    framing (JSON lines with the secret, base64) and where answers go: stdout,
                or the direct unix socket once the host takes it
     paths      resolution from the root's descriptor, never leaving the workspace
+    dirstack   the open directories of an iterative walk (any depth, bounded descriptors)
     tidy       the thread that does what may wait until after an answer
     disk       the workspace disk's reserve, and DiskWatch for commands
     files      read, stat, hash

@@ -62,6 +62,29 @@ def split(path):
     return parts
 
 
+def walk_parts(path):
+    """The components of ``path`` for ``resolve``, and whether it must name a directory.
+
+    Unlike ``split``, ``..`` is kept: ``resolve`` takes it against the directory reached,
+    as the kernel does (``link/..`` is the parent of the link's target, ``file/..`` is
+    ENOTDIR, ``missing/..`` ENOENT), so a path means what it means to the shell in the
+    sandbox. A trailing ``/``, ``/.`` or ``/..`` says the last component must be a
+    directory (POSIX: ``a.txt/`` is ENOTDIR)."""
+    if not isinstance(path, str):
+        raise Refused("invalid", "path must be a string")
+    if "\x00" in path:
+        raise Refused("escape", "path contains a NUL byte")
+    p = path
+    if p == state.ROOT or p.startswith(state.ROOT + "/"):
+        p = p[len(state.ROOT) :]
+    elif p.startswith("/"):
+        raise Refused("escape", "Path %r is outside the workspace" % path)
+    comps = [c for c in p.split("/") if c not in ("", ".")]
+    tail = p.rstrip("/").rpartition("/")[2]
+    must_dir = bool(comps) and (p.endswith("/") or tail in (".", ".."))
+    return comps, must_dir
+
+
 def rel(parts):
     return "/".join(parts) if parts else "."
 
@@ -73,9 +96,15 @@ def resolve(path, follow_last=True, create_dirs=False):
     (the caller closes it), the final component's name (None for the root itself), the
     resolved workspace-relative components and the final component's lstat (None when
     it does not exist). Symlinks whose target stays inside the workspace are followed,
-    one hop at a time, by restarting the walk from the root; any other is refused.
+    one hop at a time, by restarting the walk from the root; any other is refused. ``..``
+    is the parent of the directory reached (``walk_parts``), and a path with a trailing
+    slash must name a directory. Raises Refused: escape, not_found (a missing directory
+    on the way), not_a_directory (a file on the way, or a file named with a trailing
+    slash).
     """
-    stack = split(path)
+    stack, must_dir = walk_parts(path)
+    if must_dir:
+        follow_last = True  # "link/" names what the link points to
     cur = []  # type: list[str]
     hops = 0
     fd = os.dup(state.ROOT_FD)
@@ -83,6 +112,17 @@ def resolve(path, follow_last=True, create_dirs=False):
         while stack:
             comp = stack.pop(0)
             last = not stack
+            if comp == "..":
+                # The parent of the directory reached (every component before this one
+                # was checked to be a directory and entered): walk to it again from the
+                # root, as a link's target is walked.
+                if not cur:
+                    raise Refused("escape", "Path %r escapes the workspace" % path)
+                stack = cur[:-1] + stack
+                cur = []
+                os.close(fd)
+                fd = os.dup(state.ROOT_FD)
+                continue
             try:
                 st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -130,6 +170,8 @@ def resolve(path, follow_last=True, create_dirs=False):
                 fd = os.dup(state.ROOT_FD)
                 continue
             if last:
+                if must_dir and not stat.S_ISDIR(st.st_mode):
+                    raise Refused("not_a_directory", "Not a directory: %s" % path)
                 return fd, comp, cur + [comp], st
             if not stat.S_ISDIR(st.st_mode):
                 raise Refused("not_a_directory", "Not a directory: %s" % rel(cur + [comp]))

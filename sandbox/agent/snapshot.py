@@ -301,7 +301,8 @@ class Snapshot(object):
                     try:
                         if e.is_dir(follow_symlinks=False):
                             if e.name not in exclude:
-                                subdirs[e.name] = e.inode()
+                                if len(prefix) + len(e.name) < scanwalk.MAX_PATH:
+                                    subdirs[e.name] = e.inode()
                                 files[prefix + e.name] = scanwalk.dir_row(e)
                             continue
                         st = e.stat(follow_symlinks=False)

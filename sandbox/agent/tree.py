@@ -6,7 +6,7 @@ import errno
 import os
 import stat
 
-from . import files, paths
+from . import dirstack, files, paths
 from .errors import Refused
 
 
@@ -37,41 +37,77 @@ def rmtree_at(dfd, name, counts):
     link (each level is opened O_NOFOLLOW from its parent's descriptor, so a directory
     swapped for a symlink mid-walk is unlinked as a link, not entered). A directory the
     command made unwritable (0555, as Go's module cache does) is made writable first: we
-    own it. ``counts`` = [files, dirs, bytes] removed."""
+    own it. Iterative, to any depth (``dirstack``). ``counts`` = [files, dirs, bytes]
+    removed. Raises OSError (what could not be removed; ESTALE: a directory was moved
+    while the removal was below it)."""
+    stack = dirstack.DirStack(dfd)
     try:
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError as e:
-        if e.errno in (errno.ENOTDIR, errno.ELOOP):
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            os.unlink(name, dir_fd=dfd)
-            counts[0] += 1
-            counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        if not _enter(stack, name, counts):
             return
-        raise
-    try:
-        st = os.fstat(sub)
-        if st.st_mode & 0o700 != 0o700:
-            try:
-                os.fchmod(sub, stat.S_IMODE(st.st_mode) | 0o700)
-            except OSError:
-                pass  # not ours: the unlinks below say so
-        with os.scandir(sub) as it:
-            entries = list(it)
-        for ent in entries:
-            if ent.is_dir(follow_symlinks=False):
-                rmtree_at(sub, ent.name, counts)
+        todo = [_clear(stack.fd(), counts)]
+        while todo:
+            subs = todo[-1]
+            if subs:
+                sub = subs.pop()
+                if _enter(stack, sub, counts):
+                    todo.append(_clear(stack.fd(), counts))
                 continue
-            try:
-                size = ent.stat(follow_symlinks=False).st_size if ent.is_file(follow_symlinks=False) else 0
-                os.unlink(ent.name, dir_fd=sub)
-            except FileNotFoundError:
-                continue
-            counts[0] += 1
-            counts[2] += size
+            todo.pop()
+            done = stack.name()
+            stack.pop()
+            os.rmdir(done, dir_fd=stack.fd())
+            counts[1] += 1
     finally:
-        os.close(sub)
-    os.rmdir(name, dir_fd=dfd)
-    counts[1] += 1
+        stack.close()
+
+
+def _enter(stack, name, counts):
+    """Open directory ``name`` of the stack's top as its new top: True. A name that is no
+    directory (any more: swapped for a link or a file) is unlinked as it is, and one gone
+    already is left: False."""
+    try:
+        stack.push(name)
+        return True
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+    parent = stack.fd()
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        os.unlink(name, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    counts[0] += 1
+    counts[2] += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return False
+
+
+def _clear(sub, counts):
+    """Unlink everything but the subdirectories in open directory ``sub`` (made
+    writable first); returns the subdirectories' names."""
+    st = os.fstat(sub)
+    if st.st_mode & 0o700 != 0o700:
+        try:
+            os.fchmod(sub, stat.S_IMODE(st.st_mode) | 0o700)
+        except OSError:
+            pass  # not ours: the unlinks below say so
+    dirs = []
+    with os.scandir(sub) as it:
+        entries = list(it)
+    for ent in entries:
+        if ent.is_dir(follow_symlinks=False):
+            dirs.append(ent.name)
+            continue
+        try:
+            size = ent.stat(follow_symlinks=False).st_size if ent.is_file(follow_symlinks=False) else 0
+            os.unlink(ent.name, dir_fd=sub)
+        except FileNotFoundError:
+            continue
+        counts[0] += 1
+        counts[2] += size
+    return dirs
 
 
 def op_remove_tree(req):

@@ -1,7 +1,12 @@
 """Writing files atomically: ``write`` puts a temporary, written and fsync'd, in place with
 one rename; a staged write stops short of the rename until the host, having recorded its
 changelog entry, sends ``commit`` (or ``abort``). What can wait until after the answer
-(closing the replaced file, the directory's fsync) goes to the tidying thread."""
+(closing the replaced file, the directory's fsync) goes to the tidying thread.
+
+Processes in the sandbox run as the agent's user and can swap the temporary's name, its
+directory or the target between any two system calls, so the temporary's content goes
+only through its own descriptor, and every rename is checked afterwards to have put
+exactly that file in place (see ``_put_in_place``): a write either did, or fails."""
 
 import base64
 import errno
@@ -14,8 +19,9 @@ import time
 from . import disk, files, paths, scan, state, tidy
 from .errors import Refused
 
-#: Staged writes by token: (directory fd, temporary, name, path, expectations, durable,
-#: answer, when). A staged write the host never commits is dropped after STAGE_TTL.
+#: Staged writes by token: (directory fd, temporary, name, path, expectations (with the
+#: temporary's open descriptor: "file"), durable, answer, when). A staged write the host
+#: never commits is dropped after STAGE_TTL.
 _staged = {}  # type: dict
 _staged_lock = threading.Lock()
 STAGE_TTL = 120.0
@@ -58,6 +64,7 @@ def op_write(req):
     if not parts:
         raise Refused("is_a_directory", "Not a file: the workspace root is a directory")
     fd, name, parts, st = paths.resolve(path, create_dirs=req.get("mkdirs", True))
+    f = -1
     try:
         if name is None or (st is not None and stat.S_ISDIR(st.st_mode)):
             raise Refused("is_a_directory", "Not a file: %s is a directory" % path)
@@ -98,7 +105,9 @@ def op_write(req):
             os.close(f)
             os.unlink(tmp, dir_fd=fd)
             raise
-        os.close(f)
+        # The temporary stays open: more content goes through this descriptor, never its
+        # name (a process in the sandbox can swap the name for a hard link to another
+        # file), and the rename is checked to have put exactly this file in place.
         digest = hashlib.sha256(data)
         result = {
             "size": len(data),
@@ -117,21 +126,37 @@ def op_write(req):
                 token = os.urandom(8).hex()
             expect = {"expect_sha256": req.get("expect_sha256"), "expect_absent": req.get("expect_absent")}
             expect["written"] = written
+            expect["file"] = f
             if more:
                 expect["more"] = (digest, total)  # the content so far, and its announced size
             with _staged_lock:
                 _staged[token] = (fd, tmp, name, path, expect, durable, result, time.monotonic())
-            fd = -1
+            fd = f = -1
             return {"staged": token, "path": paths.rel(parts), "mode": None if st is None else st.st_mode}
-        _put_in_place(fd, tmp, name, durable)
+        g, f = f, -1
+        _put_in_place(fd, tmp, name, durable, g, path)
+        _check_in_place(fd, name, path)
         return result
     finally:
+        if f >= 0:
+            os.close(f)
         if fd >= 0:
             os.close(fd)
 
 
-def _put_in_place(fd, tmp, name, durable):
-    """Rename the written temporary ``tmp`` over ``name`` (both in directory ``fd``).
+def _put_in_place(fd, tmp, name, durable, f, path):
+    """Rename the written temporary ``tmp`` (open as ``f``, which this closes first) over
+    ``name`` (both in directory ``fd``), and check that what is at ``name`` now is exactly
+    that file.
+
+    A process in the sandbox runs as the same user as the agent, so it can swap the
+    temporary's name for a symlink (out of the workspace, say) or a hard link to another
+    file between our last look and the rename, and the rename would put *that* in
+    place. No name can be made unswappable, so the rename is verified instead: ``name``,
+    not followed, must be a regular file with ``f``'s inode. If not, what the rename put
+    there is not ours and is unlinked (a link left at the target would be followed by the
+    next reader on the host), and the write fails: Refused("conflict"). Raises OSError
+    from the rename.
 
     Two costs are moved off the caller's path, onto the tidying thread (measured A/B on
     edit_file with the changelog: -0.09 and -0.25 ms of ~1.5):
@@ -145,6 +170,22 @@ def _put_in_place(fd, tmp, name, durable):
       for). A power cut in the fraction of a millisecond before the directory reaches the
       disk leaves the file wholly old, as if the write had come just after it.
     """
+    # The written descriptor is closed before the rename (its close-after-write event
+    # must come before the rename, see scan.put_known); an O_PATH descriptor reopened
+    # from it (not from a name) keeps the inode, so its number cannot be reused for a
+    # file made meanwhile.
+    try:
+        pin = os.open("/proc/self/fd/%d" % f, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        pin = os.dup(f)  # no /proc: the written descriptor itself
+    os.close(f)
+    try:
+        _rename_checked(fd, tmp, name, durable, pin, path)
+    finally:
+        os.close(pin)
+
+
+def _rename_checked(fd, tmp, name, durable, pin, path):
     try:
         held = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
     except OSError:
@@ -156,6 +197,24 @@ def _put_in_place(fd, tmp, name, durable):
             os.close(held)
         os.unlink(tmp, dir_fd=fd)
         raise
+    mine = os.fstat(pin)
+    try:
+        there = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        there = None
+    if there is None or not stat.S_ISREG(there.st_mode) or (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev):
+        if there is not None:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+        if held >= 0:
+            os.close(held)
+        raise Refused(
+            "conflict",
+            "Conflict: the temporary file of %s was replaced by a process in the sandbox before it "
+            "was put in place; %s was not written (what replaced it was removed)" % (path, path),
+        )
     dfd = -1
     if durable:
         try:
@@ -164,6 +223,27 @@ def _put_in_place(fd, tmp, name, durable):
             pass
     if held >= 0 or dfd >= 0:
         tidy.later(lambda: (_close(held), _sync_close(dfd)))
+
+
+def _check_in_place(fd, name, path):
+    """After the rename: ``path`` must still lead to directory ``fd`` (a directory on
+    the way swapped for another, or for a link, puts the file elsewhere). Raises
+    Refused("conflict") naming where the file went."""
+    try:
+        here = paths.resolve(path, create_dirs=False)
+    except Refused:
+        here = None
+    try:
+        same = here is not None and here[1] == name and os.path.samestat(os.fstat(here[0]), os.fstat(fd))
+    finally:
+        if here is not None:
+            os.close(here[0])
+    if not same:
+        raise Refused(
+            "conflict",
+            "Conflict: a directory on the way to %s was moved or relinked while it was written: "
+            "the file is where that directory went" % path,
+        )
 
 
 def _close(f):
@@ -196,17 +276,15 @@ def op_append(req):
     digest, total = expect["more"]
     if result["size"] + len(data) > total:
         raise Refused("invalid", "More content than announced for %s" % path)
-    f = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(f, view) :]
-        last = bool(req.get("last"))
-        if last and durable:
-            os.fsync(f)
-        expect["written"] = os.fstat(f)
-    finally:
-        os.close(f)
+    f = expect["file"]
+    os.lseek(f, 0, os.SEEK_END)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(f, view) :]
+    last = bool(req.get("last"))
+    if last and durable:
+        os.fsync(f)
+    expect["written"] = os.fstat(f)
     digest.update(data)
     result["size"] += len(data)
     if last:
@@ -229,10 +307,12 @@ def _take_staged(req):
 def op_commit(req):
     """Put a staged write in place, if the target still is what the write expected."""
     fd, tmp, name, path, expect, durable, result, _at = _take_staged(req)
+    f = expect.pop("file")
     if "more" in expect:  # content announced and never all sent: dropped
         try:
             os.unlink(tmp, dir_fd=fd)
         finally:
+            os.close(f)
             os.close(fd)
         raise Refused("invalid", "Staged write of %s is incomplete" % path)
     try:
@@ -282,25 +362,31 @@ def op_commit(req):
         if isinstance(key, str):
             # The host records this write (its changelog's baseline gets the new content):
             # its next scan need not hand the file back (``now``: the file renamed in).
-            scan.put_known(key, result["path"], lambda: _put_in_place(fd, tmp, name, durable), now)
+            g, f = f, -1
+            scan.put_known(key, result["path"], lambda: _put_in_place(fd, tmp, name, durable, g, path), now)
         else:
-            _put_in_place(fd, tmp, name, durable)
+            g, f = f, -1
+            _put_in_place(fd, tmp, name, durable, g, path)
+        _check_in_place(fd, name, path)
         result = dict(result)
         result["created"] = st is None
         # What the scans will see of the file now there (the host's baseline takes it).
         result["stat"] = [now.st_size, now.st_mtime_ns, now.st_ino, now.st_mode]
         return result
     finally:
+        if f >= 0:
+            os.close(f)
         os.close(fd)
 
 
 def op_abort(req):
-    fd, tmp, _name, _path, _expect, _durable, _result, _at = _take_staged(req)
+    fd, tmp, _name, _path, expect, _durable, _result, _at = _take_staged(req)
     try:
         os.unlink(tmp, dir_fd=fd)
     except OSError:
         pass
     finally:
+        os.close(expect.pop("file"))
         os.close(fd)
     return {"aborted": True}
 
@@ -311,9 +397,10 @@ def drop_staged(older_than=0.0):
     with _staged_lock:
         old = [t for t, item in _staged.items() if now - item[7] >= older_than]
         items = [_staged.pop(t) for t in old]
-    for fd, tmp, *_rest in items:
+    for fd, tmp, _name, _path, expect, *_rest in items:
         try:
             os.unlink(tmp, dir_fd=fd)
         except OSError:
             pass
+        os.close(expect.pop("file"))
         os.close(fd)

@@ -79,7 +79,7 @@ class DockerSandbox(AgentSandbox):
         if scanner is not None and req.get("path") == ".":
             try:
                 return await asyncio.to_thread(scanner.scan, req)
-            except (OSError, RecursionError) as e:
+            except OSError as e:
                 # The agent's full walk answers instead (slower, same result).
                 log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
         return await super()._scan(req, timeout)
@@ -90,7 +90,7 @@ class DockerSandbox(AgentSandbox):
             try:
                 removed, (files, dirs, size) = await asyncio.to_thread(scanner.remove_tree, path)
                 return TreeRemoval(removed=removed, files=files, dirs=dirs, bytes=size)
-            except (OSError, ValueError, RecursionError) as e:
+            except (OSError, ValueError) as e:
                 # The agent removes what is left (slower, same result).
                 log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
         return await super().remove_tree(path)
@@ -490,10 +490,18 @@ class DockerBackend(SandboxBackend):
         return await housekeeping.list_sandboxes(self.engine)
 
     async def gc(self, *, all_running: bool = False) -> list[str]:
-        """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
-        versions (and every running one with ``all_running``). Only our labels are touched.
-        """
-        return await housekeeping.gc(self.engine, all_running=all_running)
+        """Remove this backend's owner's (``spec.owner``) exited sandboxes, sandboxes of
+        vanished workspaces or other worker versions (and every running one with
+        ``all_running``); another owner's are left alone. Returns the names removed.
+        Raises DaemonUnavailableError."""
+        removed = await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running)
+        return [item["name"] for item in removed]
+
+    async def gc_engine_wide(self, *, all_running: bool = False) -> list[dict[str, Any]]:
+        """Like :meth:`gc`, for every loom sandbox on the engine, whoever made it. Returns
+        the removed ones (name, status, workspace, version, owner). Raises
+        DaemonUnavailableError."""
+        return await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running, engine_wide=True)
 
     async def remove_all_started(self) -> None:
         """Remove every container this backend started or adopted (tests' cleanup)."""

@@ -36,6 +36,7 @@ LABEL_SPEC = f"{LABEL_PREFIX}.spec"
 LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
 LABEL_PIDS = f"{LABEL_PREFIX}.pids"  # the configured limit (the engine's differs under gVisor)
 LABEL_SECCOMP = f"{LABEL_PREFIX}.seccomp"  # the digest of the seccomp profile it was made with
+LABEL_OWNER = f"{LABEL_PREFIX}.owner"  # the worker installation that made it (SandboxSpec.owner)
 
 
 def container_name(workspace: Path) -> str:
@@ -143,6 +144,7 @@ def container_config(
             LABEL_RUNTIME: runtime_volume or "",
             LABEL_PIDS: str(spec.pids),
             LABEL_SECCOMP: seccomp.digest(spec.runtime),
+            **({LABEL_OWNER: spec.owner} if spec.owner else {}),
         },
         "hostname": "sandbox",
         "network_mode": "none",

@@ -1,5 +1,8 @@
 """Housekeeping: the sandboxes on the engine (list, gc), a workspace container's status
-and usage. Only containers carrying our labels are ever touched."""
+and usage. Only containers carrying our labels are ever touched, and ``gc`` only those
+of its own owner (the worker installation, ``SandboxSpec.owner``) unless asked for an
+engine-wide sweep: two installations sharing one engine must not remove each other's
+sandboxes in the middle of a call."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import SandboxUnavailableError
-from .config import LABEL_PIDS, LABEL_VERSION, LABEL_WORKER, LABEL_WS
+from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER, LABEL_WS
 from .engine import Engine
 
 
@@ -22,7 +25,8 @@ def _int_label(value: Any) -> int | None:
 
 
 async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
-    """Every container carrying our labels, running or not."""
+    """Every container carrying our labels, running or not, of every owner (``owner``:
+    its owner label, None for one made without). Raises DaemonUnavailableError."""
     client = engine.client()
     containers = await engine.call(
         "list sandboxes", lambda: client.containers.list(all=True, filters={"label": f"{LABEL_WORKER}=1"})
@@ -33,18 +37,29 @@ async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
             "status": c.status,
             "workspace": (c.labels or {}).get(LABEL_WS),
             "version": (c.labels or {}).get(LABEL_VERSION),
+            "owner": (c.labels or {}).get(LABEL_OWNER) or None,
             "container": c,
         }
         for c in containers
     ]
 
 
-async def gc(engine: Engine, *, all_running: bool = False) -> list[str]:
-    """Remove exited sandboxes, sandboxes of vanished workspaces or other worker
-    versions (and every running one with ``all_running``). Only our labels are touched.
+async def gc(
+    engine: Engine, owner: str | None, *, all_running: bool = False, engine_wide: bool = False
+) -> list[dict[str, Any]]:
+    """Remove the stale sandboxes of ``owner`` (None: those made without an owner label):
+    exited ones, those of vanished workspaces or of other worker versions, and with
+    ``all_running`` every one of them. ``engine_wide`` drops the owner test: every loom
+    sandbox on the engine, whoever made it (another data directory's, another user's
+    worker, a running service's). Only our labels are touched.
+
+    Returns what was removed (``list_sandboxes`` items without the container). Raises
+    DaemonUnavailableError.
     """
     removed = []
     for item in await list_sandboxes(engine):
+        if not engine_wide and item["owner"] != (owner or None):
+            continue
         ws = item["workspace"]
         stale = (
             item["status"] != "running"
@@ -55,7 +70,7 @@ async def gc(engine: Engine, *, all_running: bool = False) -> list[str]:
         )
         if stale:
             await engine.remove(item["container"])
-            removed.append(item["name"])
+            removed.append({k: v for k, v in item.items() if k != "container"})
     return removed
 
 

@@ -12,13 +12,15 @@ import pytest
 
 from sandbox.docker import DockerBackend
 from sandbox.spec import SandboxSpec
-from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE, gvisor_available
+from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE, TEST_OWNER, gvisor_available
+from worker.owner import OWNER_FILE
 
 pytestmark = pytest.mark.docker
 
 
 def make_backend(runtime: str = "runc", **spec: object) -> DockerBackend:
-    return DockerBackend(SandboxSpec(**{"image": SANDBOX_IMAGE, "runtime": runtime, **spec}), worker_id="test")  # type: ignore[arg-type]
+    spec = {"image": SANDBOX_IMAGE, "runtime": runtime, "owner": TEST_OWNER, **spec}
+    return DockerBackend(SandboxSpec(**spec), worker_id="test")  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager
@@ -40,6 +42,10 @@ async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object
     from worker.settings import Settings
 
     require_runtime(runtime)
+    owner = tmp_path / "data" / OWNER_FILE
+    if not owner.exists():  # the run's sandboxes are the run's (see TEST_OWNER)
+        owner.parent.mkdir(parents=True, exist_ok=True)
+        owner.write_text(TEST_OWNER + "\n")
     s = Settings(data_dir=tmp_path / "data", image=SANDBOX_IMAGE, runtime=runtime, catalog=False, **settings)  # type: ignore[arg-type]
     reg = default_registry(s)
     try:

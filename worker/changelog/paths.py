@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 
+from sandbox.answers import MAX_RELPATH
 from sandbox.base import FileStat, Sandbox
 from sandbox.errors import PathNotFoundError
 
@@ -19,7 +20,7 @@ _MAX_HOPS = 40
 
 def is_safe_relpath(path: object) -> bool:
     """True when ``path`` is a normalized workspace-relative path that stays inside."""
-    if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
+    if not isinstance(path, str) or not path or "\x00" in path or len(path) > MAX_RELPATH:
         return False
     if path.startswith("/") or path in (".", ".."):
         return False

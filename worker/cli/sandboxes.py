@@ -260,17 +260,33 @@ async def _doctor_seccomp(backend: Any, box: Any, ws: Path, info: dict[str, Any]
 # -- gc / stop -----------------------------------------------------------------------------
 
 
-async def _gc(settings: Settings, all_running: bool) -> int:
+async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
     from sandbox.errors import SandboxUnavailableError
 
     backend = _backend(settings)
     try:
-        removed = await backend.gc(all_running=all_running)
+        if engine_wide:
+            _say(
+                "engine-wide: removing "
+                + ("every loom sandbox" if all_running else "every exited or stale loom sandbox")
+                + " on this engine, whichever data directory, user or service made it"
+            )
+            items = await backend.gc_engine_wide(all_running=all_running)
+        else:
+            items = [{"name": n} for n in await backend.gc(all_running=all_running)]
     except SandboxUnavailableError as e:
         print(f"gc failed: {e}", file=sys.stderr)
         return 1
     finally:
         await backend.aclose()
+    if engine_wide:
+        for item in items:
+            mine = " (this data directory's)" if item.get("owner") == backend.spec.owner else ""
+            _say(
+                f"removed {item['name']}: {item.get('status')}, workspace {item.get('workspace')}, "
+                f"owner {item.get('owner') or 'none'}{mine}"
+            )
+    removed = [item["name"] for item in items]
     _say(f"removed {len(removed)} sandbox container(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
@@ -321,11 +337,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     p = subparsers.add_parser(
         "gc",
-        help="Remove exited or stale sandbox containers (only ours).",
+        help="Remove this data directory's exited or stale sandbox containers.",
+        description="Remove the sandbox containers this worker installation (its data directory, LOOM_DATA_DIR) "
+        "made that have exited, whose workspace is gone or that an older worker version made. Sandboxes of "
+        "another data directory, another user's worker or a service on the same engine are left alone, "
+        "unless --engine-wide.",
         epilog="Exit status: 0; 1 the engine does not answer.",
     )
-    p.add_argument("--all", action="store_true", help="Also remove running sandboxes.")
-    p.set_defaults(func=lambda a, s: _run(_gc(s, a.all)))
+    p.add_argument("--all", action="store_true", help="Also remove this data directory's running sandboxes.")
+    p.add_argument(
+        "--engine-wide",
+        action="store_true",
+        help="Every loom sandbox on the engine, whoever made it (other data directories, users and services: "
+        "their calls in flight fail); each one removed is listed with its workspace and owner.",
+    )
+    p.set_defaults(func=lambda a, s: _run(_gc(s, a.all, a.engine_wide)))
 
     p = subparsers.add_parser(
         "stop",

@@ -19,11 +19,11 @@ from sandbox import protocol
 from sandbox.base import ReadResult
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
-from ..paths import require_file_path
 from ..quoting import quote_path
 from ..result import ToolResult
 from ..tool import Tool, ToolArgs, ToolContext, ToolError
 from ..workspace import Workspace
+from .pathforms import file_path
 
 #: Largest content write_file / edit_file will write (UTF-8 bytes).
 MAX_WRITE_BYTES = 10 << 20
@@ -60,7 +60,7 @@ class ReadFileArgs(ToolArgs):
 
 async def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
-    rel = require_file_path(args.path, str(ws.root))
+    rel = await file_path(ws, args.path, create=False)
     lr = (args.line_range[0], args.line_range[1]) if args.line_range else None
     r = await ws.sandbox.read(rel, line_range=lr, max_bytes=args.max_bytes)
     data: dict[str, Any] = {"path": quote_path(rel), "size": r.size, "truncated": r.truncated, "binary": r.binary}
@@ -131,7 +131,7 @@ def content_bytes(content: str | bytes, encoding: str, what: str = "content") ->
 
 async def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
-    rel = require_file_path(args.path, str(ws.root))
+    rel = await file_path(ws, args.path, create=True)
     data = content_bytes(args.content, args.encoding)
     if len(data) > MAX_WRITE_BYTES:
         raise ToolError(f"Content too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit of write_file")
@@ -251,7 +251,7 @@ class _Stale(Exception):
 
 async def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
-    rel = require_file_path(args.path, str(ws.root))
+    rel = await file_path(ws, args.path, create=False)
     # From the read to the write this call holds the path: edits of one file sent at
     # once take turns, each starting from what the previous one wrote, so a conflict
     # means a change from outside (a command, another process), never a sibling call.

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..pem import certificates, write_once
-from .policy import parse_ip
+from .authority import parse_ip
 
 CA_KEY = "secrets-ca.key"
 CA_CERT = "secrets-ca.pem"

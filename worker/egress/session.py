@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 
 import h11
 
+from .authority import Authority, of_netloc, parse
 from .log import EgressRecord
-from .policy import normalize_host
-from .rewrite import BodyScan, Masker, Use, authority, rewrite_request, stray_uses
+from .rewrite import BodyScan, Masker, Use, rewrite_request, stray_uses
 from .tlsio import RECV, TLSStream
 
 MAX_HEAD = 32 << 10
@@ -111,17 +111,13 @@ class Session:
         target = req.target
         if target.lower().startswith((b"http://", b"https://")):
             parts = urlsplit(target.decode("latin-1"))
-            try:
-                named = (normalize_host(parts.hostname or ""), parts.port or (443 if parts.scheme == "https" else 80))
-            except ValueError:
-                return False
-            if named != (self.host, self.port):
+            if of_netloc(parts.netloc, parts.scheme) != Authority(self.host, self.port):
                 return False
         elif not target.startswith(b"/") and target != b"*":
-            return authority(target.decode("latin-1"), 443) == (self.host, self.port)  # (CONNECT's form)
+            return _names(target, self)  # (CONNECT's form)
         for name, value in req.headers:
             if name == b"host":
-                return authority(value.decode("latin-1"), 443) == (self.host, self.port)
+                return _names(value, self)
         return True  # HTTP/1.0 without Host: the connection's host
 
     async def _exchange(self, req: h11.Request) -> bool:
@@ -342,3 +338,9 @@ async def _both(up: asyncio.Future[None], down: asyncio.Future[Any]) -> tuple[An
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+
+
+def _names(authority: bytes, session: Session) -> bool:
+    """Whether ``authority`` (a Host header, a CONNECT-form target) names the session's
+    destination (443 when it gives no port: the session is TLS)."""
+    return parse(authority.decode("latin-1"), 443) == Authority(session.host, session.port)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .addresses import HostAddresses, IPAddress, IPNetwork, refusal
-from .policy import parse_ip
+from .authority import parse_ip
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 

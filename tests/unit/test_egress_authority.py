@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from worker.auth import is_loopback_host, same_origin
 from worker.egress.authority import Authority, AuthorityError, Split, of_netloc, parse, port_number, split
 from worker.egress.rewrite import authority
 
@@ -128,3 +129,28 @@ def test_the_intercepting_sessions_reading_is_the_same_parser() -> None:
     assert authority("API.example.com.:8443", 443) == ("api.example.com", 8443)
     assert authority("bücher.example", 443) == ("xn--bcher-kva.example", 443)
     assert authority("user@api.example.com", 443) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1:8000", True),
+        ("[::1]:8000", True),
+        ("LOCALHOST:8000", True),
+        ("localhost", True),
+        (None, True),  # an HTTP/1.0 client on the socket itself
+        ("::1", False),  # not an authority (brackets missing)
+        ("evil.example", False),
+        ("localhost@evil.example", False),
+        ("localhost.evil.example:8000", False),
+    ],
+)
+def test_the_services_host_check_reads_hosts_the_same_way(host: str | None, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_two_unreadable_authorities_are_not_one_origin() -> None:
+    assert same_origin("http://127.0.0.1:8000", None, "127.0.0.1:8000", "http")
+    assert same_origin("https://[::1]", None, "[::1]:443", "http")
+    assert not same_origin("http://a@b@", None, "x y", "http")
+    assert not same_origin("http://evil.example:8000", None, "127.0.0.1:8000", "http")

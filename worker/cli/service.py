@@ -12,15 +12,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .common import path_arg
+from .common import path_arg, unsafe_local_refused
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ..settings import Settings
-
-#: Test-only escape hatch: ``--backend local`` runs tools as host processes (NO isolation).
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
 
 def register(sub: Any) -> None:
@@ -183,12 +180,8 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
     verbosity.configure(settings, service=True)
     registry: ToolRegistry
     if args.backend == "local":
-        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-            print(
-                f"loom-worker mcp: --backend local runs commands on the host without isolation; "
-                f"it needs {UNSAFE_LOCAL_ENV}=1 (tests only)",
-                file=sys.stderr,
-            )
+        if refused := unsafe_local_refused("local"):
+            print(f"loom-worker mcp: error: {refused}", file=sys.stderr)
             return 2
         from sandbox.local import LocalProcessBackend
 

@@ -19,7 +19,7 @@ from sandbox import protocol
 from sandbox.base import ReadResult
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
-from ..paths import require_file_path
+from ..policy.paths import require_file_path
 from ..quoting import quote_path
 from ..result import ToolResult
 from ..tool import Tool, ToolArgs, ToolContext, ToolError

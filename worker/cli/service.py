@@ -8,7 +8,6 @@ info, ``-vv`` debug), not at the other commands' quiet default.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -80,15 +79,9 @@ def token_from_file(path: Path) -> str:
         return token
     token = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from ..storage.atomic import write_atomic
+
+    write_atomic(path, token + "\n", fsync=False)
     get_logger("worker.cli").info("service.api_token", source=str(path), generated=True)
     return token
 

@@ -105,9 +105,9 @@ class Connection:
 
     async def run(self) -> None:
         try:
-            head = await self._until(decide.header)
-            if not isinstance(head, decide.Header):
-                return  # Drop
+            head: decide.Header | decide.Drop = await self._until(decide.header)
+            if isinstance(head, decide.Drop):
+                return
             del self.buf[: head.size]
             way = head.way
             if isinstance(way, decide.Proxy):
@@ -210,14 +210,18 @@ class Connection:
             return self._log_denied("connect", host, port, started, e.refuse, rule)
         self.served.active += 1
         try:
-            # Written by hand: h11 would add "Connection: close" when the client sent it
-            # (npm does), and some proxy clients then give up on the tunnel.
-            await self.loop.sock_sendall(self.sock, b"HTTP/1.1 200 Connection established\r\n\r\n")
             self.buf = bytearray(conn.trailing_data[0])
             try:
-                d = await self._until(lambda buf, ended: decide.first_bytes(buf, host, port, ended))
-            except OSError as e:
+                # Written by hand: h11 would add "Connection: close" when the client sent it
+                # (npm does), and some proxy clients then give up on the tunnel.
+                await self.loop.sock_sendall(self.sock, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                d: decide.Checked | Refuse = await self._until(
+                    lambda buf, ended: decide.first_bytes(buf, host, port, ended)
+                )
+            except BaseException as e:
                 upstream.close()
+                if not isinstance(e, OSError):
+                    raise
                 return self._log(
                     "connect",
                     host,
@@ -228,12 +232,11 @@ class Connection:
                     rule=rule,
                     address=str(addr),
                 )
-            if not isinstance(d, decide.Checked):
-                reason = d.reason if isinstance(d, Refuse) else "refused"
+            if isinstance(d, Refuse):
                 await self._alert()
                 upstream.close()
                 return self._log(
-                    "connect", host, port, started, verdict="denied", reason=reason, rule=rule, address=str(addr)
+                    "connect", host, port, started, verdict="denied", reason=d.reason, rule=rule, address=str(addr)
                 )
             self.buf.clear()
             await self._carry(upstream, d.first, host, port, started, "connect", rule, addr)
@@ -422,12 +425,14 @@ class Connection:
             return
         if isinstance(dst, Refuse):
             return self._log("transparent", address, port, started, reason=dst.reason)
-        d = await self._until(lambda buf, ended: decide.transparent(buf, dst, ended))
-        if not isinstance(d, decide.Named):
-            if isinstance(d, Refuse):
-                await self._alert()
-                self._log("transparent", address, port, started, reason=d.reason)
-            return  # Drop: silently
+        d: decide.Named | decide.Drop | Refuse = await self._until(
+            lambda buf, ended: decide.transparent(buf, dst, ended)
+        )
+        if isinstance(d, decide.Drop):
+            return
+        if isinstance(d, Refuse):
+            await self._alert()
+            return self._log("transparent", address, port, started, reason=d.reason)
         name = d.host
         if not d.tls:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
@@ -456,12 +461,12 @@ class Connection:
 
     async def _dns(self) -> None:
         while True:
-            d = await self._until(decide.dns_message)
-            if not isinstance(d, decide.DnsMessage):
-                return  # Drop
-            del self.buf[: d.size]
+            m: decide.DnsMessage | decide.Drop = await self._until(decide.dns_message)
+            if isinstance(m, decide.Drop):
+                return
+            del self.buf[: m.size]
             started = time.perf_counter()
-            a = decide.dns_answer(self._policy(), d.query)
+            a = decide.dns_answer(self._policy(), m.query)
             if a.name is not None:
                 self._log("dns", a.name, 0, started, verdict=a.verdict, reason=a.reason, address=a.address)
             await self.loop.sock_sendall(self.sock, decide.framed(a.answer))

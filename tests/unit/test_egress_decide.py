@@ -313,6 +313,33 @@ def test_transparent(buf: bytes, ended: decide.Ended, want: object) -> None:
 
 
 @pytest.mark.parametrize(
+    ("target", "hosts", "want"),
+    [
+        (b"/v1/x", [b"api.test"], True),
+        (b"/v1/x", [b"API.test.:443"], True),
+        (b"/v1/x", [b"api.test:8443"], False),  # another port of the same name
+        (b"/v1/x", [b"other.test"], False),
+        (b"/v1/x", [b"api.test", b"other.test"], False),  # two Host headers
+        (b"/v1/x", [b"api.test", b"api.test"], False),
+        (b"/v1/x", [b"user@api.test"], False),
+        (b"/v1/x", [], True),  # HTTP/1.0: the connection's host
+        (b"*", [b"api.test"], True),
+        (b"https://api.test/v1/x", [b"api.test"], True),
+        (b"https://api.test/v1/x", [b"other.test"], False),
+        (b"https://user:pw@api.test/v1/x", [b"api.test"], True),
+        (b"https://other.test/v1/x", [b"api.test"], False),  # a server routes by the URI
+        (b"http://api.test/v1/x", [b"api.test"], False),  # http:// is port 80
+        (b"http://api.test:443/v1/x", [b"api.test"], True),
+        (b"https://[::1/x", [b"api.test"], False),
+        (b"api.test:443", [b"other.test"], True),  # CONNECT's form names the host itself
+        (b"other.test:443", [b"api.test"], False),
+    ],
+)
+def test_same_host_on_an_intercepted_connection(target: bytes, hosts: list[bytes], want: bool) -> None:
+    assert decide.same_host(target, hosts, "api.test", 443) is want
+
+
+@pytest.mark.parametrize(
     ("first", "secret_host", "want"),
     [
         (hello("pypi.org"), True, "intercept"),

@@ -363,6 +363,26 @@ def transparent(buf: bytes, dst: IPAddress, ended: Ended = None) -> Named | Need
     return Named(a.host, buf[0] == tls.HANDSHAKE)
 
 
+def same_host(target: bytes, hosts: list[bytes], host: str, port: int) -> bool:
+    """Whether a request on an intercepted connection to ``host:port`` is for that host:
+    its target when that names one (a server routes by an absolute URI, whatever Host
+    says), and its only Host header (none: HTTP/1.0, the connection's host). A Host
+    without a port is port 443: the connection is TLS."""
+    here = Authority(host, port)
+    if target.lower().startswith((b"http://", b"https://")):
+        try:
+            parts = urlsplit(target.decode("latin-1"))
+        except ValueError:  # (an unclosed "[")
+            return False
+        if of_netloc(parts.netloc, parts.scheme) != here:
+            return False
+    elif not target.startswith(b"/") and target != b"*":
+        return parse(target.decode("latin-1"), 443) == here  # (CONNECT's form)
+    if len(hosts) > 1:
+        return False  # servers differ in which one they take (RFC 9112 3.2: a 400)
+    return parse(hosts[0].decode("latin-1"), 443) == here if hosts else True
+
+
 def carry(first: bytes, secret_host: bool) -> Literal["intercept", "splice"]:
     """A checked tunnel is intercepted when it starts TLS to a host of the workspace's
     secrets (:mod:`worker.egress.intercept`), spliced as it is otherwise."""

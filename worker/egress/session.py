@@ -19,11 +19,10 @@ import asyncio
 import contextlib
 import ssl
 from typing import Any
-from urllib.parse import urlsplit
 
 import h11
 
-from .authority import Authority, of_netloc, parse
+from . import decide
 from .log import EgressRecord
 from .rewrite import BodyScan, Masker, Use, rewrite_request, stray_uses
 from .tlsio import RECV, TLSStream
@@ -105,26 +104,12 @@ class Session:
             return None
         return rc.result()
 
-    def _same_host(self, req: h11.Request) -> bool:
-        """Whether the request is for the connection's host: its Host header, and its
-        target when that names a host (a server routes by an absolute URI, not Host)."""
-        target = req.target
-        if target.lower().startswith((b"http://", b"https://")):
-            parts = urlsplit(target.decode("latin-1"))
-            if of_netloc(parts.netloc, parts.scheme) != Authority(self.host, self.port):
-                return False
-        elif not target.startswith(b"/") and target != b"*":
-            return _names(target, self)  # (CONNECT's form)
-        for name, value in req.headers:
-            if name == b"host":
-                return _names(value, self)
-        return True  # HTTP/1.0 without Host: the connection's host
-
     async def _exchange(self, req: h11.Request) -> bool:
         """Forward one request and its answer; False when the connection must end."""
         path = req.target.decode("latin-1")[:300]
         method = req.method.decode("latin-1")
-        if not self._same_host(req):
+        hosts = [value for name, value in req.headers if name == b"host"]
+        if not decide.same_host(req.target, hosts, self.host, self.port):
             reason = f"this connection is to {self.host}:{self.port}; a request for another Host is not forwarded"
             self._log([Use(None, "denied", reason)], method, path, 421)
             await self.refuse(421, reason)
@@ -338,9 +323,3 @@ async def _both(up: asyncio.Future[None], down: asyncio.Future[Any]) -> tuple[An
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-
-
-def _names(authority: bytes, session: Session) -> bool:
-    """Whether ``authority`` (a Host header, a CONNECT-form target) names the session's
-    destination (443 when it gives no port: the session is TLS)."""
-    return parse(authority.decode("latin-1"), 443) == Authority(session.host, session.port)

@@ -5,6 +5,7 @@ tests (test_egress_gateway.py, test_secrets_gateway.py) check that it does."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 import ssl
 import struct
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.egress import decide, dns
+from worker.egress.addresses import IPAddress
 from worker.egress.decide import (
     Admit,
     BadRequest,
@@ -190,6 +192,54 @@ def test_admit(host: str, port: int, limits: Limits, want: object) -> None:
 
 def test_an_empty_policy_admits_nothing() -> None:
     assert refused(decide.admit(EgressPolicy(), "pypi.org", 443, ROOMY), "not on the allowlist")
+
+
+def ips(*texts: str) -> list[IPAddress]:
+    return [ipaddress.ip_address(t) for t in texts]
+
+
+OWN = frozenset(ips("198.51.100.9", "2001:db8:ffff::9"))
+TRUSTED = (ipaddress.ip_network("10.1.0.0/16"),)
+
+
+@pytest.mark.parametrize(
+    ("addrs", "want"),
+    [
+        (["203.0.113.7"], None),
+        (["203.0.113.7", "2001:db8::1"], None),
+        (["192.0.2.1"], None),  # documentation ranges are no one's network
+        (["127.0.0.1"], "resolves to 127.0.0.1: loopback"),
+        (["127.77.0.9"], "loopback"),  # the stub resolver's own answers too
+        (["10.0.0.1"], "10.0.0.1: private (RFC 1918)"),
+        (["172.16.5.5"], "private"),
+        (["192.168.1.1"], "private"),
+        (["100.64.0.1"], "shared address space (CGNAT)"),
+        (["169.254.169.254"], "link-local (cloud metadata)"),
+        (["0.0.0.0"], "this network"),
+        (["224.0.0.1"], "multicast"),
+        (["255.255.255.255"], "reserved"),
+        (["::1"], "::1: loopback"),
+        (["::"], "unspecified"),
+        (["fe80::1"], "link-local"),
+        (["fd00::1"], "unique local"),
+        (["::ffff:127.0.0.1"], "loopback, inside an IPv6 address"),  # IPv4-mapped
+        (["64:ff9b::a9fe:a9fe"], "cloud metadata), inside an IPv6 address"),  # NAT64
+        (["2002:0a00:0001::1"], "private (RFC 1918), inside an IPv6 address"),  # 6to4
+        (["198.51.100.9"], "an address of the worker's own host"),
+        (["2001:db8:ffff::9"], "own host"),
+        (["203.0.113.7", "10.0.0.1"], "resolves to 10.0.0.1"),  # one bad address: refused whole
+        (["10.1.2.3"], None),  # a trusted network (an operator's mirror)
+        (["10.2.0.1"], "private"),
+        ([], "has no address"),
+    ],
+)
+def test_addresses(addrs: list[str], want: str | None) -> None:
+    got = decide.addresses("name.test", ips(*addrs), OWN, TRUSTED)
+    if want is None:
+        assert got == ips(*addrs)
+    else:
+        status = 502 if not addrs else 403
+        assert refused(got, want, status), got
 
 
 # -- a tunnel's first bytes ------------------------------------------------------------------

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
 from . import dns, tls
-from .addresses import IPAddress
+from .addresses import IPAddress, IPNetwork, refusal
 from .authority import Authority, of_netloc, parse, parse_ip
 from .policy import EgressPolicy
 
@@ -217,6 +218,23 @@ def admit(policy: EgressPolicy, host: str, port: int, limits: Limits) -> Admit |
     if not limits.budget_left:
         return Refuse(429, "limited", f"over {limits.per_minute} bytes per minute for this workspace")
     return Admit(verdict.rule)
+
+
+def addresses(
+    host: str, addrs: list[IPAddress], own: Iterable[IPAddress] = (), trusted: Iterable[IPNetwork] = ()
+) -> list[IPAddress] | Refuse:
+    """The addresses ``host`` resolved to, when the gateway may dial every one of them;
+    else refused naming the first it may not (:func:`~worker.egress.addresses.refusal`): a
+    name with one bad address is refused whole (DNS rebinding, split horizon)."""
+    if not addrs:
+        return Refuse(502, "error", f"{host} has no address")
+    own = frozenset(own)
+    trusted = tuple(trusted)
+    for addr in addrs:
+        why = refusal(addr, own, trusted)
+        if why is not None:
+            return Refuse(403, "denied", f"{host} resolves to {addr}: {why}", address=str(addr))
+    return addrs
 
 
 # -- what the client sends first, in a tunnel or to a stub address -------------------------

@@ -288,6 +288,7 @@ CUT = hello("pypi.org")[:40]
         ("pypi.org", 80, b"GET / HTTP/1.1\r\nX: " + b"a" * (decide.MAX_HEAD + 1), None, "never ends"),
         ("pypi.org", 80, b"GE", None, NeedMore(decide.FIRST_BYTES_TIMEOUT)),  # a method, cut
         ("pypi.org", 80, b"GE", "eof", "neither TLS nor HTTP on port 80"),
+        ("pypi.org", 80, b"GE\n", None, "neither TLS nor HTTP on port 80"),  # not a method any more
         # nothing yet, or something else
         ("pypi.org", 443, b"", None, NeedMore(decide.FIRST_BYTES_TIMEOUT)),
         ("pypi.org", 443, b"", "eof", "the client closed the tunnel before sending anything"),

@@ -9,6 +9,16 @@ checked first bytes of a tunnel, a DNS answer...). Nothing here touches a socket
 or the event loop (h11's and mitmproxy's sans-I/O style): the handler is the loop that
 reads, asks, and performs the answer, and the tests drive these functions by tables.
 
+The decisions, in the order a connection meets them: :func:`header` (the relay's line: a
+proxy client, a program that dialled a stub address, DNS); :func:`proxy_request` (CONNECT
+or an absolute ``http://`` URI, else a 400); :func:`admit` (the allowlist, then the
+workspace's limits); :func:`addresses` (every address the name resolves to); then
+:func:`first_bytes` (a tunnel's TLS server name or HTTP Host against its name) or
+:func:`synthetic` and :func:`transparent` (which name a stub address stands for);
+:func:`carry` (intercept for secrets, or splice); :func:`same_host` (each request on an
+intercepted connection); :func:`dns_message` and :func:`dns_answer`; and
+:func:`refusal_response`, what a refused client is sent.
+
 A decision never asks for more bytes once the reading ended (``ended`` set): it decides
 on what it has.
 """
@@ -39,7 +49,7 @@ WEB_PORTS = (80, 443)
 Ended = Literal["eof", "timeout"] | None
 
 _METHOD = re.compile(rb"^[A-Z]{3,10} ")
-_METHOD_PREFIX = re.compile(rb"^[A-Z]{0,10}$")  # what may still become one
+_METHOD_PREFIX = re.compile(rb"[A-Z]{0,10}\Z")  # what may still become one
 _HOST_HEADER = re.compile(rb"\r\nhost:[ \t]*([^\r\n]*)", re.IGNORECASE)
 _REASONS = {400: b"Bad Request", 403: b"Forbidden", 429: b"Too Many Requests", 502: b"Bad Gateway"}
 

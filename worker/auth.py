@@ -58,6 +58,8 @@ from urllib.parse import urlsplit
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from worker.egress.authority import SCHEME_PORTS, of_netloc
+
 #: The names answered without a token, and the bind addresses allowed without one.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 #: Methods that change nothing (RFC 9110 9.2.1); any other is judged as state-changing.
@@ -139,15 +141,12 @@ _READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"sec-fetch-mode", b"s
 
 
 def _host_port(netloc: str, scheme: str) -> tuple[str, str]:
-    """(host, port) of ``netloc``, the port made explicit from the scheme."""
-    try:
-        parts = urlsplit(f"{scheme}://{netloc}")
-        host, port = (parts.hostname or "").lower(), parts.port
-    except ValueError:
+    """(host, port) of ``netloc``, the port made explicit from the scheme; ("", "") when
+    it is not ``host[:port]`` (:func:`worker.egress.authority.of_netloc`)."""
+    a = of_netloc(netloc, scheme if scheme in SCHEME_PORTS else "http")
+    if a is None or a.port is None:
         return "", ""
-    if port is None:
-        port = 443 if scheme in ("https", "wss") else 80
-    return host, str(port)
+    return a.host, str(a.port)
 
 
 def is_loopback_host(host: str | None, scheme: str = "http") -> bool:
@@ -176,6 +175,8 @@ def same_origin(origin: str | None, fetch_site: str | None, host: str | None, sc
     # proxy the scheme seen here is http while the page's is https, so the port is
     # made explicit from each side's own scheme.
     theirs = _host_port(o.netloc, o.scheme)
+    if not theirs[0]:
+        return False  # (two unreadable authorities are not one origin)
     return theirs == _host_port(host, o.scheme) or theirs == _host_port(host, scheme)
 
 

@@ -23,11 +23,12 @@ import fcntl
 import json
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .storage.atomic import write_atomic
 
 FILE = "background.json"
 #: Ended processes whose changes are recorded are forgotten after this long.
@@ -106,15 +107,7 @@ class BackgroundIndex:
             fn(items)
             now = time.time()
             items = {k: v for k, v in items.items() if not (v.accounted and v.ended and now - v.ended > KEEP_ENDED)}
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".background-")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({k: asdict(v) for k, v in items.items()}, f)
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(self.path, json.dumps({k: asdict(v) for k, v in items.items()}), fsync=False)
         finally:
             os.close(lock)
 

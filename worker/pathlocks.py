@@ -34,7 +34,7 @@ import stat
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-from sandbox.spec import WORKSPACE_MOUNT as CONTAINER_ROOT  # (worker.paths would import worker.tool: a cycle)
+from sandbox.spec import WORKSPACE_MOUNT as CONTAINER_ROOT  # (worker.policy.paths would import worker.tool: a cycle)
 
 #: Symlink hops followed before giving up (the agent's own limit).
 MAX_HOPS = 40

@@ -4,13 +4,12 @@ the copy of its certificates a sandbox is given instead of the file itself."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from .storage.atomic import write_atomic
 
 _CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+?-----END CERTIFICATE-----")
 #: The trust copies' file names: ``ca-<sha256 of the certificates, 16 hex>.pem``.
@@ -62,13 +61,4 @@ def write_once(path: Path, body: bytes) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, body, mode=0o644, fsync=False)

@@ -6,7 +6,7 @@ streams refuse), or one holding a newline or a terminal escape (which would forg
 in a listing, or recolour a terminal). Such a path is shown the way git shows it
 (``core.quotePath`` with UTF-8 left readable): in double quotes, with C escapes and octal
 bytes, e.g. ``"bad\\377.txt"`` or ``"new\\nline.txt"``. Every tool accepts that form back
-as a path argument (:func:`worker.paths.normalize` unquotes), so a model can act on what
+as a path argument (:func:`worker.policy.paths.normalize` unquotes), so a model can act on what
 it was shown.
 """
 

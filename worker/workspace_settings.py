@@ -17,12 +17,10 @@ naming the field, and nothing changes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
 from .pem import pem_problem
 from .sandbox_settings import HostPath, Image, Memory, override
+from .storage.atomic import write_atomic
 
 if TYPE_CHECKING:  # annotations only: the settings module is not needed to use these
     from .egress.provision import SecretsHost
@@ -266,17 +265,7 @@ class SettingsStore:
         path = self.path(workspace)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         body = json.dumps({"workspace": str(workspace), **s.set_fields()}, indent=2, sort_keys=True) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, body)
         self._cache[workspace] = (self._stamp(workspace), s)
 
 

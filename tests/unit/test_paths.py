@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.paths import normalize, require_file_path
+from worker.policy.paths import normalize, require_file_path
 from worker.tool import PolicyError, ToolError
 
 WS = "/tmp/loom-ws-abc"

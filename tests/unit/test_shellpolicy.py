@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import shellpolicy as SP
-from worker.shellpolicy import check_command
+from worker.policy import shell as SP
+from worker.policy.shell import check_command
 from worker.tool import PolicyError
 
 REFUSED = [

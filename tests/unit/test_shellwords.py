@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import shellpolicy, shellwords
+from worker.policy import shell as shellpolicy
+from worker.policy import shellwords
 from worker.tool import PolicyError
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..sqlite_wal import enable_wal
+from ..storage.sqlite_wal import enable_wal
 from .stem import padded
 
 Source = Literal["builtin", "custom", "mcp"]

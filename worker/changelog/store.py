@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..result import has_surrogate
-from ..sqlite_wal import enable_wal
+from ..storage.sqlite_wal import enable_wal
 from .errors import ChangelogDamagedError, ChangelogStorageError
 from .model import Entry
 

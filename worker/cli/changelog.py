@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from .common import unsafe_local_refused
 
 if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
     from pathlib import Path
@@ -25,7 +26,6 @@ if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pa
     from ..changelog import Changelog, Entry
     from ..settings import Settings
 
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 T = TypeVar("T")
 
 
@@ -34,10 +34,11 @@ def _usage(message: str) -> int:
     return 2
 
 
-def _backend(args: argparse.Namespace, settings: Settings) -> SandboxBackend | None:
+def _backend(args: argparse.Namespace, settings: Settings) -> SandboxBackend:
+    """Raises SystemExit(2) for ``--backend local`` without LOOM_ALLOW_UNSAFE_LOCAL=1."""
     if getattr(args, "backend", "docker") == "local":
-        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-            return None
+        if refused := unsafe_local_refused("local"):
+            raise SystemExit(_usage(refused))
         from sandbox.local import LocalProcessBackend
 
         return LocalProcessBackend()
@@ -51,8 +52,6 @@ def _with_sandbox(
     args: argparse.Namespace, settings: Settings, ws: Path, fn: Callable[[Changelog, Sandbox], Awaitable[T]]
 ) -> T:
     backend = _backend(args, settings)
-    if backend is None:
-        raise SystemExit(_usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)"))
 
     from .. import aio
     from ..changelog import Changelog

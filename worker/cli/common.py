@@ -1,8 +1,10 @@
-"""What the command modules share: the settings as a command reads them, and the
-``type=`` of a path option. Light to import, as everything on the CLI's start path."""
+"""What the command modules share: the settings as a command reads them, the ``type=`` of
+a path option, and the guard of the test-only local backend. Light to import, as
+everything on the CLI's start path."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 # Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
@@ -11,6 +13,19 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..settings import Settings
+
+
+#: Test-only: ``--backend local`` runs tools as host processes (NO isolation), and is
+#: refused unless the environment has this variable set to 1 (CLI tests run without Docker).
+UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
+
+
+def unsafe_local_refused(backend: str | None) -> str | None:
+    """Why ``--backend {backend}`` may not run here (None: it may): ``local`` needs
+    ``LOOM_ALLOW_UNSAFE_LOCAL=1``."""
+    if backend == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
+        return f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)"
+    return None
 
 
 def path_arg(value: str) -> Path:

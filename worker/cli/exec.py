@@ -36,6 +36,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .common import unsafe_local_refused
+
 # Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every call.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
 #: ``shell_execute``'s cap on a command's timeout (``worker.tools.shell.MAX_TIMEOUT``; a
 #: unit test holds them equal): the default of ``--timeout`` and its largest value.
 MAX_TIMEOUT = 300.0
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
 
 def _usage(message: str) -> int:
@@ -317,8 +318,8 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
     if not 0 < args.timeout <= MAX_TIMEOUT:
         return _usage(f"--timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds (got {args.timeout:g})")
     backend = getattr(args, "backend", "docker")
-    if backend == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    if refused := unsafe_local_refused(backend):
+        return _usage(refused)
     harness = _harness_options(args)
     if isinstance(harness, str):
         return _usage(harness)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .common import unsafe_local_refused
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 
     from ..settings import Settings
 
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 #: Seconds between the requests that keep the sandbox from its idle exit.
 KEEPALIVE = 60.0
 _LOOPBACK = ("127.", "::1", "localhost")
@@ -155,8 +156,8 @@ def _cmd_port_forward(args: argparse.Namespace, _settings: Settings | None) -> i
     if not os.path.isdir(ws):
         return _usage(f"--workspace {args.workspace} is not a directory")
     backend = getattr(args, "backend", "docker")
-    if backend == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    if refused := unsafe_local_refused(backend):
+        return _usage(refused)
     address = args.address
     if not is_loopback(address):
         _say(

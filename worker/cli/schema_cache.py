@@ -62,17 +62,12 @@ def store(fmt: str, text: str, inputs: list[str]) -> None:
     if path is None:
         return
     entry = {"v": VERSION, "inputs": inputs, "fingerprint": fingerprint(inputs), "text": text}
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from ..storage.atomic import write_atomic
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with open(fd, "w", encoding="utf-8") as f:
-            json.dump(entry, f, ensure_ascii=False)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(entry, ensure_ascii=False), fsync=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
         return
     _prune(os.path.dirname(path))
 

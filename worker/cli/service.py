@@ -8,19 +8,15 @@ info, ``-vv`` debug), not at the other commands' quiet default.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .common import path_arg
+from .common import path_arg, unsafe_local_refused
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ..settings import Settings
-
-#: Test-only escape hatch: ``--backend local`` runs tools as host processes (NO isolation).
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 
 
 def register(sub: Any) -> None:
@@ -83,15 +79,9 @@ def token_from_file(path: Path) -> str:
         return token
     token = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from ..storage.atomic import write_atomic
+
+    write_atomic(path, token + "\n", fsync=False)
     get_logger("worker.cli").info("service.api_token", source=str(path), generated=True)
     return token
 
@@ -183,12 +173,8 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
     verbosity.configure(settings, service=True)
     registry: ToolRegistry
     if args.backend == "local":
-        if os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-            print(
-                f"loom-worker mcp: --backend local runs commands on the host without isolation; "
-                f"it needs {UNSAFE_LOCAL_ENV}=1 (tests only)",
-                file=sys.stderr,
-            )
+        if refused := unsafe_local_refused("local"):
+            print(f"loom-worker mcp: error: {refused}", file=sys.stderr)
             return 2
         from sandbox.local import LocalProcessBackend
 

@@ -36,6 +36,8 @@ import json
 import os
 import sys
 
+from .common import unsafe_local_refused
+
 # Not `typing.TYPE_CHECKING`: importing typing costs milliseconds on every `call`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,7 +48,6 @@ if TYPE_CHECKING:
     from ..localworker.client import WorkerClient
     from ..settings import Settings
 
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
 #: The schema formats (``worker.tool.SCHEMA_FORMATS``, which imports pydantic).
 SCHEMA_FORMATS = ("openai", "anthropic", "mcp")
 
@@ -276,8 +277,8 @@ async def _showing_pulls(call: Any, bar: Any) -> Any:
 def _runner(args: argparse.Namespace) -> Runner | int:
     """The runner for ``call``/``batch``, or the exit code of a usage error."""
     backend = getattr(args, "backend", "docker")
-    if backend == "local" and os.environ.get(UNSAFE_LOCAL_ENV) != "1":
-        return _usage(f"--backend local needs {UNSAFE_LOCAL_ENV}=1 (tests only: no isolation)")
+    if refused := unsafe_local_refused(backend):
+        return _usage(refused)
     return Runner(backend)
 
 

@@ -1,12 +1,15 @@
 """Network egress by allowlist: a sandbox reaches the hosts its workspace may reach, and
 nothing else, through a gateway on the host.
 
-Modules: :mod:`.policy` (the allowlist: patterns, presets, matching), :mod:`.addresses`
+Modules: :mod:`.policy` (the allowlist: patterns, presets, matching), :mod:`.authority`
+(``host[:port]``, parsed once for every place the gateway meets one), :mod:`.addresses`
 (addresses never dialled), :mod:`.upstream` (resolve, check, connect), :mod:`.tls` (the
 server name of a ClientHello), :mod:`.dns` (the sandbox's stub resolver), :mod:`.pump`
-(moving an allowed connection's bytes, counted and rate-limited), :mod:`.handler` (one
-connection from a sandbox), :mod:`.gateway` (serving the workspaces' sockets), :mod:`.log`
-(the record of every attempt), :mod:`.setup` (wiring them from the settings).
+(moving an allowed connection's bytes, counted and rate-limited), :mod:`.decide` (every
+decision about a connection, from bytes and policy, without a socket), :mod:`.handler`
+(one connection from a sandbox: the loop that performs them), :mod:`.gateway` (serving
+the workspaces' sockets), :mod:`.log` (the record of every attempt), :mod:`.setup` (wiring
+them from the settings).
 
 Secrets (docs/secrets.md): :mod:`.secrets` (what one is: name, value, hosts, template,
 placeholder), :mod:`.secretstore` (their files on the host), :mod:`.provision` (what a

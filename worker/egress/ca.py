@@ -41,7 +41,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..pem import certificates, write_once
-from .policy import parse_ip
+from ..storage.atomic import write_atomic
+from .authority import parse_ip
 
 CA_KEY = "secrets-ca.key"
 CA_CERT = "secrets-ca.pem"
@@ -70,14 +71,7 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, data)  # 0600, on disk before it replaces anything
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import Any
 from sandbox.identity import workspace_key
 from sandbox.logs import get_logger
 
+from ..storage.atomic import write_atomic
 from .handler import Connection, Served
 from .log import EgressLog, EgressRecord
 from .policy import EgressPolicy
@@ -102,10 +103,7 @@ class EgressGateway:
         os.chmod(d, 0o755)
         conf = d / RESOLV_CONF
         if not conf.exists() or conf.read_text() != RESOLV_TEXT:
-            tmp = d / (RESOLV_CONF + ".tmp")
-            tmp.write_text(RESOLV_TEXT)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, conf)
+            write_atomic(conf, RESOLV_TEXT, mode=0o644, fsync=False)
         return d
 
     def serving(self, root: Path) -> bool:

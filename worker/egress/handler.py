@@ -1,5 +1,3 @@
-# long module: one connection's state machine (proxy request, CONNECT, transparent port, DNS), whose
-# steps share the connection's buffered reads and its log; split by step, each piece would reach back into it.
 """One connection from a sandbox to its gateway socket, from first byte to log line.
 
 The agent in the sandbox relays, unread, what a program there sends to its loopback
@@ -18,40 +16,37 @@ then every address the gateway itself resolves the name to. A refusal before the
 is up is an HTTP 403 (429 for a limit, 502 for a destination that failed) with an
 ``X-Loom-Egress`` header and a body saying why, so the model can tell "not allowed" from
 "network down"; one after (a wrong SNI) is a TLS access_denied alert.
+
+This module is the loop that performs them: it reads, asks :mod:`worker.egress.decide`
+(every decision, as a function of the bytes read and the policy), and does what it answers
+(dial, send the refusal, splice or intercept, log).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import re
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote_to_bytes, urlsplit
+from typing import Any, TypeVar
+from urllib.parse import unquote_to_bytes
 
 import h11
 
-from . import dns, tls
+from . import decide, tls
 from .addresses import IPAddress
+from .decide import MAX_HEAD, Denied, NeedMore, Refuse
 from .log import EgressRecord
-from .policy import EgressPolicy, normalize_host, parse_ip
+from .policy import EgressPolicy
 from .pump import Pump, RateBudget
 from .rewrite import BodyScan, placeholders_in, stray_uses
 from .upstream import Refused, Unreachable, Upstream
 
-HEADER = b"LOOM-EGRESS/1 "
-MAX_HEADER = 256
-MAX_HEAD = 32 << 10  # an HTTP request head
-FIRST_BYTES_TIMEOUT = 10.0  # how long a tunnel's client may take to start TLS / HTTP
-SERVER_FIRST_WAIT = 1.0  # on other ports, a protocol whose server speaks first
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"trailer", b"upgrade"}
-_HOST_HEADER = re.compile(rb"\r\nhost:[ \t]*([^\r\n]*)", re.IGNORECASE)
-_METHOD = re.compile(rb"^[A-Z]{3,10} ")
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -70,14 +65,9 @@ class Served:
     interceptor: Any = None
 
 
-class _Denied(Exception):
-    def __init__(self, status: int, verdict: str, reason: str, rule: str | None = None, address: str | None = None):
-        super().__init__(reason)
-        self.status, self.verdict, self.reason, self.rule, self.address = status, verdict, reason, rule, address
-
-
 class Connection:
-    """Serves one accepted socket (non-blocking) until it closes."""
+    """Serves one accepted socket (non-blocking) until it closes: reads, asks
+    :mod:`worker.egress.decide` what to do, does it."""
 
     def __init__(self, served: Served, sock: socket.socket, upstream: Upstream) -> None:
         self.served = served
@@ -95,35 +85,36 @@ class Connection:
         self.buf += data
         return True
 
-    async def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            if len(self.buf) > MAX_HEADER or not await self._more(FIRST_BYTES_TIMEOUT):
-                raise ValueError("no header line")
-        line, _, rest = bytes(self.buf).partition(b"\n")
-        self.buf = bytearray(rest)
-        return line
-
-    async def _exact(self, n: int, timeout: float | None = None) -> bytes:
-        while len(self.buf) < n:
-            if not await self._more(timeout):
-                raise EOFError
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+    async def _until(self, step: Callable[[bytes, decide.Ended], _T | NeedMore]) -> _T:
+        """Read until ``step`` (a decision of :mod:`worker.egress.decide`, given the bytes
+        read so far and how the reading ended) decides something else than to read more."""
+        ended: decide.Ended = None
+        while True:
+            d = step(bytes(self.buf), ended)
+            if not isinstance(d, NeedMore):
+                return d
+            if ended:
+                raise ValueError("a decision asked for more bytes after the reading ended")
+            try:
+                if not await self._more(d.timeout):
+                    ended = "eof"
+            except TimeoutError:
+                ended = "timeout"
 
     # -- entry -----------------------------------------------------------------------
 
     async def run(self) -> None:
         try:
-            line = await self._line()
-            if not line.startswith(HEADER):
+            head: decide.Header | decide.Drop = await self._until(decide.header)
+            if isinstance(head, decide.Drop):
                 return
-            words = line[len(HEADER) :].decode("ascii", "replace").split()
-            if words == ["proxy"]:
+            del self.buf[: head.size]
+            way = head.way
+            if isinstance(way, decide.Proxy):
                 await self._proxy()
-            elif len(words) == 3 and words[0] == "tcp" and words[2].isdigit():
-                await self._transparent(words[1], int(words[2]))
-            elif words == ["dns"]:
+            elif isinstance(way, decide.Transparent):
+                await self._transparent(way.address, way.port)
+            else:
                 await self._dns()
         except (OSError, EOFError, ValueError, TimeoutError, h11.ProtocolError):
             pass
@@ -139,59 +130,44 @@ class Connection:
         rec.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         self.served.record(rec)
 
-    def _log_denied(self, kind: str, host: str, port: int, started: float, d: _Denied, rule: str | None) -> None:
-        """Log a refusal: the rule is the denial's, else the allow rule it passed first."""
+    def _log_denied(self, kind: str, host: str, port: int, started: float, d: Refuse, rule: str | None) -> None:
+        """Log a refusal: the rule is the refusal's, else the allow rule it passed first."""
         self._log(kind, host, port, started, verdict=d.verdict, reason=d.reason, rule=d.rule or rule, address=d.address)
 
     # -- refusals --------------------------------------------------------------------
 
-    async def _refuse_http(self, conn: h11.Connection, host: str, port: int, d: _Denied) -> None:
-        policy = ", ".join(self._policy().entries) or "(none: no egress)"
-        what = {"denied": "refused", "limited": "refused (limit)", "error": "failed"}.get(d.verdict, d.verdict)
-        body = (
-            f"loom-worker egress gateway: the connection to {host}:{port} was {what}: {d.reason}.\n"
-            f"This workspace's egress allowlist: {policy}.\n"
-            + (
-                "Only the operator can change it (loom-worker workspace set --egress ...).\n"
-                if d.verdict == "denied"
-                else ""
-            )
-        ).encode()
-        reason = d.reason.replace('"', "'")[:300]
-        headers = [
-            ("Content-Type", "text/plain; charset=utf-8"),
-            ("Content-Length", str(len(body))),
-            ("Connection", "close"),
-            ("X-Loom-Egress", f'{d.verdict}; host="{host}:{port}"; policy="workspace allowlist"; reason="{reason}"'),
-        ]
+    async def _refuse_http(self, conn: h11.Connection, host: str, port: int, d: Refuse) -> None:
+        r = decide.refusal_response(d, host, port, self._policy())
         with contextlib.suppress(h11.LocalProtocolError, OSError):
-            out = conn.send(h11.Response(status_code=d.status, headers=headers, reason=_REASONS.get(d.status, b"")))
-            out = (out or b"") + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            out = conn.send(h11.Response(status_code=r.status, headers=r.headers, reason=r.reason))
+            out = (out or b"") + (conn.send(h11.Data(data=r.body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
             await self.loop.sock_sendall(self.sock, out)
+
+    async def _alert(self) -> None:
+        """A refused TLS handshake ends with an access_denied alert."""
+        with contextlib.suppress(OSError):
+            if self.buf[:1] == bytes([tls.HANDSHAKE]):
+                await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
 
     def _admit(self, host: str, port: int) -> str | None:
         """Policy and limits for a new connection to ``host:port``; returns the rule.
-        Raises _Denied."""
-        verdict = self._policy().check(host, port)
-        if not verdict.allowed:
-            raise _Denied(403, "denied", verdict.reason, verdict.rule)
-        if self.served.active > self.served.max_connections:
-            raise _Denied(
-                429, "limited", f"too many connections at once (at most {self.served.max_connections} per workspace)"
-            )
-        if not self.served.budget.available():
-            raise _Denied(429, "limited", f"over {self.served.budget.per_minute} bytes per minute for this workspace")
-        return verdict.rule
+        Raises Denied."""
+        budget = self.served.budget
+        limits = decide.Limits(self.served.active, self.served.max_connections, budget.available(), budget.per_minute)
+        d = decide.admit(self._policy(), host, port, limits)
+        if isinstance(d, Refuse):
+            raise Denied(d)
+        return d.rule
 
     async def _dial(self, host: str, port: int) -> tuple[socket.socket, IPAddress]:
-        """Raises _Denied (403 address refused, 502 unreachable)."""
+        """Raises Denied (403 address refused, 502 unreachable)."""
         try:
             addrs = await self.upstream.resolve(host, port)
             return await self.upstream.connect(addrs, port)
         except Refused as e:
-            raise _Denied(403, "denied", e.reason, address=e.address) from None
+            raise Denied(Refuse(403, "denied", e.reason, address=e.address)) from None
         except Unreachable as e:
-            raise _Denied(502, "error", e.reason, address=e.address) from None
+            raise Denied(Refuse(502, "error", e.reason, address=e.address)) from None
 
     # -- proxy: CONNECT and plain HTTP -----------------------------------------------------
 
@@ -201,7 +177,7 @@ class Connection:
             if event is h11.NEED_DATA:
                 if len(self.buf) > MAX_HEAD:
                     raise ValueError("request head too large")
-                data = await asyncio.wait_for(self.loop.sock_recv(self.sock, 65536), FIRST_BYTES_TIMEOUT)
+                data = await asyncio.wait_for(self.loop.sock_recv(self.sock, 65536), decide.FIRST_BYTES_TIMEOUT)
                 conn.receive_data(data)
                 continue
             return event
@@ -215,62 +191,37 @@ class Connection:
         if not isinstance(event, h11.Request):
             return
         started = time.perf_counter()
-        target = event.target.decode("ascii", "replace")
-        if event.method == b"CONNECT":
-            host, port = _authority(target, None)
-            if host is None or port is None:
-                await self._refuse_http(conn, target, 0, _Denied(400, "denied", "CONNECT needs host:port"))
-                return self._log("connect", target, 0, started, reason="CONNECT needs host:port")
-            await self._connect(conn, host, port, started)
+        d = decide.proxy_request(event.method, event.target)
+        if isinstance(d, decide.BadRequest):
+            await self._refuse_http(conn, d.host, d.port, d.refuse)
+            return self._log(d.kind, d.host, d.port, started, reason=d.refuse.reason)
+        if isinstance(d, decide.Connect):
+            await self._connect(conn, d.host, d.port, started)
             return
-        parts = urlsplit(target)
-        if parts.scheme != "http" or not parts.hostname:
-            reason = (
-                "use CONNECT for https:// (set HTTPS_PROXY)"
-                if parts.scheme == "https"
-                else "this is an HTTP proxy: send an absolute http:// URI or CONNECT"
-            )
-            host = parts.hostname or ""
-            try:
-                port = parts.port or (443 if parts.scheme == "https" else 0)
-            except ValueError:
-                port = 0
-            await self._refuse_http(conn, host or target, port, _Denied(400, "denied", reason))
-            return self._log("http", host or target[:200], port, started, reason=reason)
-        try:
-            port = parts.port or 80
-        except ValueError:
-            port = 0
-        host = normalize_host(parts.hostname)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        await self._forward_http(conn, event, host, port, path.encode(), started, kind="http")
+        await self._forward_http(conn, event, d.host, d.port, d.path, started, kind="http")
 
     async def _connect(self, conn: h11.Connection, host: str, port: int, started: float) -> None:
         rule: str | None = None
         try:
             rule = self._admit(host, port)
             upstream, addr = await self._dial(host, port)
-        except _Denied as d:
-            await self._refuse_http(conn, host, port, d)
-            return self._log_denied("connect", host, port, started, d, rule)
+        except Denied as e:
+            await self._refuse_http(conn, host, port, e.refuse)
+            return self._log_denied("connect", host, port, started, e.refuse, rule)
         self.served.active += 1
         try:
-            # Written by hand: h11 would add "Connection: close" when the client sent it
-            # (npm does), and some proxy clients then give up on the tunnel.
-            await self.loop.sock_sendall(self.sock, b"HTTP/1.1 200 Connection established\r\n\r\n")
             self.buf = bytearray(conn.trailing_data[0])
             try:
-                first = await self._first_bytes(host, port)
-            except _Denied as d:
-                with contextlib.suppress(OSError):
-                    if self.buf[:1] == bytes([tls.HANDSHAKE]):
-                        await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
-                upstream.close()
-                return self._log(
-                    "connect", host, port, started, verdict="denied", reason=d.reason, rule=rule, address=str(addr)
+                # Written by hand: h11 would add "Connection: close" when the client sent it
+                # (npm does), and some proxy clients then give up on the tunnel.
+                await self.loop.sock_sendall(self.sock, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                d: decide.Checked | Refuse = await self._until(
+                    lambda buf, ended: decide.first_bytes(buf, host, port, ended)
                 )
-            except (OSError, EOFError) as e:
+            except BaseException as e:
                 upstream.close()
+                if not isinstance(e, OSError):
+                    raise
                 return self._log(
                     "connect",
                     host,
@@ -281,63 +232,16 @@ class Connection:
                     rule=rule,
                     address=str(addr),
                 )
-            await self._carry(upstream, first, host, port, started, "connect", rule, addr)
+            if isinstance(d, Refuse):
+                await self._alert()
+                upstream.close()
+                return self._log(
+                    "connect", host, port, started, verdict="denied", reason=d.reason, rule=rule, address=str(addr)
+                )
+            self.buf.clear()
+            await self._carry(upstream, d.first, host, port, started, "connect", rule, addr)
         finally:
             self.served.active -= 1
-
-    async def _first_bytes(self, host: str, port: int) -> bytes:
-        """What the client sends first in a tunnel, checked against ``host``: a TLS
-        ClientHello naming it, or an HTTP request for it; on another port than 80/443
-        (which the operator listed for it) any protocol. Raises _Denied."""
-        web = port in (80, 443)
-        try:
-            while not self.buf:
-                if not await self._more(FIRST_BYTES_TIMEOUT if web else SERVER_FIRST_WAIT):
-                    raise _Denied(403, "denied", "the client closed the tunnel before sending anything")
-        except TimeoutError:
-            if web:
-                raise _Denied(403, "denied", "no TLS or HTTP from the client") from None
-            return b""  # a protocol whose server speaks first (SSH, SMTP): allowed port
-        if self.buf[0] == tls.HANDSHAKE:
-            hello = await self._client_hello()
-            if hello.ech:
-                raise _Denied(403, "denied", "TLS encrypted_client_hello hides the server name; refused")
-            if hello.server_name is None:
-                if parse_ip(host) is None:
-                    raise _Denied(403, "denied", "the TLS ClientHello names no server (SNI)")
-            elif normalize_host(hello.server_name) != host:
-                raise _Denied(403, "denied", f"TLS server name {hello.server_name} differs from {host}")
-        elif _METHOD.match(bytes(self.buf[:11])):
-            named = await self._http_host()
-            if named != host:
-                raise _Denied(403, "denied", f"HTTP Host {named or '(none)'} differs from {host}")
-        elif web:
-            raise _Denied(403, "denied", f"neither TLS nor HTTP on port {port}")
-        out = bytes(self.buf)
-        self.buf.clear()
-        return out
-
-    async def _client_hello(self) -> tls.ClientHello:
-        try:
-            while (total := tls.record_length(bytes(self.buf[:5]))) is None or len(self.buf) < total:
-                if not await self._more(FIRST_BYTES_TIMEOUT):
-                    raise _Denied(403, "denied", "the TLS ClientHello was cut short")
-            return tls.parse_client_hello(bytes(self.buf[:total]))
-        except tls.NotClientHello as e:
-            raise _Denied(403, "denied", f"not a TLS ClientHello ({e})") from None
-        except TimeoutError:
-            raise _Denied(403, "denied", "the TLS ClientHello was not sent in time") from None
-
-    async def _http_host(self) -> str | None:
-        while b"\r\n\r\n" not in self.buf:
-            if len(self.buf) > MAX_HEAD or not await self._more(FIRST_BYTES_TIMEOUT):
-                raise _Denied(403, "denied", "an HTTP request head that never ends")
-        head = bytes(self.buf[: self.buf.index(b"\r\n\r\n") + 2])
-        m = _HOST_HEADER.search(head)
-        if m is None:
-            return None
-        host, _port = _authority(m.group(1).decode("ascii", "replace").strip(), 80)
-        return host
 
     async def _carry(
         self,
@@ -353,7 +257,7 @@ class Connection:
         """A checked tunnel: TLS to a host of the workspace's secrets is intercepted
         (:mod:`worker.egress.intercept`), anything else spliced as it is."""
         ix = self.served.interceptor
-        if ix is not None and first[:1] == bytes([tls.HANDSHAKE]) and ix.wants(self.served.root, host, port):
+        if decide.carry(first, ix is not None and ix.wants(self.served.root, host, port)) == "intercept":
             await ix.serve(self.served, self.sock, upstream, first, host, port, started, kind, rule, str(addr))
             return
         await self._tunnel(upstream, first, host, port, started, kind, rule, addr)
@@ -407,9 +311,9 @@ class Connection:
         try:
             rule = self._admit(host, port)
             upstream, addr = await self._dial(host, port)
-        except _Denied as d:
-            await self._refuse_http(conn, host, port, d)
-            return self._log_denied(kind, host, port, started, d, rule)
+        except Denied as e:
+            await self._refuse_http(conn, host, port, e.refuse)
+            return self._log_denied(kind, host, port, started, e.refuse, rule)
         self.served.active += 1
         counts = [0, 0]  # up, down
         verdict, reason = "allowed", "allowed"
@@ -426,9 +330,9 @@ class Connection:
             if pump.limited:
                 verdict = "limited"
                 reason = f"cut: over {self.served.budget.per_minute} bytes per minute for this workspace"
-        except _Denied as d:
-            verdict, reason = d.verdict, d.reason
-            await self._refuse_http(conn, host, port, d)
+        except Denied as e:
+            verdict, reason = e.refuse.verdict, e.refuse.reason
+            await self._refuse_http(conn, host, port, e.refuse)
         except (OSError, h11.ProtocolError, ValueError, TimeoutError) as e:
             verdict, reason = "error", f"{type(e).__name__}: {e}"[:300]
         finally:
@@ -480,7 +384,7 @@ class Connection:
                 if scan:
                     body.feed(event.data)
                 if not self.served.budget.take(len(event.data)):
-                    raise _Denied(429, "limited", f"over {self.served.budget.per_minute} bytes per minute")
+                    raise Denied(Refuse(429, "limited", f"over {self.served.budget.per_minute} bytes per minute"))
             elif isinstance(event, h11.EndOfMessage):
                 out += client.send(h11.EndOfMessage()) or b""
                 strays["the body"] = body.found
@@ -516,35 +420,21 @@ class Connection:
 
     async def _transparent(self, address: str, port: int) -> None:
         started = time.perf_counter()
-        try:
-            dst = ipaddress.ip_address(address)
-        except ValueError:
+        dst = decide.synthetic(address)
+        if isinstance(dst, decide.Drop):
             return
-        if dst not in dns.SYNTHETIC_NET:
-            return self._log("transparent", address, port, started, reason="not an address the resolver gave")
-        if self.buf[:1] != bytes([tls.HANDSHAKE]) and not await self._more(FIRST_BYTES_TIMEOUT):
+        if isinstance(dst, Refuse):
+            return self._log("transparent", address, port, started, reason=dst.reason)
+        d: decide.Named | decide.Drop | Refuse = await self._until(
+            lambda buf, ended: decide.transparent(buf, dst, ended)
+        )
+        if isinstance(d, decide.Drop):
             return
-        try:
-            if self.buf[0] == tls.HANDSHAKE:
-                hello = await self._client_hello()
-                name = hello.server_name
-                if name is None or hello.ech:
-                    raise _Denied(403, "denied", "a TLS connection to a resolved name must name it (SNI, no ECH)")
-            elif _METHOD.match(bytes(self.buf[:11])):
-                name = await self._http_host()
-                if name is None:
-                    raise _Denied(403, "denied", "an HTTP request without a Host")
-            else:
-                raise _Denied(403, "denied", "neither TLS nor HTTP")
-            name = normalize_host(name)
-            if dns.synthetic_address(name) != dst:
-                raise _Denied(403, "denied", f"{address} is not the address the resolver gave for {name}")
-        except _Denied as d:
-            with contextlib.suppress(OSError):
-                if self.buf[:1] == bytes([tls.HANDSHAKE]):
-                    await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
+        if isinstance(d, Refuse):
+            await self._alert()
             return self._log("transparent", address, port, started, reason=d.reason)
-        if self.buf[0] != tls.HANDSHAKE:
+        name = d.host
+        if not d.tls:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
             conn.receive_data(bytes(self.buf))
             self.buf.clear()
@@ -556,10 +446,9 @@ class Connection:
         try:
             rule = self._admit(name, port)
             upstream, addr = await self._dial(name, port)
-        except _Denied as d:
-            with contextlib.suppress(OSError):
-                await self.loop.sock_sendall(self.sock, tls.ACCESS_DENIED_ALERT)
-            return self._log_denied("transparent", name, port, started, d, rule)
+        except Denied as e:
+            await self._alert()
+            return self._log_denied("transparent", name, port, started, e.refuse, rule)
         self.served.active += 1
         try:
             first = bytes(self.buf)
@@ -572,62 +461,12 @@ class Connection:
 
     async def _dns(self) -> None:
         while True:
-            try:
-                n = int.from_bytes(await self._exact(2), "big")
-            except EOFError:
+            m: decide.DnsMessage | decide.Drop = await self._until(decide.dns_message)
+            if isinstance(m, decide.Drop):
                 return
-            msg = await self._exact(n, 5.0)
-            await self.loop.sock_sendall(self.sock, _framed(self._answer(msg)))
-
-    def _answer(self, msg: bytes) -> bytes:
-        started = time.perf_counter()
-        try:
-            q = dns.parse_query(msg)
-        except dns.BadQuery:
-            return dns.error_answer(msg, dns.RCODE_FORMERR) or b""
-        policy = self._policy()
-        if q.qclass != 1 or not policy.knows_name(q.name):
-            self._log("dns", q.name, 0, started, reason="not on the allowlist: no such name here")
-            return dns.answer(q, dns.RCODE_NXDOMAIN)
-        if q.qtype == dns.TYPE_A:
-            addr = dns.synthetic_address(q.name)
-            self._log("dns", q.name, 0, started, verdict="allowed", reason="allowed", address=str(addr))
-            return dns.answer(q, dns.RCODE_OK, addr)
-        return dns.answer(q, dns.RCODE_OK)
-
-
-def _framed(msg: bytes) -> bytes:
-    return len(msg).to_bytes(2, "big") + msg
-
-
-_REASONS = {400: b"Bad Request", 403: b"Forbidden", 429: b"Too Many Requests", 502: b"Bad Gateway"}
-
-
-def _authority(text: str, default_port: int | None) -> tuple[str | None, int | None]:
-    """``host:port`` (``[v6]:port``) -> (normalized host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            return None, None
-        host, rest = text[1:end], text[end + 1 :]
-    else:
-        host, sep, rest = text.rpartition(":")
-        if not sep:
-            host, rest = text, ""
-        else:
-            rest = ":" + rest
-    port: int | None = default_port
-    if rest:
-        if not rest.startswith(":") or not rest[1:].isdigit():
-            return None, None
-        port = int(rest[1:])
-        if not 0 < port < 65536:
-            return None, None
-    try:
-        host = normalize_host(host)
-    except ValueError:
-        return None, None
-    if not host:
-        return None, None
-    return host, port
+            del self.buf[: m.size]
+            started = time.perf_counter()
+            a = decide.dns_answer(self._policy(), m.query)
+            if a.name is not None:
+                self._log("dns", a.name, 0, started, verdict=a.verdict, reason=a.reason, address=a.address)
+            await self.loop.sock_sendall(self.sock, decide.framed(a.answer))

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .authority import AuthorityError, normalize_host, parse_ip, port_number, split
+
 #: Ports an entry without one allows.
 DEFAULT_PORTS = (443, 80)
 
@@ -72,25 +74,6 @@ def _is_public_suffix(name: str) -> bool:
     return bool(_psl().is_public(name))  # type: ignore[attr-defined]
 
 
-def normalize_host(host: str) -> str:
-    """Lower case, no trailing dot, IDNA (punycode) for non-ASCII names.
-
-    Raises ValueError for a name IDNA cannot encode."""
-    host = host.strip().rstrip(".").lower()
-    if host and not host.isascii():
-        host = host.encode("idna").decode("ascii")
-    return host
-
-
-def parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address when ``host`` is an IP literal (``[v6]`` too), else None."""
-    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class Rule:
     """One parsed entry: ``host`` exact, or ``suffix`` for ``*.suffix``, or an address."""
@@ -114,23 +97,14 @@ class Rule:
 
 
 def _split_port(entry: str, body: str) -> tuple[str, tuple[int, ...] | None]:
-    if body.startswith("["):
-        end = body.find("]")
-        if end < 0:
-            raise EgressPatternError(entry, "an IPv6 address needs its closing ]")
-        host, rest = body[: end + 1], body[end + 1 :]
-        if rest and not rest.startswith(":"):
-            raise EgressPatternError(entry, "only :PORT may follow an IPv6 address")
-        port_text = rest[1:] if rest else None
-    elif body.count(":") == 1:
-        host, port_text = body.split(":")
-    else:
-        host, port_text = body, None
-    if port_text is None:
-        return host, None
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise EgressPatternError(entry, f"{port_text!r} is not a port (1-65535)")
-    return host, (int(port_text),)
+    """The host (an IPv6 literal keeps its brackets) and the port of an entry."""
+    try:
+        s = split(body)
+        port = None if s.port is None else port_number(s.port)
+    except AuthorityError as e:
+        raise EgressPatternError(entry, str(e)) from None
+    host = f"[{s.host}]" if s.bracketed else s.host
+    return host, None if port is None else (port,)
 
 
 def parse_rule(entry: str) -> list[Rule]:

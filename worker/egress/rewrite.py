@@ -27,6 +27,7 @@ import binascii
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
+from .authority import parse as parse_authority
 from .secrets import PLACEHOLDER, PLACEHOLDER_PREFIX, Secret, SecretUnavailable, basic
 
 MIN_MASKED = 8
@@ -274,19 +275,7 @@ def _prefix_at_end(data: bytes, needle: bytes) -> int:
 
 
 def authority(text: str, default_port: int) -> tuple[str, int] | None:
-    """``host[:port]`` (``[v6]:port``) of a Host header -> (lower-case host, port)."""
-    text = text.strip().lower().rstrip(".")
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            return None
-        host, rest = text[1:end], text[end + 1 :]
-    else:
-        host, sep, rest = text.rpartition(":")
-        if not sep:
-            host, rest = text, ""
-        else:
-            rest = ":" + rest
-    if rest and (not rest.startswith(":") or not rest[1:].isdigit()):
-        return None
-    return host.rstrip("."), int(rest[1:]) if rest else default_port
+    """``host[:port]`` (``[v6]:port``) of a Host header -> (normalized host, port)
+    (:func:`worker.egress.authority.parse`)."""
+    a = parse_authority(text, default_port)
+    return None if a is None or a.port is None else (a.host, a.port)

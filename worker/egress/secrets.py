@@ -33,7 +33,8 @@ from typing import Any
 
 from sandbox.spec import CA_ENV_VARS, EGRESS_ENV
 
-from .policy import EgressPatternError, Rule, normalize_host, parse_rule
+from .authority import normalize_host
+from .policy import EgressPatternError, Rule, parse_rule
 
 MAX_VALUE = 8192
 MAX_HOSTS = 32

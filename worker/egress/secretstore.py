@@ -23,13 +23,13 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..changelog.recorder import workspace_dir
+from ..storage.atomic import write_atomic
 from .secrets import Secret, SecretError, check_name, make_placeholder, parse_entry, parse_hosts
 
 FILE = "secrets.json"
@@ -122,17 +122,7 @@ class SecretStore:
             entries = self._read(path) if path.exists() else {}
             yield entries
             body = json.dumps({"secrets": entries}, indent=2, sort_keys=True) + "\n"
-            tmp_fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secrets-")  # mode 0600
-            try:
-                with os.fdopen(tmp_fd, "w", encoding="utf-8") as f:
-                    f.write(body)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(path, body)  # 0600
         finally:
             os.close(fd)
 

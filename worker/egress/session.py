@@ -19,13 +19,12 @@ import asyncio
 import contextlib
 import ssl
 from typing import Any
-from urllib.parse import urlsplit
 
 import h11
 
+from . import decide
 from .log import EgressRecord
-from .policy import normalize_host
-from .rewrite import BodyScan, Masker, Use, authority, rewrite_request, stray_uses
+from .rewrite import BodyScan, Masker, Use, rewrite_request, stray_uses
 from .tlsio import RECV, TLSStream
 
 MAX_HEAD = 32 << 10
@@ -105,30 +104,12 @@ class Session:
             return None
         return rc.result()
 
-    def _same_host(self, req: h11.Request) -> bool:
-        """Whether the request is for the connection's host: its Host header, and its
-        target when that names a host (a server routes by an absolute URI, not Host)."""
-        target = req.target
-        if target.lower().startswith((b"http://", b"https://")):
-            parts = urlsplit(target.decode("latin-1"))
-            try:
-                named = (normalize_host(parts.hostname or ""), parts.port or (443 if parts.scheme == "https" else 80))
-            except ValueError:
-                return False
-            if named != (self.host, self.port):
-                return False
-        elif not target.startswith(b"/") and target != b"*":
-            return authority(target.decode("latin-1"), 443) == (self.host, self.port)  # (CONNECT's form)
-        for name, value in req.headers:
-            if name == b"host":
-                return authority(value.decode("latin-1"), 443) == (self.host, self.port)
-        return True  # HTTP/1.0 without Host: the connection's host
-
     async def _exchange(self, req: h11.Request) -> bool:
         """Forward one request and its answer; False when the connection must end."""
         path = req.target.decode("latin-1")[:300]
         method = req.method.decode("latin-1")
-        if not self._same_host(req):
+        hosts = [value for name, value in req.headers if name == b"host"]
+        if not decide.same_host(req.target, hosts, self.host, self.port):
             reason = f"this connection is to {self.host}:{self.port}; a request for another Host is not forwarded"
             self._log([Use(None, "denied", reason)], method, path, 421)
             await self.refuse(421, reason)

@@ -16,8 +16,9 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .addresses import HostAddresses, IPAddress, IPNetwork, refusal
-from .policy import parse_ip
+from . import decide
+from .addresses import HostAddresses, IPAddress, IPNetwork
+from .authority import parse_ip
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
@@ -71,14 +72,12 @@ class Upstream:
                 addrs = await asyncio.wait_for(self.resolver(host, port), self.connect_timeout)
             except (OSError, TimeoutError, UnicodeError) as e:
                 raise Unreachable(f"cannot resolve {host}: {getattr(e, 'strerror', None) or e}") from None
-            if not addrs:
-                raise Unreachable(f"{host} has no address")
-        own = self.own.get()
-        for addr in addrs:
-            why = refusal(addr, own, self.trusted)
-            if why is not None:
-                raise Refused(f"{host} resolves to {addr}: {why}", str(addr))
-        return addrs
+        checked = decide.addresses(host, addrs, self.own.get(), self.trusted)
+        if isinstance(checked, decide.Refuse):
+            if checked.verdict == "error":
+                raise Unreachable(checked.reason)
+            raise Refused(checked.reason, checked.address)
+        return checked
 
     async def connect(self, addrs: list[IPAddress], port: int) -> tuple[socket.socket, IPAddress]:
         """A connected, non-blocking socket to the first of ``addrs`` that answers.

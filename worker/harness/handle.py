@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sandbox.base import ExecControl, OutputCallback
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
+from ..policy.shell import check_command
 from ..result import ToolResult
-from ..shellpolicy import check_command
 from ..tool import PolicyError
 from ..workspace import Workspace
 from .results import (

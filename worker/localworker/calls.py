@@ -21,10 +21,6 @@ from ..registry import ToolRegistry, default_registry
 from ..settings import Settings
 from ..streaming import ToolOutput
 
-#: Test-only: ``--backend local`` runs tools as host processes (NO isolation) and is
-#: refused unless the environment has ``LOOM_ALLOW_UNSAFE_LOCAL=1``.
-UNSAFE_LOCAL_ENV = "LOOM_ALLOW_UNSAFE_LOCAL"
-
 
 class Changelogs:
     """One open changelog per workspace (under ``data_dir``), so CLI calls are recorded

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
-from ..paths import require_file_path
+from ..policy.paths import require_file_path
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
 from ..tools.files import MAX_EDIT_BYTES, MAX_WRITE_BYTES

@@ -45,8 +45,8 @@ from pydantic.json_schema import SkipJsonSchema
 from sandbox.base import ProcessInfo
 from sandbox.errors import AgentError
 
+from ..policy.shell import check_command
 from ..result import ToolResult
-from ..shellpolicy import check_command
 from ..tool import Tool, ToolContext, ToolError
 from ..workspace import Workspace
 

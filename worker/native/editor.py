@@ -10,7 +10,7 @@ more than once, an ``insert_line`` or ``view_range`` out of range.
 
 How it maps onto the workspace: paths are absolute as the model sees them in the
 sandbox (``/workspace/...``; the host's path of the workspace is accepted too), made
-workspace-relative by :func:`worker.paths.normalize` (a path elsewhere is refused as a
+workspace-relative by :func:`worker.policy.paths.normalize` (a path elsewhere is refused as a
 safety violation); files are read through the sandbox and every change is written by
 :meth:`worker.workspace.Workspace.write`, so the changelog records the before-image first
 and ``undo --call <tool_use id>`` reverts it. A write is conditional on the hash the file
@@ -35,7 +35,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from sandbox.errors import ConflictError, NotADirError, NotAFileError, PathNotFoundError
 
-from ..paths import CONTAINER_ROOT, normalize
+from ..policy.paths import CONTAINER_ROOT, normalize
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
 from ..tools.files import MAX_EDIT_BYTES, MAX_WRITE_BYTES

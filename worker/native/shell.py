@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..policy.shell import check_command
 from ..result import ToolResult
-from ..shellpolicy import check_command
 from ..tool import Tool, ToolContext, ToolError
 from ..tools.shell import DEFAULT_TIMEOUT, MAX_TIMEOUT
 

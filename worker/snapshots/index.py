@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sqlite_wal import enable_wal
+from ..storage.sqlite_wal import enable_wal
 from .errors import SnapshotError, SnapshotNotFoundError
 
 _SCHEMA = """

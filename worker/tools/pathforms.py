@@ -1,6 +1,6 @@
 """What a file tool's ``path`` names, read as the shell in the same sandbox reads it.
 
-The lexical policy (``worker.paths``) folds ``a.txt/`` into ``a.txt`` and ``link/../b``
+The lexical policy (``worker.policy.paths``) folds ``a.txt/`` into ``a.txt`` and ``link/../b``
 into ``b``; the shell does not. A trailing slash says "a directory" (``cat a.txt/``: Not
 a directory; ``echo > new/``: Is a directory), and ``..`` is the parent of the directory
 reached (after a link: of the link's target; after a file: Not a directory; after a
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sandbox.errors import PathNotFoundError
 
-from ..paths import CONTAINER_ROOT, normalize, require_file_path
+from ..policy.paths import CONTAINER_ROOT, normalize, require_file_path
 from ..tool import ToolError
 from ..workspace import Workspace
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from sandbox.base import ListEntry
 
-from ..paths import normalize
+from ..policy.paths import normalize
 from ..quoting import quote_path
 from ..result import ToolResult
 from ..tool import Tool, ToolArgs, ToolContext

@@ -1,6 +1,6 @@
 """``shell_execute``: ``sh -c`` inside the workspace's sandbox.
 
-The container is the boundary; :mod:`worker.shellpolicy` only refuses the obvious
+The container is the boundary; :mod:`worker.policy.shell` only refuses the obvious
 mistakes. The command runs with the workspace's mutation lock held and bracketed by the
 recorder, so ``files_changed`` lists what it changed. The sandbox kills every process
 the command started when it ends or times out.
@@ -18,9 +18,9 @@ from sandbox.base import ProcessOutput
 from sandbox.errors import AgentError, SandboxLostError
 
 from ..background import BackgroundLimits
-from ..paths import normalize
+from ..policy.paths import normalize
+from ..policy.shell import check_command
 from ..result import ToolResult
-from ..shellpolicy import check_command
 from ..tool import Tool, ToolArgs, ToolContext, ToolError
 
 MAX_TIMEOUT = 300.0

@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...storage.atomic import write_atomic
 from .images import Step
 
 #: The engine's configuration file (rootful Docker; rootless: ~/.config/docker/daemon.json).
@@ -129,18 +129,10 @@ def register(daemon_json: Path, runsc: str, *, kvm: bool | None = None) -> Step:
         return Step("ok", what, f"{', '.join(want)} already registered in {daemon_json} as wanted")
     config.setdefault("runtimes", {}).update(want)
     mode = daemon_json.stat().st_mode & 0o777 if daemon_json.exists() else 0o644
-    tmp = None
     try:
         daemon_json.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".daemon.json.", dir=daemon_json.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, mode)
-        os.replace(tmp, daemon_json)
+        write_atomic(daemon_json, json.dumps(config, indent=2) + "\n", mode=mode, fsync=False)
     except OSError as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         return Step("FAIL", what, f"cannot write {daemon_json}: {e.strerror}", "run as root")
     return Step(
         "done",

@@ -5,7 +5,7 @@ command from hurting the host. This list only stops commands that are almost alw
 mistake when a model types them: wiping ``/`` or ``~``, formatting a disk, writing to a
 raw device, opening up ``/`` with ``chmod -R 777``, and piping a download into a shell.
 
-Commands are split into simple commands by :mod:`worker.shellwords` (shlex's tokens, in
+Commands are split into simple commands by :mod:`worker.policy.shellwords` (shlex's tokens, in
 linear time: ``;``, ``&&``, ``||``, ``|``, ``&``, ``$( )``, backticks, newlines), wrappers
 such as ``sudo``/``env``/``nohup`` are looked through, and ``sh -c '...'`` strings are
 checked recursively; a few regexes on the raw text cover what does not tokenize
@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import re
 
+from ..tool import PolicyError
 from . import shellwords
-from .tool import PolicyError
 
 _SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "busybox"}
 _INTERPRETERS = _SHELLS | {"python", "python3", "perl", "ruby", "node", "php"}

@@ -1,4 +1,4 @@
-"""Shell words in linear time: the tokenizer under :mod:`worker.shellpolicy`.
+"""Shell words in linear time: the tokenizer under :mod:`worker.policy.shell`.
 
 It splits a command as ``shlex.shlex(command, posix=True, punctuation_chars=";&|()<>`")``
 with ``whitespace_split`` does (the blocklist's rules were written against those tokens),

@@ -16,8 +16,8 @@ from __future__ import annotations
 import posixpath
 from pathlib import PurePosixPath
 
-from .quoting import unquote_path
-from .tool import PolicyError, ToolError
+from ..quoting import unquote_path
+from ..tool import PolicyError, ToolError
 
 #: Where the workspace is mounted inside the sandbox container.
 CONTAINER_ROOT = "/workspace"

@@ -15,8 +15,9 @@ to the write, so concurrent mutations of one path take turns instead of conflict
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -32,11 +33,16 @@ from sandbox.base import (
     WriteResult,
 )
 from sandbox.errors import SandboxError
+from sandbox.logs import get_logger
 
 from .background import Background, BackgroundLimits, Started, new_process_id
+from .guard import Action, WorkspaceGuard
 from .pathlocks import PathLocks
 
 T = TypeVar("T")
+
+
+log = get_logger("worker.workspace")
 
 
 @runtime_checkable
@@ -160,9 +166,14 @@ class Workspace:
         sandbox: Sandbox,
         recorder: ChangeRecorder | None = None,
         background: Background | None = None,
+        guard: WorkspaceGuard | None = None,
     ) -> None:
         self.root = root
         self.sandbox = sandbox
+        #: The host's check after every change (see :mod:`worker.guard`); its trust is
+        #: taken before the first call runs anything.
+        self.guard = guard if guard is not None else WorkspaceGuard(root)
+        self._guard_ready = False
         self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
@@ -173,6 +184,35 @@ class Workspace:
         # Paths whose remembered content is what this worker itself last wrote there (so
         # the changelog holds it): a write's before-image is guessed from those only.
         self._written: set[str] = set()
+
+    # -- the host's guard -------------------------------------------------------------------
+
+    async def _guard_first(self) -> None:
+        """Before the first change: the guard's first look (what is there is the owner's)."""
+        if not self._guard_ready:
+            await self.check()
+            self._guard_ready = True
+
+    @contextlib.asynccontextmanager
+    async def mutating(self) -> AsyncIterator[None]:
+        """Hold the workspace's mutation lock for a change; the host's guard looks at the
+        workspace before the first change and after every one, also one that failed."""
+        async with self._mutation_lock:
+            await self._guard_first()
+            try:
+                yield
+            finally:
+                await self.check()
+
+    async def check(self) -> list[Action]:
+        """Run the host's guard over the workspace now (after anything that changed it outside
+        the methods here: an undo, a snapshot's restore, a harness's write). Returns what it
+        changed; a workspace it cannot read is logged, not raised (the next check retries)."""
+        try:
+            return await asyncio.to_thread(self.guard.check)
+        except OSError as e:
+            log.error("workspace.guard_failed", workspace=str(self.root), error=str(e))
+            return []
 
     # -- remembered content ----------------------------------------------------------------
     #
@@ -238,7 +278,7 @@ class Workspace:
         Raises ConflictError, PathEscapeError, NotAFileError, TooLargeError and the
         sandbox's infrastructure errors.
         """
-        async with self._mutation_lock:
+        async with self.mutating():
             extra: dict[str, Any] = {}
             if expect_sha256 is None and not expect_absent and path in self._written:
                 # What this worker last wrote there: if the file still holds it, the
@@ -284,7 +324,7 @@ class Workspace:
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
         result (``outcome="sandbox_lost"``), not raised.
         """
-        async with self._mutation_lock:
+        async with self.mutating():
             # Changes a background process made since the last scan are its own entries.
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
             attribute = bg.record if bg is not None else None
@@ -364,7 +404,7 @@ class Workspace:
         theirs, what changed while it ran is recorded as ``call_id``'s. Returns its value
         and the changed paths. Raises what ``run`` raises (its changes are recorded
         first) and the recorder's errors."""
-        async with self._mutation_lock:
+        async with self.mutating():
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
             extra: dict[str, Any] = {"attribute": bg.record} if bg is not None else {}
             token = await self.recorder.before_shell(self.sandbox, **extra)
@@ -407,7 +447,7 @@ class Workspace:
         """
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
-        async with self._mutation_lock:
+        async with self.mutating():
             # The baseline is brought up to date first: what the process changes from
             # here on is its own (and what others changed before is theirs).
             attr = await bg.attribution(self.sandbox) if bg is not None else None
@@ -437,7 +477,7 @@ class Workspace:
         bg = self.background
         if bg is None:
             return []
-        async with self._mutation_lock:
+        async with self.mutating():
             attr = await bg.attribution(self.sandbox)
             if attr is None:
                 return []

@@ -208,7 +208,7 @@ async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest
         )
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
-    async with runner.slot(), runner.lock(p):
+    async with runner.slot(), runner.lock(p), (await service.registry.workspace(p)).mutating():
         try:
             result = await cl.undo(
                 box,

@@ -20,6 +20,7 @@ from sandbox.logs import get_logger
 
 from ..background import Background, BackgroundIndex, BackgroundLimits
 from ..changelog.recorder import workspace_dir
+from ..guard import WorkspaceGuard
 from ..pem import trusted_copy
 from ..tool import ToolError
 from ..workspace import ChangeRecorder, Workspace
@@ -113,7 +114,7 @@ class WorkspacePool:
                     await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
-                    ws = Workspace(root, sandbox, recorder, self._background(root))
+                    ws = Workspace(root, sandbox, recorder, self._background(root), self._guard(root))
                     self._workspaces[root] = ws
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
@@ -135,6 +136,12 @@ class WorkspacePool:
     def opened(self) -> dict[Path, Workspace]:
         """The workspaces open now, by real path (a copy)."""
         return dict(self._workspaces)
+
+    def _guard(self, root: Path) -> WorkspaceGuard:
+        """The workspace's host-side guard, its trusted baseline kept next to its changelog
+        (in memory only for a pool without a data directory)."""
+        state = workspace_dir(self.configs.store.data_dir, root) if self.configs is not None else None
+        return WorkspaceGuard(root, state)
 
     def _background(self, root: Path) -> Background:
         """The workspace's background processes, recorded on the host next to its
@@ -253,7 +260,13 @@ class WorkspacePool:
                 recorder = old.recorder
             else:
                 recorder = self._recorder_factory(root) if self._recorder_factory else None
-            ws = Workspace(root, sandbox, recorder, old.background if old is not None else self._background(root))
+            ws = Workspace(
+                root,
+                sandbox,
+                recorder,
+                old.background if old is not None else self._background(root),
+                old.guard if old is not None else self._guard(root),
+            )
             self._workspaces[root] = ws
             for key in [k for k, v in self._by_arg.items() if v is old]:
                 self._by_arg[key] = ws

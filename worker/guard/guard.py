@@ -1,0 +1,405 @@
+"""The host's check of a workspace after every call: nothing the sandbox left there runs on
+the host (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sandbox.agent.paths import open_below
+from sandbox.logs import get_logger
+
+from . import gitconfig
+
+log = get_logger("worker.guard")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SETID = stat.S_ISUID | stat.S_ISGID
+_CAPABILITY = "security.capability"
+_CONFIGS = ("config", "config.worktree")
+TRUST_FILE = "git-trust.json"
+
+Identity = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing the guard changed: workspace-relative ``path`` and ``what`` it did."""
+
+    path: str
+    what: str
+
+
+def _identity(st: os.stat_result) -> Identity:
+    # ctime: a command can set a file's mtime back (utimensat), never its ctime.
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def is_git_dir(names: set[str]) -> bool:
+    """Whether a directory holding ``names`` is one git may take for a repository's git
+    directory: a HEAD (a repository, bare or not, a linked worktree's or a submodule's
+    directory), a ``commondir`` file, or the objects and refs a common directory has."""
+    return "HEAD" in names or "commondir" in names or ("objects" in names and "refs" in names)
+
+
+class WorkspaceGuard:
+    """The check of one workspace directory ``root`` (a real host path). Blocking (call it
+    in a thread); thread-safe.
+
+    What it trusts: git configuration and hooks as they were when the guard first looked
+    at the workspace (saved in ``state_dir``, so another process of the worker trusts the
+    same); a later change to them is held to the rules like a new file.
+    """
+
+    def __init__(self, root: Path, state_dir: Path | None = None) -> None:
+        self.root = root
+        self._state = state_dir / TRUST_FILE if state_dir is not None else None
+        self._trust: dict[str, Identity] | None = None
+        self._hookdirs: list[str] = []
+        self._judged: dict[str, Identity] = {}  # configs already read and found clean
+        self._lock = threading.Lock()
+        self._git = gitconfig.git_binary()
+        #: What the last check changed.
+        self.last: list[Action] = []
+
+    # -- the check ---------------------------------------------------------------------
+
+    def check(self) -> list[Action]:
+        """Look at the whole workspace; undo what could run on the host. Returns what it
+        changed (also logged). Raises OSError when the workspace cannot be opened."""
+        with self._lock:
+            actions: list[Action] = []
+            root_fd = os.open(self.root, _DIR_FLAGS)
+            try:
+                git_dirs = list(self._walk(root_fd, actions))
+                if self._trust is None and not self._load_trust():
+                    self._take_trust(root_fd, git_dirs)
+                else:
+                    for rel in git_dirs:
+                        self._git_dir(root_fd, rel, actions)
+                    for rel in self._hookdirs:
+                        self._hooks(root_fd, rel, actions)
+            finally:
+                os.close(root_fd)
+            self.last = actions
+            if actions:
+                log.warning(
+                    "workspace.guard",
+                    workspace=str(self.root),
+                    actions=[f"{a.path}: {a.what}" for a in actions],
+                )
+            return actions
+
+    def _walk(self, root_fd: int, actions: list[Action]) -> Iterator[str]:
+        """Every directory below the root, without following a link: clear setuid and setgid
+        bits, remove device nodes and file capabilities; yield the git directories."""
+        stack: list[tuple[int, str, list[str]]] = []
+        fd, rel = os.dup(root_fd), ""
+        try:
+            while True:
+                subdirs: list[str] = []
+                names: set[str] = set()
+                with os.scandir(fd) as it:
+                    for e in it:
+                        names.add(e.name)
+                        try:
+                            if e.is_dir(follow_symlinks=False):
+                                subdirs.append(e.name)
+                            elif not e.is_symlink():
+                                self._file(fd, rel, e.name, e.stat(follow_symlinks=False), actions)
+                        except OSError:
+                            continue  # gone meanwhile
+                if is_git_dir(names):
+                    yield rel
+                stack.append((fd, rel, subdirs))
+                fd = -1
+                while stack:
+                    pfd, prel, rest = stack[-1]
+                    if not rest:
+                        os.close(pfd)
+                        stack.pop()
+                        continue
+                    name = rest.pop()
+                    try:
+                        fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+                    except OSError:
+                        continue  # gone, or swapped for a link: never followed
+                    rel = _join(prel, name)
+                    break
+                if fd < 0:
+                    return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            for pfd, _prel, _rest in stack:
+                os.close(pfd)
+
+    def _file(self, dir_fd: int, rel: str, name: str, st: os.stat_result, actions: list[Action]) -> None:
+        path = _join(rel, name)
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+                actions.append(Action(path, "device node removed"))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        if st.st_mode & _SETID:
+            with self._pinned(dir_fd, name, st) as proc:
+                if proc is not None:
+                    _chmod(proc, stat.S_IMODE(st.st_mode) & ~_SETID, path, "setuid/setgid bits cleared", actions)
+        if st.st_mode & 0o111:
+            with self._pinned(dir_fd, name, st) as proc:
+                if proc is not None and _CAPABILITY in _xattrs(proc):
+                    with contextlib.suppress(OSError):
+                        os.removexattr(proc, _CAPABILITY)
+                        actions.append(Action(path, "file capability removed"))
+
+    @contextlib.contextmanager
+    def _pinned(self, dir_fd: int, name: str, st: os.stat_result) -> Iterator[str | None]:
+        """A /proc path to the very inode ``st`` describes (no link followed), or None."""
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            yield None
+            return
+        try:
+            now = os.fstat(fd)
+            ok = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+            yield f"/proc/self/fd/{fd}" if ok else None
+        finally:
+            os.close(fd)
+
+    # -- git ----------------------------------------------------------------------------
+
+    def _git_dir(self, root_fd: int, rel: str, actions: list[Action]) -> None:
+        fd = open_below(root_fd, rel)
+        if fd is None:
+            return
+        try:
+            for name in _CONFIGS:
+                self._config(fd, _join(rel, name), name, actions)
+        finally:
+            os.close(fd)
+        self._hooks(root_fd, _join(rel, "hooks"), actions)
+
+    def _config(self, dir_fd: int, path: str, name: str, actions: list[Action]) -> None:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return
+        ident = _identity(st)
+        if self._trusted(path, ident) or self._judged.get(path) == ident:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            # git follows it (to anything: a file outside, a FIFO); git never makes one.
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+                actions.append(Action(path, "symlinked git config removed"))
+            return
+        if not stat.S_ISREG(st.st_mode) or self._git is None:
+            return
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            return
+        try:
+            try:
+                entries = gitconfig.read(f"/proc/self/fd/{fd}", self._git, pass_fd=fd)
+            except gitconfig.ConfigUnreadable:
+                self._judged[path] = ident  # git on the host refuses it too: nothing runs
+                return
+            except OSError as e:
+                log.error("workspace.guard_failed", path=path, what="read git config", error=str(e))
+                return
+            refused = [e.key for e in entries if not gitconfig.allowed(e.key)]
+            if not refused:
+                self._judged[path] = ident
+                return
+            data = gitconfig.render([e for e in entries if gitconfig.allowed(e.key)])
+            tmp = f".{name}.loom-guard"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            try:
+                os.write(out, data)
+                with contextlib.suppress(OSError):
+                    os.fchown(out, st.st_uid, st.st_gid)
+                os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o666)
+            finally:
+                os.close(out)
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            self._judged[path] = _identity(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+            actions.append(Action(path, "git config: removed " + ", ".join(sorted(set(refused)))))
+        finally:
+            os.close(fd)
+
+    def _hooks(self, root_fd: int, rel: str, actions: list[Action]) -> None:
+        """Disable every hook in directory ``rel`` that is not trusted: its execute bits
+        cleared (git runs only an executable hook), a link removed."""
+        parent, _, name = rel.rpartition("/")
+        pfd = open_below(root_fd, parent)
+        if pfd is None:
+            return
+        try:
+            try:
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+            except OSError:
+                return
+            if stat.S_ISLNK(st.st_mode):
+                if not self._trusted(rel, _identity(st)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=pfd)
+                        actions.append(Action(rel, "symlinked hooks directory removed"))
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                return
+            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        finally:
+            os.close(pfd)
+        try:
+            for e in os.scandir(fd):
+                path = _join(rel, e.name)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if e.name.endswith(".sample") or self._trusted(path, _identity(st)):
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.name, dir_fd=fd)
+                        actions.append(Action(path, "symlinked hook removed"))
+                elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
+                    with self._pinned(fd, e.name, st) as proc:
+                        if proc is not None:
+                            mode = stat.S_IMODE(st.st_mode) & ~0o111
+                            _chmod(proc, mode, path, "hook disabled (not executable)", actions)
+        finally:
+            os.close(fd)
+
+    # -- trust ---------------------------------------------------------------------------
+
+    def _trusted(self, path: str, ident: Identity) -> bool:
+        return self._trust is not None and self._trust.get(path) == ident
+
+    def _load_trust(self) -> bool:
+        if self._state is None:
+            return False
+        try:
+            data = json.loads(self._state.read_text())
+            self._trust = {k: tuple(v) for k, v in data["files"].items()}
+            self._hookdirs = [str(d) for d in data["hookdirs"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return True
+
+    def _take_trust(self, root_fd: int, git_dirs: list[str]) -> None:
+        """What is there now, before the sandbox ran anything, is the owner's: its git
+        configs, hooks, and the hooks directories its configs name (``core.hooksPath``)."""
+        trust: dict[str, Identity] = {}
+        hookdirs: list[str] = []
+        for rel in git_dirs:
+            for name in (*_CONFIGS, "hooks"):
+                trust.update(self._identities(root_fd, _join(rel, name)))
+            for name in _CONFIGS:
+                hp = self._hooks_path(root_fd, rel, name)
+                if hp is not None and hp not in hookdirs:
+                    hookdirs.append(hp)
+                    trust.update(self._identities(root_fd, hp))
+        self._trust, self._hookdirs = trust, hookdirs
+        if self._state is not None:
+            self._state.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._state.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"files": trust, "hookdirs": hookdirs}, f)
+            os.replace(tmp, self._state)
+
+    def _identities(self, root_fd: int, rel: str) -> dict[str, Identity]:
+        """``rel`` (and, for a directory, what is in it) by identity."""
+        parent, _, name = rel.rpartition("/")
+        fd = open_below(root_fd, parent)
+        if fd is None:
+            return {}
+        out: dict[str, Identity] = {}
+        try:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return {}
+            out[rel] = _identity(st)
+            if stat.S_ISDIR(st.st_mode):
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    for e in os.scandir(sub):
+                        with contextlib.suppress(OSError):
+                            out[_join(rel, e.name)] = _identity(e.stat(follow_symlinks=False))
+                finally:
+                    os.close(sub)
+        finally:
+            os.close(fd)
+        return out
+
+    def _hooks_path(self, root_fd: int, rel: str, name: str) -> str | None:
+        """The workspace-relative directory a trusted config's ``core.hooksPath`` names
+        (relative: to the worktree, the parent of a ``.git``), or None."""
+        if self._git is None:
+            return None
+        fd = open_below(root_fd, rel)
+        if fd is None:
+            return None
+        try:
+            cfd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            entries = gitconfig.read(f"/proc/self/fd/{cfd}", self._git, pass_fd=cfd)
+        except (gitconfig.ConfigUnreadable, OSError):
+            return None
+        finally:
+            os.close(cfd)
+        value = next((e.value for e in reversed(entries) if e.key == "core.hookspath" and e.value), None)
+        if value is None:
+            return None
+        if value.startswith("/"):
+            target = Path(os.path.normpath(value))
+        else:
+            base = self.root / (rel.rpartition("/")[0] if rel.split("/")[-1] == ".git" else rel)
+            target = Path(os.path.normpath(base / value))
+        try:
+            return str(target.relative_to(self.root)) if target != self.root else None
+        except ValueError:
+            return None  # outside the workspace: out of the sandbox's reach
+
+
+def _chmod(proc: str, mode: int, path: str, what: str, actions: list[Action]) -> None:
+    try:
+        os.chmod(proc, mode)
+    except OSError as e:
+        log.error("workspace.guard_failed", path=path, what=what, error=str(e))
+        return
+    actions.append(Action(path, what))
+
+
+def _xattrs(path: str) -> list[str]:
+    try:
+        return os.listxattr(path)
+    except OSError:
+        return []
+
+
+def as_dicts(actions: list[Action]) -> list[dict[str, str]]:
+    return [asdict(a) for a in actions]

@@ -176,14 +176,20 @@ def _layout(kind: str, ws: Path, outside: Path, home: Path) -> None:
     if kind == "none":
         return
     _host("git init -q && echo a > a.txt && git add a.txt && git commit -qm first", ws, home)
-    _host(f"git init -q --bare {outside}/origin.git && git remote add origin {outside}/origin.git && git push -q origin main", ws, home)
+    _host(
+        f"git init -q --bare {outside}/origin.git && git remote add origin {outside}/origin.git && git push -q origin main",
+        ws,
+        home,
+    )
     if kind == "worktree":
         _host("git worktree add -q wt", ws, home)
     elif kind == "submodule":
         _host(f"git init -q {outside}/lib && git -C {outside}/lib commit -q --allow-empty -m lib", ws, home)
         _host(f"git submodule -q add {outside}/lib sub && git commit -qm sub", ws, home)
     elif kind == "husky":
-        _host("mkdir .husky && printf '#!/bin/sh\\ntrue\\n' > .husky/pre-commit && chmod +x .husky/pre-commit", ws, home)
+        _host(
+            "mkdir .husky && printf '#!/bin/sh\\ntrue\\n' > .husky/pre-commit && chmod +x .husky/pre-commit", ws, home
+        )
         _host("git config core.hooksPath .husky && git add -A && git commit -qm husky", ws, home)
     subprocess.run(["chown", "-R", f"{UID}:{UID}", str(ws)], check=True)
 
@@ -196,7 +202,7 @@ def home(tmp_path: Path) -> Path:
     h.mkdir()
     (h / ".gitconfig").write_text(
         "[user]\n\tname = Dev\n\temail = dev@host\n[safe]\n\tdirectory = *\n"
-        "[init]\n\tdefaultBranch = main\n[protocol \"file\"]\n\tallow = always\n"
+        '[init]\n\tdefaultBranch = main\n[protocol "file"]\n\tallow = always\n'
     )
     return h
 
@@ -228,7 +234,9 @@ async def test_a_plant_never_runs_on_the_host(
     assert not marker.exists(), f"{name}: the planted command ran on the host\n{said}\n" + "\n".join(tried)
 
 
-LEGIT = PRELUDE + """
+LEGIT = (
+    PRELUDE
+    + """
 mkdir upstream && cd upstream && git init -q && echo u > u.txt && git add u.txt && git commit -qm upstream && cd ..
 git init -q lib && git -C lib commit -q --allow-empty -m lib
 git init -q proj && cd proj
@@ -247,6 +255,7 @@ git gc -q
 git status --short
 echo SESSION-OK
 """
+)
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])

@@ -88,7 +88,8 @@ PLANTS: list[tuple[str, str, str, str]] = [
     (
         "new repo: include.path of a planted file",
         "none",
-        "git init -q r && printf '[core]\\n\\tfsmonitor = {R}\\n' > evil.cfg && git -C r config include.path ../../evil.cfg",
+        "git init -q r && printf '[core]\\n\\tfsmonitor = {R}\\n' > evil.cfg && "
+        "git -C r config include.path ../../evil.cfg",
         "r",
     ),
     (
@@ -177,7 +178,7 @@ def _layout(kind: str, ws: Path, outside: Path, home: Path) -> None:
         return
     _host("git init -q && echo a > a.txt && git add a.txt && git commit -qm first", ws, home)
     _host(
-        f"git init -q --bare {outside}/origin.git && git remote add origin {outside}/origin.git && git push -q origin main",
+        f"git init -q --bare {outside}/o.git && git remote add origin {outside}/o.git && git push -q origin main",
         ws,
         home,
     )
@@ -274,7 +275,7 @@ async def test_a_legitimate_git_session_works_and_is_recorded(runtime: str, tmp_
         paths = {e.path for e in await cl.log()}
     assert {"proj", "lib", "upstream", "proj-wt"} <= paths, paths  # each made whole: a tree entry
     # The host's git sees the sandbox's history as it is.
-    p = subprocess.run(
+    p = subprocess.run(  # noqa: ASYNC221 (the host's git, as the developer runs it)
         ["git", "log", "--format=%s", "-3"],
         cwd=ws / "proj",
         env={"PATH": os.environ["PATH"], "HOME": str(home)},

@@ -33,6 +33,8 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="no git on th
         ("submodule.lib.active", True),
         ("user.email", True),
         ("gc.auto", True),
+        ("gc.main.reflogexpire", True),
+        ("gc.recentobjectshook", False),
         ("core.fsmonitor", False),
         ("core.hookspath", False),
         ("core.sshcommand", False),
@@ -131,6 +133,22 @@ def test_repositories_made_later_anywhere_are_held_to_the_rules(tmp_path: Path) 
     assert ("a/b/r/config", "git config: removed core.pager") in done
     assert ("n/.git/config", "symlinked git config removed") in done
     assert (ws / "evil.cfg").read_text() == "[core]\n\tfsmonitor = evil\n"  # a link is never written through
+
+
+@needs_git
+def test_a_worktree_outside_the_workspace_is_refused(tmp_path: Path) -> None:
+    """``core.worktree`` is where git checks files out: a submodule's stays inside; one
+    pointing out of the workspace would have the host's git write the sandbox's files there."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    _git(ws, "init", "-q", "--bare", "m")
+    _git(ws / "m", "config", "core.worktree", "../sub")
+    _git(ws, "init", "-q", "--bare", "o")
+    _git(ws / "o", "config", "core.worktree", "../../../home")
+    done = {(a.path, a.what) for a in guard.check()}
+    assert done == {("o/config", "git config: removed core.worktree")}
 
 
 def test_setid_bits_and_capabilities_are_removed_never_through_a_link(tmp_path: Path) -> None:

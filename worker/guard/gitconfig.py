@@ -48,9 +48,15 @@ PLAIN: dict[str, frozenset[str] | str] = {
         relative orderfile wserrorhighlight suppressblankempty dirstat autorefreshindex""".split()
     ),
     "lfs": frozenset({"repositoryformatversion", "url", "pushurl", "locksverify", "fetchinclude", "fetchexclude"}),
+    # (gc by name: git 2.42 added gc.recentObjectsHook, a program)
+    "gc": frozenset(
+        """auto autodetach autopacklimit aggressivedepth aggressivewindow bigpackthreshold
+        logexpiry packrefs pruneexpire worktreepruneexpire reflogexpire reflogexpireunreachable
+        rerereresolved rerereunresolved writecommitgraph cruftpacks maxcruftsize""".split()
+    ),
     **{
         s: "*"
-        for s in """gc pack index status color advice column fetch receive push pull rebase commit
+        for s in """pack index status color advice column fetch receive push pull rebase commit
         tag log feature checkout worktree rerere grep blame i18n repack splitindex fsck
         versionsort stash reftable""".split()
     },
@@ -65,7 +71,7 @@ SUBSECTION: dict[str, frozenset[str] | str] = {
     ),
     "submodule": frozenset({"url", "path", "active", "branch", "fetchrecursesubmodules", "ignore", "shallow"}),
     "lfs": frozenset({"access", "locksverify"}),
-    "gc": "*",  # gc.<pattern>.reflogexpire
+    "gc": frozenset({"reflogexpire", "reflogexpireunreachable"}),  # gc.<pattern>.reflogexpire
     "color": "*",  # color.diff.meta
     "fsck": "*",
 }
@@ -83,6 +89,10 @@ def allowed(key: str) -> bool:
     if names is None:
         return False
     return names == "*" or name in names
+
+
+#: Keys whose value is a path git writes to: allowed only where it stays in the workspace.
+PATH_VALUED = frozenset({"core.worktree"})
 
 
 class ConfigUnreadable(Exception):

@@ -221,11 +221,13 @@ class WorkspaceGuard:
             except OSError as e:
                 log.error("workspace.guard_failed", path=path, what="read git config", error=str(e))
                 return
-            refused = [e.key for e in entries if not gitconfig.allowed(e.key)]
+            gitdir = self.root / path.rpartition("/")[0]
+            kept = [e for e in entries if gitconfig.allowed(e.key) and self._stays_inside(gitdir, e)]
+            refused = [e.key for e in entries if e not in kept]
             if not refused:
                 self._judged[path] = ident
                 return
-            data = gitconfig.render([e for e in entries if gitconfig.allowed(e.key)])
+            data = gitconfig.render(kept)
             tmp = f".{name}.loom-guard"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -243,6 +245,15 @@ class WorkspaceGuard:
             actions.append(Action(path, "git config: removed " + ", ".join(sorted(set(refused)))))
         finally:
             os.close(fd)
+
+    def _stays_inside(self, gitdir: Path, e: gitconfig.Entry) -> bool:
+        """A path-valued key (``core.worktree``: where git checks files out, a submodule's
+        ``../../../sub``) may not lead out of the workspace: a checkout there would write
+        the sandbox's files into the host's."""
+        if e.key not in gitconfig.PATH_VALUED or e.value is None:
+            return True
+        target = Path(os.path.normpath(gitdir / e.value))
+        return target == self.root or target.is_relative_to(self.root)
 
     def _hooks(self, root_fd: int, rel: str, actions: list[Action]) -> None:
         """Disable every hook in directory ``rel`` that is not trusted: its execute bits

@@ -194,15 +194,21 @@ class Workspace:
             self._guard_ready = True
 
     @contextlib.asynccontextmanager
-    async def mutating(self) -> AsyncIterator[None]:
+    async def mutating(self, written: str | None = None) -> AsyncIterator[None]:
         """Hold the workspace's mutation lock for a change; the host's guard looks at the
-        workspace before the first change and after every one, also one that failed."""
+        workspace before the first change and after every one, also one that failed.
+        ``written``: the change is the content of that one file (a tool's write, which
+        keeps the file's mode and makes a new one 0644): the guard looks only when git
+        could read that path (:meth:`WorkspaceGuard.concerns`), so an edit stays cheap."""
         async with self._mutation_lock:
             await self._guard_first()
             try:
                 yield
             finally:
-                await self.check()
+                if written is None or self.guard.concerns(written):
+                    await self.check()
+                else:
+                    self.guard.last = []
 
     async def check(self) -> list[Action]:
         """Run the host's guard over the workspace now (after anything that changed it outside
@@ -278,7 +284,7 @@ class Workspace:
         Raises ConflictError, PathEscapeError, NotAFileError, TooLargeError and the
         sandbox's infrastructure errors.
         """
-        async with self.mutating():
+        async with self.mutating(written=path):
             extra: dict[str, Any] = {}
             if expect_sha256 is None and not expect_absent and path in self._written:
                 # What this worker last wrote there: if the file still holds it, the

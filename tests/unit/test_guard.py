@@ -151,6 +151,23 @@ def test_a_worktree_outside_the_workspace_is_refused(tmp_path: Path) -> None:
     assert done == {("o/config", "git config: removed core.worktree")}
 
 
+@needs_git
+def test_a_tools_write_is_looked_at_only_where_git_could_read_it(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q")
+    _git(ws, "config", "core.hooksPath", ".husky")
+    (ws / ".husky").mkdir()
+    (ws / "src").mkdir()
+    (ws / "h").symlink_to(".husky")
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    assert not guard.concerns("src/app.py")
+    assert not guard.concerns("README.md")
+    for p in (".git/config", "r/.git", "sub/HEAD", "x/hooks/pre-commit", ".husky/pre-commit", "h/pre-commit"):
+        assert guard.concerns(p), p
+
+
 def test_setid_bits_and_capabilities_are_removed_never_through_a_link(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -23,6 +23,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
 _CAPABILITY = "security.capability"
 _CONFIGS = ("config", "config.worktree")
+#: Names that make a tool's write a matter for the guard (see WorkspaceGuard.concerns).
+_GIT_NAMES = frozenset({".git", "config", "config.worktree", "HEAD", "commondir", "gitdir", "hooks", "objects", "refs"})
 TRUST_FILE = "git-trust.json"
 
 Identity = tuple[int, int, int, int]
@@ -73,6 +75,29 @@ class WorkspaceGuard:
         self.last: list[Action] = []
 
     # -- the check ---------------------------------------------------------------------
+
+    def concerns(self, path: str) -> bool:
+        """Whether new content at workspace-relative ``path`` (a tool's write: no mode of
+        its choosing) could be something git on the host reads to decide what to run: a
+        file of a git directory (its config, HEAD, commondir, gitdir, a hook), a ``.git``
+        file, or a file in a hooks directory a trusted config names. Anything else is
+        data to git (an attributes file names only drivers a config defines)."""
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if any(p in _GIT_NAMES for p in parts):
+            return True
+        if any(path == d or path.startswith(d + "/") for d in self._hookdirs):
+            return True
+        # The agent follows a link that stays in the workspace: a write through one may land
+        # anywhere in it, so it is looked at. (A few lstat calls, not worth a thread.)
+        here = self.root
+        for p in parts:
+            here = here / p
+            try:
+                if stat.S_ISLNK(os.lstat(here).st_mode):
+                    return True
+            except OSError:
+                return False
+        return False
 
     def check(self) -> list[Action]:
         """Look at the whole workspace; undo what could run on the host. Returns what it

@@ -168,6 +168,29 @@ def test_a_tools_write_is_looked_at_only_where_git_could_read_it(tmp_path: Path)
         assert guard.concerns(p), p
 
 
+@needs_git
+def test_a_walk_that_lists_only_changed_directories_misses_nothing_a_command_makes(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "deep" / "er").mkdir(parents=True)
+    _git(ws / "deep", "init", "-q", "r")
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    guard.check()  # every directory known now: the next walk lists none of them again
+    with open(ws / "deep" / "r" / ".git" / "config", "a") as f:  # in place: its directory unchanged
+        f.write("[core]\n\tfsmonitor = evil\n")
+    (ws / "deep" / "er" / "new").mkdir()
+    (ws / "deep" / "er" / "new" / "f").write_bytes(b"x")
+    (ws / "deep" / "er" / "new" / "f").chmod(0o4755)
+    _git(ws / "deep" / "er", "init", "-q", "--bare", "b")
+    _git(ws / "deep" / "er" / "b", "config", "core.pager", "evil")
+    done = {(a.path, a.what) for a in guard.check()}
+    assert done == {
+        ("deep/r/.git/config", "git config: removed core.fsmonitor"),
+        ("deep/er/new/f", "setuid/setgid bits cleared"),
+        ("deep/er/b/config", "git config: removed core.pager"),
+    }
+
+
 def test_setid_bits_and_capabilities_are_removed_never_through_a_link(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

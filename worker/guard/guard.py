@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ _CONFIGS = ("config", "config.worktree")
 #: Names that make a tool's write a matter for the guard (see WorkspaceGuard.concerns).
 _GIT_NAMES = frozenset({".git", "config", "config.worktree", "HEAD", "commondir", "gitdir", "hooks", "objects", "refs"})
 TRUST_FILE = "git-trust.json"
+#: Seconds between walks that stat every file again, also in directories that did not change
+#: (a mode changed in place: something no sandboxed process can do; this is the second line).
+FULL_WALK_EVERY = 60.0
 
 Identity = tuple[int, int, int, int]
 
@@ -69,6 +73,11 @@ class WorkspaceGuard:
         self._trust: dict[str, Identity] | None = None
         self._hookdirs: list[str] = []
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
+        # Each directory's identity, subdirectories and git-ness at the last walk: an
+        # unchanged directory is not listed again (see _walk); a whole walk, every file
+        # stat'ed, at least every FULL_WALK_EVERY seconds.
+        self._dirs: dict[str, tuple[tuple[int, int, int], tuple[str, ...], bool]] = {}
+        self._full_at = -FULL_WALK_EVERY
         self._lock = threading.Lock()
         self._git = gitconfig.git_binary()
         #: What the last check changed.
@@ -129,23 +138,28 @@ class WorkspaceGuard:
         """Every directory below the root, without following a link: clear setuid and setgid
         bits, remove device nodes and file capabilities; yield the git directories."""
         stack: list[tuple[int, str, list[str]]] = []
+        now = time.monotonic()
+        full = now - self._full_at >= FULL_WALK_EVERY
+        if full:
+            self._full_at = now
+        seen: dict[str, tuple[tuple[int, int, int], tuple[str, ...], bool]] = {}
         fd, rel = os.dup(root_fd), ""
         try:
             while True:
-                subdirs: list[str] = []
-                names: set[str] = set()
-                with os.scandir(fd) as it:
-                    for e in it:
-                        names.add(e.name)
-                        try:
-                            if e.is_dir(follow_symlinks=False):
-                                subdirs.append(e.name)
-                            elif not e.is_symlink():
-                                self._file(fd, rel, e.name, e.stat(follow_symlinks=False), actions)
-                        except OSError:
-                            continue  # gone meanwhile
-                if is_git_dir(names):
+                dst = os.fstat(fd)
+                ident = (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
+                known = None if full else self._dirs.get(rel)
+                if known is not None and known[0] == ident:
+                    # Unchanged since the last walk (no entry made, removed or renamed: the
+                    # ctime would show it, and no command can set a ctime back): the same
+                    # names. What changes in place, a file's mode, no command can make setid.
+                    _ident, subdir_names, git = known
+                else:
+                    subdir_names, git = self._scan_dir(fd, rel, actions)
+                seen[rel] = (ident, subdir_names, git)
+                if git:
                     yield rel
+                subdirs = list(subdir_names)
                 stack.append((fd, rel, subdirs))
                 fd = -1
                 while stack:
@@ -162,12 +176,30 @@ class WorkspaceGuard:
                     rel = _join(prel, name)
                     break
                 if fd < 0:
+                    self._dirs = seen  # (only a whole walk replaces what is known)
                     return
         finally:
             if fd >= 0:
                 os.close(fd)
             for pfd, _prel, _rest in stack:
                 os.close(pfd)
+
+    def _scan_dir(self, fd: int, rel: str, actions: list[Action]) -> tuple[tuple[str, ...], bool]:
+        """One directory's entries: fix its files; its subdirectories, and whether git could
+        take it for a git directory."""
+        subdirs: list[str] = []
+        names: set[str] = set()
+        with os.scandir(fd) as it:
+            for e in it:
+                names.add(e.name)
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+                    elif not e.is_symlink():
+                        self._file(fd, rel, e.name, e.stat(follow_symlinks=False), actions)
+                except OSError:
+                    continue  # gone meanwhile
+        return tuple(subdirs), is_git_dir(names)
 
     def _file(self, dir_fd: int, rel: str, name: str, st: os.stat_result, actions: list[Action]) -> None:
         path = _join(rel, name)

@@ -283,3 +283,48 @@ async def test_a_legitimate_git_session_works_and_is_recorded(runtime: str, tmp_
         check=True,
     )
     assert "topic" in p.stdout.decode().split(), p.stdout
+
+
+LEGIT_EXISTING = (
+    PRELUDE
+    + """
+git init -q upstream
+git -C upstream commit -q --allow-empty -m upstream
+echo one >> a.txt && git commit -qam one
+git branch feature && git checkout -q feature && echo two >> a.txt && git commit -qam two
+git checkout -q main && echo side > side.txt && git add side.txt && git commit -qm side
+git merge -q --no-edit feature
+git checkout -q -b topic && echo t > t.txt && git add t.txt && git commit -qm topic
+git checkout -q main && echo m > m.txt && git add m.txt && git commit -qm m
+git checkout -q topic && git rebase -q main
+echo wip >> t.txt && git stash -q && git stash pop -q && git checkout -q -- t.txt
+git worktree add -q --detach wt2
+git fetch -q ./upstream main && git log --oneline FETCH_HEAD | grep -q upstream
+git gc -q
+echo SESSION-OK
+"""
+)
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_legitimate_git_session_in_the_existing_repository(runtime: str, tmp_path: Path, home: Path) -> None:
+    """The developer's repository: everything that does not write its (read-only) config
+    works; the guard leaves it alone (``git remote add`` and ``submodule add``, which write
+    the config, are the host's to run there: docs/security.md)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _layout("plain", ws, outside, home)
+    async with own_registry(tmp_path, runtime) as reg:
+        r = await reg.execute("shell_execute", {"command": LEGIT_EXISTING}, ws)
+        assert r.success and "SESSION-OK" in r.output, r.output
+        assert (await reg.workspace(ws)).guard.last == []
+    p = subprocess.run(  # noqa: ASYNC221 (the host's git, as the developer runs it)
+        ["git", "log", "--format=%s", "-1", "topic"],
+        cwd=ws,
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        capture_output=True,
+        check=True,
+    )
+    assert p.stdout == b"topic\n", p

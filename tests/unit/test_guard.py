@@ -114,6 +114,16 @@ def test_the_owners_own_hooks_and_config_are_trusted_until_they_change(tmp_path:
     assert not os.access(hook, os.X_OK)
     assert "fsmonitor" not in (ws / ".git" / "config").read_text()
     assert os.access(ws / ".git" / "hooks" / "post-checkout", os.X_OK)  # unchanged: still trusted
+    # The workspace removed and cloned again at the same path (another directory): its hooks
+    # are the owner's.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    _git(fresh, "init", "-q")
+    shutil.rmtree(ws)
+    fresh.rename(ws)
+    (ws / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    (ws / ".git" / "hooks" / "pre-commit").chmod(0o755)
+    assert WorkspaceGuard(ws, tmp_path / "state").check() == []
 
 
 @needs_git

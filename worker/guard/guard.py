@@ -116,7 +116,7 @@ class WorkspaceGuard:
             root_fd = os.open(self.root, _DIR_FLAGS)
             try:
                 git_dirs = list(self._walk(root_fd, actions))
-                if self._trust is None and not self._load_trust():
+                if self._trust is None and not self._load_trust(_root_id(root_fd)):
                     self._take_trust(root_fd, git_dirs)
                 else:
                     for rel in git_dirs:
@@ -361,11 +361,15 @@ class WorkspaceGuard:
     def _trusted(self, path: str, ident: Identity) -> bool:
         return self._trust is not None and self._trust.get(path) == ident
 
-    def _load_trust(self) -> bool:
+    def _load_trust(self, root_id: list[int]) -> bool:
+        """The saved baseline, if it is of this very directory (a workspace removed and made
+        again at the same path, a fresh clone, is looked at afresh)."""
         if self._state is None:
             return False
         try:
             data = json.loads(self._state.read_text())
+            if data["root"] != root_id:
+                return False
             self._trust = {k: tuple(v) for k, v in data["files"].items()}
             self._hookdirs = [str(d) for d in data["hookdirs"]]
         except (OSError, ValueError, KeyError, TypeError):
@@ -391,7 +395,7 @@ class WorkspaceGuard:
             tmp = self._state.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"files": trust, "hookdirs": hookdirs}, f)
+                json.dump({"root": _root_id(root_fd), "files": trust, "hookdirs": hookdirs}, f)
             os.replace(tmp, self._state)
 
     def _identities(self, root_fd: int, rel: str) -> dict[str, Identity]:
@@ -451,6 +455,11 @@ class WorkspaceGuard:
             return str(target.relative_to(self.root)) if target != self.root else None
         except ValueError:
             return None  # outside the workspace: out of the sandbox's reach
+
+
+def _root_id(root_fd: int) -> list[int]:
+    st = os.fstat(root_fd)
+    return [st.st_dev, st.st_ino]
 
 
 def _chmod(proc: str, mode: int, path: str, what: str, actions: list[Action]) -> None:

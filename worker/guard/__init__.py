@@ -19,8 +19,10 @@ host, never following a link, and:
 - trusts what was there when it first looked at the workspace (the owner's own hooks and
   config, their ``core.hooksPath``), until it changes.
 
+    walk        the walk: from descriptors, no link followed, unchanged directories not
+                listed again; setuid/setgid bits, devices and capabilities undone on the way
     gitconfig   the allowlist; reading a config with the host's git; the canonical rewrite
-    guard       WorkspaceGuard: the walk, the fixes, the trusted baseline
+    guard       WorkspaceGuard: git directories' configs and hooks, the trusted baseline
 """
 
 from .guard import TRUST_FILE, Action, WorkspaceGuard, as_dicts

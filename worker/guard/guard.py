@@ -8,54 +8,21 @@ import json
 import os
 import stat
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from sandbox.agent.paths import open_below
 from sandbox.logs import get_logger
 
 from . import gitconfig
+from .walk import DIR_FLAGS, Action, Identity, Walk, chmod_logged, identity, join, pinned
 
 log = get_logger("worker.guard")
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_SETID = stat.S_ISUID | stat.S_ISGID
-_CAPABILITY = "security.capability"
 _CONFIGS = ("config", "config.worktree")
 #: Names that make a tool's write a matter for the guard (see WorkspaceGuard.concerns).
 _GIT_NAMES = frozenset({".git", "config", "config.worktree", "HEAD", "commondir", "gitdir", "hooks", "objects", "refs"})
 TRUST_FILE = "git-trust.json"
-#: Seconds between walks that stat every file again, also in directories that did not change
-#: (a mode changed in place: something no sandboxed process can do; this is the second line).
-FULL_WALK_EVERY = 60.0
-
-Identity = tuple[int, int, int, int]
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing the guard changed: workspace-relative ``path`` and ``what`` it did."""
-
-    path: str
-    what: str
-
-
-def _identity(st: os.stat_result) -> Identity:
-    # ctime: a command can set a file's mtime back (utimensat), never its ctime.
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _join(rel: str, name: str) -> str:
-    return f"{rel}/{name}" if rel else name
-
-
-def is_git_dir(names: set[str]) -> bool:
-    """Whether a directory holding ``names`` is one git may take for a repository's git
-    directory: a HEAD (a repository, bare or not, a linked worktree's or a submodule's
-    directory), a ``commondir`` file, or the objects and refs a common directory has."""
-    return "HEAD" in names or "commondir" in names or ("objects" in names and "refs" in names)
 
 
 class WorkspaceGuard:
@@ -73,11 +40,7 @@ class WorkspaceGuard:
         self._trust: dict[str, Identity] | None = None
         self._hookdirs: list[str] = []
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
-        # Each directory's identity, subdirectories and git-ness at the last walk: an
-        # unchanged directory is not listed again (see _walk); a whole walk, every file
-        # stat'ed, at least every FULL_WALK_EVERY seconds.
-        self._dirs: dict[str, tuple[tuple[int, int, int], tuple[str, ...], bool]] = {}
-        self._full_at = -FULL_WALK_EVERY
+        self._walk = Walk()
         self._lock = threading.Lock()
         self._git = gitconfig.git_binary()
         #: What the last check changed.
@@ -113,9 +76,9 @@ class WorkspaceGuard:
         changed (also logged). Raises OSError when the workspace cannot be opened."""
         with self._lock:
             actions: list[Action] = []
-            root_fd = os.open(self.root, _DIR_FLAGS)
+            root_fd = os.open(self.root, DIR_FLAGS)
             try:
-                git_dirs = list(self._walk(root_fd, actions))
+                git_dirs = list(self._walk.run(root_fd, actions))
                 if self._trust is None and not self._load_trust(_root_id(root_fd)):
                     self._take_trust(root_fd, git_dirs)
                 else:
@@ -134,108 +97,6 @@ class WorkspaceGuard:
                 )
             return actions
 
-    def _walk(self, root_fd: int, actions: list[Action]) -> Iterator[str]:
-        """Every directory below the root, without following a link: clear setuid and setgid
-        bits, remove device nodes and file capabilities; yield the git directories."""
-        stack: list[tuple[int, str, list[str]]] = []
-        now = time.monotonic()
-        full = now - self._full_at >= FULL_WALK_EVERY
-        if full:
-            self._full_at = now
-        seen: dict[str, tuple[tuple[int, int, int], tuple[str, ...], bool]] = {}
-        fd, rel = os.dup(root_fd), ""
-        try:
-            while True:
-                dst = os.fstat(fd)
-                ident = (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
-                known = None if full else self._dirs.get(rel)
-                if known is not None and known[0] == ident:
-                    # Unchanged since the last walk (no entry made, removed or renamed: the
-                    # ctime would show it, and no command can set a ctime back): the same
-                    # names. What changes in place, a file's mode, no command can make setid.
-                    _ident, subdir_names, git = known
-                else:
-                    subdir_names, git = self._scan_dir(fd, rel, actions)
-                seen[rel] = (ident, subdir_names, git)
-                if git:
-                    yield rel
-                subdirs = list(subdir_names)
-                stack.append((fd, rel, subdirs))
-                fd = -1
-                while stack:
-                    pfd, prel, rest = stack[-1]
-                    if not rest:
-                        os.close(pfd)
-                        stack.pop()
-                        continue
-                    name = rest.pop()
-                    try:
-                        fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
-                    except OSError:
-                        continue  # gone, or swapped for a link: never followed
-                    rel = _join(prel, name)
-                    break
-                if fd < 0:
-                    self._dirs = seen  # (only a whole walk replaces what is known)
-                    return
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            for pfd, _prel, _rest in stack:
-                os.close(pfd)
-
-    def _scan_dir(self, fd: int, rel: str, actions: list[Action]) -> tuple[tuple[str, ...], bool]:
-        """One directory's entries: fix its files; its subdirectories, and whether git could
-        take it for a git directory."""
-        subdirs: list[str] = []
-        names: set[str] = set()
-        with os.scandir(fd) as it:
-            for e in it:
-                names.add(e.name)
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        subdirs.append(e.name)
-                    elif not e.is_symlink():
-                        self._file(fd, rel, e.name, e.stat(follow_symlinks=False), actions)
-                except OSError:
-                    continue  # gone meanwhile
-        return tuple(subdirs), is_git_dir(names)
-
-    def _file(self, dir_fd: int, rel: str, name: str, st: os.stat_result, actions: list[Action]) -> None:
-        path = _join(rel, name)
-        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-                actions.append(Action(path, "device node removed"))
-            return
-        if not stat.S_ISREG(st.st_mode):
-            return
-        if st.st_mode & _SETID:
-            with self._pinned(dir_fd, name, st) as proc:
-                if proc is not None:
-                    _chmod(proc, stat.S_IMODE(st.st_mode) & ~_SETID, path, "setuid/setgid bits cleared", actions)
-        if st.st_mode & 0o111:
-            with self._pinned(dir_fd, name, st) as proc:
-                if proc is not None and _CAPABILITY in _xattrs(proc):
-                    with contextlib.suppress(OSError):
-                        os.removexattr(proc, _CAPABILITY)
-                        actions.append(Action(path, "file capability removed"))
-
-    @contextlib.contextmanager
-    def _pinned(self, dir_fd: int, name: str, st: os.stat_result) -> Iterator[str | None]:
-        """A /proc path to the very inode ``st`` describes (no link followed), or None."""
-        try:
-            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
-            yield None
-            return
-        try:
-            now = os.fstat(fd)
-            ok = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
-            yield f"/proc/self/fd/{fd}" if ok else None
-        finally:
-            os.close(fd)
-
     # -- git ----------------------------------------------------------------------------
 
     def _git_dir(self, root_fd: int, rel: str, actions: list[Action]) -> None:
@@ -244,17 +105,17 @@ class WorkspaceGuard:
             return
         try:
             for name in _CONFIGS:
-                self._config(fd, _join(rel, name), name, actions)
+                self._config(fd, join(rel, name), name, actions)
         finally:
             os.close(fd)
-        self._hooks(root_fd, _join(rel, "hooks"), actions)
+        self._hooks(root_fd, join(rel, "hooks"), actions)
 
     def _config(self, dir_fd: int, path: str, name: str, actions: list[Action]) -> None:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             return
-        ident = _identity(st)
+        ident = identity(st)
         if self._trusted(path, ident) or self._judged.get(path) == ident:
             return
         if stat.S_ISLNK(st.st_mode):
@@ -298,7 +159,7 @@ class WorkspaceGuard:
             finally:
                 os.close(out)
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            self._judged[path] = _identity(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+            self._judged[path] = identity(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
             actions.append(Action(path, "git config: removed " + ", ".join(sorted(set(refused)))))
         finally:
             os.close(fd)
@@ -325,34 +186,34 @@ class WorkspaceGuard:
             except OSError:
                 return
             if stat.S_ISLNK(st.st_mode):
-                if not self._trusted(rel, _identity(st)):
+                if not self._trusted(rel, identity(st)):
                     with contextlib.suppress(OSError):
                         os.unlink(name, dir_fd=pfd)
                         actions.append(Action(rel, "symlinked hooks directory removed"))
                 return
             if not stat.S_ISDIR(st.st_mode):
                 return
-            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+            fd = os.open(name, DIR_FLAGS, dir_fd=pfd)
         finally:
             os.close(pfd)
         try:
             for e in os.scandir(fd):
-                path = _join(rel, e.name)
+                path = join(rel, e.name)
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if e.name.endswith(".sample") or self._trusted(path, _identity(st)):
+                if e.name.endswith(".sample") or self._trusted(path, identity(st)):
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     with contextlib.suppress(OSError):
                         os.unlink(e.name, dir_fd=fd)
                         actions.append(Action(path, "symlinked hook removed"))
                 elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
-                    with self._pinned(fd, e.name, st) as proc:
+                    with pinned(fd, e.name, st) as proc:
                         if proc is not None:
                             mode = stat.S_IMODE(st.st_mode) & ~0o111
-                            _chmod(proc, mode, path, "hook disabled (not executable)", actions)
+                            chmod_logged(proc, mode, path, "hook disabled (not executable)", actions)
         finally:
             os.close(fd)
 
@@ -383,7 +244,7 @@ class WorkspaceGuard:
         hookdirs: list[str] = []
         for rel in git_dirs:
             for name in (*_CONFIGS, "hooks"):
-                trust.update(self._identities(root_fd, _join(rel, name)))
+                trust.update(self._identities(root_fd, join(rel, name)))
             for name in _CONFIGS:
                 hp = self._hooks_path(root_fd, rel, name)
                 if hp is not None and hp not in hookdirs:
@@ -410,13 +271,13 @@ class WorkspaceGuard:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 return {}
-            out[rel] = _identity(st)
+            out[rel] = identity(st)
             if stat.S_ISDIR(st.st_mode):
-                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
                 try:
                     for e in os.scandir(sub):
                         with contextlib.suppress(OSError):
-                            out[_join(rel, e.name)] = _identity(e.stat(follow_symlinks=False))
+                            out[join(rel, e.name)] = identity(e.stat(follow_symlinks=False))
                 finally:
                     os.close(sub)
         finally:
@@ -460,22 +321,6 @@ class WorkspaceGuard:
 def _root_id(root_fd: int) -> list[int]:
     st = os.fstat(root_fd)
     return [st.st_dev, st.st_ino]
-
-
-def _chmod(proc: str, mode: int, path: str, what: str, actions: list[Action]) -> None:
-    try:
-        os.chmod(proc, mode)
-    except OSError as e:
-        log.error("workspace.guard_failed", path=path, what=what, error=str(e))
-        return
-    actions.append(Action(path, what))
-
-
-def _xattrs(path: str) -> list[str]:
-    try:
-        return os.listxattr(path)
-    except OSError:
-        return []
 
 
 def as_dicts(actions: list[Action]) -> list[dict[str, str]]:

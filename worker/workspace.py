@@ -153,6 +153,9 @@ class NullRecorder:
 
 
 #: Content remembered per workspace for edits (see :meth:`Workspace.known`).
+#: Seconds between the guard's looks while a background process may still change files (what
+#: it plants is undone within about that long, not only at the next call).
+GUARD_WATCH_EVERY = 1.0
 KNOWN_MAX_FILES = 64
 KNOWN_MAX_BYTES = 2 << 20  # per workspace; a file over an eighth of it is not kept
 
@@ -174,6 +177,7 @@ class Workspace:
         #: taken before the first call runs anything.
         self.guard = guard if guard is not None else WorkspaceGuard(root)
         self._guard_ready = False
+        self._watcher: asyncio.Task[None] | None = None
         self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
@@ -209,6 +213,33 @@ class Workspace:
                     await self.check()
                 else:
                     self.guard.last = []
+                self._watch_background()
+
+    def _watch_background(self) -> None:
+        """While a background process may still change files, the guard looks every
+        GUARD_WATCH_EVERY seconds (its own task, ended by :meth:`aclose`)."""
+        bg = self.background
+        if bg is None or (self._watcher is not None and not self._watcher.done()):
+            return
+        if not bg.index.pending():  # (one stat of the index when it did not change)
+            return
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(bg), name=f"guard {self.root}")
+
+    async def _watch(self, bg: Background) -> None:
+        while await asyncio.to_thread(bg.index.pending):
+            await asyncio.sleep(GUARD_WATCH_EVERY)
+            if not self.root.is_dir():
+                return
+            async with self._mutation_lock:
+                await self.check()
+
+    async def aclose(self) -> None:
+        """Stop the guard's watch of background processes (the workspace is dropped)."""
+        task, self._watcher = self._watcher, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def check(self) -> list[Action]:
         """Run the host's guard over the workspace now (after anything that changed it outside

@@ -18,6 +18,7 @@ gc, fetch from a local remote) works, the guard leaves it alone, and the changel
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -328,3 +329,36 @@ async def test_a_legitimate_git_session_in_the_existing_repository(runtime: str,
         check=True,
     )
     assert p.stdout == b"topic\n", p
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_background_processs_plant_is_undone_without_another_call(
+    runtime: str, tmp_path: Path, home: Path
+) -> None:
+    """A background process plants after its call has ended: the guard's watch undoes it
+    while the process runs, before any other call."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, UID, UID)
+    marker = tmp_path / "markers" / "ran"
+    marker.parent.mkdir()
+    plant = (
+        f"sleep 1; git init -q r && git -C r config core.fsmonitor 'touch {marker}' && "
+        "printf '#!/bin/sh\\n' > r/.git/hooks/pre-commit && chmod +x r/.git/hooks/pre-commit && touch planted; "
+        "sleep 600"
+    )
+    async with own_registry(tmp_path, runtime) as reg:
+        r = await reg.execute("shell_execute", {"command": PRELUDE + plant, "background": True}, ws)
+        assert r.success, r.output
+        config, hook = ws / "r" / ".git" / "config", ws / "r" / ".git" / "hooks" / "pre-commit"
+
+        def undone() -> bool:
+            return (ws / "planted").exists() and "fsmonitor" not in config.read_text() and not os.access(hook, os.X_OK)
+
+        for _ in range(600):  # a synchronisation (the plant comes a second later), not a timing check
+            if undone():
+                break
+            await asyncio.sleep(0.1)
+        assert undone(), config.read_text() if config.exists() else "no plant"
+        tried = _host_git(ws / "r", home)
+    assert not marker.exists(), "\n".join(tried)

@@ -158,6 +158,8 @@ class WorkspacePool:
         ws = self._workspaces.pop(root, None)
         for key in [k for k, v in self._by_arg.items() if v is ws or v.root == root]:
             del self._by_arg[key]
+        if ws is not None:
+            await ws.aclose()
         self._egress_roots.discard(root)
         if self.egress is not None:
             await self.egress.release(root)
@@ -176,6 +178,7 @@ class WorkspacePool:
         if self.egress is not None:
             await self.egress.aclose()
         for ws in workspaces:
+            await ws.aclose()
             closer = getattr(ws.recorder, "aclose", None)  # (not part of the recorder protocol)
             if closer is not None and self._own_recorders:
                 await closer()
@@ -270,6 +273,8 @@ class WorkspacePool:
             self._workspaces[root] = ws
             for key in [k for k, v in self._by_arg.items() if v is old]:
                 self._by_arg[key] = ws
+            if old is not None:
+                await old.aclose()  # (the new one watches, from its first change on)
             return ws
 
     async def workspace_settings(self, path: Path | str) -> tuple[WorkspaceSettings, dict[str, Any]]:

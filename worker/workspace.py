@@ -152,10 +152,10 @@ class NullRecorder:
         return []
 
 
-#: Content remembered per workspace for edits (see :meth:`Workspace.known`).
 #: Seconds between the guard's looks while a background process may still change files (what
 #: it plants is undone within about that long, not only at the next call).
 GUARD_WATCH_EVERY = 1.0
+#: Content remembered per workspace for edits (see :meth:`Workspace.known`).
 KNOWN_MAX_FILES = 64
 KNOWN_MAX_BYTES = 2 << 20  # per workspace; a file over an eighth of it is not kept
 

@@ -122,12 +122,16 @@ def agent_info(r: dict[str, Any]) -> AgentInfo:
 
 
 def _hello_extra(r: dict[str, Any]) -> dict[str, object]:
-    """The hello's optional facts: the CPU quota, the seccomp mode (2: a filter)."""
+    """The hello's optional facts: the CPU quota, the seccomp mode (2: a filter), and
+    whether the agent's own filter (no setuid/setgid bits, no devices) is on ("on", or
+    why not)."""
     extra: dict[str, object] = {}
     if isinstance(q := r.get("cpu_quota"), int | float) and not isinstance(q, bool):
         extra["cpu_quota"] = q
     if isinstance(m := r.get("seccomp"), int) and not isinstance(m, bool):
         extra["seccomp"] = m
+    if isinstance(g := r.get("modeguard"), str):
+        extra["modeguard"] = g[:200]
     return extra
 
 

@@ -15,8 +15,9 @@ to the write, so concurrent mutations of one path take turns instead of conflict
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -32,13 +33,18 @@ from sandbox.base import (
     WriteResult,
 )
 from sandbox.errors import SandboxError
+from sandbox.logs import get_logger
 
 from . import faults
 from .background import Background, BackgroundLimits, Started, new_process_id
 from .changelog.intents import release
+from .guard import Action, WorkspaceGuard
 from .pathlocks import PathLocks
 
 T = TypeVar("T")
+
+
+log = get_logger("worker.workspace")
 
 
 @runtime_checkable
@@ -150,6 +156,9 @@ class NullRecorder:
         return []
 
 
+#: Seconds between the guard's looks while a background process may still change files (what
+#: it plants is undone within about that long, not only at the next call).
+GUARD_WATCH_EVERY = 1.0
 #: Content remembered per workspace for edits (see :meth:`Workspace.known`).
 KNOWN_MAX_FILES = 64
 KNOWN_MAX_BYTES = 2 << 20  # per workspace; a file over an eighth of it is not kept
@@ -165,11 +174,17 @@ class Workspace:
         recorder: ChangeRecorder | None = None,
         background: Background | None = None,
         mutation_lock: AbstractAsyncContextManager[Any] | None = None,
+        guard: WorkspaceGuard | None = None,
     ) -> None:
         """``mutation_lock``: held across each mutation (the changelog's, which other
         processes on the same workspace take too); default an in-process lock."""
         self.root = root
         self.sandbox = sandbox
+        #: The host's check after every change (see :mod:`worker.guard`); its trust is
+        #: taken before the first call runs anything.
+        self.guard = guard if guard is not None else WorkspaceGuard(root)
+        self._guard_ready = False
+        self._watcher: asyncio.Task[None] | None = None
         self.recorder: ChangeRecorder = recorder if recorder is not None else NullRecorder()
         #: The background processes the changelog attributes changes to (None: not tracked).
         self.background = background
@@ -182,6 +197,68 @@ class Workspace:
         # Paths whose remembered content is what this worker itself last wrote there (so
         # the changelog holds it): a write's before-image is guessed from those only.
         self._written: set[str] = set()
+
+    # -- the host's guard -------------------------------------------------------------------
+
+    async def _guard_first(self) -> None:
+        """Before the first change: the guard's first look (what is there is the owner's)."""
+        if not self._guard_ready:
+            await self.check()
+            self._guard_ready = True
+
+    @contextlib.asynccontextmanager
+    async def mutating(self, written: str | None = None) -> AsyncIterator[None]:
+        """Hold the workspace's mutation lock for a change; the host's guard looks at the
+        workspace before the first change and after every one, also one that failed.
+        ``written``: the change is the content of that one file (a tool's write, which
+        keeps the file's mode and makes a new one 0644): the guard looks only when git
+        could read that path (:meth:`WorkspaceGuard.concerns`), so an edit stays cheap."""
+        async with self._mutation_lock:
+            await self._guard_first()
+            try:
+                yield
+            finally:
+                if written is None or self.guard.concerns(written):
+                    await self.check()
+                else:
+                    self.guard.last = []
+                self._watch_background()
+
+    def _watch_background(self) -> None:
+        """While a background process may still change files, the guard looks every
+        GUARD_WATCH_EVERY seconds (its own task, ended by :meth:`aclose`)."""
+        bg = self.background
+        if bg is None or (self._watcher is not None and not self._watcher.done()):
+            return
+        if not bg.index.pending():  # (one stat of the index when it did not change)
+            return
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(bg), name=f"guard {self.root}")
+
+    async def _watch(self, bg: Background) -> None:
+        while await asyncio.to_thread(bg.index.pending):
+            await asyncio.sleep(GUARD_WATCH_EVERY)
+            if not self.root.is_dir():
+                return
+            async with self._mutation_lock:
+                await self.check()
+
+    async def aclose(self) -> None:
+        """Stop the guard's watch of background processes (the workspace is dropped)."""
+        task, self._watcher = self._watcher, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def check(self) -> list[Action]:
+        """Run the host's guard over the workspace now (after anything that changed it outside
+        the methods here: an undo, a snapshot's restore, a harness's write). Returns what it
+        changed; a workspace it cannot read is logged, not raised (the next check retries)."""
+        try:
+            return await asyncio.to_thread(self.guard.check)
+        except OSError as e:
+            log.error("workspace.guard_failed", workspace=str(self.root), error=str(e))
+            return []
 
     # -- remembered content ----------------------------------------------------------------
     #
@@ -247,7 +324,7 @@ class Workspace:
         Raises ConflictError, PathEscapeError, NotAFileError, TooLargeError and the
         sandbox's infrastructure errors.
         """
-        async with self._mutation_lock:
+        async with self.mutating(written=path):
             extra: dict[str, Any] = {}
             if expect_sha256 is None and not expect_absent and path in self._written:
                 # What this worker last wrote there: if the file still holds it, the
@@ -293,7 +370,7 @@ class Workspace:
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
         result (``outcome="sandbox_lost"``), not raised.
         """
-        async with self._mutation_lock:
+        async with self.mutating():
             # Changes a background process made since the last scan are its own entries.
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
             attribute = bg.record if bg is not None else None
@@ -396,7 +473,7 @@ class Workspace:
         theirs, what changed while it ran is recorded as ``call_id``'s. Returns its value
         and the changed paths. Raises what ``run`` raises (its changes are recorded
         first) and the recorder's errors."""
-        async with self._mutation_lock:
+        async with self.mutating():
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
             extra: dict[str, Any] = {"attribute": bg.record} if bg is not None else {}
             intent = {"tool": tool, "command": command, "call_id": call_id, "subtask_id": subtask_id}
@@ -440,7 +517,7 @@ class Workspace:
         """
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
-        async with self._mutation_lock:
+        async with self.mutating():
             # The baseline is brought up to date first: what the process changes from
             # here on is its own (and what others changed before is theirs).
             attr = await bg.attribution(self.sandbox) if bg is not None else None
@@ -470,7 +547,7 @@ class Workspace:
         bg = self.background
         if bg is None:
             return []
-        async with self._mutation_lock:
+        async with self.mutating():
             attr = await bg.attribution(self.sandbox)
             if attr is None:
                 return []

@@ -28,6 +28,7 @@ are refused *before* any open that could block.
 The modules, each importing only those above it (no cycles)::
 
     state      the config line's values and process-wide facts (read as ``state.X``)
+    modeguard  the agent's own seccomp filter: no setuid/setgid bit, no device node
     errors     Refused, and how any exception becomes an error answer
     activity   the idle clock: touch on requests, the keeper that ends an idle container
     channel    framing (JSON lines with the secret, base64) and where answers go: stdout,

@@ -23,6 +23,7 @@ from . import (
     files,
     handover,
     listing,
+    modeguard,
     processes,
     proctree,
     relay,
@@ -63,7 +64,9 @@ def op_hello(req):
         # Commands run with the image's own /bin/sh: an image without one cannot serve.
         "shell": os.access("/bin/sh", os.X_OK),
         "cpu_quota": cgroup.cpu_quota(),
-        "seccomp": _seccomp_mode(),
+        # The engine's profile, as it was before the agent added its own filter.
+        "seccomp": state.engine_seccomp if state.engine_seccomp is not None else _seccomp_mode(),
+        "modeguard": state.modeguard,
     }
 
 
@@ -242,6 +245,8 @@ def main(config):
     state.subreaper = _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of commands come back to us
     _prctl(4, 0)  # PR_SET_DUMPABLE=0: commands (same uid) cannot open /proc/<agent>/fd to forge replies
     _own_dirs(config.get("own_dirs"))
+    state.engine_seccomp = _seccomp_mode()
+    state.modeguard = modeguard.install() or "on"  # no setuid/setgid bits, no devices
     os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     stdin = sys.stdin.buffer

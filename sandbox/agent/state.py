@@ -35,6 +35,10 @@ nonce = None  # type: str | None
 #: Whether the kernel made the agent the child subreaper of what it starts: runc yes,
 #: gVisor no (then orphans are hunted by heuristics, and scans do not use inotify).
 subreaper = False
+#: The seccomp mode the engine gave the agent (before its own filter), and whether that
+#: filter (modeguard) is on: "on" or why not.
+engine_seccomp = None  # type: int | None
+modeguard = None  # type: str | None
 #: An agent started as another user than the workspace owner's (``exec`` with ``user``):
 #: its commands get that user's HOME and name.
 as_user = False

@@ -37,6 +37,7 @@ from . import gvisor, housekeeping, memcg, seccomp
 from .channel import AgentChannels, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import (
+    LABEL_MASKED,
     LABEL_RUNTIME,
     LABEL_SECCOMP,
     LABEL_SPEC,
@@ -44,6 +45,8 @@ from .config import (
     channel_dir,
     container_config,
     container_name,
+    create_args,
+    masked_digest,
     owner,
 )
 from .engine import Engine
@@ -206,6 +209,7 @@ class DockerBackend(SandboxBackend):
                     and labels.get(LABEL_WS) == str(ws)
                     and labels.get(LABEL_RUNTIME, "") == self._runtime_volume.name
                     and labels.get(LABEL_SECCOMP) == seccomp.digest(spec.runtime)
+                    and labels.get(LABEL_MASKED) == masked_digest()
                     and seccomp_kept(container, spec.runtime)
                 )
                 if container.status == "running" and same:
@@ -237,7 +241,7 @@ class DockerBackend(SandboxBackend):
                 await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
             cfg = self.container_config(ws)
             try:
-                container = await self.engine.call("create sandbox", client.containers.create, **cfg)
+                container = await self.engine.call("create sandbox", self._create, client, cfg)
             except ImageNotFoundError:
                 # The engine does not have the image (its create answers that without asking
                 # a registry): pull it as the policy says, then create again, as `docker run`
@@ -271,6 +275,12 @@ class DockerBackend(SandboxBackend):
             log.info("sandbox.started", workspace=str(ws), container=name, runtime=spec.runtime, image=spec.image)
             return container
         raise SandboxUnavailableError(f"Could not start a sandbox for {ws}: it kept disappearing")
+
+    @staticmethod
+    def _create(client: Any, cfg: dict[str, Any]) -> Any:
+        """``containers.create`` with the host settings docker-py does not name (blocking)."""
+        resp = client.api.create_container(**create_args(cfg, client.api._version))
+        return client.containers.get(resp["Id"])
 
     async def prepare(self, spec: SandboxSpec | None = None) -> None:
         """What every container needs before :meth:`container_config` can describe it:

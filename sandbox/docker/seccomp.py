@@ -48,17 +48,19 @@ from typing import Any
 ALLOWED: dict[str, tuple[str, ...]] = {
     # Files and directories: everything an editor, a compiler, git or a package manager does.
     "files": (
-        "access", "chdir", "chmod", "chown", "close", "close_range", "copy_file_range", "creat",
+        "access", "chdir", "chown", "close", "close_range", "copy_file_range",
         "dup", "dup2", "dup3", "faccessat", "faccessat2", "fadvise64", "fallocate", "fchdir",
-        "fchmod", "fchmodat", "fchmodat2", "fchown", "fchownat", "fcntl", "fdatasync", "flock",
+        "fchown", "fchownat", "fcntl", "fdatasync", "flock",
         "fstat", "fstatfs", "fsync", "ftruncate", "futimesat", "getcwd", "getdents", "getdents64",
-        "lchown", "link", "linkat", "lseek", "lstat", "mkdir", "mkdirat", "mknod", "mknodat",
-        "newfstatat", "open", "openat", "openat2", "pread64", "preadv", "preadv2", "pwrite64",
+        "lchown", "link", "linkat", "lseek", "lstat", "mkdir", "mkdirat",
+        "newfstatat", "pread64", "preadv", "preadv2", "pwrite64",
         "pwritev", "pwritev2", "read", "readahead", "readlink", "readlinkat", "readv", "rename",
         "renameat", "renameat2", "rmdir", "sendfile", "splice", "stat", "statfs", "statx",
         "symlink", "symlinkat", "sync", "sync_file_range", "syncfs", "tee", "truncate", "umask",
         "unlink", "unlinkat", "utime", "utimensat", "utimes", "vmsplice", "write", "writev",
     ),
+    # (chmod, fchmod, fchmodat, fchmodat2, creat, open, openat, mknod, mknodat: below, only
+    # without setuid/setgid bits or a device; openat2: ENOSYS.)
     # Extended attributes (cp -a, tar, rsync, package managers).
     "xattrs": (
         "fgetxattr", "flistxattr", "fremovexattr", "fsetxattr", "getxattr", "getxattrat",
@@ -178,11 +180,33 @@ DENIED: dict[str, tuple[str, tuple[str, ...]]] = {
         "CVEs; the sandbox has no network but loopback anyway.",
         (),
     ),
+    "setuid, setgid and device files": (
+        "The workspace is a host directory: a file made setuid or setgid there keeps its mode on "
+        "the host, where any local user who runs it gets its owner's ids (root's in a root-owned "
+        "workspace, whose sandbox runs as uid 0). chmod, fchmod, fchmodat, fchmodat2 and creat "
+        "with S_ISUID or S_ISGID, open and openat creating a file with them, and mknod/mknodat "
+        "of a character or block device are refused; openat2, whose mode the filter cannot "
+        "read, answers ENOSYS (every libc falls back to openat). The agents add the same rules "
+        "as a filter of their own, for gVisor (sandbox/agent/modeguard.py).",
+        ("openat2",),
+    ),
     "32-bit system calls": (
         "Not listed at all: see the module docstring.",
         ("socketcall",),
     ),
 }
+
+#: Mode bits a file may not be given in the workspace: S_ISUID | S_ISGID.
+SETID_BITS = 0o6000
+#: open()/openat() flags under which the mode argument is read: O_CREAT, __O_TMPFILE.
+CREATE_FLAGS = 0o100 | 0o20000000
+#: mknod() types allowed (with S_IFMT and the setid bits as the mask): a plain mknod (0,
+#: a regular file), a regular file, a FIFO and a socket; never a device.
+MKNOD_TYPES = (0, 0o100000, 0o010000, 0o140000)
+#: The calls that take a mode, and the index of their mode argument (and of their flags).
+MODE_CALLS = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2, "creat": 1}
+OPEN_CALLS = {"open": (1, 2), "openat": (2, 3)}  # (flags, mode)
+MKNOD_CALLS = {"mknod": 1, "mknodat": 2}
 
 #: Address families socket() may create: AF_UNIX, AF_INET, AF_INET6, AF_NETLINK.
 SOCKET_FAMILIES = {1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6", 16: "AF_NETLINK"}
@@ -224,6 +248,26 @@ def _eq(value: int, index: int = 0) -> dict[str, Any]:
     return {"index": index, "value": value, "op": "SCMP_CMP_EQ"}
 
 
+def _masked(index: int, mask: int, value: int = 0) -> dict[str, Any]:
+    return {"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def _mode_rules() -> list[dict[str, Any]]:
+    """The rules of the calls that may set a mode: allowed only without setuid/setgid bits
+    (an open only when it does not create, or creates without them), mknod never of a
+    device. Rules of one call are alternatives; the arguments of one rule all hold."""
+    allow = "SCMP_ACT_ALLOW"
+    rules = [{"names": [n], "action": allow, "args": [_masked(i, SETID_BITS)]} for n, i in MODE_CALLS.items()]
+    for name, (flags, mode) in OPEN_CALLS.items():
+        rules.append({"names": [name], "action": allow, "args": [_masked(flags, CREATE_FLAGS)]})
+        rules.append({"names": [name], "action": allow, "args": [_masked(mode, SETID_BITS)]})
+    for name, i in MKNOD_CALLS.items():
+        rules += [
+            {"names": [name], "action": allow, "args": [_masked(i, 0o170000 | SETID_BITS, t)]} for t in MKNOD_TYPES
+        ]
+    return rules
+
+
 def build(runtime: str = "runc") -> dict[str, Any]:
     """The profile for ``runtime``, in the engine's format (the OCI ``linux.seccomp``
     object with names). The two differ in one rule, ``clone3`` (below)."""
@@ -232,6 +276,7 @@ def build(runtime: str = "runc") -> dict[str, Any]:
     rules += [{"names": ["ptrace"], "action": "SCMP_ACT_ALLOW", "args": [_eq(r)]} for r in sorted(PTRACE_REQUESTS)]
     rules += [{"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [_eq(f)]} for f in sorted(SOCKET_FAMILIES)]
     rules.append({"names": ["socketpair"], "action": "SCMP_ACT_ALLOW", "args": [_eq(1)]})
+    rules += _mode_rules()
     rules += [{"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [_eq(p)]} for p in PERSONALITIES]
     rules.append(
         {
@@ -246,10 +291,14 @@ def build(runtime: str = "runc") -> dict[str, Any]:
         # glibc as EPERM, which it does not fall back from, and no thread could start. So
         # clone3 is allowed there: a namespace it makes exists only inside gVisor's kernel.
         rules.append({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+        # (openat2 likewise: EPERM would not make a program fall back to openat; the
+        # agent's own filter answers it ENOSYS there, see sandbox/agent/modeguard.py.)
+        rules.append({"names": ["openat2"], "action": "SCMP_ACT_ALLOW"})
     else:
         # clone3 passes its flags in memory the filter cannot read: ENOSYS (not EPERM)
         # makes glibc and other runtimes fall back to clone, whose flags the rule above checks.
         rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": _ERRNO_ENOSYS})
+        rules.append({"names": ["openat2"], "action": "SCMP_ACT_ERRNO", "errnoRet": _ERRNO_ENOSYS})
     return {
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": _ERRNO_EPERM,

@@ -75,14 +75,18 @@ def test_the_profile_text_is_stable_and_is_what_the_engine_gets(tmp_path: Path, 
     assert not seccomp.in_security_opt(None, runtime)
 
 
-def test_the_runtimes_profiles_differ_only_in_clone3() -> None:
+def test_the_runtimes_profiles_differ_only_in_clone3_and_openat2() -> None:
     """gVisor answers a refusal with EPERM whatever errnoRet says, so runc's ENOSYS for
     clone3 (glibc then falls back to clone, whose flags are checked) would stop every
-    thread there: under runsc clone3 is allowed, and nothing else differs."""
+    thread there: under runsc clone3 is allowed, and so is openat2 (whose ENOSYS makes a
+    program fall back to openat, whose mode is checked); nothing else differs."""
     runc, runsc = seccomp.build("runc"), seccomp.build("runsc")
     assert clone3(runc) == [{"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]
     assert clone3(runsc) == [{"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}]
-    drop = lambda p: {**p, "syscalls": [r for r in p["syscalls"] if r["names"] != ["clone3"]]}  # noqa: E731
+    assert [r for r in runc["syscalls"] if r["names"] == ["openat2"]] == [
+        {"names": ["openat2"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}
+    ]
+    drop = lambda p: {**p, "syscalls": [r for r in p["syscalls"] if r["names"] not in (["clone3"], ["openat2"])]}  # noqa: E731
     assert drop(runc) == drop(runsc)
     assert seccomp.digest("runc") != seccomp.digest("runsc")
 

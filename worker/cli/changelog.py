@@ -1,7 +1,8 @@
 """``loom-worker log``, ``diff`` and ``undo``: the workspace changelog from the command line.
 
 ``log`` reads only the changelog store; ``diff`` and ``undo`` read and write the workspace
-through its sandbox (started if needed), never from the host. Exit codes: 0 ok, 1 the undo
+through its sandbox (the running one, reached with the workspace's own settings; started
+if needed), never from the host. Exit codes: 0 ok, 1 the undo
 was refused (conflict, tampered entry) or a step failed, 2 usage error.
 
 Test-only: ``--backend local`` (hidden, needs ``LOOM_ALLOW_UNSAFE_LOCAL=1``) uses the
@@ -21,7 +22,7 @@ from .common import unsafe_local_refused
 if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
     from pathlib import Path
 
-    from sandbox.base import Sandbox, SandboxBackend
+    from sandbox.base import Sandbox
 
     from ..changelog import Changelog, Entry
     from ..settings import Settings
@@ -34,34 +35,44 @@ def _usage(message: str) -> int:
     return 2
 
 
-def _backend(args: argparse.Namespace, settings: Settings) -> SandboxBackend:
-    """Raises SystemExit(2) for ``--backend local`` without LOOM_ALLOW_UNSAFE_LOCAL=1."""
+def _with_sandbox(
+    args: argparse.Namespace,
+    settings: Settings,
+    ws: Path,
+    fn: Callable[[Changelog, Sandbox], Awaitable[T]],
+    *,
+    mutates: bool = False,
+) -> T:
+    """``fn(changelog, sandbox)`` with the workspace's running sandbox, reached with the
+    workspace's own settings (``mutates``: as a change, which the host's guard looks at)."""
+    from .. import aio
+    from ..changelog import Changelog
+
     if getattr(args, "backend", "docker") == "local":
         if refused := unsafe_local_refused("local"):
             raise SystemExit(_usage(refused))
         from sandbox.local import LocalProcessBackend
 
-        return LocalProcessBackend()
-    from sandbox.docker import DockerBackend
-    from sandbox.spec import SandboxSpec
+        async def run_local() -> T:
+            backend = LocalProcessBackend()
+            try:
+                async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
+                    return await fn(cl, await backend.get(ws))
+            finally:
+                await backend.aclose()
 
-    return DockerBackend(SandboxSpec(**settings.sandbox_spec_kwargs()))
+        return aio.run(run_local())
 
-
-def _with_sandbox(
-    args: argparse.Namespace, settings: Settings, ws: Path, fn: Callable[[Changelog, Sandbox], Awaitable[T]]
-) -> T:
-    backend = _backend(args, settings)
-
-    from .. import aio
-    from ..changelog import Changelog
+    from .common import workspace_registry
 
     async def run() -> T:
-        try:
+        async with workspace_registry(settings) as registry:
+            w = await registry.workspace(ws)
             async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
-                return await fn(cl, await backend.get(ws))
-        finally:
-            await backend.aclose()
+                if not mutates:
+                    return await fn(cl, w.sandbox)
+                async with w.mutating():
+                    return await fn(cl, w.sandbox)
 
     return aio.run(run())
 
@@ -194,7 +205,7 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
         )
 
     try:
-        result = _with_sandbox(args, settings, ws, run)
+        result = _with_sandbox(args, settings, ws, run, mutates=not args.dry_run)
     except UndoConflictError as e:
         print(f"loom-worker undo: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,9 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
 
+    from ..registry import ToolRegistry
     from ..settings import Settings
 
 
@@ -50,3 +52,16 @@ def load_settings() -> Settings:
     except SettingsError as e:  # a list or object setting that is not JSON
         print(f"loom-worker: error: {describe_source_error(e)}", file=sys.stderr)
     raise SystemExit(2)
+
+
+
+def workspace_registry(settings: Settings, **overrides: Any) -> ToolRegistry:
+    """The registry a command that touches a workspace goes through: without the catalog
+    and its own changelog recorder, but with every workspace's **own** settings, so the
+    sandbox it reaches is the workspace's running one (a sandbox made from the process's
+    settings alone would differ from it and replace it: its ``$HOME``, its background
+    processes gone). Use as ``async with workspace_registry(s) as reg: w = await
+    reg.workspace(path)``."""
+    from ..registry import default_registry
+
+    return default_registry(settings, changelog=False, catalog=False, **overrides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -42,15 +43,26 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
 
     from sandbox.errors import SandboxError
 
+    from .common import workspace_registry
+
     overrides = {"runtime": runtime} if runtime else {}
-    backend = _backend(settings, **overrides)
     own = workspace is None
+    # A workspace of the user's: its running sandbox, made with its own settings (never
+    # replaced by one made from the process's); a fresh directory: a sandbox of the demo's.
+    backend = _backend(settings, **overrides) if own else None
+    registry = None if own else workspace_registry(settings, **overrides)
     ws = Path(tempfile.mkdtemp(prefix="loom-demo-")) if workspace is None else workspace
     ws = ws.resolve()
     try:
-        _say(f"== loom-worker demo: a sandbox for workspace {ws} (runtime {backend.spec.runtime})")
         t0 = time.perf_counter()
-        box = await backend.get(ws)
+        if registry is not None:
+            box = (await registry.workspace(ws)).sandbox
+            spec: Any = registry.pool.backend
+            spec = spec.spec_of(ws)
+        else:
+            assert backend is not None
+            box, spec = await backend.get(ws), backend.spec
+        _say(f"== loom-worker demo: a sandbox for workspace {ws} (runtime {spec.runtime})")
         info = await box.info()
         _say(f"cold start (container + agent): {(time.perf_counter() - t0) * 1000:.0f} ms")
         _say(f"agent: pid {info.pid}, uid {info.uid}, python {info.python}, kernel {info.kernel}")
@@ -96,10 +108,14 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
         print("run `loom-worker doctor` to see what is missing", file=sys.stderr)
         return 1
     finally:
-        if own:
+        if backend is not None:
             await backend.stop(ws)
             shutil.rmtree(ws, ignore_errors=True)
-        await backend.aclose()
+            await backend.aclose()
+        if registry is not None:
+            with contextlib.suppress(Exception):
+                await (await registry.workspace(ws)).check()  # the demo wrote there
+            await registry.aclose()
 
 
 # -- doctor --------------------------------------------------------------------------------

@@ -149,7 +149,7 @@ async def diff(
 async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
-    async with runner.slot(), runner.lock(p):
+    async with runner.slot(), runner.lock(p), (await service.registry.workspace(p)).mutating():
         result = await cl.undo(
             box,
             entry=body.entry,

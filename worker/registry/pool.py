@@ -22,6 +22,7 @@ from ..background import Background, BackgroundIndex, BackgroundLimits
 from ..changelog.api import Changelog
 from ..changelog.recorder import workspace_dir
 from ..changelog.store import WorkspaceLock
+from ..guard import WorkspaceGuard
 from ..pem import trusted_copy
 from ..tool import ToolError
 from ..workspace import ChangeRecorder, Workspace
@@ -115,7 +116,14 @@ class WorkspacePool:
                     await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
-                    ws = Workspace(root, sandbox, recorder, self._background(root), _mutation_lock(recorder))
+                    ws = Workspace(
+                        root,
+                        sandbox,
+                        recorder,
+                        self._background(root),
+                        guard=self._guard(root),
+                        mutation_lock=_mutation_lock(recorder),
+                    )
                     self._workspaces[root] = ws
         if key.startswith("/") and self._workspaces.get(root) is ws:  # (not stopped meanwhile)
             self._by_arg[key] = ws
@@ -138,6 +146,12 @@ class WorkspacePool:
         """The workspaces open now, by real path (a copy)."""
         return dict(self._workspaces)
 
+    def _guard(self, root: Path) -> WorkspaceGuard:
+        """The workspace's host-side guard, its trusted baseline kept next to its changelog
+        (in memory only for a pool without a data directory)."""
+        state = workspace_dir(self.configs.store.data_dir, root) if self.configs is not None else None
+        return WorkspaceGuard(root, state)
+
     def _background(self, root: Path) -> Background:
         """The workspace's background processes, recorded on the host next to its
         changelog (in memory only for a pool without a data directory)."""
@@ -153,6 +167,8 @@ class WorkspacePool:
         ws = self._workspaces.pop(root, None)
         for key in [k for k, v in self._by_arg.items() if v is ws or v.root == root]:
             del self._by_arg[key]
+        if ws is not None:
+            await ws.aclose()
         self._egress_roots.discard(root)
         if self.egress is not None:
             await self.egress.release(root)
@@ -171,6 +187,7 @@ class WorkspacePool:
         if self.egress is not None:
             await self.egress.aclose()
         for ws in workspaces:
+            await ws.aclose()
             closer = getattr(ws.recorder, "aclose", None)  # (not part of the recorder protocol)
             if closer is not None and self._own_recorders:
                 await closer()
@@ -260,11 +277,14 @@ class WorkspacePool:
                 sandbox,
                 recorder,
                 old.background if old is not None else self._background(root),
-                _mutation_lock(recorder),
+                guard=old.guard if old is not None else self._guard(root),
+                mutation_lock=_mutation_lock(recorder),
             )
             self._workspaces[root] = ws
             for key in [k for k, v in self._by_arg.items() if v is old]:
                 self._by_arg[key] = ws
+            if old is not None:
+                await old.aclose()  # (the new one watches, from its first change on)
             return ws
 
     async def workspace_settings(self, path: Path | str) -> tuple[WorkspaceSettings, dict[str, Any]]:

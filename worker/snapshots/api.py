@@ -298,7 +298,7 @@ class Snapshots:
         if not isinstance(ws.recorder, Changelog):
             raise SnapshotError("this workspace records no changelog: a restore could not be undone")
         call_id = None if dry_run else "restore_" + secrets.token_hex(8)
-        async with ws._mutation_lock:
+        async with ws.mutating():
             plan = await ws.recorder.restore(
                 ws.sandbox,
                 self.index.directory(snap.id) / "tree",

@@ -146,7 +146,7 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
     changed: list[str] = []
     # The workspace offers run_shell but no public "bracket anything" method; its lock is
     # what keeps a concurrent write out of this call's change set.
-    async with ws._mutation_lock:
+    async with ws.mutating():
         ws.forget(None)  # the command may change any file
         intent = {"tool": tool, "command": command, "call_id": ctx.call_id, "subtask_id": ctx.subtask_id}
         token = await ws.recorder.before_shell(ws.sandbox, intent=intent)

@@ -18,6 +18,7 @@ from sandbox.base import ProcessOutput
 from sandbox.errors import AgentError, SandboxLostError
 
 from ..background import BackgroundLimits
+from ..guard import as_dicts
 from ..policy.paths import normalize
 from ..policy.shell import check_command
 from ..result import ToolResult
@@ -180,6 +181,10 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     output = stdout
     if stderr:
         output += ("" if not output or output.endswith("\n") else "\n") + "[stderr]\n" + stderr
+    if ws.guard.last:  # (read at once: the check that ended this call, see worker.guard)
+        data["guard"] = as_dicts(ws.guard.last)
+        undone = "; ".join(f"{a.path}: {a.what}" for a in ws.guard.last[:20])
+        output += ("" if not output or output.endswith("\n") else "\n") + f"[the host undid: {undone}]"
     success = res.outcome == "exit" and res.exit_code == 0
     if success:
         return ToolResult.ok(output or "(no output)", data, changed)

@@ -1,0 +1,179 @@
+"""The guard's walk of a workspace: every directory below its root, from descriptors, never
+following a link; setuid/setgid bits, device nodes and file capabilities undone on the way;
+the directories git could take for a git directory found (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sandbox.logs import get_logger
+
+log = get_logger("worker.guard")
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SETID = stat.S_ISUID | stat.S_ISGID
+_CAPABILITY = "security.capability"
+#: Seconds between walks that stat every file again, also in directories that did not change
+#: (a mode changed in place: something no sandboxed process can do; this is the second line).
+FULL_WALK_EVERY = 60.0
+
+Identity = tuple[int, int, int, int]
+_DirState = tuple[tuple[int, int, int], tuple[str, ...], bool]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing the guard changed: workspace-relative ``path`` and ``what`` it did."""
+
+    path: str
+    what: str
+
+
+def identity(st: os.stat_result) -> Identity:
+    # ctime: a command can set a file's mtime back (utimensat), never its ctime.
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def is_git_dir(names: set[str]) -> bool:
+    """Whether a directory holding ``names`` is one git may take for a repository's git
+    directory: a HEAD (a repository, bare or not, a linked worktree's or a submodule's
+    directory), a ``commondir`` file, or the objects and refs a common directory has."""
+    return "HEAD" in names or "commondir" in names or ("objects" in names and "refs" in names)
+
+
+class Walk:
+    """The walks of one workspace, remembering each directory between them: a directory
+    unchanged since the last walk is not listed again; a whole walk, every file stat'ed,
+    at least every FULL_WALK_EVERY seconds. Not thread-safe (the guard's lock holds it)."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, _DirState] = {}
+        self.full_at = -FULL_WALK_EVERY
+
+    def run(self, root_fd: int, actions: list[Action]) -> Iterator[str]:
+        """Every directory below the root, without following a link: clear setuid and setgid
+        bits, remove device nodes and file capabilities; yield the git directories."""
+        stack: list[tuple[int, str, list[str]]] = []
+        now = time.monotonic()
+        full = now - self.full_at >= FULL_WALK_EVERY
+        if full:
+            self.full_at = now
+        seen: dict[str, _DirState] = {}
+        fd, rel = os.dup(root_fd), ""
+        try:
+            while True:
+                dst = os.fstat(fd)
+                ident = (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
+                known = None if full else self._dirs.get(rel)
+                if known is not None and known[0] == ident:
+                    # Unchanged since the last walk (no entry made, removed or renamed: the
+                    # ctime would show it, and no command can set a ctime back): the same
+                    # names. What changes in place, a file's mode, no command can make setid.
+                    _ident, subdir_names, git = known
+                else:
+                    subdir_names, git = self._scan_dir(fd, rel, actions)
+                seen[rel] = (ident, subdir_names, git)
+                if git:
+                    yield rel
+                subdirs = list(subdir_names)
+                stack.append((fd, rel, subdirs))
+                fd = -1
+                while stack:
+                    pfd, prel, rest = stack[-1]
+                    if not rest:
+                        os.close(pfd)
+                        stack.pop()
+                        continue
+                    name = rest.pop()
+                    try:
+                        fd = os.open(name, DIR_FLAGS, dir_fd=pfd)
+                    except OSError:
+                        continue  # gone, or swapped for a link: never followed
+                    rel = join(prel, name)
+                    break
+                if fd < 0:
+                    self._dirs = seen  # (only a whole walk replaces what is known)
+                    return
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            for pfd, _prel, _rest in stack:
+                os.close(pfd)
+
+    def _scan_dir(self, fd: int, rel: str, actions: list[Action]) -> tuple[tuple[str, ...], bool]:
+        """One directory's entries: fix its files; its subdirectories, and whether git could
+        take it for a git directory."""
+        subdirs: list[str] = []
+        names: set[str] = set()
+        with os.scandir(fd) as it:
+            for e in it:
+                names.add(e.name)
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+                    elif not e.is_symlink():
+                        self._file(fd, rel, e.name, e.stat(follow_symlinks=False), actions)
+                except OSError:
+                    continue  # gone meanwhile
+        return tuple(subdirs), is_git_dir(names)
+
+    def _file(self, dir_fd: int, rel: str, name: str, st: os.stat_result, actions: list[Action]) -> None:
+        path = join(rel, name)
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+                actions.append(Action(path, "device node removed"))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        if st.st_mode & _SETID:
+            with pinned(dir_fd, name, st) as proc:
+                if proc is not None:
+                    chmod_logged(proc, stat.S_IMODE(st.st_mode) & ~_SETID, path, "setuid/setgid bits cleared", actions)
+        if st.st_mode & 0o111:
+            with pinned(dir_fd, name, st) as proc:
+                if proc is not None and _CAPABILITY in _xattrs(proc):
+                    with contextlib.suppress(OSError):
+                        os.removexattr(proc, _CAPABILITY)
+                        actions.append(Action(path, "file capability removed"))
+
+
+@contextlib.contextmanager
+def pinned(dir_fd: int, name: str, st: os.stat_result) -> Iterator[str | None]:
+    """A /proc path to the very inode ``st`` describes (no link followed), or None."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        yield None
+        return
+    try:
+        now = os.fstat(fd)
+        ok = stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+        yield f"/proc/self/fd/{fd}" if ok else None
+    finally:
+        os.close(fd)
+
+
+def chmod_logged(proc: str, mode: int, path: str, what: str, actions: list[Action]) -> None:
+    try:
+        os.chmod(proc, mode)
+    except OSError as e:
+        log.error("workspace.guard_failed", path=path, what=what, error=str(e))
+        return
+    actions.append(Action(path, what))
+
+
+def _xattrs(path: str) -> list[str]:
+    try:
+        return os.listxattr(path)
+    except OSError:
+        return []

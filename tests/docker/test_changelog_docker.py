@@ -42,7 +42,7 @@ from tests.unit.test_changelog_exact_undo import (
 from tests.unit.test_changelog_shell import (
     test_a_command_after_a_tool_write_runs_at_once,
     test_a_directory_that_was_there_stays,
-    test_a_made_directory_goes_with_what_later_calls_put_in_it,
+    test_a_made_directory_stays_with_what_later_calls_put_in_it,
     test_dir_swapped_for_symlink_before_undo_writes_nothing_outside,
     test_directories_a_command_made_are_undone,
     test_directories_a_command_removed_come_back,
@@ -72,7 +72,7 @@ __all__ = [
     "test_a_file_made_then_rewritten_in_an_ignored_dir_needs_no_before_image",
     "test_a_file_over_the_cap_is_the_only_loss",
     "test_a_git_session_is_undone_exactly",
-    "test_a_made_directory_goes_with_what_later_calls_put_in_it",
+    "test_a_made_directory_stays_with_what_later_calls_put_in_it",
     "test_a_made_node_modules_is_one_entry_and_undone",
     "test_binary_bytes_restored_exactly",
     "test_conflict_refused_then_forced",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from pydantic.fields import FieldInfo
 
 from sandbox.pulls import check_reference, parse_registries
@@ -61,7 +61,12 @@ Image = Annotated[str, Field(min_length=1, max_length=512), AfterValidator(_imag
 Size = Annotated[str, Field(max_length=32), AfterValidator(_size)]
 SizeOrZero = Annotated[str, Field(max_length=32), AfterValidator(_size_or_zero)]
 Memory = Annotated[str, Field(max_length=32), AfterValidator(_memory)]
-HostPath = Annotated[str, Field(max_length=4096), AfterValidator(_absolute)]
+def _fspath(v: Any) -> Any:
+    # A caller of the Python API may give a pathlib.Path, as the setting took before.
+    return os.fspath(v) if isinstance(v, os.PathLike) else v
+
+
+HostPath = Annotated[str, BeforeValidator(_fspath), Field(max_length=4096), AfterValidator(_absolute)]
 Registries = Annotated[str, AfterValidator(_registries)]
 
 

@@ -196,3 +196,11 @@ def test_the_commands_exit_2_with_that_line(command: str, tmp_path: Path) -> Non
     p = cli(env, *argv, timeout=60)
     assert p.returncode == 2 and p.stdout == b"", p
     assert p.stderr.decode().splitlines() == ["loom-worker: error: LOOM_MEMORY: at least 64m"]
+
+
+def test_a_host_path_setting_takes_a_pathlib_path() -> None:
+    """The Python API's callers gave ``ca_bundle`` as a ``Path`` before it was a checked string."""
+    from pathlib import Path
+
+    s = Settings(ca_bundle=Path("/etc/ssl/certs/ca-certificates.crt"))  # type: ignore[arg-type]
+    assert s.ca_bundle == "/etc/ssl/certs/ca-certificates.crt"

@@ -59,6 +59,10 @@ def walk(dfd, prefix, exclude, out, limit, snap=None):
             try:
                 sub = stack.push(name)
             except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                    # Out of descriptors or memory: skipping the directory would be a
+                    # wrong record (its changes missed), so the scan fails instead.
+                    raise
                 if snap is not None:
                     snap.dirs.get(here, {}).pop(name, None)
                     if e.errno == errno.ESTALE:

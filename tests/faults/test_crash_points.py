@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(
         s = Settings(data_dir=Path(data), image=image, runtime=runtime, catalog=False)
         async with default_registry(s) as reg:
             r = await reg.execute(tool, json.loads(Path(args).read_text()), workspace=ws, call_id="victim")
-            print(json.dumps(r.model_dump(mode="json"))[:2000], flush=True)
+            print(json.dumps(r.to_dict())[:2000], flush=True)
 
     asyncio.run(main())
     """

@@ -136,7 +136,11 @@ async def test_every_tool_round_trips_with_the_local_apis_results(
     assert (remote.node in cluster._channels) is direct  # (the way the calls went)
     # The node recorded the changes in its own changelog, under its own LOOM_DATA_DIR.
     entries = await cluster.changelog(remote.id)
-    assert [e.path for e in entries if e.tool == "write_file"] == ["src/app.py"]
+    # (the directory the write made is an entry of its own, undone with it)
+    assert [(e.path, e.after_kind) for e in entries if e.tool == "write_file"] == [
+        ("src", "dir"),
+        ("src/app.py", "file"),
+    ]
     # Its numbers (loom-worker cluster metrics) count the open sandbox on that node.
     from worker.integrations.ray import status
 

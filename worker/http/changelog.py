@@ -10,6 +10,7 @@ global limit as tool calls.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..changelog import (
 )
 from ..quoting import quote_path, unquote_path
 from ..result import safe_text
+from ..workspace import Workspace
 from .common import WS_ERRORS, WorkspaceId
 from .errors import NoChangelog
 from .state import Service, ServiceDep
@@ -149,7 +151,11 @@ async def diff(
 async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
-    async with runner.slot(), runner.lock(p), (await service.registry.workspace(p)).mutating():
+    ws = await service.registry.workspace(p)
+    # A local workspace's undo is a change the host's guard looks at after; a cluster's
+    # front door holds no workspace (its node's changelog takes its own locks).
+    changing = ws.mutating() if isinstance(ws, Workspace) else contextlib.nullcontext()
+    async with runner.slot(), runner.lock(p), changing:
         result = await cl.undo(
             box,
             entry=body.entry,

@@ -118,6 +118,22 @@ def _serve(env: dict[str, str], port: int, token_file: Path) -> subprocess.Popen
     )
 
 
+def _stop_service(server: subprocess.Popen[str], workspace: Path) -> None:
+    """Stop ``serve`` (SIGTERM, then SIGKILL) and remove this test's sandbox only (other
+    workers may share the engine)."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL_WS}={workspace}"], capture_output=True, text=True
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+
+
 async def _up(base: str, proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -183,18 +199,7 @@ async def test_serve_killed_under_a_command(tmp_path: Path, runtime: str) -> Non
         (path / ".rewritten").unlink(missing_ok=True)
         assert tree_diff(before, tree_state(path)) == []
     finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(server.communicate, timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        # This test's sandboxes only (other workers may share the engine).
-        ids = subprocess.run(  # noqa: ASYNC221
-            ["docker", "ps", "-aq", "--filter", f"label={LABEL_WS}={root / 'crash'}"], capture_output=True, text=True
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)  # noqa: ASYNC221
+        await asyncio.to_thread(_stop_service, server, root / "crash")
 
 
 async def test_two_clis_and_a_service_on_one_workspace(tmp_path: Path) -> None:
@@ -268,13 +273,4 @@ async def test_two_clis_and_a_service_on_one_workspace(tmp_path: Path) -> None:
             assert undo.returncode == 0, undo.stderr[-3000:]  # never needs --force
         assert tree_diff(before, tree_state(path)) == []
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(server.communicate, timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        ids = subprocess.run(  # noqa: ASYNC221
-            ["docker", "ps", "-aq", "--filter", f"label={LABEL_WS}={root / 'shared'}"], capture_output=True, text=True
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)  # noqa: ASYNC221
+        await asyncio.to_thread(_stop_service, server, root / "shared")

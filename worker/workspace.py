@@ -28,6 +28,7 @@ from sandbox.base import (
     ProcessInfo,
     Sandbox,
     ScanFirst,
+    ScanRequest,
     ScanResult,
     WriteResult,
 )
@@ -41,6 +42,15 @@ T = TypeVar("T")
 
 
 @runtime_checkable
+@runtime_checkable
+class ScanToken(Protocol):
+    """A ``before_shell`` token carrying the scan to send with the command and the
+    command's intent (the changelog's :class:`worker.changelog.shellscan.ShellToken`)."""
+
+    scan: ScanRequest | None
+    intent: str | None
+
+
 class ChangeRecorder(Protocol):
     """What the changelog (issue 4) implements; :class:`NullRecorder` is the no-op default."""
 
@@ -310,7 +320,7 @@ class Workspace:
             faults.point("command.started")
             for attempt in range(3):
                 # The recorder's scans travel with the command when it can (one round trip).
-                scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
+                scan = token.scan if isinstance(token, ScanToken) and attempt < 2 and piggyback else None
                 try:
                     result = await self.sandbox.exec(
                         command,
@@ -324,12 +334,12 @@ class Workspace:
                     )
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first
-                    opened = getattr(token, "intent", None)
+                    opened = token.intent if isinstance(token, ScanToken) else None
                     token = await self.recorder.before_shell(
                         self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra
                     )
-                    if opened is not None:  # the same command, sent again: still its intent
-                        token.intent = opened  # type: ignore[attr-defined]
+                    if opened is not None and isinstance(token, ScanToken):  # the same command, sent again
+                        token.intent = opened
             faults.point("command.ran")
             try:
                 changed = await self.recorder.after_shell(

@@ -90,7 +90,7 @@ async def _no_changelog(_r: Request, _e: Exception) -> Response:
 
 
 async def _conflict(_r: Request, e: Exception) -> Response:
-    conflicts = getattr(e, "conflicts", [])
+    conflicts = e.conflicts if isinstance(e, UndoConflictError) else []
     return JSONResponse({"detail": str(e), "conflicts": conflicts}, status_code=409)
 
 
@@ -122,16 +122,15 @@ HANDLERS: Handlers = {
 
 
 def is_changelog(recorder: Any) -> bool:
-    """Whether ``recorder`` is a changelog: this process's, or one on a cluster's node
-    reached through a stand-in that says so (``remote_changelog``)."""
-    return isinstance(recorder, Changelog) or getattr(recorder, "remote_changelog", False) is True
+    """Whether ``recorder`` is a changelog (not a service recording none)."""
+    return isinstance(recorder, Changelog)
 
 
 async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
     """The workspace's path, changelog and sandbox. Raises _NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
     path = await service.workspaces.locate(ws_id)
-    ws = await service.registry.workspace(path)
+    ws = await service.local.workspace(path)
     if not is_changelog(ws.recorder):
         raise _NoChangelog
     return path, ws.recorder, ws.sandbox

@@ -55,7 +55,7 @@ async def changes(
             status_code=422,
         )
     path = await service.workspaces.locate(workspace_id)
-    ws = await service.registry.workspace(path)
+    ws = await service.local.workspace(path)
     if not is_changelog(ws.recorder):
         return JSONResponse({"detail": "This service records no changelog"}, status_code=409)  # type: ignore[return-value]
     recorder: Any = ws.recorder  # this process's Changelog, or a cluster node's stand-in

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from ..jsontext import finite
 from ..service import WORKSPACE_ID_PATTERN, Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound, encode_json
+from .state import NotHeldHere
 
 WorkspaceId = Annotated[str, PathParam(pattern=WORKSPACE_ID_PATTERN, description="Workspace id.")]
 
@@ -85,6 +86,10 @@ async def _busy(_r: Request, e: Exception) -> Response:
     return JSONResponse({"detail": str(e)}, status_code=429, headers={"Retry-After": "1"})
 
 
+async def _not_here(_r: Request, e: Exception) -> Response:
+    return JSONResponse({"detail": str(e)}, status_code=501)
+
+
 async def _invalid(_r: Request, e: Exception) -> Response:
     # FastAPI's own handler, answering with the safe response: the errors echo the input,
     # and a body's Infinity or NaN there made that handler fail with a 500.
@@ -98,5 +103,6 @@ HANDLERS: Handlers = {
     InvalidWorkspaceId: _bad_id,
     WorkspaceExists: _exists,
     Busy: _busy,
+    NotHeldHere: _not_here,
     RequestValidationError: _invalid,
 }

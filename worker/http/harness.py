@@ -164,7 +164,7 @@ async def sandbox_exec(service: ServiceDep, workspace_id: WorkspaceId, body: Exe
     runner = service.runner
     try:
         async with runner.slot(), runner.lock(path):
-            out: ExecOutput = await service.registry.sandbox(path).exec(
+            out: ExecOutput = await service.local.sandbox(path).exec(
                 body.cmd,
                 input=stdin,
                 cwd=body.cwd,
@@ -211,7 +211,7 @@ async def sandbox_read_file(
     runner = service.runner
     try:
         async with runner.slot():
-            data = await service.registry.sandbox(ws).read_file(path, max_bytes=max_bytes)
+            data = await service.local.sandbox(ws).read_file(path, max_bytes=max_bytes)
     except Exception as e:
         return _answer_error(e)
     return Response(data, media_type="application/octet-stream")
@@ -234,7 +234,7 @@ async def sandbox_write_file(
     runner = service.runner
     try:
         async with runner.slot(), runner.lock(ws):
-            out = await service.registry.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
+            out = await service.local.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
     except Exception as e:
         return _answer_error(e)
     runner.opened.add(ws)

@@ -58,7 +58,8 @@ def _refused(field: str, message: str) -> JSONResponse:
 
 
 def _store(request: Request) -> Any:
-    secrets = getattr(service_of(request.app).registry.configs, "secrets", None)
+    configs = service_of(request.app).local.configs
+    secrets = None if configs is None else configs.secrets
     if secrets is None:
         raise SecretError("secrets", "this service keeps no secrets (no per-workspace settings)")
     return secrets.store
@@ -96,7 +97,7 @@ async def _put(request: Request, root: Path | None, name: str) -> dict[str, Any]
             return existed, store.set(root, name, hosts=hosts, header=header, query=query, value=body["value"])
 
         existed, secret = await asyncio.to_thread(write)
-        configs = service_of(request.app).registry.configs
+        configs = service_of(request.app).local.configs
         policy = None if root is None or configs is None else configs.policy(root)
     except SecretError as e:
         return _secret_error(e)

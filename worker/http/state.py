@@ -48,12 +48,15 @@ class Service:
     _runner: CallRunner | None = None
     _mcp: HttpMcp | None = None
     _snapshots: Snapshots | None = None
+    _local: LocalRegistry | None = None
 
     def start(self, registry: ServiceRegistry, runner: CallRunner, mcp: HttpMcp) -> None:
         self._registry, self._runner, self._mcp = registry, runner, mcp
+        # (checked once: a Protocol's isinstance looks up each of its members)
+        self._local = registry if isinstance(registry, HoldsWorkspaces) else None
 
     def stop(self) -> None:
-        self._registry = self._runner = self._mcp = None
+        self._registry = self._runner = self._mcp = self._local = None
         self._snapshots = None
 
     @property
@@ -80,10 +83,11 @@ class Service:
     def local(self) -> LocalRegistry:
         """The registry, holding the workspaces' parts (what a route under a workspace
         uses). Raises NotStartedError, NotHeldHere."""
-        registry = self.registry
-        if not isinstance(registry, HoldsWorkspaces):
+        if self._local is None:
+            if self._registry is None:
+                raise NotStartedError("the service is not running (its lifespan has not started)")
             raise NotHeldHere("this service does not hold its workspaces' parts: their nodes answer this route")
-        return registry
+        return self._local
 
     @property
     def runner(self) -> CallRunner:

@@ -29,6 +29,7 @@ from sandbox.base import (
     ProcessInfo,
     Sandbox,
     ScanFirst,
+    ScanRequest,
     ScanResult,
     WriteResult,
 )
@@ -45,6 +46,15 @@ T = TypeVar("T")
 
 
 log = get_logger("worker.workspace")
+
+
+@runtime_checkable
+class ScanToken(Protocol):
+    """A ``before_shell`` token carrying the scan to send with the command and the
+    command's intent (the changelog's :class:`worker.changelog.shellscan.ShellToken`)."""
+
+    scan: ScanRequest | None
+    intent: str | None
 
 
 @runtime_checkable
@@ -398,7 +408,7 @@ class Workspace:
             except BaseException:
                 # The command may have run: its intent is left to the next use of the
                 # changelog, which records what changed as this call's.
-                release(getattr(token, "intent", None))
+                release(token.intent if isinstance(token, ScanToken) else None)
                 self.forget(None)
                 raise
             faults.point("command.ran")
@@ -439,14 +449,14 @@ class Workspace:
         last one) is recorded first and the command sent again. Returns its result and the
         token to finish with. Raises what ``Sandbox.exec`` raises."""
         for attempt in range(3):
-            scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
+            scan = token.scan if isinstance(token, ScanToken) and attempt < 2 and piggyback else None
             try:
                 return await self.sandbox.exec(command, scan=scan, **exec_args, **options), token
             except ScanFirst as e:  # changed from outside since the last scan: record that first
-                opened = getattr(token, "intent", None)
+                opened = token.intent if isinstance(token, ScanToken) else None
                 token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra)
-                if opened is not None:  # the same command, sent again: still its intent
-                    token.intent = opened  # type: ignore[attr-defined]
+                if opened is not None and isinstance(token, ScanToken):  # the same command, sent again
+                    token.intent = opened
         raise AssertionError("unreachable: the third attempt sends no scan")
 
     def _forget_changed(self, changed: list[str]) -> None:

@@ -52,7 +52,6 @@ class Changelog:
         self._core = core
         self._shell = ShellTracker(core)
 
-
     @classmethod
     def open(
         cls,
@@ -263,7 +262,8 @@ class Changelog:
             "subtask_id": subtask_id,
         }
         intent = token.intent if isinstance(token, ShellToken) else None
-        scanned = result.scan_after if result is not None and getattr(token, "scan", None) is not None else None
+        piggybacked = isinstance(token, ShellToken) and token.scan is not None
+        scanned = result.scan_after if result is not None and piggybacked else None
         async with self._core.lock:
             try:
                 if not await self._shell.ready():

@@ -83,16 +83,15 @@ class DiffOut(BaseModel):
 
 
 def is_changelog(recorder: Any) -> bool:
-    """Whether ``recorder`` is a changelog: this process's, or one on a cluster's node
-    reached through a stand-in that says so (``remote_changelog``)."""
-    return isinstance(recorder, Changelog) or getattr(recorder, "remote_changelog", False) is True
+    """Whether ``recorder`` is a changelog (not a service recording none)."""
+    return isinstance(recorder, Changelog)
 
 
 async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
     """The workspace's path, changelog and sandbox. Raises NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
     path = await service.workspaces.locate(ws_id)
-    ws = await service.registry.workspace(path)
+    ws = await service.local.workspace(path)
     if not is_changelog(ws.recorder):
         raise NoChangelog
     return path, ws.recorder, ws.sandbox
@@ -149,7 +148,7 @@ async def diff(
 async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
-    async with runner.slot(), runner.lock(p), (await service.registry.workspace(p)).mutating():
+    async with runner.slot(), runner.lock(p), (await service.local.workspace(p)).mutating():
         result = await cl.undo(
             box,
             entry=body.entry,

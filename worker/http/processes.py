@@ -79,7 +79,7 @@ async def running_sandbox(service: Service, workspace_id: str) -> Any:
     """The workspace's sandbox when its container runs (None: no processes then).
     Raises InvalidWorkspaceId, WorkspaceNotFound, SandboxError."""
     path = await service.workspaces.locate(workspace_id)
-    registry = service.registry
+    registry = service.local
     backend = registry.backend
     if isinstance(backend, StatusReporter):
         found = await backend.status(path)

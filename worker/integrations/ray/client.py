@@ -52,7 +52,7 @@ __all__ = ["ClusterRegistry", "ClusterWorkspace", "RemoteTunnel", "infrastructur
 def infrastructure_result(err: ClusterError) -> ToolResult:
     """A lost node (or a call cut from it) as a call's result (the registry's
     infrastructure channel)."""
-    node = getattr(err, "node", None)
+    node = err.node if isinstance(err, (NodeLostError, CallInterruptedError)) else None
     if isinstance(err, NodeLostError):
         return ToolResult.fail(
             "Node lost (infrastructure failure, not a problem with the tool call; the workspace's node must be "

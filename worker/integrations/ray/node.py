@@ -29,6 +29,9 @@ from typing import Any
 
 import ray
 
+from sandbox.base import RestartCounter
+
+from ...registry.core import ToolRegistry
 from ...result import ToolResult
 from ...streaming import ToolOutput
 from .channel import ChannelServer
@@ -37,7 +40,12 @@ from .portable import portable
 
 #: Registry methods a driver may call on a workspace, each taking the workspace's path
 #: first (``registry.<name>(path, *args, **kwargs)``). One line carries a new one.
-REGISTRY_METHODS = frozenset({"workspace_settings", "configure_workspace", "egress_status", "stop"})
+REGISTRY_METHODS: dict[str, Callable[..., Any]] = {
+    "workspace_settings": ToolRegistry.workspace_settings,
+    "configure_workspace": ToolRegistry.configure_workspace,
+    "egress_status": ToolRegistry.egress_status,
+    "stop": ToolRegistry.stop,
+}
 
 #: The parts of a workspace (:class:`worker.Workspace`) whose methods a driver may call
 #: (``workspace_call``): its sandbox and its changelog.
@@ -52,6 +60,9 @@ CHANNEL_OPS = frozenset(
     {
         "ping",
         "execute",
+        "http_begin",
+        "http_next",
+        "http_cancel",
         "call",
         "workspace_call",
         "tunnel_open",
@@ -133,7 +144,7 @@ class NodeService(NodeSnapshots):
         if method not in REGISTRY_METHODS:
             raise ValueError(f"{method!r} is not a registry method forwarded to nodes")
         path = await self._path(ws_id)
-        out = getattr(await self._reg(), method)(path, *args, **kwargs)
+        out = REGISTRY_METHODS[method](await self._reg(), path, *args, **kwargs)
         return await out if inspect.isawaitable(out) else out
 
     async def workspace_call(
@@ -198,7 +209,7 @@ class NodeService(NodeSnapshots):
             "node_id": self.node_id,
             "workspaces": len(self._hosted),
             "sandboxes_open": 0 if reg is None else len(reg.pool.opened()),
-            "sandbox_restarts": getattr(backend, "restarts", 0),
+            "sandbox_restarts": backend.restarts if isinstance(backend, RestartCounter) else 0,
             "tunnels_open": len(self._tunnels),
         }
 

@@ -54,11 +54,11 @@ from ..catalog.search import Catalog, InvalidQueryError
 from ..catalog.tool_search import DESCRIPTION as SEARCH_DESCRIPTION
 from ..catalog.tool_search import NAME as SEARCH_NAME
 from ..catalog.tool_search import ToolSearchArgs, tool_search
+from ..changelog.intents import release
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError, non_finite_message
 
 if TYPE_CHECKING:
-    from ..changelog.intents import release
     from ..settings import Settings
 from ..workspace import ScanToken, Workspace
 

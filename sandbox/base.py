@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 from .results import (
     AgentInfo,
     EntryType,
+    ExecRequest,
     ExecResult,
     FileStat,
     ListEntry,
@@ -74,6 +75,7 @@ __all__ = [
     "CpuInventory",
     "EntryType",
     "ExecControl",
+    "ExecRequest",
     "ExecResult",
     "FileStat",
     "ImageInventory",
@@ -105,7 +107,7 @@ __all__ = [
     "WriteResult",
 ]
 
-#: ``exec(on_output=...)``: called with each chunk of a command's output as it is read
+#: ``exec(request, on_output=...)``: called with each chunk of a command's output as it is read
 #: in the sandbox, on the event loop, in order; it must not block.
 OutputCallback = Callable[[StreamName, bytes], None]
 
@@ -158,7 +160,7 @@ class ExecControl:
 
 
 class ScanFirst(Exception):
-    """``exec(scan=...)`` found changes made before the command: nothing was run. The
+    """``exec`` with ``ExecRequest.scan`` found changes made before the command: nothing was run. The
     caller records ``scan`` (its ``generation`` is the new ``since``) and runs again."""
 
     def __init__(self, scan: ScanResult) -> None:
@@ -365,22 +367,13 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def exec(
         self,
-        command: str,
+        request: ExecRequest,
         *,
-        cwd: str = ".",
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-        max_output: int = 256 * 1024,
-        argv: builtins.list[str] | None = None,
-        output_limit: int = 64 << 20,
-        scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
-        stdin: bytes | None = None,
-        user: str | None = None,
-        any_cwd: bool = False,
     ) -> ExecResult:
-        """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
+        """Run ``request.command`` (``sh -c``, or ``request.argv`` directly, no shell)
+        inside the workspace, as :class:`ExecRequest` says.
 
         Every process the command starts is killed when it ends or times out. A lost
         sandbox is reported as ``outcome="sandbox_lost"`` rather than raised, because the
@@ -393,7 +386,8 @@ class Sandbox(abc.ABC):
         ``output_limit`` stops a command that prints more than that in all.
 
         The harness's options: ``stdin`` is the command's standard input (default
-        ``/dev/null``); ``user`` runs it as another user of the image (a name or
+        ``/dev/null``; more than :data:`~sandbox.protocol.MAX_RAW_REQUEST` bytes is
+        TooLargeError); ``user`` runs it as another user of the image (a name or
         ``uid[:gid]``; ``root`` only where the workspace allows it, else
         UserUnsupportedError; a user the image does not have is an ExecResult with
         ``launch_error="user"``, exit 126); ``any_cwd`` lets ``cwd`` be any absolute
@@ -410,13 +404,15 @@ class Sandbox(abc.ABC):
         With ``on_output`` the command's output is also handed over as the sandbox reads
         it (:data:`OutputCallback`), every chunk before this returns; the result still
         holds the capped capture (``max_output``). ``control`` lets the caller signal the
-        command while it runs (:class:`ExecControl`).
+        command while it runs (:class:`ExecControl`). Raises ProtocolError for an answer
+        that fails its checks (:func:`sandbox.answers.exec_result`).
         """
 
-    async def exec_stream(self, command: str, **kwargs: object) -> AsyncIterator[OutputChunk | ExecResult]:
+    async def exec_stream(
+        self, request: ExecRequest, *, control: ExecControl | None = None
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
         """:meth:`exec` as an async iterator: each :class:`OutputChunk` as the command
-        writes it, then the :class:`ExecResult` (last). Takes :meth:`exec`'s keyword
-        arguments (not ``on_output``) and raises what it raises.
+        writes it, then the :class:`ExecResult` (last). Raises what :meth:`exec` raises.
 
         The chunks wait in memory until they are read: read them as they come, or use
         ``exec(on_output=...)`` to decide what to keep. Leaving the iterator early does
@@ -427,7 +423,7 @@ class Sandbox(abc.ABC):
         def on_output(stream: StreamName, data: bytes) -> None:
             queue.put_nowait(OutputChunk(stream, data))
 
-        task = asyncio.ensure_future(self.exec(command, on_output=on_output, **kwargs))  # type: ignore[arg-type]
+        task = asyncio.ensure_future(self.exec(request, on_output=on_output, control=control))
         task.add_done_callback(lambda _t: queue.put_nowait(None))
         try:
             while (item := await queue.get()) is not None:

@@ -1,5 +1,7 @@
-"""The result types of the sandbox contract (:mod:`sandbox.base`): what each call of a
-:class:`~sandbox.base.Sandbox` returns. Plain frozen dataclasses, no behaviour."""
+"""The types of the sandbox contract (:mod:`sandbox.base`): what each call of a
+:class:`~sandbox.base.Sandbox` returns, and the requests that are more than a few
+arguments (:class:`ExecRequest`, :class:`ScanRequest`). Plain frozen dataclasses, no
+behaviour."""
 
 from __future__ import annotations
 
@@ -116,7 +118,7 @@ class ExecResult:
     signal: int | None = None
     stdout_bytes: int = 0  # total produced, including what was cut
     stderr_bytes: int = 0
-    #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
+    #: With ``ExecRequest.scan``: the snapshot scan the agent ran right after the command
     #: (None when it could not, e.g. the sandbox was lost).
     scan_after: ScanResult | None = None
     #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
@@ -201,6 +203,40 @@ class ScanRequest:
     path: str = "."
     exclude: tuple[str, ...] = ()
     max_files: int = 100_000
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One command for :meth:`Sandbox.exec <sandbox.base.Sandbox.exec>`: ``sh -c command``
+    (or ``argv`` run directly, no shell) inside the workspace, and how. Plain data (it
+    crosses process boundaries, e.g. a cluster's call channel); the caller's live handles
+    (``on_output``, ``control``) go beside it.
+
+    - ``cwd``: workspace-relative; with ``any_cwd`` any absolute directory of the sandbox,
+      entered as its shell would enter it (a failure is ``launch_error="cwd"``).
+    - ``timeout``: seconds, then the command's whole process tree is killed.
+    - ``env``: variables on top of the sandbox's.
+    - ``max_output``: what is kept of each stream, head and tail (at most
+      :data:`~sandbox.protocol.MAX_EXEC_OUTPUT`); ``output_limit``: a command that prints
+      more than that in all is stopped.
+    - ``scan``: the snapshot scans that bracket the command travel with it (see
+      :meth:`Sandbox.exec <sandbox.base.Sandbox.exec>`).
+    - ``stdin``: the command's standard input (default ``/dev/null``).
+    - ``user``: another user of the image (a name or ``uid[:gid]``; ``root`` only where
+      the workspace allows it).
+    """
+
+    command: str
+    cwd: str = "."
+    timeout: float = 60.0
+    env: dict[str, str] | None = None
+    max_output: int = 256 * 1024
+    argv: list[str] | None = None
+    output_limit: int = 64 << 20
+    scan: ScanRequest | None = None
+    stdin: bytes | None = None
+    user: str | None = None
+    any_cwd: bool = False
 
 
 @dataclass(frozen=True)

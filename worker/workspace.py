@@ -18,11 +18,13 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandbox.base import (
     ExecControl,
+    ExecRequest,
     ExecResult,
     OutputCallback,
     ProcessInfo,
@@ -271,27 +273,23 @@ class Workspace:
 
     async def run_shell(
         self,
-        command: str,
+        request: ExecRequest,
         *,
-        cwd: str = ".",
-        timeout: float = 60.0,
-        max_output: int = 256 * 1024,
         tool: str = "shell_execute",
         call_id: str | None = None,
         subtask_id: str | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
-        options: dict[str, Any] | None = None,
     ) -> tuple[ExecResult, list[str]]:
-        """Run ``command`` in the sandbox; returns its result and the paths it changed.
-        ``on_output`` gets its output as it happens, ``control`` signals it, ``options``
-        are more of ``Sandbox.exec``'s keywords (a harness's ``argv``, ``env``, ``stdin``,
-        ``user``, ``any_cwd``, ``output_limit``): see ``Sandbox.exec``.
+        """Run ``request`` in the sandbox (``Sandbox.exec``; its ``scan`` is this
+        workspace's own to set); returns its result and the paths it changed.
+        ``on_output`` gets its output as it happens, ``control`` signals it.
 
         Raises PathNotFoundError/PathEscapeError for ``cwd`` and infrastructure errors
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
         result (``outcome="sandbox_lost"``), not raised.
         """
+        command = request.command
         async with self._mutation_lock:
             # Changes a background process made since the last scan are its own entries.
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
@@ -299,10 +297,9 @@ class Workspace:
             # (passed only when there is one: a recorder of our protocol's first version
             # takes no such argument)
             extra: dict[str, Any] = {"attribute": attribute} if attribute is not None else {}
-            options = options or {}
             # A command as another user runs in another agent: the scans, which belong to
             # this one's snapshot, are made around it instead of travelling with it.
-            piggyback = options.get("user") is None
+            piggyback = request.user is None
             intent = {"tool": tool, "command": command, "call_id": call_id, "subtask_id": subtask_id}
             token = await self.recorder.before_shell(self.sandbox, piggyback=piggyback, intent=intent, **extra)
             if bg is not None and self.background is not None:
@@ -312,16 +309,7 @@ class Workspace:
                 # The recorder's scans travel with the command when it can (one round trip).
                 scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
                 try:
-                    result = await self.sandbox.exec(
-                        command,
-                        cwd=cwd,
-                        timeout=timeout,
-                        max_output=max_output,
-                        scan=scan,
-                        on_output=on_output,
-                        control=control,
-                        **options,
-                    )
+                    result = await self.sandbox.exec(replace(request, scan=scan), on_output=on_output, control=control)
                     break
                 except ScanFirst as e:  # changed from outside since the last scan: record that first
                     opened = getattr(token, "intent", None)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandbox.base import ExecControl, OutputCallback
+from sandbox.base import ExecControl, ExecRequest, OutputCallback
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
 from ..result import ToolResult
@@ -148,25 +148,20 @@ class SandboxHandle:
             out = ExecOutput(126, b"", (e.message + "\n").encode(), "refused", 0.0, call_id=call_id)
             self._journal(ws, "sandbox.exec", _exec_brief(text, workdir, user, stdin), out, started)
             return out
-        options: dict[str, Any] = {"any_cwd": True, "output_limit": max(HARD_OUTPUT_LIMIT, 4 * max_output)}
-        if argv is not None:
-            options["argv"] = argv
-        if variables:
-            options["env"] = variables
-        if stdin is not None:
-            options["stdin"] = stdin
-        if user is not None:
-            options["user"] = user
-        res, changed = await ws.run_shell(
+        request = ExecRequest(
             text,
             cwd=workdir,
             timeout=limit,
             max_output=max_output,
-            tool="sandbox.exec",
-            call_id=call_id,
-            on_output=on_output,
-            control=control,
-            options=options,
+            any_cwd=True,
+            output_limit=max(HARD_OUTPUT_LIMIT, 4 * max_output),
+            argv=argv,
+            env=variables or None,
+            stdin=stdin,
+            user=user,
+        )
+        res, changed = await ws.run_shell(
+            request, tool="sandbox.exec", call_id=call_id, on_output=on_output, control=control
         )
         if res.outcome == "sandbox_lost":
             raise SandboxLostError(

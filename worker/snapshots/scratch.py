@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from sandbox.errors import ConflictError
 from sandbox.spec import HOME_DIR
 
@@ -39,10 +39,12 @@ async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
     # What is *in* them, not the two directories (their owner and mode are the container's).
     skip = " ".join(f"! -path '{p}'" for p in _PRIVATE)
     result = await sandbox.exec(
-        f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
-        timeout=timeout,
-        max_output=64 << 10,
-        output_limit=MAX_BYTES,
+        ExecRequest(
+            f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
+            timeout=timeout,
+            max_output=64 << 10,
+            output_limit=MAX_BYTES,
+        ),
         on_output=take,
     )
     # GNU tar exits 1 when a file changed while it was read (a program still writing).

@@ -32,6 +32,7 @@ from .base import (
     StatusReporter,
     WriteResult,
 )
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
 from .errors import (
     AgentError,
     ConflictError,
@@ -65,6 +66,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "AgentError",
     "AgentInfo",
+    "BackgroundProcesses",
     "ConfigurableBackend",
     "ConflictError",
     "CpuInventory",
@@ -73,6 +75,7 @@ __all__ = [
     "ExecRequest",
     "ExecResult",
     "FileStat",
+    "HarnessFiles",
     "ImageInventory",
     "ImageNotFoundError",
     "ImagePullError",
@@ -107,9 +110,11 @@ __all__ = [
     "ScanResult",
     "SearchMatch",
     "SearchResult",
+    "StagedWrites",
     "StatusReporter",
     "TooLargeError",
     "TunnelClosedError",
+    "Tunnels",
     "UserUnsupportedError",
     "WriteResult",
     "__version__",

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol
 from .answers import (
@@ -54,6 +54,7 @@ from .base import (
     TreeRemoval,
     WriteResult,
 )
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
 from .connection import AgentConnection
 from .errors import (
     AgentError,
@@ -64,7 +65,7 @@ from .errors import (
 )
 from .harness import HarnessMixin
 from .process import SandboxProcess
-from .tunnel import SandboxTunnel, Tunnel
+from .tunnel import AgentTunnel, SandboxTunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
@@ -397,7 +398,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         r = await self._call("hello", {})
         return agent_info(r)
 
-    async def open_tunnel(self, port: int) -> Tunnel:
+    async def open_tunnel(self, port: int) -> AgentTunnel:
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ValueError("port must be 1-65535")
         conn = await self.connection()
@@ -524,3 +525,9 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+if TYPE_CHECKING:
+
+    def _capabilities(box: AgentSandbox) -> tuple[StagedWrites, BackgroundProcesses, Tunnels, HarnessFiles]:
+        return box, box, box, box  # mypy: every backend of this package has them all

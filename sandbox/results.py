@@ -29,7 +29,7 @@ class ReadResult:
 @dataclass(frozen=True)
 class WriteResult:
     """A file :meth:`Sandbox.write` put in place: its size, sha256 and whether it was new;
-    ``stat``, where the sandbox says (:meth:`Sandbox.commit_write`), is the file's
+    ``stat``, where the sandbox says (:meth:`StagedWrites.commit_write`), is the file's
     (size, mtime_ns, inode, st_mode) as the sandbox's scans see it."""
 
     size: int
@@ -40,7 +40,7 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class StagedWrite:
-    """A write made but not yet put in place (:meth:`Sandbox.stage_write`)."""
+    """A write made but not yet put in place (:meth:`StagedWrites.stage_write`)."""
 
     token: object
     path: str  # the resolved workspace-relative path it will replace
@@ -136,7 +136,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class PathRead:
-    """What :meth:`Sandbox.read_path` read: the bytes (all of the file, or up to the cap
+    """What :meth:`HarnessFiles.read_path` read: the bytes (all of the file, or up to the cap
     asked for) and the file's whole size."""
 
     data: bytes
@@ -146,7 +146,7 @@ class PathRead:
 
 @dataclass(frozen=True)
 class PathWrite:
-    """A file :meth:`Sandbox.write_path` wrote: where (links followed), its size, whether
+    """A file :meth:`HarnessFiles.write_path` wrote: where (links followed), its size, whether
     it was new."""
 
     path: str
@@ -241,7 +241,7 @@ class ExecRequest:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """A background process (:meth:`Sandbox.start_process`), as its supervisor tells it."""
+    """A background process (:meth:`BackgroundProcesses.start_process`), as its supervisor tells it."""
 
     id: str
     command: str
@@ -258,7 +258,7 @@ class ProcessInfo:
 
 @dataclass(frozen=True)
 class ProcessOutput:
-    """What a background process printed after a cursor (:meth:`Sandbox.process_output`)."""
+    """What a background process printed after a cursor (:meth:`BackgroundProcesses.process_output`)."""
 
     info: ProcessInfo
     stdout: bytes

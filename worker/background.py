@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox.capabilities import background
+
 FILE = "background.json"
 #: Ended processes whose changes are recorded are forgotten after this long.
 KEEP_ENDED = 24 * 3600.0
@@ -158,7 +160,7 @@ class Background:
         if not pending:
             return None
         try:
-            live = {p.id: p for p in await sandbox.processes()}
+            live = {p.id: p for p in await background(sandbox).processes()}
         except NotImplementedError:
             live = {}
         settles = []

@@ -33,6 +33,7 @@ from sandbox.base import (
     ScanResult,
     WriteResult,
 )
+from sandbox.capabilities import background
 from sandbox.errors import SandboxError
 
 from . import faults
@@ -419,7 +420,7 @@ class Workspace:
                 bg.settled(attr)
             process_id = process_id or new_process_id()
             extra: dict[str, Any] = {"idle": idle} if idle else {}
-            info = await self.sandbox.start_process(
+            info = await background(self.sandbox).start_process(
                 process_id,
                 command,
                 cwd=cwd,

@@ -15,7 +15,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import users
 from ..base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
@@ -565,3 +565,36 @@ class DockerBackend(SandboxBackend):
         and memory in use (page cache it can drop not counted, as ``docker stats``).
         Raises DaemonUnavailableError."""
         return await self._status.of(await self.engine.find(container_name(Path(workspace).resolve())))
+
+
+if TYPE_CHECKING:
+    from ..base import (
+        ConfigurableBackend,
+        CpuInventory,
+        Freezer,
+        ImageInventory,
+        PullWatcher,
+        RestartCounter,
+        RuntimeInventory,
+        StatusReporter,
+    )
+    from ..capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+
+    def _capabilities(
+        box: DockerSandbox, backend: DockerBackend
+    ) -> tuple[
+        StagedWrites,
+        BackgroundProcesses,
+        Tunnels,
+        HarnessFiles,
+        ConfigurableBackend,
+        RuntimeInventory,
+        CpuInventory,
+        ImageInventory,
+        PullWatcher,
+        Freezer,
+        StatusReporter,
+        RestartCounter,
+    ]:
+        # mypy: the sandbox's capabilities, and the backend's every optional one
+        return box, box, box, box, backend, backend, backend, backend, backend, backend, backend, backend

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.base import ExecControl, ExecRequest, OutputCallback
+from sandbox.capabilities import harness_files
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
 from ..result import ToolResult
@@ -197,7 +198,7 @@ class SandboxHandle:
             raise ValueError(f"max_bytes must be 0-{MAX_READ}")
         ws = await self._ws()
         target = self.absolute(path, ws.sandbox.workspace_mount)
-        got = await ws.sandbox.read_path(target, max_bytes=max_bytes)
+        got = await harness_files(ws.sandbox).read_path(target, max_bytes=max_bytes)
         if got.truncated:
             raise TooLargeError(
                 f"{path} is {got.size} bytes, more than the {max_bytes} bytes this read may return", code="too_large"
@@ -232,7 +233,7 @@ class SandboxHandle:
                 pass  # a link out of the workspace on the way: the sandbox's own files
         if out is None:
             try:
-                w = await ws.sandbox.write_path(target, content, mode=mode)
+                w = await harness_files(ws.sandbox).write_path(target, content, mode=mode)
                 out = FileWritten(w.path, w.size, w.created, recorded=False, call_id=call_id)
             except InWorkspaceError as e:  # a link into the workspace: recorded after all
                 rel = str(e)

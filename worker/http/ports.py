@@ -46,6 +46,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from sandbox.capabilities import tunnels
 from sandbox.errors import AgentError, SandboxError
 from sandbox.logs import get_logger
 
@@ -131,7 +132,7 @@ class PortProxy:
             ws = await service.registry.workspace(path)
             # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
             service.runner.opened.add(path)
-            tunnel = await ws.sandbox.open_tunnel(port)
+            tunnel = await tunnels(ws.sandbox).open_tunnel(port)
         except AgentError as e:
             if e.code == "connection_refused":
                 return _problem(502, f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}")

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from sandbox.base import ProcessInfo, StatusReporter
+from sandbox.capabilities import background
 from sandbox.errors import AgentError, SandboxError
 
 from ..service import result_dict
@@ -94,7 +95,7 @@ async def processes(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str,
     time), oldest first. Never starts a sandbox."""
     try:
         box = await running_sandbox(service, workspace_id)
-        procs = [] if box is None else await box.processes()
+        procs = [] if box is None else await background(box).processes()
     except NotImplementedError:
         procs = []
     except SandboxError as e:
@@ -123,7 +124,7 @@ async def output(
     if follow:
         return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
     try:
-        out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
+        out = await background(box).process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
     except AgentError as e:
         return JSONResponse({"detail": str(e)}, status_code=404 if e.code == "not_found" else 409)
     return {
@@ -167,7 +168,7 @@ async def kill(
 async def _follow(box: Any, process_id: str, cursor: tuple[int, int]) -> AsyncIterator[ServerSentEvent]:
     while True:
         try:
-            out = await box.process_output(process_id, since=cursor, wait=10.0)
+            out = await background(box).process_output(process_id, since=cursor, wait=10.0)
         except (AgentError, SandboxError) as e:
             yield ServerSentEvent(data=json.dumps({"detail": str(e)}), event="error")
             return

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from sandbox import protocol
 from sandbox.base import ExecRequest, ProcessOutput
+from sandbox.capabilities import background
 from sandbox.errors import AgentError, SandboxLostError
 
 from ..background import BackgroundLimits
@@ -206,10 +207,12 @@ async def run_background(args: ShellArgs, ctx: ToolContext, cwd: str) -> ToolRes
         raise ToolError("This sandbox cannot run background processes") from None
     wait = FIRST_OUTPUT_WAIT if args.background else (args.yield_ms or 0) / 1000.0
     deadline = time.monotonic() + wait
-    out = await ws.sandbox.process_output(info.id, wait=wait if args.background else 0.0, max_bytes=MAX_STREAM_BYTES)
+    out = await background(ws.sandbox).process_output(
+        info.id, wait=wait if args.background else 0.0, max_bytes=MAX_STREAM_BYTES
+    )
     parts = [out]
     while not args.background and not out.done and (left := deadline - time.monotonic()) > 0:
-        out = await ws.sandbox.process_output(info.id, wait=left, max_bytes=MAX_STREAM_BYTES)
+        out = await background(ws.sandbox).process_output(info.id, wait=left, max_bytes=MAX_STREAM_BYTES)
         parts.append(out)
     merged = _merge(parts)
     changed = await ws.settle_background() if not merged.info.running else []

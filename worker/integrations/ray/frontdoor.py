@@ -27,11 +27,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
+
+from sandbox.capabilities import Tunnels
+from sandbox.tunnel import Tunnel
 
 from ...registry.table import ToolTable
 from ...result import ToolResult
@@ -92,8 +95,6 @@ class RemotePart:
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
             raise AttributeError(method)
-        if self._part == "sandbox" and method == "open_tunnel":
-            return lambda port: self._cluster.open_tunnel(self._ws, port)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             args = tuple(SANDBOX if isinstance(a, RemotePart) and a._part == "sandbox" else a for a in args)
@@ -102,13 +103,33 @@ class RemotePart:
         return call
 
 
+class RemoteSandbox(RemotePart):
+    """A workspace's sandbox on its node. Its capabilities the front door's own routes
+    use (the port stream's tunnels) are methods of its own, so that ``isinstance`` with
+    their Protocol (:mod:`sandbox.capabilities`) finds them and mypy checks them."""
+
+    def __init__(self, cluster: ClusterRegistry, ws_id: str) -> None:
+        super().__init__(cluster, ws_id, "sandbox")
+
+    async def open_tunnel(self, port: int) -> Tunnel:
+        """A tunnel to ``port`` on the sandbox's loopback, through its node (see
+        ``ClusterRegistry.open_tunnel``)."""
+        return await self._cluster.open_tunnel(self._ws, port)
+
+
+if TYPE_CHECKING:
+
+    def _conforms(box: RemoteSandbox) -> Tunnels:
+        return box  # mypy: the stand-in has the capability it is used for
+
+
 class RemoteWorkspace:
     """What ``registry.workspace(path)`` gives the routes: the stand-ins of its parts."""
 
     def __init__(self, cluster: ClusterRegistry, path: PurePath) -> None:
         ws_id = workspace_id(path)
         self.root = Path(path)
-        self.sandbox = RemotePart(cluster, ws_id, "sandbox")
+        self.sandbox = RemoteSandbox(cluster, ws_id)
         self.recorder = RemotePart(cluster, ws_id, "recorder")
 
 

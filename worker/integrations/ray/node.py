@@ -29,6 +29,8 @@ from typing import Any
 
 import ray
 
+from sandbox.capabilities import tunnels
+
 from ...result import ToolResult
 from ...streaming import ToolOutput
 from .channel import ChannelServer
@@ -156,7 +158,7 @@ class NodeService(NodeSnapshots):
         """Open a tunnel to ``port`` on the sandbox's loopback; its id. Raises AgentError
         (``connection_refused``: nothing listens), SandboxError."""
         ws = await (await self._reg()).workspace(await self._path(ws_id))
-        tunnel = await ws.sandbox.open_tunnel(port)
+        tunnel = await tunnels(ws.sandbox).open_tunnel(port)
         self._next_tunnel += 1
         self._tunnels[self._next_tunnel] = tunnel
         return self._next_tunnel

@@ -195,7 +195,7 @@ class Changelog:
 
         The first call reads the whole workspace (within :class:`Limits`) through the
         sandbox. With ``piggyback`` the caller sends ``token.scan`` along with the command
-        (``Sandbox.exec(scan=...)``), so no separate scan is made when the agent's
+        (``ExecRequest.scan``), so no separate scan is made when the agent's
         snapshot is watched; ``pending`` is the scan an ``exec`` handed back unrun
         (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes, or, with
         ``attribute`` (``tool``, ``command``, ``call_id``, ``subtask_id``: a background

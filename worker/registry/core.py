@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sandbox.base import ExecControl, OutputCallback, SandboxBackend
+from sandbox.capabilities import tunnels
 
 from ..background import BackgroundLimits
 from ..result import ToolResult
@@ -220,7 +221,7 @@ class ToolRegistry:
         """A connection to ``port`` on the loopback of workspace ``path``'s sandbox (the
         port proxy's). Raises AgentError (``connection_refused``: nothing listens),
         SandboxError, ToolError (no such directory)."""
-        return await (await self.workspace(path)).sandbox.open_tunnel(port)
+        return await tunnels((await self.workspace(path)).sandbox).open_tunnel(port)
 
     async def stop(self, path: Path | str) -> bool:
         """Forget the workspace and stop its sandbox. Returns False if none was running."""

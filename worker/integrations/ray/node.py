@@ -30,6 +30,7 @@ from typing import Any
 import ray
 
 from sandbox.base import RestartCounter
+from sandbox.capabilities import tunnels
 
 from ...registry.core import ToolRegistry
 from ...result import ToolResult
@@ -167,7 +168,7 @@ class NodeService(NodeSnapshots):
         """Open a tunnel to ``port`` on the sandbox's loopback; its id. Raises AgentError
         (``connection_refused``: nothing listens), SandboxError."""
         ws = await (await self._reg()).workspace(await self._path(ws_id))
-        tunnel = await ws.sandbox.open_tunnel(port)
+        tunnel = await tunnels(ws.sandbox).open_tunnel(port)
         self._next_tunnel += 1
         self._tunnels[self._next_tunnel] = tunnel
         return self._next_tunnel

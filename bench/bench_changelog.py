@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import gvisor_spec
 
-from sandbox.base import Sandbox, SandboxBackend
+from sandbox.base import ExecRequest, Sandbox, SandboxBackend
 from worker import aio
 from worker.changelog import Changelog, Durability
 from worker.workspace import Workspace
@@ -99,7 +99,7 @@ async def bench_scan(box: Sandbox, cl: Changelog, n: int) -> tuple[list[float], 
     for _ in range(n):
         t0 = time.perf_counter()
         token = await cl.before_shell(box)
-        await box.exec("true")
+        await box.exec(ExecRequest("true"))
         t1 = time.perf_counter()
         changed = await cl.after_shell(box, token, command="true")
         t2 = time.perf_counter()
@@ -112,7 +112,7 @@ async def bench_scan(box: Sandbox, cl: Changelog, n: int) -> tuple[list[float], 
     ws = Workspace(Path(cl.workspace), box, cl, **lock)
     for _ in range(n):
         t0 = time.perf_counter()
-        _r, changed = await ws.run_shell("true")
+        _r, changed = await ws.run_shell(ExecRequest("true"))
         together.append((time.perf_counter() - t0) * 1000)
         assert changed == []
     res = await box.scan(".", snapshot="bench-walk")
@@ -144,7 +144,7 @@ async def bench_tree(
     for r in range(rounds):
         for command, out in ((_MAKE_TREE.format(dirs=files // 20), made), ("true", noop)):
             token = await cl.before_shell(box)
-            res = await box.exec(command, timeout=600)
+            res = await box.exec(ExecRequest(command, timeout=600))
             assert res.exit_code == 0, res.stderr
             t = time.perf_counter()
             await cl.after_shell(box, token, command=command, call_id=f"tree{r}-{command[:4]}")

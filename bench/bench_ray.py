@@ -6,6 +6,8 @@
   the node's call channel (the default) and over Ray's actor calls (``direct=False``),
   each surface in turn: p50, p99 and calls/s of each, the hop's cost (target: <= 1 ms
   added to the p50), and the floor of each way to a node (a no-op call);
+* ``POST .../execute`` of the same ``read_file`` through the HTTP front door
+  (``loom-worker serve --ray``'s app, served on loopback by this process): p50, p99;
 * workspaces created per second over ``--nodes`` nodes (``--workspaces`` of them, placed
   ``--concurrency`` at a time; target: 100 with 0 errors), then deleted.
 
@@ -14,31 +16,37 @@ The cluster is real: ``ray.cluster_utils.Cluster`` on this machine (a raylet per
 engine. Both sides share the machine's two cores with Ray's own processes (a GCS and a
 raylet per node), so the hop measured here includes their competition for the CPU.
 
-Usage: .venv/bin/python bench/bench_ray.py [--n 500] [--workspaces 100] [--nodes 3] [--slots 64]
+Usage: .venv/bin/python bench/bench_ray.py [--n 500] [--workspaces 100] [--nodes 3] [--slots 64] [--hop-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+#: The tree whose ``worker`` is measured (``LOOM_BENCH_TREE``: another checkout, to compare
+#: two trees with this one script in the same run).
+ROOT = Path(os.environ.get("LOOM_BENCH_TREE") or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
 import ray  # noqa: E402
 
 from worker.integrations.ray import RESOURCE, ClusterRegistry  # noqa: E402
 from worker.integrations.ray.testing import local_cluster, remove_sandboxes  # noqa: E402
 from worker.registry import default_registry  # noqa: E402
+from worker.result import ToolResult  # noqa: E402
 from worker.settings import Settings  # noqa: E402
 
 NAMESPACE = "loom-bench"
@@ -58,7 +66,31 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> float:
     return ms
 
 
-async def hop(root: Path, n: int) -> dict[str, list[float]]:
+@contextlib.asynccontextmanager
+async def _front_door(root: Path, address: str) -> AsyncIterator[str]:
+    """``loom-worker serve --ray``'s app on a loopback port of this loop; its base URL."""
+    import uvicorn
+
+    from worker.integrations.ray.cli import front_door
+
+    app = front_door(Settings(data_dir=root / "front-data", catalog=False), address, NAMESPACE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def hop(root: Path, n: int, address: str) -> dict[str, list[float]]:
     """``read_file`` of one small file, one call at a time, on each surface in turn (so
     each sees the same moments of the machine): the local API, the cluster API over the
     node's channel, the cluster API over Ray's actor calls; and the floors of the two ways
@@ -70,15 +102,27 @@ async def hop(root: Path, n: int) -> dict[str, list[float]]:
     channel = ClusterRegistry(namespace=NAMESPACE, place_timeout=120)
     actor_calls = ClusterRegistry(namespace=NAMESPACE, direct=False)
     noop = Noop.remote()  # type: ignore[attr-defined]
-    async with default_registry(settings) as local:
+    async with (
+        default_registry(settings) as local,
+        _front_door(root, address) as front,
+        httpx.AsyncClient(base_url=front, timeout=60) as http,
+    ):
         remote = await channel.create_workspace()
         try:
             loc = await channel._locate(remote.id)
             read = {"path": "f.txt"}
+            request = {"tool": "read_file", "arguments": read}
+
+            async def through_front_door() -> ToolResult:
+                r = await http.post(f"/v1/workspaces/{remote.id}/execute", json=request)
+                assert r.status_code == 200, r.text
+                return ToolResult(**r.json())
+
             surfaces: dict[str, Callable[[], Awaitable[Any]]] = {
                 "local": lambda: local.execute("read_file", read, ws),
                 "channel": lambda: channel.execute("read_file", read, remote.id),
                 "ray": lambda: actor_calls.execute("read_file", read, remote.id),
+                "front door": through_front_door,
                 "channel floor": lambda: channel._invoke(remote.id, loc, "ping"),
                 "ray floor": lambda: noop.call.remote(),
             }
@@ -137,7 +181,7 @@ class Noop:
         return True
 
 
-async def run(args: argparse.Namespace, address: str, root: Path) -> None:
+async def _placements(args: argparse.Namespace) -> dict[str, tuple[float, int, dict[str, int], float]]:
     cluster = ClusterRegistry(namespace=NAMESPACE, place_timeout=120)
     # First on the fresh cluster (a node's service starts with its first workspace: a
     # process, once per node), then again with every node's service running.
@@ -148,7 +192,12 @@ async def run(args: argparse.Namespace, address: str, root: Path) -> None:
         await asyncio.sleep(0.1)
     rounds["the nodes' services running"] = await placement(cluster, args.workspaces, args.concurrency)
     await cluster.aclose()
-    times = await hop(root, args.n)
+    return rounds
+
+
+async def run(args: argparse.Namespace, address: str, root: Path) -> None:
+    rounds = {} if args.hop_only else await _placements(args)
+    times = await hop(root, args.n, address)
 
     def row(name: str, xs: list[float]) -> str:
         rate = len(xs) / (sum(xs) / 1000)
@@ -171,6 +220,9 @@ async def run(args: argparse.Namespace, address: str, root: Path) -> None:
     print(added("the hop over Ray actor calls (cluster - local)", times["ray"]))
     print(row("floor: a no-op over the node channel", times["channel floor"]))
     print(row("floor: a no-op async Ray actor call", times["ray floor"]))
+    print(row("HTTP front door: POST .../execute (serve --ray)", times["front door"]))
+    if not rounds:
+        return
     what = f"{args.workspaces} workspaces over {args.nodes} nodes ({args.slots} slots each)"
     print(f"\n{what}, {args.concurrency} at a time\n")
     print("| workspaces | created/s | errors | per node | deleted/s |")
@@ -192,6 +244,7 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--slots", type=int, default=64, help="loom_sandboxes of each node")
+    p.add_argument("--hop-only", action="store_true", help="the calls only, not the placements")
     args = p.parse_args()
     # At least room for all, and an ordinary node's slots (docs/ray.md's example: 64): a
     # cluster nearly full makes concurrent creators wait on each other (docs/ray.md).

@@ -39,6 +39,7 @@ from typing import Any
 import docker
 from common import gvisor_spec
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, container_name
 from sandbox.spec import SandboxSpec
 
@@ -107,7 +108,7 @@ async def bench_runtime(runtime: str, n: int, cold_n: int) -> list[tuple[str, li
             ("write 4 KiB", lambda: box.write("out.txt", payload), dx(["sh", "-c", "cat > out.txt"], payload)),
             ("list depth 2", lambda: box.list(".", depth=2), dx(["find", ".", "-maxdepth", "2"])),
             ("search regex", lambda: box.search("needle3"), dx(["rg", "-n", "needle3", "."])),
-            ("exec `true`", lambda: box.exec("true"), dx(["sh", "-c", "true"])),
+            ("exec `true`", lambda: box.exec(ExecRequest("true")), dx(["sh", "-c", "true"])),
         ]
         for name, ours, theirs in cases:
             await timed(ours, 5)  # warm up
@@ -122,7 +123,7 @@ async def bench_runtime(runtime: str, n: int, cold_n: int) -> list[tuple[str, li
             cws = Path(tempfile.mkdtemp(prefix="loom-cold-")).resolve()
             t = time.perf_counter()
             cbox = await backend.get(cws)
-            await cbox.exec("true")
+            await cbox.exec(ExecRequest("true"))
             cold.append((time.perf_counter() - t) * 1000)
             await backend.stop(cws)
             shutil.rmtree(cws, ignore_errors=True)
@@ -152,17 +153,17 @@ async def bench_images(images: list[str], runtime: str, n: int, cold_n: int, rou
             make_tree(ws, files=20)
             boxes[img] = await backend.get(ws)
             await timed(lambda b=boxes[img]: b.read("data.txt"), 20)
-            await timed(lambda b=boxes[img]: b.exec("true"), 20)
+            await timed(lambda b=boxes[img]: b.exec(ExecRequest("true")), 20)
         per = max(1, n // rounds)
         for _ in range(rounds):
             for img, box in boxes.items():
                 results[img]["read"] += await timed(lambda b=box: b.read("data.txt"), per)
-                results[img]["exec"] += await timed(lambda b=box: b.exec("true"), per)
+                results[img]["exec"] += await timed(lambda b=box: b.exec(ExecRequest("true")), per)
         for _ in range(cold_n):
             for img, backend in backends.items():
                 cws = Path(tempfile.mkdtemp(prefix="loom-cold-")).resolve()
                 t = time.perf_counter()
-                await (await backend.get(cws)).exec("true")
+                await (await backend.get(cws)).exec(ExecRequest("true"))
                 results[img]["cold"].append((time.perf_counter() - t) * 1000)
                 await backend.stop(cws)
                 shutil.rmtree(cws, ignore_errors=True)

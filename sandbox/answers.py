@@ -7,16 +7,32 @@ from __future__ import annotations
 import base64
 import binascii
 import posixpath
+from collections.abc import Callable
 from typing import Any, cast
 
 from .agent.scanwalk import MAX_PATH as _SCAN_MAX_PATH
 from .errors import ProtocolError
-from .results import AgentInfo, EntryType, ListEntry, ListResult, ScanEntry, ScanResult, SearchMatch, SearchResult
+from .results import (
+    AgentInfo,
+    EntryType,
+    ExecResult,
+    ListEntry,
+    ListResult,
+    Outcome,
+    ScanEntry,
+    ScanRequest,
+    ScanResult,
+    SearchMatch,
+    SearchResult,
+    StreamName,
+)
 
 _ENTRY_TYPES = {"file", "dir", "symlink", "other"}
 #: The longest path an agent may send: a scan's rows go as deep as the agent's walk
 #: (``sandbox.agent.scanwalk.MAX_PATH``), plus one name.
 MAX_RELPATH = _SCAN_MAX_PATH + 512
+_OUTCOMES = {"exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"}
+_LAUNCH_ERRORS = {"not_found", "permission", "cwd", "user", "exec"}
 
 
 def check_int(v: Any, name: str, *, lo: int = 0) -> int:
@@ -176,3 +192,66 @@ def search_result(r: dict[str, Any], max_matches: int) -> SearchResult:
         truncated=bool(r.get("truncated")),
         engine=check_str(r.get("engine"), "engine", limit=20),
     )
+
+
+def exec_result(r: dict[str, Any], max_output: int, scan: ScanRequest | None) -> ExecResult:
+    """Validate an agent's answer to an ``exec`` that ran: ``max_output`` is what the
+    request asked to keep of each stream (already capped), ``scan`` the scan that
+    travelled with it, if any."""
+    scan_after = None
+    if scan is not None and r.get("scan") is not None:
+        scan_after = scan_result(r.get("scan"), scan.max_files)
+    outcome = r.get("outcome")
+    if outcome not in _OUTCOMES:
+        raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
+    duration = r.get("duration_ms")
+    if not isinstance(duration, int | float) or isinstance(duration, bool):
+        raise ProtocolError("agent sent an invalid duration")
+    stdout, stderr = _streams(r, max_output + 256)
+    launch = r.get("launch_error")
+    if launch is not None and launch not in _LAUNCH_ERRORS:
+        raise ProtocolError(f"agent sent an unknown launch error {launch!r:.40}")
+    sig = r.get("signal")
+    return ExecResult(
+        exit_code=check_opt_int(r.get("exit_code"), "exit_code"),
+        stdout=stdout,
+        stderr=stderr,
+        outcome=cast(Outcome, outcome),
+        duration_ms=float(duration),
+        truncated=bool(r.get("truncated")),
+        signal=None if sig is None else check_int(sig, "signal"),
+        stdout_bytes=check_int(r.get("stdout_bytes", 0), "stdout_bytes"),
+        stderr_bytes=check_int(r.get("stderr_bytes", 0), "stderr_bytes"),
+        scan_after=scan_after,
+        disk_used=check_opt_int(r.get("disk_used"), "disk_used"),
+        launch_error=launch,
+    )
+
+
+def _streams(r: dict[str, Any], limit: int) -> tuple[bytes, bytes]:
+    """A command's two streams from its answer: raw after the line (``stdout_len`` bytes
+    of stdout, then stderr), or base64 in it. Raises ProtocolError."""
+    raw = r.get("_raw")
+    if not isinstance(raw, bytes):
+        return check_b64(r.get("stdout"), "stdout", limit), check_b64(r.get("stderr"), "stderr", limit)
+    n = check_int(r.get("stdout_len"), "stdout_len")
+    if n > len(raw) or n > limit or len(raw) - n > limit:
+        raise ProtocolError("agent sent more output than asked for")
+    return raw[:n], raw[n:]
+
+
+def output_events(on_output: Callable[[StreamName, bytes], None]) -> Callable[[dict[str, Any]], None]:
+    """The handler of a streamed command's ``output`` events: checked, decoded, handed on
+    to ``on_output``. Raises ProtocolError."""
+
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg.get("event") != "output":
+            return  # "lost": the exec call itself reports it
+        stream = msg.get("stream")
+        if stream not in ("stdout", "stderr"):
+            raise ProtocolError(f"agent sent output of an unknown stream {stream!r:.40}")
+        data = check_b64(msg.get("data"), "output", 1 << 20)
+        if data:
+            on_output(stream, data)
+
+    return on_event

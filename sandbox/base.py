@@ -1,14 +1,20 @@
 """The small async contract every sandbox backend implements, and the optional
 capabilities a backend may have.
 
-A :class:`Sandbox` is one workspace's box. Every path argument is *workspace-relative*
+A :class:`Sandbox` is one workspace's box, and only what every backend must do: its
+files (read, write, remove, mkdir, ...), ``exec`` (one :class:`ExecRequest`), scans and
+hashes, ``info`` and ``close``. Every path argument is *workspace-relative*
 (``"src/main.py"``, ``"."``); the authoritative check that it stays inside the workspace
 happens in the in-container agent, never on the host. Lifecycle (start, reuse, restart,
 stop, garbage collection) lives beside this contract in :class:`SandboxBackend`, not in it.
 What the calls return is in :mod:`sandbox.results` (re-exported here).
 
-A backend may do more than the contract asks; what callers use of it is declared here as
-:class:`typing.Protocol` classes, checked with ``isinstance``, never found by ``getattr``:
+What a sandbox may do beyond that (staged writes, background processes, tunnels, a
+harness's files anywhere; a terminal or a kernel next) is a capability Protocol of
+:mod:`sandbox.capabilities` (re-exported here); :func:`staged_writes` gives any sandbox
+staged writes (on the host where it has none). What a backend may do beyond
+:class:`SandboxBackend` is declared here, the same way: :class:`typing.Protocol` classes,
+checked with ``isinstance``, never found by ``getattr``:
 
 =============================  =================================================================
 :class:`ConfigurableBackend`   ``configure(workspace, spec)``: a workspace's own spec
@@ -26,20 +32,21 @@ problem: missing file, path escape, conflict, ...) or the infrastructure errors 
 :mod:`sandbox.errors` (``SandboxLostError``, ``SandboxTimeoutError``, ...).
 """
 
-# long module: the Sandbox contract is one class, and its docstrings are the contract
-
 from __future__ import annotations
 
 import abc
 import asyncio
 import builtins
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
 from .results import (
     AgentInfo,
     EntryType,
+    ExecRequest,
     ExecResult,
     FileStat,
     ListEntry,
@@ -65,17 +72,20 @@ from .results import (
 if TYPE_CHECKING:
     from .pulls import PullEvent
     from .spec import SandboxSpec
-    from .tunnel import Tunnel
 
 __all__ = [
     "DEFAULT_EXCLUDES",
     "AgentInfo",
+    "BackgroundProcesses",
     "ConfigurableBackend",
     "CpuInventory",
     "EntryType",
     "ExecControl",
+    "ExecRequest",
     "ExecResult",
     "FileStat",
+    "HarnessFiles",
+    "HostStaging",
     "ImageInventory",
     "ListEntry",
     "ListResult",
@@ -99,13 +109,16 @@ __all__ = [
     "SearchMatch",
     "SearchResult",
     "StagedWrite",
+    "StagedWrites",
     "StatusReporter",
     "StreamName",
     "TreeRemoval",
+    "Tunnels",
     "WriteResult",
+    "staged_writes",
 ]
 
-#: ``exec(on_output=...)``: called with each chunk of a command's output as it is read
+#: ``exec(request, on_output=...)``: called with each chunk of a command's output as it is read
 #: in the sandbox, on the event loop, in order; it must not block.
 OutputCallback = Callable[[StreamName, bytes], None]
 
@@ -158,7 +171,7 @@ class ExecControl:
 
 
 class ScanFirst(Exception):
-    """``exec(scan=...)`` found changes made before the command: nothing was run. The
+    """``exec`` with ``ExecRequest.scan`` found changes made before the command: nothing was run. The
     caller records ``scan`` (its ``generation`` is the new ``since``) and runs again."""
 
     def __init__(self, scan: ScanResult) -> None:
@@ -218,77 +231,6 @@ class Sandbox(abc.ABC):
         content. Raises ConflictError, NotAFileError (IsADirError), PermissionDeniedError,
         PathEscapeError, TooLargeError.
         """
-
-    async def stage_write(
-        self,
-        path: str,
-        data: bytes,
-        *,
-        expect_sha256: str | None = None,
-        expect_absent: bool = False,
-        fsync: bool = True,
-        token: str | None = None,
-        mode: int | None = None,
-        override_mode: bool = False,
-        mkdirs: bool = True,
-    ) -> StagedWrite:
-        """The first half of :meth:`write`: the new content written (and fsync'd) beside
-        ``path``, not yet in place, so the caller can record the change meanwhile. Finish
-        with :meth:`commit_write` (the conditions are checked again there) or
-        :meth:`abort_write`. ``StagedWrite.path`` is the resolved path (in-workspace links
-        followed). A caller-chosen ``token`` (alphanumeric) lets it send the commit before
-        this call has returned. ``mkdirs`` as for :meth:`write` (the agent makes missing
-        directories when staging). Raises like :meth:`write`. This default stages on the
-        host side and writes at commit; the agent sandbox stages in the workspace.
-        """
-        st: FileStat | None
-        try:
-            st = await self.stat(path)
-        except FileNotFoundError:
-            st = None
-        staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
-        pending = self.__dict__.setdefault("_host_staged", {})
-        pending[staged.token] = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode, mkdirs)
-        return staged
-
-    async def commit_write(
-        self, staged: StagedWrite | str, *, expect_path: str | None = None, snapshot: str | None = None
-    ) -> WriteResult:
-        """Put a staged write (or the one staged under a token) in place if the target is
-        still what it expected and, with ``expect_path``, resolves to that path.
-        ``snapshot``: the key of the caller's scan snapshot (:meth:`scan`), when the caller
-        records this write itself (the changelog): that snapshot's next scan then does
-        not report the file it put there, only what changes it after. Raises
-        ConflictError (nothing written), NotAFileError, AgentError for an unknown token
-        (staged files live in the agent that staged them: a fresh connection has none),
-        and infrastructure errors."""
-        from .errors import AgentError, ConflictError
-
-        token = staged.token if isinstance(staged, StagedWrite) else staged
-        item = self.__dict__.get("_host_staged", {}).pop(token, None)
-        if item is None:
-            raise AgentError(f"No staged write {token!r}", code="invalid")
-        path, data, expect_sha256, expect_absent, fsync, mode, override, mkdirs = cast(
-            tuple[str, bytes, "str | None", bool, bool, "int | None", bool, bool], item
-        )
-        if expect_path is not None and expect_path != path:
-            raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
-        return await self.write(
-            path,
-            data,
-            expect_sha256=expect_sha256,
-            expect_absent=expect_absent,
-            fsync=fsync,
-            mode=mode,
-            override_mode=override,
-            mkdirs=mkdirs,
-        )
-
-    async def abort_write(self, staged: StagedWrite | str) -> None:
-        """Drop a staged write (nothing changes in the workspace). Never raises for an
-        unknown or already finished one."""
-        token = staged.token if isinstance(staged, StagedWrite) else staged
-        self.__dict__.get("_host_staged", {}).pop(token, None)
 
     @abc.abstractmethod
     async def remove(self, path: str, *, expect_sha256: str | None = None) -> bool:
@@ -368,22 +310,13 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def exec(
         self,
-        command: str,
+        request: ExecRequest,
         *,
-        cwd: str = ".",
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-        max_output: int = 256 * 1024,
-        argv: builtins.list[str] | None = None,
-        output_limit: int = 64 << 20,
-        scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
-        stdin: bytes | None = None,
-        user: str | None = None,
-        any_cwd: bool = False,
     ) -> ExecResult:
-        """Run ``sh -c command`` (or ``argv`` directly, no shell) inside the workspace.
+        """Run ``request.command`` (``sh -c``, or ``request.argv`` directly, no shell)
+        inside the workspace, as :class:`ExecRequest` says.
 
         Every process the command starts is killed when it ends or times out. A lost
         sandbox is reported as ``outcome="sandbox_lost"`` rather than raised, because the
@@ -396,7 +329,8 @@ class Sandbox(abc.ABC):
         ``output_limit`` stops a command that prints more than that in all.
 
         The harness's options: ``stdin`` is the command's standard input (default
-        ``/dev/null``); ``user`` runs it as another user of the image (a name or
+        ``/dev/null``; more than :data:`~sandbox.protocol.MAX_RAW_REQUEST` bytes is
+        TooLargeError); ``user`` runs it as another user of the image (a name or
         ``uid[:gid]``; ``root`` only where the workspace allows it, else
         UserUnsupportedError; a user the image does not have is an ExecResult with
         ``launch_error="user"``, exit 126); ``any_cwd`` lets ``cwd`` be any absolute
@@ -413,13 +347,15 @@ class Sandbox(abc.ABC):
         With ``on_output`` the command's output is also handed over as the sandbox reads
         it (:data:`OutputCallback`), every chunk before this returns; the result still
         holds the capped capture (``max_output``). ``control`` lets the caller signal the
-        command while it runs (:class:`ExecControl`).
+        command while it runs (:class:`ExecControl`). Raises ProtocolError for an answer
+        that fails its checks (:func:`sandbox.answers.exec_result`).
         """
 
-    async def exec_stream(self, command: str, **kwargs: object) -> AsyncIterator[OutputChunk | ExecResult]:
+    async def exec_stream(
+        self, request: ExecRequest, *, control: ExecControl | None = None
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
         """:meth:`exec` as an async iterator: each :class:`OutputChunk` as the command
-        writes it, then the :class:`ExecResult` (last). Takes :meth:`exec`'s keyword
-        arguments (not ``on_output``) and raises what it raises.
+        writes it, then the :class:`ExecResult` (last). Raises what :meth:`exec` raises.
 
         The chunks wait in memory until they are read: read them as they come, or use
         ``exec(on_output=...)`` to decide what to keep. Leaving the iterator early does
@@ -430,7 +366,7 @@ class Sandbox(abc.ABC):
         def on_output(stream: StreamName, data: bytes) -> None:
             queue.put_nowait(OutputChunk(stream, data))
 
-        task = asyncio.ensure_future(self.exec(command, on_output=on_output, **kwargs))  # type: ignore[arg-type]
+        task = asyncio.ensure_future(self.exec(request, on_output=on_output, control=control))
         task.add_done_callback(lambda _t: queue.put_nowait(None))
         try:
             while (item := await queue.get()) is not None:
@@ -440,47 +376,6 @@ class Sandbox(abc.ABC):
             if not task.done():
                 _BACKGROUND.add(task)
                 task.add_done_callback(_BACKGROUND.discard)
-
-    # -- files anywhere in the sandbox (a harness's, not the model's) -------------------
-
-    async def read_path(self, path: str, *, max_bytes: int) -> PathRead:
-        """Read the file at the absolute ``path`` anywhere in the sandbox, as the
-        sandbox's user (links followed, as ``cat`` follows them; never a FIFO or device):
-        at most ``max_bytes`` (``truncated`` when the file is larger). Large files come in
-        pieces, checked to be of one unchanged file.
-
-        Raises PathNotFoundError, PermissionDeniedError, IsADirError, NotAFileError,
-        ConflictError (it kept changing while read), NotImplementedError where the
-        backend has no such API."""
-        raise NotImplementedError("this sandbox has no file API outside the workspace")
-
-    async def write_path(self, path: str, data: bytes, *, mode: int | None = None) -> PathWrite:
-        """Write ``data`` to the absolute ``path`` as the sandbox's user: where it may
-        write (``/tmp``, ``$HOME``; the root file system is read-only), parents made, an
-        existing file rewritten in place as the shell's ``>`` would (a 0444 one refused),
-        a new one with ``mode`` (default 0o666 less the umask). Nothing is recorded: this
-        is the sandbox's scratch space.
-
-        Raises InWorkspaceError (nothing written) when the target is in the workspace,
-        whose changes go through its changelog: the caller writes it with :meth:`write`
-        at the workspace-relative path the error carries. Raises PermissionDeniedError,
-        IsADirError, NotAFileError, PathNotFoundError, TooLargeError, NotImplementedError
-        where the backend has no such API."""
-        raise NotImplementedError("this sandbox has no file API outside the workspace")
-
-    async def open_tunnel(self, port: int) -> Tunnel:
-        """A TCP connection to ``port`` on the sandbox's own loopback, carried by the
-        channel to the agent (the sandbox still has no network interface), or the
-        connection itself, handed over by the agent where it can (see
-        :mod:`sandbox.handover`); both have ``read``, ``write``, ``write_eof``, ``close``.
-
-        Raises AgentError (code ``connection_refused``) when nothing listens there,
-        SandboxUnavailableError when this backend cannot make tunnels, and the
-        infrastructure errors of any call.
-        """
-        from .errors import SandboxUnavailableError
-
-        raise SandboxUnavailableError(f"{type(self).__name__} cannot open tunnels")
 
     @abc.abstractmethod
     async def scan(
@@ -505,63 +400,6 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def hash(self, paths: builtins.list[str]) -> dict[str, str | None]:
         """sha256 of each regular file (None when absent or not a regular file)."""
-
-    # -- background processes (not every backend has them) ---------------------------------
-
-    async def start_process(
-        self,
-        process_id: str,
-        command: str,
-        *,
-        cwd: str = ".",
-        timeout: float = 3600.0,
-        env: dict[str, str] | None = None,
-        max_running: int = 8,
-        head: int = 64 << 10,
-        tail: int = 1 << 20,
-        linger: float = 600.0,
-        idle: float = 0.0,
-    ) -> ProcessInfo:
-        """Start ``sh -c command`` as a background process that outlives the call: it ends
-        when it exits, at ``timeout`` (its whole tree killed), when nobody asked for its
-        output or wrote to it for ``idle`` seconds (0: never; counted as a timeout), when
-        killed, or with the sandbox. Its output is kept (per stream: the first ``head`` and last ``tail``
-        bytes); after it ended, it can be read for ``linger`` seconds.
-
-        Raises AgentError (code ``limit``: ``max_running`` already run; ``invalid``: a bad
-        id or command), PathNotFoundError (cwd), infrastructure errors;
-        NotImplementedError where the backend has no background processes.
-        """
-        raise NotImplementedError("this sandbox has no background processes")
-
-    async def process_output(
-        self,
-        process_id: str,
-        *,
-        since: tuple[int, int] | None = None,
-        wait: float = 0.0,
-        max_bytes: int = 1 << 20,
-    ) -> ProcessOutput:
-        """What the process printed after cursor ``since`` (None: after the last read
-        that passed none, and moves that mark; every worker process shares it), waiting
-        up to ``wait`` seconds for something new (returns at once when there is). Raises
-        AgentError (code ``not_found``: no such process here)."""
-        raise NotImplementedError("this sandbox has no background processes")
-
-    async def process_input(self, process_id: str, data: bytes, *, eof: bool = False) -> int:
-        """Write ``data`` to the process's stdin (``eof``: then close it). Returns the bytes
-        written. Raises AgentError (``not_found``; ``conflict``: it no longer reads)."""
-        raise NotImplementedError("this sandbox has no background processes")
-
-    async def process_kill(self, process_id: str, *, signal: int = 15, grace: float = 0.5) -> ProcessInfo:
-        """``signal`` to everything the process started, ``grace`` seconds, then KILL.
-        Returns its info (ended, unless it resisted for seconds). Raises AgentError."""
-        raise NotImplementedError("this sandbox has no background processes")
-
-    async def processes(self) -> builtins.list[ProcessInfo]:
-        """The background processes of this sandbox, running or ended (within their
-        linger time), oldest first."""
-        raise NotImplementedError("this sandbox has no background processes")
 
     @abc.abstractmethod
     async def info(self) -> AgentInfo:
@@ -678,3 +516,81 @@ class RestartCounter(Protocol):
     """A backend that counts the sandboxes it restarted after losing them."""
 
     restarts: int
+
+
+# -- staged writes for any sandbox --------------------------------------------------------
+
+
+def staged_writes(box: Sandbox) -> StagedWrites:
+    """``box`` as :class:`StagedWrites`: itself when it stages writes, else one
+    :class:`HostStaging` per sandbox (the content waits on the host; the write happens at
+    commit, conditions and all). Never raises."""
+    if isinstance(box, StagedWrites):
+        return box
+    staging = _HOST_STAGING.get(box)
+    if staging is None:
+        staging = _HOST_STAGING[box] = HostStaging(box)
+    return staging
+
+
+class HostStaging:
+    """:class:`StagedWrites` for a sandbox without them: staged on the host, written at
+    commit with :meth:`Sandbox.write <sandbox.base.Sandbox.write>`."""
+
+    def __init__(self, box: Sandbox) -> None:
+        self._box = box
+        self._pending: dict[object, tuple[str, bytes, str | None, bool, bool, int | None, bool, bool]] = {}
+
+    async def stage_write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        fsync: bool = True,
+        token: str | None = None,
+        mode: int | None = None,
+        override_mode: bool = False,
+        mkdirs: bool = True,
+    ) -> StagedWrite:
+        st: FileStat | None
+        try:
+            st = await self._box.stat(path)
+        except FileNotFoundError:
+            st = None
+        staged = StagedWrite(token=token or path, path=st.path if st else path, mode=st.mode if st else None)
+        item = (staged.path, data, expect_sha256, expect_absent, fsync, mode, override_mode, mkdirs)
+        self._pending[staged.token] = item
+        return staged
+
+    async def commit_write(
+        self, staged: StagedWrite | str, *, expect_path: str | None = None, snapshot: str | None = None
+    ) -> WriteResult:
+        from .errors import AgentError, ConflictError
+
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        item = self._pending.pop(token, None)
+        if item is None:
+            raise AgentError(f"No staged write {token!r}", code="invalid")
+        path, data, expect_sha256, expect_absent, fsync, mode, override, mkdirs = item
+        if expect_path is not None and expect_path != path:
+            raise ConflictError(f"Conflict: {path} is not {expect_path}", code="conflict")
+        return await self._box.write(
+            path,
+            data,
+            expect_sha256=expect_sha256,
+            expect_absent=expect_absent,
+            fsync=fsync,
+            mode=mode,
+            override_mode=override,
+            mkdirs=mkdirs,
+        )
+
+    async def abort_write(self, staged: StagedWrite | str) -> None:
+        token = staged.token if isinstance(staged, StagedWrite) else staged
+        self._pending.pop(token, None)
+
+
+#: Each sandbox's host-staged writes, as long as the sandbox lives.
+_HOST_STAGING: weakref.WeakKeyDictionary[Sandbox, HostStaging] = weakref.WeakKeyDictionary()

@@ -15,8 +15,9 @@ import builtins
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 from . import protocol
 from .answers import (
@@ -28,7 +29,9 @@ from .answers import (
     check_relpath,
     check_stat,
     check_str,
+    exec_result,
     list_result,
+    output_events,
     scan_result,
     search_result,
 )
@@ -37,21 +40,21 @@ from .base import (
     DEFAULT_EXCLUDES,
     AgentInfo,
     ExecControl,
+    ExecRequest,
     ExecResult,
     FileStat,
     ListResult,
-    Outcome,
     OutputCallback,
     ReadResult,
     Sandbox,
     ScanFirst,
-    ScanRequest,
     ScanResult,
     SearchResult,
     StagedWrite,
     TreeRemoval,
     WriteResult,
 )
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
 from .connection import AgentConnection
 from .errors import (
     AgentError,
@@ -62,13 +65,10 @@ from .errors import (
 )
 from .harness import HarnessMixin
 from .process import SandboxProcess
-from .tunnel import SandboxTunnel, Tunnel
+from .tunnel import AgentTunnel, SandboxTunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
 Connector = Callable[[bool], Awaitable[AgentConnection]]
-
-_OUTCOMES = {"exit", "timeout", "oom", "output_limit", "disk_limit", "signal", "sandbox_lost"}
-_LAUNCH_ERRORS = {"not_found", "permission", "cwd", "user", "exec"}
 
 #: Host deadline = the operation's own budget + this slack for the round trip.
 DEADLINE_SLACK = 5.0
@@ -398,7 +398,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         r = await self._call("hello", {})
         return agent_info(r)
 
-    async def open_tunnel(self, port: int) -> Tunnel:
+    async def open_tunnel(self, port: int) -> AgentTunnel:
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ValueError("port must be 1-65535")
         conn = await self.connection()
@@ -408,39 +408,19 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
 
     async def exec(
         self,
-        command: str,
+        request: ExecRequest,
         *,
-        cwd: str = ".",
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-        max_output: int = 256 * 1024,
-        argv: builtins.list[str] | None = None,
-        output_limit: int = 64 << 20,
-        scan: ScanRequest | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
-        stdin: bytes | None = None,
-        user: str | None = None,
-        any_cwd: bool = False,
     ) -> ExecResult:
-        if user is not None:
-            box = await self.as_user(user)
+        if request.user is not None:
+            box = await self.as_user(request.user)
             if isinstance(box, ExecResult):
                 return box  # no such user: the command's failure to start
             if box is not self:
-                return await box.exec(
-                    command,
-                    cwd=cwd,
-                    timeout=timeout,
-                    env=env,
-                    max_output=max_output,
-                    argv=argv,
-                    output_limit=output_limit,
-                    on_output=on_output,
-                    control=control,
-                    stdin=stdin,
-                    any_cwd=any_cwd,
-                )
+                # Its scans belong to this agent's snapshot: the caller makes them around it.
+                return await box.exec(replace(request, user=None, scan=None), on_output=on_output, control=control)
+        stdin, scan, timeout = request.stdin, request.scan, request.timeout
         if stdin is not None and len(stdin) > protocol.MAX_RAW_REQUEST:
             raise TooLargeError(
                 f"stdin of {len(stdin)} bytes is more than the {protocol.MAX_RAW_REQUEST} bytes a command "
@@ -451,19 +431,19 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         # it owns when a command ends, so two commands must not share it.
         async with self._exec_lock:
             started = time.monotonic()
-            max_output = max(0, min(max_output, protocol.MAX_EXEC_OUTPUT))
+            max_output = max(0, min(request.max_output, protocol.MAX_EXEC_OUTPUT))
             args: dict[str, Any] = {
-                "command": command,
-                "cwd": cwd,
+                "command": request.command,
+                "cwd": request.cwd,
                 "timeout": timeout,
-                "env": env or {},
+                "env": request.env or {},
                 "max_output": max_output,
-                "output_limit": output_limit,
+                "output_limit": request.output_limit,
                 "raw_out": True,
             }
-            if argv is not None:
-                args["argv"] = argv
-            if any_cwd:
+            if request.argv is not None:
+                args["argv"] = request.argv
+            if request.any_cwd:
                 args["cwd_any"] = True
             if stdin is not None:
                 args["stdin"] = True
@@ -478,7 +458,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
             on_event = None
             if on_output is not None:
                 args["stream"] = True
-                on_event = _output_events(on_output)
+                on_event = output_events(on_output)
             deadline = timeout + 2.0 + (30.0 if scan is not None else 0.0) + DEADLINE_SLACK
             oom_before: int | None = None
             try:
@@ -530,41 +510,16 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
                 )
             if scan is not None and r.get("ran") is False:
                 raise ScanFirst(scan_result(r.get("scan"), scan.max_files))
-            scan_after = None
-            if scan is not None and r.get("scan") is not None:
-                scan_after = scan_result(r.get("scan"), scan.max_files)
-            outcome = r.get("outcome")
-            if outcome not in _OUTCOMES:
-                raise ProtocolError(f"agent sent an unknown outcome {outcome!r:.40}")
-            limit = max_output + 256
-            sig = r.get("signal")
-            duration = r.get("duration_ms")
-            if not isinstance(duration, int | float) or isinstance(duration, bool):
-                raise ProtocolError("agent sent an invalid duration")
-            stdout, stderr = _streams(r, limit)
-            launch = r.get("launch_error")
-            if launch is not None and launch not in _LAUNCH_ERRORS:
-                raise ProtocolError(f"agent sent an unknown launch error {launch!r:.40}")
-            exit_code = check_opt_int(r.get("exit_code"), "exit_code")
-            if oom_before is not None and (outcome == "signal" or (outcome == "exit" and exit_code != 0)):
+            result = exec_result(r, max_output, scan)
+            if oom_before is not None and (
+                result.outcome == "signal" or (result.outcome == "exit" and result.exit_code != 0)
+            ):
                 counter = self.oom_counter
                 oom_after = counter() if counter is not None else None
                 if oom_after is not None and oom_after > oom_before:
-                    outcome, exit_code, sig = "oom", None, 9  # the host's OOM killer, unseen inside
-            return ExecResult(
-                exit_code=exit_code,
-                stdout=stdout,
-                stderr=stderr,
-                outcome=cast(Outcome, outcome),
-                duration_ms=float(duration),
-                truncated=bool(r.get("truncated")),
-                signal=None if sig is None else check_int(sig, "signal"),
-                stdout_bytes=check_int(r.get("stdout_bytes", 0), "stdout_bytes"),
-                stderr_bytes=check_int(r.get("stderr_bytes", 0), "stderr_bytes"),
-                scan_after=scan_after,
-                disk_used=check_opt_int(r.get("disk_used"), "disk_used"),
-                launch_error=launch,
-            )
+                    # the host's OOM killer, unseen inside
+                    result = replace(result, outcome="oom", exit_code=None, signal=9)
+            return result
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -572,29 +527,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
             self._conn = None
 
 
-def _streams(r: dict[str, Any], limit: int) -> tuple[bytes, bytes]:
-    """A command's two streams from its answer: raw after the line (``stdout_len`` bytes
-    of stdout, then stderr), or base64 in it. Raises ProtocolError."""
-    raw = r.get("_raw")
-    if not isinstance(raw, bytes):
-        return check_b64(r.get("stdout"), "stdout", limit), check_b64(r.get("stderr"), "stderr", limit)
-    n = check_int(r.get("stdout_len"), "stdout_len")
-    if n > len(raw) or n > limit or len(raw) - n > limit:
-        raise ProtocolError("agent sent more output than asked for")
-    return raw[:n], raw[n:]
+if TYPE_CHECKING:
 
-
-def _output_events(on_output: OutputCallback) -> Callable[[dict[str, Any]], None]:
-    """The handler of a streamed command's ``output`` events: checked, decoded, handed on."""
-
-    def on_event(msg: dict[str, Any]) -> None:
-        if msg.get("event") != "output":
-            return  # "lost": the exec call itself reports it
-        stream = msg.get("stream")
-        if stream not in ("stdout", "stderr"):
-            raise ProtocolError(f"agent sent output of an unknown stream {stream!r:.40}")
-        data = check_b64(msg.get("data"), "output", 1 << 20)
-        if data:
-            on_output(stream, data)
-
-    return on_event
+    def _capabilities(box: AgentSandbox) -> tuple[StagedWrites, BackgroundProcesses, Tunnels, HarnessFiles]:
+        return box, box, box, box  # mypy: every backend of this package has them all

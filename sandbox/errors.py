@@ -141,7 +141,7 @@ class PermissionDeniedError(AgentError, PermissionError):
 
 
 class InWorkspaceError(AgentError):
-    """A write through the sandbox's file API (:meth:`~sandbox.base.Sandbox.write_path`)
+    """A write through the sandbox's file API (:meth:`~sandbox.capabilities.HarnessFiles.write_path`)
     whose target is in the workspace: it was not made, so that the caller makes it through
     the workspace's changelog. The message is the workspace-relative path."""
 

@@ -1,6 +1,6 @@
 """The Sandbox side of a harness's calls (an evaluation framework driving the sandbox,
 not the model): files anywhere in the sandbox, read and written as its user
-(:meth:`~sandbox.base.Sandbox.read_path`, :meth:`~sandbox.base.Sandbox.write_path`), and
+(:meth:`~sandbox.capabilities.HarnessFiles.read_path`, :meth:`~sandbox.capabilities.HarnessFiles.write_path`), and
 the agent a command runs in when it asks for another user (:meth:`HarnessMixin.as_user`).
 Mixed into :class:`~sandbox.client.AgentSandbox` over its agent connection."""
 

@@ -1,5 +1,7 @@
-"""The result types of the sandbox contract (:mod:`sandbox.base`): what each call of a
-:class:`~sandbox.base.Sandbox` returns. Plain frozen dataclasses, no behaviour."""
+"""The types of the sandbox contract (:mod:`sandbox.base`): what each call of a
+:class:`~sandbox.base.Sandbox` returns, and the requests that are more than a few
+arguments (:class:`ExecRequest`, :class:`ScanRequest`). Plain frozen dataclasses, no
+behaviour."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class ReadResult:
 @dataclass(frozen=True)
 class WriteResult:
     """A file :meth:`Sandbox.write` put in place: its size, sha256 and whether it was new;
-    ``stat``, where the sandbox says (:meth:`Sandbox.commit_write`), is the file's
+    ``stat``, where the sandbox says (:meth:`StagedWrites.commit_write`), is the file's
     (size, mtime_ns, inode, st_mode) as the sandbox's scans see it."""
 
     size: int
@@ -38,7 +40,7 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class StagedWrite:
-    """A write made but not yet put in place (:meth:`Sandbox.stage_write`)."""
+    """A write made but not yet put in place (:meth:`StagedWrites.stage_write`)."""
 
     token: object
     path: str  # the resolved workspace-relative path it will replace
@@ -116,7 +118,7 @@ class ExecResult:
     signal: int | None = None
     stdout_bytes: int = 0  # total produced, including what was cut
     stderr_bytes: int = 0
-    #: With ``exec(scan=...)``: the snapshot scan the agent ran right after the command
+    #: With ``ExecRequest.scan``: the snapshot scan the agent ran right after the command
     #: (None when it could not, e.g. the sandbox was lost).
     scan_after: ScanResult | None = None
     #: With outcome ``disk_limit``: bytes of the workspace's disk the command had consumed.
@@ -134,7 +136,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class PathRead:
-    """What :meth:`Sandbox.read_path` read: the bytes (all of the file, or up to the cap
+    """What :meth:`HarnessFiles.read_path` read: the bytes (all of the file, or up to the cap
     asked for) and the file's whole size."""
 
     data: bytes
@@ -144,7 +146,7 @@ class PathRead:
 
 @dataclass(frozen=True)
 class PathWrite:
-    """A file :meth:`Sandbox.write_path` wrote: where (links followed), its size, whether
+    """A file :meth:`HarnessFiles.write_path` wrote: where (links followed), its size, whether
     it was new."""
 
     path: str
@@ -204,8 +206,42 @@ class ScanRequest:
 
 
 @dataclass(frozen=True)
+class ExecRequest:
+    """One command for :meth:`Sandbox.exec <sandbox.base.Sandbox.exec>`: ``sh -c command``
+    (or ``argv`` run directly, no shell) inside the workspace, and how. Plain data (it
+    crosses process boundaries, e.g. a cluster's call channel); the caller's live handles
+    (``on_output``, ``control``) go beside it.
+
+    - ``cwd``: workspace-relative; with ``any_cwd`` any absolute directory of the sandbox,
+      entered as its shell would enter it (a failure is ``launch_error="cwd"``).
+    - ``timeout``: seconds, then the command's whole process tree is killed.
+    - ``env``: variables on top of the sandbox's.
+    - ``max_output``: what is kept of each stream, head and tail (at most
+      :data:`~sandbox.protocol.MAX_EXEC_OUTPUT`); ``output_limit``: a command that prints
+      more than that in all is stopped.
+    - ``scan``: the snapshot scans that bracket the command travel with it (see
+      :meth:`Sandbox.exec <sandbox.base.Sandbox.exec>`).
+    - ``stdin``: the command's standard input (default ``/dev/null``).
+    - ``user``: another user of the image (a name or ``uid[:gid]``; ``root`` only where
+      the workspace allows it).
+    """
+
+    command: str
+    cwd: str = "."
+    timeout: float = 60.0
+    env: dict[str, str] | None = None
+    max_output: int = 256 * 1024
+    argv: list[str] | None = None
+    output_limit: int = 64 << 20
+    scan: ScanRequest | None = None
+    stdin: bytes | None = None
+    user: str | None = None
+    any_cwd: bool = False
+
+
+@dataclass(frozen=True)
 class ProcessInfo:
-    """A background process (:meth:`Sandbox.start_process`), as its supervisor tells it."""
+    """A background process (:meth:`BackgroundProcesses.start_process`), as its supervisor tells it."""
 
     id: str
     command: str
@@ -222,7 +258,7 @@ class ProcessInfo:
 
 @dataclass(frozen=True)
 class ProcessOutput:
-    """What a background process printed after a cursor (:meth:`Sandbox.process_output`)."""
+    """What a background process printed after a cursor (:meth:`BackgroundProcesses.process_output`)."""
 
     info: ProcessInfo
     stdout: bytes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from .connection import AgentConnection
 from .errors import ProtocolError, SandboxLostError, TunnelClosedError
@@ -211,8 +211,33 @@ class SandboxTunnel:
         self._end(None)
 
 
-#: Either kind of tunnel: relayed over the channel, or the socket handed over.
-Tunnel = SandboxTunnel | SocketTunnel
+#: Either kind of tunnel the agent makes: relayed over the channel, or the socket handed over.
+AgentTunnel = SandboxTunnel | SocketTunnel
+
+
+class Tunnel(Protocol):
+    """What every tunnel has, whoever carries it (the agent's two kinds; a cluster's,
+    through another node): bytes both ways, a half-close, the end, and why it broke."""
+
+    error: str | None
+    closed: bool  # ended: closed by either side, or broken
+
+    async def read(self) -> bytes:
+        """The next bytes from the server; b"" at the end (``error`` then says why, if it
+        broke)."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the server. Raises TunnelClosedError."""
+        ...
+
+    async def write_eof(self) -> None:
+        """Send no more (reading goes on)."""
+        ...
+
+    async def close(self) -> None:
+        """End the tunnel now. Idempotent."""
+        ...
 
 
 async def relay(tunnel: Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:

@@ -1,4 +1,4 @@
-"""Who a command runs as when a harness asks for a user (``exec(user=...)``).
+"""Who a command runs as when a harness asks for a user (``ExecRequest.user``).
 
 A name is looked up in the sandbox's own ``/etc/passwd``, read through its agent: a user a
 command has just added (inspect's ``adduser``) is found, also under gVisor, whose file

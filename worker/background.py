@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox.capabilities import background
+
 from .storage.atomic import write_atomic
 
 FILE = "background.json"
@@ -151,7 +153,7 @@ class Background:
         if not pending:
             return None
         try:
-            live = {p.id: p for p in await sandbox.processes()}
+            live = {p.id: p for p in await background(sandbox).processes()}
         except NotImplementedError:
             live = {}
         settles = []

@@ -352,7 +352,7 @@ def render_all() -> dict[str, str]:
     from .http import create_app
 
     # model_construct: the defaults, whatever this process's environment says.
-    app = create_app(Settings.model_construct(api_token="docs"), registry=object())
+    app = create_app(Settings.model_construct(api_token="docs"))  # (never started)
     from .cli.reference import render as render_cli
 
     return {HTTP_MD: render_http(app), CONFIGURATION_MD: render_configuration(), CLI_MD: render_cli()}

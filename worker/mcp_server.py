@@ -67,7 +67,7 @@ from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Wo
 from .streaming import ToolOutput
 
 if TYPE_CHECKING:
-    from .registry import ToolRegistry
+    from .registry.contract import ServiceRegistry
 
 log = get_logger("worker.mcp")
 
@@ -125,7 +125,7 @@ class ToolList:
     """
 
     def __init__(
-        self, registry: ToolRegistry, *, idle_timeout: float | None = None, native_tools: bool = False
+        self, registry: ServiceRegistry, *, idle_timeout: float | None = None, native_tools: bool = False
     ) -> None:
         self._registry = registry
         self._idle_timeout = idle_timeout
@@ -259,7 +259,7 @@ def _http_session_id(request: object) -> str | None:
 
 
 def build_server(
-    registry: ToolRegistry,
+    registry: ServiceRegistry,
     runner: CallRunner,
     resolve_workspace: WorkspaceResolver,
     tool_list: ToolList | None = None,
@@ -354,7 +354,7 @@ async def _streamed(
 
 
 async def serve_stdio(
-    registry: ToolRegistry,
+    registry: ServiceRegistry,
     workspace: Path,
     *,
     max_concurrent: int = 64,
@@ -384,7 +384,7 @@ class HttpMcp:
 
     def __init__(
         self,
-        registry: ToolRegistry,
+        registry: ServiceRegistry,
         runner: CallRunner,
         workspaces: Workspaces,
         *,
@@ -410,9 +410,8 @@ class HttpMcp:
     @staticmethod
     def _workspace_of(ctx: ServerRequestContext[Any, Any]) -> Path | None:
         request = ctx.request
-        scope = getattr(request, "scope", None)
-        if isinstance(scope, dict):
-            ws = scope.get(SCOPE_KEY)
+        if isinstance(request, Request):
+            ws = request.scope.get(SCOPE_KEY)
             return ws if isinstance(ws, Path) else None
         return None
 

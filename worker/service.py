@@ -29,9 +29,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandbox.base import OutputCallback
+
+if TYPE_CHECKING:
+    from .registry.contract import ServiceRegistry
+    from .workspace_settings import WorkspaceSettings
 from sandbox.logs import get_logger
 
 from .metrics import Metrics
@@ -64,24 +68,14 @@ class Busy(ServiceError):
     pass
 
 
-class Registry(Protocol):
-    """The part of :class:`worker.ToolRegistry` the service uses."""
+@runtime_checkable
+class CreatesConfigured(Protocol):
+    """Workspaces that take a new workspace's own settings themselves (a cluster's: its
+    node checks and stores them), instead of the registry storing them after."""
 
-    @property
-    def tools_version(self) -> int: ...
-
-    def names(self) -> list[str]: ...
-
-    async def execute(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        workspace: Path | None = None,
-        *,
-        call_id: str | None = None,
-        subtask_id: str | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> ToolResult: ...
+    async def create_configured(self, ws_id: str | None, settings: WorkspaceSettings) -> WorkspaceInfo:
+        """Raises SettingsError naming the field (nothing is created), WorkspaceExists."""
+        ...
 
 
 def check_workspace_id(ws_id: str) -> str:
@@ -185,7 +179,7 @@ class CallRunner:
     than queueing without bound.
     """
 
-    def __init__(self, registry: Registry, metrics: Metrics, *, max_concurrent: int = 64) -> None:
+    def __init__(self, registry: ServiceRegistry, metrics: Metrics, *, max_concurrent: int = 64) -> None:
         self.registry = registry
         self.metrics = metrics
         self.max_concurrent = max_concurrent

@@ -19,19 +19,23 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandbox.base import (
     ExecControl,
+    ExecRequest,
     ExecResult,
     OutputCallback,
     ProcessInfo,
     Sandbox,
     ScanFirst,
+    ScanRequest,
     ScanResult,
     WriteResult,
 )
+from sandbox.capabilities import background
 from sandbox.errors import SandboxError
 from sandbox.logs import get_logger
 
@@ -45,6 +49,15 @@ T = TypeVar("T")
 
 
 log = get_logger("worker.workspace")
+
+
+@runtime_checkable
+class ScanToken(Protocol):
+    """A ``before_shell`` token carrying the scan to send with the command and the
+    command's intent (the changelog's :class:`worker.changelog.shellscan.ShellToken`)."""
+
+    scan: ScanRequest | None
+    intent: str | None
 
 
 @runtime_checkable
@@ -349,27 +362,23 @@ class Workspace:
 
     async def run_shell(
         self,
-        command: str,
+        request: ExecRequest,
         *,
-        cwd: str = ".",
-        timeout: float = 60.0,
-        max_output: int = 256 * 1024,
         tool: str = "shell_execute",
         call_id: str | None = None,
         subtask_id: str | None = None,
         on_output: OutputCallback | None = None,
         control: ExecControl | None = None,
-        options: dict[str, Any] | None = None,
     ) -> tuple[ExecResult, list[str]]:
-        """Run ``command`` in the sandbox; returns its result and the paths it changed.
-        ``on_output`` gets its output as it happens, ``control`` signals it, ``options``
-        are more of ``Sandbox.exec``'s keywords (a harness's ``argv``, ``env``, ``stdin``,
-        ``user``, ``any_cwd``, ``output_limit``): see ``Sandbox.exec``.
+        """Run ``request`` in the sandbox (``Sandbox.exec``; its ``scan`` is this
+        workspace's own to set); returns its result and the paths it changed.
+        ``on_output`` gets its output as it happens, ``control`` signals it.
 
         Raises PathNotFoundError/PathEscapeError for ``cwd`` and infrastructure errors
         from the recorder's snapshots. A sandbox lost mid-command is reported in the
         result (``outcome="sandbox_lost"``), not raised.
         """
+        command = request.command
         async with self.mutating():
             # Changes a background process made since the last scan are its own entries.
             bg = await self.background.attribution(self.sandbox) if self.background is not None else None
@@ -377,28 +386,20 @@ class Workspace:
             # (passed only when there is one: a recorder of our protocol's first version
             # takes no such argument)
             extra: dict[str, Any] = {"attribute": attribute} if attribute is not None else {}
-            options = options or {}
             # A command as another user runs in another agent: the scans, which belong to
             # this one's snapshot, are made around it instead of travelling with it.
-            piggyback = options.get("user") is None
+            piggyback = request.user is None
             intent = {"tool": tool, "command": command, "call_id": call_id, "subtask_id": subtask_id}
             token = await self.recorder.before_shell(self.sandbox, piggyback=piggyback, intent=intent, **extra)
             if bg is not None and self.background is not None:
                 self.background.settled(bg)
             faults.point("command.started")
-            exec_args: dict[str, Any] = {
-                "cwd": cwd,
-                "timeout": timeout,
-                "max_output": max_output,
-                "on_output": on_output,
-                "control": control,
-            }
             try:
-                result, token = await self._exec_scanned(command, token, piggyback, extra, options, **exec_args)
+                result, token = await self._exec_scanned(request, token, piggyback, extra, on_output, control)
             except BaseException:
                 # The command may have run: its intent is left to the next use of the
                 # changelog, which records what changed as this call's.
-                release(getattr(token, "intent", None))
+                release(token.intent if isinstance(token, ScanToken) else None)
                 self.forget(None)
                 raise
             faults.point("command.ran")
@@ -427,26 +428,26 @@ class Workspace:
 
     async def _exec_scanned(
         self,
-        command: str,
+        request: ExecRequest,
         token: object,
         piggyback: bool,
         extra: dict[str, Any],
-        options: dict[str, Any],
-        **exec_args: Any,
+        on_output: OutputCallback | None,
+        control: ExecControl | None,
     ) -> tuple[ExecResult, object]:
         """Send the command, the recorder's scans travelling with it when they can (one
         round trip); a scan the agent refuses (the tree changed from outside since the
         last one) is recorded first and the command sent again. Returns its result and the
         token to finish with. Raises what ``Sandbox.exec`` raises."""
         for attempt in range(3):
-            scan = getattr(token, "scan", None) if attempt < 2 and piggyback else None
+            scan = token.scan if isinstance(token, ScanToken) and attempt < 2 and piggyback else None
             try:
-                return await self.sandbox.exec(command, scan=scan, **exec_args, **options), token
+                return await self.sandbox.exec(replace(request, scan=scan), on_output=on_output, control=control), token
             except ScanFirst as e:  # changed from outside since the last scan: record that first
-                opened = getattr(token, "intent", None)
+                opened = token.intent if isinstance(token, ScanToken) else None
                 token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra)
-                if opened is not None:  # the same command, sent again: still its intent
-                    token.intent = opened  # type: ignore[attr-defined]
+                if opened is not None and isinstance(token, ScanToken):  # the same command, sent again
+                    token.intent = opened
         raise AssertionError("unreachable: the third attempt sends no scan")
 
     def _forget_changed(self, changed: list[str]) -> None:
@@ -526,7 +527,7 @@ class Workspace:
                 bg.settled(attr)
             process_id = process_id or new_process_id()
             extra: dict[str, Any] = {"idle": idle} if idle else {}
-            info = await self.sandbox.start_process(
+            info = await background(self.sandbox).start_process(
                 process_id,
                 command,
                 cwd=cwd,

@@ -1,4 +1,4 @@
-"""Staged writes (``Sandbox.stage_write`` / ``commit_write`` / ``abort_write``), the
+"""Staged writes (``StagedWrites.stage_write`` / ``commit_write`` / ``abort_write``), the
 primitive the changelog's edit path uses to overlap its entry's fsync with the file's.
 Run on the local agent and on the real Docker sandbox."""
 

@@ -29,6 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged
 
+from sandbox.base import ExecRequest
 from tests.conftest import SANDBOX_IMAGE
 from tests.servers import serve_app
 from worker import default_registry
@@ -94,7 +95,7 @@ async def test_stdio_mcp_server_runs_inside_the_container(
         await cl.aclose()
     # The server process ends with each call: nothing is left running in the sandbox.
     box = await docker_backend.get(workspace)
-    ps = await box.exec("ps -eo args | grep -c '^python3 server.py' || true")
+    ps = await box.exec(ExecRequest("ps -eo args | grep -c '^python3 server.py' || true"))
     assert ps.stdout.strip() == b"0"
     await reg.aclose()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from tests.unit.test_changelog import (
     test_binary_bytes_restored_exactly,
     test_conflict_refused_then_forced,
@@ -154,7 +154,7 @@ async def test_change_scan_is_event_driven_for_an_ordinary_user(docker_backend, 
     box = await docker_backend.get(user_workspace)
     first = await box.scan(".", snapshot="k")
     assert first.full and first.watched
-    r = await box.exec("echo y > d3/new && rm d1/f1")
+    r = await box.exec(ExecRequest("echo y > d3/new && rm d1/f1"))
     assert r.exit_code == 0
     second = await box.scan(".", snapshot="k", since=first.generation)
     assert second.from_events and not second.full
@@ -173,17 +173,19 @@ async def test_gvisor_scans_by_stat_walk_and_still_records(runtime_backend, tmp_
         from worker.workspace import Workspace
 
         ws = Workspace(workspace, box, cl)
-        await ws.run_shell("true")
+        await ws.run_shell(ExecRequest("true"))
         (workspace / "a").write_text("host")  # an outside edit between commands
-        r, changed = await ws.run_shell("echo 2 > a && echo n > b && mkdir -p m/n && echo f > m/n/f", call_id="c")
+        r, changed = await ws.run_shell(
+            ExecRequest("echo 2 > a && echo n > b && mkdir -p m/n && echo f > m/n/f"), call_id="c"
+        )
         assert r.exit_code == 0 and sorted(changed) == ["a", "b", "m/n/f"]
         scan = await box.scan(".", snapshot="probe")
         assert scan.watched is (runtime_backend.spec.runtime == "runc")
         # Event-driven on both runtimes: gVisor's through the host's inotify.
-        await box.exec("echo 3 > c")
+        await box.exec(ExecRequest("echo 3 > c"))
         again = await box.scan(".", snapshot="probe", since=scan.generation)
         assert again.from_events and [e.path for e in again.entries] == ["c"]
-        await box.exec("rm c")
+        await box.exec(ExecRequest("rm c"))
         await cl.undo(box, call_id="c")
         assert (workspace / "a").read_text() == "host" and not (workspace / "b").exists()
         assert not (workspace / "m").exists()  # the directories the command made are gone too

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from sandbox import connection as connmod
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, connect_agent_socket
 from sandbox.errors import SandboxLostError
 from tests.docker.conftest import make_backend
@@ -79,7 +80,7 @@ async def assert_stays_on_attach(backend: DockerBackend, workspace: Path) -> Non
     conn = await _conn(backend, workspace)
     assert not conn.direct
     box = await backend.get(workspace)
-    assert (await box.exec("echo carried-on")).stdout == b"carried-on\n"
+    assert (await box.exec(ExecRequest("echo carried-on"))).stdout == b"carried-on\n"
     assert backend.channels.failed == {box.container_name} and not backend.channels.unreachable
 
 
@@ -98,10 +99,10 @@ async def test_runc_agents_talk_over_the_direct_channel(docker_ready: None, work
             assert conn.direct, conn.close_reason
             box = await backend.get(workspace)
             assert (await box.read("a.txt")).data == b"hello"
-            r = await box.exec("echo out; echo err >&2; exit 3")
+            r = await box.exec(ExecRequest("echo out; echo err >&2; exit 3"))
             assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
         # the listener and its directory are gone once the host is connected
-        r = await (await second.get(workspace)).exec("ls -a /tmp")
+        r = await (await second.get(workspace)).exec(ExecRequest("ls -a /tmp"))
         assert "loom-direct" not in r.stdout.decode()
     finally:
         await second.aclose()
@@ -113,7 +114,7 @@ async def test_direct_off_keeps_the_attach_stream(docker_ready: None, workspace:
     async with own_backend(direct=False) as backend:
         conn = await _conn(backend, workspace)
         assert not conn.direct
-        assert (await (await backend.get(workspace)).exec("echo ok")).stdout == b"ok\n"
+        assert (await (await backend.get(workspace)).exec(ExecRequest("echo ok"))).stdout == b"ok\n"
 
 
 async def test_a_command_in_the_sandbox_cannot_take_the_channel(docker_ready: None, workspace: Path) -> None:
@@ -137,7 +138,7 @@ async def test_a_command_in_the_sandbox_cannot_take_the_channel(docker_ready: No
             "print('GOT', d)\n"
         )
         (workspace / "probe.py").write_text(probe)
-        r = await (await helper.get(workspace)).exec("python3 probe.py")
+        r = await (await helper.get(workspace)).exec(ExecRequest("python3 probe.py"))
         assert r.exit_code == 0, r.stderr
         assert r.stdout.strip() == b"GOT b''", r.stdout  # hung up on, nothing received
         # the host still gets in, and the secret proves it is talking to the agent
@@ -199,7 +200,7 @@ async def test_no_access_to_container_processes_stops_asking(
         monkeypatch.setattr(connmod.AgentConnection, "go_direct", counting)
         conn2 = await _conn(backend, other)
         box2 = await backend.get(other)
-        assert (await box2.exec("echo ok")).stdout == b"ok\n"
+        assert (await box2.exec(ExecRequest("echo ok"))).stdout == b"ok\n"
         assert asked == [] and not conn2.direct
 
 
@@ -250,7 +251,7 @@ async def test_host_vanishing_mid_answer_leaves_the_keeper_running(docker_ready:
         attrs = await backend.inspect(workspace)
         assert attrs is not None and attrs["State"]["Running"] and attrs["State"]["Pid"] == pid_before
         box = await backend.get(workspace)
-        assert (await box.exec("echo alive")).stdout == b"alive\n"
+        assert (await box.exec(ExecRequest("echo alive"))).stdout == b"alive\n"
         assert (await box.connection()).direct  # type: ignore[attr-defined]
 
 
@@ -300,11 +301,11 @@ async def test_a_link_planted_at_the_socket_path_is_not_followed(docker_ready: N
         path = (await conn.request("direct", {}, timeout=10))["path"]
         d = os.path.dirname(path)
         box = await helper.get(workspace)
-        r = await box.exec(f"rm {path} && ln -s {trap} {path} && echo swapped")
+        r = await box.exec(ExecRequest(f"rm {path} && ln -s {trap} {path} && echo swapped"))
         assert r.stdout == b"swapped\n", r.stderr
         with pytest.raises(OSError):
             await connect_agent_socket(pid, path)
-        r = await box.exec(f"mv {d} {d}.x && ln -s {trap_dir} {d} && echo swapped")
+        r = await box.exec(ExecRequest(f"mv {d} {d}.x && ln -s {trap_dir} {d} && echo swapped"))
         assert r.stdout == b"swapped\n", r.stderr
         with pytest.raises(OSError):
             await connect_agent_socket(pid, path)
@@ -338,7 +339,9 @@ async def test_another_users_agent_goes_direct_too(
         box = await backend.get(user_workspace)
         other = await box.as_user("nobody")  # type: ignore[attr-defined]
         assert isinstance(other, AgentSandbox) and other is not box
-        r = await box.exec("id -u", cwd="/", any_cwd=True, user="nobody")  # another user may not enter the workspace
+        r = await box.exec(
+            ExecRequest("id -u", cwd="/", any_cwd=True, user="nobody")
+        )  # another user may not enter the workspace
         assert (r.exit_code, r.stdout) == (0, b"65534\n"), r
         conn = await other.connection()
         assert conn.direct, conn.close_reason

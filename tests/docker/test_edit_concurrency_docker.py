@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend
 from worker.http import create_app
 from worker.http.changelog import ChangelogPool
@@ -90,7 +91,7 @@ async def test_a_command_between_read_and_write_is_a_conflict(
             out = await real_read(path, **kw)
             if interfere:  # a command in the sandbox, not through the tools: from outside
                 interfere = False
-                r = await ws.sandbox.exec("echo 'from outside' >> a.txt", timeout=10)
+                r = await ws.sandbox.exec(ExecRequest("echo 'from outside' >> a.txt", timeout=10))
                 assert r.exit_code == 0
             return out
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from tests.treehash import tree_diff, tree_state
 from worker.changelog import Changelog
 from worker.workspace import Workspace
@@ -44,7 +45,7 @@ async def session(runtime_backend, user_workspace: Path, tmp_path: Path) -> Asyn
 
 
 async def run(ws: Workspace, command: str, call_id: str, timeout: float = 300) -> list[str]:
-    r, changed = await ws.run_shell(command, call_id=call_id, timeout=timeout)
+    r, changed = await ws.run_shell(ExecRequest(command, timeout=timeout), call_id=call_id)
     assert r.exit_code == 0, (command, r.outcome, r.stdout[-2000:], r.stderr[-2000:])
     return changed
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, gvisor
 from sandbox.errors import RuntimeUnavailableError
 from sandbox.spec import SandboxSpec
@@ -74,7 +75,7 @@ async def test_the_sandbox_runs_on_the_platform_configured(docker_ready: None, w
     runtime = require_platform(platform)
     async with own_backend("runsc", gvisor_platform=platform) as backend:
         box = await backend.get(workspace)
-        r = await box.exec("sleep 0.3 & echo hi; wait")
+        r = await box.exec(ExecRequest("sleep 0.3 & echo hi; wait"))
         assert (r.exit_code, r.stdout) == (0, b"hi\n")
         attrs = await backend.inspect(workspace)
         assert attrs is not None
@@ -103,7 +104,7 @@ async def test_a_platform_the_engine_has_no_runtime_for_is_refused(docker_ready:
     async with own_backend("runsc", gvisor_platform=missing) as backend:
         box = await backend.get(workspace)
         with pytest.raises(RuntimeUnavailableError, match="LOOM_GVISOR_PLATFORM") as e:
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
         assert "registered:" in str(e.value)
         assert await backend.inspect(workspace) is None  # nothing was started
 
@@ -134,7 +135,7 @@ async def test_a_sandbox_on_another_platform_is_refused(docker_ready: None, work
     try:
         box = await backend.get(workspace)
         with pytest.raises(RuntimeUnavailableError, match="runs on ptrace"):
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
         assert await backend.inspect(workspace) is None
     finally:
         await backend.remove_all_started()
@@ -152,7 +153,7 @@ async def test_the_agent_dials_the_workers_socket_under_gvisor(
     channels = tmp_path / "channels"
     async with own_backend("runsc", channel_dir=str(channels)) as backend:
         box = await backend.get(workspace)
-        r = await box.exec("ls -A /.loom-host; echo done")
+        r = await box.exec(ExecRequest("ls -A /.loom-host; echo done"))
         assert r.exit_code == 0 and r.stdout == b"done\n", r  # the socket file is already gone
         conn = await box.connection()  # type: ignore[attr-defined]
         assert conn.direct

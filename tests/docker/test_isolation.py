@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend
 
 pytestmark = pytest.mark.docker
@@ -23,22 +24,24 @@ PY_CONNECT = (
 
 async def test_network_is_off(runtime_backend: DockerBackend, user_workspace: Path) -> None:
     box = await runtime_backend.get(user_workspace)
-    r = await box.exec("ls /sys/class/net 2>/dev/null || cat /proc/net/dev")
+    r = await box.exec(ExecRequest("ls /sys/class/net 2>/dev/null || cat /proc/net/dev"))
     ifaces = r.stdout.decode().split()
     assert "lo" in ifaces or "lo:" in r.stdout.decode()
     assert not any(i.startswith(("eth", "en", "wl", "docker", "veth")) for i in ifaces), ifaces
     for host, port in (("1.1.1.1", "80"), ("172.17.0.1", "2375"), ("172.17.0.1", "2376"), ("8.8.8.8", "53")):
-        r = await box.exec(f'python3 -c "$SRC" {host} {port}', env={"SRC": PY_CONNECT}, timeout=20)
+        r = await box.exec(ExecRequest(f'python3 -c "$SRC" {host} {port}', env={"SRC": PY_CONNECT}, timeout=20))
         assert b"FAILED" in r.stdout and b"CONNECTED" not in r.stdout, (host, r)
-    r = await box.exec("python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\"; echo rc=$?")
+    r = await box.exec(ExecRequest("python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\"; echo rc=$?"))
     assert b"rc=0" not in r.stdout
 
 
 async def test_no_docker_socket_or_host_socket_inside(runtime_backend: DockerBackend, user_workspace: Path) -> None:
     box = await runtime_backend.get(user_workspace)
     r = await box.exec(
-        "ls -l /var/run/docker.sock /run/docker.sock 2>&1; "
-        "find / -xdev -type s 2>/dev/null; find /run /var/run /tmp -type s 2>/dev/null; echo END"
+        ExecRequest(
+            "ls -l /var/run/docker.sock /run/docker.sock 2>&1; "
+            "find / -xdev -type s 2>/dev/null; find /run /var/run /tmp -type s 2>/dev/null; echo END"
+        )
     )
     out = r.stdout.decode()
     assert out.count("cannot access") == 2, out
@@ -48,7 +51,7 @@ async def test_no_docker_socket_or_host_socket_inside(runtime_backend: DockerBac
 
 async def test_process_identity_and_privileges(runtime_backend: DockerBackend, user_workspace: Path) -> None:
     box = await runtime_backend.get(user_workspace)
-    r = await box.exec("id -u; id -g; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status")
+    r = await box.exec(ExecRequest("id -u; id -g; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status"))
     lines = r.stdout.decode().split("\n")
     assert lines[0] == "1000" and lines[1] == "1000"
     status = dict(line.split(":\t") for line in lines[2:] if line)
@@ -56,13 +59,15 @@ async def test_process_identity_and_privileges(runtime_backend: DockerBackend, u
     assert int(status["CapPrm"], 16) == 0
     if "NoNewPrivs" in status:  # gVisor's /proc does not show it; prctl below asks the kernel
         assert status["NoNewPrivs"].strip() == "1"
-    r = await box.exec("python3 -c 'import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'")
+    r = await box.exec(ExecRequest("python3 -c 'import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"))
     assert r.stdout == b"1\n"  # PR_GET_NO_NEW_PRIVS
-    r = await box.exec("touch /etc/owned 2>&1; touch /usr/bin/owned 2>&1; (echo x > /owned) 2>&1; echo done")
+    r = await box.exec(
+        ExecRequest("touch /etc/owned 2>&1; touch /usr/bin/owned 2>&1; (echo x > /owned) 2>&1; echo done")
+    )
     out = r.stdout.decode()
     # as uid 1000 gVisor reports the permission check first; runc the read-only mount
     assert out.count("Read-only file system") + out.count("Permission denied") == 3, out
-    r = await box.exec("awk '$2 == \"/\" {print $4}' /proc/mounts")
+    r = await box.exec(ExecRequest("awk '$2 == \"/\" {print $4}' /proc/mounts"))
     assert r.stdout.decode().split(",")[0] == "ro", r.stdout
 
 
@@ -72,10 +77,10 @@ async def test_setuid_binary_does_not_escalate(runtime_backend: DockerBackend, u
     os.chown(suid, 0, 0)
     os.chmod(suid, 0o4755)
     box = await runtime_backend.get(user_workspace)
-    r = await box.exec("./suid-id -u; ./suid-id -ru")
+    r = await box.exec(ExecRequest("./suid-id -u; ./suid-id -ru"))
     assert r.stdout.decode().split() == ["1000", "1000"], r
     # the image's own setuid programs do not help either
-    r = await box.exec("su -c id root </dev/null 2>&1; mount -t tmpfs none /mnt 2>&1; echo done")
+    r = await box.exec(ExecRequest("su -c id root </dev/null 2>&1; mount -t tmpfs none /mnt 2>&1; echo done"))
     assert b"uid=0" not in r.stdout
 
 
@@ -84,7 +89,7 @@ async def test_files_created_inside_are_owned_by_workspace_owner(
 ) -> None:
     box = await runtime_backend.get(user_workspace)
     await box.write("made/by/agent.txt", b"x")
-    await box.exec("mkdir -p shell && echo y > shell/file.txt")
+    await box.exec(ExecRequest("mkdir -p shell && echo y > shell/file.txt"))
     for p in (user_workspace / "made/by/agent.txt", user_workspace / "made", user_workspace / "shell/file.txt"):
         st = p.stat()
         assert (st.st_uid, st.st_gid) == (1000, 1000), p
@@ -94,7 +99,7 @@ async def test_root_owned_workspace_runs_as_uid0_without_capabilities(
     docker_backend: DockerBackend, workspace: Path
 ) -> None:
     box = await docker_backend.get(workspace)
-    r = await box.exec("id -u; grep CapEff /proc/self/status")
+    r = await box.exec(ExecRequest("id -u; grep CapEff /proc/self/status"))
     uid, capeff = r.stdout.decode().split("\n")[:2]
     assert uid == "0"
     assert int(capeff.split()[1], 16) == 0
@@ -102,7 +107,7 @@ async def test_root_owned_workspace_runs_as_uid0_without_capabilities(
     (workspace / "private").write_text("secret")
     os.chown(workspace / "private", 1000, 1000)
     os.chmod(workspace / "private", 0o600)
-    r = await box.exec("cat private")
+    r = await box.exec(ExecRequest("cat private"))
     assert r.exit_code != 0 and b"secret" not in r.stdout
 
 
@@ -124,8 +129,10 @@ async def test_commands_cannot_forge_agent_replies_or_read_its_memory(
     )
     (workspace / "forged.jsonl").write_text(forged)
     r = await box.exec(
-        f"cat forged.jsonl > /proc/{pid}/fd/1 && echo WROTE; "
-        f"head -c 16 /proc/{pid}/mem >/dev/null && echo READ_MEM; echo end"
+        ExecRequest(
+            f"cat forged.jsonl > /proc/{pid}/fd/1 && echo WROTE; "
+            f"head -c 16 /proc/{pid}/mem >/dev/null && echo READ_MEM; echo end"
+        )
     )
     out = r.stdout.decode()
     assert "READ_MEM" not in out, out
@@ -133,7 +140,7 @@ async def test_commands_cannot_forge_agent_replies_or_read_its_memory(
         assert "WROTE" not in out, out
     for _ in range(3):
         assert (await box.read("real.txt")).data == b"genuine"
-    assert (await box.exec("echo still-in-sync")).stdout == b"still-in-sync\n"
+    assert (await box.exec(ExecRequest("echo still-in-sync"))).stdout == b"still-in-sync\n"
 
 
 async def test_default_seccomp_profile_is_on(docker_backend: DockerBackend, workspace: Path) -> None:
@@ -142,5 +149,5 @@ async def test_default_seccomp_profile_is_on(docker_backend: DockerBackend, work
     assert attrs is not None
     assert not any("unconfined" in opt for opt in attrs["HostConfig"]["SecurityOpt"] or [])
     box = await docker_backend.get(workspace)
-    r = await box.exec("grep Seccomp: /proc/self/status")
+    r = await box.exec(ExecRequest("grep Seccomp: /proc/self/status"))
     assert r.stdout.split()[-1] == b"2"  # filter mode

@@ -11,6 +11,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, container_name
 from tests.conftest import SANDBOX_IMAGE
 from tests.docker.conftest import make_backend
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.docker
 async def test_calls_reuse_one_container(docker_backend: DockerBackend, workspace: Path) -> None:
     box = await docker_backend.get(workspace)
     first = await box.info()
-    await box.exec("true")
+    await box.exec(ExecRequest("true"))
     attrs1 = await docker_backend.inspect(workspace)
     second = await (await docker_backend.get(workspace)).info()
     attrs2 = await docker_backend.inspect(workspace)
@@ -34,13 +35,14 @@ PEER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
+    from sandbox.base import ExecRequest
     from sandbox.docker import DockerBackend
     from sandbox.spec import SandboxSpec
 
     async def main():
         b = DockerBackend(SandboxSpec(image=sys.argv[2]), worker_id="peer")
         box = await b.get(Path(sys.argv[1]))
-        r = await box.exec("cat /proc/1/cpuset /etc/hostname; echo $((1+1))")
+        r = await box.exec(ExecRequest("cat /proc/1/cpuset /etc/hostname; echo $((1+1))"))
         print((await b.inspect(Path(sys.argv[1])))["Id"])
         print(r.stdout.decode().strip().splitlines()[-1])
         await b.aclose()
@@ -67,7 +69,7 @@ async def test_two_processes_share_one_container(docker_backend: DockerBackend, 
     peer_id, two = out.stdout.split()[-2:]
     assert peer_id == attrs["Id"] and two == "2"
     # our own stream still works after the peer's agent came and went
-    assert (await box.exec("echo still")).stdout == b"still\n"
+    assert (await box.exec(ExecRequest("echo still"))).stdout == b"still\n"
 
 
 async def test_two_processes_starting_at_once_end_with_one_container(docker_ready: None, workspace: Path) -> None:
@@ -100,7 +102,7 @@ async def test_container_killed_during_a_call_reports_sandbox_lost_then_recovers
 ) -> None:
     box = await docker_backend.get(workspace)
     await box.write("keep.txt", b"kept")
-    call = asyncio.create_task(box.exec("sleep 30", timeout=60))
+    call = asyncio.create_task(box.exec(ExecRequest("sleep 30", timeout=60)))
     await asyncio.sleep(1.0)
     client = docker.from_env()
     try:
@@ -109,7 +111,7 @@ async def test_container_killed_during_a_call_reports_sandbox_lost_then_recovers
         client.close()
     r = await asyncio.wait_for(call, 20)
     assert r.outcome == "sandbox_lost"
-    again = await box.exec("cat keep.txt")
+    again = await box.exec(ExecRequest("cat keep.txt"))
     assert again.outcome == "exit" and again.stdout == b"kept"
 
 
@@ -124,12 +126,12 @@ async def test_agent_killed_from_inside_resets_the_sandbox(docker_backend: Docke
         box = await peer.get(workspace)
         info = await box.info()
         before = await peer.inspect(workspace)
-        r = await box.exec(f"kill -9 {info.pid}")
+        r = await box.exec(ExecRequest(f"kill -9 {info.pid}"))
         assert r.outcome == "sandbox_lost" and b"restarted" in r.stderr
-        assert (await box.exec("echo back")).stdout == b"back\n"
+        assert (await box.exec(ExecRequest("echo back"))).stdout == b"back\n"
         after = await peer.inspect(workspace)
         assert before is not None and after is not None and before["Id"] != after["Id"]
-        assert (await first.exec("echo first")).stdout == b"first\n"
+        assert (await first.exec(ExecRequest("echo first"))).stdout == b"first\n"
     finally:
         await peer.aclose()
 
@@ -140,9 +142,9 @@ async def test_dead_container_is_replaced(docker_ready: None, workspace: Path) -
     try:
         box = await backend.get(workspace)
         # kill the container's main process (the init's child): the container stops
-        first = await box.exec("kill -9 $(cat /proc/1/task/1/children); sleep 5", timeout=20)
+        first = await box.exec(ExecRequest("kill -9 $(cat /proc/1/task/1/children); sleep 5", timeout=20))
         assert first.outcome == "sandbox_lost", first
-        r = await box.exec("echo fresh")
+        r = await box.exec(ExecRequest("echo fresh"))
         assert r.stdout == b"fresh\n", r
     finally:
         await backend.remove_all_started()
@@ -154,7 +156,7 @@ async def test_idle_container_exits_by_itself(docker_ready: None, workspace: Pat
     backend = make_backend(idle_ttl=10)
     try:
         box = await backend.get(workspace)
-        await box.exec("true")
+        await box.exec(ExecRequest("true"))
         await box.close()  # the worker goes away; nothing touches the container any more
         for _ in range(60):
             attrs = await backend.inspect(workspace)
@@ -184,7 +186,7 @@ async def test_gc_removes_only_our_stale_containers(docker_ready: None, workspac
         assert container_name(gone) in removed
         assert container_name(workspace) not in removed
         foreign.reload()  # still there
-        assert (await live.exec("echo ok")).stdout == b"ok\n"
+        assert (await live.exec(ExecRequest("echo ok"))).stdout == b"ok\n"
     finally:
         foreign.remove(force=True)
         client.close()
@@ -252,7 +254,7 @@ async def test_a_container_its_creator_never_started_is_replaced(
         await backend.prepare()
         orphan = await asyncio.to_thread(client.containers.create, **backend.container_config(workspace.resolve()))
         box = await backend.get(workspace)
-        assert (await box.exec("echo up")).stdout == b"up\n"
+        assert (await box.exec(ExecRequest("echo up"))).stdout == b"up\n"
         attrs = await backend.inspect(workspace)
         assert attrs is not None and attrs["Id"] != orphan.id and attrs["State"]["Running"]
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from sandbox.base import ExecRequest
 from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE
 from tests.docker.conftest import own_backend, require_runtime
 
@@ -47,9 +48,11 @@ async def test_tmp_is_1777_and_home_the_users_whatever_the_image_has(
     async with own_backend(runtime, image=image) as backend:
         box = await backend.get(workspace)
         r = await box.exec(
-            'stat -c "%a %u" /tmp "$HOME"; echo "$HOME"'
-            ' && echo x > /tmp/f && echo x > "$HOME/f" && mkdir /tmp/d "$HOME/d"'
-            " && python3 -c 'import tempfile; tempfile.mkstemp(); tempfile.mkdtemp(); print(\"ok\")'"
+            ExecRequest(
+                'stat -c "%a %u" /tmp "$HOME"; echo "$HOME"'
+                ' && echo x > /tmp/f && echo x > "$HOME/f" && mkdir /tmp/d "$HOME/d"'
+                " && python3 -c 'import tempfile; tempfile.mkstemp(); tempfile.mkdtemp(); print(\"ok\")'"
+            )
         )
         assert r.exit_code == 0, r
         assert r.stdout.decode().split("\n") == [f"1777 {owner}", f"700 {owner}", "/home/sandbox", "ok", ""]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from sandbox.docker import DockerBackend
 from sandbox.errors import AgentError, NotAFileError, PathEscapeError, PathNotFoundError
 
@@ -25,7 +25,7 @@ PRIMITIVES: dict[str, Primitive] = {
     "list": lambda b, p: b.list(p),
     "search": lambda b, p: b.search("root", path=p),
     "scan": lambda b, p: b.scan(p),
-    "exec_cwd": lambda b, p: b.exec("pwd; cat /etc/hostname", cwd=p),
+    "exec_cwd": lambda b, p: b.exec(ExecRequest("pwd; cat /etc/hostname", cwd=p)),
 }
 
 
@@ -135,8 +135,8 @@ async def test_symlink_swap_after_resolution_cannot_redirect_writes(
                 pass
         return done
 
-    shell = asyncio.create_task(box.exec(swapper, timeout=60))
+    shell = asyncio.create_task(box.exec(ExecRequest(swapper, timeout=60)))
     await writes()
     await shell
-    r = await box.exec("ls -A /tmp | grep -v '^.loom-activity$' || true")
+    r = await box.exec(ExecRequest("ls -A /tmp | grep -v '^.loom-activity$' || true"))
     assert r.stdout == b"", r.stdout

@@ -19,6 +19,7 @@ from typing import Any
 import docker
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, container_name, gvisor, seccomp
 from sandbox.docker.checks import runsc_applies_seccomp
 from sandbox.errors import RuntimeUnavailableError
@@ -109,7 +110,7 @@ async def test_system_calls_from_inside_get_the_answers_in_the_table(
     # A process of another call: a background process started before the probe runs.
     other = await box.spawn(["sleep", MARKER])  # type: ignore[attr-defined]
     try:
-        r = await box.exec(f"python3 syscall_probe.py {MARKER}", timeout=60)
+        r = await box.exec(ExecRequest(f"python3 syscall_probe.py {MARKER}", timeout=60))
         assert r.exit_code == 0, r.stderr
         got = json.loads(r.stdout)
     finally:
@@ -136,7 +137,7 @@ async def test_the_profile_is_in_effect_on_the_container_as_inspected(
     # setuid/setgid bits, no devices: sandbox/agent/modeguard.py), also where gVisor
     # applies no profile.
     assert info.extra["modeguard"] == "on"
-    r = await box.exec("grep Seccomp: /proc/self/status")
+    r = await box.exec(ExecRequest("grep Seccomp: /proc/self/status"))
     assert r.stdout.split()[-1] == b"2"
 
 
@@ -151,7 +152,7 @@ async def test_a_32_bit_system_call_ends_the_program(runtime_backend: DockerBack
         ' printf("%ld\\n", r); return 0; }\n'
     )
     box = await runtime_backend.get(workspace)
-    r = await box.exec("gcc -o i386 i386.c && ./i386; echo status=$?", timeout=60)
+    r = await box.exec(ExecRequest("gcc -o i386 i386.c && ./i386; echo status=$?", timeout=60))
     if runtime_backend.spec.runtime == "runc":
         assert r.stdout.endswith(b"status=159\n"), r  # 128 + SIGSYS
     else:
@@ -181,9 +182,11 @@ async def test_compilers_threads_and_runtimes_work_under_the_profile(
     )
     box = await runtime_backend.get(workspace)
     r = await box.exec(
-        "gcc -O1 -pthread -o hello hello.c && ./hello && python3 threads.py && node worker.js | sort"
-        " && git init -q g && git -C g -c user.email=a@b -c user.name=n commit -q --allow-empty -m x && echo git",
-        timeout=120,
+        ExecRequest(
+            "gcc -O1 -pthread -o hello hello.c && ./hello && python3 threads.py && node worker.js | sort"
+            " && git init -q g && git -C g -c user.email=a@b -c user.name=n commit -q --allow-empty -m x && echo git",
+            timeout=120,
+        )
     )
     assert r.exit_code == 0, r
     assert r.stdout.decode().split("\n") == ["thread 42", "45", "[1, 2]", "read true", "worker 7", "git", ""]
@@ -219,11 +222,13 @@ async def test_strace_and_gdb_of_a_program_they_start_work(
     async with own_backend(runtime, image=debug_image) as backend:
         box = await backend.get(workspace)
         r = await box.exec(
-            "gcc -g -O0 -o t t.c"
-            " && strace -f -e trace=write -o trace.txt ./t && grep -c 'write(1, \"x=42' trace.txt"
-            " && gdb -q -batch -ex 'break 5' -ex run -ex 'print x' ./t 2>&1 | grep '^\\$1'"
-            " && { sleep 30 & sleep 0.5; strace -p $! 2>&1 | head -1; kill $!; }",
-            timeout=120,
+            ExecRequest(
+                "gcc -g -O0 -o t t.c"
+                " && strace -f -e trace=write -o trace.txt ./t && grep -c 'write(1, \"x=42' trace.txt"
+                " && gdb -q -batch -ex 'break 5' -ex run -ex 'print x' ./t 2>&1 | grep '^\\$1'"
+                " && { sleep 30 & sleep 0.5; strace -p $! 2>&1 | head -1; kill $!; }",
+                timeout=120,
+            )
         )
     lines = r.stdout.decode().splitlines()
     assert lines[:3] == ["x=42", "1", "$1 = 42"], r  # the program's output, strace's record, gdb's answer
@@ -248,7 +253,7 @@ async def test_a_container_without_the_profile_is_refused(docker_ready: None, wo
     try:
         box = await backend.get(workspace)
         with pytest.raises(RuntimeUnavailableError, match="seccomp profile"):
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
         assert await backend.inspect(workspace) is None  # removed before anything ran
     finally:
         await backend.remove_all_started()
@@ -267,7 +272,7 @@ async def test_a_running_container_made_with_another_profile_is_replaced(docker_
         old = await asyncio.to_thread(client.containers.create, **cfg)
         await asyncio.to_thread(old.start)
         box = await backend.get(workspace)
-        assert (await box.exec("grep Seccomp: /proc/self/status")).stdout.split()[-1] == b"2"
+        assert (await box.exec(ExecRequest("grep Seccomp: /proc/self/status"))).stdout.split()[-1] == b"2"
         attrs = await backend.inspect(workspace)
         assert attrs is not None and attrs["Id"] != old.id
         assert seccomp.security_opt(backend.spec.runtime) in attrs["HostConfig"]["SecurityOpt"]

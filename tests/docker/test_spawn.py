@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend
 from sandbox.errors import PathNotFoundError
 
@@ -19,12 +20,12 @@ async def test_spawned_process_streams_and_survives_commands(docker_backend: Doc
     proc = await box.spawn(["python3", "-u", "-c", ECHO, "marker-7731"])
     await proc.write(b"hello\n")
     assert await proc.read_line() == b"echo:hello\n"
-    r = await box.exec("sleep 0.1; echo done")  # the per-command tree kill spares it
+    r = await box.exec(ExecRequest("sleep 0.1; echo done"))  # the per-command tree kill spares it
     assert r.stdout == b"done\n"
     await proc.write("ünïcode\n".encode())
     assert await proc.read_line() == "echo:ünïcode\n".encode()
     await proc.close()
-    r = await box.exec("pgrep -f marker-7731 | grep -v $$ || echo gone")
+    r = await box.exec(ExecRequest("pgrep -f marker-7731 | grep -v $$ || echo gone"))
     assert r.stdout.strip().endswith(b"gone"), r.stdout
 
 
@@ -46,6 +47,6 @@ async def test_spawned_processes_die_with_the_connection(docker_backend: DockerB
     box = await docker_backend.get(workspace)
     proc = await box.spawn(["sh", "-c", "sleep 611 & sleep 612"])
     await box.close()  # the worker goes away: the agent kills what it spawned
-    r = await box.exec("sleep 0.5; ps -eo args | grep -c '^sleep 61[12]' || true")
+    r = await box.exec(ExecRequest("sleep 0.5; ps -eo args | grep -c '^sleep 61[12]' || true"))
     assert r.stdout.strip() == b"0"
     assert proc.lost or proc.returncode is not None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.errors import ConflictError, NotAFileError
 from worker.changelog import Changelog, EntryNotFoundError, UndoConflictError
 
@@ -44,7 +45,7 @@ async def test_create_modify_delete_then_undo_all_leaves_absent(cl, box, workspa
     await cl.write(box, "f.txt", b"1")
     await cl.write(box, "f.txt", b"2")
     token = await cl.before_shell(box)
-    await box.exec("rm f.txt")
+    await box.exec(ExecRequest("rm f.txt"))
     changed = await cl.after_shell(box, token, command="rm f.txt", call_id="sh")
     assert changed == ["f.txt"]
     assert [e.op for e in await cl.log()] == ["create", "modify", "delete"]
@@ -171,7 +172,7 @@ async def test_cumulative_diff_and_summary(cl, box, workspace: Path) -> None:
     await cl.write(box, "m.txt", b"a\nBB\n")
     await cl.write(box, "n.txt", b"new\n")
     token = await cl.before_shell(box)
-    await box.exec("rm gone.txt")
+    await box.exec(ExecRequest("rm gone.txt"))
     await cl.after_shell(box, token, command="rm gone.txt")
     d = await cl.diff(box)
     assert "-b\n+BB\n" in d and "--- /dev/null\n+++ b/n.txt" in d and "+++ /dev/null" in d
@@ -184,7 +185,7 @@ async def test_cumulative_diff_and_summary(cl, box, workspace: Path) -> None:
 async def test_storage_outside_workspace(cl, box, workspace: Path, data_dir: Path) -> None:
     await cl.write(box, "only.txt", b"user file")
     token = await cl.before_shell(box)
-    await box.exec("echo hi > sh.txt")
+    await box.exec(ExecRequest("echo hi > sh.txt"))
     await cl.after_shell(box, token)
     assert sorted(p.name for p in workspace.iterdir()) == ["only.txt", "sh.txt"]
     assert cl.directory.is_relative_to(data_dir)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from sandbox.local import LocalProcessBackend
 from worker.changelog import Changelog
 from worker.cli import main
@@ -106,8 +107,8 @@ def test_directories_a_command_made_show_and_undo(
             box = await backend.get(workspace)
             async with Changelog.open(env, workspace) as cl:
                 ws = Workspace(workspace, box, cl)
-                await ws.run_shell("true")
-                await ws.run_shell("mkdir -p out/x && echo o > out/x/f", call_id="m")
+                await ws.run_shell(ExecRequest("true"))
+                await ws.run_shell(ExecRequest("mkdir -p out/x && echo o > out/x/f"), call_id="m")
         finally:
             await backend.aclose()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import Sandbox, StagedWrite, WriteResult
+from sandbox.base import ExecRequest, Sandbox, StagedWrite, WriteResult
 from worker.changelog import Changelog, Limits
 
 
@@ -138,12 +138,14 @@ async def test_shell_limits_from_settings_are_enforced(
     monkeypatch.setenv("LOOM_CHANGELOG_MAX_FILE_BYTES", "10")
     async with Changelog.open(tmp_path / "data", workspace, limits=Settings().changelog_limits()) as cl:
         ws = Workspace(workspace, box, cl)
-        await ws.run_shell("true")
-        _r, changed = await ws.run_shell("head -c 100 /dev/zero > big.bin && echo hi > small.txt", call_id="c")
+        await ws.run_shell(ExecRequest("true"))
+        _r, changed = await ws.run_shell(
+            ExecRequest("head -c 100 /dev/zero > big.bin && echo hi > small.txt"), call_id="c"
+        )
         assert changed == ["big.bin", "small.txt"]
         restorable = {e.path: e.restorable for e in await cl.log(call_id="c")}
         assert restorable == {"big.bin": True, "small.txt": True}  # created: undo removes them
-        _r, changed = await ws.run_shell("echo x >> big.bin && rm small.txt", call_id="d")
+        _r, changed = await ws.run_shell(ExecRequest("echo x >> big.bin && rm small.txt"), call_id="d")
         restorable = {e.path: e.restorable for e in await cl.log(call_id="d")}
         assert restorable == {"big.bin": False, "small.txt": True}  # no before-image over 10 bytes
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from tests.treehash import tree_diff, tree_state
 from worker.changelog import Changelog, Limits
 from worker.workspace import Workspace
@@ -25,7 +25,7 @@ async def cl(tmp_path: Path, workspace: Path) -> AsyncIterator[Changelog]:
 
 
 async def shell(cl: Changelog, box: Sandbox, command: str, call_id: str | None = None) -> list[str]:
-    r, changed = await Workspace(Path(cl.workspace), box, cl).run_shell(command, call_id=call_id)
+    r, changed = await Workspace(Path(cl.workspace), box, cl).run_shell(ExecRequest(command), call_id=call_id)
     assert r.exit_code == 0, r.stderr
     return changed
 
@@ -120,7 +120,7 @@ async def test_a_git_session_is_undone_exactly(cl, box, workspace: Path) -> None
     last = max(e.id for e in entries if e.call_id == "init")
     await cl.undo(box, to=last)
     assert tree_diff(after_init, tree_state(workspace)) == []
-    r = await box.exec(f"{git} status --porcelain && {git} log --oneline | wc -l")
+    r = await box.exec(ExecRequest(f"{git} status --porcelain && {git} log --oneline | wc -l"))
     assert r.stdout.decode().strip() == "1", r.stdout
     await undo_all_is_exact(cl, box, workspace, before)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
 from worker.changelog import Changelog
 from worker.changelog import recorder as recmod
 from worker.workspace import Workspace
@@ -68,9 +69,9 @@ async def test_shell_right_after_an_edit_is_not_charged_with_it(cl, box, workspa
     monkeypatch.setattr(recmod, "FINISH_DELAY", 60.0)
     (workspace / "a.txt").write_text("a0")
     ws = Workspace(Path(cl.workspace), box, cl)
-    await ws.run_shell("true")  # baseline
+    await ws.run_shell(ExecRequest("true"))  # baseline
     await cl.write(box, "a.txt", b"edited", expect_sha256=h(b"a0"), call_id="edit")
-    r, changed = await ws.run_shell("echo new > b.txt", call_id="sh")
+    r, changed = await ws.run_shell(ExecRequest("echo new > b.txt"), call_id="sh")
     assert r.exit_code == 0 and changed == ["b.txt"]
     assert [e.path for e in await cl.log(call_id="sh")] == ["b.txt"]
 
@@ -86,7 +87,7 @@ async def test_another_process_settles_held_changes_with_the_baseline(
     one = Changelog.open(data_dir, workspace)
     two = Changelog.open(data_dir, workspace)
     try:
-        await Workspace(Path(one.workspace), box, one).run_shell("true")  # baseline
+        await Workspace(Path(one.workspace), box, one).run_shell(ExecRequest("true"))  # baseline
         await one.write(box, "a.txt", b"edited", expect_sha256=h(b"a0"), call_id="edit")
         assert set(on_disk(one).values()) == {"pending"}
         assert [e.call_id for e in await two.recover(box)] == ["edit"]
@@ -96,7 +97,9 @@ async def test_another_process_settles_held_changes_with_the_baseline(
         finally:
             db.close()
         assert row == (h(b"edited"), -1)  # the baseline follows, its stat to be refreshed
-        _, changed = await Workspace(Path(two.workspace), box, two).run_shell("echo n > n.txt", call_id="sh")
+        _, changed = await Workspace(Path(two.workspace), box, two).run_shell(
+            ExecRequest("echo n > n.txt"), call_id="sh"
+        )
         assert changed == ["n.txt"]
         assert {e.call_id: e.state for e in await two.log()} == {"edit": "applied", "sh": "applied"}
         await one.aclose()  # its late step 5 finds the entry settled and changes nothing

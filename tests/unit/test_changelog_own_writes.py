@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from worker.changelog import Changelog
 from worker.workspace import Workspace
 
@@ -48,12 +48,12 @@ async def baseline_row(ws: Workspace, path: str) -> tuple[Any, ...]:
 
 
 async def test_files_written_since_the_last_scan_are_hashed_not_read(ws: Workspace, workspace: Path) -> None:
-    await ws.run_shell("true")  # the baseline
+    await ws.run_shell(ExecRequest("true"))  # the baseline
     await ws.write("a.txt", b"one", tool="write_file", call_id="w1")
     await ws.write("sub/b.txt", b"two", tool="write_file", call_id="w2")
     calls: list[str] = []
     counting(ws.sandbox, calls)
-    result, changed = await ws.run_shell("true", call_id="s1")
+    result, changed = await ws.run_shell(ExecRequest("true"), call_id="s1")
     assert result.exit_code == 0 and changed == []
     assert calls == ["hash"]  # both files in one request, no read
     size, mtime_ns, sha, status = await baseline_row(ws, "a.txt")
@@ -61,15 +61,15 @@ async def test_files_written_since_the_last_scan_are_hashed_not_read(ws: Workspa
     assert mtime_ns == (workspace / "a.txt").stat().st_mtime_ns  # the stat is known again
     assert await ws.recorder.log(call_id="s1") == []  # type: ignore[attr-defined]
     calls.clear()
-    assert (await ws.run_shell("true"))[1] == [] and "read" not in calls
+    assert (await ws.run_shell(ExecRequest("true")))[1] == [] and "read" not in calls
 
 
 async def test_a_command_that_changed_such_a_file_is_recorded(ws: Workspace, workspace: Path) -> None:
-    await ws.run_shell("true")
+    await ws.run_shell(ExecRequest("true"))
     await ws.write("a.txt", b"abc", tool="write_file", call_id="w1")
     await ws.write("keep.txt", b"kept", tool="write_file", call_id="w2")
     # A same-size rewrite, as fast as the write before it: only the content tells.
-    _result, changed = await ws.run_shell("printf xyz > a.txt", call_id="s1")
+    _result, changed = await ws.run_shell(ExecRequest("printf xyz > a.txt"), call_id="s1")
     assert changed == ["a.txt"]
     entries = await ws.recorder.log(call_id="s1")  # type: ignore[attr-defined]
     assert [(e.path, e.before_hash, e.after_hash) for e in entries] == [
@@ -120,10 +120,10 @@ async def test_a_wrong_guess_takes_the_general_path(ws: Workspace, workspace: Pa
 async def test_a_command_keeps_what_it_did_not_change_remembered(ws: Workspace, workspace: Path) -> None:
     """What the worker wrote stays its guess across a command that left the file alone
     (the changelog saw every file the command changed), not across one that changed it."""
-    await ws.run_shell("true")
+    await ws.run_shell(ExecRequest("true"))
     await ws.write("a.txt", b"one", tool="write_file", call_id="w1")
     await ws.write("b.txt", b"bee", tool="write_file", call_id="w2")
-    assert (await ws.run_shell("printf BEE > b.txt"))[1] == ["b.txt"]
+    assert (await ws.run_shell(ExecRequest("printf BEE > b.txt")))[1] == ["b.txt"]
     assert ws.known("a.txt") is not None and ws.known("b.txt") is None
     calls: list[str] = []
     counting(ws.sandbox, calls)
@@ -140,12 +140,12 @@ async def test_a_file_reported_again_unchanged_is_hashed_again_not_read(ws: Work
     (as gVisor's own late close of the file it wrote looks on the host) makes the scan
     report it with its stat unchanged: the content is checked by hash each time, never
     read back through the sandbox."""
-    await ws.run_shell("true")
+    await ws.run_shell(ExecRequest("true"))
     await ws.write("a.txt", b"x" * 5000, tool="write_file", call_id="w1")
     calls: list[str] = []
     counting(ws.sandbox, calls)
     for _ in range(3):
-        _result, changed = await ws.run_shell(": >> a.txt")
+        _result, changed = await ws.run_shell(ExecRequest(": >> a.txt"))
         assert changed == []
     assert "read" not in calls and calls.count("hash") >= 2, calls
     assert await ws.recorder.log() == await ws.recorder.log(call_id="w1")  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 from sandbox.errors import PathEscapeError
 from worker.changelog import Changelog, Limits, UndoRefusedError
 from worker.workspace import Workspace
@@ -28,7 +28,7 @@ async def cl(tmp_path: Path, workspace: Path) -> AsyncIterator[Changelog]:
 
 async def shell(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[str]:
     """The production path: the scans travel with the command where the agent watches."""
-    r, changed = await Workspace(Path(cl.workspace), box, cl).run_shell(command, **kw)
+    r, changed = await Workspace(Path(cl.workspace), box, cl).run_shell(ExecRequest(command), **kw)
     assert r.exit_code == 0, r.stderr
     return changed
 
@@ -36,7 +36,7 @@ async def shell(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[st
 async def shell_separately(cl: Changelog, box: Sandbox, command: str, **kw: str) -> list[str]:
     """The other path (custom tools): a scan before, the command, a scan after."""
     token = await cl.before_shell(box)
-    r = await box.exec(command)
+    r = await box.exec(ExecRequest(command))
     assert r.exit_code == 0, r.stderr
     return await cl.after_shell(box, token, command=command, **kw)
 
@@ -85,7 +85,7 @@ async def test_scan_travels_with_the_command_when_watched(cl, box, workspace: Pa
     token = await cl.before_shell(box, piggyback=True)
     scan = token.scan  # type: ignore[attr-defined]
     assert scan is not None  # a watched snapshot: no separate scan was made
-    r = await box.exec("echo z > z", scan=scan)
+    r = await box.exec(ExecRequest("echo z > z", scan=scan))
     assert r.scan_after is not None and r.scan_after.from_events
     assert [e.path for e in r.scan_after.entries] == ["z"]
     assert await cl.after_shell(box, token, command="echo z > z", result=r) == ["z"]
@@ -103,7 +103,7 @@ async def test_a_command_after_a_tool_write_runs_at_once(cl, box, workspace: Pat
     await cl.write(box, "sub/b.txt", b"b1", call_id="w2")
     token = await cl.before_shell(box, piggyback=True)
     assert token.scan is not None  # type: ignore[attr-defined]
-    r = await box.exec("true", scan=token.scan)  # type: ignore[attr-defined]  # ScanFirst if handed back
+    r = await box.exec(ExecRequest("true", scan=token.scan))  # type: ignore[attr-defined]  # ScanFirst if handed back
     assert r.scan_after is not None and r.scan_after.entries == []
     assert await cl.after_shell(box, token, command="true", result=r) == []
     assert [(e.path, e.origin) for e in await cl.log()] == [("a.txt", "tool"), ("sub/b.txt", "tool")]

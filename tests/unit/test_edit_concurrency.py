@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.base import ExecRequest
 from worker.changelog import Changelog
 from worker.pathlocks import PathLocks, resolve
 from worker.registry import ToolRegistry
@@ -104,7 +105,7 @@ async def test_a_change_from_outside_between_read_and_write_is_a_conflict(
         out = await real_read(path, **kw)
         if interfere:
             interfere = False
-            r = await ws.sandbox.exec("echo 'from outside' >> a.txt", timeout=10)
+            r = await ws.sandbox.exec(ExecRequest("echo 'from outside' >> a.txt", timeout=10))
             assert r.exit_code == 0
         return out
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import ExecControl, ExecResult, OutputChunk
+from sandbox.base import ExecControl, ExecRequest, ExecResult, OutputChunk
 
 
 async def _collect(box: Any, command: str, **kw: Any) -> tuple[list[OutputChunk], ExecResult]:
     chunks: list[OutputChunk] = []
     result = None
-    async for item in box.exec_stream(command, **kw):
+    async for item in box.exec_stream(ExecRequest(command, **kw)):
         if isinstance(item, ExecResult):
             result = item
         else:
@@ -29,7 +29,7 @@ async def _collect(box: Any, command: str, **kw: Any) -> tuple[list[OutputChunk]
 async def test_a_line_arrives_while_the_command_still_runs(local_backend: Any, workspace: Path) -> None:
     box = await local_backend.get(workspace)
     seen_before_sleep_ended = None
-    async for item in box.exec_stream("echo first; sleep 2; touch slept; echo second"):
+    async for item in box.exec_stream(ExecRequest("echo first; sleep 2; touch slept; echo second")):
         if isinstance(item, OutputChunk) and item.data == b"first\n":
             # The order of events, not a clock: the command has not got past its sleep.
             seen_before_sleep_ended = not (workspace / "slept").exists()
@@ -68,7 +68,8 @@ async def test_on_output_callback_and_argv(local_backend: Any, workspace: Path) 
     box = await local_backend.get(workspace)
     got: list[tuple[str, bytes]] = []
     r = await box.exec(
-        "", argv=["sh", "-c", 'echo "$0 $1"', "one", "two words"], on_output=lambda s, d: got.append((s, d))
+        ExecRequest("", argv=["sh", "-c", 'echo "$0 $1"', "one", "two words"]),
+        on_output=lambda s, d: got.append((s, d)),
     )
     assert r.exit_code == 0 and got == [("stdout", b"one two words\n")]
 
@@ -78,7 +79,7 @@ async def test_ctrl_c_reaches_the_command(local_backend: Any, workspace: Path) -
     control = ExecControl()
     result = None
     script = "trap 'echo got INT; exit 130' INT; echo ready; sleep 20 & wait"
-    async for item in box.exec_stream(script, timeout=30, control=control):
+    async for item in box.exec_stream(ExecRequest(script, timeout=30), control=control):
         if isinstance(item, OutputChunk) and item.data == b"ready\n":
             await control.signal(2)
         elif isinstance(item, ExecResult):
@@ -92,28 +93,28 @@ async def test_a_signal_before_the_command_starts_reaches_it(local_backend: Any,
     box = await local_backend.get(workspace)
     control = ExecControl()
     await control.signal(15)  # e.g. a Ctrl-C while the command waited for the workspace
-    r = await box.exec("sleep 20; echo never", timeout=30, control=control)
+    r = await box.exec(ExecRequest("sleep 20; echo never", timeout=30), control=control)
     assert r.outcome == "signal" and r.signal == 15 and r.stdout == b""
 
 
 async def test_leaving_the_iterator_early_lets_the_command_finish(local_backend: Any, workspace: Path) -> None:
     box = await local_backend.get(workspace)
-    stream = box.exec_stream("echo go; sleep 0.3; echo done > finished")
+    stream = box.exec_stream(ExecRequest("echo go; sleep 0.3; echo done > finished"))
     async for item in stream:
         assert item == OutputChunk("stdout", b"go\n")
         break
     await stream.aclose()
-    r = await box.exec("cat finished")  # waits for the exec lock: the first command ends first
+    r = await box.exec(ExecRequest("cat finished"))  # waits for the exec lock: the first command ends first
     assert r.stdout == b"done\n"
 
 
 async def test_a_sandbox_lost_mid_stream_ends_it_with_the_result(local_backend: Any, workspace: Path) -> None:
     box = await local_backend.get(workspace)
     items = []
-    async for item in box.exec_stream("echo hi; kill -9 $PPID; sleep 5"):
+    async for item in box.exec_stream(ExecRequest("echo hi; kill -9 $PPID; sleep 5")):
         items.append(item)
     assert isinstance(items[-1], ExecResult) and items[-1].outcome == "sandbox_lost"
-    r = await box.exec("echo back")  # the next call gets a fresh agent
+    r = await box.exec(ExecRequest("echo back"))  # the next call gets a fresh agent
     assert r.stdout == b"back\n"
 
 

@@ -43,6 +43,7 @@ from worker.harness.handle import HarnessArgumentError
 from worker.http import create_app
 from worker.http import errors as table
 from worker.http.app import route_table
+from worker.http.state import NotHeldHere
 from worker.registry import ToolRegistry
 from worker.service import Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound
 from worker.settings import Settings
@@ -69,6 +70,7 @@ SAMPLES: dict[type[Exception], tuple[Exception, int, dict[str, Any]]] = {
     table.Gone: (table.Gone("no process"), 404, {}),
     table.NoToolSearch: (table.NoToolSearch(), 404, {}),
     table.NoImagePulls: (table.NoImagePulls(), 501, {}),
+    NotHeldHere: (NotHeldHere("its node answers this route"), 501, {}),
     table.NotOffered: (table.NoChangelog(), 409, {}),
     WorkspaceExists: (WorkspaceExists("taken"), 409, {}),
     UndoConflictError: (UndoConflictError("changed since", ["a.txt"]), 409, {"conflicts": ["a.txt"]}),

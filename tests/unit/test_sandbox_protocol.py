@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sandbox import protocol
+from sandbox.base import ExecRequest
 from sandbox.client import AgentSandbox
 from sandbox.connection import AgentConnection, Transport
 from sandbox.errors import (
@@ -127,7 +128,7 @@ async def test_more_bytes_than_asked_is_a_protocol_error() -> None:
 async def test_malformed_exec_results_are_protocol_errors(result: dict[str, Any]) -> None:
     box, _ = await _box(lambda r: ok(r, result))
     with pytest.raises(ProtocolError):
-        await box.exec("true")
+        await box.exec(ExecRequest("true"))
 
 
 async def test_garbage_line_ends_the_connection_as_lost() -> None:
@@ -171,7 +172,7 @@ async def test_silent_agent_hits_the_host_deadline_and_exec_reports_sandbox_lost
         with pytest.raises(SandboxTimeoutError):
             await box.stat("x")
         assert transport.closed  # an agent out of sync is never reused
-        r = await box.exec("sleep 1", timeout=0.1)
+        r = await box.exec(ExecRequest("sleep 1", timeout=0.1))
         assert r.outcome == "sandbox_lost"
     finally:
         client.DEADLINE_SLACK = saved

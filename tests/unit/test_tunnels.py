@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from sandbox import tunnel as T
+from sandbox.base import ExecRequest
 from sandbox.errors import AgentError, TunnelClosedError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -189,7 +190,7 @@ async def test_an_agent_that_ignores_the_window_loses_its_tunnel(local_backend: 
         t2 = await box.open_tunnel(port)
         t2._on_event({"event": "tunnel", "tunnel": t2.id, "data": "not bytes"})
         assert t2.closed and "malformed" in (t2.error or "")
-        assert (await box.exec("echo fine")).stdout == b"fine\n"  # the connection lives on
+        assert (await box.exec(ExecRequest("echo fine"))).stdout == b"fine\n"  # the connection lives on
 
 
 async def test_relay_joins_a_client_connection(local_backend: Any, workspace: Path) -> None:

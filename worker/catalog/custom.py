@@ -41,7 +41,7 @@ import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
 
 from .capabilities import make_descriptor
 from .index import ToolDescriptor
@@ -213,7 +213,9 @@ class CustomTool:
         """Run in ``sandbox`` (argv, no shell). Raises CustomToolError for bad arguments and
         the sandbox's errors (PathNotFoundError for a missing ``cwd``, infrastructure)."""
         argv, env = self.build(args)
-        r = await sandbox.exec("", argv=argv, env=env or None, cwd=self.spec.cwd, timeout=timeout or self.spec.timeout)
+        r = await sandbox.exec(
+            ExecRequest("", argv=argv, env=env or None, cwd=self.spec.cwd, timeout=timeout or self.spec.timeout)
+        )
         return CustomToolResult(
             success=r.outcome == "exit" and r.exit_code == 0,
             exit_code=r.exit_code,

@@ -33,7 +33,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import yaml
@@ -200,10 +200,16 @@ def _leaf(e: BaseException) -> BaseException:
     return e
 
 
+@runtime_checkable
+class Diagnoses(Protocol):
+    """A transport that can say how its server ended (:class:`.sandbox_stdio.SandboxStdioTransport`)."""
+
+    def diagnostics(self) -> str: ...
+
+
 def _why(target: Any) -> str:
     """What a sandbox transport knows about how its server ended (exit code, stderr)."""
-    diagnostics = getattr(target, "diagnostics", None)
-    text = diagnostics() if callable(diagnostics) else ""
+    text = target.diagnostics() if isinstance(target, Diagnoses) else ""
     return f" ({text})" if text else ""
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -31,6 +31,15 @@ from .mcp_source import MCPUnavailableError
 
 #: One JSON-RPC line larger than this is refused (the sandbox process buffers up to 64 MiB).
 MAX_LINE = 16 << 20
+
+
+@runtime_checkable
+class Spawns(Protocol):
+    """A sandbox that runs long-lived processes (:meth:`sandbox.client.AgentSandbox.spawn`)."""
+
+    async def spawn(self, argv: list[str], *, cwd: str = ".", env: dict[str, str] | None = None) -> Any:
+        """Raises PathNotFoundError for a missing program or cwd, SandboxLostError."""
+        ...
 
 
 class SandboxStdioTransport:
@@ -56,10 +65,9 @@ class SandboxStdioTransport:
         return f"server exited with code {p.returncode}" + (f": {tail}" if tail else "")
 
     async def __aenter__(self) -> tuple[MemoryObjectReceiveStream[Any], MemoryObjectSendStream[SessionMessage]]:
-        spawn = getattr(self._sandbox, "spawn", None)
-        if spawn is None:
+        if not isinstance(self._sandbox, Spawns):
             raise MCPUnavailableError("this sandbox cannot run long-lived processes (no spawn)")
-        self.process = await spawn(self._argv, cwd=self._cwd, env=self._env or None)
+        self.process = await self._sandbox.spawn(self._argv, cwd=self._cwd, env=self._env or None)
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
         self._streams = [read_writer, read_stream, write_stream, write_reader]

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .capabilities import STOP_WORDS, descriptor_from_openai, words
 from .index import (
@@ -189,6 +189,13 @@ def _ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 3)
 
 
+@runtime_checkable
+class Closes(Protocol):
+    """A chat provider holding a connection to close (not every provider does)."""
+
+    async def aclose(self) -> None: ...
+
+
 class Catalog:
     """The tool catalog: one index plus an optional chat provider.
 
@@ -212,9 +219,8 @@ class Catalog:
         return cls(CatalogIndex(db_path), llm)
 
     async def aclose(self) -> None:
-        close = getattr(self.llm, "aclose", None)
-        if close is not None:
-            await close()
+        if isinstance(self.llm, Closes):
+            await self.llm.aclose()
         await asyncio.to_thread(self.index.close)
         self._searcher.shutdown(wait=False, cancel_futures=True)
 

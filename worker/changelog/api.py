@@ -52,7 +52,6 @@ class Changelog:
         self._core = core
         self._shell = ShellTracker(core)
 
-
     @classmethod
     def open(
         cls,
@@ -196,7 +195,7 @@ class Changelog:
 
         The first call reads the whole workspace (within :class:`Limits`) through the
         sandbox. With ``piggyback`` the caller sends ``token.scan`` along with the command
-        (``Sandbox.exec(scan=...)``), so no separate scan is made when the agent's
+        (``ExecRequest.scan``), so no separate scan is made when the agent's
         snapshot is watched; ``pending`` is the scan an ``exec`` handed back unrun
         (:class:`~sandbox.base.ScanFirst`), recorded here as outside changes, or, with
         ``attribute`` (``tool``, ``command``, ``call_id``, ``subtask_id``: a background
@@ -263,7 +262,8 @@ class Changelog:
             "subtask_id": subtask_id,
         }
         intent = token.intent if isinstance(token, ShellToken) else None
-        scanned = result.scan_after if result is not None and getattr(token, "scan", None) is not None else None
+        piggybacked = isinstance(token, ShellToken) and token.scan is not None
+        scanned = result.scan_after if result is not None and piggybacked else None
         async with self._core.lock:
             try:
                 if not await self._shell.ready():

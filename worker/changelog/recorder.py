@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandbox.base import Sandbox, WriteResult
+from sandbox.base import Sandbox, WriteResult, staged_writes
 from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 from sandbox.identity import workspace_digest
 from sandbox.logs import get_logger
@@ -387,7 +387,7 @@ class ChangelogCore:
         token: str,
     ) -> tuple[int, WriteResult | None]:
         staged, entry_id = await asyncio.gather(
-            sandbox.stage_write(
+            staged_writes(sandbox).stage_write(
                 path,
                 data,
                 expect_sha256=expect_sha256,
@@ -404,12 +404,12 @@ class ChangelogCore:
         )
         if isinstance(entry_id, BaseException) or isinstance(staged, BaseException):
             if not isinstance(staged, BaseException):
-                await sandbox.abort_write(staged)
+                await staged_writes(sandbox).abort_write(staged)
             if isinstance(entry_id, int):
                 await self.db(self._finish_tx, entry_id, "failed", None, None)  # nothing was written
             raise entry_id if isinstance(entry_id, BaseException) else staged  # type: ignore[misc]
         if staged.path != path:  # a link planted since the path was canonicalized
-            await sandbox.abort_write(staged)
+            await staged_writes(sandbox).abort_write(staged)
             await self.db(self._finish_tx, entry_id, "failed", None, None) if entry_id is not None else None
             raise ConflictError(f"Conflict: {path} now resolves to {staged.path}; nothing was written", code="conflict")
         if entry_id is None:
@@ -418,7 +418,7 @@ class ChangelogCore:
         assert entry_id is not None
         faults.point("write.recorded")
         try:
-            result = await sandbox.commit_write(staged, snapshot=self.snapshot_key)
+            result = await staged_writes(sandbox).commit_write(staged, snapshot=self.snapshot_key)
         except AgentError:
             await self.db(self._finish_tx, entry_id, "failed", None, None)
             raise

@@ -74,7 +74,7 @@ class ShellToken:
 
     started: float
     baseline_ready: bool
-    #: The scan to send along with the command (``Sandbox.exec(scan=...)``), if any.
+    #: The scan to send along with the command (``ExecRequest.scan``), if any.
     scan: ScanRequest | None = None
     #: The command's intent (see :mod:`worker.changelog.intents`), closed by after_shell.
     intent: str | None = None

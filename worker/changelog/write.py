@@ -18,7 +18,7 @@ import asyncio
 import secrets
 from typing import Any
 
-from sandbox.base import Sandbox, StagedWrite, WriteResult
+from sandbox.base import Sandbox, StagedWrite, WriteResult, staged_writes
 from sandbox.errors import AgentError, ConflictError, IsADirError, NotAFileError, PathNotFoundError
 
 from .errors import ChangelogStorageError
@@ -160,10 +160,11 @@ async def _stage_and_commit(
     precondition: bool,
 ) -> WriteResult | None:
     """``_write_known_before`` once its staging's intent is open."""
+    box = staged_writes(sandbox)
     stage = asyncio.ensure_future(
         # The file is there (or the guess is wrong): never make directories on this path,
         # where nothing would record them (the general path does).
-        sandbox.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token, mkdirs=False)
+        box.stage_write(path, data, expect_sha256=expect_sha256, fsync=core.fsync, token=token, mkdirs=False)
     )
     try:
         # Let the staging request go out before the database thread starts: both need
@@ -177,7 +178,7 @@ async def _stage_and_commit(
     if entry_id is None:  # not stored, or entries pending: the general path decides
         await _abort(sandbox, stage, token)
         return None
-    committed = asyncio.ensure_future(sandbox.commit_write(token, expect_path=path, snapshot=core.snapshot_key))
+    committed = asyncio.ensure_future(box.commit_write(token, expect_path=path, snapshot=core.snapshot_key))
     staged_err: BaseException | None = None
     try:
         staged = await stage
@@ -218,4 +219,4 @@ async def _abort(sandbox: Sandbox, stage: asyncio.Future[StagedWrite], token: st
         await stage
     except Exception:
         return  # refused or lost: nothing staged
-    await sandbox.abort_write(token)
+    await staged_writes(sandbox).abort_write(token)

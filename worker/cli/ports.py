@@ -81,6 +81,7 @@ async def forward(
     Returns the exit code (1 when a listener cannot be opened)."""
     import asyncio
 
+    from sandbox.capabilities import tunnels
     from sandbox.errors import AgentError, SandboxError
     from sandbox.tunnel import relay
 
@@ -94,7 +95,7 @@ async def forward(
                 active.add(task)
             try:
                 try:
-                    tunnel = await sandbox.open_tunnel(sport)
+                    tunnel = await tunnels(sandbox).open_tunnel(sport)
                 except AgentError as e:
                     _say(f"loom-worker port-forward: connection to sandbox port {sport} refused: {e}")
                     writer.transport.abort()

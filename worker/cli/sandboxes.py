@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandbox.base import ExecRequest
+
 if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
     from pathlib import Path
 
@@ -73,12 +75,12 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
         _say(f"wrote {w.size} bytes, read back: {r.data.decode().strip()!r}")
 
         _say("\n-- run a command")
-        res = await box.exec("python3 -c 'import sys; print(sys.version.split()[0])'; ls -la hello; id")
+        res = await box.exec(ExecRequest("python3 -c 'import sys; print(sys.version.split()[0])'; ls -la hello; id"))
         _say(res.stdout.decode().rstrip())
         t = []
         for i in range(70):
             s = time.perf_counter()
-            await box.exec("true")
+            await box.exec(ExecRequest("true"))
             if i >= 20:  # the first calls of a fresh container warm its caches
                 t.append((time.perf_counter() - s) * 1000)
         t.sort()
@@ -94,12 +96,12 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
             "|| cat /sys/fs/cgroup/memory.max",
         }
         for name, cmd in checks.items():
-            out = (await box.exec(cmd)).stdout.decode().strip() or "(none)"
+            out = (await box.exec(ExecRequest(cmd))).stdout.decode().strip() or "(none)"
             _say(f"{name:>24}: {out}")
 
         _say("\n-- a runaway command: `setsid sleep 600 & sleep 600` with a 2 s timeout")
-        res = await box.exec("setsid sleep 600 & nohup sleep 600 >/dev/null 2>&1 & sleep 600", timeout=2)
-        left = (await box.exec("ps -eo args | grep -c '^sleep' || true")).stdout.decode().strip()
+        res = await box.exec(ExecRequest("setsid sleep 600 & nohup sleep 600 >/dev/null 2>&1 & sleep 600", timeout=2))
+        left = (await box.exec(ExecRequest("ps -eo args | grep -c '^sleep' || true"))).stdout.decode().strip()
         _say(f"outcome={res.outcome} after {res.duration_ms:.0f} ms; sleep processes left: {left}")
         _say("\ndemo ok")
         return 0
@@ -177,7 +179,7 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         ws = Path(tempfile.mkdtemp(prefix="loom-doctor-"))
         try:
             box = await backend.get(ws)
-            res = await box.exec("true")
+            res = await box.exec(ExecRequest("true"))
             in_effect = (
                 f"gVisor on {settings.gvisor_platform}, as the sandbox process shows"
                 if (settings.runtime == "runsc")

@@ -56,7 +56,7 @@ def egress_parts(settings: Settings) -> tuple[list[str], Callable[[Path], Path],
         upstream = Upstream(HostAddresses(), trusted=parse_networks(settings.egress_trusted_networks))
         limits = Limits(settings.egress_max_connections, parse_size(settings.egress_bytes_per_minute))
         interceptor = None
-        if getattr(configs, "secrets", None) is not None:
+        if configs.secrets is not None:
             from .ca import upstream_context
             from .intercept import Interceptor
 

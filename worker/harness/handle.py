@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandbox.base import ExecControl, OutputCallback
+from sandbox.base import ExecControl, ExecRequest, OutputCallback
+from sandbox.capabilities import harness_files
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
 from ..policy.shell import check_command
@@ -155,25 +156,20 @@ class SandboxHandle:
             out = ExecOutput(126, b"", (e.message + "\n").encode(), "refused", 0.0, call_id=call_id)
             self._journal(ws, "sandbox.exec", _exec_brief(text, workdir, user, stdin), out, started)
             return out
-        options: dict[str, Any] = {"any_cwd": True, "output_limit": max(HARD_OUTPUT_LIMIT, 4 * max_output)}
-        if argv is not None:
-            options["argv"] = argv
-        if variables:
-            options["env"] = variables
-        if stdin is not None:
-            options["stdin"] = stdin
-        if user is not None:
-            options["user"] = user
-        res, changed = await ws.run_shell(
+        request = ExecRequest(
             text,
             cwd=workdir,
             timeout=limit,
             max_output=max_output,
-            tool="sandbox.exec",
-            call_id=call_id,
-            on_output=on_output,
-            control=control,
-            options=options,
+            any_cwd=True,
+            output_limit=max(HARD_OUTPUT_LIMIT, 4 * max_output),
+            argv=argv,
+            env=variables or None,
+            stdin=stdin,
+            user=user,
+        )
+        res, changed = await ws.run_shell(
+            request, tool="sandbox.exec", call_id=call_id, on_output=on_output, control=control
         )
         if res.outcome == "sandbox_lost":
             raise SandboxLostError(
@@ -209,7 +205,7 @@ class SandboxHandle:
             raise HarnessArgumentError(f"max_bytes must be 0-{MAX_READ}")
         ws = await self._ws()
         target = self.absolute(path, ws.sandbox.workspace_mount)
-        got = await ws.sandbox.read_path(target, max_bytes=max_bytes)
+        got = await harness_files(ws.sandbox).read_path(target, max_bytes=max_bytes)
         if got.truncated:
             raise TooLargeError(
                 f"{path} is {got.size} bytes, more than the {max_bytes} bytes this read may return", code="too_large"
@@ -244,7 +240,7 @@ class SandboxHandle:
                 pass  # a link out of the workspace on the way: the sandbox's own files
         if out is None:
             try:
-                w = await ws.sandbox.write_path(target, content, mode=mode)
+                w = await harness_files(ws.sandbox).write_path(target, content, mode=mode)
                 out = FileWritten(w.path, w.size, w.created, recorded=False, call_id=call_id)
             except InWorkspaceError as e:  # a link into the workspace: recorded after all
                 rel = str(e)

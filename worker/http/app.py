@@ -27,9 +27,10 @@ Every route list, with its parameters and models: ``docs/reference/http.md`` (ge
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from sandbox import __version__
@@ -38,6 +39,7 @@ from .. import dashboard
 from ..auth import Access, AccessGuard, Paths, UnsafeBindError
 from ..auth import check_bind as _check_bind
 from ..metrics import Metrics
+from ..registry.contract import ServiceRegistry
 from ..service import Workspaces
 from ..settings import Settings
 from . import (
@@ -63,7 +65,7 @@ from . import (
 from . import settings as workspace_settings
 from .body_limit import BodyLimit
 from .common import SafeJSONResponse
-from .errors import HANDLERS
+from .errors import HANDLERS, Handlers
 from .lifespan import RegistryFactory, lifespan
 from .state import Service
 
@@ -98,16 +100,23 @@ def check_bind(settings: Settings) -> None:
 
 def create_app(
     settings: Settings,
-    registry: Any | None = None,
+    registry: ServiceRegistry | None = None,
     *,
     metrics: Metrics | None = None,
     registry_factory: RegistryFactory | None = None,
     workspaces: Workspaces | None = None,
+    routes: Sequence[BaseRoute] = (),
+    middleware: Sequence[Middleware] = (),
+    exception_handlers: Handlers | None = None,
 ) -> FastAPI:
     """The service. With ``registry=None`` the app opens the default (Docker) registry at
     startup and closes it at shutdown; a given registry stays the caller's to close.
-    ``workspaces`` replaces the directories under ``LOOM_WORKSPACE_ROOT`` (a cluster's
-    front door gives its own, with the registry that goes with it).
+
+    The extension points (a cluster's front door uses them all): ``workspaces`` replaces
+    the directories under ``LOOM_WORKSPACE_ROOT``; ``routes`` are matched before the
+    service's own (one with a route's method and path replaces it); ``middleware`` runs
+    innermost, after the token and body-limit checks, before the routes;
+    ``exception_handlers`` are added to the service's.
     """
     service = Service(
         settings=settings,
@@ -122,9 +131,11 @@ def create_app(
         description="Sandboxed tool execution for AI coding agents.",
         lifespan=lifespan(registry, registry_factory),
         default_response_class=SafeJSONResponse,
-        exception_handlers=HANDLERS,
+        exception_handlers={**HANDLERS, **(exception_handlers or {})},
+        middleware=list(middleware),
     )
     app.state.service = service
+    app.router.routes.extend(routes)
     for router in ROUTERS:
         app.include_router(router)
     dashboard.mount(app)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..calls import CallJournal, Tail, page
+from ..registry.contract import HoldsWorkspaces
 from ..result import json_line
 from ..service import encode_json
 from .common import WS_ERRORS, WorkspaceId
@@ -71,9 +72,9 @@ class CallsPage(BaseModel):
     next: int | None = Field(description="The `before` of the next (older) page; null at the oldest call kept.")
 
 
-def journal_of(registry: Any) -> CallJournal:
+def journal_of(registry: HoldsWorkspaces) -> CallJournal:
     """The registry's call journal. Raises NoCallHistory (a 409) without one."""
-    journal: CallJournal | None = getattr(registry, "journal", None)
+    journal = registry.journal
     if journal is None:
         raise NoCallHistory
     return journal
@@ -95,7 +96,7 @@ async def calls(
 ) -> Response:
     """The workspace's tool calls, newest first, a page at a time (follow ``next``)."""
     path = await service.workspaces.locate(workspace_id)
-    journal = journal_of(service.registry)
+    journal = journal_of(service.local)
     journal.flush()  # this process's calls of this very loop turn too
     found, nxt = page(journal.directory(path), before=before, limit=limit)
     return Response(encode_json({"calls": found, "next": nxt}), media_type="application/json")
@@ -117,7 +118,7 @@ async def stream(
     """Each new call as an SSE event ``call`` (``id:`` its cursor, ``data:`` as in
     ``GET .../calls``), from this and every other process using the workspace."""
     path = await service.workspaces.locate(workspace_id)
-    journal = journal_of(service.registry)
+    journal = journal_of(service.local)
     if after is None and last_event_id is not None and last_event_id.strip().isdigit():
         after = min(int(last_event_id), MAX_CURSOR)
     return EventSourceResponse(_events(journal, path, after), ping=PING_SECONDS, headers={"Cache-Control": "no-store"})

@@ -10,7 +10,6 @@ global limit as tool calls.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from ..changelog import (
 )
 from ..quoting import quote_path, unquote_path
 from ..result import safe_text
-from ..workspace import Workspace
 from .common import WS_ERRORS, WorkspaceId
 from .errors import NoChangelog
 from .state import Service, ServiceDep
@@ -85,16 +83,15 @@ class DiffOut(BaseModel):
 
 
 def is_changelog(recorder: Any) -> bool:
-    """Whether ``recorder`` is a changelog: this process's, or one on a cluster's node
-    reached through a stand-in that says so (``remote_changelog``)."""
-    return isinstance(recorder, Changelog) or getattr(recorder, "remote_changelog", False) is True
+    """Whether ``recorder`` is a changelog (not a service recording none)."""
+    return isinstance(recorder, Changelog)
 
 
 async def changelog_and_box(service: Service, ws_id: str) -> tuple[Path, Any, Any]:
     """The workspace's path, changelog and sandbox. Raises NoChangelog (a 409) when the
     service records none, InvalidWorkspaceId, WorkspaceNotFound."""
     path = await service.workspaces.locate(ws_id)
-    ws = await service.registry.workspace(path)
+    ws = await service.local.workspace(path)
     if not is_changelog(ws.recorder):
         raise NoChangelog
     return path, ws.recorder, ws.sandbox
@@ -151,11 +148,7 @@ async def diff(
 async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest) -> UndoResult:
     p, cl, box = await changelog_and_box(service, workspace_id)
     runner = service.runner
-    ws = await service.registry.workspace(p)
-    # A local workspace's undo is a change the host's guard looks at after; a cluster's
-    # front door holds no workspace (its node's changelog takes its own locks).
-    changing = ws.mutating() if isinstance(ws, Workspace) else contextlib.nullcontext()
-    async with runner.slot(), runner.lock(p), changing:
+    async with runner.slot(), runner.lock(p), (await service.local.workspace(p)).mutating():
         result = await cl.undo(
             box,
             entry=body.entry,

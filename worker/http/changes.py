@@ -53,7 +53,7 @@ async def changes(
     """The unified diff of what the selected entries changed (give exactly one of
     ``entry``, ``call_id``, ``subtask_id``), oldest entry first."""
     path = await service.workspaces.locate(workspace_id)
-    ws = await service.registry.workspace(path)
+    ws = await service.local.workspace(path)
     if not is_changelog(ws.recorder):
         raise NoChangelog
     recorder: Any = ws.recorder  # this process's Changelog, or a cluster node's stand-in

@@ -8,7 +8,6 @@ verdict, the reason, the address the gateway connected to and the bytes each way
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
@@ -29,10 +28,8 @@ async def egress(
     """The workspace's egress allowlist (empty: no network), whether this service serves
     its gateway now, and its newest log records, newest first."""
     path = await service.workspaces.locate(workspace_id)
-    registry = service.registry
-    if getattr(registry, "configs", None) is None:
+    registry = service.local
+    if registry.configs is None:
         return {"policy": [], "enabled": False, "serving": False, "entries": []}
     status = registry.egress_status(path, limit=limit, verdict=verdict)
-    if inspect.isawaitable(status):  # a cluster's registry asks the workspace's node
-        status = await status
     return {"id": workspace_id, **status}

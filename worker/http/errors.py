@@ -12,7 +12,9 @@ caller             4xx     the request itself: a body or query refused by its mo
                            state that refuses the request (409), too large (413); an agent's
                            error by its code (``not_found`` 404, ``too_large`` 413, the
                            policy's codes 403, the rest 409); a part this service does not
-                           have (409; tool search 404, image pulls 501); the port proxy's: a
+                           have (409; tool search 404, image pulls 501), a workspace's parts
+                           on a service that does not hold them (501: a cluster's front door
+                           carries those routes to the workspace's node); the port proxy's: a
                            request it cannot pass on (400), nothing valid answering (502)
 limit              429     too many calls at once (``Retry-After``)
                    409     the snapshots a workspace may keep (``LOOM_MAX_SNAPSHOTS``)
@@ -73,6 +75,7 @@ from ..snapshots.errors import (
 )
 from ..tool import PolicyError
 from ..workspace_settings import SettingsError
+from .state import NotHeldHere
 
 log = get_logger("worker.http")
 
@@ -257,6 +260,7 @@ TABLE: tuple[Row, ...] = (
     Row(Gone, "caller", 404, _gone),
     Row(NoToolSearch, "caller", 404),
     Row(NoImagePulls, "caller", 501),
+    Row(NotHeldHere, "caller", 501),
     Row(NotOffered, "caller", 409),
     Row(WorkspaceExists, "caller", 409),
     Row(UndoConflictError, "caller", 409, _conflicts),
@@ -318,10 +322,13 @@ async def _handle(_request: Request, e: Exception) -> Response:
     return answer(e)
 
 
+#: Exception handlers as Starlette takes them (``create_app(exception_handlers=...)``).
+Handlers = dict[int | type[Exception], Callable[[Request, Any], Any]]
+
 #: The app's exception handlers: every class of the table, and ``Exception`` (the 500),
 #: to one function that walks the table in its order (Starlette itself would pick the
 #: handler of the nearest class in the error's MRO, whatever the order).
-HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Any]] = {
+HANDLERS: Handlers = {
     **{row.error: _handle for row in TABLE},
     Exception: _handle,
 }
@@ -332,6 +339,7 @@ __all__ = [
     "TABLE",
     "BodyTooLarge",
     "Gone",
+    "Handlers",
     "Invalid",
     "NoCallHistory",
     "NoChangelog",

@@ -128,7 +128,7 @@ async def sandbox_exec(service: ServiceDep, workspace_id: WorkspaceId, body: Exe
             raise HarnessArgumentError("stdin: not valid base64") from None
     runner = service.runner
     async with runner.slot(), runner.lock(path):
-        out: ExecOutput = await service.registry.sandbox(path).exec(
+        out: ExecOutput = await service.local.sandbox(path).exec(
             body.cmd,
             input=stdin,
             cwd=body.cwd,
@@ -172,7 +172,7 @@ async def sandbox_read_file(
     ws = service.workspaces.path(workspace_id)
     runner = service.runner
     async with runner.slot():
-        data = await service.registry.sandbox(ws).read_file(path, max_bytes=max_bytes)
+        data = await service.local.sandbox(ws).read_file(path, max_bytes=max_bytes)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -192,7 +192,7 @@ async def sandbox_write_file(
     data = await request.body()  # bounded by FILE_BODY_LIMIT (see app.py)
     runner = service.runner
     async with runner.slot(), runner.lock(ws):
-        out = await service.registry.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
+        out = await service.local.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
     runner.opened.add(ws)
     return FileOut(path=out.path, size=out.size, created=out.created, recorded=out.recorded, call_id=out.call_id)
 

@@ -38,6 +38,7 @@ from sandbox.base import ImageInventory, PullWatcher
 from sandbox.errors import ImageNotFoundError, ImagePullError, SandboxUnavailableError
 from sandbox.pulls import PULL_SINK, PullEvent, check_reference
 
+from ..registry.contract import HasImages
 from ..result import json_line
 from .common import ERRORS
 from .errors import NoImagePulls
@@ -67,8 +68,9 @@ class PullRequest(BaseModel):
 
 
 def _backend(service: ServiceDep) -> Any:
-    """The backend, when it pulls images (the Docker backend); else None."""
-    backend = service.registry.backend
+    """The engine(s) pulling images (the Docker backend; a cluster's every node); else None."""
+    registry = service.registry
+    backend = registry.images if isinstance(registry, HasImages) else None
     return backend if isinstance(backend, ImageInventory) and isinstance(backend, PullWatcher) else None
 
 

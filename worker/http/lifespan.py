@@ -6,7 +6,7 @@ what it opened."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from sandbox.logs import get_logger
 
 from .. import default_registry
 from ..mcp_server import HttpMcp
+from ..registry.contract import ObservesEgress, ServiceRegistry
 from ..registry.core import ToolRegistry
 from ..registry.recovery import reconcile_interrupted
 from ..service import CallRunner
@@ -27,7 +28,7 @@ from .state import service_of
 log = get_logger("worker.http")
 
 #: Opens the service's registry for its life (``create_app(registry_factory=...)``).
-RegistryFactory = Callable[[Settings], AbstractAsyncContextManager[Any]]
+RegistryFactory = Callable[[Settings], AbstractAsyncContextManager[ServiceRegistry]]
 
 
 @asynccontextmanager
@@ -43,7 +44,7 @@ async def default_registry_cm(settings: Settings) -> AsyncIterator[Any]:
 
 
 def lifespan(
-    registry: Any | None, registry_factory: RegistryFactory | None
+    registry: ServiceRegistry | None, registry_factory: RegistryFactory | None
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The app's lifespan: ``registry`` when given (it stays the caller's to close), else
     the one ``registry_factory`` (default :func:`default_registry_cm`) opens."""
@@ -53,13 +54,13 @@ def lifespan(
         service = service_of(app)
         settings = service.settings
         async with AsyncExitStack() as stack:
-            reg: Any = registry
-            if reg is None:
+            if registry is not None:
+                reg: ServiceRegistry = registry
+            else:
                 reg = await stack.enter_async_context((registry_factory or default_registry_cm)(settings))
             service.workspaces.ensure_root()
-            observers = getattr(reg, "egress_observers", None)
-            if observers is not None:
-                observers.append(service.metrics.observe_egress)
+            if isinstance(reg, ObservesEgress):
+                reg.egress_observers.append(service.metrics.observe_egress)
             runner = CallRunner(reg, service.metrics, max_concurrent=settings.max_concurrent_calls)
             mcp = HttpMcp(
                 reg,
@@ -91,22 +92,17 @@ def lifespan(
     return run
 
 
-async def stop_sandbox(registry: Any, path: Path) -> bool:
+async def stop_sandbox(registry: ServiceRegistry, path: Path) -> bool:
     """Stop the sandbox of ``path``; whether one was running. Never raises: an
     infrastructure failure is logged (a delete must not turn into a 500)."""
-    stop: Callable[[Path], Awaitable[bool]] | None = getattr(registry, "stop", None)
-    if stop is None:
-        stop = getattr(getattr(registry, "backend", None), "stop", None)
-    if stop is None:
-        return False
     try:
-        return bool(await stop(path))
+        return bool(await registry.stop(path))
     except Exception as e:
         log.warning("sandbox.stop_failed", workspace=str(path), error=str(e)[:300])
         return False
 
 
-async def _stop_opened(registry: Any, runner: CallRunner) -> None:
+async def _stop_opened(registry: ServiceRegistry, runner: CallRunner) -> None:
     for path in sorted(runner.opened):
         await stop_sandbox(registry, path)
         runner.forget(path)

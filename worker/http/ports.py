@@ -49,9 +49,10 @@ from starlette.types import Message, Receive, Scope, Send
 from sandbox.errors import AgentError, SandboxError
 from sandbox.logs import get_logger
 
+from ..registry.contract import OpensTunnels, PortTunnel
 from ..service import InvalidWorkspaceId, WorkspaceNotFound
 from .errors import Invalid, PortUnreachable, Unforwardable, answer
-from .state import service_of
+from .state import NotHeldHere, service_of
 
 log = get_logger("worker.http.ports")
 
@@ -125,10 +126,12 @@ class PortProxy:
         if not 1 <= port <= 65535:
             return answer(Invalid(("path", "port"), f"port {port} is out of range (1-65535)"))
         try:
-            ws = await service.registry.workspace(path)
+            registry = service.registry
+            if not isinstance(registry, OpensTunnels):
+                return answer(NotHeldHere("this service does not reach its sandboxes' ports"))
             # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
             service.runner.opened.add(path)
-            tunnel = await ws.sandbox.open_tunnel(port)
+            tunnel = await registry.open_tunnel(path, port)
         except AgentError as e:
             if e.code == "connection_refused":
                 return answer(PortUnreachable(f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}"))
@@ -220,7 +223,7 @@ class _Exchange:
     """One request through one tunnel: the request out as it comes in, the answer back as
     it comes out."""
 
-    def __init__(self, tunnel: Any, scope: Scope, receive: Receive, send: Send, ws_id: str, port: int) -> None:
+    def __init__(self, tunnel: PortTunnel, scope: Scope, receive: Receive, send: Send, ws_id: str, port: int) -> None:
         self.tunnel = tunnel
         self.scope = scope
         self.receive = receive

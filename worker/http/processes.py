@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from sandbox.base import ProcessInfo, StatusReporter
+from sandbox.capabilities import background
 from sandbox.errors import AgentError, SandboxError
 
 from ..service import result_dict
@@ -79,7 +80,7 @@ async def running_sandbox(service: Service, workspace_id: str) -> Any:
     """The workspace's sandbox when its container runs (None: no processes then).
     Raises InvalidWorkspaceId, WorkspaceNotFound, SandboxError."""
     path = await service.workspaces.locate(workspace_id)
-    registry = service.registry
+    registry = service.local
     backend = registry.backend
     if isinstance(backend, StatusReporter):
         found = await backend.status(path)
@@ -94,7 +95,7 @@ async def processes(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str,
     time), oldest first. Never starts a sandbox."""
     box = await running_sandbox(service, workspace_id)
     try:
-        procs = [] if box is None else await box.processes()
+        procs = [] if box is None else await background(box).processes()
     except NotImplementedError:  # a backend without background processes: none
         procs = []
     return {"processes": [_info(p) for p in procs]}
@@ -120,7 +121,7 @@ async def output(
         raise Gone(f"No process {process_id}: the sandbox is not running")
     if follow:
         return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
-    out = await box.process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
+    out = await background(box).process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
     return {
         **_info(out.info),
         "stdout": out.stdout.decode("utf-8", "replace"),
@@ -162,7 +163,7 @@ async def kill(
 async def _follow(box: Any, process_id: str, cursor: tuple[int, int]) -> AsyncIterator[ServerSentEvent]:
     while True:
         try:
-            out = await box.process_output(process_id, since=cursor, wait=10.0)
+            out = await background(box).process_output(process_id, since=cursor, wait=10.0)
         except (AgentError, SandboxError) as e:
             yield ServerSentEvent(data=json.dumps({"detail": str(e)}), event="error")
             return

@@ -60,7 +60,7 @@ async def sandbox_status(service: ServiceDep, workspace_id: WorkspaceId) -> Sand
     """The workspace's sandbox now: running or not, image, runtime, limits, CPU and
     memory in use. Never starts it."""
     path = await service.workspaces.locate(workspace_id)
-    backend = service.registry.backend
+    backend = service.local.backend
     if not isinstance(backend, StatusReporter):
         return SandboxOut(id=workspace_id, backend=None, exists=False, running=False)
     found: dict[str, Any] | None = await backend.status(path)

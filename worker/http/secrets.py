@@ -54,7 +54,8 @@ _BODY = {"requestBody": {"required": True, "content": {"application/json": {"sch
 
 
 def _store(request: Request) -> Any:
-    secrets = getattr(service_of(request.app).registry.configs, "secrets", None)
+    configs = service_of(request.app).local.configs
+    secrets = None if configs is None else configs.secrets
     if secrets is None:
         raise SecretError("secrets", "this service keeps no secrets (no per-workspace settings)")
     return secrets.store
@@ -89,7 +90,7 @@ async def _put(request: Request, root: Path | None, name: str) -> dict[str, Any]
 
     try:
         existed, secret = await asyncio.to_thread(write)
-        configs = service_of(request.app).registry.configs
+        configs = service_of(request.app).local.configs
         policy = None if root is None or configs is None else configs.policy(root)
     except SecretError:
         raise

@@ -17,7 +17,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ..service import Workspaces
+from ..registry.contract import HoldsWorkspaces, LocalRegistry, ServiceRegistry
+from ..service import CreatesConfigured, WorkspaceInfo, Workspaces
 from ..workspace_settings import SettingsError, WorkspaceSettings
 from .common import WS_ERRORS, WorkspaceId
 from .state import ServiceDep
@@ -27,9 +28,9 @@ _RESPONSES = {**WS_ERRORS, 422: {"description": "A refused setting; detail[0].lo
 _WS_PATH = "/v1/workspaces/{workspace_id}"
 
 
-def _configurable(registry: Any) -> Any:
+def _configurable(registry: LocalRegistry) -> LocalRegistry:
     """``registry``, when it keeps per-workspace settings. Raises SettingsError otherwise."""
-    if getattr(registry, "configs", None) is None:
+    if registry.configs is None:
         raise SettingsError("settings", "this service has no per-workspace settings")
     return registry
 
@@ -38,7 +39,7 @@ def _configurable(registry: Any) -> Any:
 async def show(service: ServiceDep, workspace_id: WorkspaceId) -> dict[str, Any]:
     """The workspace: its path, its own settings and those its sandbox is made with."""
     path = await service.workspaces.locate(workspace_id)
-    own, eff = await _configurable(service.registry).workspace_settings(path)
+    own, eff = await _configurable(service.local).workspace_settings(path)
     return {"id": workspace_id, "path": str(path), "settings": own.set_fields(), "effective": eff}
 
 
@@ -49,25 +50,30 @@ async def change(service: ServiceDep, workspace_id: WorkspaceId, body: Workspace
     sandbox is recreated with them at the next call (files kept)."""
     path = await service.workspaces.locate(workspace_id)
     changes = {name: getattr(body, name) for name in body.model_fields_set}
-    done = await _configurable(service.registry).configure_workspace(path, changes)
+    done = await _configurable(service.local).configure_workspace(path, changes)
     return {"id": workspace_id, **done.as_dict()}
 
 
 async def create_with(
-    registry: Any, workspaces: Workspaces, name: str | None, settings: WorkspaceSettings | None
-) -> Any:
+    registry: ServiceRegistry, workspaces: Workspaces, name: str | None, settings: WorkspaceSettings | None
+) -> WorkspaceInfo:
     """``POST /v1/workspaces``: check the settings first (nothing is created when one is
-    refused), then make the directory and store them. Raises SettingsError,
-    InvalidWorkspaceId, WorkspaceExists."""
-    if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
-        await registry.check_settings(settings)
+    refused), then make the directory and store them (workspaces that keep their own
+    settings, a cluster's, are given them). Raises SettingsError, InvalidWorkspaceId,
+    WorkspaceExists."""
+    if settings is None or not settings.set_fields():
+        return await workspaces.create(name)
+    if isinstance(workspaces, CreatesConfigured):
+        return await workspaces.create_configured(name, settings)
+    if not isinstance(registry, HoldsWorkspaces) or registry.configs is None:
+        return await workspaces.create(name)  # (a service without per-workspace settings)
+    await registry.check_settings(settings)
     info = await workspaces.create(name)
-    if settings is not None and settings.set_fields() and getattr(registry, "configs", None) is not None:
-        try:
-            await registry.configure_workspace(info.path, settings.set_fields())
-        except BaseException:
-            # Refused by what only the new directory can tell (allow_root and its owner):
-            # the workspace was never handed out, so it goes with the refusal.
-            await workspaces.delete_files(info.id)
-            raise
+    try:
+        await registry.configure_workspace(info.path, settings.set_fields())
+    except BaseException:
+        # Refused by what only the new directory can tell (allow_root and its owner):
+        # the workspace was never handed out, so it goes with the refusal.
+        await workspaces.delete_files(info.id)
+        raise
     return info

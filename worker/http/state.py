@@ -18,17 +18,22 @@ from sandbox.base import RestartCounter
 
 from ..auth import Access
 from ..metrics import Metrics
+from ..registry.contract import HoldsWorkspaces, LocalRegistry, ServiceRegistry
 from ..service import CallRunner, Workspaces
 from ..settings import Settings
 
 if TYPE_CHECKING:
     from ..mcp_server import HttpMcp
-    from ..registry import ToolRegistry
     from ..snapshots import Snapshots
 
 
 class NotStartedError(RuntimeError):
     """A route ran before the app's startup (its lifespan) or after its shutdown."""
+
+
+class NotHeldHere(RuntimeError):
+    """A route needing a workspace's parts ran on a service whose registry does not hold
+    them (a cluster's front door carries those routes to the workspace's node): 501."""
 
 
 @dataclass(eq=False)
@@ -39,16 +44,19 @@ class Service:
     workspaces: Workspaces
     access: Access
     metrics: Metrics = field(init=False)  # its gauges read this object: made after it
-    _registry: ToolRegistry | None = None
+    _registry: ServiceRegistry | None = None
     _runner: CallRunner | None = None
     _mcp: HttpMcp | None = None
     _snapshots: Snapshots | None = None
+    _local: LocalRegistry | None = None
 
-    def start(self, registry: ToolRegistry, runner: CallRunner, mcp: HttpMcp) -> None:
+    def start(self, registry: ServiceRegistry, runner: CallRunner, mcp: HttpMcp) -> None:
         self._registry, self._runner, self._mcp = registry, runner, mcp
+        # (checked once: a Protocol's isinstance looks up each of its members)
+        self._local = registry if isinstance(registry, HoldsWorkspaces) else None
 
     def stop(self) -> None:
-        self._registry = self._runner = self._mcp = None
+        self._registry = self._runner = self._mcp = self._local = None
         self._snapshots = None
 
     @property
@@ -57,7 +65,7 @@ class Service:
         if self._snapshots is None:
             from ..snapshots import Snapshots
 
-            self._snapshots = Snapshots.from_settings(self.registry, self.settings)
+            self._snapshots = Snapshots.from_settings(self.local, self.settings)
         return self._snapshots
 
     @property
@@ -65,11 +73,21 @@ class Service:
         return self._runner is not None
 
     @property
-    def registry(self) -> ToolRegistry:
+    def registry(self) -> ServiceRegistry:
         """The registry calls run through. Raises NotStartedError."""
         if self._registry is None:
             raise NotStartedError("the service is not running (its lifespan has not started)")
         return self._registry
+
+    @property
+    def local(self) -> LocalRegistry:
+        """The registry, holding the workspaces' parts (what a route under a workspace
+        uses). Raises NotStartedError, NotHeldHere."""
+        if self._local is None:
+            if self._registry is None:
+                raise NotStartedError("the service is not running (its lifespan has not started)")
+            raise NotHeldHere("this service does not hold its workspaces' parts: their nodes answer this route")
+        return self._local
 
     @property
     def runner(self) -> CallRunner:
@@ -91,7 +109,8 @@ class Service:
 
     def sandbox_restarts(self) -> int:
         """Sandboxes the registry's backend restarted after losing them (0 before startup)."""
-        backend = None if self._registry is None else self._registry.backend
+        registry = self._registry
+        backend = registry.backend if isinstance(registry, HoldsWorkspaces) else None
         return backend.restarts if isinstance(backend, RestartCounter) else 0
 
     def reject(self, reason: str) -> None:

@@ -16,6 +16,7 @@ from sandbox.logs import get_logger
 
 from ..catalog.search import InvalidQueryError
 from ..catalog.tool_search import ToolSearchArgs
+from ..registry.contract import SearchesCatalog
 from .common import ERRORS, Problem, StrictModel
 from .errors import NoToolSearch, Unavailable
 from .state import ServiceDep
@@ -57,7 +58,7 @@ async def search_tools(
     """Search the tool catalog (``tool_search``'s output): only tools this service can
     run in a workspace are returned."""
     registry = service.registry
-    catalog_tools = getattr(registry, "catalog_tools", None)
+    catalog_tools = registry.catalog_tools if isinstance(registry, SearchesCatalog) else None
     if catalog_tools is None:
         raise NoToolSearch
     args = ToolSearchArgs(query=query, mode=mode, capabilities=capability or [], max_results=max_results)

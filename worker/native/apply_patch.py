@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox.base import ExecRequest
 from sandbox.errors import ConflictError, NotAFileError, PathNotFoundError
 
 from ..policy.paths import require_file_path
@@ -189,7 +190,7 @@ async def _commit(ws: Workspace, plan: _Plan, ctx: ToolContext) -> list[str]:
         ) from None
     changed = [rel for rel, _f in done]
     if removes:
-        res, files = await ws.run_shell("rm -f -- " + " ".join(quote(r) for r in removes), **record)  # type: ignore[arg-type]
+        res, files = await ws.run_shell(ExecRequest("rm -f -- " + " ".join(quote(r) for r in removes)), **record)  # type: ignore[arg-type]
         if res.exit_code != 0:
             await _put_back(ws, done, record)
             raise ToolError(f"Failed to delete files: {res.stderr.decode('utf-8', 'replace').strip()}")
@@ -203,7 +204,7 @@ async def _put_back(ws: Workspace, done: list[tuple[str, _File]], record: dict[s
         if f.existed and f.original is not None:
             await ws.write(rel, f.original.encode("utf-8"), **record)  # type: ignore[arg-type]
     if created:
-        await ws.run_shell("rm -f -- " + " ".join(quote(r) for r in created), **record)  # type: ignore[arg-type]
+        await ws.run_shell(ExecRequest("rm -f -- " + " ".join(quote(r) for r in created)), **record)  # type: ignore[arg-type]
 
 
 TOOL = Tool(

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from sandbox.base import ProcessInfo
+from sandbox.capabilities import background
 from sandbox.errors import AgentError
 
 from ..policy.shell import check_command
@@ -176,7 +177,7 @@ async def _find(ws: Workspace, session: str) -> tuple[_Known | None, ProcessInfo
     if known is not None:
         return known, None
     prefix = f"{PREFIX}{session}-"
-    mine = [p for p in await ws.sandbox.processes() if p.id.startswith(prefix)]
+    mine = [p for p in await background(ws.sandbox).processes() if p.id.startswith(prefix)]
     if not mine:
         return None, None
     newest = max(mine, key=lambda p: p.started)
@@ -186,9 +187,9 @@ async def _find(ws: Workspace, session: str) -> tuple[_Known | None, ProcessInfo
 async def _stop(ws: Workspace, process_id: str) -> None:
     """End the shell and everything it started, and let its supervisor go."""
     try:
-        await ws.sandbox.process_kill(process_id, signal=15, grace=0.5)
-        await ws.sandbox.process_release(process_id)  # type: ignore[attr-defined]
-    except (AgentError, AttributeError):
+        await background(ws.sandbox).process_kill(process_id, signal=15, grace=0.5)
+        await background(ws.sandbox).process_release(process_id)
+    except AgentError:
         pass  # already gone
     await ws.settle_background()
 
@@ -224,13 +225,13 @@ async def _run(ws: Workspace, known: _Known, command: str, timeout: float) -> tu
     ended instead, its final state; the reader's ``exit_code`` is None on a timeout."""
     marker = f"__LOOM_{secrets.token_hex(8)}__"
     reader = _Reader(marker.encode() + b":")
-    await ws.sandbox.process_input(known.process_id, script(command, marker))
+    await background(ws.sandbox).process_input(known.process_id, script(command, marker))
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return reader, None
-        out = await ws.sandbox.process_output(known.process_id, wait=min(left, 30.0), max_bytes=_READ)
+        out = await background(ws.sandbox).process_output(known.process_id, wait=min(left, 30.0), max_bytes=_READ)
         done = reader.add(out.stdout + out.stderr)
         if done:
             return reader, None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..result import ToolResult
 from ..tool import Tool
@@ -44,25 +44,30 @@ REFUSED_EXIT_CODE = 126
 Execute = Callable[..., Awaitable[ToolResult]]
 
 
+class ToolHolder(Protocol):
+    """What :func:`install` uses of a registry (a :class:`worker.registry.contract.
+    ServiceRegistry`, or a cluster's :class:`worker.integrations.ray.ClusterRegistry`)."""
+
+    def get(self, name: str) -> Tool | None: ...
+
+    def register(self, tool: Tool) -> None: ...
+
+
 def native_tools() -> list[Tool]:
     """The four tools, Anthropic's then OpenAI's."""
     return [bash.TOOL, editor.TOOL, shell.TOOL, apply_patch.TOOL]
 
 
-def install(registry: Any, names: tuple[str, ...] = ANTHROPIC_NAMES + OPENAI_NAMES) -> None:
+def install(registry: ToolHolder, names: tuple[str, ...] = ANTHROPIC_NAMES + OPENAI_NAMES) -> None:
     """Register the native tools named ``names`` in ``registry`` (those not there yet).
-    A stand-in registry without ``get``/``register`` is left alone. Raises ValueError when
-    another tool already has one of the names."""
-    get, register = getattr(registry, "get", None), getattr(registry, "register", None)
-    if get is None or register is None:
-        return
+    Raises ValueError when another tool already has one of the names."""
     for tool in native_tools():
         if tool.name not in names:
             continue
-        have = get(tool.name)
+        have = registry.get(tool.name)
         if have is None:
-            register(tool)
-        elif "native" not in getattr(have, "tags", ()):
+            registry.register(tool)
+        elif "native" not in have.tags:
             raise ValueError(f"the registry already has a tool named {tool.name!r} that is not the native one")
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.base import ExecRequest
+
 from ..policy.shell import check_command
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError
@@ -61,9 +63,7 @@ async def shell(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     changed: set[str] = set()
     for command in args.commands:
         res, files = await ws.run_shell(
-            command,
-            timeout=timeout,
-            max_output=max(limit, 1) * 4 + 1024,
+            ExecRequest(command, timeout=timeout, max_output=max(limit, 1) * 4 + 1024),
             tool=NAME,
             call_id=ctx.call_id,
             subtask_id=ctx.subtask_id,

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from sandbox.base import ExecControl, OutputCallback, SandboxBackend
+from sandbox.capabilities import tunnels
 
 from ..background import BackgroundLimits
 from ..result import ToolResult
@@ -28,11 +29,14 @@ from .pool import RecorderFactory, WorkspacePool
 from .table import ToolTable
 
 if TYPE_CHECKING:  # annotations only: each is imported by the code that makes it
+    from sandbox.tunnel import Tunnel
+
     from ..calls import CallJournal
     from ..egress.gateway import EgressGateway
     from ..egress.log import EgressRecord
     from ..harness import SandboxHandle
     from ..tools.catalog_tools import CatalogTools
+    from .contract import HasImages, LocalRegistry, ObservesEgress, OpensTunnels, SearchesCatalog
 
 
 class ToolRegistry:
@@ -86,6 +90,11 @@ class ToolRegistry:
 
     @property
     def backend(self) -> SandboxBackend | None:
+        return self.pool.backend
+
+    @property
+    def images(self) -> SandboxBackend | None:
+        """The engine the image routes pull to: the backend."""
         return self.pool.backend
 
     @property
@@ -208,6 +217,12 @@ class ToolRegistry:
 
         return SandboxHandle(self, path)
 
+    async def open_tunnel(self, path: Path | str, port: int) -> Tunnel:
+        """A connection to ``port`` on the loopback of workspace ``path``'s sandbox (the
+        port proxy's). Raises AgentError (``connection_refused``: nothing listens),
+        SandboxError, ToolError (no such directory)."""
+        return await tunnels((await self.workspace(path)).sandbox).open_tunnel(port)
+
     async def stop(self, path: Path | str) -> bool:
         """Forget the workspace and stop its sandbox. Returns False if none was running."""
         return await self.pool.stop(path)
@@ -287,3 +302,8 @@ class ToolRegistry:
             )
 
         return stream_call(run, max_buffered=max_buffered)
+
+
+def _contract(r: ToolRegistry) -> tuple[LocalRegistry, SearchesCatalog, HasImages, OpensTunnels, ObservesEgress]:
+    """(Never called: mypy checks the registry against the service's contract here.)"""
+    return r, r, r, r, r

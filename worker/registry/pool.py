@@ -12,7 +12,7 @@ import asyncio
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandbox.base import ConfigurableBackend, CpuInventory, ImageInventory, RuntimeInventory, SandboxBackend
 from sandbox.errors import ImageNotFoundError, SandboxUnavailableError
@@ -35,6 +35,14 @@ if TYPE_CHECKING:  # the gateway's imports are paid only when a workspace may re
 log = get_logger("worker.registry")
 
 RecorderFactory = Callable[[Path], ChangeRecorder]
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """A recorder to close when its workspace is forgotten (the changelog; closing is not
+    part of the recorder protocol: the null recorder holds nothing)."""
+
+    async def aclose(self) -> None: ...
 
 
 class WorkspacePool:
@@ -172,11 +180,10 @@ class WorkspacePool:
         self._egress_roots.discard(root)
         if self.egress is not None:
             await self.egress.release(root)
-        closer = getattr(ws.recorder, "aclose", None) if ws is not None and self._own_recorders else None
-        if closer is not None:
+        if ws is not None and self._own_recorders and isinstance(ws.recorder, Closes):
             # (a pool that makes a workspace per sample, as the inspect provider does,
             # must not keep every changelog it opened: its next call opens it again)
-            await closer()
+            await ws.recorder.aclose()
         return await self.backend.stop(root) if self.backend is not None else False
 
     async def aclose(self) -> None:
@@ -188,9 +195,8 @@ class WorkspacePool:
             await self.egress.aclose()
         for ws in workspaces:
             await ws.aclose()
-            closer = getattr(ws.recorder, "aclose", None)  # (not part of the recorder protocol)
-            if closer is not None and self._own_recorders:
-                await closer()
+            if self._own_recorders and isinstance(ws.recorder, Closes):
+                await ws.recorder.aclose()
         if self.backend is not None:
             await self.backend.aclose()
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandbox.base import Freezer
 
@@ -33,6 +33,9 @@ from ..changelog.restore import Plan, walk
 from . import scratch, strategy
 from .errors import SnapshotError, SnapshotInUseError, SnapshotLimitError, SnapshotNotFoundError
 from .index import Fork, Index, Snapshot
+
+if TYPE_CHECKING:
+    from ..registry.contract import LocalRegistry
 
 T = TypeVar("T")
 #: Forks one request may make.
@@ -70,7 +73,7 @@ class Snapshots:
     """The snapshot store under ``data_dir/snapshots`` for the workspaces of ``registry``."""
 
     def __init__(
-        self, registry: Any, data_dir: Path, limits: Limits | None = None, *, prefer: str | None = None
+        self, registry: LocalRegistry, data_dir: Path, limits: Limits | None = None, *, prefer: str | None = None
     ) -> None:
         self.registry = registry
         self.data_dir = Path(data_dir)
@@ -81,7 +84,7 @@ class Snapshots:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_settings(cls, registry: Any, settings: Any) -> Snapshots:
+    def from_settings(cls, registry: LocalRegistry, settings: Any) -> Snapshots:
         from sandbox.spec import parse_size
 
         limits = Limits(max_snapshots=settings.max_snapshots, max_bytes=parse_size(settings.max_snapshot_bytes))
@@ -270,10 +273,8 @@ class Snapshots:
 
     async def _forget(self, dest: Path) -> None:
         """Undo :meth:`_adopt` and remove the fork's tree (a failed fork request)."""
-        stop = getattr(self.registry, "stop", None)
-        if stop is not None:
-            with contextlib.suppress(Exception):
-                await stop(dest)
+        with contextlib.suppress(Exception):
+            await self.registry.stop(dest)
         await asyncio.to_thread(strategy.remove, dest)
         await self._db(self.index.drop_fork, str(dest))
         from ..changelog.recorder import workspace_dir

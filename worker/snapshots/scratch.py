@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecRequest, Sandbox
+from sandbox.capabilities import background
 from sandbox.errors import ConflictError
 from sandbox.spec import HOME_DIR
 
@@ -39,10 +40,12 @@ async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
     # What is *in* them, not the two directories (their owner and mode are the container's).
     skip = " ".join(f"! -path '{p}'" for p in _PRIVATE)
     result = await sandbox.exec(
-        f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
-        timeout=timeout,
-        max_output=64 << 10,
-        output_limit=MAX_BYTES,
+        ExecRequest(
+            f"cd / && find ./tmp .{HOME_DIR} -mindepth 1 -maxdepth 1 {skip} -print0 | tar --null -T - -cf -",
+            timeout=timeout,
+            max_output=64 << 10,
+            output_limit=MAX_BYTES,
+        ),
         on_output=take,
     )
     # GNU tar exits 1 when a file changed while it was read (a program still writing).
@@ -56,18 +59,19 @@ async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> No
     """Unpack ``archive`` (from :func:`capture`) over the sandbox's ``/tmp`` and ``$HOME``.
     Raises SnapshotError when ``tar`` fails, sandbox errors."""
     pid = "proc-scratch-" + secrets.token_hex(4)
-    await sandbox.start_process(pid, "tar -C / --no-overwrite-dir -xf -", timeout=timeout)
+    procs = background(sandbox)
+    await procs.start_process(pid, "tar -C / --no-overwrite-dir -xf -", timeout=timeout)
     try:
         for i in range(0, len(archive), _CHUNK):
-            await sandbox.process_input(pid, archive[i : i + _CHUNK])
-        await sandbox.process_input(pid, b"", eof=True)
+            await procs.process_input(pid, archive[i : i + _CHUNK])
+        await procs.process_input(pid, b"", eof=True)
     except ConflictError:
         pass  # tar stops reading at the archive's end marker (or on an error: its exit says)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     err = b""
     while True:
-        out = await sandbox.process_output(pid, wait=1.0)
+        out = await procs.process_output(pid, wait=1.0)
         err += out.stderr
         if not out.info.running:
             break

@@ -54,13 +54,13 @@ from ..catalog.search import Catalog, InvalidQueryError
 from ..catalog.tool_search import DESCRIPTION as SEARCH_DESCRIPTION
 from ..catalog.tool_search import NAME as SEARCH_NAME
 from ..catalog.tool_search import ToolSearchArgs, tool_search
+from ..changelog.intents import release
 from ..result import ToolResult
 from ..tool import Tool, ToolContext, ToolError, non_finite_message
 
 if TYPE_CHECKING:
-    from ..changelog.intents import release
     from ..settings import Settings
-from ..workspace import Workspace
+from ..workspace import ScanToken, Workspace
 
 log = get_logger("worker.catalog")
 
@@ -161,7 +161,7 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
         except (SandboxError, asyncio.CancelledError):
             # No sandbox to look at: the intent is left to the next use of the changelog,
             # which records what changed as this call's.
-            release(getattr(token, "intent", None))
+            release(token.intent if isinstance(token, ScanToken) else None)
             raise
         except Exception:
             with contextlib.suppress(Exception):  # record what a failed call changed anyway

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, WithJsonSchema, field_validator
 
 from sandbox.base import ProcessInfo, ProcessOutput
+from sandbox.capabilities import background
 from sandbox.errors import AgentError
 
 from ..result import ToolResult
@@ -154,7 +155,7 @@ async def _settle(ctx: ToolContext, info: ProcessInfo) -> list[str]:
 async def process_output(args: OutputArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     try:
-        out = await ws.sandbox.process_output(
+        out = await background(ws.sandbox).process_output(
             args.process_id, since=parse_cursor(args.since), wait=args.wait_ms / 1000.0, max_bytes=MAX_READ
         )
     except AgentError as e:
@@ -177,7 +178,7 @@ async def process_input(args: InputArgs, ctx: ToolContext) -> ToolResult:
     if len(data) > MAX_INPUT:
         raise ToolError(f"'text': {len(data)} bytes is more than the {MAX_INPUT} bytes one process_input writes")
     try:
-        written = await ws.sandbox.process_input(args.process_id, data, eof=args.eof)
+        written = await background(ws.sandbox).process_input(args.process_id, data, eof=args.eof)
     except AgentError as e:
         if e.code == "conflict":
             raise ToolError(
@@ -193,7 +194,7 @@ async def process_input(args: InputArgs, ctx: ToolContext) -> ToolResult:
 async def process_kill(args: KillArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     try:
-        info = await ws.sandbox.process_kill(args.process_id, signal=SIGNALS[args.signal])
+        info = await background(ws.sandbox).process_kill(args.process_id, signal=SIGNALS[args.signal])
     except AgentError as e:
         raise _agent(e) from None
     changed = await _settle(ctx, info)
@@ -206,7 +207,7 @@ async def process_kill(args: KillArgs, ctx: ToolContext) -> ToolResult:
 async def process_list(args: ListArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     try:
-        procs = await ws.sandbox.processes()
+        procs = await background(ws.sandbox).processes()
     except AgentError as e:
         raise _agent(e) from None
     rows = [

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from sandbox import protocol
-from sandbox.base import ProcessOutput
+from sandbox.base import ExecRequest, ProcessOutput
+from sandbox.capabilities import background
 from sandbox.errors import AgentError, SandboxLostError
 
 from ..background import BackgroundLimits
@@ -134,25 +135,22 @@ async def shell_execute(args: ShellArgs, ctx: ToolContext) -> ToolResult:
     if args.background or args.yield_ms is not None:
         return await run_background(args, ctx, cwd)
     timeout = args.timeout or DEFAULT_TIMEOUT
-    options: dict[str, Any] = {}
-    if args.env:
-        options["env"] = args.env
+    stdin: bytes | None = None
     if args.stdin is not None:
         from .files import content_bytes
 
-        options["stdin"] = content_bytes(args.stdin, args.stdin_encoding, "stdin")
-        if len(options["stdin"]) > MAX_STDIN:
+        stdin = content_bytes(args.stdin, args.stdin_encoding, "stdin")
+        if len(stdin) > MAX_STDIN:
             raise ToolError(f"'stdin': more than {MAX_STDIN} bytes; write it to a file and redirect it")
+    request = ExecRequest(
+        command, cwd=cwd, timeout=timeout, max_output=args.max_output, env=args.env or None, stdin=stdin
+    )
     res, changed = await ws.run_shell(
-        command,
-        cwd=cwd,
-        timeout=timeout,
-        max_output=args.max_output,
+        request,
         call_id=ctx.call_id,
         subtask_id=ctx.subtask_id,
         on_output=ctx.on_output,
         control=ctx.control,
-        options=options,
     )
     stdout = res.stdout.decode("utf-8", "replace")
     stderr = res.stderr.decode("utf-8", "replace")
@@ -214,10 +212,12 @@ async def run_background(args: ShellArgs, ctx: ToolContext, cwd: str) -> ToolRes
         raise ToolError("This sandbox cannot run background processes") from None
     wait = FIRST_OUTPUT_WAIT if args.background else (args.yield_ms or 0) / 1000.0
     deadline = time.monotonic() + wait
-    out = await ws.sandbox.process_output(info.id, wait=wait if args.background else 0.0, max_bytes=MAX_STREAM_BYTES)
+    out = await background(ws.sandbox).process_output(
+        info.id, wait=wait if args.background else 0.0, max_bytes=MAX_STREAM_BYTES
+    )
     parts = [out]
     while not args.background and not out.done and (left := deadline - time.monotonic()) > 0:
-        out = await ws.sandbox.process_output(info.id, wait=left, max_bytes=MAX_STREAM_BYTES)
+        out = await background(ws.sandbox).process_output(info.id, wait=left, max_bytes=MAX_STREAM_BYTES)
         parts.append(out)
     merged = _merge(parts)
     changed = await ws.settle_background() if not merged.info.running else []

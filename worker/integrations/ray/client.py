@@ -52,7 +52,7 @@ __all__ = ["ClusterRegistry", "ClusterWorkspace", "RemoteTunnel", "infrastructur
 def infrastructure_result(err: ClusterError) -> ToolResult:
     """A lost node (or a call cut from it) as a call's result (the registry's
     infrastructure channel)."""
-    node = getattr(err, "node", None)
+    node = err.node if isinstance(err, (NodeLostError, CallInterruptedError)) else None
     if isinstance(err, NodeLostError):
         return ToolResult.fail(
             "Node lost (infrastructure failure, not a problem with the tool call; the workspace's node must be "
@@ -296,12 +296,13 @@ class RemoteTunnel:
     def __init__(self, cluster: ClusterRegistry, ws_id: str, loc: _Loc, tid: int) -> None:
         self._cluster, self._ws, self._loc, self._tid = cluster, ws_id, loc, tid
         self.error: str | None = None
+        self.closed = False  # (the Tunnel protocol's: set once closed from here or broken)
 
     async def _do(self, op: str, *args: Any) -> Any:
         try:
             return await self._cluster._invoke(self._ws, self._loc, op, self._tid, *args)
         except (NodeLostError, CallInterruptedError) as e:
-            self.error = str(e)
+            self.error, self.closed = str(e), True
             from sandbox.errors import TunnelClosedError
 
             raise TunnelClosedError(str(e)) from None
@@ -319,6 +320,7 @@ class RemoteTunnel:
         await self._do("tunnel_write_eof")
 
     async def close(self) -> None:
+        self.closed = True
         try:
             await self._do("tunnel_close")
         except Exception:  # the node may be gone: nothing left to close there

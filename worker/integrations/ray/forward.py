@@ -1,23 +1,21 @@
-"""How a front door carries each route of the service (``worker.http.app.ROUTERS``) for a
-workspace on another node, in tables a test walks: every route of the app is in one of
-them.
+"""How a front door carries each request: one rule, not a table of routes.
 
-- :data:`FORWARDED`: the request is handed, whole, to the workspace's node, whose own
-  service app answers it (:mod:`.nodeapp`): the call history and its live stream, the
-  workspace's secrets (set, list, delete: values never in an answer, as on one machine),
-  its snapshots and restore, its processes and sandbox (the harness API's exec and files too, bytes as they are), the
-  vendors' native tools. The
-  answer streams back as the node's app sends it (a stream ends when the client leaves:
-  the node's call is cancelled).
+- Every request under a workspace (``/v1/workspaces/{id}`` and below) is handed, whole,
+  to the workspace's node, whose own service app answers it (:mod:`.nodeapp`): the same
+  route, the same code, the same answer as on one machine. A route added to the service
+  works on a cluster without a line of cluster code.
+- Three kinds of request under a workspace span nodes and stay at the front door
+  (:data:`FRONT_UNDER_WORKSPACE`): deleting it (its slot is Ray's), forking it (the
+  forks are placed), and its port stream (bodies stream both ways through a tunnel).
+- Outside any workspace the front door serves what spans the nodes (creating and listing
+  workspaces, tool listings and search, images) and its own concerns (health, metrics,
+  the dashboard's files, the OpenAPI documents): :data:`FRONT`.
 - :data:`REFUSED`: answered ``501`` with the reason (:func:`refusal`): what a cluster has
   no single place for.
-- Everything else is served by the front door's own app over the cluster's objects
-  (:mod:`.frontdoor`: workspaces, calls, streams, the changelog, settings, egress, the port
-  proxy, MCP, tools, images) or by the front door itself (health, metrics, documentation,
-  the dashboard); ``POST .../fork`` by :func:`fork_route`.
 
-:class:`Forwarder` is the app's innermost middleware: after the token and body-limit
-checks, before the routes.
+:func:`carried` decides (a test walks every route of the app through it: each is
+forwarded, at the front by name, or refused with its reason). :class:`Forwarder` is the
+app's innermost middleware: after the token and body-limit checks, before the routes.
 """
 
 from __future__ import annotations
@@ -26,46 +24,48 @@ import asyncio
 import contextlib
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from ray.exceptions import RayActorError, RayTaskError
-from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...service import InvalidWorkspaceId, WorkspaceNotFound, check_workspace_id, result_dict
 from .client import ClusterRegistry, infrastructure_result
-from .errors import ClusterError, NodeLostError
+from .errors import CallInterruptedError, ClusterError, NodeLostError
+from .workspaces import _Loc
 
 _WS = "/v1/workspaces/{workspace_id}"
+_WORKSPACES = ("v1", "workspaces")
 
-#: Routes answered by the workspace's node's own app, as (method, path).
-FORWARDED: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("GET", f"{_WS}/calls"),
-        ("GET", f"{_WS}/calls/stream"),
-        ("GET", f"{_WS}/secrets"),
-        ("PUT", f"{_WS}/secrets/{{name}}"),
-        ("DELETE", f"{_WS}/secrets/{{name}}"),
-        ("GET", f"{_WS}/snapshots"),
-        ("POST", f"{_WS}/snapshots"),
-        ("GET", f"{_WS}/snapshots/{{ref}}"),
-        ("DELETE", f"{_WS}/snapshots/{{ref}}"),
-        ("POST", f"{_WS}/restore"),
-        ("GET", f"{_WS}/processes"),
-        ("GET", f"{_WS}/processes/{{process_id}}/output"),
-        ("POST", f"{_WS}/processes/{{process_id}}/input"),
-        ("POST", f"{_WS}/processes/{{process_id}}/kill"),
-        ("GET", f"{_WS}/sandbox"),
-        ("POST", f"{_WS}/sandbox/exec"),
-        ("GET", f"{_WS}/sandbox/files"),
-        ("PUT", f"{_WS}/sandbox/files"),
-        ("POST", f"{_WS}/native/anthropic"),
-        ("POST", f"{_WS}/native/openai"),
-    }
-)
+#: The requests under a workspace the front door answers itself, by (method or ``*``,
+#: the path after the workspace's: exact, or ending ``/*`` for everything under it), with why.
+FRONT_UNDER_WORKSPACE: dict[tuple[str, str], str] = {
+    ("DELETE", ""): "deleting a workspace frees its slot, which is Ray's (the placement spans the nodes)",
+    ("POST", "fork"): "the forks are new workspaces, placed on nodes with free slots",
+    ("*", "ports/*"): "the port stream: request and answer bodies stream both ways through a tunnel to the sandbox",
+}
+
+_SPANS = "spans the nodes"
+_OWN = "the front door's own"
+#: The paths outside any workspace the front door serves (every method), with why.
+FRONT: dict[str, str] = {
+    "/healthz": _OWN,
+    "/metrics": _OWN,
+    "/openapi.json": _OWN + " (the OpenAPI document)",
+    "/docs": _OWN + " (the OpenAPI pages)",
+    "/docs/oauth2-redirect": _OWN + " (the OpenAPI pages)",
+    "/redoc": _OWN + " (the OpenAPI pages)",
+    "/": _OWN + " (the dashboard's page)",
+    "/ui": _OWN + " (the dashboard's files)",
+    "/v1/workspaces": _SPANS + ": a workspace is placed on a node with a free slot; the list is every node's",
+    "/v1/tools": _SPANS + ": the tools every live node runs",
+    "/v1/tools/search": _SPANS + ": a live node's catalog",
+    "/v1/native/tools": _SPANS + ": the vendors' native tools, registered here and with each node",
+    "/v1/images/pull": _SPANS + ": pulled on every live node",
+    "/v1/images/pulls": _SPANS + ": every node's pulls",
+}
 
 _SECRETS_WHY = (
     "the process-wide default secrets are each node's own (under its LOOM_DATA_DIR): a cluster has no place "
@@ -82,10 +82,48 @@ REFUSED: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/secrets/{name}"): _SECRETS_WHY,
 }
 
+Decision = Literal["forward", "front", "refuse", "unlisted"]
 
-def refusal(method: str, path: str) -> JSONResponse:
+
+def _refused(method: str, parts: list[str]) -> str | None:
+    # A refused route's path, matched part by part ("{...}" any one part).
+    for (m, template), why in REFUSED.items():
+        t = template.strip("/").split("/")
+        if (
+            m == method
+            and len(t) == len(parts)
+            and all(a == b or a.startswith("{") for a, b in zip(t, parts, strict=True))
+        ):
+            return why
+    return None
+
+
+def carried(method: str, path: str) -> tuple[Decision, str]:
+    """How the front door carries ``method path`` (a request's path, or a route's
+    template): forwarded to the workspace's node, served at the front (with why), refused
+    (with why), or ``unlisted`` (outside any workspace and in no table: the front door's
+    app answers it, a 404 for a path it does not have)."""
+    parts = path.strip("/").split("/")
+    if tuple(parts[:2]) == _WORKSPACES and len(parts) > 2:
+        tail = "/".join(parts[3:])
+        for (m, pattern), reason in FRONT_UNDER_WORKSPACE.items():
+            under = pattern.endswith("/*") and (tail + "/").startswith(pattern[:-1])
+            if m in ("*", method) and (tail == pattern or under):
+                return "front", reason
+        return "forward", "under a workspace: its node answers"
+    why = _refused(method, parts)
+    if why is not None:
+        return "refuse", why
+    top = "/" + "/".join(parts)
+    if top in FRONT:
+        return "front", FRONT[top]
+    if parts[0] == "ui":
+        return "front", FRONT["/ui"]
+    return "unlisted", ""
+
+
+def refusal(why: str) -> JSONResponse:
     """The answer to a refused route: 501, naming why."""
-    why = REFUSED[(method, path)]
     return JSONResponse({"detail": f"Not served by a cluster's front door: {why}"}, status_code=501)
 
 
@@ -96,32 +134,26 @@ def lost_response(e: ClusterError) -> JSONResponse:
 
 
 class Forwarder:
-    """The front door's innermost middleware: hands the :data:`FORWARDED` routes of a
-    workspace to its node and answers the :data:`REFUSED` ones; passes the rest on."""
+    """The front door's innermost middleware: hands every request :func:`carried`
+    forwards to its workspace's node and answers the refused ones; passes the rest on."""
 
-    def __init__(self, app: ASGIApp, *, cluster: ClusterRegistry, routes: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, *, cluster: ClusterRegistry) -> None:
         self.app = app
         self.cluster = cluster
-        self.routes = routes
-
-    def _match(self, scope: Scope) -> tuple[str, str, dict[str, Any]] | None:
-        for route in self.routes:
-            match, child = route.matches(scope)
-            if match == Match.FULL:
-                return scope["method"], str(getattr(route, "path", "")), child.get("path_params", {})
-        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = self._match(scope) if scope["type"] == "http" else None
-        if found is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        method, path, params = found
-        if (method, path) in REFUSED:
-            await refusal(method, path)(scope, receive, send)
+        decision, why = carried(scope["method"], scope["path"])
+        if decision == "refuse":
+            await refusal(why)(scope, receive, send)
+            return
+        if decision != "forward":
+            await self.app(scope, receive, send)
             return
         try:
-            ws_id = check_workspace_id(str(params.get("workspace_id", "")))
+            ws_id = check_workspace_id(scope["path"].strip("/").split("/")[2])
         except InvalidWorkspaceId:
             await self.app(scope, receive, send)  # the route's own validation answers 422
             return
@@ -136,12 +168,18 @@ class Forwarder:
         await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
 
 
-class _Relay:
-    """One forwarded request: its body to the node, the node's answer back as it comes."""
+def _last(message: dict[str, Any]) -> bool:
+    return message["type"] == "http.response.body" and not message.get("more_body", False)
 
-    def __init__(self, cluster: ClusterRegistry, ws_id: str, loc: Any, scope: Scope, receive: Receive, send: Send):
+
+class _Relay:
+    """One forwarded request: its body to the node, the node's answer back as it comes
+    (:meth:`.nodeapp.NodeApp.http_begin`, then ``http_next`` while it streams)."""
+
+    def __init__(self, cluster: ClusterRegistry, ws_id: str, loc: _Loc, scope: Scope, receive: Receive, send: Send):
         self.cluster, self.ws_id, self.loc = cluster, ws_id, loc
         self.scope, self.receive, self.send = scope, receive, send
+        self.gone = asyncio.Event()
 
     async def _body(self) -> bytes:
         chunks = []
@@ -153,71 +191,57 @@ class _Relay:
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
+    async def _watch(self) -> None:
+        # A server says "disconnect" when the client left (and once the answer is
+        # complete: by then nothing waits on it).
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+
+    async def _invoke(self, op: str, *args: Any) -> Any:
+        return await self.cluster._invoke(self.ws_id, self.loc, op, *args)
+
     async def run(self) -> None:
         s = self.scope
         try:
             body = await self._body()
         except ConnectionResetError:
             return
-        gen = self.loc.service.http.remote(
-            self.ws_id,
-            s["method"],
-            s["path"],
-            s.get("raw_path") or s["path"].encode(),
-            s.get("query_string", b""),
-            list(s.get("headers", [])),
-            body,
-        )
-        self.gone = self.complete = False
-        watcher = asyncio.create_task(self._until_gone(gen))
-        started = False
+        request = (s["method"], s["path"], s.get("raw_path") or s["path"].encode(), s.get("query_string", b""))
         try:
-            async for ref in gen:
-                message = await ref
-                started = started or message["type"] == "http.response.start"
-                last = message["type"] == "http.response.body" and not message.get("more_body", False)
-                self.complete = last
-                await self.send(message)
-                if last:
-                    return  # (the node's side ends by itself)
-        except RayActorError as e:
-            self.cluster._locs.pop(self.ws_id, None)
-            if started:
-                raise  # the answer has begun: it can only be cut short
-            await lost_response(NodeLostError(self.ws_id, self.loc.node, " ".join(str(e).split())[:300]))(
-                s, self.receive, self.send
-            )
-        except RayTaskError as e:
-            if self.gone:
-                return  # the client left, and the node's side was cancelled for it
-            cause = getattr(e, "cause", None)
-            if started or not isinstance(cause, WorkspaceNotFound):
-                raise
-            await JSONResponse({"detail": str(cause)}, status_code=404)(s, self.receive, self.send)
+            messages, token = await self._invoke("http_begin", self.ws_id, *request, list(s.get("headers", [])), body)
+        except (NodeLostError, CallInterruptedError) as e:
+            await lost_response(e)(s, self.receive, self.send)
+            return
+        except WorkspaceNotFound as e:
+            await JSONResponse({"detail": str(e)}, status_code=404)(s, self.receive, self.send)
+            return
+        watcher = asyncio.create_task(self._watch()) if token is not None else None
+        try:
+            while True:
+                for message in messages:
+                    await self.send(message)
+                if token is None or _last(messages[-1]):
+                    token = None
+                    return
+                ask = asyncio.ensure_future(self._invoke("http_next", token))
+                left = asyncio.ensure_future(self.gone.wait())
+                await asyncio.wait({ask, left}, return_when=asyncio.FIRST_COMPLETED)
+                left.cancel()
+                if not ask.done():
+                    ask.cancel()
+                    return  # the client left: so does the node's side (below)
+                messages = ask.result()  # (a node lost now cuts the answer short)
         except OSError:
-            self.gone = True  # (a send to a client that left)
+            return  # (a send to a client that left)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            if self.gone:
-                import ray
-
-                ray.cancel(gen)  # the client is gone: so is the node's side
-
-    async def _until_gone(self, gen: Any) -> None:
-        # A server says "disconnect" when the client left, and also once the answer is
-        # complete: only the first ends the node's call.
-        while (await self.receive())["type"] != "http.disconnect":
-            pass
-        if not self.complete:
-            import ray
-
-            self.gone = True
-            ray.cancel(gen)
-        import ray
-
-        ray.cancel(gen)
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            if token is not None:
+                with contextlib.suppress(Exception):
+                    await self._invoke("http_cancel", token)
 
 
 def fork_route(cluster: ClusterRegistry) -> APIRoute:

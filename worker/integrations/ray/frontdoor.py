@@ -1,47 +1,56 @@
 """The service's front door on a cluster (``loom-worker serve --ray ADDRESS``): the same app
-(:func:`worker.http.create_app`: HTTP, MCP, dashboard, the same token and settings), with
-the registry and the workspaces replaced by cluster-backed objects implementing what the
-routes use. How each route is carried: :mod:`.forward`'s tables.
+(:func:`worker.http.create_app`: HTTP, MCP, dashboard, the same token and settings) that
+routes, rather than serving workspaces itself.
 
-- :class:`ClusterWorkspaces`: ``POST /v1/workspaces`` places the workspace on a node
-  (its ``path`` is under that node's ``LOOM_WORKSPACE_ROOT``); the workspace JSON carries
-  its ``node`` and ``state``; a route's workspace is looked up through Ray (``locate``);
-  ``DELETE`` frees the slot.
-- :class:`FrontRegistry`: each call, stream, settings or changelog request goes to the
-  workspace's node (:class:`.client.ClusterRegistry`). The routes that take the
-  workspace's sandbox or changelog get stand-ins (:class:`RemotePart`) whose methods run
-  on the node, and a tunnel of the port proxy is a :class:`.client.RemoteTunnel`. Its
-  tools are the nodes' (:class:`.listing.NodeTools`), its catalog a node's, its image
-  backend every node's (:mod:`.listing`).
-- :class:`.forward.Forwarder` hands the routes only a node can answer to that node's own
-  app, and :func:`.forward.fork_route` places forks.
+- Every request under a workspace goes whole to the workspace's node, whose own app
+  answers it (:class:`.forward.Forwarder`, given to ``create_app`` as its innermost
+  middleware; the rule and its few exceptions: :func:`.forward.carried`).
+- What spans the nodes is served here: :class:`ClusterWorkspaces` places a workspace on a
+  node (``POST /v1/workspaces``; its ``path`` is under that node's
+  ``LOOM_WORKSPACE_ROOT``, its JSON carries its ``node`` and ``state``), lists them all and
+  deletes one (freeing its slot); :class:`FrontRegistry` lists the tools every node runs
+  and searches a node's catalog (:mod:`.listing`), pulls images on every node, opens the
+  port proxy's tunnels to a node's sandbox; :func:`.forward.fork_route` places forks.
+
+:class:`FrontRegistry` is a :class:`worker.registry.contract.ServiceRegistry` with the
+capabilities it has (:class:`~worker.registry.contract.SearchesCatalog`,
+:class:`~worker.registry.contract.HasImages`, :class:`~worker.registry.contract.OpensTunnels`)
+and not :class:`~worker.registry.contract.HoldsWorkspaces`: no route needing a workspace's
+parts runs here.
 
 A lost node: :class:`.errors.NodeLostError`, answered 503 with the infrastructure result
-(``data.error_kind: "infrastructure"``) by :func:`install`'s handler. Several front doors
-may serve one cluster: none holds state of its own beyond caches of what Ray says (calls
-to one workspace are ordered per front door, as each service orders its own).
+(``data.error_kind: "infrastructure"``). Several front doors may serve one cluster: none
+holds state of its own beyond caches of what Ray says.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 
+from sandbox.base import ExecControl, OutputCallback
+
+from ...http.errors import Handlers
 from ...registry.table import ToolTable
 from ...result import ToolResult
 from ...service import WorkspaceInfo, WorkspaceNotFound, Workspaces
 from ...settings import Settings
-from .client import ClusterRegistry, workspace_id
+from ...tool import Tool
+from ...workspace_settings import WorkspaceSettings
+from .client import ClusterRegistry, RemoteTunnel
 from .errors import CallInterruptedError, ClusterError, NodeLostError
-from .forward import FORWARDED, REFUSED, Forwarder, fork_route, lost_response
+from .forward import Forwarder, fork_route, lost_response
 from .listing import ClusterImages, NodeCatalog, NodeTools
-from .node import SANDBOX
+
+if TYPE_CHECKING:
+    from ...registry.contract import HasImages, OpensTunnels, SearchesCatalog, ServiceRegistry
+    from ...registry.execution import Arguments
 
 
 class ClusterWorkspaces(Workspaces):
@@ -66,6 +75,12 @@ class ClusterWorkspaces(Workspaces):
         ws = await self.cluster.create_workspace(ws_id)
         return WorkspaceInfo(ws.id, ws.path or "", ws.node, ws.state)
 
+    async def create_configured(self, ws_id: str | None, settings: WorkspaceSettings) -> WorkspaceInfo:
+        """Place a workspace with its own settings, checked on its node before it is
+        handed out. Raises SettingsError, WorkspaceExists, ClusterFullError."""
+        ws = await self.cluster.create_workspace(ws_id, settings=settings.set_fields())
+        return WorkspaceInfo(ws.id, ws.path or "", ws.node, ws.state)
+
     async def list(self) -> list[WorkspaceInfo]:
         return [WorkspaceInfo(w.id, w.path or "", w.node, w.state) for w in await self.cluster.list_workspaces()]
 
@@ -79,62 +94,16 @@ class ClusterWorkspaces(Workspaces):
             pass  # delete_files freed it already
 
 
-class RemotePart:
-    """A workspace's sandbox or changelog on its node: each method called on it runs
-    there (``workspace_call``); another stand-in's sandbox among the arguments stands
-    for the node's own."""
-
-    def __init__(self, cluster: ClusterRegistry, ws_id: str, part: str) -> None:
-        self._cluster, self._ws, self._part = cluster, ws_id, part
-        #: Read by :func:`worker.http.changelog.is_changelog`.
-        self.remote_changelog = part == "recorder"
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        if self._part == "sandbox" and method == "open_tunnel":
-            return lambda port: self._cluster.open_tunnel(self._ws, port)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            args = tuple(SANDBOX if isinstance(a, RemotePart) and a._part == "sandbox" else a for a in args)
-            return await self._cluster.workspace_call(self._ws, self._part, method, *args, **kwargs)
-
-        return call
-
-
-class RemoteWorkspace:
-    """What ``registry.workspace(path)`` gives the routes: the stand-ins of its parts."""
-
-    def __init__(self, cluster: ClusterRegistry, path: PurePath) -> None:
-        ws_id = workspace_id(path)
-        self.root = Path(path)
-        self.sandbox = RemotePart(cluster, ws_id, "sandbox")
-        self.recorder = RemotePart(cluster, ws_id, "recorder")
-
-
-class LostCall(NodeLostError):
-    """A call whose node was lost, with its infrastructure result (answered 503)."""
-
-    def __init__(self, result: ToolResult, workspace: str, node: str | None) -> None:
-        super().__init__(workspace, node)
-        self.result = result
-
-
 class FrontRegistry:
-    """The registry the routes, the call runner and the MCP server use, on a cluster."""
-
-    #: Per-workspace settings are kept by each node's registry (the routes check this).
-    configs = "each node's"
-    journal = None
+    """The registry of a cluster's front door (see the module docstring)."""
 
     def __init__(self, cluster: ClusterRegistry, tools: NodeTools) -> None:
         self.cluster = cluster
         self.node_tools = tools
-        #: The vendors' native tools registered with the front door (its MCP's).
+        #: The vendors' native tools registered with the front door (its ``/v1/native/tools``).
         self._native = ToolTable()
-        self.egress_observers: list[Callable[..., None]] = []
-        #: The image routes' backend: every live node's engine.
-        self.backend = ClusterImages(cluster.namespace)
+        #: The image routes' engines: every live node's.
+        self.images = ClusterImages(cluster.namespace)
         self._catalog = NodeCatalog(cluster.namespace)
 
     @property
@@ -152,10 +121,10 @@ class FrontRegistry:
     def names(self) -> list[str]:
         return self.node_tools.names() + self._native.names()
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str) -> Tool | None:
         return self._native.get(name)
 
-    def register(self, tool: Any) -> None:
+    def register(self, tool: Tool) -> None:
         """Register a vendor's native tool (``worker.native.install``); its calls have the
         node register it too. Raises ValueError for another tool."""
         self.cluster.register(tool)
@@ -176,74 +145,57 @@ class FrontRegistry:
 
         return unsubscribe
 
-    # -- calls ------------------------------------------------------------------------------
+    # -- a workspace's calls, its sandbox, its port ------------------------------------------
 
     async def execute(
         self,
         name: str,
-        arguments: Any,
-        workspace: PurePath | str | None = None,
+        arguments: Arguments,
+        workspace: Path | str | None = None,
         *,
         call_id: str | None = None,
         subtask_id: str | None = None,
-        on_output: Any = None,
-        control: Any = None,
+        on_output: OutputCallback | None = None,
+        control: ExecControl | None = None,
     ) -> ToolResult:
-        """The call on the workspace's node. Raises LostCall (a 503) when its node is
-        lost, except in a stream (``on_output``), whose last event is then that result."""
+        """The call on the workspace's node (a lost node is an infrastructure result)."""
         if workspace is None:
             return ToolResult.fail("A cluster's calls need a workspace")
-        result = await self.cluster.execute(
-            name, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
+        args = dict(arguments) if isinstance(arguments, Mapping) else arguments
+        return await self.cluster.execute(
+            name, args, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
         )
-        data = result.data or {}
-        if on_output is None and data.get("exception") in ("NodeLostError", "CallInterruptedError"):
-            raise LostCall(result, workspace_id(workspace), data.get("node"))
-        return result
 
-    async def workspace(self, path: PurePath | str) -> RemoteWorkspace:
-        return RemoteWorkspace(self.cluster, PurePath(path))
-
-    async def workspace_settings(self, path: PurePath | str) -> Any:
-        return await self.cluster.workspace_settings(path)
-
-    async def configure_workspace(self, path: PurePath | str, changes: dict[str, Any]) -> Any:
-        return await self.cluster.configure_workspace(path, changes)
-
-    async def check_settings(self, new: Any, before: Any = None) -> None:
-        """Checked by the node when they are stored (``configure_workspace``)."""
-
-    async def egress_status(self, path: PurePath | str, **kwargs: Any) -> Any:
-        return await self.cluster.egress_status(path, **kwargs)
-
-    async def stop(self, path: PurePath | str) -> bool:
+    async def stop(self, path: Path | str) -> bool:
         try:
             return bool(await self.cluster.stop(path))
         except WorkspaceNotFound:
             return False
 
+    async def open_tunnel(self, path: Path | str, port: int) -> RemoteTunnel:
+        """A tunnel to ``port`` of the workspace's sandbox, on its node. Raises AgentError
+        (``connection_refused``), SandboxError, NodeLostError."""
+        return await self.cluster.open_tunnel(PurePath(path), port)
+
+
+def _contract(r: FrontRegistry) -> tuple[ServiceRegistry, SearchesCatalog, HasImages, OpensTunnels]:
+    """(Never called: mypy checks the front door against the service's contract here.)"""
+    return r, r, r, r
+
 
 async def _lost(_request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, ClusterError)
-    if isinstance(e, LostCall):
-        from ...service import result_dict
-
-        return JSONResponse(result_dict(e.result), status_code=503)
     return lost_response(e)
 
 
-def install(app: FastAPI) -> None:
-    """Answer a lost node (or a call cut from it) with 503 and the infrastructure result,
-    on every route."""
-    app.add_exception_handler(NodeLostError, _lost)
-    app.add_exception_handler(CallInterruptedError, _lost)
+#: A lost node (or a call cut from it), on every route: 503 with the infrastructure result.
+HANDLERS: Handlers = {NodeLostError: _lost, CallInterruptedError: _lost}
 
 
 def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
     """The service app of ``settings`` whose workspaces are on the Ray cluster at
     ``address`` (connected at startup; raises RayNotConnectedError then)."""
     from ...http import create_app
-    from ...http.app import route_table
 
     cluster = ClusterRegistry(namespace=namespace)
 
@@ -258,15 +210,11 @@ def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
         finally:
             await cluster.aclose()
 
-    app = create_app(settings, registry_factory=registry_factory, workspaces=ClusterWorkspaces(cluster))
-    install(app)
-    handled = FORWARDED | set(REFUSED)
-    carried = [r for r in route_table(app) if any((m, getattr(r, "path", None)) in handled for m in _methods(r))]
-    # Innermost: after the token and the body limit, before the routes.
-    app.user_middleware.append(Middleware(Forwarder, cluster=cluster, routes=carried))
-    app.router.routes.insert(0, fork_route(cluster))
-    return app
-
-
-def _methods(route: Any) -> set[str]:
-    return set(getattr(route, "methods", None) or ())
+    return create_app(
+        settings,
+        registry_factory=registry_factory,
+        workspaces=ClusterWorkspaces(cluster),
+        routes=[fork_route(cluster)],
+        middleware=[Middleware(Forwarder, cluster=cluster)],
+        exception_handlers=HANDLERS,
+    )

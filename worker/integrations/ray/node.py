@@ -29,6 +29,10 @@ from typing import Any
 
 import ray
 
+from sandbox.base import RestartCounter
+from sandbox.capabilities import tunnels
+
+from ...registry.core import ToolRegistry
 from ...result import ToolResult
 from ...streaming import ToolOutput
 from .channel import ChannelServer
@@ -37,7 +41,12 @@ from .portable import portable
 
 #: Registry methods a driver may call on a workspace, each taking the workspace's path
 #: first (``registry.<name>(path, *args, **kwargs)``). One line carries a new one.
-REGISTRY_METHODS = frozenset({"workspace_settings", "configure_workspace", "egress_status", "stop"})
+REGISTRY_METHODS: dict[str, Callable[..., Any]] = {
+    "workspace_settings": ToolRegistry.workspace_settings,
+    "configure_workspace": ToolRegistry.configure_workspace,
+    "egress_status": ToolRegistry.egress_status,
+    "stop": ToolRegistry.stop,
+}
 
 #: The parts of a workspace (:class:`worker.Workspace`) whose methods a driver may call
 #: (``workspace_call``): its sandbox and its changelog.
@@ -52,6 +61,9 @@ CHANNEL_OPS = frozenset(
     {
         "ping",
         "execute",
+        "http_begin",
+        "http_next",
+        "http_cancel",
         "call",
         "workspace_call",
         "tunnel_open",
@@ -133,7 +145,7 @@ class NodeService(NodeSnapshots):
         if method not in REGISTRY_METHODS:
             raise ValueError(f"{method!r} is not a registry method forwarded to nodes")
         path = await self._path(ws_id)
-        out = getattr(await self._reg(), method)(path, *args, **kwargs)
+        out = REGISTRY_METHODS[method](await self._reg(), path, *args, **kwargs)
         return await out if inspect.isawaitable(out) else out
 
     async def workspace_call(
@@ -156,7 +168,7 @@ class NodeService(NodeSnapshots):
         """Open a tunnel to ``port`` on the sandbox's loopback; its id. Raises AgentError
         (``connection_refused``: nothing listens), SandboxError."""
         ws = await (await self._reg()).workspace(await self._path(ws_id))
-        tunnel = await ws.sandbox.open_tunnel(port)
+        tunnel = await tunnels(ws.sandbox).open_tunnel(port)
         self._next_tunnel += 1
         self._tunnels[self._next_tunnel] = tunnel
         return self._next_tunnel
@@ -198,7 +210,7 @@ class NodeService(NodeSnapshots):
             "node_id": self.node_id,
             "workspaces": len(self._hosted),
             "sandboxes_open": 0 if reg is None else len(reg.pool.opened()),
-            "sandbox_restarts": getattr(backend, "restarts", 0),
+            "sandbox_restarts": backend.restarts if isinstance(backend, RestartCounter) else 0,
             "tunnels_open": len(self._tunnels),
         }
 

@@ -1,20 +1,26 @@
 """The node service's own HTTP service, and what a front door reads from a node: its tools,
 the tool catalog's search, its image pulls (a part of :class:`.node.NodeService`).
 
-A front door (``loom-worker serve --ray``) hands a workspace's requests that only the
-node can answer (its call history, its secrets, its snapshots, its processes and sandbox,
-the vendors' native tools: :data:`.forward.FORWARDED`) to the node, where the very app
-``loom-worker serve`` runs (:func:`worker.http.create_app` over the node's registry and
-workspace root) answers them, in this process: no port is opened for it. So the answers
-are the local service's, byte for byte. The request enters that app as a client on its
-loopback would (``Host: 127.0.0.1``, the node's own token when it has one): the front
-door has already decided who may call. The answer's ASGI messages stream back in order,
-at most 16 in flight (the app waits while the front door's client reads slowly).
+A front door (``loom-worker serve --ray``) hands every request under a workspace (but
+those it answers itself: :func:`.forward.carried`) to the workspace's node, where the
+very app ``loom-worker serve`` runs (:func:`worker.http.create_app` over the node's
+registry and workspace root) answers it, in this process: no port is opened for it. So
+the answers are the local service's, byte for byte. The request enters that app as a
+client on its loopback would (``Host: 127.0.0.1``, the node's own token when it has
+one): the front door has already decided who may call.
+
+The answer comes back in one call on the node's call channel when it is whole
+(:meth:`NodeApp.http_begin`: a call's answer, the common case, costs one round trip);
+a streamed answer's beginning comes back so, and the rest as it is sent, in order
+(:meth:`NodeApp.http_next`, each ask taking what is queued, at most 16 messages: the app
+waits while the front door's client reads slowly), until it ends or its client leaves
+(:meth:`NodeApp.http_cancel`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,11 +39,117 @@ _DROPPED = frozenset(
 FORMATS = ("openai", "anthropic", "mcp")
 
 
+#: Seconds a streamed answer waits for its front door's next ask before it is cancelled.
+ABANDONED = 300.0
+#: Seconds an answer whose head is sent may take to send its first body part before the
+#: head goes to the front door alone (a stream's headers reach its client without waiting
+#: for its first event).
+HEAD_ALONE = 0.05
+
+
+def _scope(
+    method: str, path: str, raw_path: bytes, query: bytes, headers: list[tuple[bytes, bytes]], token: str | None
+) -> dict[str, Any]:
+    """The ASGI scope of a forwarded request, as a client on the node's loopback sends it."""
+    hdrs = [(k, v) for k, v in headers if k.lower() not in _DROPPED]
+    hdrs.append((b"host", b"127.0.0.1"))
+    if token:
+        hdrs.append((b"authorization", b"Bearer " + token.encode()))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": hdrs,
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 80),
+        "state": {},
+    }
+
+
+def _last(message: dict[str, Any]) -> bool:
+    return message["type"] == "http.response.body" and not message.get("more_body", False)
+
+
+class _Answer:
+    """One forwarded request running in the node's app, its answer's messages queued (at
+    most 16: the app waits while the front door's client reads slowly)."""
+
+    def __init__(self, app: Any, scope: dict[str, Any], body: bytes) -> None:
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=16)
+        self._body: bytes | None = body
+        self.whole = False
+        self.asked = time.monotonic()
+        self._task = asyncio.create_task(app(scope, self._receive, self._queue.put))
+
+    async def _receive(self) -> dict[str, Any]:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays: its front door cancels the answer
+        raise AssertionError("unreachable")
+
+    async def _get(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next message; None after ``timeout`` seconds without one. Raises what the
+        app raised when it ended without its answer (it answers its errors itself)."""
+        get = asyncio.ensure_future(self._queue.get())
+        done, _ = await asyncio.wait({get, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            return get.result()
+        get.cancel()
+        if self._task in done and self._queue.empty():
+            self._task.result()
+            raise RuntimeError("the node's app ended without completing its answer")
+        return None
+
+    async def first(self) -> list[dict[str, Any]]:
+        """The whole answer, or its beginning when it streams: the messages up to its first
+        body part that is not the last, or its head alone when no body part follows it at
+        once."""
+        out: list[dict[str, Any]] = []
+        while True:
+            head = bool(out) and out[-1]["type"] == "http.response.start"
+            message = await self._get(HEAD_ALONE if head else None)
+            if message is None:
+                return out
+            out.append(message)
+            if _last(message):
+                self.whole = True
+                return out
+            if message["type"] == "http.response.body":
+                return out
+
+    async def next(self) -> list[dict[str, Any]]:
+        """The messages queued now (waiting for one)."""
+        self.asked = time.monotonic()
+        message = await self._get(None)
+        assert message is not None
+        out = [message]
+        while not _last(out[-1]) and not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        self.whole = _last(out[-1])
+        self.asked = time.monotonic()
+        return out
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
 class NodeApp(NodeBase):
     """The node's own service app (see the module docstring)."""
 
     _app: Any = None
     _app_lock: asyncio.Lock | None = None
+
+    def __init__(self, node_id: str, namespace: str) -> None:
+        super().__init__(node_id, namespace)
+        self._answers: dict[int, _Answer] = {}  # the streamed answers, by token
+        self._next_answer = 0
 
     async def _service(self) -> Any:
         """The node's service (:class:`worker.http.state.Service`), started on first use."""
@@ -55,8 +167,7 @@ class NodeApp(NodeBase):
 
         return service_of(self._app)
 
-    @ray.method(num_returns="streaming", _generator_backpressure_num_objects=16)
-    async def http(
+    async def http_begin(
         self,
         ws_id: str,
         method: str,
@@ -65,65 +176,49 @@ class NodeApp(NodeBase):
         query: bytes,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], int | None]:
         """One request of workspace ``ws_id`` (its path under ``/v1/workspaces/<id>``) to
-        the node's app: the answer's ASGI messages, in order. Raises WorkspaceNotFound,
-        ValueError (a path outside the workspace)."""
+        the node's app: the answer's ASGI messages, all of them when the answer is whole
+        (then None), else those sent so far and the token of the rest
+        (:meth:`http_next`, :meth:`http_cancel`). Raises WorkspaceNotFound, ValueError (a
+        path outside the workspace)."""
         await self._path(ws_id)
         prefix = f"/v1/workspaces/{ws_id}"
         if path != prefix and not path.startswith(prefix + "/"):
             raise ValueError(f"{path!r} is not a route of workspace {ws_id!r}")
         await self._service()
-        hdrs = [(k, v) for k, v in headers if k.lower() not in _DROPPED]
-        hdrs.append((b"host", b"127.0.0.1"))
-        if self.settings.api_token:
-            hdrs.append((b"authorization", b"Bearer " + self.settings.api_token.encode()))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": query,
-            "root_path": "",
-            "headers": hdrs,
-            "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 80),
-            "state": {},
-        }
-        out: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=16)
-        given = False
+        self._expire_answers()
+        answer = _Answer(self._app, _scope(method, path, raw_path, query, headers, self.settings.api_token), body)
+        out = await answer.first()
+        if answer.whole:
+            return out, None
+        self._next_answer += 1
+        self._answers[self._next_answer] = answer
+        return out, self._next_answer
 
-        async def receive() -> dict[str, Any]:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # the client stays: the front door cancels this call
-            raise AssertionError("unreachable")
+    async def http_next(self, token: int) -> list[dict[str, Any]]:
+        """The next messages of a streamed answer (at least one; the last ends it).
+        Raises LookupError for a token not (or no longer) open."""
+        answer = self._answers.get(token)
+        if answer is None:
+            raise LookupError(f"no answer {token} is streaming here")
+        out = await answer.next()
+        if answer.whole:
+            self._answers.pop(token, None)
+        return out
 
-        async def send(message: dict[str, Any]) -> None:
-            await out.put(message)
+    def http_cancel(self, token: int) -> None:
+        """End a streamed answer whose client left (its request is cancelled here)."""
+        answer = self._answers.pop(token, None)
+        if answer is not None:
+            answer.cancel()
 
-        task = asyncio.create_task(self._app(scope, receive, send))
-        try:
-            while True:
-                get = asyncio.ensure_future(out.get())
-                await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    while not out.empty():
-                        yield out.get_nowait()
-                    task.result()  # what the app raised (it answers its errors itself)
-                    return
-                message = get.result()
-                yield message
-                if message["type"] == "http.response.body" and not message.get("more_body", False):
-                    return
-        finally:
-            task.cancel()
+    def _expire_answers(self) -> None:
+        # A front door gone between two asks leaves its answer here: cancelled once
+        # nobody asked for ABANDONED seconds (a live client's front door asks at once).
+        now = time.monotonic()
+        for token in [t for t, a in self._answers.items() if now - a.asked > ABANDONED]:
+            self._answers.pop(token).cancel()
 
     # -- what a front door lists -----------------------------------------------------------
 

@@ -1,0 +1,223 @@
+"""What a sandbox may do beyond the :class:`~sandbox.base.Sandbox` contract, each as a
+:class:`typing.Protocol` checked with ``isinstance`` where it is used, never found by
+``getattr``:
+
+=============================  =================================================================
+:class:`StagedWrites`          ``stage_write``, ``commit_write``, ``abort_write``: a write in two
+                               halves, so the changelog records it in between
+:class:`BackgroundProcesses`   ``start_process``, ``process_output``/``_input``/``_kill``/
+                               ``_release``, ``processes``: commands that outlive the call
+:class:`Tunnels`               ``open_tunnel(port)``: a TCP connection to the sandbox's loopback
+:class:`HarnessFiles`          ``read_path``, ``write_path``: files anywhere in the sandbox, as its
+                               user (a harness's, not the model's)
+=============================  =================================================================
+
+The agent sandbox (:class:`sandbox.client.AgentSandbox`, and so every backend of this
+package) has them all; mypy checks that in :mod:`sandbox.client`. A new capability (a
+terminal, a kernel) is one more Protocol here and its implementation beside the agent
+sandbox's; a backend without it is refused where it is used, by the helper of each
+(:func:`background`, :func:`tunnels`, :func:`harness_files`), with the error the callers
+already handle. Staged writes instead fall back to staging on the host, built on the core
+contract (:func:`sandbox.base.staged_writes`), so the changelog records any sandbox.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .results import PathRead, PathWrite, ProcessInfo, ProcessOutput, StagedWrite, WriteResult
+
+if TYPE_CHECKING:
+    from .tunnel import Tunnel
+
+__all__ = [
+    "BackgroundProcesses",
+    "HarnessFiles",
+    "StagedWrites",
+    "Tunnels",
+    "background",
+    "harness_files",
+    "tunnels",
+]
+
+
+@runtime_checkable
+class StagedWrites(Protocol):
+    """A write in two halves: the content first, beside its target; then, after the
+    caller recorded the change, in place (or dropped)."""
+
+    async def stage_write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        expect_sha256: str | None = None,
+        expect_absent: bool = False,
+        fsync: bool = True,
+        token: str | None = None,
+        mode: int | None = None,
+        override_mode: bool = False,
+        mkdirs: bool = True,
+    ) -> StagedWrite:
+        """The first half of :meth:`Sandbox.write <sandbox.base.Sandbox.write>`: the new
+        content written (and fsync'd) beside ``path``, not yet in place, so the caller
+        can record the change meanwhile. Finish with :meth:`commit_write` (the conditions
+        are checked again there) or :meth:`abort_write`. ``StagedWrite.path`` is the
+        resolved path (in-workspace links followed). A caller-chosen ``token``
+        (alphanumeric) lets it send the commit before this call has returned. ``mkdirs``
+        as for ``write`` (the agent makes missing directories when staging). Raises like
+        ``write``."""
+        ...
+
+    async def commit_write(
+        self, staged: StagedWrite | str, *, expect_path: str | None = None, snapshot: str | None = None
+    ) -> WriteResult:
+        """Put a staged write (or the one staged under a token) in place if the target is
+        still what it expected and, with ``expect_path``, resolves to that path.
+        ``snapshot``: the key of the caller's scan snapshot (``Sandbox.scan``), when the
+        caller records this write itself (the changelog): that snapshot's next scan then
+        does not report the file it put there, only what changes it after. Raises
+        ConflictError (nothing written), NotAFileError, AgentError for an unknown token
+        (staged files live in the agent that staged them: a fresh connection has none),
+        and infrastructure errors."""
+        ...
+
+    async def abort_write(self, staged: StagedWrite | str) -> None:
+        """Drop a staged write (nothing changes in the workspace). Never raises for an
+        unknown or already finished one."""
+        ...
+
+
+@runtime_checkable
+class BackgroundProcesses(Protocol):
+    """Commands that outlive the call that started them, read and written later."""
+
+    async def start_process(
+        self,
+        process_id: str,
+        command: str,
+        *,
+        cwd: str = ".",
+        timeout: float = 3600.0,
+        env: dict[str, str] | None = None,
+        max_running: int = 8,
+        head: int = 64 << 10,
+        tail: int = 1 << 20,
+        linger: float = 600.0,
+        idle: float = 0.0,
+    ) -> ProcessInfo:
+        """Start ``sh -c command`` as a background process that outlives the call: it ends
+        when it exits, at ``timeout`` (its whole tree killed), when nobody asked for its
+        output or wrote to it for ``idle`` seconds (0: never; counted as a timeout), when
+        killed, or with the sandbox. Its output is kept (per stream: the first ``head``
+        and last ``tail`` bytes); after it ended, it can be read for ``linger`` seconds.
+
+        Raises AgentError (code ``limit``: ``max_running`` already run; ``invalid``: a bad
+        id or command), PathNotFoundError (cwd), infrastructure errors."""
+        ...
+
+    async def process_output(
+        self,
+        process_id: str,
+        *,
+        since: tuple[int, int] | None = None,
+        wait: float = 0.0,
+        max_bytes: int = 1 << 20,
+    ) -> ProcessOutput:
+        """What the process printed after cursor ``since`` (None: after the last read
+        that passed none, and moves that mark; every worker process shares it), waiting
+        up to ``wait`` seconds for something new (returns at once when there is). Raises
+        AgentError (code ``not_found``: no such process here)."""
+        ...
+
+    async def process_input(self, process_id: str, data: bytes, *, eof: bool = False) -> int:
+        """Write ``data`` to the process's stdin (``eof``: then close it). Returns the bytes
+        written. Raises AgentError (``not_found``; ``conflict``: it no longer reads)."""
+        ...
+
+    async def process_kill(self, process_id: str, *, signal: int = 15, grace: float = 0.5) -> ProcessInfo:
+        """``signal`` to everything the process started, ``grace`` seconds, then KILL.
+        Returns its info (ended, unless it resisted for seconds). Raises AgentError."""
+        ...
+
+    async def process_release(self, process_id: str) -> None:
+        """Let an ended process go (its output is no longer kept). Raises AgentError."""
+        ...
+
+    async def processes(self) -> builtins.list[ProcessInfo]:
+        """The background processes of this sandbox, running or ended (within their
+        linger time), oldest first."""
+        ...
+
+
+@runtime_checkable
+class Tunnels(Protocol):
+    """TCP connections into the sandbox's own loopback."""
+
+    async def open_tunnel(self, port: int) -> Tunnel:
+        """A TCP connection to ``port`` on the sandbox's own loopback, carried by the
+        channel to the agent (the sandbox still has no network interface), or the
+        connection itself, handed over by the agent where it can (see
+        :mod:`sandbox.handover`); both have ``read``, ``write``, ``write_eof``, ``close``.
+
+        Raises AgentError (code ``connection_refused``) when nothing listens there,
+        ValueError for a port outside 1-65535, and the infrastructure errors of any call.
+        """
+        ...
+
+
+@runtime_checkable
+class HarnessFiles(Protocol):
+    """Files anywhere in the sandbox, read and written as its user (a harness's calls)."""
+
+    async def read_path(self, path: str, *, max_bytes: int) -> PathRead:
+        """Read the file at the absolute ``path`` anywhere in the sandbox, as the
+        sandbox's user (links followed, as ``cat`` follows them; never a FIFO or device):
+        at most ``max_bytes`` (``truncated`` when the file is larger). Large files come in
+        pieces, checked to be of one unchanged file.
+
+        Raises PathNotFoundError, PermissionDeniedError, IsADirError, NotAFileError,
+        ConflictError (it kept changing while read)."""
+        ...
+
+    async def write_path(self, path: str, data: bytes, *, mode: int | None = None) -> PathWrite:
+        """Write ``data`` to the absolute ``path`` as the sandbox's user: where it may
+        write (``/tmp``, ``$HOME``; the root file system is read-only), parents made, an
+        existing file rewritten in place as the shell's ``>`` would (a 0444 one refused),
+        a new one with ``mode`` (default 0o666 less the umask). Nothing is recorded: this
+        is the sandbox's scratch space.
+
+        Raises InWorkspaceError (nothing written) when the target is in the workspace,
+        whose changes go through its changelog: the caller writes it with
+        ``Sandbox.write`` at the workspace-relative path the error carries. Raises
+        PermissionDeniedError, IsADirError, NotAFileError, PathNotFoundError,
+        TooLargeError."""
+        ...
+
+
+# -- where each is used: the sandbox as that capability, or the error callers handle -------
+
+
+def background(box: object) -> BackgroundProcesses:
+    """``box`` as :class:`BackgroundProcesses`. Raises NotImplementedError when it has none."""
+    if isinstance(box, BackgroundProcesses):
+        return box
+    raise NotImplementedError("this sandbox has no background processes")
+
+
+def harness_files(box: object) -> HarnessFiles:
+    """``box`` as :class:`HarnessFiles`. Raises NotImplementedError when it has none."""
+    if isinstance(box, HarnessFiles):
+        return box
+    raise NotImplementedError("this sandbox has no file API outside the workspace")
+
+
+def tunnels(box: object) -> Tunnels:
+    """``box`` as :class:`Tunnels`. Raises SandboxUnavailableError when it cannot make
+    them."""
+    if isinstance(box, Tunnels):
+        return box
+    from .errors import SandboxUnavailableError
+
+    raise SandboxUnavailableError(f"{type(box).__name__} cannot open tunnels")

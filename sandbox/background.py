@@ -10,6 +10,8 @@ from typing import Any, cast
 
 from .base import Outcome, ProcessInfo, ProcessOutput
 from .errors import ProtocolError
+from .results import ProcessAttach
+from .tunnel import SandboxTunnel, Tunnel
 
 _OUTCOMES = {"exit", "timeout", "signal", "oom"}
 
@@ -33,6 +35,12 @@ def process_info(r: Any) -> ProcessInfo:
     code = _num(r.get("exit_code"), "exit code", optional=True)
     sig = _num(r.get("signal"), "signal", optional=True)
     ended = _num(r.get("ended"), "end time", optional=True)
+    pty = r.get("pty")
+    size = None
+    if pty is not None:
+        if not isinstance(pty, dict):
+            raise ProtocolError("agent sent an invalid terminal size")
+        size = (int(_num(pty.get("cols"), "terminal size")), int(_num(pty.get("rows"), "terminal size")))
     return ProcessInfo(
         id=r["id"][:64],
         command=r["command"][:100_000],
@@ -45,6 +53,7 @@ def process_info(r: Any) -> ProcessInfo:
         signal=None if sig is None else int(sig),
         stdout_bytes=int(_num(r.get("stdout_bytes", 0), "byte count")),
         stderr_bytes=int(_num(r.get("stderr_bytes", 0), "byte count")),
+        pty=size,
     )
 
 
@@ -75,10 +84,25 @@ def process_output(r: Any, max_bytes: int) -> ProcessOutput:
     )
 
 
+def process_attach(r: Any) -> ProcessAttach:
+    """Raises ProtocolError."""
+    if not isinstance(r, dict):
+        raise ProtocolError("agent sent an invalid attach answer")
+    return ProcessAttach(
+        info=process_info(r),
+        cursor=int(_num(r.get("cursor"), "cursor")),
+        dropped=int(_num(r.get("dropped", 0), "dropped count")),
+    )
+
+
 class BackgroundMixin:
-    """The background-process methods of :class:`~sandbox.client.AgentSandbox`."""
+    """The background-process methods of :class:`~sandbox.client.AgentSandbox` (a
+    terminal's too: :class:`~sandbox.capabilities.Terminals`)."""
 
     async def _call(self, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        raise NotImplementedError  # pragma: no cover - AgentSandbox's
+
+    async def connection(self) -> Any:
         raise NotImplementedError  # pragma: no cover - AgentSandbox's
 
     async def start_process(
@@ -94,10 +118,13 @@ class BackgroundMixin:
         tail: int = 1 << 20,
         linger: float = 600.0,
         idle: float = 0.0,
+        argv: builtins.list[str] | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> ProcessInfo:
-        args = {
+        args: dict[str, Any] = {
             "proc_id": process_id,
             "command": command,
+            "argv": argv,
             "cwd": cwd,
             "timeout": timeout,
             "env": env or {},
@@ -107,6 +134,8 @@ class BackgroundMixin:
             "linger": linger,
             "idle": idle,
         }
+        if pty is not None:
+            args["pty"] = {"cols": pty[0], "rows": pty[1]}
         return process_info(await self._call("proc_start", args, timeout=30.0))
 
     async def process_output(
@@ -131,6 +160,54 @@ class BackgroundMixin:
         args = {"proc_id": process_id, "signal": signal, "grace": grace}
         r = await self._call("proc_kill", args, timeout=grace + 40.0)
         return process_info(r)
+
+    async def start_terminal(
+        self,
+        process_id: str,
+        argv: builtins.list[str] | None,
+        *,
+        cols: int,
+        rows: int,
+        cwd: str = ".",
+        env: dict[str, str] | None = None,
+        timeout: float = 86_400.0,
+        idle: float = 0.0,
+        max_running: int = 8,
+        scrollback: int = 256 << 10,
+        linger: float = 600.0,
+    ) -> ProcessInfo:
+        shown = " ".join(argv) if argv else ""
+        return await self.start_process(
+            process_id,
+            shown,
+            argv=argv or None,
+            pty=(cols, rows),
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            idle=idle,
+            max_running=max_running,
+            head=0,
+            tail=scrollback,
+            linger=linger,
+        )
+
+    async def process_signal(self, process_id: str, signal: int) -> ProcessInfo:
+        r = await self._call("proc_signal", {"proc_id": process_id, "signal": int(signal)}, timeout=15.0)
+        return process_info(r)
+
+    async def process_resize(self, process_id: str, cols: int, rows: int) -> ProcessInfo:
+        r = await self._call("proc_resize", {"proc_id": process_id, "cols": cols, "rows": rows}, timeout=15.0)
+        return process_info(r)
+
+    async def attach_process(self, process_id: str, *, since: int | None = None) -> tuple[Tunnel, ProcessAttach]:
+        conn = await self.connection()
+        tunnel, answer = await SandboxTunnel.open_process(conn, process_id, since)
+        try:
+            return tunnel, process_attach(answer)
+        except ProtocolError:
+            await tunnel.close()
+            raise
 
     async def process_release(self, process_id: str) -> None:
         """Let an ended process go (its output is no longer kept). Raises AgentError."""

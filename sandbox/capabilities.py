@@ -7,6 +7,8 @@
                                halves, so the changelog records it in between
 :class:`BackgroundProcesses`   ``start_process``, ``process_output``/``_input``/``_kill``/
                                ``_release``, ``processes``: commands that outlive the call
+:class:`Terminals`             ``start_terminal``, ``process_resize``/``_signal``,
+                               ``attach_process``: processes on a pseudo-terminal, as a stream
 :class:`Tunnels`               ``open_tunnel(port)``: a TCP connection to the sandbox's loopback
 :class:`HarnessFiles`          ``read_path``, ``write_path``: files anywhere in the sandbox, as its
                                user (a harness's, not the model's)
@@ -16,7 +18,7 @@ The agent sandbox (:class:`sandbox.client.AgentSandbox`, and so every backend of
 package) has them all; mypy checks that in :mod:`sandbox.client`. A new capability (a
 terminal, a kernel) is one more Protocol here and its implementation beside the agent
 sandbox's; a backend without it is refused where it is used, by the helper of each
-(:func:`background`, :func:`tunnels`, :func:`harness_files`), with the error the callers
+(:func:`background`, :func:`terminals`, :func:`tunnels`, :func:`harness_files`), with the error the callers
 already handle. Staged writes instead fall back to staging on the host, built on the core
 contract (:func:`sandbox.base.staged_writes`), so the changelog records any sandbox.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 import builtins
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .results import PathRead, PathWrite, ProcessInfo, ProcessOutput, StagedWrite, WriteResult
+from .results import PathRead, PathWrite, ProcessAttach, ProcessInfo, ProcessOutput, StagedWrite, WriteResult
 
 if TYPE_CHECKING:
     from .tunnel import Tunnel
@@ -152,6 +154,54 @@ class BackgroundProcesses(Protocol):
 
 
 @runtime_checkable
+class Terminals(Protocol):
+    """Processes on a pseudo-terminal (a background process with a size and one output
+    stream: what the terminal shows), reached as a byte stream."""
+
+    async def start_terminal(
+        self,
+        process_id: str,
+        argv: builtins.list[str] | None,
+        *,
+        cols: int,
+        rows: int,
+        cwd: str = ".",
+        env: dict[str, str] | None = None,
+        timeout: float = 86_400.0,
+        idle: float = 0.0,
+        max_running: int = 8,
+        scrollback: int = 256 << 10,
+        linger: float = 600.0,
+    ) -> ProcessInfo:
+        """Start ``argv`` (None: the sandbox user's login shell) on a terminal of ``cols``
+        by ``rows``, as a background process (it counts against ``max_running`` and ends as
+        :meth:`BackgroundProcesses.start_process` says), with ``TERM`` and a UTF-8 locale
+        set; its last ``scrollback`` bytes of output are kept for a client that attaches.
+
+        Raises AgentError (``limit``, ``invalid``: a size outside 1-1000, ``not_found``:
+        no shell in the image), PathNotFoundError (cwd), infrastructure errors."""
+        ...
+
+    async def process_resize(self, process_id: str, cols: int, rows: int) -> ProcessInfo:
+        """Set a terminal's size (its foreground program gets ``SIGWINCH``). Raises
+        AgentError (``not_found``; ``conflict``: not a terminal, a size out of range)."""
+        ...
+
+    async def process_signal(self, process_id: str, signal: int) -> ProcessInfo:
+        """``signal`` to the process's foreground process group (a terminal's: the program
+        running in it, as Ctrl-C would). Raises AgentError (``not_found``; ``conflict``:
+        it has ended)."""
+        ...
+
+    async def attach_process(self, process_id: str, *, since: int | None = None) -> tuple[Tunnel, ProcessAttach]:
+        """The process's byte stream: reading gives its output from offset ``since``
+        (None: all it keeps) as it comes, and ends once it has ended and all was read;
+        writing types into it. Several may be attached at once; closing one detaches it
+        (the process goes on). Raises AgentError (``not_found``), infrastructure errors."""
+        ...
+
+
+@runtime_checkable
 class Tunnels(Protocol):
     """TCP connections into the sandbox's own loopback."""
 
@@ -211,6 +261,13 @@ def harness_files(box: object) -> HarnessFiles:
     if isinstance(box, HarnessFiles):
         return box
     raise NotImplementedError("this sandbox has no file API outside the workspace")
+
+
+def terminals(box: object) -> Terminals:
+    """``box`` as :class:`Terminals`. Raises NotImplementedError when it has none."""
+    if isinstance(box, Terminals):
+        return box
+    raise NotImplementedError("this sandbox has no terminals")
 
 
 def tunnels(box: object) -> Tunnels:

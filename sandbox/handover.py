@@ -161,6 +161,30 @@ def adopt(fd: int, port: int) -> socket.socket:
     return sock
 
 
+def adopt_unix(fd: int, suffix: str) -> socket.socket:
+    """The socket behind descriptor ``fd`` from the agent, if it is a unix stream
+    connection to a socket whose path ends in ``suffix`` (a process's supervisor),
+    non-blocking. Raises ProtocolError."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ProtocolError("the agent handed over something that is not a socket")
+        sock = socket.socket(fileno=fd)
+    except (OSError, ProtocolError):
+        os.close(fd)
+        raise
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family != socket.AF_UNIX:
+            raise ProtocolError("the agent handed over a socket that is not a unix stream")
+        peer = sock.getpeername()
+        if not isinstance(peer, str) or not peer.endswith(suffix):
+            raise ProtocolError(f"the agent handed over a connection to {peer!r}, not a process's")
+        sock.setblocking(False)
+    except (OSError, ProtocolError):
+        sock.close()
+        raise
+    return sock
+
+
 class SocketTunnel:
     """A tunnel whose socket the agent handed over: the interface of
     :class:`sandbox.tunnel.SandboxTunnel` on a plain socket."""

@@ -254,6 +254,8 @@ class ProcessInfo:
     signal: int | None = None
     stdout_bytes: int = 0  # produced so far (kept: head and tail, see ProcessOutput.dropped)
     stderr_bytes: int = 0
+    #: A terminal's size (cols, rows); None for a process on pipes.
+    pty: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,17 @@ class ProcessOutput:
     cursor: tuple[int, int]  # pass as ``since`` to read on from here
     dropped: tuple[int, int]  # bytes lost between the kept head and tail, before this data
     done: bool  # ended, and everything it printed has been read
+
+
+@dataclass(frozen=True)
+class ProcessAttach:
+    """Where a background process's byte stream starts (:meth:`Terminals.attach_process`):
+    ``cursor`` is the offset of its first byte; ``dropped`` bytes before it, after the
+    offset asked for, are no longer kept."""
+
+    info: ProcessInfo
+    cursor: int
+    dropped: int
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .connection import AgentConnection
 from .errors import ProtocolError, SandboxLostError, TunnelClosedError
-from .handover import FdChannel, SocketTunnel, adopt
+from .handover import FdChannel, SocketTunnel, adopt, adopt_unix
 
 #: Bytes from the sandbox that may wait here unread (the window the agent is given).
 WINDOW = 2 << 20
@@ -73,12 +75,42 @@ class SandboxTunnel:
         SandboxLostError / SandboxTimeoutError from the request, ProtocolError when the
         agent hands over something else than the connection.
         """
+        tunnel, _ = await cls._open(conn, {"port": port}, port, lambda fd: adopt(fd, port), timeout)
+        return tunnel
+
+    @classmethod
+    async def open_process(
+        cls, conn: AgentConnection, process_id: str, since: int | None, *, timeout: float = 15.0
+    ) -> tuple[SandboxTunnel | SocketTunnel, dict[str, Any]]:
+        """Background process ``process_id``'s byte stream (a terminal's: its output from
+        ``since``, None for what it keeps, and its input), handed over or relayed as
+        :meth:`open`'s, with the supervisor's attach answer (unchecked: the caller's).
+
+        Raises AgentError (``not_found``: no such process), and what :meth:`open` raises.
+        """
+        target: dict[str, Any] = {"process": process_id, "since": since}
+        tunnel, r = await cls._open(conn, target, 0, lambda fd: adopt_unix(fd, f"/{process_id}.sock"), timeout)
+        attached = r.get("attached")
+        if not isinstance(attached, dict):
+            await tunnel.close()
+            raise ProtocolError("the agent sent no attach answer")
+        return tunnel, attached
+
+    @classmethod
+    async def _open(
+        cls,
+        conn: AgentConnection,
+        target: dict[str, Any],
+        port: int,
+        adopt_fd: Callable[[int], socket.socket],
+        timeout: float,
+    ) -> tuple[SandboxTunnel | SocketTunnel, dict[str, Any]]:
         tid = conn.new_tunnel_id()
         tunnel = cls(conn, tid, port)
         conn.set_stream_handler("tunnel", tid, tunnel._on_event)
         chan: FdChannel | None = conn.fd_channel if conn.fd_channel is not None and not conn.fd_channel.closed else None
         handed = chan.expect(tid) if chan is not None else None
-        args: dict[str, Any] = {"tunnel": tid, "port": port, "window": WINDOW}
+        args: dict[str, Any] = {"tunnel": tid, **target, "window": WINDOW}
         if chan is not None:
             args["pass"] = True
         try:
@@ -92,7 +124,7 @@ class SandboxTunnel:
                         f"the agent said it handed over the connection, but it did not come: {e!r}"
                     ) from None
                 address = r.get("address")
-                return SocketTunnel(adopt(fd, port), port, address if isinstance(address, str) else "")
+                return SocketTunnel(adopt_fd(fd), port, address if isinstance(address, str) else ""), r
         except BaseException as e:
             if chan is not None:
                 chan.forget(tid)
@@ -107,7 +139,7 @@ class SandboxTunnel:
             chan.forget(tid)
         address = r.get("address")
         tunnel.address = address if isinstance(address, str) and len(address) < 64 else ""
-        return tunnel
+        return tunnel, r
 
     # -- events from the agent (on the event loop) --------------------------------------
 

@@ -145,9 +145,10 @@ class Background:
         self.index = index
         self.limits = limits
 
-    async def attribution(self, sandbox: Any) -> Attribution | None:
+    async def attribution(self, sandbox: Any, *, prefer: str | None = None) -> Attribution | None:
         """None when no background process may have changed anything since the last
-        scan (one ``stat``); else the record to file those changes under. Asks the sandbox
+        scan (one ``stat``); else the record to file those changes under: ``prefer``'s
+        when it is one that may have, else the one started last's. Asks the sandbox
         which processes still run (one round trip) only then."""
         pending = self.index.pending()
         if not pending:
@@ -161,9 +162,11 @@ class Background:
             p = live.get(s.id)
             if p is None or not p.running:
                 settles.append(s.id)
-        latest = max(pending, key=lambda s: s.started)
+        preferred = [s for s in pending if s.id == prefer]
+        latest = preferred[0] if preferred else max(pending, key=lambda s: s.started)
         others = [s.id for s in pending if s is not latest]
-        command = f"{latest.command}  [background process {latest.id}"
+        kind = "terminal" if latest.id.startswith("term-") else "background process"
+        command = f"{latest.command}  [{kind} {latest.id}"
         command += f"; {', '.join(others)} ran too]" if others else "]"
         record = {"tool": "shell_execute", "command": command, "call_id": latest.id, "subtask_id": latest.subtask_id}
         return Attribution(record, settles)

@@ -35,7 +35,7 @@ from sandbox.base import (
     ScanResult,
     WriteResult,
 )
-from sandbox.capabilities import background
+from sandbox.capabilities import background, terminals
 from sandbox.errors import SandboxError
 from sandbox.logs import get_logger
 
@@ -542,14 +542,59 @@ class Workspace:
                 bg.index.add(Started(process_id, command, info.started, call_id, subtask_id))
             return info
 
-    async def settle_background(self) -> list[str]:
+    async def start_terminal(
+        self,
+        terminal_id: str,
+        argv: list[str] | None,
+        *,
+        cols: int,
+        rows: int,
+        cwd: str = ".",
+        env: dict[str, str] | None = None,
+        idle: float = 0.0,
+    ) -> ProcessInfo:
+        """Start ``argv`` (None: a login shell) on a terminal, as a background process
+        named ``terminal_id`` (see :mod:`worker.terminals`): what it changes from here on is
+        its own. Raises what :meth:`Sandbox.start_terminal
+        <sandbox.capabilities.Terminals.start_terminal>` raises."""
+        from .terminals import MAX_LIFE, SCROLLBACK
+
+        box = terminals(self.sandbox)
+        bg = self.background
+        limits = bg.limits if bg is not None else BackgroundLimits()
+        async with self.mutating():
+            attr = await bg.attribution(self.sandbox) if bg is not None else None
+            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
+            if bg is not None and attr is not None:
+                bg.settled(attr)
+            info = await box.start_terminal(
+                terminal_id,
+                argv,
+                cols=cols,
+                rows=rows,
+                cwd=cwd,
+                env=env,
+                timeout=MAX_LIFE,
+                idle=idle,
+                max_running=limits.max_processes,
+                scrollback=SCROLLBACK,
+                linger=limits.linger,
+            )
+            self.forget(None)
+            if bg is not None:
+                shown = info.command or "login shell"
+                bg.index.add(Started(terminal_id, f"terminal: {shown}", info.started))
+            return info
+
+    async def settle_background(self, *, prefer: str | None = None) -> list[str]:
         """Record what background processes changed since the last scan (called when one
-        is seen to have ended); returns the changed paths. Raises the recorder's errors."""
+        is seen to have ended, or a terminal settled); returns the changed paths; as
+        ``prefer``'s when that process may have changed them. Raises the recorder's errors."""
         bg = self.background
         if bg is None:
             return []
         async with self.mutating():
-            attr = await bg.attribution(self.sandbox)
+            attr = await bg.attribution(self.sandbox, prefer=prefer)
             if attr is None:
                 return []
             changed = await self.recorder.sync_background(self.sandbox, attr.record)

@@ -156,6 +156,8 @@ SLOW_OPS = {
     "proc_kill": processes.op_proc_kill,
     "proc_list": processes.op_proc_list,
     "proc_release": processes.op_proc_release,
+    "proc_signal": processes.op_proc_signal,
+    "proc_resize": processes.op_proc_resize,
     "tunnel_open": tunnel.op_tunnel_open,
     "tunnel_fds": handover.op_tunnel_fds,
 }

@@ -1,5 +1,6 @@
 """Background processes: ``proc_start``, ``proc_output``, ``proc_input``, ``proc_kill``,
-``proc_list``.
+``proc_signal``, ``proc_resize``, ``proc_list``; a terminal is one started with ``pty``
+(see ``supervisor.py``), reached as a byte stream through a tunnel (``attach``).
 
 Each background process has its own supervisor (``supervisor.py``, a separate program
 run by the agent runtime's interpreter) that owns it, keeps its output and serves it on a
@@ -202,12 +203,69 @@ def _all():
     return out
 
 
+#: A terminal's environment: what an interactive program expects (colours, a pager, its
+#: prompts), instead of the non-interactive base the tools' commands get.
+TERMINAL_ENV = {"TERM": "xterm-256color", "COLORTERM": "truecolor"}
+_NON_INTERACTIVE = ("CI", "NO_COLOR", "DEBIAN_FRONTEND", "GIT_TERMINAL_PROMPT", "PIP_NO_INPUT")
+
+
+def _pty(req):
+    """A terminal's size from ``req["pty"]`` (None: pipes). Raises Refused."""
+    pty = req.get("pty")
+    if pty is None:
+        return None
+    try:
+        cols, rows = int(pty["cols"]), int(pty["rows"])
+    except (TypeError, KeyError, ValueError):
+        raise Refused("invalid", "pty must be {cols, rows}")
+    if not (1 <= cols <= 1000 and 1 <= rows <= 1000):
+        raise Refused("invalid", "a terminal's cols and rows must be 1-1000")
+    return {"cols": cols, "rows": rows}
+
+
+def _login_shell(env):
+    """The sandbox user's login shell (its passwd entry's, else bash, else sh), as a login."""
+    shells = []
+    try:
+        import pwd
+
+        shells.append(pwd.getpwuid(os.getuid()).pw_shell)
+    except (ImportError, KeyError):
+        pass
+    shells += ["/bin/bash", "/bin/sh"]
+    for sh in shells:
+        if sh and os.path.isabs(sh) and os.access(sh, os.X_OK) and not sh.endswith(("/nologin", "/false")):
+            return [sh, "-l"]
+    raise Refused("not_found", "No shell in this sandbox's image (tried %s): name a command" % ", ".join(shells))
+
+
+def _terminal_env(env, asked):
+    for k in _NON_INTERACTIVE:
+        if k not in asked:
+            env.pop(k, None)
+    for k, v in TERMINAL_ENV.items():
+        if k not in asked:
+            env[k] = v
+    path = env.get("PATH", "/usr/bin:/bin").split(":")
+    if not any(os.access(os.path.join(d, "less"), os.X_OK) for d in path if d):
+        return  # no pager to offer: the base's PAGER=cat stays
+    for k in ("PAGER", "GIT_PAGER"):
+        if k not in asked:
+            env.pop(k, None)
+
+
 def op_proc_start(req):
     _reap()
     pid_id = req.get("proc_id")
     if not isinstance(pid_id, str) or not _ID.match(pid_id):
         raise Refused("invalid", "Not a process id: %r" % (pid_id,))
     command, argv = req.get("command"), req.get("argv")
+    pty = _pty(req)
+    env, cwd = environ.command_env_cwd(req)
+    if pty is not None:
+        _terminal_env(env, req.get("env") or {})
+        if not argv and not (isinstance(command, str) and command.strip()):
+            argv = _login_shell(env)
     if argv is not None:
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise Refused("invalid", "argv must be a non-empty list of strings")
@@ -221,12 +279,12 @@ def op_proc_start(req):
             "This workspace already runs %d background processes (at most %d): wait for one to end or "
             "kill one (process_kill) before starting another" % (len(running), limit),
         )
-    env, cwd = environ.command_env_cwd(req)
     cfg = {
         "id": pid_id,
         "dir": _dir(),
-        "command": command,
+        "command": command or " ".join(argv or []),
         "argv": argv,
+        "pty": pty,
         "cwd": cwd,
         "env": env,
         "timeout": float(req.get("timeout", 3600)),
@@ -303,6 +361,54 @@ def op_proc_kill(req):
     _reap()
     ask = {"op": "kill", "signal": int(req.get("signal") or 15), "grace": float(req.get("grace", 0.5))}
     return _ask(req.get("proc_id"), ask, 40.0)
+
+
+def op_proc_signal(req):
+    """A signal to the process's foreground process group (a terminal's: what Ctrl-C reaches)."""
+    return _ask(req.get("proc_id"), {"op": "signal", "signal": int(req.get("signal") or 2)}, 10.0)
+
+
+def op_proc_resize(req):
+    ask = {"op": "resize", "cols": req.get("cols"), "rows": req.get("rows")}
+    return _ask(req.get("proc_id"), ask, 10.0)
+
+
+def attach(pid_id, since):
+    """A new connection to process ``pid_id``'s supervisor turned into its byte stream
+    (see ``supervisor.py``): returns the connected socket and the attach answer (the
+    process's info, ``cursor``, ``dropped``). Raises Refused("not_found")."""
+    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+        raise Refused("invalid", "Not a process id: %r" % (pid_id,))
+    if since is not None and (not isinstance(since, int) or isinstance(since, bool) or since < 0):
+        raise Refused("invalid", "since must be a byte offset")
+    try:
+        conn = _connect(pid_id, 10.0)
+    except OSError as e:
+        raise Refused("not_found", "process %s is gone (%s)" % (pid_id, e.strerror or e))
+    conn[1].close()  # (the line reader: this socket is read by hand below, then by its next holder)
+    s = conn[0]
+    try:
+        _quiet(s.sendall, json.dumps({"op": "attach", "since": since}).encode() + b"\n")
+        # The answer line alone: what follows it is the stream's, for whoever holds the
+        # socket next (the host, when it is handed over), so nothing past it is read here.
+        head = b""
+        while not head.endswith(b"\n"):
+            peek = s.recv(65536, socket.MSG_PEEK)
+            if not peek:
+                raise EOFError
+            cut = peek.find(b"\n")
+            head += s.recv(len(peek) if cut < 0 else cut + 1)
+            if len(head) > 1 << 20:
+                raise EOFError
+        answer = json.loads(head)
+    except (OSError, EOFError, ValueError):
+        s.close()
+        raise Refused("not_found", "process %s is gone" % pid_id)
+    if not answer.get("ok"):
+        s.close()
+        raise Refused("conflict", str(answer.get("error")))
+    s.settimeout(None)
+    return s, answer["result"]
 
 
 def op_proc_release(req):

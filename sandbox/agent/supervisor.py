@@ -19,21 +19,39 @@ after it, and the bytes that fell between head and tail are counted, not invente
 
 It listens on ``<dir>/<id>.sock`` (the directory is private to the sandbox's user) for
 newline-delimited JSON requests: ``info``, ``output`` (long-polled), ``input``, ``kill``,
-``release``. After the process ended it lingers (``linger`` seconds) so its last output
-and exit can still be read, then removes its socket and exits.
+``signal``, ``resize``, ``release``, ``attach``. After the process ended it lingers
+(``linger`` seconds) so its last output and exit can still be read, then removes its
+socket and exits.
+
+A terminal (``"pty": {"cols": C, "rows": R}`` in the config) is such a process on a
+pseudo-terminal: its one output stream is what the terminal shows (kept as a tail only:
+the scrollback a reattaching client gets replayed), ``input`` goes to the terminal as if
+typed, ``resize`` sets its size (the foreground program gets ``SIGWINCH``), ``signal``
+goes to its foreground process group (what Ctrl-C reaches). ``attach`` turns its
+connection into a raw byte stream: one answer line (the process's info, the ``cursor`` the
+stream starts at and the bytes ``dropped`` before it), then the output from that cursor as
+it comes, and whatever the client sends is input; the stream ends (shut down for writing)
+when the process has ended and its output is all sent. While a client is attached and
+behind by half the scrollback, the terminal is not read: its program blocks on output as
+on a real terminal instead of losing what the client has not seen.
 
 Standard library only, Python >= 3.8, no import of the agent's package.
 """
 
+# long module: one standalone program, sent as its own source and run with no agent beside it
+
 import base64
 import ctypes
+import fcntl
 import json
 import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -97,6 +115,14 @@ class Stream(object):
         return chunk, cursor + len(chunk), dropped
 
 
+class _Client(object):
+    """An attached client: where its stream is, and whether it went."""
+
+    def __init__(self, cursor):
+        self.cursor = cursor
+        self.gone = False
+
+
 class Supervisor(object):
     def __init__(self, cfg):
         self.cfg = cfg
@@ -127,6 +153,11 @@ class Supervisor(object):
         #: When a reader or writer last came (``info`` does not count): past ``idle``
         #: seconds without one, the process is ended as timed out.
         self.last_use = time.time()
+        #: A terminal's: its size and master side (None for a process on pipes).
+        self.pty = cfg.get("pty")
+        self.master = None  # type: Any
+        #: Attached clients (their cursors hold a terminal's output back).
+        self.clients = []  # type: list
 
     # -- the process --------------------------------------------------------------
 
@@ -137,6 +168,9 @@ class Supervisor(object):
         env = dict(cfg.get("env") or {})
         env["LOOM_CALL"] = self.marker
         argv = cfg.get("argv") or ["/bin/sh", "-c", cfg["command"]]
+        if self.pty:
+            self._start_pty(argv, env)
+            return
         proc = subprocess.Popen(
             argv,
             cwd=cfg.get("cwd") or "/",
@@ -155,6 +189,61 @@ class Supervisor(object):
             t = threading.Thread(target=target)
             t.daemon = True
             t.start()
+
+    def _start_pty(self, argv, env):
+        master, slave = os.openpty()
+        self._winsize(master)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=self.cfg.get("cwd") or "/",
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            close_fds=True,
+            restore_signals=True,
+            # (after setsid) the terminal becomes the session's controlling terminal: job
+            # control, Ctrl-C and SIGWINCH reach its foreground process group
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
+        os.close(slave)
+        self.master = master
+        self.readers_done = 1  # one stream: stderr is the terminal too
+        for target in (self._read_pty, self._wait):
+            t = threading.Thread(target=target)
+            t.daemon = True
+            t.start()
+
+    def _winsize(self, fd):
+        rows, cols = int(self.pty["rows"]), int(self.pty["cols"])
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def _held_back(self):
+        """A terminal's output waits while an attached client is behind by half the tail."""
+        slack = self.out.tail_cap // 2
+        return any(c.cursor < self.out.total - slack for c in self.clients)
+
+    def _read_pty(self):
+        """The terminal's master side until every process holding the terminal is gone
+        (then reading fails with EIO)."""
+        while True:
+            with self.lock:
+                while self._held_back() and self.ended is None:
+                    self.lock.wait(0.5)
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                chunk = b""
+            with self.lock:
+                if chunk:
+                    self.out.add(chunk)
+                else:
+                    self.readers_done = 2
+                    self.drained = True
+                self.lock.notify_all()
+            if not chunk:
+                return
 
     def _read(self):
         """Both pipes, on one thread, until both end."""
@@ -233,6 +322,8 @@ class Supervisor(object):
         clock (while the process runs the sandbox is not idle). Returns the last touch."""
         if self.ended is not None:
             return last_touch
+        if self.clients:
+            self.last_use = now  # an attached client uses it
         timeout = float(self.cfg.get("timeout") or 0)
         idle = float(self.cfg.get("idle") or 0)
         if (
@@ -344,6 +435,7 @@ class Supervisor(object):
             "signal": self.signal,
             "stdout_bytes": self.out.total,
             "stderr_bytes": self.err.total,
+            "pty": dict(self.pty) if self.pty else None,
         }
 
     def op_output(self, req):
@@ -384,6 +476,9 @@ class Supervisor(object):
         data = base64.b64decode(req.get("data") or "")
         if self.ended is not None or self.stdin_closed:
             raise ValueError("the process no longer reads its input")
+        if self.master is not None:
+            self._type(data + (b"\x04" if req.get("eof") else b""))  # Ctrl-D: end of input
+            return {"written": len(data)}
         try:
             if data:
                 self.proc.stdin.write(data)
@@ -409,6 +504,54 @@ class Supervisor(object):
                 self.lock.wait(0.05)
         return self.info()
 
+    def _type(self, data):
+        """``data`` to a terminal as if typed. Raises ValueError once nothing reads it."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.master, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                raise ValueError("the process no longer reads its input")
+            view = view[n:]
+
+    def _foreground(self):
+        """The process group a signal for "the process" goes to: a terminal's foreground
+        one (the program the user runs there), else the process's own."""
+        if self.master is not None:
+            try:
+                return os.tcgetpgrp(self.master)
+            except OSError:
+                pass
+        return self.proc.pid
+
+    def op_signal(self, req):
+        sig = int(req.get("signal") or signal.SIGINT)
+        if self.ended is not None:
+            raise ValueError("the process has ended")
+        try:
+            os.killpg(self._foreground(), sig)
+        except OSError as e:
+            raise ValueError("cannot signal the process: %s" % (e.strerror or e))
+        return self.info()
+
+    def op_resize(self, req):
+        if self.master is None:
+            raise ValueError("process %s has no terminal to resize" % self.id)
+        cols, rows = int(req.get("cols") or 0), int(req.get("rows") or 0)
+        if not (1 <= cols <= 1000 and 1 <= rows <= 1000):
+            raise ValueError("cols and rows must be 1-1000")
+        changed = (cols, rows) != (self.pty["cols"], self.pty["rows"])
+        self.pty = {"cols": cols, "rows": rows}
+        self._winsize(self.master)
+        if changed and self.ended is None:
+            try:  # (the kernel sends it too; gVisor's may not)
+                os.killpg(self._foreground(), signal.SIGWINCH)
+            except OSError:
+                pass
+        return self.info()
+
     def handle(self, req):
         op = req.get("op")
         if op != "info":
@@ -421,6 +564,10 @@ class Supervisor(object):
             return self.op_input(req)
         if op == "kill":
             return self.op_kill(req)
+        if op == "signal":
+            return self.op_signal(req)
+        if op == "resize":
+            return self.op_resize(req)
         if op == "release":
             self.released = True
             return {"released": True}
@@ -442,6 +589,9 @@ class Supervisor(object):
             for line in f:
                 try:
                     req = json.loads(line)
+                    if req.get("op") == "attach":
+                        self._attach(conn, f, req)
+                        return
                     answer = {"ok": True, "result": self.handle(req)}
                 except Exception as e:
                     answer = {"ok": False, "error": str(e) or type(e).__name__}
@@ -451,6 +601,67 @@ class Supervisor(object):
         finally:
             f.close()
             conn.close()
+
+
+    # -- an attached client: the output as it comes, its bytes as input ---------------------
+
+    def _attach(self, conn, f, req):
+        since = req.get("since")
+        with self.lock:
+            # (a terminal keeps no head: its output is the tail, what it replays)
+            cursor = self.out.tail_start if since is None else max(0, min(int(since), self.out.total))
+            dropped = max(0, self.out.tail_start - cursor)
+            client = _Client(max(cursor, self.out.tail_start))
+            self.clients.append(client)
+            answer = self.info()
+        self.last_use = time.time()
+        answer.update({"cursor": client.cursor, "dropped": dropped})
+        try:
+            conn.sendall(json.dumps({"ok": True, "result": answer}, separators=(",", ":")).encode() + b"\n")
+            t = threading.Thread(target=self._send_output, args=(conn, client))
+            t.daemon = True
+            t.start()
+            while True:
+                data = f.read1(65536)
+                if not data:
+                    break
+                self.last_use = time.time()
+                if self.master is not None and self.ended is None:
+                    try:
+                        self._type(data)
+                    except ValueError:
+                        pass  # ended meanwhile: the stream's end tells the client
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                if client in self.clients:
+                    self.clients.remove(client)
+                client.gone = True
+                self.lock.notify_all()
+
+    def _send_output(self, conn, client):
+        while True:
+            with self.lock:
+                while (
+                    not client.gone
+                    and client.cursor >= self.out.total
+                    and not (self.ended is not None and self.drained)
+                ):
+                    self.lock.wait()
+                if client.gone:
+                    return
+                data, client.cursor, _ = self.out.read(client.cursor, 1 << 20)
+                done = self.ended is not None and self.drained and client.cursor >= self.out.total
+                self.lock.notify_all()  # (the terminal's reader may be waiting for us)
+            try:
+                if data:
+                    conn.sendall(data)
+                if done:
+                    conn.shutdown(socket.SHUT_WR)
+                    return
+            except OSError:
+                return
 
 
 def main():

@@ -1,6 +1,8 @@
 """Tunnels: TCP connections to a port on the sandbox's own loopback, relayed over the
 channel, so the host can reach a server running here while the sandbox still has no
-network interface (``loom-worker port-forward``, the service's port proxy).
+network interface (``loom-worker port-forward``, the service's port proxy); or, with
+``"process": ID`` (and ``"since"``) instead of a port, a background process's byte
+stream (a terminal's: ``processes.attach``), its attach answer in the open's answer.
 
 The host picks each tunnel's id (so its handler exists before any event can come)::
 
@@ -36,7 +38,7 @@ import selectors
 import socket
 import threading
 
-from . import channel, handover
+from . import channel, handover, processes
 from .errors import Refused
 
 #: Most bytes one ``data`` event carries.
@@ -109,10 +111,11 @@ def _connect(port):
 def op_tunnel_open(req):
     tid = req.get("tunnel")
     port = req.get("port")
+    proc = req.get("process")
     window = req.get("window", DEFAULT_WINDOW)
     if not isinstance(tid, int) or isinstance(tid, bool) or tid < 1:
         raise Refused("invalid", "tunnel must be a positive integer")
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+    if proc is None and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
         raise Refused("invalid", "port must be 1-65535")
     if not isinstance(window, int) or isinstance(window, bool) or not CHUNK <= window <= MAX_WINDOW:
         raise Refused("invalid", "window must be %d-%d bytes" % (CHUNK, MAX_WINDOW))
@@ -121,9 +124,14 @@ def op_tunnel_open(req):
             raise Refused("conflict", "tunnel %d is already open" % tid)
         if len(_tunnels) >= MAX_TUNNELS:
             raise Refused("too_large", "Too many open tunnels (max %d)" % MAX_TUNNELS)
-    sock, address = _connect(port)
+    attached = None
+    if proc is not None:  # a background process's (a terminal's) byte stream
+        sock, attached = processes.attach(proc, req.get("since"))
+        address = "process:%s" % proc
+    else:
+        sock, address = _connect(port)
     if req.get("pass") and handover.hand_over(tid, sock):
-        return {"tunnel": tid, "address": address, "passed": True}
+        return {"tunnel": tid, "address": address, "passed": True, "attached": attached}
     t = _Tunnel(tid, sock, window)
     with _lock:
         if tid in _tunnels:
@@ -140,7 +148,8 @@ def op_tunnel_open(req):
             t.announced = True
         _wake()
 
-    return {"tunnel": tid, "address": address, "_after_send": after}
+    sock.setblocking(False)
+    return {"tunnel": tid, "address": address, "attached": attached, "_after_send": after}
 
 
 def _find(req):

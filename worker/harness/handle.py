@@ -33,12 +33,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandbox.base import ExecControl, ExecRequest, OutputCallback
+from sandbox.base import ExecControl, ExecRequest, OutputCallback, ProcessInfo
 from sandbox.capabilities import harness_files
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
+from .. import terminals as terms
 from ..policy.shell import check_command
 from ..result import ToolResult
+from ..terminals import Terminal
 from ..tool import PolicyError
 from ..workspace import Workspace
 from .results import (
@@ -193,6 +195,47 @@ class SandboxHandle:
         return out
 
     # -- files ----------------------------------------------------------------------
+
+    # -- terminals ------------------------------------------------------------------
+
+    async def open_terminal(
+        self,
+        command: Sequence[str] | None = None,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal:
+        """A new terminal of ``cols`` x ``rows`` running ``command`` (an argv; None: the
+        sandbox user's login shell), ``cwd`` relative to the workspace, ``env`` on top of
+        the sandbox's; attached (see :class:`worker.terminals.Terminal`: ``output()``,
+        ``write``, ``resize``, ``signal``, ``kill``, ``close``). What it changes in the
+        workspace is recorded as the terminal's (see :mod:`worker.terminals`).
+
+        Raises TerminalArgumentError (a ValueError: a size out of 1-1000, an empty
+        command), PolicyError (the command policy refuses ``command``), AgentError
+        (``limit``: too many background processes), PathNotFoundError (``cwd``), the
+        infrastructure errors of ``sandbox.errors``."""
+        argv = list(command) if command is not None else None
+        if argv is not None:
+            check_command(shlex.join(argv))
+        ws = await self._ws()
+        return await terms.open_terminal(ws, argv, cols=cols, rows=rows, cwd=cwd, env=_env(env))
+
+    async def attach_terminal(self, terminal_id: str, *, since: int | None = None) -> Terminal:
+        """Reattach to a terminal: its output from offset ``since`` (None: the scrollback
+        it keeps) replayed, then as it comes. Raises AgentError (``not_found``)."""
+        return await terms.attach(await self._ws(), terminal_id, since=since)
+
+    async def terminals(self) -> list[ProcessInfo]:
+        """The workspace's terminals, running or recently ended, oldest first."""
+        return await terms.list_terminals(await self._ws())
+
+    async def kill_terminal(self, terminal_id: str) -> ProcessInfo:
+        """End a terminal (everything it started) and record its changes. Raises
+        AgentError (``not_found``)."""
+        return await terms.kill_terminal(await self._ws(), terminal_id)
 
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
         """The bytes of the file at ``path`` (relative to the workspace, or absolute:

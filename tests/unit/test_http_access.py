@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.routing import Mount
+from starlette.routing import Mount, WebSocketRoute
 
 from tests.unit.test_http import AUTH, TOKEN, Service, lifespan_task, running
 from worker.http.app import route_table
@@ -51,6 +51,7 @@ FILL = {
     "workspace_id": "w1",
     "entry_id": "1",
     "process_id": "p1",
+    "terminal_id": "t1",
     "name": "TOKEN",
     "ref": "s1",
     "port": str(NOTHING_LISTENS),
@@ -74,13 +75,21 @@ def fill(template: str) -> str:
 
 
 def served(app: Any) -> Iterator[tuple[str, str]]:
-    """(method, path template) of every route the app serves."""
+    """(method, path template) of every route the app serves (the WebSocket routes:
+    :func:`websockets`)."""
     for route in route_table(app):
+        if isinstance(route, WebSocketRoute):
+            continue
         if isinstance(route, Mount):
             yield "GET", route.path + "/{path:path}"
             continue
         for method in sorted(route.methods or ANY):  # type: ignore[attr-defined]
             yield method, route.path  # type: ignore[attr-defined]
+
+
+def websockets(app: Any) -> list[str]:
+    """The path template of every WebSocket route the app serves."""
+    return [route.path for route in route_table(app) if isinstance(route, WebSocketRoute)]
 
 
 @pytest.fixture
@@ -220,3 +229,23 @@ def test_a_websocket_handshake_is_guarded_too() -> None:
                 with client.websocket_connect("/ws", headers=headers) as ws:
                     ws.receive_text()
             assert refused.value.code == 1008
+
+
+def test_every_websocket_route_refuses_a_handshake_without_the_token_or_from_another_site(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from worker.http import create_app
+
+    # (refused by the guard before any route: the app's startup is not needed)
+    app = create_app(Settings(workspace_root=tmp_path, api_token=TOKEN))
+    routes = websockets(app)
+    assert "/v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in routes
+    client = TestClient(app, base_url="http://127.0.0.1:8080")
+    for template in routes:
+        url = re.sub(r"\{(\w+)\}", "x1", template)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {**AUTH, "Origin": "http://evil.example"}):
+            with pytest.raises(WebSocketDisconnect) as refused:
+                with client.websocket_connect(url, headers=headers) as ws:
+                    ws.receive_text()
+            assert refused.value.code == 1008, (template, headers)

@@ -12,6 +12,9 @@
   the dashboard's files, the OpenAPI documents): :data:`FRONT`.
 - :data:`REFUSED`: answered ``501`` with the reason (:func:`refusal`): what a cluster has
   no single place for.
+- A WebSocket under a workspace (the method :data:`WEBSOCKET` here: a terminal's screen)
+  is not carried to the node yet: accepted, then closed ``4501`` with the reason
+  (:data:`WEBSOCKET_WHY`, :func:`refuse_websocket`).
 
 :func:`carried` decides (a test walks every route of the app through it: each is
 forwarded, at the front by name, or refused with its reason). :class:`Forwarder` is the
@@ -84,6 +87,15 @@ REFUSED: dict[tuple[str, str], str] = {
 
 Decision = Literal["forward", "front", "refuse", "unlisted"]
 
+#: The "method" of a WebSocket route or handshake, for :func:`carried`.
+WEBSOCKET = "WEBSOCKET"
+#: Why a WebSocket under a workspace is refused: its close reason (at most 123 bytes).
+WEBSOCKET_WHY = (
+    "terminals are not carried by the cluster front door yet: a WebSocket is not relayed to the workspace's node"
+)
+#: The close code of a refused WebSocket (4000 + the 501 of a refused route).
+WEBSOCKET_REFUSED = 4501
+
 
 def _refused(method: str, parts: list[str]) -> str | None:
     # A refused route's path, matched part by part ("{...}" any one part).
@@ -100,9 +112,10 @@ def _refused(method: str, parts: list[str]) -> str | None:
 
 def carried(method: str, path: str) -> tuple[Decision, str]:
     """How the front door carries ``method path`` (a request's path, or a route's
-    template): forwarded to the workspace's node, served at the front (with why), refused
-    (with why), or ``unlisted`` (outside any workspace and in no table: the front door's
-    app answers it, a 404 for a path it does not have)."""
+    template; ``method`` :data:`WEBSOCKET` for a WebSocket): forwarded to the workspace's
+    node, served at the front (with why), refused (with why), or ``unlisted`` (outside
+    any workspace and in no table: the front door's app answers it, a 404 for a path it
+    does not have)."""
     parts = path.strip("/").split("/")
     if tuple(parts[:2]) == _WORKSPACES and len(parts) > 2:
         tail = "/".join(parts[3:])
@@ -110,6 +123,8 @@ def carried(method: str, path: str) -> tuple[Decision, str]:
             under = pattern.endswith("/*") and (tail + "/").startswith(pattern[:-1])
             if m in ("*", method) and (tail == pattern or under):
                 return "front", reason
+        if method == WEBSOCKET:
+            return "refuse", WEBSOCKET_WHY
         return "forward", "under a workspace: its node answers"
     why = _refused(method, parts)
     if why is not None:
@@ -127,6 +142,17 @@ def refusal(why: str) -> JSONResponse:
     return JSONResponse({"detail": f"Not served by a cluster's front door: {why}"}, status_code=501)
 
 
+async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """Refuse a WebSocket the front door does not carry: accepted (with the subprotocol
+    the client offered first, never a credential) so that the client reads why, then
+    closed :data:`WEBSOCKET_REFUSED` with :data:`WEBSOCKET_WHY`."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    offered = [p for p in scope.get("subprotocols") or [] if not p.startswith("loom.bearer.")]
+    await send({"type": "websocket.accept", "subprotocol": offered[0] if offered else None, "headers": []})
+    await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED, "reason": WEBSOCKET_WHY})
+
+
 def lost_response(e: ClusterError) -> JSONResponse:
     """A lost node (or a call cut from it) as the front door answers it: 503 with the
     infrastructure result."""
@@ -142,6 +168,9 @@ class Forwarder:
         self.cluster = cluster
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and carried(WEBSOCKET, scope["path"])[0] == "refuse":
+            await refuse_websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -16,7 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.routing import WebSocketRoute
 
+from tests import wsclient
 from tests.conftest import SANDBOX_IMAGE
 from tests.servers import serve_app
 from tests.unit.test_http_stream_ports import sse
@@ -437,6 +439,41 @@ async def _native(ctx: Ctx) -> None:
     assert a.status_code == 200 and a.json() == b.json() and a.json()["output"][0]["stdout"] == "hi\n", a.text
 
 
+@probe("POST", f"{WS}/terminals")
+@probe("GET", f"{WS}/terminals")
+@probe("GET", f"{WS}/terminals/{{terminal_id}}")
+@probe("DELETE", f"{WS}/terminals/{{terminal_id}}")
+async def _terminals(ctx: Ctx) -> None:
+    r = await ctx.front.post(ctx.url(f"{WS}/terminals"), json={"command": ["sh"], "cols": 90, "rows": 20})
+    assert r.status_code == 201 and r.json()["running"] and r.json()["cols"] == 90, r.text
+    tid = r.json()["id"]
+    listed = (await ctx.front.get(ctx.url(f"{WS}/terminals"))).json()["terminals"]
+    assert [t["id"] for t in listed] == [tid], listed
+    r = await ctx.front.get(ctx.url(f"{WS}/terminals/{{tid}}", tid=tid))
+    assert r.status_code == 200 and r.json()["id"] == tid, r.text
+    a, b = await both(ctx, "POST", f"{WS}/terminals", json={"cols": 0})
+    assert a.status_code == 422 and a.json() == b.json()
+    a, b = await both(ctx, "GET", f"{WS}/terminals/term-000000000000")
+    assert a.status_code == 404 and a.json() == b.json()
+    r = await ctx.front.delete(ctx.url(f"{WS}/terminals/{{tid}}", tid=tid))
+    assert r.status_code == 200 and r.json()["running"] is False, r.text
+
+
+@probe("WEBSOCKET", f"{WS}/terminals/{{terminal_id}}/ws")
+async def _terminal_screen(ctx: Ctx) -> None:
+    from worker.integrations.ray.forward import WEBSOCKET_REFUSED, WEBSOCKET_WHY
+
+    url = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
+    ws = await wsclient.connect(
+        url + ctx.url(f"{WS}/terminals/term-1/ws"), subprotocols=["loom.terminal.v1"], headers=AUTH
+    )
+    with pytest.raises(wsclient.Closed) as closed:
+        await ws.receive()
+    await ws.close()
+    assert ws.subprotocol == "loom.terminal.v1"
+    assert (closed.value.code, closed.value.reason) == (WEBSOCKET_REFUSED, WEBSOCKET_WHY)
+
+
 @probe("*", f"{WS}/ports/{{port:int}}")
 @probe("*", f"{WS}/ports/{{port:int}}/{{path:path}}")
 async def _ports(ctx: Ctx) -> None:
@@ -512,6 +549,9 @@ async def test_every_route_works_through_the_front_door_or_is_refused_by_name(ct
 
     routes = set()
     for route in route_table(create_app(Settings())):
+        if isinstance(route, WebSocketRoute):
+            routes.add(("WEBSOCKET", route.path))
+            continue
         methods = sorted(getattr(route, "methods", None) or ["*"])
         for m in methods:
             if m != "HEAD":

@@ -59,7 +59,7 @@ def test_type_see_resize_reload_and_find_it_again(tab: Page, service: Service) -
     # Colour: the theme's rules are in <style> elements xterm.js makes (the page's nonce).
     page.keyboard.type("printf '\\033[31m%s\\033[0m\\n' red-$((1+1))\n")
     red = page.locator(".term-box .xterm-rows span", has_text="red-2")
-    expect(red).to_have_css("color", "rgb(205, 49, 49)")  # xterm's own red (ANSI 1)
+    expect(red).to_have_css("color", "rgb(204, 0, 0)")  # xterm.js 6's red (ANSI 1), from its theme's rules
     rows, cols = stty_size(page, "size1")
     assert cols > 80 and rows > 24, (rows, cols)  # fitted to the 1280 px page, not the default
     tab.shot("terminal")

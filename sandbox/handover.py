@@ -198,6 +198,21 @@ class SocketTunnel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._eof = False
+        #: Reads and writes under way: the socket is closed only after them. (Its
+        #: descriptor closed under a pending ``sock_recv`` would leave the event loop's
+        #: reader registered for that number, and the next socket to get it would have its
+        #: bytes taken by the stale reader.)
+        self._pending = 0
+
+    @contextlib.contextmanager
+    def _op(self) -> Any:
+        self._pending += 1
+        try:
+            yield
+        finally:
+            self._pending -= 1
+            if self.closed and not self._pending:
+                self.sock.close()
 
     async def read(self) -> bytes:
         """The next bytes from the server; ``b""`` at its end or the tunnel's (then
@@ -205,10 +220,13 @@ class SocketTunnel:
         if self.closed or self._eof:
             return b""
         try:
-            data = await asyncio.get_running_loop().sock_recv(self.sock, READ_SIZE)
+            with self._op():
+                data = await asyncio.get_running_loop().sock_recv(self.sock, READ_SIZE)
         except OSError as e:
             self.error = e.strerror or str(e)
             await self.close()
+            return b""
+        if self.closed:
             return b""
         if not data:
             self._eof = True
@@ -220,7 +238,8 @@ class SocketTunnel:
         if self.closed:
             raise TunnelClosedError(self.error or "the tunnel is closed")
         try:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+            with self._op():
+                await asyncio.get_running_loop().sock_sendall(self.sock, data)
         except OSError as e:
             self.error = e.strerror or str(e)
             await self.close()
@@ -233,6 +252,10 @@ class SocketTunnel:
                 self.sock.shutdown(socket.SHUT_WR)
 
     async def close(self) -> None:
+        """End the tunnel; a read under way returns ``b""``, a write raises."""
         if not self.closed:
             self.closed = True
-            self.sock.close()
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)  # (wakes a pending read or write)
+            if not self._pending:
+                self.sock.close()

@@ -244,13 +244,22 @@ async def test_too_large_an_input_is_refused_in_an_error_frame(svc: Svc) -> None
         assert error["type"] == "error" and "at most" in error["message"], error
 
 
-async def test_an_unknown_terminal_or_workspace_is_closed_4404_with_why(svc: Svc) -> None:
-    for url in (f"{BASE}/term-000000000000/ws", "/v1/workspaces/nope/terminals/term-1/ws"):
+async def test_a_refusal_is_a_close_4000_plus_the_status_with_why(svc: Svc) -> None:
+    t = await svc.open()
+    for url, code in [
+        (f"{BASE}/term-000000000000/ws", 4404),
+        (f"{BASE}/not.an.id/ws", 4404),
+        ("/v1/workspaces/nope/terminals/term-1/ws", 4404),
+        ("/v1/workspaces/-bad-/terminals/term-1/ws", 4422),
+        (f"{BASE}/{t['id']}/ws?since=-1", 4422),
+        (f"{BASE}/{t['id']}/ws?since=x", 4422),
+    ]:
         ws = await wsclient.connect(svc.url.replace("http", "ws", 1) + url, subprotocols=[PROTOCOL], headers=AUTH)
+        assert ws.subprotocol == PROTOCOL  # (accepted, so that the client reads why)
         with pytest.raises(wsclient.Closed) as closed:
             await ws.receive()
         await ws.close()
-        assert closed.value.code == 4404, (url, closed.value)
+        assert closed.value.code == code, (url, closed.value)
         assert closed.value.reason, url
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,15 @@ from sandbox.logs import get_logger
 from ..harness.handle import SandboxHandle
 from ..terminals import MAX_SIZE, MIN_SIZE, Terminal, TerminalArgumentError, signal_number
 from .common import WS_ERRORS, StrictModel, WorkspaceId
-from .errors import Gone, status_of
+from .errors import Gone, Invalid, status_of
 from .state import Service, ServiceDep, service_of
 
 log = get_logger("worker.http.terminals")
 
 #: The WebSocket subprotocol of this route.
 PROTOCOL = "loom.terminal.v1"
-TerminalId = PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="Terminal id.")
+_TERMINAL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TerminalId = PathParam(pattern=f"^{_TERMINAL_ID.pattern}$", description="Terminal id.")
 #: The largest input message: a paste of this much is one write.
 MAX_INPUT = 1 << 20
 #: A close reason is at most 123 bytes (RFC 6455 5.5: a control frame's 125, less the code).
@@ -213,9 +215,9 @@ def _reason(text: str) -> str:
 @router.websocket(f"{_BASE}/{{terminal_id}}/ws")
 async def terminal_ws(
     websocket: WebSocket,
-    workspace_id: WorkspaceId,
-    terminal_id: str = TerminalId,
-    since: int | None = Query(None, ge=0, description="Output offset to resume from (default: the kept scrollback)."),
+    workspace_id: str,
+    terminal_id: str,
+    since: str | None = Query(None, description="Output offset to resume from (default: the kept scrollback)."),
 ) -> None:
     """The terminal's screen, both ways, over the WebSocket subprotocol ``loom.terminal.v1``.
 
@@ -225,12 +227,16 @@ async def terminal_ws(
     sends input as binary frames and JSON text frames (``resize``, ``signal``,
     ``input``). A refusal is a close 4000 + the HTTP status (4404: no such workspace or
     terminal). The whole protocol: [terminals](../terminals.md#http-and-websocket)."""
+    # (the parameters are checked here, not by FastAPI, so that a refusal is a close
+    # with its reason rather than a handshake refused without one)
     service = service_of(websocket.app)
     offered = websocket.scope.get("subprotocols") or []
     subprotocol = PROTOCOL if PROTOCOL in offered else None
     try:
+        if not _TERMINAL_ID.fullmatch(terminal_id):
+            raise Gone(f"No terminal {terminal_id[:64]!r}")
         handle = await _running(service, workspace_id, terminal_id)
-        term = await handle.attach_terminal(terminal_id, since=since)
+        term = await handle.attach_terminal(terminal_id, since=_offset(since))
     except Exception as e:
         code, why = close_code(e)
         if code == 1011:
@@ -244,6 +250,15 @@ async def terminal_ws(
     finally:
         with contextlib.suppress(Exception):
             await term.close()  # detached: the terminal goes on
+
+
+def _offset(since: str | None) -> int | None:
+    """``since`` as an offset. Raises Invalid (a 422: a close 4422)."""
+    if since is None:
+        return None
+    if not since.isascii() or not since.isdigit() or len(since) > 19:
+        raise Invalid(("query", "since"), "since: an offset in the output, an integer >= 0")
+    return int(since)
 
 
 class _Session:
@@ -310,9 +325,15 @@ class _Session:
             await self.ws.close(code, _reason(why))
 
     async def _pump(self) -> None:
-        async for chunk in self.term.output():
-            if chunk:
-                await self._send({"type": "websocket.send", "bytes": bytes(chunk)})
+        output = self.term.output()
+        try:
+            async for chunk in output:
+                if chunk:
+                    await self._send({"type": "websocket.send", "bytes": bytes(chunk)})
+        finally:  # (an async generator left early is finalized now, not by the GC)
+            aclose = getattr(output, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _read(self) -> None:
         while True:

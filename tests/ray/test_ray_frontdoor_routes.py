@@ -22,6 +22,7 @@ from tests import wsclient
 from tests.conftest import SANDBOX_IMAGE
 from tests.servers import serve_app
 from tests.unit.test_http_stream_ports import sse
+from tests.unit.test_http_terminals import next_text, read_until
 
 from .conftest import NAMESPACE, RayCluster
 
@@ -461,17 +462,38 @@ async def _terminals(ctx: Ctx) -> None:
 
 @probe("WEBSOCKET", f"{WS}/terminals/{{terminal_id}}/ws")
 async def _terminal_screen(ctx: Ctx) -> None:
-    from worker.integrations.ray.forward import WEBSOCKET_REFUSED, WEBSOCKET_WHY
-
-    url = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
-    ws = await wsclient.connect(
-        url + ctx.url(f"{WS}/terminals/term-1/ws"), subprotocols=["loom.terminal.v1"], headers=AUTH
-    )
-    with pytest.raises(wsclient.Closed) as closed:
-        await ws.receive()
-    await ws.close()
-    assert ws.subprotocol == "loom.terminal.v1"
-    assert (closed.value.code, closed.value.reason) == (WEBSOCKET_REFUSED, WEBSOCKET_WHY)
+    # The WebSocket relayed to the node, message for message: typed into, resized, exited.
+    r = await ctx.front.post(ctx.url(f"{WS}/terminals"), json={"command": ["sh"], "cols": 80, "rows": 24})
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    base = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
+    url = base + ctx.url(f"{WS}/terminals/{{tid}}/ws", tid=tid)
+    async with await wsclient.connect(url, subprotocols=["loom.bearer.eA", "loom.terminal.v1"], headers=AUTH) as ws:
+        assert ws.subprotocol == "loom.terminal.v1"
+        attached = await ws.receive_json()
+        assert attached == {"type": "attached", "id": tid, "cursor": 0, "dropped": 0, "cols": 80, "rows": 24}
+        await ws.send_bytes(b"echo h''i\r")
+        await read_until(ws, b"hi\r\n")
+        await ws.send_json({"type": "resize", "cols": 90, "rows": 30})
+        await ws.send_bytes(b"stty size\r")
+        await read_until(ws, b"30 90\r\n")
+        await ws.send_text("not json")
+        assert (await next_text(ws))["type"] == "error"
+        await ws.send_bytes(b"exit 3\r")
+        assert await next_text(ws) == {"type": "exit", "exit_code": 3, "outcome": "exit", "signal": None}
+        with pytest.raises(wsclient.Closed) as closed:
+            await ws.receive()
+        assert closed.value.code == 1000
+    # Reattached through the front door: the scrollback replayed.
+    async with await wsclient.connect(url, subprotocols=["loom.terminal.v1"], headers=AUTH) as ws:
+        assert (await ws.receive_json())["type"] == "attached"
+        assert b"hi\r\n" in await read_until(ws, b"30 90")
+    # Refusals are the route's own: closed 4404 with why.
+    for gone in (ctx.url(f"{WS}/terminals/term-000000000000/ws"), "/v1/workspaces/nope/terminals/t/ws"):
+        async with await wsclient.connect(base + gone, subprotocols=["loom.terminal.v1"], headers=AUTH) as ws:
+            with pytest.raises(wsclient.Closed) as closed:
+                await ws.receive()
+            assert closed.value.code == 4404 and closed.value.reason, gone
 
 
 @probe("*", f"{WS}/ports/{{port:int}}")

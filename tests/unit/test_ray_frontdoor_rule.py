@@ -12,19 +12,9 @@ from typing import Any
 import httpx
 import pytest
 from starlette.routing import Mount, WebSocketRoute
-from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
 
 from worker.http.app import route_table
-from worker.integrations.ray.forward import (
-    FRONT,
-    FRONT_UNDER_WORKSPACE,
-    REFUSED,
-    WEBSOCKET,
-    WEBSOCKET_REFUSED,
-    WEBSOCKET_WHY,
-    carried,
-)
+from worker.integrations.ray.forward import FRONT, FRONT_UNDER_WORKSPACE, REFUSED, WEBSOCKET, carried
 from worker.integrations.ray.frontdoor import front_door
 from worker.settings import Settings
 
@@ -73,10 +63,9 @@ def test_every_route_is_forwarded_at_the_front_or_refused(app: Any) -> None:
         "POST /v1/workspaces/{workspace_id}/fork",
         "POST /v1/workspaces/{workspace_id}/fork",  # (the front door's, then the app's own)
     ]
-    # A WebSocket under a workspace is refused (not relayed to its node yet), naming why.
-    websockets = [f"{m} {p}" for m, p in _routes(app) if m == WEBSOCKET]
-    assert "WEBSOCKET /v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in websockets
-    assert sorted(decided["refuse"]) == sorted([f"{m} {p}" for m, p in REFUSED] + websockets)
+    # A WebSocket under a workspace is relayed to its node as any request (a terminal's screen).
+    assert "WEBSOCKET /v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in decided["forward"]
+    assert sorted(decided["refuse"]) == sorted(f"{m} {p}" for m, p in REFUSED)
 
 
 def test_a_request_is_decided_as_its_route(app: Any) -> None:
@@ -106,16 +95,3 @@ async def test_a_refused_route_is_answered_501_naming_why(app: Any) -> None:
     assert r.status_code == 501 and "Not served by a cluster's front door" in r.json()["detail"], r.text
     assert "LOOM_DATA_DIR" in r.json()["detail"]
 
-
-def test_a_websocket_under_a_workspace_is_closed_4501_naming_why(app: Any) -> None:
-    # (The Forwarder answers before any route: the app's startup, which connects to Ray, is not run.)
-    assert len(WEBSOCKET_WHY.encode()) <= 123  # a close frame's reason
-    assert carried(WEBSOCKET, "/v1/workspaces/ws-1/ports/8080/socket")[0] == "front"  # the port proxy's own
-    client = TestClient(app, base_url="http://127.0.0.1", headers={"Authorization": "Bearer t"})
-    url = "/v1/workspaces/ws-1/terminals/t1/ws"
-    with client.websocket_connect(url, subprotocols=["loom.terminal.v1", "loom.bearer.dA"]) as ws:
-        assert ws.accepted_subprotocol == "loom.terminal.v1"  # (never the credential)
-        with pytest.raises(WebSocketDisconnect) as closed:
-            ws.receive_text()
-    assert closed.value.code == WEBSOCKET_REFUSED == 4501
-    assert closed.value.reason == WEBSOCKET_WHY and "terminals are not carried" in WEBSOCKET_WHY

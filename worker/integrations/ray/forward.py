@@ -13,8 +13,7 @@
 - :data:`REFUSED`: answered ``501`` with the reason (:func:`refusal`): what a cluster has
   no single place for.
 - A WebSocket under a workspace (the method :data:`WEBSOCKET` here: a terminal's screen)
-  is not carried to the node yet: accepted, then closed ``4501`` with the reason
-  (:data:`WEBSOCKET_WHY`, :func:`refuse_websocket`).
+  is carried by the same rule, relayed message by message (:mod:`.wsrelay`).
 
 :func:`carried` decides (a test walks every route of the app through it: each is
 forwarded, at the front by name, or refused with its reason). :class:`Forwarder` is the
@@ -38,6 +37,7 @@ from ...service import InvalidWorkspaceId, WorkspaceNotFound, check_workspace_id
 from .client import ClusterRegistry, infrastructure_result
 from .errors import CallInterruptedError, ClusterError, NodeLostError
 from .workspaces import _Loc
+from .wsrelay import WebSocketRelay
 
 _WS = "/v1/workspaces/{workspace_id}"
 _WORKSPACES = ("v1", "workspaces")
@@ -89,12 +89,6 @@ Decision = Literal["forward", "front", "refuse", "unlisted"]
 
 #: The "method" of a WebSocket route or handshake, for :func:`carried`.
 WEBSOCKET = "WEBSOCKET"
-#: Why a WebSocket under a workspace is refused: its close reason (at most 123 bytes).
-WEBSOCKET_WHY = (
-    "terminals are not carried by the cluster front door yet: a WebSocket is not relayed to the workspace's node"
-)
-#: The close code of a refused WebSocket (4000 + the 501 of a refused route).
-WEBSOCKET_REFUSED = 4501
 
 
 def _refused(method: str, parts: list[str]) -> str | None:
@@ -123,8 +117,6 @@ def carried(method: str, path: str) -> tuple[Decision, str]:
             under = pattern.endswith("/*") and (tail + "/").startswith(pattern[:-1])
             if m in ("*", method) and (tail == pattern or under):
                 return "front", reason
-        if method == WEBSOCKET:
-            return "refuse", WEBSOCKET_WHY
         return "forward", "under a workspace: its node answers"
     why = _refused(method, parts)
     if why is not None:
@@ -142,17 +134,6 @@ def refusal(why: str) -> JSONResponse:
     return JSONResponse({"detail": f"Not served by a cluster's front door: {why}"}, status_code=501)
 
 
-async def refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
-    """Refuse a WebSocket the front door does not carry: accepted (with the subprotocol
-    the client offered first, never a credential) so that the client reads why, then
-    closed :data:`WEBSOCKET_REFUSED` with :data:`WEBSOCKET_WHY`."""
-    if (await receive())["type"] != "websocket.connect":
-        return
-    offered = [p for p in scope.get("subprotocols") or [] if not p.startswith("loom.bearer.")]
-    await send({"type": "websocket.accept", "subprotocol": offered[0] if offered else None, "headers": []})
-    await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED, "reason": WEBSOCKET_WHY})
-
-
 def lost_response(e: ClusterError) -> JSONResponse:
     """A lost node (or a call cut from it) as the front door answers it: 503 with the
     infrastructure result."""
@@ -168,13 +149,11 @@ class Forwarder:
         self.cluster = cluster
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and carried(WEBSOCKET, scope["path"])[0] == "refuse":
-            await refuse_websocket(scope, receive, send)
-            return
-        if scope["type"] != "http":
+        websocket = scope["type"] == "websocket"
+        if scope["type"] != "http" and not websocket:
             await self.app(scope, receive, send)
             return
-        decision, why = carried(scope["method"], scope["path"])
+        decision, why = carried(WEBSOCKET if websocket else scope["method"], scope["path"])
         if decision == "refuse":
             await refusal(why)(scope, receive, send)
             return
@@ -189,12 +168,21 @@ class Forwarder:
         try:
             loc = await self.cluster._locate(ws_id)
         except WorkspaceNotFound as e:
-            await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
+            if websocket:  # (the route's own refusal: accepted, then closed with why)
+                await WebSocketRelay.refuse(receive, send, 4404, str(e))
+            else:
+                await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
             return
         except NodeLostError as e:
-            await lost_response(e)(scope, receive, send)
+            if websocket:
+                await WebSocketRelay.refuse(receive, send, 4503, f"the workspace's node is unavailable: {e}")
+            else:
+                await lost_response(e)(scope, receive, send)
             return
-        await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
+        if websocket:
+            await WebSocketRelay(self.cluster, ws_id, loc, scope, receive, send).run()
+        else:
+            await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
 
 
 def _last(message: dict[str, Any]) -> bool:

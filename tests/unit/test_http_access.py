@@ -200,8 +200,8 @@ def test_a_websocket_handshake_is_guarded_too() -> None:
     # No route of the service takes one today; one added later is covered all the same.
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
-    from starlette.testclient import TestClient
-    from starlette.websockets import WebSocket, WebSocketDisconnect
+    from starlette.testclient import TestClient, WebSocketDenialResponse
+    from starlette.websockets import WebSocket
 
     from worker.auth import Access, AccessGuard, Paths
 
@@ -215,8 +215,8 @@ def test_a_websocket_handshake_is_guarded_too() -> None:
     with TestClient(app, base_url="http://127.0.0.1:8080") as client:
         with client.websocket_connect("/ws", headers=AUTH) as ws:
             assert ws.receive_text() == "hello"
-        for headers in ({}, {**AUTH, "Origin": "http://evil.example"}):
-            with pytest.raises(WebSocketDisconnect) as refused:
+        for headers, status in (({}, 401), ({**AUTH, "Origin": "http://evil.example"}, 403)):
+            with pytest.raises(WebSocketDenialResponse) as refused:
                 with client.websocket_connect("/ws", headers=headers) as ws:
                     ws.receive_text()
-            assert refused.value.code == 1008
+            assert refused.value.status_code == status

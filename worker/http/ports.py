@@ -12,8 +12,8 @@ tunnel per request). Paths, ``Host``, cookies, ``Location`` and bodies pass unch
 an app's links must be relative to work under the prefix (``href="static/app.js"``, not
 ``"/static/app.js"``). Request and response bodies stream both ways, held to the
 tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to them).
-WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
-port-forward``.
+WebSockets are carried by the same paths, message by message (:mod:`.ports_ws`); the
+``Upgrade`` header of a plain HTTP request is hop-by-hop and is not.
 
 Who may use it is decided by :mod:`worker.auth`, before the request reaches the proxy.
 Only a service with a token (``LOOM_API_TOKEN``) proxies, and every answer is served as a
@@ -223,8 +223,8 @@ def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes
 #: dashboard. Sandboxed, they still run (forms, popups, dialogs, downloads too), but get no
 #: storage, no cookies of the origin, no same-origin access, and their requests to the API
 #: carry ``Origin: null`` (refused by the guard). An app that needs an origin of its own
-#: (local storage, its own API through fetch without CORS, WebSockets) is opened through
-#: ``loom-worker port-forward``.
+#: (local storage, its own API through fetch without CORS, WebSockets from its pages: their
+#: handshakes carry ``Origin: null`` too) is opened through ``loom-worker port-forward``.
 SANDBOX_CSP = (
     b"content-security-policy",
     b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads",

@@ -246,3 +246,29 @@ async def test_a_client_that_does_not_read_holds_the_app_back(base_url: str, ech
         assert await in_thread(read_all) == total * 65536
     finally:
         await in_thread(ws.close)
+
+
+def test_serve_runs_uvicorn_with_websockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `loom-worker serve` itself: uvicorn configured with wsproto (the tests above serve the
+    # app with uvicorn's "auto", which finds the same library).
+    from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
+
+    from worker.cli import main, service, verbosity
+
+    configs: list[Any] = []
+
+    class Server:
+        def __init__(self, config: Any) -> None:
+            configs.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(service, "_quiet_exit_server", lambda: Server)
+    monkeypatch.setattr(verbosity, "configure", lambda *_a, **_k: None)  # (the test process's logging stays)
+    monkeypatch.setenv("LOOM_API_TOKEN", TOKEN)
+    monkeypatch.setenv("LOOM_DATA_DIR", str(tmp_path / "data"))
+    assert main(["serve", "--port", "1", "--workspace-root", str(tmp_path)]) == 0
+    [config] = configs
+    config.load()
+    assert config.ws == "wsproto" and config.ws_protocol_class is WSProtocol

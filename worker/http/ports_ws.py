@@ -41,6 +41,7 @@ import contextlib
 from collections import deque
 from typing import Any
 
+import h11
 from fastapi import APIRouter
 from starlette.responses import Response
 from starlette.routing import WebSocketRoute
@@ -183,7 +184,7 @@ class _Bridge:
         )
         try:
             data = self.ws.send(request)
-        except (LocalProtocolError, UnicodeError, ValueError) as e:  # (h11's refusals are ValueErrors)
+        except (LocalProtocolError, h11.LocalProtocolError, UnicodeError) as e:  # (a header, a Host h11 refuses)
             await self._refuse(answer(Unforwardable(f"The WebSocket handshake cannot be passed on: {e}")), 1008)
             return False
         try:
@@ -330,7 +331,7 @@ class _Bridge:
             if state is ConnectionState.OPEN:
                 self._reply(CloseConnection(code=event.code, reason=event.reason))
             await self._close_client(1011, f"the app on port {self.port} broke the protocol: {event.reason}")
-        elif event.code == 1006:  # the connection's end without a close
+        elif event.code == 1006 and not self.client_done:  # the connection's end without a close
             why = self.tunnel.error or "the app closed the connection without a WebSocket close"
             log.info("ports.ws_broken", port=self.port, error=why[:200])
             await self._close_client(1011, f"the connection to port {self.port} in the sandbox broke: {why}")

@@ -175,6 +175,7 @@ class Server(socketserver.ThreadingTCPServer):
 def serve(port=0):
     """A server on 127.0.0.1:``port`` (0: a free one) in a thread; ``server_address[1]``
     is its port, ``shutdown()`` and ``server_close()`` end it."""
+    LAST_CLOSE["value"] = "none"
     server = Server(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -61,6 +61,18 @@ def close_of(ws: websocket.WebSocket) -> tuple[int, str]:
             return struct.unpack("!H", frame.data[:2])[0], frame.data[2:].decode()
 
 
+async def last_close(base_url: str, port: int, expected: str) -> str:
+    """The app's record of the last close a client sent, waited for until it starts with
+    ``expected``."""
+    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60) as c:
+        for _ in range(200):
+            last = (await c.get(f"/v1/workspaces/w/ports/{port}/last-close")).text
+            if last.startswith(expected):
+                break
+            await asyncio.sleep(0.05)
+    return last
+
+
 def refused(url: str, **kwargs: Any) -> websocket.WebSocketBadStatusException:
     with pytest.raises(websocket.WebSocketBadStatusException) as e:
         websocket.create_connection(url, timeout=60, **kwargs)
@@ -102,13 +114,8 @@ async def test_messages_pass_both_ways_and_the_handshake_as_the_client_made_it(b
         ws.close(status=4002, reason=b"client bye")
 
     await in_thread(client)
-    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60) as c:
-        for _ in range(100):  # the client's close code and reason reached the app
-            last = (await c.get(f"/v1/workspaces/w/ports/{echo}/last-close")).text
-            if last != "none":
-                break
-            await asyncio.sleep(0.05)
-    assert last == "4002 client bye"
+    # the client's close code and reason reached the app
+    assert await last_close(base_url, echo, "4002 client bye") == "4002 client bye"
 
 
 async def test_the_apps_close_reaches_the_client(base_url: str, echo: int) -> None:
@@ -209,13 +216,7 @@ async def test_a_message_larger_than_the_proxy_takes_closes_both_with_1009(
         ws.close()
 
     await in_thread(client)
-    async with httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60) as c:
-        for _ in range(100):
-            last = (await c.get(f"/v1/workspaces/w/ports/{echo}/last-close")).text
-            if last != "none":
-                break
-            await asyncio.sleep(0.05)
-    assert last.startswith("1009 ")
+    assert (await last_close(base_url, echo, "1009 ")).startswith("1009 ")
 
 
 async def test_a_client_that_does_not_read_holds_the_app_back(base_url: str, echo: int) -> None:
@@ -272,3 +273,29 @@ def test_serve_runs_uvicorn_with_websockets(tmp_path: Path, monkeypatch: pytest.
     [config] = configs
     config.load()
     assert config.ws == "wsproto" and config.ws_protocol_class is WSProtocol
+
+
+async def test_on_a_server_without_the_denial_extension_a_refusal_is_a_close(
+    tmp_path: Path, local_backend: Any, echo: int
+) -> None:
+    from tests.asgi_ws import handshake
+    from tests.unit.test_http import AUTH as AUTH_IN_PROCESS
+    from tests.unit.test_http import running
+    from worker.registry import ToolRegistry
+
+    async with running(tmp_path / "root", ToolRegistry(backend=local_backend)) as svc:
+        await svc.workspace("w")
+
+        async def closed(path: str) -> tuple[int | None, str]:
+            answer = await handshake(svc.app, path, AUTH_IN_PROCESS, denial=False)
+            assert answer.kind == "close", answer
+            return answer.code, answer.reason
+
+        code, reason = await closed(f"/v1/workspaces/w/ports/{echo}/refuse")
+        assert code == 1011 and reason.endswith("refused the WebSocket handshake: 403"), reason
+        code, reason = await closed(f"/v1/workspaces/w/ports/{free_port()}/")
+        assert code == 1011 and reason.startswith("Nothing listens on port"), reason
+        code, reason = await closed(f"/v1/workspaces/nope/ports/{echo}/")
+        assert code == 1008, reason
+        answer = await handshake(svc.app, f"/v1/workspaces/w/ports/{echo}/", AUTH_IN_PROCESS, ["chat.v2"])
+        assert (answer.kind, answer.subprotocol) == ("accept", "chat.v2")

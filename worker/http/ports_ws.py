@@ -221,14 +221,16 @@ class _Bridge:
         try:
             await self.send({"type": "websocket.http.response.start", "status": event.status_code, "headers": headers})
             more = event.has_body
-            while more:
-                ev = await self._next_event()
-                if isinstance(ev, RejectData):
-                    more = not ev.body_finished
-                    await self.send({"type": "websocket.http.response.body", "body": bytes(ev.data), "more_body": more})
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):  # (the client's going away is not watched)
+                while more:
+                    ev = await self._next_event()
+                    if isinstance(ev, RejectData):
+                        more = not ev.body_finished
+                        body = {"type": "websocket.http.response.body", "body": bytes(ev.data), "more_body": more}
+                        await self.send(body)
             if not event.has_body:
                 await self.send({"type": "websocket.http.response.body", "body": b""})
-        except (OSError, RemoteProtocolError) as e:
+        except (OSError, RemoteProtocolError, TimeoutError) as e:
             # The answer has begun: it can only be cut short (the server closes the connection).
             log.info("ports.ws_refusal_broken", port=self.port, error=str(e)[:200])
 

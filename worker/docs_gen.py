@@ -50,7 +50,7 @@ BUILTIN_SUMMARIES = {
 }
 ANY_METHOD = "*"
 #: The "method" of a WebSocket route in the table.
-WEBSOCKET = "WS"
+WEBSOCKET = "WEBSOCKET"
 
 
 def _cell(text: str) -> str:
@@ -150,7 +150,7 @@ def render_http(app: Any) -> str:
         template = route.path + "/{path:path}" if isinstance(route, Mount) else getattr(route, "path", "")
         methods = sorted(getattr(route, "methods", None) or ()) if not isinstance(route, Mount) else ["GET"]
         methods = [m for m in methods if m != "HEAD" or methods == ["HEAD"]] or [ANY_METHOD]
-        if isinstance(route, WebSocketRoute):
+        if isinstance(route, WebSocketRoute):  # (FastAPI's APIWebSocketRoute is one too)
             methods = [WEBSOCKET]
         auth = paths.kind(_sample(template)).value
         summary = _summary(route)
@@ -172,8 +172,9 @@ def render_http(app: Any) -> str:
         "**auth**: `none` (public), `bearer` (`Authorization: Bearer $LOOM_API_TOKEN` when a token is set), "
         "`bearer or Basic` (also the token as the HTTP Basic password, for a browser). Every route also "
         "refuses cross-site requests and, without a token, a `Host` that is not a loopback name "
-        "(see `worker/auth.py` and [the service](../service.md)). `*`: any method; `WS`: a WebSocket "
-        "(not in the OpenAPI document, which is served at `/openapi.json`).\n\n",
+        "(see `worker/auth.py` and [the service](../service.md)). `*`: any method. `WEBSOCKET`: a WebSocket "
+        "handshake (refused from another origin's page; the token also as the subprotocol "
+        "`loom.bearer.<token as base64url>`). The OpenAPI document is served at `/openapi.json`.\n\n",
         "| method | path | summary | auth |\n|---|---|---|---|\n",
         "\n".join(rows) + "\n\n",
         "## Routes\n\n",
@@ -195,8 +196,7 @@ def render_http(app: Any) -> str:
 def _websocket(template: str, auth: str, route: WebSocketRoute) -> str:
     """A WebSocket route's section: its endpoint's description (OpenAPI has none)."""
     doc = inspect.cleandoc(getattr(route.endpoint, "__doc__", None) or "")
-    text = " ".join(doc.split())
-    return f"### `{WEBSOCKET} {template}`\n\n{text}\n\nauth: {auth}\n\n"
+    return f"### `{WEBSOCKET} {template}`\n\n{' '.join(doc.split())}\n\nauth: {auth}\n\n"
 
 
 def _content_schema(part: dict[str, Any]) -> dict[str, Any]:

@@ -509,6 +509,24 @@ async def _ports(ctx: Ctx) -> None:
     assert r2.status_code == 200 and r2.text == "changed\n", r2.text
 
 
+@probe("WEBSOCKET", f"{WS}/ports/{{port:int}}")
+@probe("WEBSOCKET", f"{WS}/ports/{{port:int}}/{{path:path}}")
+async def _ports_websocket(ctx: Ctx) -> None:
+    # The port proxy's WebSockets stay at the front door, through a tunnel to the sandbox.
+    echo = (Path(__file__).parents[1] / "wsecho.py").read_text()
+    assert (await call(ctx, "write_file", path="wsecho.py", content=echo))["success"]
+    r = await call(ctx, "shell_execute", command="python3 wsecho.py 8778", background=True)
+    assert r["success"], r
+    ready = "for i in $(seq 100); do curl -sf http://127.0.0.1:8778/ >/dev/null && exit 0; sleep 0.1; done; exit 1"
+    assert (await call(ctx, "shell_execute", command=ready))["success"]
+    base = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
+    for path in (f"{WS}/ports/8778", f"{WS}/ports/8778/chat"):
+        async with await wsclient.connect(base + ctx.url(path), subprotocols=["echo.v1"], headers=AUTH) as ws:
+            assert ws.subprotocol == "echo.v1"
+            await ws.send_text("hello")
+            assert await ws.receive() == "hello", path
+
+
 @probe("*", f"{WS}/mcp")
 async def _mcp(ctx: Ctx) -> None:
     import httpx2

@@ -62,6 +62,8 @@ def test_every_route_is_forwarded_at_the_front_or_refused(app: Any) -> None:
         "DELETE /v1/workspaces/{workspace_id}",
         "POST /v1/workspaces/{workspace_id}/fork",
         "POST /v1/workspaces/{workspace_id}/fork",  # (the front door's, then the app's own)
+        "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}",  # (the port proxy's WebSockets)
+        "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}/{path:path}",
     ]
     # A WebSocket under a workspace is relayed to its node as any request (a terminal's screen).
     assert "WEBSOCKET /v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in decided["forward"]

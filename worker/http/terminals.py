@@ -59,6 +59,7 @@ from sandbox.base import ProcessInfo, StatusReporter
 from sandbox.errors import AgentError, TunnelClosedError
 from sandbox.logs import get_logger
 
+from ..auth import accept_subprotocol
 from ..harness.handle import SandboxHandle
 from ..terminals import MAX_SIZE, MIN_SIZE, Terminal, TerminalArgumentError, signal_number
 from .common import WS_ERRORS, StrictModel, WorkspaceId
@@ -230,8 +231,7 @@ async def terminal_ws(
     # (the parameters are checked here, not by FastAPI, so that a refusal is a close
     # with its reason rather than a handshake refused without one)
     service = service_of(websocket.app)
-    offered = websocket.scope.get("subprotocols") or []
-    subprotocol = PROTOCOL if PROTOCOL in offered else None
+    subprotocol = accept_subprotocol(websocket.scope, (PROTOCOL,))  # (never the token's)
     try:
         if not _TERMINAL_ID.fullmatch(terminal_id):
             raise Gone(f"No terminal {terminal_id[:64]!r}")

@@ -18,6 +18,8 @@ from typing import Any
 
 from sandbox.logs import get_logger
 
+from ...auth import is_bearer_subprotocol
+
 log = get_logger("worker.integrations.ray")
 
 #: Messages queued each way (the app, or the client, waits beyond).
@@ -26,8 +28,6 @@ QUEUED = 16
 ABANDONED = 300.0
 #: Seconds an app is given to end after its client left, before it is cancelled.
 GRACE = 5.0
-#: The subprotocol that may carry the token (worker.auth): never passed on.
-BEARER_SUBPROTOCOL = "loom.bearer."
 #: Headers the front door's guard has already judged, and the connection's own.
 _DROPPED = frozenset(
     {b"authorization", b"host", b"origin", b"cookie", b"connection", b"sec-websocket-protocol", b"upgrade"}
@@ -59,7 +59,7 @@ def ws_scope(
         "headers": hdrs,
         "client": ("127.0.0.1", 0),
         "server": ("127.0.0.1", 80),
-        "subprotocols": [p for p in subprotocols if not p.startswith(BEARER_SUBPROTOCOL)],
+        "subprotocols": [p for p in subprotocols if not is_bearer_subprotocol(p)],
         "state": {},
     }
 

@@ -241,8 +241,9 @@ async def terminal_ws(
         code, why = close_code(e)
         if code == 1011:
             log.error("terminal.attach_failed", error=f"{type(e).__name__}: {e}"[:300], exc_info=e)
-        await websocket.accept(subprotocol=subprotocol)
-        await websocket.close(code, _reason(why))
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):  # (a client already gone)
+            await websocket.accept(subprotocol=subprotocol)
+            await websocket.close(code, _reason(why))
         return
     try:
         await websocket.accept(subprotocol=subprotocol)
@@ -278,16 +279,11 @@ class _Session:
 
     async def run(self) -> None:
         cols, rows = self.term.info.pty or (0, 0)
-        await self._text(
-            {
-                "type": "attached",
-                "id": self.term.id,
-                "cursor": self.term.cursor,
-                "dropped": self.term.dropped,
-                "cols": cols,
-                "rows": rows,
-            }
-        )
+        attached = {"id": self.term.id, "cursor": self.term.cursor, "dropped": self.term.dropped}
+        try:
+            await self._text({"type": "attached", **attached, "cols": cols, "rows": rows})
+        except (WebSocketDisconnect, OSError):
+            return  # the client left at once
         pump = asyncio.create_task(self._pump())
         reader = asyncio.create_task(self._read())
         try:

@@ -98,7 +98,11 @@ export function terminalView(panel, id, arg) {
     } else location.hash = hash;
   }
 
+  let shown = null; // what the list shows now (a refresh that changes nothing keeps it, and the focus)
   function renderList() {
+    const key = JSON.stringify([current, listed.map((t) => [t.id, t.command, t.running, t.outcome, t.exit_code, t.signal])]);
+    if (key === shown) return;
+    shown = key;
     fill(
       list,
       listed.length ? '' : h('li', { class: 'muted' }, 'None yet.'),
@@ -118,6 +122,7 @@ export function terminalView(panel, id, arg) {
       listed = (await get(`${ws(id)}/terminals`)).terminals || [];
     } catch (e) {
       if (alive) fill(list, h('li', null, errorBox(e)));
+      shown = null;
       return null;
     }
     if (alive) renderList();

@@ -552,13 +552,12 @@ class Workspace:
         cwd: str = ".",
         env: dict[str, str] | None = None,
         idle: float = 0.0,
+        timeout: float,
+        scrollback: int,
     ) -> ProcessInfo:
-        """Start ``argv`` (None: a login shell) on a terminal, as a background process
-        named ``terminal_id`` (see :mod:`worker.terminals`): what it changes from here on is
-        its own. Raises what :meth:`Sandbox.start_terminal
-        <sandbox.capabilities.Terminals.start_terminal>` raises."""
-        from .terminals import MAX_LIFE, SCROLLBACK
-
+        """Start ``argv`` (None: a login shell) on a terminal, a background process named
+        ``terminal_id`` (:mod:`worker.terminals`): what it changes from here on is its own.
+        Raises what ``Terminals.start_terminal`` raises."""
         box = terminals(self.sandbox)
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
@@ -574,16 +573,15 @@ class Workspace:
                 rows=rows,
                 cwd=cwd,
                 env=env,
-                timeout=MAX_LIFE,
+                timeout=timeout,
                 idle=idle,
                 max_running=limits.max_processes,
-                scrollback=SCROLLBACK,
+                scrollback=scrollback,
                 linger=limits.linger,
             )
             self.forget(None)
             if bg is not None:
-                shown = info.command or "login shell"
-                bg.index.add(Started(terminal_id, f"terminal: {shown}", info.started))
+                bg.index.add(Started(terminal_id, f"terminal: {info.command or 'login shell'}", info.started))
             return info
 
     async def settle_background(self, *, prefer: str | None = None) -> list[str]:

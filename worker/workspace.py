@@ -519,12 +519,7 @@ class Workspace:
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
         async with self.mutating():
-            # The baseline is brought up to date first: what the process changes from
-            # here on is its own (and what others changed before is theirs).
-            attr = await bg.attribution(self.sandbox) if bg is not None else None
-            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
-            if bg is not None and attr is not None:
-                bg.settled(attr)
+            await self._baseline_for_a_process()
             process_id = process_id or new_process_id()
             extra: dict[str, Any] = {"idle": idle} if idle else {}
             info = await background(self.sandbox).start_process(
@@ -541,6 +536,15 @@ class Workspace:
             if bg is not None:
                 bg.index.add(Started(process_id, command, info.started, call_id, subtask_id))
             return info
+
+    async def _baseline_for_a_process(self) -> None:
+        """(Holding the mutation lock, before a process starts) the baseline brought up to
+        date: what the process changes from here on is its own, what others did theirs."""
+        bg = self.background
+        attr = await bg.attribution(self.sandbox) if bg is not None else None
+        await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
+        if bg is not None and attr is not None:
+            bg.settled(attr)
 
     async def start_terminal(
         self,
@@ -562,23 +566,11 @@ class Workspace:
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
         async with self.mutating():
-            attr = await bg.attribution(self.sandbox) if bg is not None else None
-            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
-            if bg is not None and attr is not None:
-                bg.settled(attr)
+            await self._baseline_for_a_process()
             info = await box.start_terminal(
-                terminal_id,
-                argv,
-                cols=cols,
-                rows=rows,
-                cwd=cwd,
-                env=env,
-                timeout=timeout,
-                idle=idle,
-                max_running=limits.max_processes,
-                scrollback=scrollback,
-                linger=limits.linger,
-            )
+                terminal_id, argv, cols=cols, rows=rows, cwd=cwd, env=env, timeout=timeout, idle=idle,
+                max_running=limits.max_processes, scrollback=scrollback, linger=limits.linger,
+            )  # fmt: skip
             self.forget(None)
             if bg is not None:
                 bg.index.add(Started(terminal_id, f"terminal: {info.command or 'login shell'}", info.started))

@@ -8,6 +8,7 @@ import { filesView } from './files.js';
 import { runView } from './run.js';
 import { sandboxView } from './sandbox.js';
 import { snapshotsView } from './snapshots.js';
+import { terminalView } from './terminal.js';
 import { timelineView } from './timeline.js';
 
 const TABS = [
@@ -15,6 +16,7 @@ const TABS = [
   ['changes', 'Changes', changesView],
   ['files', 'Files', filesView],
   ['run', 'Run', runView],
+  ['terminal', 'Terminal', terminalView],
   ['sandbox', 'Sandbox', sandboxView],
   ['snapshots', 'Snapshots', snapshotsView],
   ['egress', 'Egress', egressView],

@@ -15,8 +15,9 @@ Files the code writes in the workspace are recorded in its changelog under the c
 
 Exit codes: 0 it ran; 1 the code raised; 124 it timed out (interrupted, or restarted when
 that did not stop it); 137 its kernel died (out of memory, ``os._exit``); 2 a usage
-error (a bad option, an unknown context, an image without a kernel: the message says what
-to add); 125 the sandbox or the engine failed.
+error (a bad option, an unknown context, too many background processes); 125 the context
+or the sandbox cannot start (an image without a kernel: the message says what to add; no
+engine, no image, the sandbox lost).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _cmd_run_code(args: argparse.Namespace, settings: Settings) -> int:
 async def _run(settings: Settings, ws: str, code: str, args: argparse.Namespace, images: str | None) -> int:
     import secrets
 
-    from sandbox.errors import AgentError, SandboxError
+    from sandbox.errors import AgentError, KernelUnavailableError, SandboxError
 
     from ..changelog.errors import ChangelogStorageError
     from ..jsontext import json_line
@@ -116,7 +117,9 @@ async def _run(settings: Settings, ws: str, code: str, args: argparse.Namespace,
                     return _finish(ev)
         except ValueError as e:  # CodeArgumentError: a field refused
             return _fail(2, str(e))
-        except AgentError as e:  # no such context, no kernel in the image, too many processes
+        except KernelUnavailableError as e:  # the context cannot start: what to add says how
+            return _fail(125, str(e))
+        except AgentError as e:  # no such context, too many background processes
             return _fail(2, str(e))
         except (SandboxError, ChangelogStorageError) as e:
             return _fail(125, f"the sandbox failed (infrastructure): {e}")
@@ -179,7 +182,7 @@ def register(subparsers: Any) -> None:
         ),
         epilog=(
             "Exit status: 0 it ran; 1 the code raised; 124 timed out; 137 its kernel died; 2 usage error (also an "
-            "unknown context, an image without a kernel); 125 infrastructure failure."
+            "unknown context); 125 the context or the sandbox cannot start (an image without a kernel, no engine)."
         ),
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")

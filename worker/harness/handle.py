@@ -390,10 +390,13 @@ class SandboxHandle:
     ) -> kernels.Execution:
         """:meth:`run_code_stream` waited for: its :class:`Execution <worker.kernels.Execution>`
         (the outputs and displays in it). Raises as :meth:`run_code_stream`."""
-        async for ev in self.run_code_stream(code, context, language, timeout, call_id, tool=tool):
-            if isinstance(ev, kernels.Execution):
-                return ev
-        raise AssertionError("an execution always ends with its Execution")
+        call_id = call_id or "call_" + secrets.token_hex(8)
+        cid = _context_id(context) if context is not None else None
+        started = time.perf_counter()
+        ws = await self._ws()
+        ex = await kernels.run(ws, code, context=cid, language=language, timeout=timeout, call_id=call_id, tool=tool)
+        self._journal_code(ws, tool, code, ex, started)
+        return ex
 
     # -- the call journal -----------------------------------------------------------
 

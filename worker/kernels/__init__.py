@@ -26,7 +26,7 @@ from .contexts import (
     resolve_context,
     restart_context,
 )
-from .execute import DEFAULT_TIMEOUT, INTERRUPT_GRACE, MAX_CODE, MAX_TIMEOUT, stream
+from .execute import DEFAULT_TIMEOUT, INTERRUPT_GRACE, MAX_CODE, MAX_TIMEOUT, run, stream
 from .execute import check as check_code
 from .model import (
     MIME_FIELDS,
@@ -72,6 +72,7 @@ __all__ = [
     "list_contexts",
     "resolve_context",
     "restart_context",
+    "run",
     "stream",
     "strip_ansi",
 ]

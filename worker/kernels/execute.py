@@ -207,6 +207,32 @@ def _how(end: wire.End, oom: bool) -> str:
 _RUNNING: set[asyncio.Task[Execution]] = set()
 
 
+async def run(
+    ws: Workspace,
+    code: str,
+    *,
+    context: str | None,
+    language: str | None,
+    timeout: float,
+    call_id: str,
+    tool: str,
+    emit: Callable[[CodeEvent], Awaitable[None]] | None = None,
+) -> Execution:
+    """Run ``code`` in ``context`` (else ``language``'s default context): its Execution;
+    ``emit`` gets each output and display as it comes, and the Execution. Raises
+    CodeArgumentError, AgentError (``not_found``: no such context),
+    KernelUnavailableError, the infrastructure errors."""
+    from .contexts import resolve
+
+    timeout = check(code, timeout)
+    info, notes = await resolve(ws, context, language)
+    return await execute(ws, info, code, timeout=timeout, call_id=call_id, tool=tool, notes=notes, emit=emit or _ignore)
+
+
+async def _ignore(_ev: CodeEvent) -> None:
+    pass
+
+
 async def stream(
     ws: Workspace,
     code: str,
@@ -217,15 +243,9 @@ async def stream(
     call_id: str,
     tool: str,
 ) -> AsyncIterator[CodeEvent]:
-    """Run ``code`` (see :func:`execute`) and yield its outputs and displays as they come,
-    the :class:`Execution` last. A consumer that stops early leaves the execution running
-    to its end or timeout (what it changes is recorded, as for a command whose client
-    left). Raises CodeArgumentError, AgentError (``not_found``: no such context),
-    KernelUnavailableError, the infrastructure errors."""
-    from .contexts import resolve
-
-    timeout = check(code, timeout)
-    info, notes = await resolve(ws, context, language)
+    """:func:`run`'s outputs and displays as they come, the :class:`Execution` last. A
+    consumer that stops early leaves the execution running to its end or timeout (what it
+    changes is recorded, as for a command whose client left). Raises as :func:`run`."""
     queue: asyncio.Queue[CodeEvent | BaseException] = asyncio.Queue()
     gone = False
 
@@ -233,14 +253,16 @@ async def stream(
         if not gone:
             queue.put_nowait(ev)
 
-    async def run() -> Execution:
+    async def go() -> Execution:
         try:
-            return await execute(ws, info, code, timeout=timeout, call_id=call_id, tool=tool, notes=notes, emit=emit)
+            return await run(
+                ws, code, context=context, language=language, timeout=timeout, call_id=call_id, tool=tool, emit=emit
+            )
         except BaseException as e:
             queue.put_nowait(e)
             raise
 
-    task = asyncio.get_running_loop().create_task(run(), name=f"run_code {call_id}")
+    task = asyncio.get_running_loop().create_task(go(), name=f"run_code {call_id}")
     _RUNNING.add(task)
     task.add_done_callback(_done)
     try:

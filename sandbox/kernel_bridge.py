@@ -6,9 +6,12 @@ background process of the workspace (:mod:`sandbox.kernels`): its supervisor own
 counts against the workspace's background processes and the sandbox's limits, outlives
 the connections to it and ends with the sandbox.
 
-It starts the kernel with ``jupyter_client``'s ``KernelManager`` (ZMQ on the sandbox's
-loopback), raises the kernel's ``oom_score_adj`` (so the memory limit's OOM killer takes
-the kernel, not the bridge), listens on a loopback TCP port and prints one line on its
+It starts the kernel (``python3 -m ipykernel_launcher -f <connection file>``, as
+``jupyter_client``'s ``KernelManager`` would, without importing it: the kernel boots
+while the bridge imports zmq; ZMQ on the sandbox's loopback, messages signed by
+``jupyter_client``'s ``Session``), raises the kernel's ``oom_score_adj`` (so the memory
+limit's OOM killer takes the kernel, not the bridge), interrupts it with SIGINT to its
+process group (what Ctrl-C and ipykernel's interrupt mode do), listens on a loopback TCP port and prints one line on its
 stdout (kept by its supervisor, so any worker process finds it)::
 
     {"loom_kernel_bridge": 1, "port": P, "token": T, "language": ..., "cwd": ..., "env": {...}}
@@ -40,7 +43,8 @@ supervisor of the same user): it makes sure the host reached this context's brid
 whatever else listens on a reused port. The kernel is the sandbox's, as anything its user
 runs.
 
-Python >= 3.8 (the image's), standard library + jupyter_client (imported in main).
+Python >= 3.8 (the image's), standard library + zmq and jupyter_client.session (imported
+once the kernel is launched).
 """
 
 import json
@@ -167,17 +171,28 @@ class Lines:
                 return b""
 
 
+def free_ports(n):
+    """``n`` free TCP ports on the loopback (bound and let go, as jupyter_client does)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 class Kernel:
-    """One kernel and the sockets the bridge speaks to it on."""
+    """One IPython kernel: its process (started here as jupyter_client's KernelManager
+    would start it, without importing it: the kernel boots while the bridge imports zmq)
+    and the two sockets the bridge speaks to it on (shell, iopub)."""
 
     def __init__(self, cfg, workdir):
-        import zmq
-        from jupyter_client.manager import KernelManager
-
-        self.zmq = zmq
         self.cfg = cfg
         env = dict(os.environ)
-        env.pop("LOOM_KERNEL_BRIDGE", None)
         env.update(cfg.get("env") or {})
         env.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "loom-matplotlib-%d" % os.getuid()))
         env["JUPYTER_RUNTIME_DIR"] = workdir
@@ -188,45 +203,84 @@ class Kernel:
         r, w = os.pipe()
         self.log_w = w
         self.log = Tail(r)
-        self.km = KernelManager(
-            kernel_name=cfg.get("kernel", "python3"), connection_file=os.path.join(workdir, "kernel.json")
-        )
-        self.shell = None
-        self.iopub = None
+        self.conn_file = os.path.join(workdir, "kernel.json")
+        ports = free_ports(5)
+        self.info = {
+            "shell_port": ports[0],
+            "iopub_port": ports[1],
+            "stdin_port": ports[2],
+            "control_port": ports[3],
+            "hb_port": ports[4],
+            "ip": "127.0.0.1",
+            "key": secrets.token_hex(16),
+            "transport": "tcp",
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": cfg.get("kernel", "python3"),
+        }
+        with open(self.conn_file, "w") as f:
+            json.dump(self.info, f)
+        self.proc = None  # type: Any
+        self.zmq = None  # type: Any
+        self.session = None  # type: Any
+        self.ctx = None  # type: Any
+        self.shell = None  # type: Any
+        self.iopub = None  # type: Any
         self.execution_count = 0
+
+    def launch(self):
+        """Start the kernel's process (not waiting for it)."""
+        import subprocess
+
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", self.conn_file]
+        self.proc = subprocess.Popen(
+            argv,
+            env=self.env,
+            cwd=os.getcwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_w,
+            stderr=self.log_w,
+            start_new_session=True,  # its own process group: an interrupt reaches what it runs
+            close_fds=True,
+        )
+        self.execution_count = 0
+        self._oom_first()
 
     def start(self, restart=False):
         """Start (or restart) the kernel and wait until it answers. Raises RuntimeError."""
         self._close_sockets()
-        kw = {"env": self.env, "cwd": os.getcwd(), "stdout": self.log_w, "stderr": self.log_w}
-        if restart:
-            try:
-                self.km.shutdown_kernel(now=True, restart=True)
-            except Exception:
-                pass
-        self.km.start_kernel(**kw)
-        self.execution_count = 0
-        self._oom_first()
-        self.shell = self.km.connect_shell()
-        self.iopub = self.km.connect_iopub()
+        if restart or self.proc is None:
+            self.kill()
+            self.launch()
+        if self.zmq is None:
+            import zmq
+            from jupyter_client.session import Session
+
+            self.zmq = zmq
+            self.ctx = zmq.Context()
+            self.session = Session(key=self.info["key"].encode(), signature_scheme="hmac-sha256")
+        zmq = self.zmq
+        self.shell = self.ctx.socket(zmq.DEALER)
+        self.shell.linger = 0
+        self.shell.connect("tcp://127.0.0.1:%d" % self.info["shell_port"])
+        self.iopub = self.ctx.socket(zmq.SUB)
+        self.iopub.linger = 0
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.connect("tcp://127.0.0.1:%d" % self.info["iopub_port"])
         self._wait_ready()
 
     def _oom_first(self):
-        pid = self.pid()
-        if pid:
-            try:
-                with open("/proc/%d/oom_score_adj" % pid, "w") as f:
-                    f.write("1000")
-            except OSError:
-                pass
+        """The memory limit's OOM killer takes the kernel, not the bridge."""
+        try:
+            with open("/proc/%d/oom_score_adj" % self.proc.pid, "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
 
     def pid(self):
-        p = getattr(getattr(self.km, "provisioner", None), "process", None) or getattr(self.km, "kernel", None)
-        return getattr(p, "pid", None)
+        return self.proc.pid if self.proc is not None else None
 
     def exit_status(self):
-        p = getattr(getattr(self.km, "provisioner", None), "process", None) or getattr(self.km, "kernel", None)
-        code = getattr(p, "returncode", None)
+        code = self.proc.poll() if self.proc is not None else None
         if code is None:
             return {}
         return {"signal": -code} if code < 0 else {"code": code}
@@ -248,11 +302,11 @@ class Kernel:
         while not (shell_ok and iopub_ok):
             if time.monotonic() > deadline:
                 raise RuntimeError("the kernel did not answer within %d s" % START_TIMEOUT)
-            if not self.km.is_alive():
+            if not self.alive():
                 raise RuntimeError("the kernel exited while starting (%s)" % (self.exit_status() or "?"))
             # Asked again until both answered: the subscription to iopub comes up after
             # the kernel may have published the first answer's status.
-            self.km.session.send(self.shell, "kernel_info_request", {})
+            self.session.send(self.shell, "kernel_info_request", {})
             for sock, _ev in poller.poll(200):
                 msg = self.recv(sock)
                 if msg is None:
@@ -267,29 +321,45 @@ class Kernel:
                 if self.recv(sock) is not None:
                     quiet = time.monotonic() + 0.05
 
+    def send(self, msg_type, content):
+        """Send a request on shell; its msg_id."""
+        return self.session.send(self.shell, msg_type, content)["header"]["msg_id"]
+
     def recv(self, sock):
         try:
             frames = sock.recv_multipart(self.zmq.NOBLOCK)
         except self.zmq.Again:
             return None
-        _idents, frames = self.km.session.feed_identities(frames)
-        return self.km.session.deserialize(frames)
+        _idents, frames = self.session.feed_identities(frames)
+        return self.session.deserialize(frames)
 
     def alive(self):
-        return self.km.is_alive()
+        return self.proc is not None and self.proc.poll() is None
 
     def interrupt(self):
+        """SIGINT to the kernel's process group, as Ctrl-C (ipykernel's interrupt mode)."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    def kill(self):
+        """End the kernel and everything it started (its process group)."""
+        if self.proc is None:
+            return
         try:
-            self.km.interrupt_kernel()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
         except Exception:
             pass
 
     def shutdown(self):
         self._close_sockets()
-        try:
-            self.km.shutdown_kernel(now=True)
-        except Exception:
-            pass
+        self.kill()
 
 
 class Execution:
@@ -453,7 +523,7 @@ class Bridge:
             "allow_stdin": False,
             "stop_on_error": True,
         }
-        msg_id = k.km.session.send(k.shell, "execute_request", content)["header"]["msg_id"]
+        msg_id = k.send("execute_request", content)
         zmq = k.zmq
         poller = zmq.Poller()
         poller.register(k.shell, zmq.POLLIN)
@@ -591,6 +661,7 @@ class Bridge:
                     self.lock.release()
 
     def run(self):
+        self.kernel.launch()  # (it boots while the bridge imports zmq and listens)
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.bind(("127.0.0.1", 0))
         srv.listen(16)

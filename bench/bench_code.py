@@ -10,6 +10,8 @@ sandbox and kernel start included, <= 2 s under runc):
   changelog, as every execution is);
 * HTTP: ``POST /v1/workspaces/{id}/code/execute`` of ``loom-worker serve`` (a separate
   process), its NDJSON read whole by an httpx client;
+* the service's floor: ``GET /healthz`` on the same connection (what any HTTP round
+  trip costs here, kernel or not);
 * the model's ``run_code`` tool (``registry.execute("run_code", ...)``): measured once a
   tool of that name is registered (issue 41's other half), else shown as not there.
 
@@ -163,6 +165,11 @@ async def one_runtime(
             }
             if has_tool:
                 paths[f"tool {TOOL} (registry.execute)"] = tool
+
+            async def healthz(_code: str) -> None:  # the service's own floor: no sandbox, no kernel
+                assert (await api.get("/healthz")).status_code == 200
+
+            paths["HTTP floor: GET /healthz (no kernel)"] = healthz
             for fn in paths.values():  # warm: the sandbox, the kernel, the service's own
                 for code in PROGRAMS.values():
                     await fn(code)
@@ -213,7 +220,7 @@ async def main(args: argparse.Namespace) -> None:
             continue
         p50 = statistics.median(values)
         ratio = p50 / base[(rt, label)] if (rt, label) in base else float("nan")
-        if name.startswith("baseline") or label == "1 MiB stdout":
+        if name.startswith(("baseline", "HTTP floor")) or label == "1 MiB stdout":
             target = ""
         elif label == "first execution":
             target = ("yes" if p50 <= 2000 else "NO") + " (<= 2 s)" if rt == "runc" else "(runc's)"

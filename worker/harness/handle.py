@@ -32,7 +32,7 @@ import posixpath
 import secrets
 import shlex
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -387,14 +387,18 @@ class SandboxHandle:
         call_id: str | None = None,
         *,
         tool: str = "sandbox.run_code",
+        on_event: Callable[[kernels.CodeEvent], Awaitable[None]] | None = None,
     ) -> kernels.Execution:
         """:meth:`run_code_stream` waited for: its :class:`Execution <worker.kernels.Execution>`
-        (the outputs and displays in it). Raises as :meth:`run_code_stream`."""
+        (the outputs and displays in it); ``on_event`` is awaited with each output and
+        display as it comes, then the Execution. Raises as :meth:`run_code_stream`."""
         call_id = call_id or "call_" + secrets.token_hex(8)
         cid = _context_id(context) if context is not None else None
         started = time.perf_counter()
         ws = await self._ws()
-        ex = await kernels.run(ws, code, context=cid, language=language, timeout=timeout, call_id=call_id, tool=tool)
+        ex = await kernels.run(
+            ws, code, context=cid, language=language, timeout=timeout, call_id=call_id, tool=tool, emit=on_event
+        )
         self._journal_code(ws, tool, code, ex, started)
         return ex
 

@@ -225,3 +225,26 @@ async def test_an_image_without_a_kernel_says_what_is_missing(docker_ready: None
     assert e.value.code == "kernel_unavailable"
     assert "ipykernel" in e.value.missing and "jupyter_client" in e.value.missing
     assert "python3-ipykernel" in str(e.value) and "pip install" in str(e.value)
+
+
+async def test_contexts_count_against_the_process_budget_and_end_with_the_sandbox(
+    runtime: str, docker_ready: None, tmp_path: Path
+) -> None:
+    ws = workspace(tmp_path)
+    async with own_registry(tmp_path, runtime, max_processes=2) as registry:
+        handle = registry.sandbox(ws)
+        first = await handle.create_code_context()
+        await handle.run_code("1")  # the default context: the second
+        with pytest.raises(AgentError) as e:
+            await handle.create_code_context()
+        assert e.value.code == "limit" and "at most 2" in str(e.value)
+        await handle.delete_code_context(first)
+        (ws / "sub").mkdir()
+        sub = await handle.create_code_context(cwd="sub", env={"MARK": "m"})
+        assert sub.cwd == "/workspace/sub"
+        assert (await handle.run_code("import os\nos.getcwd(), os.environ['MARK']", context=sub)).text == (
+            "('/workspace/sub', 'm')"
+        )
+        await registry.stop(ws)
+        assert await handle.code_contexts() == []  # a new sandbox: no context
+        assert (await handle.run_code("2 * 21")).text == "42"  # the default one, made again

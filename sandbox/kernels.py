@@ -35,11 +35,15 @@ from .kernel_session import KERNELS, KernelInfo, KernelSession, missing_message,
 START_TIMEOUT = 90.0
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-__all__ = ["KERNELS", "KernelInfo", "KernelSession", "KernelsMixin", "missing_message", "ready_line"]
+__all__ = ["KERNELS", "KernelInfo", "KernelSession", "KernelsMixin", "bridge_source", "missing_message", "ready_line"]
 
 
-def _bridge_source() -> bytes:
-    return (resources.files("sandbox") / "kernel_bridge.py").read_bytes()
+def bridge_source() -> bytes:
+    """The program a context's background process runs: the kernel's process
+    (:mod:`sandbox.kernel_process`), then the bridge (:mod:`sandbox.kernel_bridge`), as one
+    source."""
+    here = resources.files("sandbox")
+    return (here / "kernel_process.py").read_bytes() + b"\n\n" + (here / "kernel_bridge.py").read_bytes()
 
 
 class _Box(BackgroundProcesses, Tunnels, Protocol):
@@ -76,7 +80,7 @@ class KernelsMixin:
             linger=linger,
         )  # fmt: skip
         cfg = {"id": context_id, "language": language, "kernel": kernel, "workdir": cwd, "env": env or {}}
-        src = _bridge_source()
+        src = bridge_source()
         try:
             await self.process_input(context_id, b"%d\n" % len(src) + src + json.dumps(cfg).encode() + b"\n", eof=True)
         except AgentError:

@@ -19,6 +19,7 @@ import pytest
 from sandbox.errors import KernelUnavailableError, ProtocolError
 from sandbox.kernel_bridge import BOOT
 from sandbox.kernel_session import ready_line
+from sandbox.kernels import bridge_source
 from worker.cli.code import exit_code
 from worker.kernels import Execution, ExecutionError, Result, strip_ansi, wire
 from worker.kernels.execute import message, shown
@@ -159,7 +160,7 @@ def test_the_clis_exit_codes() -> None:
 @pytest.fixture(scope="module")
 def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     pytest.importorskip("ipykernel")
-    src = (ROOT / "sandbox" / "kernel_bridge.py").read_bytes()
+    src = bridge_source()
     cwd = tmp_path_factory.mktemp("bridge")
     p = subprocess.Popen([sys.executable, "-c", BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=cwd)
     assert p.stdin is not None and p.stdout is not None

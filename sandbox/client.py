@@ -54,7 +54,7 @@ from .base import (
     TreeRemoval,
     WriteResult,
 )
-from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+from .capabilities import BackgroundProcesses, CodeKernels, HarnessFiles, StagedWrites, Terminals, Tunnels
 from .connection import AgentConnection
 from .errors import (
     AgentError,
@@ -64,6 +64,7 @@ from .errors import (
     TooLargeError,
 )
 from .harness import HarnessMixin
+from .kernels import KernelsMixin
 from .process import SandboxProcess
 from .tunnel import AgentTunnel, SandboxTunnel
 
@@ -74,7 +75,7 @@ Connector = Callable[[bool], Awaitable[AgentConnection]]
 DEADLINE_SLACK = 5.0
 
 
-class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
+class AgentSandbox(HarnessMixin, BackgroundMixin, KernelsMixin, Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
     def __init__(
@@ -394,6 +395,21 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
         r = await conn.request("spawn", {"argv": list(argv), "cwd": cwd, "env": env or {}}, timeout=30)
         return SandboxProcess(conn, check_int(r.get("proc"), "proc", lo=1))
 
+    async def lost_reason(self) -> str | None:
+        """After a stream into this sandbox ended unexpectedly (a kernel's bridge), whether
+        the sandbox itself went: None when its agent still answers; else what the backend
+        found as it reset it (the next call starts a fresh one): ``"oom"`` (the engine
+        killed it for memory), ``"reset"``, or ``"lost"`` (it could not tell)."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await conn.request("hello", {}, timeout=10.0)
+                return None
+            except (SandboxLostError, SandboxTimeoutError):
+                pass
+        why = await self._on_exec_lost() if self._on_exec_lost is not None else None
+        return why or "lost"
+
     async def info(self) -> AgentInfo:
         r = await self._call("hello", {})
         return agent_info(r)
@@ -529,5 +545,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
 
 if TYPE_CHECKING:
 
-    def _capabilities(box: AgentSandbox) -> tuple[StagedWrites, BackgroundProcesses, Tunnels, HarnessFiles]:
-        return box, box, box, box  # mypy: every backend of this package has them all
+    def _capabilities(
+        box: AgentSandbox,
+    ) -> tuple[StagedWrites, BackgroundProcesses, Terminals, Tunnels, HarnessFiles, CodeKernels]:
+        return box, box, box, box, box, box  # mypy: every backend of this package has them all

@@ -14,12 +14,13 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.workers import LOOM, ROOT
 from worker.cli.setup import gvisor
-from worker.cli.setup.images import context_dir, sandbox_recipe
+from worker.cli.setup.images import Images, context_dir, sandbox_recipe
 
 IMAGES = ROOT / "images"
 
@@ -180,3 +181,40 @@ def test_no_docker_command_is_named(tmp_path: Path) -> None:
 def test_a_bad_pull_policy_is_a_usage_error() -> None:
     p = _setup(_env(), "--pull", "sometimes")
     assert p.returncode == 2 and "--pull: invalid choice: 'sometimes'" in p.stderr
+
+
+class _Engine:
+    """A DockerCLI stand-in: which images it has, which pass the probe, what was built."""
+
+    def __init__(self, images: set[str], current: set[str]) -> None:
+        self.images, self.current = images, current
+        self.built: list[tuple[str, dict[str, str]]] = []
+        self.env: dict[str, str] = {}
+        self.executable = "/usr/bin/docker"
+
+    def has_image(self, ref: str) -> bool:
+        return ref in self.images
+
+    def probe(self, image: str, argv: Any) -> bool:
+        return image in self.current
+
+    def build(self, context: Path, tag: str, build_args: dict[str, str]) -> None:
+        self.built.append((tag, dict(build_args)))
+        self.images.add(tag)
+
+
+def test_a_practical_image_from_an_older_recipe_is_built_again() -> None:
+    recipe = sandbox_recipe("loom-sandbox:latest")
+    assert recipe is not None and recipe.probe and "ipykernel" in recipe.probe[-1]
+    fresh = _Engine({"loom-sandbox:latest", "loom-base-dev:bookworm"}, {"loom-sandbox:latest"})
+    assert Images(fresh, pull="never").ensure("loom-sandbox:latest", recipe).status == "ok"  # type: ignore[arg-type]
+    old = _Engine({"loom-sandbox:latest", "loom-base-dev:bookworm"}, {"loom-base-dev:bookworm"})
+    step = Images(old, pull="never").ensure("loom-sandbox:latest", recipe)  # type: ignore[arg-type]
+    assert step.status == "done" and "built again: it was built from an older recipe" in step.detail, step
+    assert old.built == [("loom-sandbox:latest", {"BASE": "loom-base-dev:bookworm", "VARIANT": "practical"})]
+    # an offline base from an older package list is not built from: (not root here) nothing is
+    stale = _Engine({"loom-sandbox:latest", "loom-base-dev:bookworm"}, set())
+    step = Images(stale, pull="never", is_root=False).ensure("loom-sandbox:latest", recipe)  # type: ignore[arg-type]
+    assert step.status == "FAIL" and "debootstrap: needs root" in step.detail, step
+    minimal = sandbox_recipe("loom-sandbox:minimal")
+    assert minimal is not None and not minimal.probe

@@ -99,6 +99,11 @@ class DockerCLI:
         """Whether ``ref`` is on the engine (nothing is pulled)."""
         return self._quick("image", "inspect", "--format", "{{.Id}}", ref).returncode == 0
 
+    def probe(self, image: str, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` succeeds in a throwaway container of ``image`` (no network)."""
+        p = self._quick("run", "--rm", "--network", "none", "--entrypoint", argv[0], image, *argv[1:])
+        return p.returncode == 0
+
     def buildkit(self) -> bool:
         """Whether ``docker build`` can use BuildKit (the buildx plugin is installed).
         Without it the classic builder is asked for (``DOCKER_BUILDKIT=0``): a recent CLI

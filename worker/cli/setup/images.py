@@ -9,7 +9,8 @@ Two images are the worker's own, built from the build contexts shipped in the pa
 - the **default sandbox image** (``LOOM_IMAGE``) when it is one of ours: a local name
   starting with ``loom-`` (``loom-sandbox:latest`` is the practical variant, a tag
   ``minimal`` the minimal one). Any other image (``python:3.12-slim``) is pulled, as the
-  pull policy allows.
+  pull policy allows. A practical image (or offline base) built from an older recipe,
+  one without what a code context needs (``Recipe.probe``), is built again.
 
 Both build ``FROM`` a Debian bookworm base, the first of these the engine can get:
 
@@ -70,6 +71,10 @@ class Recipe:
     context: str
     build_args: dict[str, str] = field(default_factory=dict)
     dev: bool = False  # its offline base is the practical one (build-base.sh --dev)
+    #: A command that succeeds in an image (or offline base) of this recipe's current
+    #: version: one built from an older recipe (a package list that grew) fails it and is
+    #: built again.
+    probe: tuple[str, ...] = ()
 
     @property
     def offline_base(self) -> str:
@@ -77,6 +82,9 @@ class Recipe:
 
 
 RUNTIME = Recipe("agent runtime image", "runtime")
+#: What the practical image has beyond the minimal one's commands since issue 41: a Python
+#: code context's kernel and its libraries (images/sandbox/Dockerfile's ``mods``).
+PRACTICAL_PROBE = ("python3", "-c", "import ipykernel, jupyter_client, matplotlib, pandas, numpy")
 
 
 def sandbox_recipe(image: str) -> Recipe | None:
@@ -88,7 +96,7 @@ def sandbox_recipe(image: str) -> Recipe | None:
         return None
     if tag == "minimal":
         return Recipe("sandbox image", "sandbox", {"VARIANT": "minimal"})
-    return Recipe("sandbox image", "sandbox", {"VARIANT": "practical"}, dev=True)
+    return Recipe("sandbox image", "sandbox", {"VARIANT": "practical"}, dev=True, probe=PRACTICAL_PROBE)
 
 
 def context_dir(name: str) -> Traversable:
@@ -122,8 +130,11 @@ class Images:
     def ensure(self, image: str, recipe: Recipe | None) -> Step:
         """``image`` on the engine: already there, built from ``recipe``, or pulled."""
         what = f"{recipe.what if recipe else 'sandbox image'} {image}"
+        stale = ""
         if self.docker.has_image(image) and not (recipe is None and self.pull_policy == "always"):
-            return Step("ok", what, "already there")
+            if recipe is None or not recipe.probe or self.docker.probe(image, recipe.probe):
+                return Step("ok", what, "already there")
+            stale = " again: it was built from an older recipe (it lacks what a code context needs)"
         if recipe is None:
             why = self._pull(image)
             if why is None:
@@ -149,7 +160,7 @@ class Images:
             return Step(
                 "FAIL", what, f"docker build from {base_ref} failed:\n{_indent(str(e))}", "-v shows the whole build"
             )
-        return Step("done", what, f"built from {base_ref} ({how}) in {time.monotonic() - started:.0f} s")
+        return Step("done", what, f"built{stale} from {base_ref} ({how}) in {time.monotonic() - started:.0f} s")
 
     # -- bases ------------------------------------------------------------------------------------
 
@@ -165,7 +176,10 @@ class Images:
             return Step("FAIL", "base", f"--base {self.base}: {why}", "give a base this engine has or can pull")
         offline = self.offline_bases[1] if recipe.dev else self.offline_bases[0]
         if self.docker.has_image(offline):
-            return offline, "the offline base, on this engine"
+            if not recipe.probe or self.docker.probe(offline, recipe.probe):
+                return offline, "the offline base, on this engine"
+            # An offline base from an older package list: build-base.sh (below) sees its
+            # stamp differ and builds it again; a registry's base installs with apt.
         reasons: list[str] = []
         if self.docker.has_image(REGISTRY_BASE) and self.pull_policy != "always":
             return REGISTRY_BASE, "on this engine"

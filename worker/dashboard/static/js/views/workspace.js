@@ -3,6 +3,7 @@
 import { get, ws } from '../api.js';
 import { errorBox, fill, h } from '../dom.js';
 import { changesView } from './changes.js';
+import { codeView } from './code.js';
 import { egressView } from './egress.js';
 import { filesView } from './files.js';
 import { runView } from './run.js';
@@ -15,6 +16,7 @@ const TABS = [
   ['changes', 'Changes', changesView],
   ['files', 'Files', filesView],
   ['run', 'Run', runView],
+  ['code', 'Code', codeView],
   ['sandbox', 'Sandbox', sandboxView],
   ['snapshots', 'Snapshots', snapshotsView],
   ['egress', 'Egress', egressView],

@@ -12,13 +12,17 @@
 :class:`Tunnels`               ``open_tunnel(port)``: a TCP connection to the sandbox's loopback
 :class:`HarnessFiles`          ``read_path``, ``write_path``: files anywhere in the sandbox, as its
                                user (a harness's, not the model's)
+:class:`CodeKernels`           ``start_kernel``, ``kernel_info``, ``kernel_session``,
+                               ``stop_kernel``: code contexts' kernels (background processes
+                               reached through a tunnel; :mod:`sandbox.kernels`)
 =============================  =================================================================
 
 The agent sandbox (:class:`sandbox.client.AgentSandbox`, and so every backend of this
 package) has them all; mypy checks that in :mod:`sandbox.client`. A new capability (a
 terminal, a kernel) is one more Protocol here and its implementation beside the agent
 sandbox's; a backend without it is refused where it is used, by the helper of each
-(:func:`background`, :func:`terminals`, :func:`tunnels`, :func:`harness_files`), with the error the callers
+(:func:`background`, :func:`terminals`, :func:`tunnels`, :func:`harness_files`,
+:func:`code_kernels`), with the error the callers
 already handle. Staged writes instead fall back to staging on the host, built on the core
 contract (:func:`sandbox.base.staged_writes`), so the changelog records any sandbox.
 """
@@ -31,14 +35,17 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from .results import PathRead, PathWrite, ProcessAttach, ProcessInfo, ProcessOutput, StagedWrite, WriteResult
 
 if TYPE_CHECKING:
+    from .kernel_session import KernelInfo, KernelSession
     from .tunnel import Tunnel
 
 __all__ = [
     "BackgroundProcesses",
+    "CodeKernels",
     "HarnessFiles",
     "StagedWrites",
     "Tunnels",
     "background",
+    "code_kernels",
     "harness_files",
     "tunnels",
 ]
@@ -246,6 +253,49 @@ class HarnessFiles(Protocol):
         ...
 
 
+@runtime_checkable
+class CodeKernels(Protocol):
+    """Code contexts' kernels: each a background process (a bridge to a Jupyter kernel, run
+    by the image's python3) named by its context's id, reached through a tunnel."""
+
+    async def start_kernel(
+        self,
+        context_id: str,
+        language: str,
+        *,
+        cwd: str = ".",
+        env: dict[str, str] | None = None,
+        max_running: int = 8,
+        linger: float = 600.0,
+        timeout: float = 86_400.0,
+    ) -> KernelInfo:
+        """Start a kernel of ``language`` (``python``) as background process ``context_id``
+        in ``cwd`` (relative to the workspace) with ``env`` on top of the sandbox's
+        variables, and wait until it answers. It ends at ``timeout``, when stopped, or with
+        the sandbox.
+
+        Raises KernelUnavailableError (the image lacks what the kernel needs: the message
+        says what and how to add it), AgentError (``limit``: ``max_running`` background
+        processes run; ``invalid``; ``conflict``: the id is taken), PathNotFoundError
+        (cwd), infrastructure errors."""
+        ...
+
+    async def kernel_info(self, context_id: str) -> KernelInfo:
+        """Context ``context_id``'s kernel as its bridge announced it (``running``: the
+        bridge is up). Raises AgentError (``not_found``)."""
+        ...
+
+    async def kernel_session(self, context_id: str) -> KernelSession:
+        """An open connection to the context's bridge (kept and reused: one per sandbox and
+        context). Raises AgentError (``not_found``; ``conflict``: its bridge has ended),
+        TunnelClosedError, ProtocolError, infrastructure errors."""
+        ...
+
+    async def stop_kernel(self, context_id: str) -> None:
+        """End the context's kernel and forget it. Never raises for an unknown one."""
+        ...
+
+
 # -- where each is used: the sandbox as that capability, or the error callers handle -------
 
 
@@ -254,6 +304,13 @@ def background(box: object) -> BackgroundProcesses:
     if isinstance(box, BackgroundProcesses):
         return box
     raise NotImplementedError("this sandbox has no background processes")
+
+
+def code_kernels(box: object) -> CodeKernels:
+    """``box`` as :class:`CodeKernels`. Raises NotImplementedError when it has none."""
+    if isinstance(box, CodeKernels):
+        return box
+    raise NotImplementedError("this sandbox has no code kernels")
 
 
 def harness_files(box: object) -> HarnessFiles:

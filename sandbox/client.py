@@ -54,7 +54,7 @@ from .base import (
     TreeRemoval,
     WriteResult,
 )
-from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+from .capabilities import BackgroundProcesses, CodeKernels, HarnessFiles, StagedWrites, Terminals, Tunnels
 from .connection import AgentConnection
 from .errors import (
     AgentError,
@@ -64,6 +64,7 @@ from .errors import (
     TooLargeError,
 )
 from .harness import HarnessMixin
+from .kernels import KernelsMixin
 from .process import SandboxProcess
 from .tunnel import AgentTunnel, SandboxTunnel
 
@@ -74,7 +75,7 @@ Connector = Callable[[bool], Awaitable[AgentConnection]]
 DEADLINE_SLACK = 5.0
 
 
-class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
+class AgentSandbox(HarnessMixin, BackgroundMixin, KernelsMixin, Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
     def __init__(
@@ -529,5 +530,7 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, Sandbox):
 
 if TYPE_CHECKING:
 
-    def _capabilities(box: AgentSandbox) -> tuple[StagedWrites, BackgroundProcesses, Tunnels, HarnessFiles]:
-        return box, box, box, box  # mypy: every backend of this package has them all
+    def _capabilities(
+        box: AgentSandbox,
+    ) -> tuple[StagedWrites, BackgroundProcesses, Terminals, Tunnels, HarnessFiles, CodeKernels]:
+        return box, box, box, box, box, box  # mypy: every backend of this package has them all

@@ -26,7 +26,9 @@
         ├── UserUnsupportedError       ``exec(user=...)`` this sandbox's settings do not allow
         ├── ConflictError              a precondition (expected content hash) did not hold
         ├── TooLargeError              a size cap was hit
-        └── InvalidPatternError        a search regex that does not compile (also ValueError)
+        ├── InvalidPatternError        a search regex that does not compile (also ValueError)
+        └── KernelUnavailableError     the image cannot run a code context's kernel: ``missing``
+                                       names what it lacks, the message how to add it
 
 Foreign errors (docker SDK, OS, JSON) are translated into this tree once, where they are
 caught (``sandbox.docker`` and ``sandbox.connection``); nothing above this package ever
@@ -177,6 +179,18 @@ class InvalidPatternError(AgentError, ValueError):
     """A search regex that does not compile (also a ``ValueError``)."""
 
     code = "invalid_pattern"
+
+
+class KernelUnavailableError(AgentError):
+    """The sandbox's image cannot run a code context's kernel (no python3, or one without
+    ipykernel and jupyter_client; a kernel that would not start). ``missing`` names the
+    modules it lacks; the message says how to add them."""
+
+    code = "kernel_unavailable"
+
+    def __init__(self, message: str, *, missing: list[str] | None = None, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.missing = list(missing or [])
 
 
 _BY_CODE: dict[str, type[AgentError]] = {

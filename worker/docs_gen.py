@@ -163,6 +163,8 @@ def render_http(app: Any) -> str:
                 op = doc["paths"][template][method.lower()]
                 sections.append(_operation(method, template, auth, op))
                 models |= _refs(op)
+            elif isinstance(route, WebSocketRoute):
+                sections.append(_websocket(template, auth, route))
     out = [
         HEADER.format(source="the app's route table (`worker.http.create_app`)"),
         "# HTTP routes\n\n",
@@ -189,6 +191,12 @@ def render_http(app: Any) -> str:
         out.append(_model(name, components[name]))
         todo.extend(sorted(_refs(components[name]) - done))
     return "".join(out).rstrip("\n") + "\n"
+
+
+def _websocket(template: str, auth: str, route: WebSocketRoute) -> str:
+    """A WebSocket route's section: its endpoint's description (OpenAPI has none)."""
+    doc = inspect.cleandoc(getattr(route.endpoint, "__doc__", None) or "")
+    return f"### `{WEBSOCKET} {template}`\n\n{' '.join(doc.split())}\n\nauth: {auth}\n\n"
 
 
 def _content_schema(part: dict[str, Any]) -> dict[str, Any]:

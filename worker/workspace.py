@@ -37,6 +37,7 @@ from sandbox.base import (
 )
 from sandbox.capabilities import background, terminals
 from sandbox.errors import SandboxError
+from sandbox.kernels import KernelInfo
 from sandbox.logs import get_logger
 
 from . import faults
@@ -46,6 +47,7 @@ from .guard import Action, WorkspaceGuard
 from .pathlocks import PathLocks
 
 T = TypeVar("T")
+S = TypeVar("S", bound="ProcessInfo | KernelInfo")
 
 
 log = get_logger("worker.workspace")
@@ -519,28 +521,39 @@ class Workspace:
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
         async with self.mutating():
-            # The baseline is brought up to date first: what the process changes from
-            # here on is its own (and what others changed before is theirs).
-            attr = await bg.attribution(self.sandbox) if bg is not None else None
-            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
-            if bg is not None and attr is not None:
-                bg.settled(attr)
+            await self._baseline_for_a_process()
             process_id = process_id or new_process_id()
             extra: dict[str, Any] = {"idle": idle} if idle else {}
             info = await background(self.sandbox).start_process(
-                process_id,
-                command,
-                cwd=cwd,
-                timeout=timeout,
-                env=env,
-                max_running=limits.max_processes,
-                linger=limits.linger,
-                **extra,
-            )
+                process_id, command, cwd=cwd, timeout=timeout, env=env, max_running=limits.max_processes,
+                linger=limits.linger, **extra,
+            )  # fmt: skip
             self.forget(None)
             if bg is not None:
                 bg.index.add(Started(process_id, command, info.started, call_id, subtask_id))
             return info
+
+    async def _baseline_for_a_process(self) -> None:
+        """(Holding the mutation lock, before a process starts) the baseline brought up to
+        date: what the process changes from here on is its own, what others did theirs."""
+        bg = self.background
+        attr = await bg.attribution(self.sandbox) if bg is not None else None
+        await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
+        if bg is not None and attr is not None:
+            bg.settled(attr)
+
+    async def start_owned(self, process_id: str, shown: str, start: Callable[[], Awaitable[S]]) -> S:
+        """Start a background process that is not a command (a terminal, a code context's
+        kernel) with ``start()``, named ``process_id`` (``shown`` so in the changelog):
+        what it changes from here on is its own. Returns what ``start`` returns, raises
+        what it raises."""
+        async with self.mutating():
+            await self._baseline_for_a_process()
+            value = await start()
+            self.forget(None)
+            if self.background is not None:
+                self.background.index.add(Started(process_id, shown, value.started))
+            return value
 
     async def start_terminal(
         self,
@@ -552,39 +565,22 @@ class Workspace:
         cwd: str = ".",
         env: dict[str, str] | None = None,
         idle: float = 0.0,
+        timeout: float,
+        scrollback: int,
     ) -> ProcessInfo:
-        """Start ``argv`` (None: a login shell) on a terminal, as a background process
-        named ``terminal_id`` (see :mod:`worker.terminals`): what it changes from here on is
-        its own. Raises what :meth:`Sandbox.start_terminal
-        <sandbox.capabilities.Terminals.start_terminal>` raises."""
-        from .terminals import MAX_LIFE, SCROLLBACK
-
+        """Start ``argv`` (None: a login shell) on a terminal, a background process named
+        ``terminal_id`` (:mod:`worker.terminals`): what it changes from here on is its own.
+        Raises what ``Terminals.start_terminal`` raises."""
         box = terminals(self.sandbox)
-        bg = self.background
-        limits = bg.limits if bg is not None else BackgroundLimits()
-        async with self.mutating():
-            attr = await bg.attribution(self.sandbox) if bg is not None else None
-            await self.recorder.before_shell(self.sandbox, attribute=attr.record if attr else None)
-            if bg is not None and attr is not None:
-                bg.settled(attr)
-            info = await box.start_terminal(
-                terminal_id,
-                argv,
-                cols=cols,
-                rows=rows,
-                cwd=cwd,
-                env=env,
-                timeout=MAX_LIFE,
-                idle=idle,
-                max_running=limits.max_processes,
-                scrollback=SCROLLBACK,
-                linger=limits.linger,
-            )
-            self.forget(None)
-            if bg is not None:
-                shown = info.command or "login shell"
-                bg.index.add(Started(terminal_id, f"terminal: {shown}", info.started))
-            return info
+        limits = self.background.limits if self.background is not None else BackgroundLimits()
+        return await self.start_owned(
+            terminal_id,
+            f"terminal: {' '.join(argv) if argv else 'login shell'}",
+            lambda: box.start_terminal(
+                terminal_id, argv, cols=cols, rows=rows, cwd=cwd, env=env, timeout=timeout, idle=idle,
+                max_running=limits.max_processes, scrollback=scrollback, linger=limits.linger,
+            ),
+        )  # fmt: skip
 
     async def settle_background(self, *, prefer: str | None = None) -> list[str]:
         """Record what background processes changed since the last scan (called when one

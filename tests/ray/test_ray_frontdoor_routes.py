@@ -16,10 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.routing import WebSocketRoute
 
+from tests import wsclient
 from tests.conftest import SANDBOX_IMAGE
 from tests.servers import serve_app
 from tests.unit.test_http_stream_ports import sse
+from tests.unit.test_http_terminals import next_text, read_until
 
 from .conftest import NAMESPACE, RayCluster
 
@@ -437,6 +440,62 @@ async def _native(ctx: Ctx) -> None:
     assert a.status_code == 200 and a.json() == b.json() and a.json()["output"][0]["stdout"] == "hi\n", a.text
 
 
+@probe("POST", f"{WS}/terminals")
+@probe("GET", f"{WS}/terminals")
+@probe("GET", f"{WS}/terminals/{{terminal_id}}")
+@probe("DELETE", f"{WS}/terminals/{{terminal_id}}")
+async def _terminals(ctx: Ctx) -> None:
+    r = await ctx.front.post(ctx.url(f"{WS}/terminals"), json={"command": ["sh"], "cols": 90, "rows": 20})
+    assert r.status_code == 201 and r.json()["running"] and r.json()["cols"] == 90, r.text
+    tid = r.json()["id"]
+    listed = (await ctx.front.get(ctx.url(f"{WS}/terminals"))).json()["terminals"]
+    assert [t["id"] for t in listed] == [tid], listed
+    r = await ctx.front.get(ctx.url(f"{WS}/terminals/{{tid}}", tid=tid))
+    assert r.status_code == 200 and r.json()["id"] == tid, r.text
+    a, b = await both(ctx, "POST", f"{WS}/terminals", json={"cols": 0})
+    assert a.status_code == 422 and a.json() == b.json()
+    a, b = await both(ctx, "GET", f"{WS}/terminals/term-000000000000")
+    assert a.status_code == 404 and a.json() == b.json()
+    r = await ctx.front.delete(ctx.url(f"{WS}/terminals/{{tid}}", tid=tid))
+    assert r.status_code == 200 and r.json()["running"] is False, r.text
+
+
+@probe("WEBSOCKET", f"{WS}/terminals/{{terminal_id}}/ws")
+async def _terminal_screen(ctx: Ctx) -> None:
+    # The WebSocket relayed to the node, message for message: typed into, resized, exited.
+    r = await ctx.front.post(ctx.url(f"{WS}/terminals"), json={"command": ["sh"], "cols": 80, "rows": 24})
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    base = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
+    url = base + ctx.url(f"{WS}/terminals/{{tid}}/ws", tid=tid)
+    async with await wsclient.connect(url, subprotocols=["loom.bearer.eA", "loom.terminal.v1"], headers=AUTH) as ws:
+        assert ws.subprotocol == "loom.terminal.v1"
+        attached = await ws.receive_json()
+        assert attached == {"type": "attached", "id": tid, "cursor": 0, "dropped": 0, "cols": 80, "rows": 24}
+        await ws.send_bytes(b"echo h''i\r")
+        await read_until(ws, b"hi\r\n")
+        await ws.send_json({"type": "resize", "cols": 90, "rows": 30})
+        await ws.send_bytes(b"stty size\r")
+        await read_until(ws, b"30 90\r\n")
+        await ws.send_text("not json")
+        assert (await next_text(ws))["type"] == "error"
+        await ws.send_bytes(b"exit 3\r")
+        assert await next_text(ws) == {"type": "exit", "exit_code": 3, "outcome": "exit", "signal": None}
+        with pytest.raises(wsclient.Closed) as closed:
+            await ws.receive()
+        assert closed.value.code == 1000
+    # Reattached through the front door: the scrollback replayed.
+    async with await wsclient.connect(url, subprotocols=["loom.terminal.v1"], headers=AUTH) as ws:
+        assert (await ws.receive_json())["type"] == "attached"
+        assert b"hi\r\n" in await read_until(ws, b"30 90")
+    # Refusals are the route's own: closed 4404 with why.
+    for gone in (ctx.url(f"{WS}/terminals/term-000000000000/ws"), "/v1/workspaces/nope/terminals/t/ws"):
+        async with await wsclient.connect(base + gone, subprotocols=["loom.terminal.v1"], headers=AUTH) as ws:
+            with pytest.raises(wsclient.Closed) as closed:
+                await ws.receive()
+            assert closed.value.code == 4404 and closed.value.reason, gone
+
+
 @probe("*", f"{WS}/ports/{{port:int}}")
 @probe("*", f"{WS}/ports/{{port:int}}/{{path:path}}")
 async def _ports(ctx: Ctx) -> None:
@@ -448,6 +507,24 @@ async def _ports(ctx: Ctx) -> None:
     assert r2.status_code == 308, r2.text
     r2 = await ctx.front.get(ctx.url(f"{WS}/ports/8777/a.txt"))
     assert r2.status_code == 200 and r2.text == "changed\n", r2.text
+
+
+@probe("WEBSOCKET", f"{WS}/ports/{{port:int}}")
+@probe("WEBSOCKET", f"{WS}/ports/{{port:int}}/{{path:path}}")
+async def _ports_websocket(ctx: Ctx) -> None:
+    # The port proxy's WebSockets stay at the front door, through a tunnel to the sandbox.
+    echo = (Path(__file__).parents[1] / "wsecho.py").read_text()
+    assert (await call(ctx, "write_file", path="wsecho.py", content=echo))["success"]
+    r = await call(ctx, "shell_execute", command="python3 wsecho.py 8778", background=True)
+    assert r["success"], r
+    ready = "for i in $(seq 100); do curl -sf http://127.0.0.1:8778/ >/dev/null && exit 0; sleep 0.1; done; exit 1"
+    assert (await call(ctx, "shell_execute", command=ready))["success"]
+    base = str(ctx.front.base_url).rstrip("/").replace("http", "ws", 1)
+    for path in (f"{WS}/ports/8778", f"{WS}/ports/8778/chat"):
+        async with await wsclient.connect(base + ctx.url(path), subprotocols=["echo.v1"], headers=AUTH) as ws:
+            assert ws.subprotocol == "echo.v1"
+            await ws.send_text("hello")
+            assert await ws.receive() == "hello", path
 
 
 @probe("*", f"{WS}/mcp")
@@ -512,6 +589,9 @@ async def test_every_route_works_through_the_front_door_or_is_refused_by_name(ct
 
     routes = set()
     for route in route_table(create_app(Settings())):
+        if isinstance(route, WebSocketRoute):
+            routes.add(("WEBSOCKET", route.path))
+            continue
         methods = sorted(getattr(route, "methods", None) or ["*"])
         for m in methods:
             if m != "HEAD":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from tests.unit.test_http_access import served
+from tests.unit.test_http_access import served, sockets
 from worker import docs_gen
 from worker.http import create_app
 from worker.settings import Settings
@@ -43,8 +43,10 @@ def test_every_route_is_listed_once(rendered: dict[str, str]) -> None:
         assert (method, template) in listed or ("*", template) in listed, (method, template)
     assert ("GET", "/v1/tools/search") in listed
     assert ("GET", "/v1/workspaces/{workspace_id}/egress") in listed
+    for template in sockets(app):
+        assert (docs_gen.WEBSOCKET, template) in listed, template
     for method, template in listed:  # and nothing that is not served
-        assert any(t == template for _m, t in served(app)), (method, template)
+        assert any(t == template for _m, t in served(app)) or template in sockets(app), (method, template)
 
 
 def test_every_route_with_a_body_names_its_model(rendered: dict[str, str]) -> None:

@@ -61,6 +61,7 @@ FILL = {
     "workspace_id": "w1",
     "entry_id": "1",
     "process_id": "p1",
+    "terminal_id": "t1",
     "name": "TOKEN",
     "ref": "s1",
     "port": str(NOTHING_LISTENS),

@@ -54,6 +54,7 @@ from worker.snapshots.errors import (
     SnapshotLimitError,
     SnapshotNotFoundError,
 )
+from worker.terminals import TerminalArgumentError
 from worker.tool import PolicyError
 from worker.workspace_settings import SettingsError
 
@@ -62,6 +63,7 @@ SAMPLES: dict[type[Exception], tuple[Exception, int, dict[str, Any]]] = {
     RequestValidationError: (RequestValidationError([{"loc": ("body", "x"), "msg": "m", "type": "t"}]), 422, {}),
     table.Invalid: (table.Invalid(("query", "since"), "bad cursor"), 422, {}),
     HarnessArgumentError: (HarnessArgumentError("timeout out of range"), 422, {"error": "invalid"}),
+    TerminalArgumentError: (TerminalArgumentError("cols must be an integer 1-1000"), 422, {"error": "invalid"}),
     InvalidQueryError: (InvalidQueryError("empty"), 422, {"code": "INVALID_QUERY"}),
     InvalidWorkspaceId: (InvalidWorkspaceId("bad id"), 422, {}),
     WorkspaceNotFound: (WorkspaceNotFound("no w"), 404, {}),

@@ -14,7 +14,7 @@ import pytest
 from starlette.routing import Mount, WebSocketRoute
 
 from worker.http.app import route_table
-from worker.integrations.ray.forward import FRONT, FRONT_UNDER_WORKSPACE, REFUSED, carried
+from worker.integrations.ray.forward import FRONT, FRONT_UNDER_WORKSPACE, REFUSED, WEBSOCKET, carried
 from worker.integrations.ray.frontdoor import front_door
 from worker.settings import Settings
 
@@ -26,13 +26,15 @@ def app() -> Any:
 
 
 def _routes(app: Any) -> list[tuple[str, str]]:
-    """(method, path template) of every route; ``*`` for a route of any method."""
+    """(method, path template) of every route; ``*`` for a route of any method,
+    ``WEBSOCKET`` for a WebSocket's."""
     out = []
     for route in route_table(app):
         path = route.path if isinstance(route, Mount) else str(route.path)  # type: ignore[attr-defined]
+        if isinstance(route, WebSocketRoute):  # (FastAPI's APIWebSocketRoute is one)
+            out.append((WEBSOCKET, path))
+            continue
         methods = getattr(route, "methods", None) or {"*"}  # (Starlette's routes: not ours)
-        if isinstance(route, WebSocketRoute):
-            methods = {"WEBSOCKET"}
         out += [(m, path) for m in sorted(methods - {"HEAD"} or methods)]
     return out
 
@@ -63,6 +65,8 @@ def test_every_route_is_forwarded_at_the_front_or_refused(app: Any) -> None:
         "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}",  # (the port proxy's WebSockets)
         "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}/{path:path}",
     ]
+    # A WebSocket under a workspace is relayed to its node as any request (a terminal's screen).
+    assert "WEBSOCKET /v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in decided["forward"]
     assert sorted(decided["refuse"]) == sorted(f"{m} {p}" for m, p in REFUSED)
 
 
@@ -92,3 +96,4 @@ async def test_a_refused_route_is_answered_501_naming_why(app: Any) -> None:
         r = await c.get("/v1/secrets", headers={"Authorization": "Bearer t"})
     assert r.status_code == 501 and "Not served by a cluster's front door" in r.json()["detail"], r.text
     assert "LOOM_DATA_DIR" in r.json()["detail"]
+

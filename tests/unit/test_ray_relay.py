@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from worker.integrations.ray.nodeapp import _Answer, _scope
+from worker.integrations.ray.nodews import QUEUED, NodeSocket, ws_scope
 
 
 def _request() -> dict[str, Any]:
@@ -80,3 +81,78 @@ async def test_a_failing_app_fails_the_ask_and_a_cancelled_answer_cancels_the_re
     assert [m["type"] for m in await answer.first()] == ["http.response.start", "http.response.body"]
     answer.cancel()
     await asyncio.wait_for(cancelled.wait(), 30)
+
+
+# -- a relayed WebSocket (worker.integrations.ray.wsrelay.NodeSocket) ------------------------------
+
+
+def _socket_scope() -> dict[str, Any]:
+    headers = [(b"authorization", b"Bearer front"), (b"origin", b"http://x"), (b"sec-websocket-protocol", b"p")]
+    path = "/v1/workspaces/w/t/ws"
+    return ws_scope(path, path.encode(), b"since=3", headers, ["p", "loom.bearer.dA"], "node")
+
+
+async def test_a_websocket_runs_in_the_node_app_both_ways() -> None:
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        headers = dict(scope["headers"])
+        assert scope["type"] == "websocket" and scope["subprotocols"] == ["p"]  # never the token's
+        assert headers[b"authorization"] == b"Bearer node" and b"origin" not in headers
+        assert b"sec-websocket-protocol" not in headers and scope["query_string"] == b"since=3"
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept", "subprotocol": "p", "headers": []})
+        await send({"type": "websocket.send", "text": "hello"})
+        while (m := await receive())["type"] == "websocket.receive":
+            seen.append(m.get("bytes"))
+            await send({"type": "websocket.send", "bytes": m["bytes"].upper()})
+        seen.append(m["type"])
+
+    sock = NodeSocket(app, _socket_scope())
+    first = await sock.next(first=True)
+    assert first[0]["type"] == "websocket.accept" and not sock.done
+    rest = first[1:] or await sock.next()
+    assert rest[0] == {"type": "websocket.send", "text": "hello"}
+    await sock.push([{"type": "websocket.receive", "bytes": b"abc"}])
+    assert await sock.next() == [{"type": "websocket.send", "bytes": b"ABC"}]
+    sock.left(1001)  # the client went away: the app hears it and ends; its end closes the relay
+    closing = await asyncio.wait_for(sock.next(), 10)
+    assert closing[-1]["type"] == "websocket.close" and sock.done
+    assert seen == [b"abc", "websocket.disconnect"]
+
+
+async def test_a_refusal_before_acceptance_and_a_slow_client() -> None:
+    async def refuses(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept", "subprotocol": None, "headers": []})
+        await send({"type": "websocket.close", "code": 4404, "reason": "No terminal t"})
+
+    sock = NodeSocket(refuses, _socket_scope())
+    out = await sock.next(first=True)
+    assert [m["type"] for m in out] == ["websocket.accept"] or out[-1]["code"] == 4404
+    while not sock.done:
+        out = await sock.next()
+    assert out[-1] == {"type": "websocket.close", "code": 4404, "reason": "No terminal t"}
+
+    sent = 0
+
+    async def floods(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal sent
+        await receive()
+        await send({"type": "websocket.accept", "subprotocol": None, "headers": []})
+        for i in range(100):
+            await send({"type": "websocket.send", "bytes": b"%d" % i})
+            sent += 1
+
+    sock = NodeSocket(floods, _socket_scope())
+    first = await sock.next(first=True)
+    got = [m["bytes"] for m in first if m["type"] == "websocket.send"]
+    await asyncio.sleep(0.2)
+    assert sent <= len(got) + QUEUED  # the app waits for the front door's asks: nothing piles up
+    while not sock.done:
+        batch = await sock.next()
+        assert len(batch) <= QUEUED + 1
+        got += [m["bytes"] for m in batch if m["type"] == "websocket.send"]
+    assert got == [b"%d" % i for i in range(100)]
+    # (an app that ends without closing is closed 1011 for it: the front door's side ends too)
+    assert batch[-1] == {"type": "websocket.close", "code": 1011, "reason": ""}

@@ -13,7 +13,10 @@ provider):
 - :meth:`SandboxHandle.exec`: a shell string or an argv, any stdin (bytes), cwd, env,
   user, timeout and output cap; commands of any length;
 - :meth:`SandboxHandle.read_file`: any file the sandbox's user can read, as bytes;
-- :meth:`SandboxHandle.write_file`: where that user can write, with its permissions.
+- :meth:`SandboxHandle.write_file`: where that user can write, with its permissions;
+- :meth:`SandboxHandle.open_terminal`: a program on a pseudo-terminal (:mod:`worker.terminals`);
+- :meth:`SandboxHandle.run_code` / :meth:`~SandboxHandle.run_code_stream`: code in a
+  context whose state lasts (:mod:`worker.kernels`), and the contexts themselves.
 
 What changes inside the workspace is recorded in its changelog as always (a command's
 changes by the usual scans, a write before it happens), under the call's ``call_id``, so
@@ -29,7 +32,7 @@ import posixpath
 import secrets
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +40,7 @@ from sandbox.base import ExecControl, ExecRequest, OutputCallback, ProcessInfo
 from sandbox.capabilities import harness_files
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
 
+from .. import kernels
 from .. import terminals as terms
 from ..policy.shell import check_command
 from ..result import ToolResult
@@ -301,7 +305,109 @@ class SandboxHandle:
         res = await ws.write(rel, content, tool="sandbox.write_file", call_id=call_id)
         return FileWritten(shown, res.size, res.created, recorded=True, call_id=call_id)
 
+    # -- code contexts --------------------------------------------------------------
+
+    async def create_code_context(
+        self, language: str = kernels.DEFAULT_LANGUAGE, cwd: str = ".", env: Mapping[str, str] | None = None
+    ) -> kernels.CodeContext:
+        """A new context: a kernel of ``language`` (``python``) whose state lasts between
+        executions, started in ``cwd`` (relative to the workspace) with ``env`` on top of
+        the sandbox's variables. It counts against the workspace's background processes
+        and ends with the sandbox.
+
+        Raises CodeArgumentError (a ValueError naming the field), KernelUnavailableError
+        (the image lacks what the kernel needs: the message says what and how to add it),
+        AgentError (``limit``: too many background processes), PathNotFoundError
+        (``cwd``), the infrastructure errors of ``sandbox.errors``."""
+        return await kernels.create_context(await self._ws(), language=language, cwd=cwd, env=env)
+
+    async def code_contexts(self) -> list[kernels.CodeContext]:
+        """The workspace's contexts, oldest first (the default ones among them once used)."""
+        return await kernels.list_contexts(await self._ws())
+
+    async def restart_code_context(self, context: str | kernels.CodeContext) -> kernels.CodeContext:
+        """A new kernel for ``context`` (its variables and imports are lost). Raises
+        AgentError (``not_found``), CodeArgumentError."""
+        return await kernels.restart_context(await self._ws(), _context_id(context))
+
+    async def delete_code_context(self, context: str | kernels.CodeContext) -> None:
+        """End ``context``'s kernel. Raises AgentError (``not_found``), CodeArgumentError."""
+        await kernels.delete_context(await self._ws(), _context_id(context))
+
+    async def run_code_stream(
+        self,
+        code: str,
+        context: str | kernels.CodeContext | None = None,
+        language: str | None = None,
+        timeout: float = kernels.DEFAULT_TIMEOUT,
+        call_id: str | None = None,
+        *,
+        tool: str = "sandbox.run_code",
+    ) -> AsyncIterator[kernels.CodeEvent]:
+        """Run ``code`` in ``context`` (else ``language``'s default context, made at its
+        first use; else Python's) and yield what it prints (:class:`OutputMessage
+        <worker.kernels.OutputMessage>`) and displays (:class:`Result
+        <worker.kernels.Result>`) as they come, then its :class:`Execution
+        <worker.kernels.Execution>` (always last). Past ``timeout`` seconds the kernel is
+        interrupted (its state kept), and restarted if that does not stop it (its state
+        lost): ``Execution.outcome``/``message`` say which. What the code changes in the
+        workspace is recorded under ``call_id`` (undoable), one line in the call journal
+        under ``tool``. A consumer that stops early leaves the execution running to its end.
+
+        The code's own failures (an exception, a timeout, a kernel that died) are in the
+        Execution, never raised. Raises CodeArgumentError (a ValueError naming the field),
+        AgentError (``not_found``: no such context), KernelUnavailableError, the
+        infrastructure errors of ``sandbox.errors``, ChangelogStorageError."""
+        call_id = call_id or "call_" + secrets.token_hex(8)
+        cid = _context_id(context) if context is not None else None
+        started = time.perf_counter()
+        ws = await self._ws()
+        async for ev in kernels.stream(
+            ws, code, context=cid, language=language, timeout=timeout, call_id=call_id, tool=tool
+        ):
+            if isinstance(ev, kernels.Execution):
+                self._journal_code(ws, tool, code, ev, started)
+            yield ev
+
+    async def run_code(
+        self,
+        code: str,
+        context: str | kernels.CodeContext | None = None,
+        language: str | None = None,
+        timeout: float = kernels.DEFAULT_TIMEOUT,
+        call_id: str | None = None,
+        *,
+        tool: str = "sandbox.run_code",
+    ) -> kernels.Execution:
+        """:meth:`run_code_stream` waited for: its :class:`Execution <worker.kernels.Execution>`
+        (the outputs and displays in it). Raises as :meth:`run_code_stream`."""
+        async for ev in self.run_code_stream(code, context, language, timeout, call_id, tool=tool):
+            if isinstance(ev, kernels.Execution):
+                return ev
+        raise AssertionError("an execution always ends with its Execution")
+
     # -- the call journal -----------------------------------------------------------
+
+    def _journal_code(self, ws: Workspace, tool: str, code: str, ex: kernels.Execution, t0: float) -> None:
+        journal = self.registry.journal
+        if journal is None:
+            return
+        formats = [f for r in ex.results for f in r.formats()]
+        data = {
+            "outcome": ex.outcome,
+            "context_id": ex.context_id,
+            "execution_count": ex.execution_count,
+            "results": len(ex.results),
+            "formats": sorted(set(formats)),
+            "error": ex.error.name if ex.error is not None else None,
+        }
+        what = ex.message or (ex.text or "") or f"{len(ex.results)} results"
+        result = ToolResult(ex.success, what, data, list(ex.files_changed), None if ex.success else ex.message)
+        brief = {"code": code, "context": ex.context_id}
+        duration = (time.perf_counter() - t0) * 1000.0
+        journal.record(
+            ws.root, tool, brief, result.capped(), duration, call_id=ex.call_id, subtask_id=None, root=ws.root
+        )
 
     def _journal(
         self, ws: Workspace, name: str, brief: dict[str, Any], out: ExecOutput | FileWritten, t0: float
@@ -322,6 +428,10 @@ class SandboxHandle:
             call_id = out.call_id
         duration = (time.perf_counter() - t0) * 1000.0
         journal.record(ws.root, name, brief, result.capped(), duration, call_id=call_id, subtask_id=None, root=ws.root)
+
+
+def _context_id(context: str | kernels.CodeContext) -> str:
+    return context.id if isinstance(context, kernels.CodeContext) else context
 
 
 def _command(cmd: str | Sequence[str]) -> tuple[list[str] | None, str]:

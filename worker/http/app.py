@@ -9,6 +9,7 @@ module each with its own ``APIRouter`` and models:
     :mod:`.settings`    GET and PATCH /v1/workspaces/{id}
     :mod:`.egress`      GET .../egress
     :mod:`.processes`   GET .../processes, .../processes/{pid}/output; POST .../input, .../kill
+    :mod:`.terminals`   POST, GET .../terminals; GET, DELETE .../terminals/{tid}; WS .../terminals/{tid}/ws
     :mod:`.calls`       GET .../calls, .../calls/stream
     :mod:`.changes`     GET .../changelog/diff
     :mod:`.sandbox`     GET .../sandbox
@@ -61,6 +62,7 @@ from . import (
     secrets,
     snapshots,
     stream,
+    terminals,
     tools,
     workspaces,
 )
@@ -83,6 +85,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     workspace_settings.router,
     egress.router,
     processes.router,
+    terminals.router,
     calls.router,
     changes.router,
     sandbox.router,

@@ -73,6 +73,7 @@ from ..snapshots.errors import (
     SnapshotLimitError,
     SnapshotNotFoundError,
 )
+from ..terminals import TerminalArgumentError
 from ..tool import PolicyError
 from ..workspace_settings import SettingsError
 from .state import NotHeldHere
@@ -209,11 +210,14 @@ class Row:
         """Every status this row may answer with."""
         return {self.status, *(self.by_code or {}).values()}
 
-    def answer(self, e: Exception) -> Response:
-        status = self.status
+    def status_for(self, e: BaseException) -> int:
+        """The status this row answers ``e`` with."""
         if self.by_code is not None and isinstance(e, AgentError):
-            status = self.by_code.get(e.code, self.status)
-        return _json(self.body(e), status, dict(self.headers) or None)
+            return self.by_code.get(e.code, self.status)
+        return self.status
+
+    def answer(self, e: Exception) -> Response:
+        return _json(self.body(e), self.status_for(e), dict(self.headers) or None)
 
 
 def _agent(e: Exception) -> dict[str, Any]:
@@ -252,6 +256,7 @@ TABLE: tuple[Row, ...] = (
     Row(RequestValidationError, "caller", 422, _validation),
     Row(Invalid, "caller", 422, _invalid),
     Row(HarnessArgumentError, "caller", 422, _harness),
+    Row(TerminalArgumentError, "caller", 422, _harness),
     Row(InvalidQueryError, "caller", 422, _query),
     Row(InvalidWorkspaceId, "caller", 422),
     Row(WorkspaceNotFound, "caller", 404),
@@ -296,6 +301,13 @@ def row_of(e: BaseException) -> Row | None:
         if isinstance(e, row.error):
             return row
     return None
+
+
+def status_of(e: BaseException) -> int | None:
+    """The status the table gives ``e`` (None: none, a 500). A WebSocket route closes
+    with 4000 + it (:mod:`.terminals`)."""
+    row = row_of(e)
+    return None if row is None else row.status_for(e)
 
 
 def answer(e: Exception) -> Response:
@@ -352,4 +364,5 @@ __all__ = [
     "Unforwardable",
     "answer",
     "row_of",
+    "status_of",
 ]

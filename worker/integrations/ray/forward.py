@@ -12,6 +12,8 @@
   the dashboard's files, the OpenAPI documents): :data:`FRONT`.
 - :data:`REFUSED`: answered ``501`` with the reason (:func:`refusal`): what a cluster has
   no single place for.
+- A WebSocket under a workspace (the method :data:`WEBSOCKET` here: a terminal's screen)
+  is carried by the same rule, relayed message by message (:mod:`.wsrelay`).
 
 :func:`carried` decides (a test walks every route of the app through it: each is
 forwarded, at the front by name, or refused with its reason). :class:`Forwarder` is the
@@ -35,6 +37,7 @@ from ...service import InvalidWorkspaceId, WorkspaceNotFound, check_workspace_id
 from .client import ClusterRegistry, infrastructure_result
 from .errors import CallInterruptedError, ClusterError, NodeLostError
 from .workspaces import _Loc
+from .wsrelay import WebSocketRelay
 
 _WS = "/v1/workspaces/{workspace_id}"
 _WORKSPACES = ("v1", "workspaces")
@@ -84,6 +87,9 @@ REFUSED: dict[tuple[str, str], str] = {
 
 Decision = Literal["forward", "front", "refuse", "unlisted"]
 
+#: The "method" of a WebSocket route or handshake, for :func:`carried`.
+WEBSOCKET = "WEBSOCKET"
+
 
 def _refused(method: str, parts: list[str]) -> str | None:
     # A refused route's path, matched part by part ("{...}" any one part).
@@ -100,9 +106,10 @@ def _refused(method: str, parts: list[str]) -> str | None:
 
 def carried(method: str, path: str) -> tuple[Decision, str]:
     """How the front door carries ``method path`` (a request's path, or a route's
-    template): forwarded to the workspace's node, served at the front (with why), refused
-    (with why), or ``unlisted`` (outside any workspace and in no table: the front door's
-    app answers it, a 404 for a path it does not have)."""
+    template; ``method`` :data:`WEBSOCKET` for a WebSocket): forwarded to the workspace's
+    node, served at the front (with why), refused (with why), or ``unlisted`` (outside
+    any workspace and in no table: the front door's app answers it, a 404 for a path it
+    does not have)."""
     parts = path.strip("/").split("/")
     if tuple(parts[:2]) == _WORKSPACES and len(parts) > 2:
         tail = "/".join(parts[3:])
@@ -142,10 +149,11 @@ class Forwarder:
         self.cluster = cluster
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        websocket = scope["type"] == "websocket"
+        if scope["type"] != "http" and not websocket:
             await self.app(scope, receive, send)
             return
-        decision, why = carried(scope["method"], scope["path"])
+        decision, why = carried(WEBSOCKET if websocket else scope["method"], scope["path"])
         if decision == "refuse":
             await refusal(why)(scope, receive, send)
             return
@@ -160,12 +168,21 @@ class Forwarder:
         try:
             loc = await self.cluster._locate(ws_id)
         except WorkspaceNotFound as e:
-            await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
+            if websocket:  # (the route's own refusal: accepted, then closed with why)
+                await WebSocketRelay.refuse(receive, send, 4404, str(e))
+            else:
+                await JSONResponse({"detail": str(e)}, status_code=404)(scope, receive, send)
             return
         except NodeLostError as e:
-            await lost_response(e)(scope, receive, send)
+            if websocket:
+                await WebSocketRelay.refuse(receive, send, 4503, f"the workspace's node is unavailable: {e}")
+            else:
+                await lost_response(e)(scope, receive, send)
             return
-        await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
+        if websocket:
+            await WebSocketRelay(self.cluster, ws_id, loc, scope, receive, send).run()
+        else:
+            await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
 
 
 def _last(message: dict[str, Any]) -> bool:

@@ -14,7 +14,9 @@ The answer comes back in one call on the node's call channel when it is whole
 a streamed answer's beginning comes back so, and the rest as it is sent, in order
 (:meth:`NodeApp.http_next`, each ask taking what is queued, at most 16 messages: the app
 waits while the front door's client reads slowly), until it ends or its client leaves
-(:meth:`NodeApp.http_cancel`).
+(:meth:`NodeApp.http_cancel`). A WebSocket under a workspace (a terminal's screen) runs
+in the same app, its messages relayed both ways (:mod:`.nodews`: ``ws_begin``,
+``ws_next``, ``ws_send``, ``ws_close``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import ray
 from sandbox.pulls import PULL_SINK, PullEvent
 
 from .nodebase import NodeBase
+from .nodews import NodeSocket, ws_scope
 
 #: Headers the front door's guard has already judged (the node's app would judge them
 #: against its own name), and the connection's own.
@@ -149,6 +152,7 @@ class NodeApp(NodeBase):
     def __init__(self, node_id: str, namespace: str) -> None:
         super().__init__(node_id, namespace)
         self._answers: dict[int, _Answer] = {}  # the streamed answers, by token
+        self._sockets: dict[int, NodeSocket] = {}  # the relayed WebSockets, by token (the same count)
         self._next_answer = 0
 
     async def _service(self) -> Any:
@@ -213,12 +217,66 @@ class NodeApp(NodeBase):
         if answer is not None:
             answer.cancel()
 
+    # -- a WebSocket under a workspace (:mod:`.nodews`) -------------------------------------
+
+    async def ws_begin(
+        self,
+        ws_id: str,
+        path: str,
+        raw_path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        subprotocols: list[str],
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """Open a WebSocket of workspace ``ws_id`` in the node's app: its messages up to
+        its acceptance or close, and the token of the rest (None: it closed). Raises
+        WorkspaceNotFound, ValueError (a path outside the workspace)."""
+        await self._path(ws_id)
+        prefix = f"/v1/workspaces/{ws_id}/"
+        if not path.startswith(prefix):
+            raise ValueError(f"{path!r} is not a route of workspace {ws_id!r}")
+        await self._service()
+        self._expire_answers()
+        sock = NodeSocket(self._app, ws_scope(path, raw_path, query, headers, subprotocols, self.settings.api_token))
+        out = await sock.next(first=True)
+        if sock.done:
+            return out, None
+        self._next_answer += 1
+        self._sockets[self._next_answer] = sock
+        return out, self._next_answer
+
+    def _socket(self, token: int) -> NodeSocket:
+        sock = self._sockets.get(token)
+        if sock is None:
+            raise LookupError(f"no WebSocket {token} is open here")
+        return sock
+
+    async def ws_next(self, token: int) -> list[dict[str, Any]]:
+        """The app's next messages (at least one; a close ends it). Raises LookupError."""
+        sock = self._socket(token)
+        out = await sock.next()
+        if sock.done:
+            self._sockets.pop(token, None)
+        return out
+
+    async def ws_send(self, token: int, messages: list[dict[str, Any]]) -> None:
+        """The client's messages to the app. Raises LookupError."""
+        await self._socket(token).push(messages)
+
+    def ws_close(self, token: int, code: int = 1000) -> None:
+        """The client left: the app is told (and its WebSocket forgotten here)."""
+        sock = self._sockets.pop(token, None)
+        if sock is not None:
+            sock.left(code)
+
     def _expire_answers(self) -> None:
         # A front door gone between two asks leaves its answer here: cancelled once
         # nobody asked for ABANDONED seconds (a live client's front door asks at once).
         now = time.monotonic()
         for token in [t for t, a in self._answers.items() if now - a.asked > ABANDONED]:
             self._answers.pop(token).cancel()
+        for token in [t for t, s in self._sockets.items() if s.abandoned(now)]:
+            self._sockets.pop(token).left(1001)
 
     # -- what a front door lists -----------------------------------------------------------
 

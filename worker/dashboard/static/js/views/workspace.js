@@ -9,6 +9,7 @@ import { filesView } from './files.js';
 import { runView } from './run.js';
 import { sandboxView } from './sandbox.js';
 import { snapshotsView } from './snapshots.js';
+import { terminalView } from './terminal.js';
 import { timelineView } from './timeline.js';
 
 const TABS = [
@@ -17,6 +18,7 @@ const TABS = [
   ['files', 'Files', filesView],
   ['run', 'Run', runView],
   ['code', 'Code', codeView],
+  ['terminal', 'Terminal', terminalView],
   ['sandbox', 'Sandbox', sandboxView],
   ['snapshots', 'Snapshots', snapshotsView],
   ['egress', 'Egress', egressView],

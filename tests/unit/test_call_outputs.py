@@ -9,8 +9,8 @@ from pathlib import Path
 
 from worker.calls import CallJournal, brief_outputs, page
 from worker.calls.outputs import MAX_HTML_CHARS, MAX_OUTPUTS_CHARS, MAX_TEXT_CHARS
+from worker.kernels.toolresult import execution_result
 from worker.result import ToolImage, ToolResult
-from worker.tools.code_results import execution_result
 
 try:  # tests/unit may or may not be a package
     from .test_code_results import CHART, Error, Execution, Logs, Result, png

@@ -1,5 +1,5 @@
 """``run_code``'s result as each surface shows it, without a kernel: an execution (the
-harness's shape, stood in for by dataclasses here) becomes the text a model reads, the
+harness's :class:`worker.kernels.Execution`, made by hand here) becomes the text a model reads, the
 images it sees, and ``data``; the images become MCP ``ImageContent``, Anthropic image
 blocks and HTTP ``images``; the caps hold."""
 
@@ -8,16 +8,18 @@ from __future__ import annotations
 import base64
 import struct
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from worker import kernels
 from worker.content import anthropic_content, anthropic_tool_result, mcp_content, tool_text
+from worker.kernels import ExecutionError as Error
+from worker.kernels import Logs, Result
+from worker.kernels.toolresult import MAX_VALUE_CHARS, execution_result, image_size
 from worker.native.calls import anthropic_result
 from worker.result import MAX_IMAGE_CHARS, MAX_IMAGES, MAX_OUTPUT_BYTES, ToolImage, ToolResult, fit_images
 from worker.service import result_dict
-from worker.tools.code_results import MAX_VALUE_CHARS, execution_result, image_size
 
 
 def png(width: int, height: int, *, noise: int = 0) -> str:
@@ -45,46 +47,10 @@ def jpeg_header(width: int, height: int) -> str:
     return base64.b64encode(b"\xff\xd8" + app0 + sof + b"\xff\xd9").decode()
 
 
-@dataclass
-class Result:
-    text: str | None = None
-    html: str | None = None
-    markdown: str | None = None
-    svg: str | None = None
-    png: str | None = None
-    jpeg: str | None = None
-    pdf: str | None = None
-    latex: str | None = None
-    json: Any = None
-    javascript: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    is_main_result: bool = False
-
-
-@dataclass
-class Logs:
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Error:
-    name: str
-    value: str
-    traceback: str
-
-
-@dataclass
-class Execution:
-    results: list[Result] = field(default_factory=list)
-    logs: Logs = field(default_factory=Logs)
-    error: Error | None = None
-    execution_count: int | None = 3
-    context_id: str | None = "python-default"
-    call_id: str | None = "call_1"
-    files_changed: list[str] = field(default_factory=list)
-    outcome: str = "ok"
-    message: str | None = None
+def Execution(**fields: Any) -> kernels.Execution:
+    fields.setdefault("execution_count", 3)
+    fields.setdefault("context_id", "python-default")
+    return kernels.Execution(**fields)
 
 
 CHART = png(640, 480)

@@ -1,7 +1,7 @@
 """What an execution of code showed, as the call journal keeps it for the timeline: bounded.
 
 A ``run_code`` call (or the harness's execution: any result whose ``data`` has
-``results``, the shape of :mod:`worker.tools.code_results`) gets ``outputs`` in its record,
+``results``, the shape of :mod:`worker.kernels.toolresult`) gets ``outputs`` in its record,
 in order::
 
     {"kind": "stdout" | "stderr", "text"}

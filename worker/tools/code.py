@@ -3,7 +3,7 @@
 The model-facing side of the workspace's kernels (``docs/code-interpreter.md``): the code
 runs through the harness's :meth:`~worker.harness.SandboxHandle.run_code` in a context of
 the workspace's sandbox (the default context of its language unless ``context_id`` names
-one), and the execution comes back as the model reads it (:mod:`.code_results`): stdout,
+one), and the execution comes back as the model reads it (:mod:`worker.kernels.toolresult`): stdout,
 stderr, each result with its formats named, charts as images (``ToolResult.images``), the
 error with its traceback.
 
@@ -18,25 +18,32 @@ writes in the workspace is recorded in the changelog under the call's id.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from sandbox.errors import KernelUnavailableError
+
+from .. import kernels
+from ..harness import SandboxHandle
+from ..kernels.execute import ANSWER_SLACK
+from ..kernels.toolresult import execution_result
 from ..result import ToolResult
 from ..tool import Tool, ToolArgs, ToolContext, ToolError
-from .code_results import execution_result
 
 if TYPE_CHECKING:
     from ..calls import CallJournal
     from ..workspace import Workspace
 
+NAME = "run_code"
 MAX_TIMEOUT = 300.0
-DEFAULT_TIMEOUT = 60.0
-#: The registry's deadline beyond the code's own timeout: the kernel's interrupt, then
-#: its restart when that does not stop the code, and a first call's sandbox and kernel start.
-DEADLINE_SLACK = 60.0
-#: The most code one call may send.
-MAX_CODE_CHARS = 1 << 20
+DEFAULT_TIMEOUT = kernels.DEFAULT_TIMEOUT
+#: The registry's deadline beyond the code's own timeout: the kernel's interrupt and the
+#: grace before its restart, the host's own wait for the kernel's answer, and a first
+#: call's sandbox and kernel start.
+DEADLINE_SLACK = kernels.INTERRUPT_GRACE + ANSWER_SLACK + 30.0
+#: The most code one call may send (characters).
+MAX_CODE_CHARS = kernels.MAX_CODE
 
 
 class RunCodeArgs(ToolArgs):
@@ -52,7 +59,10 @@ class RunCodeArgs(ToolArgs):
         min_length=1,
         max_length=32,
         pattern=r"^[a-z][a-z0-9+-]*$",
-        description="The kernel's language: python (the default). Leave it out to use context_id's.",
+        description=(
+            f"The kernel's language: {', '.join(kernels.LANGUAGES)} (default python). Leave it out with "
+            "context_id to use that context's."
+        ),
     )
     context_id: str | None = Field(
         None,
@@ -90,30 +100,24 @@ async def run_code(args: RunCodeArgs, ctx: ToolContext) -> ToolResult:
     ws = ctx.require_workspace()
     if not args.code.strip():
         raise ToolError("Empty code: send the code to run in 'code'")
-    from ..harness import SandboxHandle
-
-    handle: Any = SandboxHandle(_ThisWorkspace(ws), ws.root)
-    language = args.language or (None if args.context_id else "python")
+    handle = SandboxHandle(_ThisWorkspace(ws), ws.root)
+    language = args.language or (None if args.context_id else kernels.DEFAULT_LANGUAGE)
     timeout = min(args.timeout or DEFAULT_TIMEOUT, MAX_TIMEOUT)
+    execution: kernels.Execution | None = None
     try:
-        if ctx.on_output is None:
-            execution = await handle.run_code(
-                args.code, context=args.context_id, language=language, timeout=timeout, call_id=ctx.call_id
-            )
-        else:
-            execution = None
-            async for event in handle.run_code_stream(
-                args.code, context=args.context_id, language=language, timeout=timeout, call_id=ctx.call_id
-            ):
-                kind = getattr(event, "kind", None)
-                if kind in ("stdout", "stderr"):
-                    ctx.on_output(kind, str(event.text).encode("utf-8", "surrogateescape"))
-                elif hasattr(event, "outcome"):
-                    execution = event
-            if execution is None:
-                raise ToolError("The execution ended without a result")
-    except ValueError as e:  # an argument the harness refused (a context it has not)
-        raise ToolError(str(e)) from None
+        async for event in handle.run_code_stream(
+            args.code, args.context_id, language, timeout, ctx.call_id, tool=NAME
+        ):
+            if isinstance(event, kernels.Execution):
+                execution = event
+            elif isinstance(event, kernels.OutputMessage) and ctx.on_output is not None:
+                ctx.on_output(event.kind, event.text.encode("utf-8", "surrogateescape"))
+    except kernels.CodeArgumentError as e:  # a context id or a language the harness refused
+        raise ToolError(f"Invalid arguments for {NAME}: '{e.field}': {e.message}") from None
+    except KernelUnavailableError as e:  # the image lacks the kernel: say what, and how to add it
+        raise ToolError(str(e), data={"error_code": e.code, "missing": list(e.missing)}) from None
+    if execution is None:  # (the harness always ends with one)
+        raise ToolError("The execution ended without a result")
     return execution_result(execution)
 
 
@@ -123,7 +127,7 @@ def _deadline(a: RunCodeArgs) -> float:
 
 TOOLS = [
     Tool(
-        name="run_code",
+        name=NAME,
         description=(
             "Run Python code in a Jupyter (IPython) kernel inside the workspace's sandbox (no network). The kernel "
             "keeps its state between calls: variables, imports and loaded data stay for the next call. Returns "

@@ -1,6 +1,7 @@
 """An execution of code (the harness's ``Execution``) as the ToolResult a model reads.
 
-Pure: no sandbox, no kernel; :mod:`.code` runs the code and hands the execution here.
+Pure: no sandbox, no kernel. ``run_code`` (:mod:`worker.tools.code`) answers with it, and
+the harness journals its executions with it, so each keeps its outputs in the timeline.
 
 ``output`` (the text; capped at 10 KB by the registry as every tool's) is, in order: the
 code's stdout, its stderr under ``[stderr]``, each result (the main result, the value of
@@ -25,7 +26,7 @@ with the reason instead. ``data`` holds the rest, structured, each rich value at
                       truncated: true when a value was cut}
 
 The call journal keeps a bounded copy of ``results``, ``stdout``, ``stderr``, ``error``
-and the images for the dashboard's timeline (:func:`worker.calls.brief.brief_outputs`).
+and the images for the dashboard's timeline (:func:`worker.calls.outputs.brief_outputs`).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ import json
 import re
 import struct
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ..result import IMAGE_TYPES, MAX_IMAGES, ToolImage, ToolResult, fit_images, truncate_output
+from .model import Execution, ExecutionError, Result
 
 #: Characters kept of stdout and of stderr in ``data`` (head and tail).
 MAX_STREAM_CHARS = 256 * 1024
@@ -77,12 +79,6 @@ OUTCOME_MESSAGES = {
         "A new kernel starts with the next call: use less memory, or split the work."
     ),
 }
-
-
-class ErrorLike(Protocol):
-    name: str
-    value: str
-    traceback: str | Sequence[str]
 
 
 # -- image sizes ---------------------------------------------------------------------
@@ -160,7 +156,7 @@ def _as_text(value: Any) -> str:
         return str(value)
 
 
-def _stream(lines: Any) -> str:
+def _stream(lines: Sequence[str] | str | None) -> str:
     if lines is None:
         return ""
     if isinstance(lines, str):
@@ -168,7 +164,7 @@ def _stream(lines: Any) -> str:
     return "".join(str(x) for x in lines)
 
 
-def _traceback(error: ErrorLike) -> str:
+def _traceback(error: ExecutionError) -> str:
     tb = error.traceback
     text = tb if isinstance(tb, str) else "\n".join(str(x) for x in tb)
     last = f"{error.name}: {error.value}" if error.value else str(error.name)
@@ -190,12 +186,12 @@ class _Builder:
         self.images: list[ToolImage] = []
         self.results: list[dict[str, Any]] = []
 
-    def add(self, result: Any) -> None:
-        main = bool(getattr(result, "is_main_result", False))
+    def add(self, result: Result) -> None:
+        main = result.is_main_result
         values: list[tuple[str, str, Any]] = [
             (name, mime, v) for name, mime in FORMATS if (v := getattr(result, name, None)) not in (None, "")
         ]
-        extra = getattr(result, "extra", None) or {}
+        extra = result.extra or {}
         # (the other MIME types the kernel sent; a "metadata" entry is not one)
         values.extend((k, k, v) for k, v in extra.items() if isinstance(k, str) and "/" in k and v not in (None, ""))
         entry: dict[str, Any] = {"formats": [mime for _, mime, _ in values], "is_main_result": main}
@@ -253,20 +249,19 @@ class _Builder:
         return f"[{described}: {why}; save it to a file to keep it]"
 
 
-def execution_result(execution: Any) -> ToolResult:
+def execution_result(execution: Execution) -> ToolResult:
     """The ToolResult of ``execution`` (the harness's ``Execution``: ``results``,
     ``logs.stdout``/``logs.stderr``, ``error``, ``execution_count``, ``context_id``,
     ``outcome``, ``message``, ``files_changed``); see the module docstring."""
-    logs = getattr(execution, "logs", None)
-    stdout = _stream(getattr(logs, "stdout", None))
-    stderr = _stream(getattr(logs, "stderr", None))
-    count = getattr(execution, "execution_count", None)
-    outcome = getattr(execution, "outcome", None) or "ok"
-    error: ErrorLike | None = getattr(execution, "error", None)
+    stdout = _stream(execution.logs.stdout)
+    stderr = _stream(execution.logs.stderr)
+    count = execution.execution_count
+    outcome = execution.outcome
+    error = execution.error
     builder = _Builder(count if isinstance(count, int) else None)
-    for result in getattr(execution, "results", None) or []:
+    for result in execution.results:
         builder.add(result)
-    message = getattr(execution, "message", None) or OUTCOME_MESSAGES.get(outcome)
+    message = execution.message or OUTCOME_MESSAGES.get(outcome)
     parts = [stdout, f"[stderr]\n{stderr}" if stderr else "", *builder.lines]
     if error is not None:
         parts.append(_traceback(error))
@@ -276,7 +271,7 @@ def execution_result(execution: Any) -> ToolResult:
     data: dict[str, Any] = {
         "outcome": outcome,
         "execution_count": count,
-        "context_id": getattr(execution, "context_id", None),
+        "context_id": execution.context_id or None,
         "stdout": _cut(stdout, MAX_STREAM_CHARS)[0],
         "stderr": _cut(stderr, MAX_STREAM_CHARS)[0],
         "error": None
@@ -287,7 +282,7 @@ def execution_result(execution: Any) -> ToolResult:
     }
     if len(stdout) > MAX_STREAM_CHARS or len(stderr) > MAX_STREAM_CHARS:
         data["truncated"] = True
-    files = list(getattr(execution, "files_changed", None) or [])
+    files = list(execution.files_changed)
     if error is None and outcome == "ok":
         return ToolResult.ok(output or "(no output)", data, files, builder.images)
     if outcome in OUTCOME_MESSAGES and message:  # (an interrupt's KeyboardInterrupt says less)

@@ -238,7 +238,8 @@ class Kernel:
         self.shell = self.iopub = None
 
     def _wait_ready(self):
-        """kernel_info until the kernel answers on shell and iopub (the subscription is up)."""
+        """kernel_info until the kernel answers on shell and iopub (the subscription is up),
+        then what it sent meanwhile read and dropped."""
         deadline = time.monotonic() + START_TIMEOUT
         poller = self.zmq.Poller()
         poller.register(self.shell, self.zmq.POLLIN)
@@ -249,8 +250,9 @@ class Kernel:
                 raise RuntimeError("the kernel did not answer within %d s" % START_TIMEOUT)
             if not self.km.is_alive():
                 raise RuntimeError("the kernel exited while starting (%s)" % (self.exit_status() or "?"))
-            if not shell_ok:
-                self.km.session.send(self.shell, "kernel_info_request", {})
+            # Asked again until both answered: the subscription to iopub comes up after
+            # the kernel may have published the first answer's status.
+            self.km.session.send(self.shell, "kernel_info_request", {})
             for sock, _ev in poller.poll(200):
                 msg = self.recv(sock)
                 if msg is None:
@@ -259,8 +261,11 @@ class Kernel:
                     shell_ok = True
                 elif sock is self.iopub:
                     iopub_ok = True
-        while self.recv(self.iopub) is not None:  # the start's own status messages
-            pass
+        quiet = time.monotonic() + 0.05
+        while time.monotonic() < quiet:  # the answers to the other kernel_info requests
+            for sock, _ev in poller.poll(20):
+                if self.recv(sock) is not None:
+                    quiet = time.monotonic() + 0.05
 
     def recv(self, sock):
         try:
@@ -638,6 +643,8 @@ def main():
             }
         )
         sys.exit(3)
+    # (jupyter_client imports ipykernel to find its kernel, which imports debugpy: quiet)
+    os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the kernel, never the bridge
     bridge = Bridge(cfg)
 

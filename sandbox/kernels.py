@@ -99,6 +99,9 @@ class KernelsMixin:
             raise
 
     async def kernel_info(self: _Box, context_id: str) -> KernelInfo:
+        s = _SESSIONS.get(self, {}).get(context_id)
+        if s is not None and not s.closed:
+            return s.info  # (connected: it runs; a bridge gone since is found at its next use)
         for p in await self.processes():
             if p.id == context_id:
                 out = await self.process_output(context_id, since=(0, 0), max_bytes=64 << 10)

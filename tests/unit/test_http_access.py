@@ -62,6 +62,7 @@ FILL = {
     "entry_id": "1",
     "process_id": "p1",
     "terminal_id": "t1",
+    "context_id": "ctx-1",
     "name": "TOKEN",
     "ref": "s1",
     "port": str(NOTHING_LISTENS),

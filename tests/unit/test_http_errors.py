@@ -20,6 +20,7 @@ from fastapi.routing import APIRoute
 
 from sandbox.errors import (
     AgentError,
+    KernelUnavailableError,
     PathEscapeError,
     PathNotFoundError,
     SandboxError,
@@ -44,6 +45,7 @@ from worker.http import create_app
 from worker.http import errors as table
 from worker.http.app import route_table
 from worker.http.state import NotHeldHere
+from worker.kernels import CodeArgumentError
 from worker.registry import ToolRegistry
 from worker.service import Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound
 from worker.settings import Settings
@@ -64,6 +66,19 @@ SAMPLES: dict[type[Exception], tuple[Exception, int, dict[str, Any]]] = {
     table.Invalid: (table.Invalid(("query", "since"), "bad cursor"), 422, {}),
     HarnessArgumentError: (HarnessArgumentError("timeout out of range"), 422, {"error": "invalid"}),
     TerminalArgumentError: (TerminalArgumentError("cols must be an integer 1-1000"), 422, {"error": "invalid"}),
+    CodeArgumentError: (
+        CodeArgumentError("language", "'cobol' is not a language of this worker's kernels"),
+        422,
+        {
+            "detail": [
+                {
+                    "loc": ["body", "language"],
+                    "msg": "'cobol' is not a language of this worker's kernels",
+                    "type": "value_error",
+                }
+            ]
+        },
+    ),
     InvalidQueryError: (InvalidQueryError("empty"), 422, {"code": "INVALID_QUERY"}),
     InvalidWorkspaceId: (InvalidWorkspaceId("bad id"), 422, {}),
     WorkspaceNotFound: (WorkspaceNotFound("no w"), 404, {}),
@@ -102,6 +117,7 @@ SUBCLASSES: list[tuple[Exception, int, str]] = [
     (TooLargeError("big", code="too_large"), 413, "too_large"),
     (PathEscapeError("outside"), 403, "escape"),
     (UserUnsupportedError("root is not allowed"), 403, "user_unsupported"),
+    (KernelUnavailableError("no ipykernel in the image", missing=["ipykernel"]), 409, "kernel_unavailable"),
     (ChangelogDamagedError(Path("/data/w/changelog.db"), "truncated"), 503, "changelog.db"),
     (ChangesNotRecordedError("ran; changes recorded at the next use"), 503, "next use"),
 ]

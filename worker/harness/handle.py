@@ -322,6 +322,15 @@ class SandboxHandle:
         (``cwd``), the infrastructure errors of ``sandbox.errors``."""
         return await kernels.create_context(await self._ws(), language=language, cwd=cwd, env=env)
 
+    async def code_context(
+        self, context: str | kernels.CodeContext | None = None, language: str | None = None
+    ) -> kernels.CodeContext:
+        """The context code would run in: ``context``, else ``language``'s default context
+        (Python's when both are None), made now if it was not; one whose kernel had ended
+        is started again. Raises as :meth:`run_code_stream` before it runs anything."""
+        cid = _context_id(context) if context is not None else None
+        return await kernels.resolve_context(await self._ws(), cid, language)
+
     async def code_contexts(self) -> list[kernels.CodeContext]:
         """The workspace's contexts, oldest first (the default ones among them once used)."""
         return await kernels.list_contexts(await self._ws())

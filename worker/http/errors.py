@@ -65,6 +65,7 @@ from ..changelog.errors import (
 from ..egress.secrets import SecretError
 from ..harness.handle import HarnessArgumentError
 from ..jsontext import finite
+from ..kernels.contexts import CodeArgumentError
 from ..service import Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound, encode_json
 from ..snapshots.errors import (
     SnapshotDiskFullError,
@@ -245,6 +246,11 @@ def _gone(e: Exception) -> dict[str, Any]:
     return e.body if e.body is not None else {"detail": str(e)}
 
 
+def _code(e: Exception) -> dict[str, Any]:
+    assert isinstance(e, CodeArgumentError)
+    return _loc(["body", e.field], e.message)
+
+
 def _harness(e: Exception) -> dict[str, Any]:
     return {"detail": str(e), "error": "invalid"}
 
@@ -256,6 +262,7 @@ TABLE: tuple[Row, ...] = (
     Row(RequestValidationError, "caller", 422, _validation),
     Row(Invalid, "caller", 422, _invalid),
     Row(HarnessArgumentError, "caller", 422, _harness),
+    Row(CodeArgumentError, "caller", 422, _code),
     Row(TerminalArgumentError, "caller", 422, _harness),
     Row(InvalidQueryError, "caller", 422, _query),
     Row(InvalidWorkspaceId, "caller", 422),

@@ -24,9 +24,11 @@ from .contexts import (
     default_context_id,
     delete_context,
     list_contexts,
+    resolve_context,
     restart_context,
 )
 from .execute import DEFAULT_TIMEOUT, INTERRUPT_GRACE, MAX_CODE, MAX_TIMEOUT, stream
+from .execute import check as check_code
 from .model import (
     MIME_FIELDS,
     OUTCOMES,
@@ -64,10 +66,12 @@ __all__ = [
     "Outcome",
     "OutputMessage",
     "Result",
+    "check_code",
     "create_context",
     "default_context_id",
     "delete_context",
     "list_contexts",
+    "resolve_context",
     "restart_context",
     "stream",
     "strip_ansi",

@@ -183,6 +183,12 @@ async def resolve(ws: Workspace, context: str | None, language: str | None) -> t
     return info, notes
 
 
+async def resolve_context(ws: Workspace, context: str | None, language: str | None) -> CodeContext:
+    """:func:`resolve` as a :class:`CodeContext`."""
+    info, _notes = await resolve(ws, context, language)
+    return _context(info)
+
+
 async def revive(ws: Workspace, info: KernelInfo) -> KernelInfo:
     """Start a context whose kernel (its bridge) ended again, as it was made."""
     box = code_kernels(ws.sandbox)

@@ -19,9 +19,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from sandbox.capabilities import code_kernels
+from sandbox.capabilities import CodeKernels, code_kernels
 from sandbox.client import AgentSandbox
-from sandbox.errors import TunnelClosedError
+from sandbox.errors import AgentError, TunnelClosedError
 from sandbox.kernels import KernelInfo
 
 from . import wire
@@ -109,8 +109,8 @@ async def execute(
                     await box.stop_kernel(info.id)
                     return _ended("restarted", "host_deadline")
                 except TunnelClosedError:
-                    if attempt == 0 and not received:
-                        continue  # a kept connection that had ended (the bridge was replaced)
+                    if attempt == 0 and not received and await _runs(box, info.id):
+                        continue  # a kept connection that had ended; the bridge is there
                     return _ended("kernel_died", "bridge_gone")
         raise AssertionError("unreachable")
 
@@ -127,6 +127,13 @@ async def execute(
     ex.duration_ms = (time.perf_counter() - started) * 1000.0
     await emit(ex)
     return ex
+
+
+async def _runs(box: CodeKernels, context_id: str) -> bool:
+    try:
+        return (await box.kernel_info(context_id)).running
+    except AgentError:
+        return False
 
 
 def _ended(status: Outcome, why: str) -> wire.End:

@@ -99,3 +99,67 @@ def test_a_chart_on_a_phone(phone: Page, service: Service) -> None:  # noqa: F81
     box = img.bounding_box()
     assert box is not None and box["width"] <= 390 and box["width"] / box["height"] == pytest.approx(4 / 3, 0.02)
     phone.shot("timeline-code")
+
+
+def test_the_code_tab_runs_cells_in_a_kernel_that_keeps_its_state(tab: Page, service: Service) -> None:  # noqa: F811
+    from playwright.sync_api import expect
+
+    ws = service.workspace("notebook")
+    tab.sign_in()
+    page = tab.page
+    page.goto(f"{service.url}/#/w/notebook/code")
+    code = page.get_by_label("Code (runs in")
+    run = page.get_by_role("button", name="Run", exact=True)
+    cells = page.locator("article.cell")
+
+    code.fill("a = 6 * 7")
+    run.click()
+    expect(cells.nth(0).locator(".cell-status")).to_contain_text("Done")
+    code.fill("print('the answer')\na")
+    code.press("Control+Enter")
+    second = cells.nth(1)
+    expect(second.locator("pre.out-text.stdout")).to_have_text("the answer\n")
+    expect(second.locator(".out-result")).to_contain_text("42")
+    expect(second.locator(".out-prompt").last).to_have_text("Out[2]:")
+    expect(second.locator(".cell-in .out-prompt")).to_have_text("In [2]:")
+
+    # output arrives while the cell runs: it waits for a file the test makes
+    code.fill(
+        "import os, time\nprint('waiting', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n'went'"
+    )
+    run.click()
+    third = cells.nth(2)
+    expect(third.locator("pre.out-text.stdout")).to_have_text("waiting\n")
+    expect(third.locator(".cell-status")).to_contain_text("Running")
+    (ws / "go").write_text("")
+    expect(third.locator(".out-result")).to_contain_text("'went'")
+
+    code.fill(CHART)
+    run.click()
+    img = cells.nth(3).locator("img.out-image")
+    expect(img).to_be_visible()
+    assert image_state(page, "article.cell:nth-of-type(4) img.out-image")["w"] == 400
+
+    code.fill("1/0")
+    run.click()
+    expect(cells.nth(4).locator("pre.out-error")).to_contain_text("ZeroDivisionError: division by zero")
+    expect(cells.nth(4).locator(".cell-status")).to_contain_text("ZeroDivisionError")
+
+    # a new context has its own state; the default one (the model's too) keeps 'a'
+    page.get_by_role("button", name="New context").click()
+    expect(page.locator("#code-context option")).to_have_count(2)
+    expect(page.locator("#code-context")).not_to_have_value("")
+    code.fill("'a' in dir()")
+    run.click()
+    expect(cells.nth(5).locator(".out-result")).to_contain_text("False")
+    r = service.call("notebook", "run_code", "model-1", code="a")
+    assert r["success"] and r["output"].endswith(": 42"), r["output"]
+
+    tab.shot("code-cells")
+
+    # each run is in the timeline with its outputs
+    page.get_by_role("tab", name="Timeline").click()
+    chart_row = page.locator("tr.outputs-row img.out-image")
+    expect(chart_row).to_have_count(1)
+    expect(page.locator("tr.call", has_text="sandbox.run_code")).to_have_count(6)
+    tab.shot("code-tab")

@@ -12,6 +12,7 @@ import { button, errorBox, fill, h, uiCallId } from '../dom.js';
 import { outputPart, outputsView, partOfResult } from '../outputs.js';
 
 const DEFAULT = ''; // the default context of the language
+const DEFAULT_ID = 'ctx-python'; // its id (worker/kernels/contexts.py: default_context_id)
 
 function statusLine(ex) {
   if (!ex) return h('p', { class: 'warning' }, 'The stream ended without the execution.');
@@ -52,7 +53,7 @@ export function codeView(panel, id) {
       return;
     }
     if (!alive) return;
-    const list = Array.isArray(r) ? r : r.contexts || [];
+    const list = (r.contexts || []).filter((c) => c.id !== DEFAULT_ID); // (the first option)
     fill(context, h('option', { value: DEFAULT }, 'default (python)'), list.map((c) => h('option', { value: c.id }, `${c.id} (${c.language}${c.running === false ? ', stopped' : ''})`)));
     if (select) context.value = select;
   }
@@ -88,7 +89,7 @@ export function codeView(panel, id) {
     runBtn.disabled = true;
     ctl = new AbortController();
     const body = { code: source, timeout: Number(timeout.value) || 60, call_id: uiCallId('code') };
-    if (context.value) body.context_id = context.value;
+    if (context.value) body.context = context.value;
     else body.language = 'python';
     let execution = null;
     let stream = null; // the <pre> the current stream's text goes to
@@ -111,8 +112,8 @@ export function codeView(panel, id) {
             if (el) outputs.append(el);
           } else if (ev.type === 'execution') {
             execution = ev;
-          } else if (ev.type === 'error' && ev.detail) {
-            outputs.append(errorBox(ev.detail)); // the route's own failure, mid-stream
+          } else if (ev.type === 'error') {
+            outputs.append(errorBox(ev.detail || `HTTP ${ev.status}`)); // the route's own failure, mid-stream
           }
         },
       });

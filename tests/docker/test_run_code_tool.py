@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import SANDBOX_IMAGE, TEST_OWNER
+from tests.conftest import MINIMAL_IMAGE, SANDBOX_IMAGE, TEST_OWNER
 from tests.docker.conftest import own_registry, require_runtime
 from tests.servers import serve_app
 from worker.calls import page
@@ -118,6 +118,28 @@ async def test_a_timeout_interrupts_and_the_state_survives(env: tuple[Any, Path]
     assert "state" in (r.error or "") and "kept" in (r.error or "")
     r = await reg.execute("run_code", {"code": "y"}, ws)
     assert r.success and r.output.endswith(": 7")
+
+
+async def test_an_image_without_a_kernel_is_the_tools_error_naming_what_is_missing(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    from worker.registry import default_registry
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / OWNER_FILE).write_text(TEST_OWNER + "\n")
+    settings = Settings(data_dir=tmp_path / "data", image=MINIMAL_IMAGE, catalog=False)  # type: ignore[call-arg]
+    async with default_registry(settings) as reg:
+        try:
+            r = await reg.execute("run_code", {"code": "1"}, ws)
+            bad = await reg.execute("run_code", {"code": "1", "language": "javascript"}, ws)
+        finally:
+            await reg.stop(ws)
+    assert not r.success and r.data["error_code"] == "kernel_unavailable" and "ipykernel" in r.data["missing"]
+    assert "ipykernel" in (r.error or "") and "pip install" in (r.error or "")
+    assert r.data.get("error_kind") is None  # the tool's error, not an infrastructure failure
+    assert not bad.success and (bad.error or "").startswith("Invalid arguments for run_code: 'language': ")
 
 
 async def test_an_anthropic_tool_result_has_the_chart_as_an_image_block(docker_ready: None, tmp_path: Path) -> None:

@@ -395,6 +395,21 @@ class AgentSandbox(HarnessMixin, BackgroundMixin, KernelsMixin, Sandbox):
         r = await conn.request("spawn", {"argv": list(argv), "cwd": cwd, "env": env or {}}, timeout=30)
         return SandboxProcess(conn, check_int(r.get("proc"), "proc", lo=1))
 
+    async def lost_reason(self) -> str | None:
+        """After a stream into this sandbox ended unexpectedly (a kernel's bridge), whether
+        the sandbox itself went: None when its agent still answers; else what the backend
+        found as it reset it (the next call starts a fresh one): ``"oom"`` (the engine
+        killed it for memory), ``"reset"``, or ``"lost"`` (it could not tell)."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await conn.request("hello", {}, timeout=10.0)
+                return None
+            except (SandboxLostError, SandboxTimeoutError):
+                pass
+        why = await self._on_exec_lost() if self._on_exec_lost is not None else None
+        return why or "lost"
+
     async def info(self) -> AgentInfo:
         r = await self._call("hello", {})
         return agent_info(r)

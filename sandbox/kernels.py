@@ -16,6 +16,7 @@ events of an execution are checked by their reader (``worker.kernels``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -139,6 +140,10 @@ class KernelsMixin:
             await self.process_kill(context_id, signal=15, grace=2.0)
         with contextlib.suppress(AgentError):
             await self.process_release(context_id)
+        for _ in range(25):  # its supervisor leaves within a few tenths of a second
+            if all(p.id != context_id for p in await self.processes()):
+                return
+            await asyncio.sleep(0.1)
 
 
 def _no_bridge(exit_code: int | None, stderr: bytes) -> KernelUnavailableError:

@@ -11,7 +11,9 @@
 #        LOOM_BASE_FORCE=1 to rebuild anyway.
 set -euo pipefail
 # --dev: the base of the practical default image (pip, Node.js with npm, a C/C++ toolchain,
-# curl, jq, unzip, patch on top of the minimal list).
+# curl, jq, unzip, patch on top of the minimal list; and what a Python code context needs:
+# IPython's kernel and jupyter_client, with matplotlib, pandas and numpy, from Debian; munkres
+# is the lighter of the two packages fonttools accepts: the other, scipy, brings ~300 MB).
 DEV=0
 if [ "${1:-}" = "--dev" ]; then DEV=1; shift; fi
 TAG="${1:-loom-base:bookworm}"
@@ -21,7 +23,7 @@ TAG="${1:-loom-base:bookworm}"
 PKGS=python3,python3-venv,bash,coreutils,findutils,grep,ripgrep,git,procps,ca-certificates,tini
 # The practical image's extras go in with apt inside the chroot, after debootstrap: its own
 # installer fails to configure npm's few hundred node-* packages in one pass.
-DEV_PKGS="python3-pip nodejs npm build-essential curl jq unzip patch less openssh-client"
+DEV_PKGS="python3-pip nodejs npm build-essential curl jq unzip patch less openssh-client python3-ipykernel python3-jupyter-client python3-matplotlib python3-pandas python3-numpy python3-munkres"
 # The image is labelled with its package list: a machine that built it from another list
 # (an older checkout) rebuilds it instead of silently keeping the old one.
 STAMP=$(printf '%s' "$PKGS" "$([ "$DEV" = 1 ] && echo "$DEV_PKGS")" | sha256sum | cut -c1-16)

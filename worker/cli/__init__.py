@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "worker.cli.daemon",  # daemon status / stop (the CLI's local worker)
     "worker.cli.exec",  # exec (a command, its output as it comes)
     "worker.cli.cp",  # cp (a file into or out of the sandbox)
+    "worker.cli.code",  # run-code (code in a code context)
     "worker.cli.ports",  # port-forward
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
     "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore

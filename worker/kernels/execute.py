@@ -109,6 +109,12 @@ async def execute(
                     await box.stop_kernel(info.id)
                     return _ended("restarted", "host_deadline")
                 except TunnelClosedError:
+                    # The sandbox itself may have gone (under gVisor an allocation past the
+                    # memory limit can take the whole sandbox): asked before anything
+                    # reconnects to a new one.
+                    lost = await ws.sandbox.lost_reason() if isinstance(ws.sandbox, AgentSandbox) else None
+                    if lost is not None:
+                        return _ended("kernel_died", "sandbox_" + lost)
                     if attempt == 0 and not received and await _runs(box, info.id):
                         continue  # a kept connection that had ended; the bridge is there
                     return _ended("kernel_died", "bridge_gone")
@@ -119,6 +125,7 @@ async def execute(
     if not oom and end.status == "kernel_died" and oom_counter is not None and ooms is not None:
         after = oom_counter()
         oom = after is not None and after > ooms
+    oom = oom or end.why == "sandbox_oom"
     ex.outcome = end.status
     ex.error = end.error
     ex.execution_count = end.execution_count
@@ -179,8 +186,12 @@ def message(end: wire.End, timeout: float, notes: list[str], oom: bool) -> str:
 
 
 def _how(end: wire.End, oom: bool) -> str:
+    if oom and end.why == "sandbox_oom":
+        return "the sandbox's memory limit was reached: the engine ended the sandbox, which is started again"
     if oom:
         return "killed for memory: the sandbox's memory limit was reached"
+    if end.why is not None and end.why.startswith("sandbox_"):
+        return "the sandbox itself was lost and is started again: every context's state is lost"
     if end.why == "bridge_gone":
         return "its bridge ended with it"
     if end.signal is not None:

@@ -23,6 +23,8 @@ MAX_RESULTS = 48 << 20
 MAX_RESULT_COUNT = 1000
 #: A traceback's characters kept (its end: where it was raised).
 MAX_TRACEBACK = 64 << 10
+#: The fields that are base64 of bytes.
+_BASE64 = {"png", "jpeg", "pdf"}
 #: Other MIME types kept in ``Result.extra`` per result.
 MAX_EXTRA = 16
 
@@ -83,6 +85,8 @@ class Reader:
                 continue
             if name != "json" and not isinstance(value, str):
                 raise ProtocolError(f"the kernel bridge sent {mime} that is not text")
+            if name in _BASE64:
+                value = "".join(value.split())  # (IPython's base64 may hold line breaks)
             setattr(r, name, value)
             size += n
         if notes:

@@ -1,0 +1,97 @@
+"""The code routes on the real engine (runc; the kernels under gVisor: test_code.py): the
+service (uvicorn on a free port, a token) creates, lists, restarts and deletes contexts,
+and streams an execution as NDJSON: the output line before the code finished, the result
+with a PNG, the execution last; what refuses a request is a status."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import SANDBOX_IMAGE, TEST_OWNER
+from tests.servers import serve_app
+from worker.http import create_app
+from worker.owner import OWNER_FILE
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+TOKEN = "code-docker-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BASE = "/v1/workspaces/w/code"
+
+
+@pytest.fixture
+async def api(docker_ready: None, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    root, data = tmp_path / "root", tmp_path / "data"
+    (root / "w").mkdir(parents=True)
+    os.chown(root / "w", 1000, 1000)
+    data.mkdir()
+    (data / OWNER_FILE).write_text(TEST_OWNER + "\n")
+    settings = Settings(
+        workspace_root=root, data_dir=data, image=SANDBOX_IMAGE, runtime="runc", catalog=False, api_token=TOKEN
+    )  # type: ignore[arg-type]
+    async with serve_app(create_app(settings)) as url, httpx.AsyncClient(base_url=url, headers=AUTH, timeout=120) as c:
+        yield c
+
+
+async def test_contexts_and_a_streamed_execution(api: httpx.AsyncClient, tmp_path: Path) -> None:
+    workspace = tmp_path / "root" / "w"
+    assert (await api.get(f"{BASE}/contexts")).json() == {"contexts": []}  # (no sandbox started for a look)
+    r = await api.post(f"{BASE}/contexts", json={"language": "python"})
+    assert r.status_code == 201, r.text
+    ctx = r.json()
+    assert ctx["id"].startswith("ctx-") and ctx["cwd"] == "/workspace" and ctx["running"]
+    body = {
+        # it waits for a file the test writes once it has read the first line: that line
+        # came while the code ran
+        "code": "import os, time\nprint('first', flush=True)\n"
+        "for _ in range(600):\n    if os.path.exists('go'):\n        break\n    time.sleep(0.1)\n"
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n6 * 7",
+        "context": ctx["id"],
+        "call_id": "http-1",
+    }
+    lines: list[dict] = []
+    async with api.stream("POST", f"{BASE}/execute", json=body) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("application/x-ndjson")
+        async for line in resp.aiter_lines():
+            if line:
+                lines.append(json.loads(line))
+                if len(lines) == 1:
+                    assert lines[0] == {"type": "stdout", "text": "first\n", "timestamp": lines[0]["timestamp"]}
+                    (workspace / "go").write_text("")
+    kinds = [line["type"] for line in lines]
+    assert kinds == ["stdout", "result", "result", "execution"], kinds
+    assert lines[1]["png"] and not lines[1]["is_main_result"]
+    assert lines[2] == {"type": "result", "text": "42", "is_main_result": True}
+    ex = lines[-1]
+    assert ex["outcome"] == "ok" and ex["call_id"] == "http-1" and ex["context_id"] == ctx["id"], ex
+    assert ex["files_changed"] == ["go"]
+    assert ex["results"][1]["text"] == "42" and ex["logs"] == {"stdout": ["first\n"], "stderr": []}
+
+    listed = (await api.get(f"{BASE}/contexts")).json()["contexts"]
+    assert [c["id"] for c in listed] == [ctx["id"]]
+    r = await api.post(f"{BASE}/contexts/{ctx['id']}/restart")
+    assert r.status_code == 200 and r.json()["id"] == ctx["id"], r.text
+    r = await api.post(f"{BASE}/execute", json={"code": "plt", "context": ctx["id"]})
+    last = json.loads(r.text.splitlines()[-1])
+    assert last["outcome"] == "error" and last["error"]["name"] == "NameError", last
+    assert (await api.delete(f"{BASE}/contexts/{ctx['id']}")).status_code == 204
+
+    # the default context, made at its first use
+    r = await api.post(f"{BASE}/execute", json={"code": "1 + 1"})
+    assert json.loads(r.text.splitlines()[-1])["context_id"] == "ctx-python"
+    # refusals before anything runs
+    r = await api.post(f"{BASE}/execute", json={"code": "1", "context": "ctx-gone"})
+    assert r.status_code == 404 and "No code context ctx-gone" in r.json()["detail"], r.text
+    r = await api.post(f"{BASE}/execute", json={"code": "1", "language": "cobol"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "language"], r.text
+    r = await api.post(f"{BASE}/execute", json={"code": "1", "timeout": 0})
+    assert r.status_code == 422, r.text
+    r = await api.delete(f"{BASE}/contexts/ctx-gone")
+    assert r.status_code == 404, r.text

@@ -14,7 +14,9 @@ Tool names, descriptions and input schemas are the registry's own definitions re
 for MCP (the same pydantic models as the OpenAI schemas). A failed call (unknown tool,
 invalid arguments, a refusal, a command that failed) is an MCP *tool error*
 (``isError: true`` with the message as text), never a protocol error, so the model sees
-it and can correct itself.
+it and can correct itself. A result's images (``ToolResult.images``: a chart ``run_code``
+drew) are ``ImageContent`` blocks after the text (:mod:`worker.content`); its
+``structuredContent`` is the ToolResult with each image named but its bytes left out.
 
 When the client sends a progress token with a call (``_meta.progressToken``), a command's
 output is also sent as it happens: each chunk one ``notifications/progress`` whose
@@ -53,6 +55,7 @@ from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT, Str
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -60,10 +63,11 @@ from starlette.types import Receive, Scope, Send
 from sandbox import __version__
 from sandbox.logs import get_logger
 
+from .content import mcp_content
 from .limits import MAX_REQUEST_BYTES
 from .metrics import Metrics
 from .result import ToolResult, json_safe
-from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces, tool_message_content
+from .service import Busy, CallRunner, InvalidWorkspaceId, WorkspaceNotFound, Workspaces
 from .streaming import ToolOutput
 
 if TYPE_CHECKING:
@@ -78,6 +82,9 @@ NOTIFY_TIMEOUT = 5.0
 SESSION_IDLE_TIMEOUT: float = DEFAULT_SESSION_IDLE_TIMEOUT
 
 WorkspaceResolver = Callable[[ServerRequestContext[Any, Any]], Path | None]
+
+#: A content block from its wire form (``worker.content`` speaks the wire, not the SDK's types).
+_CONTENT: TypeAdapter[types.ContentBlock] = TypeAdapter(types.ContentBlock)
 
 #: OpenAI's native tools (``shell``, ``apply_patch``): Responses API tools, never listed here.
 _OPENAI_NATIVE = frozenset({"shell", "apply_patch"})
@@ -296,8 +303,8 @@ def build_server(
         except Busy as e:
             return types.CallToolResult(content=[types.TextContent(text=f"Error: {e}")], is_error=True)
         return types.CallToolResult(
-            content=[types.TextContent(text=tool_message_content(result))],
-            structured_content=json_safe(result.to_dict()),
+            content=call_content(result),
+            structured_content=json_safe(_structured(result)),
             is_error=not result.success,
         )
 
@@ -317,6 +324,20 @@ def build_server(
         "notifications/initialized", types.NotificationParams, tool_list.session_initialized
     )
     return server
+
+
+def call_content(result: ToolResult) -> list[types.ContentBlock]:
+    """The result's text, then an ``ImageContent`` per image (:func:`worker.content.mcp_content`)."""
+    return [_CONTENT.validate_python(block) for block in mcp_content(result)]
+
+
+def _structured(result: ToolResult) -> dict[str, Any]:
+    """``structuredContent``: the ToolResult, its images named (``mime_type``, size) but
+    not repeated: their bytes are in ``content`` once."""
+    out = result.to_dict()
+    if "images" in out:
+        out["images"] = [{k: v for k, v in i.items() if k != "data"} for i in out["images"]]
+    return out
 
 
 def _progress_token(ctx: ServerRequestContext[Any, Any]) -> str | int | None:

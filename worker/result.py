@@ -5,6 +5,14 @@ bytes): when longer, its head and tail are kept around a visible marker, because
 start of an output (the command echo, the first error) and its end (the summary, the
 last traceback) are usually the parts worth reading. ``data`` carries the structured,
 uncut values for programs.
+
+``images`` is the one place an image travels from a tool to a model (a chart ``run_code``
+drew): :class:`ToolImage`, base64 of a PNG, JPEG, GIF or WebP. ``output`` already says
+in words what each one is (``[image/png 640x480]``), so a surface without images (an
+OpenAI tool message, a terminal) loses nothing else; the surfaces that have image content
+map them there (:mod:`worker.content`: MCP ``ImageContent``, Anthropic ``tool_result``
+image blocks). At most :data:`MAX_IMAGES` of at most :data:`MAX_IMAGE_CHARS` each, and
+:data:`MAX_IMAGES_CHARS` in all, leave the worker (:meth:`ToolResult.capped`).
 """
 
 from __future__ import annotations
@@ -17,8 +25,14 @@ from .jsontext import has_surrogate, json_line
 from .quoting import quote_path
 
 __all__ = [
+    "IMAGE_TYPES",
+    "MAX_IMAGES",
+    "MAX_IMAGES_CHARS",
+    "MAX_IMAGE_CHARS",
     "MAX_OUTPUT_BYTES",
+    "ToolImage",
     "ToolResult",
+    "fit_images",
     "has_surrogate",
     "json_line",
     "json_safe",
@@ -29,6 +43,14 @@ __all__ = [
 
 #: The most ``output`` may hold, in UTF-8 bytes, marker included.
 MAX_OUTPUT_BYTES = 10 * 1024
+#: The image types a result may carry: those both Anthropic's API and MCP clients take.
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+#: Images one result may carry.
+MAX_IMAGES = 8
+#: The largest image, in base64 characters (Anthropic's API refuses an image over 5 MB).
+MAX_IMAGE_CHARS = 5 << 20
+#: All of one result's images together, in base64 characters.
+MAX_IMAGES_CHARS = 10 << 20
 
 
 def _cut_utf8(data: bytes, limit: int, *, from_end: bool = False) -> str:
@@ -92,13 +114,49 @@ def json_safe(obj: Any) -> Any:
     return safe_data(obj) if not text.isascii() and has_surrogate(text) else obj
 
 
+@dataclass(frozen=True)
+class ToolImage:
+    """An image for the model to see: ``data`` is the base64 (standard alphabet, no line
+    breaks) of an image of type ``mime_type`` (one of :data:`IMAGE_TYPES`), ``width`` and
+    ``height`` its size in pixels when known."""
+
+    mime_type: str
+    data: str
+    width: int | None = None
+    height: int | None = None
+
+    def describe(self) -> str:
+        """``image/png 640x480`` (the size when known)."""
+        size = f" {self.width}x{self.height}" if self.width and self.height else ""
+        return f"{self.mime_type}{size}"
+
+
+def fit_images(images: list[ToolImage]) -> tuple[list[ToolImage], list[ToolImage]]:
+    """``(kept, left out)``: the images in order while they fit :data:`MAX_IMAGES`,
+    :data:`MAX_IMAGE_CHARS` each and :data:`MAX_IMAGES_CHARS` in all; an image of a type
+    not in :data:`IMAGE_TYPES` is left out."""
+    kept: list[ToolImage] = []
+    dropped: list[ToolImage] = []
+    total = 0
+    for image in images:
+        size = len(image.data)
+        fits = len(kept) < MAX_IMAGES and size <= MAX_IMAGE_CHARS and total + size <= MAX_IMAGES_CHARS
+        if fits and image.mime_type in IMAGE_TYPES:
+            kept.append(image)
+            total += size
+        else:
+            dropped.append(image)
+    return kept, dropped
+
+
 @dataclass
 class ToolResult:
     """The outcome of one tool call.
 
     ``success`` is False whenever ``error`` explains what went wrong; ``files_changed``
     holds workspace-relative paths the call changed (written, edited, or seen changed
-    after a shell command).
+    after a shell command); ``images`` the images for the model to see (see the module
+    docstring), each also named in ``output``.
     """
 
     success: bool
@@ -106,10 +164,17 @@ class ToolResult:
     data: dict[str, Any] | None = None
     files_changed: list[str] = field(default_factory=list)
     error: str | None = None
+    images: list[ToolImage] = field(default_factory=list)
 
     @classmethod
-    def ok(cls, output: str, data: dict[str, Any] | None = None, files_changed: list[str] | None = None) -> ToolResult:
-        return cls(True, output, data, list(files_changed or []), None)
+    def ok(
+        cls,
+        output: str,
+        data: dict[str, Any] | None = None,
+        files_changed: list[str] | None = None,
+        images: list[ToolImage] | None = None,
+    ) -> ToolResult:
+        return cls(True, output, data, list(files_changed or []), None, list(images or []))
 
     @classmethod
     def fail(
@@ -119,11 +184,17 @@ class ToolResult:
         output: str = "",
         data: dict[str, Any] | None = None,
         files_changed: list[str] | None = None,
+        images: list[ToolImage] | None = None,
     ) -> ToolResult:
-        return cls(False, output or f"Error: {error}", data, list(files_changed or []), error)
+        return cls(False, output or f"Error: {error}", data, list(files_changed or []), error, list(images or []))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The result as JSON-like values; ``images`` only when there are any (a list of
+        ``{mime_type, data, width, height}``)."""
+        out = asdict(self)
+        if not self.images:
+            del out["images"]
+        return out
 
     def to_json(self) -> str:
         """Compact JSON (non-ASCII kept as is) for the model or a pipeline."""
@@ -136,7 +207,9 @@ class ToolResult:
         serializers, only when needed: :func:`json_line`, the HTTP and MCP services).
 
         When ``output`` is cut, ``data["truncated"]`` and ``data["output_truncated"]``
-        become true.
+        become true. Images beyond the limits (:func:`fit_images`) are left out and counted
+        in ``data["images_dropped"]`` (a tool that attaches images says so in ``output``
+        itself, having fitted them first).
         """
         output, cut = truncate_output(safe_text(self.output), limit)
         error = self.error if self.error is None else truncate_output(safe_text(self.error), limit)[0]
@@ -145,4 +218,9 @@ class ToolResult:
             data = dict(data or {})
             data["truncated"] = True
             data["output_truncated"] = True
-        return ToolResult(self.success, output, data, [quote_path(p) for p in self.files_changed], error)
+        images, dropped = fit_images(self.images) if self.images else (self.images, [])
+        if dropped:
+            data = dict(data or {})
+            data["images_dropped"] = int(data.get("images_dropped") or 0) + len(dropped)
+        files = [quote_path(p) for p in self.files_changed]
+        return ToolResult(self.success, output, data, files, error, list(images))

@@ -27,7 +27,7 @@ import stat
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .workspace_settings import WorkspaceSettings
 from sandbox.logs import get_logger
 
+from .content import tool_text
 from .metrics import Metrics
 from .result import ToolResult, json_line
 from .streaming import ToolOutput, stream_call
@@ -287,14 +288,18 @@ class CallRunner:
 
 def result_dict(result: ToolResult) -> dict[str, Any]:
     """``result`` as the JSON object the surfaces return (``ToolResult.to_dict`` without
-    its deep copy: the dict is encoded right away and never mutated)."""
-    return {
+    its deep copy: the dict is encoded right away and never mutated); ``images`` only
+    when there are any."""
+    out: dict[str, Any] = {
         "success": result.success,
         "output": result.output,
         "data": result.data,
         "files_changed": result.files_changed,
         "error": result.error,
     }
+    if result.images:
+        out["images"] = [asdict(i) for i in result.images]
+    return out
 
 
 def encode_json(value: Any) -> bytes:
@@ -304,14 +309,8 @@ def encode_json(value: Any) -> bytes:
     return json_line(value).encode()
 
 
-def tool_message_content(result: ToolResult) -> str:
-    """The text a model reads for one result: the output, with the error first when the
-    output does not already say it."""
-    if result.success or not result.error:
-        return result.output
-    if result.error in result.output:
-        return result.output
-    return f"Error: {result.error}\n{result.output}".rstrip("\n")
+#: The text a model reads for one result (:func:`worker.content.tool_text`).
+tool_message_content = tool_text
 
 
 def parse_tool_arguments(tool: str, raw: str | dict[str, Any] | None) -> dict[str, Any] | str:

@@ -47,6 +47,7 @@ BASE: dict[str, dict[str, Any]] = {
     "process_input": {"process_id": "p1", "text": "x"},
     "process_kill": {"process_id": "p1"},
     "process_list": {},
+    "run_code": {"code": "1 + 1"},
     "tool_search": {"query": "read a file"},
     "typed_args": {"count": 1, "sizes": [1]},
 }

@@ -23,7 +23,7 @@ from sandbox.errors import (
 from sandbox.local import LocalProcessBackend
 from worker import Tool, ToolContext, ToolRegistry, ToolResult
 from worker.result import MAX_OUTPUT_BYTES, truncate_output
-from worker.tools import BUILTIN_NAMES, PROCESS_NAMES, TOOL_NAMES, builtin_tools
+from worker.tools import BUILTIN_NAMES, CODE_NAMES, PROCESS_NAMES, TOOL_NAMES, builtin_tools
 
 FILE_AND_SHELL_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("read_file", {"path": "a.txt"}),
@@ -60,7 +60,7 @@ async def local_registry(local_backend: LocalProcessBackend) -> ToolRegistry:
 
 def test_builtin_tools_registered_in_stable_order() -> None:
     reg = ToolRegistry()
-    assert reg.names() == list(TOOL_NAMES) == [*BUILTIN_NAMES, *PROCESS_NAMES]
+    assert reg.names() == list(TOOL_NAMES) == [*BUILTIN_NAMES, *PROCESS_NAMES, *CODE_NAMES]
     assert list(PROCESS_NAMES) == ["process_output", "process_input", "process_kill", "process_list"]
     assert list(BUILTIN_NAMES) == [
         "read_file",
@@ -323,6 +323,7 @@ def test_anthropic_and_mcp_formats() -> None:
         "process_input": False,
         "process_kill": False,
         "process_list": True,
+        "run_code": False,
     }
     with pytest.raises(ValueError, match="unknown schema format"):
         reg.all_schemas("xml")

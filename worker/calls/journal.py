@@ -46,6 +46,7 @@ from sandbox.logs import get_logger
 from ..changelog.recorder import workspace_dir
 from ..result import ToolResult, json_line
 from .brief import call_record
+from .outputs import brief_outputs
 
 log = get_logger("worker.calls")
 
@@ -179,6 +180,9 @@ class CallJournal:
                 rec = call_record(
                     tool, args, result, duration_ms, call_id=call_id, subtask_id=subtask_id, finished=finished
                 )
+                outputs = brief_outputs(result)
+                if outputs is not None:  # an execution of code: what it showed, bounded
+                    rec["outputs"] = outputs
                 lines.setdefault(root, []).append((json_line(rec) + "\n").encode())
             except Exception as e:  # a bug: logged once per process, never raised
                 self._failed(e)

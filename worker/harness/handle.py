@@ -42,6 +42,7 @@ from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, 
 
 from .. import kernels
 from .. import terminals as terms
+from ..kernels.toolresult import execution_result
 from ..policy.shell import check_command
 from ..result import ToolResult
 from ..terminals import Terminal
@@ -408,17 +409,8 @@ class SandboxHandle:
         journal = self.registry.journal
         if journal is None:
             return
-        formats = [f for r in ex.results for f in r.formats()]
-        data = {
-            "outcome": ex.outcome,
-            "context_id": ex.context_id,
-            "execution_count": ex.execution_count,
-            "results": len(ex.results),
-            "formats": sorted(set(formats)),
-            "error": ex.error.name if ex.error is not None else None,
-        }
-        what = ex.message or (ex.text or "") or f"{len(ex.results)} results"
-        result = ToolResult(ex.success, what, data, list(ex.files_changed), None if ex.success else ex.message)
+        # As run_code's result: its record then keeps what the execution showed (the timeline's outputs).
+        result = execution_result(ex)
         brief = {"code": code, "context": ex.context_id}
         duration = (time.perf_counter() - t0) * 1000.0
         journal.record(

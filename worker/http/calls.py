@@ -63,6 +63,13 @@ class CallOut(BaseModel):
     files_changed: list[str] = Field(description="The first 20 paths it changed, quoted as the tools quote them.")
     files_count: int
     pid: int | None = Field(None, description="The process that ran it.")
+    outputs: list[dict[str, Any]] | None = Field(
+        None,
+        description=(
+            "An execution of code (run_code): what it showed, in order and bounded (stdout, stderr, each "
+            "result in its richest format, images as base64, the error; worker.calls.outputs)."
+        ),
+    )
 
 
 class CallsPage(BaseModel):

@@ -29,12 +29,22 @@ class ExecuteRequest(StrictModel):
     subtask_id: str | None = Field(None, max_length=256)
 
 
+class ImageOut(StrictModel):
+    """An image for the model to see (``ToolResult.images``: a chart ``run_code`` drew)."""
+
+    mime_type: str = Field(description="image/png, image/jpeg, image/gif or image/webp.")
+    data: str = Field(description="The image's bytes, base64.")
+    width: int | None = Field(None, description="Pixels, when known.")
+    height: int | None = Field(None, description="Pixels, when known.")
+
+
 class ToolResultOut(StrictModel):
     success: bool
     output: str
     data: dict[str, Any] | None = None
     files_changed: list[str] = Field(default_factory=list)
     error: str | None = None
+    images: list[ImageOut] | None = Field(None, description="Present when the tool returned images (run_code).")
 
 
 class FunctionCall(StrictModel):

@@ -13,6 +13,7 @@ command. The harness API (``registry.sandbox(ws).run_code(...)``), HTTP
 - :mod:`.contexts`: create, list, restart, delete; the default context of a language
 - :mod:`.execute`: one execution (recorded, timed, streamed)
 - :mod:`.wire`: the bridge's events read as untrusted input, and the caps
+- :mod:`.toolresult`: an Execution as the ToolResult a model reads (``run_code``'s answer)
 """
 
 from .contexts import (

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..content import anthropic_tool_result
 from ..result import ToolResult
 from ..tool import Tool
 from . import apply_patch, bash, editor, shell
@@ -105,14 +106,9 @@ def _text(result: ToolResult) -> str:
 
 
 def anthropic_result(tool_use_id: str, result: ToolResult) -> dict[str, Any]:
-    """The ``tool_result`` block answering ``tool_use_id`` (``is_error`` when it failed)."""
-    text = _text(result)
-    return {
-        "type": "tool_result",
-        "tool_use_id": tool_use_id,
-        "content": [{"type": "text", "text": text}] if text else [],
-        "is_error": not result.success,
-    }
+    """The ``tool_result`` block answering ``tool_use_id`` (``is_error`` when it failed):
+    the text, then the result's images as ``image`` blocks (:mod:`worker.content`)."""
+    return anthropic_tool_result(tool_use_id, result, _text(result))
 
 
 async def run_anthropic(
@@ -127,18 +123,26 @@ async def run_anthropic(
     execute: Execute | None = None,
 ) -> dict[str, Any]:
     """Run one ``tool_use`` block of ``bash`` or ``str_replace_based_edit_tool`` in
-    ``workspace``; returns its ``tool_result`` block (another tool's name answers an
-    ``is_error`` result naming the two). ``session`` picks the persistent shell,
-    ``max_characters`` is the editor definition's, ``bash_timeout`` one command's limit
-    (default 120 s); ``execute`` replaces ``registry.execute`` (the HTTP service passes
-    its runner's). Raises TypeError/KeyError for a block that is not a ``tool_use``."""
+    ``workspace``; returns its ``tool_result`` block. A block of another of the registry's
+    own tools (``run_code``, offered with ``Tool.anthropic_schema()``) runs as it is and
+    answers with its text and images (:func:`worker.content.anthropic_tool_result`); any
+    other name answers an ``is_error`` result naming the two. ``session`` picks the
+    persistent shell, ``max_characters`` is the editor definition's, ``bash_timeout`` one
+    command's limit (default 120 s); ``execute`` replaces ``registry.execute`` (the HTTP
+    service passes its runner's). Raises TypeError/KeyError for a block that is not a
+    ``tool_use``."""
     b = as_dict(block)
     tool_use_id, name = str(b["id"]), str(b["name"])
-    if name not in ANTHROPIC_NAMES:
-        failed = ToolResult.fail(f"Unknown tool '{name}'. Available tools: {', '.join(ANTHROPIC_NAMES)}")
-        return anthropic_result(tool_use_id, failed)
     raw = b.get("input")
     args: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
+    run = execute or registry.execute
+    if name not in ANTHROPIC_NAMES:
+        tool = registry.get(name)
+        if tool is None or "native" in tool.tags:
+            failed = ToolResult.fail(f"Unknown tool '{name}'. Available tools: {', '.join(ANTHROPIC_NAMES)}")
+            return anthropic_result(tool_use_id, failed)
+        result = await run(name, args, workspace, call_id=tool_use_id, subtask_id=subtask_id)
+        return anthropic_tool_result(tool_use_id, result)
     if name == bash.NAME:
         args["session"] = session
         if bash_timeout is not None:
@@ -146,7 +150,6 @@ async def run_anthropic(
     elif max_characters is not None:
         args["max_characters"] = max_characters
     install(registry)
-    run = execute or registry.execute
     result = await run(name, args, workspace, call_id=tool_use_id, subtask_id=subtask_id)
     return anthropic_result(tool_use_id, result)
 

@@ -131,6 +131,42 @@ export async function stream(method, path, { query, body, signal, onEvent, onOpe
 }
 
 /**
+ * POST ``body`` and read the answer as NDJSON (one JSON value a line, as it comes):
+ * onLine(value) for each. Resolves when the body ends; rejects with ApiError for an HTTP
+ * error (before the stream: its JSON detail), or on a network error.
+ */
+export async function ndjson(path, { body, signal, onLine } = {}) {
+  const r = await fetch(path, {
+    method: 'POST',
+    headers: headers({ Accept: 'application/x-ndjson', 'Content-Type': 'application/json' }),
+    body: JSON.stringify(body),
+    signal,
+    credentials: 'omit',
+    cache: 'no-store',
+  });
+  if (!r.ok) {
+    const ct = r.headers.get('content-type') || '';
+    const data = ct.includes('json') ? await r.json().catch(() => null) : await r.text();
+    if (r.status === 401) for (const fn of listeners) fn();
+    throw new ApiError(r.status, detailText(data, r.status), data);
+  }
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf('\n')) >= 0) {
+      const line = buf.slice(0, nl).trim();
+      buf = buf.slice(nl + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+  }
+  if (buf.trim()) onLine(JSON.parse(buf));
+}
+
+/**
  * Follow a stream for as long as the returned handle is not closed: reconnects after a
  * network error (1 s, then up to 10 s apart), resuming from the last event's id.
  * onState('live' | 'reconnecting' | 'error', detail). ``cursorOf(event)`` is where the

@@ -1,7 +1,7 @@
 // The dashboard's entry point: sign-in, then a hash router over the views.
 //   #/                      workspaces
-//   #/w/<id>/<tab>[/<arg>]  one workspace: timeline | changes | files | run | terminal | sandbox |
-//                           snapshots | egress
+//   #/w/<id>/<tab>[/<arg>]  one workspace: timeline | changes | files | run | code | terminal |
+//                           sandbox | snapshots | egress
 
 import { ApiError, api, auth } from './api.js';
 import { $, button, errorBox, fill, h } from './dom.js';

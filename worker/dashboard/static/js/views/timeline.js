@@ -1,9 +1,12 @@
 // The timeline: every tool call of the workspace, newest first, live (the calls stream,
-// Server-Sent Events read with fetch), older ones a page at a time.
+// Server-Sent Events read with fetch), older ones a page at a time. An execution of code
+// (run_code) shows what it showed right under its row (its charts, tables and text:
+// outputs.js renders them without letting any of it reach the page).
 
 import { follow, get, ws } from '../api.js';
 import { button, errorBox, fill, fmtArgs, fmtDuration, fmtIso, fmtTime, h, kvTable, spinner } from '../dom.js';
 import { diffView } from '../diffview.js';
+import { outputsView } from '../outputs.js';
 import { openUndo } from './undo.js';
 
 const PAGE = 100;
@@ -135,6 +138,10 @@ export function timelineView(panel, id) {
       h('td', { 'data-label': 'Files changed', class: 'files' }, filesCell(c)),
     );
     let open = null;
+    // An execution's outputs: a row of their own under the call, always shown.
+    const shown = Array.isArray(c.outputs) && c.outputs.length
+      ? h('tr', { class: `outputs-row${ui ? ' ui-call' : ''}`, dataset: { callId: c.call_id || '' } }, h('td', { colspan: '7' }, outputsView(c.outputs)))
+      : null;
     const toggle = () => {
       if (open) {
         open.remove();
@@ -143,7 +150,7 @@ export function timelineView(panel, id) {
         return;
       }
       open = h('tr', { class: `detail${ui ? ' ui-call' : ''}` }, h('td', { colspan: '7' }, details(c)));
-      tr.after(open);
+      (shown || tr).after(open);
       tr.setAttribute('aria-expanded', 'true');
     };
     tr.addEventListener('click', (ev) => {
@@ -162,15 +169,17 @@ export function timelineView(panel, id) {
         if (next) next.focus();
       }
     });
-    return tr;
+    if (!shown) return [tr];
+    tr.classList.add('has-outputs');
+    return [tr, shown];
   }
 
   function addNewest(c) {
     if (seen.has(c.cursor)) return;
     seen.add(c.cursor);
-    const tr = row(c);
-    tr.classList.add('fresh');
-    tbody.prepend(tr);
+    const rows = row(c);
+    rows[0].classList.add('fresh');
+    tbody.prepend(...rows);
     updateCount();
   }
 
@@ -184,7 +193,7 @@ export function timelineView(panel, id) {
       for (const c of page.calls) {
         if (seen.has(c.cursor)) continue;
         seen.add(c.cursor);
-        tbody.append(row(c));
+        tbody.append(...row(c));
       }
       oldest = page.next;
       moreBox.classList.toggle('hidden', oldest === null);
@@ -213,7 +222,7 @@ export function timelineView(panel, id) {
     if (!alive) return;
     for (const c of first.calls) {
       seen.add(c.cursor);
-      tbody.append(row(c));
+      tbody.append(...row(c));
     }
     oldest = first.next;
     moreBox.classList.toggle('hidden', oldest === null);

@@ -3,6 +3,7 @@
 import { get, ws } from '../api.js';
 import { errorBox, fill, h } from '../dom.js';
 import { changesView } from './changes.js';
+import { codeView } from './code.js';
 import { egressView } from './egress.js';
 import { filesView } from './files.js';
 import { runView } from './run.js';
@@ -16,6 +17,7 @@ const TABS = [
   ['changes', 'Changes', changesView],
   ['files', 'Files', filesView],
   ['run', 'Run', runView],
+  ['code', 'Code', codeView],
   ['terminal', 'Terminal', terminalView],
   ['sandbox', 'Sandbox', sandboxView],
   ['snapshots', 'Snapshots', snapshotsView],

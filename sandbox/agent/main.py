@@ -251,6 +251,13 @@ def main(config):
     state.modeguard = modeguard.install() or "on"  # no setuid/setgid bits, no devices
     os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Commands start with SIGINT and SIGQUIT at their defaults, whoever started us: a
+    # disposition of "ignored" is inherited through exec, and a shell cannot trap a signal
+    # ignored on entry (POSIX), so a Ctrl-C would never reach it. (An agent started from a
+    # background job of a shell without job control gets both ignored.)
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
     stdin = sys.stdin.buffer
     keeper_ttl = state.keeper_ttl
     if keeper_ttl:

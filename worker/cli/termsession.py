@@ -106,7 +106,11 @@ async def _open(opts: Options, handle: Any, size: tuple[int, int]) -> Terminal |
 
     try:
         if opts.attach is not None:
-            return await handle.attach_terminal(opts.attach)
+            try:
+                return await handle.attach_terminal(opts.attach)
+            except AgentError as e:  # (not_found, whatever type the agent's code maps to)
+                say(opts, str(e))
+                return 1
         return await handle.open_terminal(opts.command, cols=size[0], rows=size[1], cwd=opts.cwd, env=opts.env)
     except PolicyError as e:
         say(opts, e.message)
@@ -182,7 +186,11 @@ class Relay:
         loop = asyncio.get_running_loop()
         pump = loop.create_task(self._pump())
         typist = loop.create_task(self._type())
-        loop.add_reader(0, self._on_input)
+        reader = None
+        try:
+            loop.add_reader(0, self._on_input)
+        except PermissionError:  # a file or /dev/null (epoll refuses them; reads never wait there)
+            reader = loop.create_task(self._read_file())
         handlers = {signal.SIGHUP: lambda: self.finish("hangup"), signal.SIGTERM: lambda: self.finish("sigterm")}
         handlers[signal.SIGINT] = self._on_sigint  # (raw mode: only a `kill -INT` gets here)
         if self.interactive and self.opts.size is None:
@@ -198,6 +206,8 @@ class Relay:
             if timer is not None:
                 timer.cancel()
             loop.remove_reader(0)
+            if reader is not None:
+                reader.cancel()
             for sig in handlers:
                 loop.remove_signal_handler(sig)
             typist.cancel()
@@ -222,14 +232,30 @@ class Relay:
     # -- input -------------------------------------------------------------------------
 
     def _on_input(self) -> None:
-        import asyncio
-
         try:
             data = os.read(0, 65536)
         except BlockingIOError:
             return
         except OSError:
             data = b""
+        self._typed(data)
+
+    async def _read_file(self) -> None:
+        """Standard input that cannot be polled (a file), read in a thread to its end."""
+        import asyncio
+
+        while True:
+            try:
+                data = await asyncio.to_thread(os.read, 0, 65536)
+            except OSError:
+                data = b""
+            self._typed(data)
+            if not data:
+                return
+
+    def _typed(self, data: bytes) -> None:
+        import asyncio
+
         if not data:  # the end of our input
             asyncio.get_running_loop().remove_reader(0)
             if self.interactive:

@@ -227,6 +227,25 @@ class SocketTunnel:
             raise TunnelClosedError(self.error) from e
         self.bytes_out += len(data)
 
+    def try_write(self, data: bytes) -> int:
+        """As much of ``data`` as the socket takes now, without waiting (0 when it is
+        full): for a caller that would otherwise wake a task to write a keystroke. Only
+        while no :meth:`write` is under way. Raises TunnelClosedError once the tunnel
+        has ended."""
+        if self.closed:
+            raise TunnelClosedError(self.error or "the tunnel is closed")
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as e:
+            self.error = e.strerror or str(e)
+            self.closed = True
+            self.sock.close()
+            raise TunnelClosedError(self.error) from e
+        self.bytes_out += n
+        return n
+
     async def write_eof(self) -> None:
         if not self.closed:
             with contextlib.suppress(OSError):

@@ -272,6 +272,15 @@ class Relay:
         self._send(data)
 
     def _send(self, data: bytes) -> None:
+        if not self._outbox:  # nothing waiting: straight out, if the stream takes it now
+            from sandbox.errors import TunnelClosedError
+
+            try:
+                data = data[self.term.write_nowait(data) :]
+            except TunnelClosedError:
+                return  # it ended: the output's end says how
+            if not data:
+                return
         self._outbox += data
         self._wake.set()
 

@@ -1,3 +1,4 @@
+# long module: one standalone program, sent as its own source and run with no agent beside it
 """The supervisor of one background process: a small program of its own, not a module of
 the running agent.
 
@@ -37,8 +38,6 @@ on a real terminal instead of losing what the client has not seen.
 
 Standard library only, Python >= 3.8, no import of the agent's package.
 """
-
-# long module: one standalone program, sent as its own source and run with no agent beside it
 
 import base64
 import ctypes

@@ -265,7 +265,17 @@ async def open_terminal(
     check_size(cols, rows)
     if command is not None and (not command or not all(isinstance(a, str) and a for a in command)):
         raise TerminalArgumentError("command must be a non-empty list of non-empty strings")
-    info = await ws.start_terminal(new_terminal_id(), command, cols=cols, rows=rows, cwd=cwd, env=env, idle=idle)
+    info = await ws.start_terminal(
+        new_terminal_id(),
+        command,
+        cols=cols,
+        rows=rows,
+        cwd=cwd,
+        env=env,
+        idle=idle,
+        timeout=MAX_LIFE,
+        scrollback=SCROLLBACK,
+    )
     return await attach(ws, info.id, since=0)
 
 

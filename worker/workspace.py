@@ -552,13 +552,11 @@ class Workspace:
         cwd: str = ".",
         env: dict[str, str] | None = None,
         idle: float = 0.0,
+        timeout: float = 86_400.0,
+        scrollback: int = 256 << 10,
     ) -> ProcessInfo:
-        """Start ``argv`` (None: a login shell) on a terminal, as a background process
-        named ``terminal_id`` (see :mod:`worker.terminals`): what it changes from here on is
-        its own. Raises what :meth:`Sandbox.start_terminal
-        <sandbox.capabilities.Terminals.start_terminal>` raises."""
-        from .terminals import MAX_LIFE, SCROLLBACK
-
+        """Start ``argv`` (None: a login shell) on a terminal, background process ``terminal_id``
+        (:mod:`worker.terminals`): what it changes from here on is its own. Raises as ``start_terminal``."""
         box = terminals(self.sandbox)
         bg = self.background
         limits = bg.limits if bg is not None else BackgroundLimits()
@@ -574,22 +572,20 @@ class Workspace:
                 rows=rows,
                 cwd=cwd,
                 env=env,
-                timeout=MAX_LIFE,
+                timeout=timeout,
                 idle=idle,
                 max_running=limits.max_processes,
-                scrollback=SCROLLBACK,
+                scrollback=scrollback,
                 linger=limits.linger,
             )
             self.forget(None)
             if bg is not None:
-                shown = info.command or "login shell"
-                bg.index.add(Started(terminal_id, f"terminal: {shown}", info.started))
+                bg.index.add(Started(terminal_id, f"terminal: {info.command or 'login shell'}", info.started))
             return info
 
     async def settle_background(self, *, prefer: str | None = None) -> list[str]:
-        """Record what background processes changed since the last scan (called when one
-        is seen to have ended, or a terminal settled); returns the changed paths; as
-        ``prefer``'s when that process may have changed them. Raises the recorder's errors."""
+        """Record what background processes changed since the last scan (one ended, a terminal
+        settled), as ``prefer``'s when it may have; the changed paths. Raises the recorder's errors."""
         bg = self.background
         if bg is None:
             return []

@@ -198,22 +198,53 @@ class SocketTunnel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._eof = False
+        #: The loop watching the socket (a reader left in place between reads, so a stream
+        #: of small reads, a terminal's keystrokes' echoes, costs no epoll_ctl each).
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     async def read(self) -> bytes:
         """The next bytes from the server; ``b""`` at its end or the tunnel's (then
         :attr:`error` says whether it broke)."""
-        if self.closed or self._eof:
-            return b""
-        try:
-            data = await asyncio.get_running_loop().sock_recv(self.sock, READ_SIZE)
-        except OSError as e:
-            self.error = e.strerror or str(e)
-            await self.close()
-            return b""
+        while True:
+            if self.closed or self._eof:
+                return b""
+            try:
+                data = self.sock.recv(READ_SIZE)
+                break
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
+            except OSError as e:
+                self.error = e.strerror or str(e)
+                await self.close()
+                return b""
         if not data:
             self._eof = True
         self.bytes_in += len(data)
         return data
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = fut = loop.create_future()
+        if self._watching is None:
+            loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._watching = loop
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _on_readable(self) -> None:
+        fut = self._waiter
+        if fut is None:  # nobody reads now: stop watching until someone does
+            self._unwatch()
+        elif not fut.done():
+            fut.set_result(None)
+
+    def _unwatch(self) -> None:
+        loop, self._watching = self._watching, None
+        if loop is not None and self.sock.fileno() != -1:
+            loop.remove_reader(self.sock.fileno())
 
     async def write(self, data: bytes) -> None:
         """Raises TunnelClosedError once the tunnel has ended."""
@@ -241,7 +272,10 @@ class SocketTunnel:
         except OSError as e:
             self.error = e.strerror or str(e)
             self.closed = True
+            self._unwatch()
             self.sock.close()
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
             raise TunnelClosedError(self.error) from e
         self.bytes_out += n
         return n
@@ -254,4 +288,7 @@ class SocketTunnel:
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._unwatch()
             self.sock.close()
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)  # (a read under way returns b"")

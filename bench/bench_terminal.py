@@ -3,8 +3,8 @@ terminal in the sandbox, for each way to one, beside ``docker exec -it`` into th
 container (the baseline), in one run, under each runtime:
 
 * keystroke to echo, p50 and p99 (ms): one byte typed, timed until it comes back, ``--n``
-  times, into ``stty raw -echo; exec cat`` (the program echoes, as a shell's line editor
-  or an editor does);
+  times, into ``cat`` on a terminal without echo or lines (``stty -icanon -echo``: the
+  program echoes, as a shell's line editor or an editor does);
 * output throughput (MB/s): ``cat`` of a ``--mb`` MB file (base64: no line breaks to
   translate), timed from the Enter that starts it to the file's last byte read.
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -57,7 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "worker.cli"]
 BIG = "/tmp/bench-terminal.txt"
 END = b"THE-END-OF-IT"
-ECHO_PROGRAM = ["sh", "-c", "stty raw -echo; echo READY; exec cat"]
+#: cat with the terminal's echo off and its lines off: each byte comes back as cat reads
+#: it; Ctrl-C still ends it (the terminal's signals are on).
+ECHO_PROGRAM = ["sh", "-c", "stty -icanon -echo min 1; echo READY; exec cat"]
 CAT_PROGRAM = ["sh", "-c", f"echo READY; read x; cat {BIG}"]
 SIZE = (100, 30)
 
@@ -122,6 +125,13 @@ class PtyProgram:
         return size / (time.perf_counter() - t) / 1e6
 
     def close(self) -> None:
+        """Ctrl-C (the program in the terminal ends, and so does the client: a client
+        killed instead would leave a terminal of the CLI's running), then SIGTERM."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.write(self.master, b"\x03")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -407,7 +407,8 @@ def register(subparsers: Any, only: str | None = None) -> None:
         ),
         epilog="Exit status: the command's own; 124 it timed out; 128+N a signal N ended it (130: Ctrl-C); 137 "
         "killed for a limit (memory, output, disk); 125 infrastructure failure (no engine, no image, the sandbox "
-        "lost); 126 refused by policy; 2 usage error.",
+        "lost); 126 refused by policy; 2 usage error. With -t as loom-worker shell's: 0 detached, 129/143 "
+        "SIGHUP/SIGTERM here (the command goes on).",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(

@@ -198,10 +198,25 @@ class SocketTunnel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._eof = False
-        #: The loop watching the socket (a reader left in place between reads, so a stream
-        #: of small reads, a terminal's keystrokes' echoes, costs no epoll_ctl each).
+        #: Writes under way: the socket is closed only after them. (Its descriptor closed
+        #: under a pending ``sock_sendall`` would leave the event loop's writer registered
+        #: for that number, and the next socket to get it would be written by the stale one.)
+        self._pending = 0
+        #: The loop watching the socket for reads (a reader left in place between reads, so
+        #: a stream of small reads, a terminal's keystrokes' echoes, costs no epoll_ctl
+        #: each), removed before the socket is closed, and while nobody reads.
         self._watching: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    @contextlib.contextmanager
+    def _op(self) -> Any:
+        self._pending += 1
+        try:
+            yield
+        finally:
+            self._pending -= 1
+            if self.closed and not self._pending:
+                self.sock.close()
 
     async def read(self) -> bytes:
         """The next bytes from the server; ``b""`` at its end or the tunnel's (then
@@ -251,7 +266,8 @@ class SocketTunnel:
         if self.closed:
             raise TunnelClosedError(self.error or "the tunnel is closed")
         try:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+            with self._op():
+                await asyncio.get_running_loop().sock_sendall(self.sock, data)
         except OSError as e:
             self.error = e.strerror or str(e)
             await self.close()
@@ -271,11 +287,7 @@ class SocketTunnel:
             return 0
         except OSError as e:
             self.error = e.strerror or str(e)
-            self.closed = True
-            self._unwatch()
-            self.sock.close()
-            if self._waiter is not None and not self._waiter.done():
-                self._waiter.set_result(None)
+            self._end()
             raise TunnelClosedError(self.error) from e
         self.bytes_out += n
         return n
@@ -286,9 +298,17 @@ class SocketTunnel:
                 self.sock.shutdown(socket.SHUT_WR)
 
     async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._unwatch()
+        """End the tunnel; a read under way returns ``b""``, a write raises."""
+        self._end()
+
+    def _end(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._unwatch()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes a pending write)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)  # (a read under way returns b"")
+        if not self._pending:
             self.sock.close()
-            if self._waiter is not None and not self._waiter.done():
-                self._waiter.set_result(None)  # (a read under way returns b"")

@@ -15,10 +15,14 @@ The rules, in the order :class:`AccessGuard` applies them to every request:
    never affected.
 
    - A state-changing request (POST, PUT, PATCH, DELETE: any method but GET, HEAD and
-     OPTIONS, the port proxy carrying any to the app) is refused unless its ``Origin``
-     is this service itself; without ``Origin`` (scripts) unless the browser marks it
+     OPTIONS, the port proxy carrying any to the app; and every WebSocket handshake,
+     which opens a channel both ways) is refused unless its ``Origin`` is this service
+     itself; without ``Origin`` (scripts) unless the browser marks it
      ``Sec-Fetch-Site: cross-site`` or ``same-site`` (another port of the same host is
-     the same site).
+     the same site). A browser sends ``Origin`` with every WebSocket handshake, and
+     cannot be kept from opening one to any site (WebSockets have no CORS): this rule is
+     the only thing between another site's page and a channel opened with the browser's
+     credentials (cross-site WebSocket hijacking).
    - A read (GET, HEAD, OPTIONS; the Server-Sent Event streams are GETs) is refused when
      the browser says it comes from another origin (``Sec-Fetch-Site: cross-site`` or
      ``same-site``) unless it is a navigation the user sees (``Sec-Fetch-Mode:
@@ -41,6 +45,21 @@ The rules, in the order :class:`AccessGuard` applies them to every request:
    Basic challenge), and answers only on a service with a token (403 otherwise: the app
    shares the service's origin, see :mod:`worker.http.ports`).
 
+   A WebSocket handshake may carry the token as for every route, and also as a
+   subprotocol, because a browser's ``WebSocket`` cannot set a header:
+   ``Sec-WebSocket-Protocol: loom.bearer.<token as base64url without padding>``
+   (:func:`bearer_subprotocol`; Kubernetes does the same with
+   ``base64url.bearer.authorization.k8s.io.<token>``). The browser must offer a second
+   subprotocol, one the route speaks, and the route accepts with that one, never with
+   the token's (a browser fails a handshake answered without a subprotocol when it
+   offered some): routes call :func:`accept_subprotocol`, and the guard refuses to send
+   an acceptance naming the token's. The port proxy never passes the token's on.
+
+A WebSocket handshake refused is answered with the same status and body as an HTTP
+request (the ASGI denial extension, which uvicorn and Starlette's test client have);
+on a server without it, it is closed before it is accepted with code 1008 (the client
+sees the handshake fail either way).
+
 The token is a header, never a cookie, so a page of another site cannot make a browser
 send it. Comparisons are constant-time (:func:`hmac.compare_digest`).
 """
@@ -49,14 +68,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
+import json
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from urllib.parse import urlsplit
 
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.egress.authority import SCHEME_PORTS, of_netloc
 
@@ -68,6 +90,10 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: (an address typed, a bookmark).
 OWN_FETCH_SITES = frozenset({"same-origin", "none"})
 PORTS_REALM = "loom-worker sandbox ports"
+#: A WebSocket subprotocol carrying the token (base64url, no padding, after the prefix).
+BEARER_SUBPROTOCOL = "loom.bearer."
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+_OR_SUBPROTOCOL = f" (a WebSocket may carry it as the subprotocol {BEARER_SUBPROTOCOL}<token as base64url>)"
 
 
 class UnsafeBindError(ValueError):
@@ -117,14 +143,19 @@ class Facts:
     fetch_mode: str | None = None
     fetch_dest: str | None = None
     authorization: str = ""
+    #: A WebSocket handshake (judged as state-changing), and the subprotocols it offers.
+    websocket: bool = False
+    subprotocols: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, scope: Scope) -> Facts:
-        """The facts of an ASGI HTTP scope (the first of a repeated header, as Starlette reads it)."""
+        """The facts of an ASGI HTTP or WebSocket scope (the first of a repeated header, as
+        Starlette reads it)."""
         found: dict[bytes, str] = {}
         for k, v in scope.get("headers") or []:
             if k in _READ and k not in found:
                 found[k] = v.decode("latin-1")
+        websocket = scope.get("type") == "websocket"
         return cls(
             method=scope.get("method", "GET"),
             scheme=scope.get("scheme", "http"),
@@ -134,6 +165,8 @@ class Facts:
             fetch_mode=found.get(b"sec-fetch-mode"),
             fetch_dest=found.get(b"sec-fetch-dest"),
             authorization=found.get(b"authorization", ""),
+            websocket=websocket,
+            subprotocols=tuple(scope.get("subprotocols") or ()) if websocket else (),
         )
 
 
@@ -198,6 +231,66 @@ def _token_matches(given: str, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
+def bearer_subprotocol(token: str) -> str:
+    """The WebSocket subprotocol that carries ``token`` (for a client that cannot send
+    ``Authorization``: a browser's ``WebSocket``)."""
+    return BEARER_SUBPROTOCOL + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+def is_bearer_subprotocol(subprotocol: str | None) -> bool:
+    return subprotocol is not None and subprotocol.startswith(BEARER_SUBPROTOCOL)
+
+
+def subprotocol_token(subprotocols: Collection[str]) -> str | None:
+    """The token the first ``loom.bearer.`` subprotocol offered carries; None without one,
+    or when it is not base64url of UTF-8."""
+    for p in subprotocols:
+        if is_bearer_subprotocol(p):
+            encoded = p[len(BEARER_SUBPROTOCOL) :]
+            if not _BASE64URL.fullmatch(encoded) or len(encoded) % 4 == 1:
+                return None
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+            except (binascii.Error, ValueError):
+                return None
+    return None
+
+
+def offered_subprotocols(scope: Scope) -> list[str]:
+    """The subprotocols a WebSocket handshake offers, but the token's."""
+    return [p for p in scope.get("subprotocols") or () if not is_bearer_subprotocol(p)]
+
+
+def accept_subprotocol(scope: Scope, supported: Collection[str]) -> str | None:
+    """The subprotocol a WebSocket route accepts ``scope``'s handshake with: the first
+    the client offered that the route speaks (``supported``), never the token's; None
+    when it offered none of them (a browser that offered any, the token's alone
+    included, then fails the handshake: it must offer one of the route's too).
+
+    A route: ``await websocket.accept(subprotocol=accept_subprotocol(websocket.scope,
+    ("loom.terminal.v1",)))``."""
+    for p in offered_subprotocols(scope):
+        if p in supported:
+            return p
+    return None
+
+
+async def deny_websocket(scope: Scope, receive: Receive, send: Send, response: Response, *, code: int) -> None:
+    """Refuse a WebSocket handshake not yet accepted: ``response`` is the HTTP answer
+    where the server has the ASGI denial extension (uvicorn does), else the handshake is
+    closed with ``code`` and the response's ``detail`` as the reason (a client sees the
+    handshake fail either way)."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await response(scope, receive, send)
+        return
+    reason = bytes(response.body).decode("utf-8", "replace")
+    with contextlib.suppress(ValueError):
+        body = json.loads(reason)
+        reason = str(body["detail"]) if isinstance(body, dict) and "detail" in body else reason
+    # (a close frame's reason is at most 123 bytes of UTF-8)
+    await send({"type": "websocket.close", "code": code, "reason": reason.encode()[:123].decode("utf-8", "ignore")})
+
+
 class Access:
     """The service's rules for one token (None: loopback-only mode)."""
 
@@ -232,6 +325,13 @@ class Access:
             return False
         return _token_matches(value, self.token)
 
+    def _subprotocol_ok(self, facts: Facts) -> bool:
+        """Whether a WebSocket handshake carries the token as its ``loom.bearer.`` subprotocol."""
+        if self.token is None or not facts.websocket:
+            return False
+        given = subprotocol_token(facts.subprotocols)
+        return given is not None and _token_matches(given, self.token)
+
     def check(self, facts: Facts, kind: Kind) -> Refusal | None:
         """The refusal of a request to a path of ``kind``, or None when it may go on."""
         if self.token is None and not is_loopback_host(facts.host, facts.scheme):
@@ -241,10 +341,14 @@ class Access:
                 "127.0.0.1, localhost and [::1] (protection against DNS rebinding)",
                 "host",
             )
-        if facts.method not in SAFE_METHODS:
+        if facts.websocket or facts.method not in SAFE_METHODS:
             if not same_origin(facts.origin, facts.fetch_site, facts.host, facts.scheme):
+                what = "WebSocket handshake" if facts.websocket else "request"
                 return Refusal(
-                    403, f"Cross-site request refused: Origin {facts.origin!r} is not this service", "origin"
+                    403,
+                    f"Cross-site request refused: Origin {facts.origin!r} is not this service (a {what} from "
+                    "another site's page)",
+                    "origin",
                 )
         elif kind is not Kind.PORTS and foreign_read(facts):
             return Refusal(
@@ -253,8 +357,9 @@ class Access:
                 f"Sec-Fetch-Site {facts.fetch_site!r}) that is not a navigation",
                 "origin",
             )
-        if kind is Kind.API and not self.bearer_ok(facts.authorization):
-            return Refusal(401, "Missing or wrong bearer token", "auth", {"WWW-Authenticate": "Bearer"})
+        if kind is Kind.API and not (self.bearer_ok(facts.authorization) or self._subprotocol_ok(facts)):
+            detail = "Missing or wrong bearer token" + (_OR_SUBPROTOCOL if facts.websocket else "")
+            return Refusal(401, detail, "auth", {"WWW-Authenticate": "Bearer"})
         if kind is Kind.PORTS:
             if self.token is None:
                 return Refusal(
@@ -265,10 +370,11 @@ class Access:
                     "origin.",
                     None,
                 )
-            if not self.ports_ok(facts.authorization):
+            if not (self.ports_ok(facts.authorization) or self._subprotocol_ok(facts)):
                 return Refusal(
                     401,
-                    "Missing or wrong token (a bearer token, or the token as the Basic password)",
+                    "Missing or wrong token (a bearer token, or the token as the Basic password)"
+                    + (_OR_SUBPROTOCOL if facts.websocket else ""),
                     "auth",
                     {"WWW-Authenticate": f'Basic realm="{PORTS_REALM}", charset="UTF-8"'},
                 )
@@ -315,18 +421,35 @@ class AccessGuard:
             return
         refusal = self.access.check(Facts.of(scope), self.paths.kind(scope.get("path", "")))
         if refusal is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send if scope["type"] == "http" else _never_echo_token(send))
             return
         if refusal.reason is not None and self.on_reject is not None:
             self.on_reject(refusal.reason)
         if scope["type"] == "http":
             await refusal.response()(scope, receive, send)
-        else:  # a WebSocket handshake (no route has one today): closed before it is accepted
-            await receive()
-            await send({"type": "websocket.close", "code": 1008, "reason": refusal.detail[:120]})
+        else:  # a WebSocket handshake: refused before it is accepted
+            await receive()  # (its websocket.connect)
+            await deny_websocket(scope, receive, send, refusal.response(), code=1008)
+
+
+def _never_echo_token(send: Send) -> Send:
+    """``send`` refusing a WebSocket acceptance that names the token's subprotocol (the
+    answer would show the token to whatever logs the handshake; routes accept with
+    :func:`accept_subprotocol`)."""
+
+    async def guarded(message: Message) -> None:
+        if message["type"] == "websocket.accept" and is_bearer_subprotocol(message.get("subprotocol")):
+            raise RuntimeError(
+                "a WebSocket route accepted with the token's subprotocol: accept with one of its own "
+                "(worker.auth.accept_subprotocol)"
+            )
+        await send(message)
+
+    return guarded
 
 
 __all__ = [
+    "BEARER_SUBPROTOCOL",
     "LOOPBACK_HOSTS",
     "Access",
     "AccessGuard",
@@ -335,8 +458,14 @@ __all__ = [
     "Paths",
     "Refusal",
     "UnsafeBindError",
+    "accept_subprotocol",
+    "bearer_subprotocol",
     "check_bind",
+    "deny_websocket",
     "foreign_read",
+    "is_bearer_subprotocol",
     "is_loopback_host",
+    "offered_subprotocols",
     "same_origin",
+    "subprotocol_token",
 ]

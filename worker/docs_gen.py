@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from fastapi.routing import APIRoute
 from pydantic.fields import FieldInfo
-from starlette.routing import BaseRoute, Mount
+from starlette.routing import BaseRoute, Mount, WebSocketRoute
 
 from .settings import Settings
 
@@ -49,6 +49,8 @@ BUILTIN_SUMMARIES = {
     "redoc_html": "ReDoc for the OpenAPI document.",
 }
 ANY_METHOD = "*"
+#: The "method" of a WebSocket route in the table.
+WEBSOCKET = "WEBSOCKET"
 
 
 def _cell(text: str) -> str:
@@ -148,6 +150,8 @@ def render_http(app: Any) -> str:
         template = route.path + "/{path:path}" if isinstance(route, Mount) else getattr(route, "path", "")
         methods = sorted(getattr(route, "methods", None) or ()) if not isinstance(route, Mount) else ["GET"]
         methods = [m for m in methods if m != "HEAD" or methods == ["HEAD"]] or [ANY_METHOD]
+        if isinstance(route, WebSocketRoute):  # (FastAPI's APIWebSocketRoute is one too)
+            methods = [WEBSOCKET]
         auth = paths.kind(_sample(template)).value
         summary = _summary(route)
         for method in methods:
@@ -166,8 +170,9 @@ def render_http(app: Any) -> str:
         "**auth**: `none` (public), `bearer` (`Authorization: Bearer $LOOM_API_TOKEN` when a token is set), "
         "`bearer or Basic` (also the token as the HTTP Basic password, for a browser). Every route also "
         "refuses cross-site requests and, without a token, a `Host` that is not a loopback name "
-        "(see `worker/auth.py` and [the service](../service.md)). `*`: any method. The OpenAPI document "
-        "is served at `/openapi.json`.\n\n",
+        "(see `worker/auth.py` and [the service](../service.md)). `*`: any method. `WEBSOCKET`: a WebSocket "
+        "handshake (refused from another origin's page; the token also as the subprotocol "
+        "`loom.bearer.<token as base64url>`). The OpenAPI document is served at `/openapi.json`.\n\n",
         "| method | path | summary | auth |\n|---|---|---|---|\n",
         "\n".join(rows) + "\n\n",
         "## Routes\n\n",

@@ -53,8 +53,9 @@ The modules, each importing only those above it (no cycles)::
                start that failed
     command    exec
     spawn      long-lived processes with streamed stdio
-    supervisor the program that owns one background process (run apart from the agent)
-    processes  background processes: start, output, input, kill, list (via supervisors)
+    supervisor the program that owns one background process or terminal (run apart from the agent)
+    processes  background processes: start (on a pty: a terminal), output, input, kill, signal,
+               resize, list, attach (via supervisors)
     relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
     handover   the fd channel: a tunnel's socket handed to the host itself (runc)
     tunnel     TCP connections to the sandbox's loopback, relayed over the channel

@@ -537,12 +537,29 @@ class Supervisor(object):
     def _foreground(self):
         """The process group a signal for "the process" goes to: a terminal's foreground
         one (the program the user runs there), else the process's own."""
-        if self.master is not None:
+        if self.master is None:
+            return self.proc.pid
+        try:
+            return os.tcgetpgrp(self.master)
+        except OSError:
+            pass
+        # gVisor answers neither the master's TIOCGPGRP nor /proc's tpgid: the newest
+        # process group of the terminal's session other than its leader's (the job the
+        # shell runs now; a background job started later would be taken for it).
+        best, newest = self.proc.pid, -1
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
             try:
-                return os.tcgetpgrp(self.master)
-            except OSError:
-                pass
-        return self.proc.pid
+                with open("/proc/%s/stat" % name, "rb") as fh:
+                    data = fh.read()
+                rest = data[data.rindex(b")") + 2 :].split()
+                pgrp, sid, start = int(rest[2]), int(rest[3]), int(rest[19])
+            except (OSError, ValueError, IndexError):
+                continue
+            if sid == self.proc.pid and pgrp == int(name) and pgrp != sid and start > newest:
+                best, newest = pgrp, start
+        return best
 
     def op_signal(self, req):
         sig = int(req.get("signal") or signal.SIGINT)

@@ -15,7 +15,7 @@ from ..base import (
     RuntimeInventory,
     StatusReporter,
 )
-from ..capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+from ..capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Terminals, Tunnels
 from .backend import DockerBackend, DockerSandbox
 
 
@@ -24,6 +24,7 @@ def _capabilities(
 ) -> tuple[
     StagedWrites,
     BackgroundProcesses,
+    Terminals,
     Tunnels,
     HarnessFiles,
     ConfigurableBackend,
@@ -36,4 +37,4 @@ def _capabilities(
     RestartCounter,
 ]:
     # mypy: the sandbox's capabilities, and the backend's every optional one
-    return box, box, box, box, backend, backend, backend, backend, backend, backend, backend, backend
+    return box, box, box, box, box, backend, backend, backend, backend, backend, backend, backend, backend

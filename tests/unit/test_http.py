@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -64,9 +64,9 @@ async def lifespan_task(app: Any) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def running(root: Path, registry: Any, **overrides: Any) -> AsyncIterator[Service]:
+async def running(root: Path, registry: Any, *, routes: Sequence[Any] = (), **overrides: Any) -> AsyncIterator[Service]:
     settings = Settings(workspace_root=root, api_token=TOKEN, **overrides)
-    app = create_app(settings, registry)
+    app = create_app(settings, registry, routes=routes)
     async with lifespan_task(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=AUTH) as client:

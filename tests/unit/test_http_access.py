@@ -9,6 +9,13 @@ origin is refused everywhere; a read (GET, HEAD, OPTIONS, the Server-Sent Event 
 included) is refused when a browser says it comes from another origin and it is not a
 navigation, everywhere but the port proxy (the agent's app is a sandboxed document
 there: an opaque origin, so the browser marks the app's own requests cross-site).
+
+WebSocket routes are read from the same table and proved the same way with handshakes
+(an unauthenticated, a wrong token, a cross-origin one refused; the token as a header or
+as the ``loom.bearer.`` subprotocol, from no origin or this one, let through). A
+WebSocket handshake is state-changing: the port proxy's are refused cross-site too. A
+probe route (:data:`PROBE`, this test's own) stands for the service's routes until the
+service has one of its own.
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.routing import Mount
+from starlette.routing import Mount, WebSocketRoute
+from starlette.websockets import WebSocket
 
+from tests.asgi_ws import Answer, handshake
 from tests.unit.test_http import AUTH, TOKEN, Service, lifespan_task, running
+from worker.auth import accept_subprotocol, bearer_subprotocol
 from worker.http.app import route_table
 from worker.registry import ToolRegistry
 from worker.settings import Settings
@@ -74,18 +84,37 @@ def fill(template: str) -> str:
 
 
 def served(app: Any) -> Iterator[tuple[str, str]]:
-    """(method, path template) of every route the app serves."""
+    """(method, path template) of every HTTP route the app serves."""
     for route in route_table(app):
         if isinstance(route, Mount):
             yield "GET", route.path + "/{path:path}"
+            continue
+        if isinstance(route, WebSocketRoute):  # (FastAPI's APIWebSocketRoute is one too)
             continue
         for method in sorted(route.methods or ANY):  # type: ignore[attr-defined]
             yield method, route.path  # type: ignore[attr-defined]
 
 
+def sockets(app: Any) -> list[str]:
+    """The path template of every WebSocket route the app serves."""
+    return [route.path for route in route_table(app) if isinstance(route, WebSocketRoute)]
+
+
+async def _probe(ws: WebSocket) -> None:
+    """Accepts with the probe's subprotocol, says hello, closes."""
+    await ws.accept(subprotocol=accept_subprotocol(ws.scope, ("probe.v1",)))
+    await ws.send_text("hello")
+    await ws.close()
+
+
+#: A WebSocket route of the API kind, this test's own (the service's WebSocket routes, when
+#: it has them, are in the table and covered the same).
+PROBE = WebSocketRoute("/v1/workspaces/{workspace_id}/ws-probe", _probe)
+
+
 @pytest.fixture
 async def svc(tmp_path: Path, local_backend: Any) -> AsyncIterator[Service]:
-    async with running(tmp_path / "root", ToolRegistry(backend=local_backend)) as s:
+    async with running(tmp_path / "root", ToolRegistry(backend=local_backend), routes=[PROBE]) as s:
         await s.workspace("w1")
         yield s
 
@@ -108,6 +137,11 @@ def test_the_table_is_the_whole_app(svc: Service) -> None:
     ]:
         assert expected in table
     assert PUBLIC <= table, PUBLIC - table  # an exception that no longer exists is removed
+    assert {
+        PROBE.path,
+        "/v1/workspaces/{workspace_id}/ports/{port:int}",
+        "/v1/workspaces/{workspace_id}/ports/{port:int}/{path:path}",
+    } <= set(sockets(svc.app))
 
 
 async def test_every_route_but_the_public_ones_refuses_a_missing_or_wrong_token(svc: Service) -> None:
@@ -177,7 +211,7 @@ async def test_with_the_token_the_guard_lets_every_route_through(svc: Service) -
 async def open_app(tmp_path: Path, local_backend: Any) -> AsyncIterator[Any]:
     from worker.http import create_app
 
-    app = create_app(Settings(workspace_root=tmp_path / "root"), ToolRegistry(backend=local_backend))
+    app = create_app(Settings(workspace_root=tmp_path / "root"), ToolRegistry(backend=local_backend), routes=[PROBE])
     async with lifespan_task(app):
         (tmp_path / "root" / "w1").mkdir()
         yield app
@@ -196,27 +230,90 @@ async def test_without_a_token_every_route_refuses_a_host_that_is_not_loopback(o
                 assert r.status_code == 403 and (method == "HEAD" or "port-forward" in r.json()["detail"])
 
 
-def test_a_websocket_handshake_is_guarded_too() -> None:
-    # No route of the service takes one today; one added later is covered all the same.
-    from starlette.applications import Starlette
-    from starlette.routing import WebSocketRoute
-    from starlette.testclient import TestClient
-    from starlette.websockets import WebSocket, WebSocketDisconnect
+# -- WebSocket routes ----------------------------------------------------------------------------
 
-    from worker.auth import Access, AccessGuard, Paths
+SAME_ORIGIN = {"Origin": "http://127.0.0.1:8080"}
+WRONG_TOKENS: list[tuple[dict[str, str], list[str]]] = [
+    ({}, []),
+    ({"Authorization": "Bearer wrong"}, []),
+    ({"Authorization": "Basic " + base64.b64encode(b"me:wrong").decode()}, []),
+    ({}, [bearer_subprotocol("wrong")]),
+    ({}, ["loom.bearer." + TOKEN]),  # the token, not as base64url
+    ({}, ["loom.bearer.!!"]),
+    ({}, ["probe.v1", "loom.bearer."]),
+    ({}, [bearer_subprotocol(TOKEN) + "=="]),  # (no padding)
+]
+CROSS_SITE: list[dict[str, str]] = [
+    {"Origin": "http://evil.example"},
+    {"Origin": "null"},  # a sandboxed frame (the port proxy's own pages too), a file: page
+    {"Origin": "http://127.0.0.1:9999"},  # another port of this host: another origin
+    {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "websocket", "Sec-Fetch-Dest": "websocket"},
+    {"Sec-Fetch-Site": "same-site"},
+]
 
-    async def echo(ws: WebSocket) -> None:
-        await ws.accept()
-        await ws.send_text("hello")
-        await ws.close()
 
-    app = Starlette(routes=[WebSocketRoute("/ws", echo)])
-    app.add_middleware(AccessGuard, access=Access(TOKEN), paths=Paths())
-    with TestClient(app, base_url="http://127.0.0.1:8080") as client:
-        with client.websocket_connect("/ws", headers=AUTH) as ws:
-            assert ws.receive_text() == "hello"
-        for headers in ({}, {**AUTH, "Origin": "http://evil.example"}):
-            with pytest.raises(WebSocketDisconnect) as refused:
-                with client.websocket_connect("/ws", headers=headers) as ws:
-                    ws.receive_text()
-            assert refused.value.code == 1008
+def _expect_guard_refusal(answer: Answer, status: int, where: Any) -> None:
+    assert answer.kind == "http" and answer.status == status, (where, answer)
+
+
+async def test_every_websocket_route_refuses_a_missing_or_wrong_token(svc: Service) -> None:
+    for template in sockets(svc.app):
+        for headers, subprotocols in WRONG_TOKENS:
+            answer = await handshake(svc.app, fill(template), {**SAME_ORIGIN, **headers}, subprotocols)
+            _expect_guard_refusal(answer, 401, (template, headers, subprotocols))
+            challenge = answer.headers["www-authenticate"]
+            assert challenge == "Bearer" or (PORTS.match(template) and challenge.startswith("Basic ")), challenge
+            assert "token" in answer.detail and "loom.bearer." in answer.detail
+        # On a server without the denial extension: closed before it is accepted.
+        closed = await handshake(svc.app, fill(template), SAME_ORIGIN, denial=False)
+        assert (closed.kind, closed.code) == ("close", 1008) and "token" in closed.reason, closed
+    metrics = (await svc.client.get("/metrics")).text
+    assert 'loom_http_rejected_total{reason="auth"}' in metrics
+
+
+async def test_every_websocket_route_refuses_a_cross_site_handshake(svc: Service) -> None:
+    for template in sockets(svc.app):
+        for headers in CROSS_SITE:
+            for token in ({"headers": AUTH}, {"subprotocols": ["probe.v1", bearer_subprotocol(TOKEN)]}):
+                given = {**token.get("headers", {}), **headers}  # type: ignore[dict-item]
+                answer = await handshake(svc.app, fill(template), given, token.get("subprotocols", ()))
+                _expect_guard_refusal(answer, 403, (template, headers))
+                assert "Cross-site request refused" in answer.detail and "WebSocket" in answer.detail
+    assert 'loom_http_rejected_total{reason="origin"}' in (await svc.client.get("/metrics")).text
+
+
+async def test_with_the_token_the_guard_lets_every_websocket_route_through(svc: Service) -> None:
+    # The token as a header or as the subprotocol; from a client that is not a browser (no
+    # Origin) or from this service's own page. Then the route answers: the probe accepts
+    # with its own subprotocol, never the token's; the port proxy finds nothing on the port.
+    ways: list[tuple[dict[str, str], list[str]]] = [
+        (AUTH, []),
+        ({**AUTH, **SAME_ORIGIN, "Sec-Fetch-Site": "same-origin"}, ["probe.v1"]),
+        (SAME_ORIGIN, [bearer_subprotocol(TOKEN), "probe.v1"]),
+        ({}, ["probe.v1", bearer_subprotocol(TOKEN)]),
+    ]
+    for template in sockets(svc.app):
+        for headers, subprotocols in ways:
+            answer = await handshake(svc.app, fill(template), headers, subprotocols)
+            if PORTS.match(template):
+                assert (answer.kind, answer.status) == ("http", 502), (template, answer)
+                assert "Nothing listens" in answer.detail
+            elif template == PROBE.path:
+                assert answer.kind == "accept", (headers, answer)
+                assert answer.subprotocol == ("probe.v1" if subprotocols else None)
+            else:
+                assert answer.kind == "accept" or answer.status not in (401, 403), (template, headers, answer)
+
+
+async def test_without_a_token_every_websocket_route_refuses_a_host_that_is_not_loopback(open_app: Any) -> None:
+    for template in sockets(open_app):
+        for host in ("evil.example", "127.0.0.1.nip.io:8080"):
+            answer = await handshake(open_app, fill(template), host=host)
+            _expect_guard_refusal(answer, 403, (template, host))
+            assert "DNS rebinding" in answer.detail
+        answer = await handshake(open_app, fill(template), {"Origin": "http://evil.example"})
+        _expect_guard_refusal(answer, 403, template)
+        if PORTS.match(template):  # the proxy answers only on a service with a token
+            answer = await handshake(open_app, fill(template))
+            _expect_guard_refusal(answer, 403, template)
+            assert "port-forward" in answer.detail

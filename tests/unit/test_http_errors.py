@@ -233,8 +233,8 @@ def test_every_route_raises_and_documents_only_statuses_of_the_table(tmp_path: P
 
 
 def test_the_port_proxy_and_the_body_limit_answer_through_the_table() -> None:
-    from worker.http import body_limit, ports
+    from worker.http import body_limit, ports, ports_ws
 
-    for module in (ports, body_limit):
+    for module in (ports, ports_ws, body_limit):
         source = inspect.getsource(module)
         assert "status_code=" not in source and "_problem(" not in source, module.__name__

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.routing import Mount
+from starlette.routing import Mount, WebSocketRoute
 
 from worker.http.app import route_table
 from worker.integrations.ray.forward import FRONT, FRONT_UNDER_WORKSPACE, REFUSED, carried
@@ -31,6 +31,8 @@ def _routes(app: Any) -> list[tuple[str, str]]:
     for route in route_table(app):
         path = route.path if isinstance(route, Mount) else str(route.path)  # type: ignore[attr-defined]
         methods = getattr(route, "methods", None) or {"*"}  # (Starlette's routes: not ours)
+        if isinstance(route, WebSocketRoute):
+            methods = {"WEBSOCKET"}
         out += [(m, path) for m in sorted(methods - {"HEAD"} or methods)]
     return out
 
@@ -58,6 +60,8 @@ def test_every_route_is_forwarded_at_the_front_or_refused(app: Any) -> None:
         "DELETE /v1/workspaces/{workspace_id}",
         "POST /v1/workspaces/{workspace_id}/fork",
         "POST /v1/workspaces/{workspace_id}/fork",  # (the front door's, then the app's own)
+        "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}",  # (the port proxy's WebSockets)
+        "WEBSOCKET /v1/workspaces/{workspace_id}/ports/{port:int}/{path:path}",
     ]
     assert sorted(decided["refuse"]) == sorted(f"{m} {p}" for m, p in REFUSED)
 

@@ -135,6 +135,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         # asyncio and h11: together they halve uvicorn's own per-request cost.
         loop="auto",
         http="auto",
+        # WebSockets (the port proxy, terminals) through wsproto, a dependency: "auto" would
+        # take `websockets` instead wherever it happens to be installed, or serve none.
+        ws="wsproto",
     )
     _quiet_exit_server()(config).run()
     return 0

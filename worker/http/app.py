@@ -15,6 +15,7 @@ module each with its own ``APIRouter`` and models:
     :mod:`.harness`     POST .../sandbox/exec, GET and PUT .../sandbox/files   the harness API
     :mod:`.stream`      POST .../execute/stream
     :mod:`.ports`       * .../ports/{port}/{path}   a server in the sandbox
+    :mod:`.ports_ws`    WEBSOCKET .../ports/{port}/{path}   its WebSockets
     :mod:`.mcp`         * .../mcp                   MCP streamable HTTP
     :mod:`worker.dashboard`   GET / and /ui/*  (public)
 
@@ -54,6 +55,7 @@ from . import (
     mcp,
     native,
     ports,
+    ports_ws,
     processes,
     sandbox,
     secrets,
@@ -90,6 +92,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     stream.router,
     native.router,
     ports.router,
+    ports_ws.router,
 )
 
 

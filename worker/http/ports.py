@@ -12,8 +12,8 @@ tunnel per request). Paths, ``Host``, cookies, ``Location`` and bodies pass unch
 an app's links must be relative to work under the prefix (``href="static/app.js"``, not
 ``"/static/app.js"``). Request and response bodies stream both ways, held to the
 tunnel's windows (``LOOM_MAX_BODY_BYTES``, the API's limit, does not apply to them).
-WebSockets are not carried (the ``Upgrade`` header is hop-by-hop): use ``loom-worker
-port-forward``.
+WebSockets are carried by the same paths, message by message (:mod:`.ports_ws`); the
+``Upgrade`` header of a plain HTTP request is hop-by-hop and is not.
 
 Who may use it is decided by :mod:`worker.auth`, before the request reaches the proxy.
 Only a service with a token (``LOOM_API_TOKEN``) proxies, and every answer is served as a
@@ -116,32 +116,44 @@ class PortProxy:
     # -- the proxying ----------------------------------------------------------------------
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> Response | None:
-        params = scope.get("path_params", {})
-        ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
-        service = service_of(scope["app"])
-        try:
-            path = await service.workspaces.locate(ws_id)
-        except (InvalidWorkspaceId, WorkspaceNotFound) as e:  # (an id that cannot exist is not here)
-            return answer(WorkspaceNotFound(str(e)))
-        if not 1 <= port <= 65535:
-            return answer(Invalid(("path", "port"), f"port {port} is out of range (1-65535)"))
-        try:
-            registry = service.registry
-            if not isinstance(registry, OpensTunnels):
-                return answer(NotHeldHere("this service does not reach its sandboxes' ports"))
-            # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
-            service.runner.opened.add(path)
-            tunnel = await registry.open_tunnel(path, port)
-        except AgentError as e:
-            if e.code == "connection_refused":
-                return answer(PortUnreachable(f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}"))
-            return answer(PortUnreachable(f"Cannot reach port {port} in the sandbox: {e}"))
-        except SandboxError as e:
-            return answer(e)
+        opened = await open_port(scope)
+        if isinstance(opened, Response):
+            return opened
+        tunnel, ws_id, port = opened
         try:
             return await _Exchange(tunnel, scope, receive, send, ws_id, port).run()
         finally:
             await tunnel.close()
+
+
+async def open_port(scope: Scope) -> tuple[PortTunnel, str, int] | Response:
+    """A tunnel to the port a proxy route's ``scope`` names, with the workspace's id and
+    the port; or the proxy's answer when there is none (404 no such workspace, 422 a port
+    out of range, 502 nothing listens, 503 the sandbox unavailable, 501 a registry that
+    does not reach ports)."""
+    params = scope.get("path_params", {})
+    ws_id, port = params.get("workspace_id", ""), params.get("port", 0)
+    service = service_of(scope["app"])
+    try:
+        path = await service.workspaces.locate(ws_id)
+    except (InvalidWorkspaceId, WorkspaceNotFound) as e:  # (an id that cannot exist is not here)
+        return answer(WorkspaceNotFound(str(e)))
+    if not 1 <= port <= 65535:
+        return answer(Invalid(("path", "port"), f"port {port} is out of range (1-65535)"))
+    try:
+        registry = service.registry
+        if not isinstance(registry, OpensTunnels):
+            return answer(NotHeldHere("this service does not reach its sandboxes' ports"))
+        # Stopped with the others when the service stops (LOOM_STOP_SANDBOXES_ON_EXIT).
+        service.runner.opened.add(path)
+        tunnel = await registry.open_tunnel(path, port)
+    except AgentError as e:
+        if e.code == "connection_refused":
+            return answer(PortUnreachable(f"Nothing listens on port {port} in the sandbox of workspace {ws_id!r}"))
+        return answer(PortUnreachable(f"Cannot reach port {port} in the sandbox: {e}"))
+    except SandboxError as e:
+        return answer(e)
+    return tunnel, ws_id, port
 
 
 class _Bare:
@@ -165,13 +177,28 @@ router.routes.append(Route(PREFIX, endpoint=_Bare(_PROXY), methods=None))
 router.routes.append(Route(PREFIX + "/{path:path}", endpoint=_PROXY, methods=None))
 
 
+def target_of(scope: Scope, prefix: str) -> bytes:
+    """The request target for the app: the path after ``prefix`` as the client sent it
+    (``/`` for none), and the query."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    rest = raw[len(prefix) :] if raw.startswith(prefix.encode()) else quote(scope["path"][len(prefix) :]).encode()
+    query = scope.get("query_string", b"")
+    return (rest or b"/") + (b"?" + query if query else b"")
+
+
+def connection_named(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """``connection`` and the headers it names (hop-by-hop too)."""
+    named = {b"connection"}
+    for k, v in headers:
+        if k.lower() == b"connection":
+            named |= {t.strip().lower() for t in v.split(b",")}
+    return named
+
+
 def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes]], bool]:
     """What goes to the app, and whether the body is chunked (no length known)."""
     raw = scope.get("headers", [])
-    named = {b"connection"}
-    for k, v in raw:
-        if k == b"connection":
-            named |= {t.strip().lower() for t in v.split(b",")}
+    named = connection_named(raw)
     headers = []
     chunked = False
     for k, v in raw:
@@ -196,8 +223,8 @@ def _request_headers(scope: Scope, prefix: str) -> tuple[list[tuple[bytes, bytes
 #: dashboard. Sandboxed, they still run (forms, popups, dialogs, downloads too), but get no
 #: storage, no cookies of the origin, no same-origin access, and their requests to the API
 #: carry ``Origin: null`` (refused by the guard). An app that needs an origin of its own
-#: (local storage, its own API through fetch without CORS, WebSockets) is opened through
-#: ``loom-worker port-forward``.
+#: (local storage, its own API through fetch without CORS, WebSockets from its pages: their
+#: handshakes carry ``Origin: null`` too) is opened through ``loom-worker port-forward``.
 SANDBOX_CSP = (
     b"content-security-policy",
     b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads",
@@ -210,11 +237,8 @@ SANDBOX_CSP = (
 DROPPED_ANSWER_HEADERS = frozenset({b"service-worker-allowed", b"date"})
 
 
-def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    named = {b"connection"}
-    for k, v in headers:
-        if k == b"connection":
-            named |= {t.strip().lower() for t in v.split(b",")}
+def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    named = connection_named(headers)
     kept = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k not in named and k not in DROPPED_ANSWER_HEADERS]
     return [*kept, SANDBOX_CSP]
 
@@ -233,13 +257,6 @@ class _Exchange:
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         self.disconnected = asyncio.Event()
 
-    def _target(self) -> bytes:
-        raw = self.scope.get("raw_path") or self.scope["path"].encode()
-        prefix = self.prefix.encode()
-        rest = raw[len(prefix) :] if raw.startswith(prefix) else quote(self.scope["path"][len(self.prefix) :]).encode()
-        query = self.scope.get("query_string", b"")
-        return (rest or b"/") + (b"?" + query if query else b"")
-
     async def _out(self, event: Any) -> None:
         data = self.h11.send(event)
         if data:
@@ -249,7 +266,7 @@ class _Exchange:
         headers, _chunked = _request_headers(self.scope, self.prefix)
         method = self.scope["method"].encode()
         try:
-            await self._out(h11.Request(method=method, target=self._target(), headers=headers))
+            await self._out(h11.Request(method=method, target=target_of(self.scope, self.prefix), headers=headers))
         except h11.LocalProtocolError as e:
             return answer(Unforwardable(f"The request cannot be passed on: {e}"))
         sender = asyncio.ensure_future(self._send_body())
@@ -308,7 +325,7 @@ class _Exchange:
             {
                 "type": "http.response.start",
                 "status": event.status_code,
-                "headers": _response_headers(list(event.headers)),
+                "headers": response_headers(list(event.headers)),
             }
         )
         try:

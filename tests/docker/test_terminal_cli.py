@@ -123,9 +123,12 @@ def shell(ws: Path, *more: str) -> list[str]:
 def local_tty_is_sane(pane: Pane) -> None:
     """Our own terminal, after the CLI: canonical mode and echo back (``stty -a`` says
     ``icanon`` and ``echo``, not ``-icanon``, ``-echo``)."""
-    pane.line("clear; stty -a | tr ' ' '\\n' | grep -x -e icanon -e echo -e -icanon -e -echo | sort | tr '\\n' ,")
-    shown = pane.wait_for(lambda s: "echo,icanon," in s or "-" in s.split("\n", 1)[-1], 30)
-    assert "echo,icanon," in shown, shown
+    pane.line(
+        "clear; echo TTY=$(stty -a | tr ' ' '\\n' | grep -x -e icanon -e -icanon -e echo -e -echo | sort | tr '\\n' ,)"
+    )
+    line = re.compile(r"^TTY=([a-z,-]*)$", re.M)
+    found = line.search(pane.wait_for(lambda s: line.search(s) is not None, 30))
+    assert found is not None and found[1] == "echo,icanon,", found
 
 
 def size_becomes(pane: Pane, size: str, timeout: float = 60.0) -> None:

@@ -15,6 +15,9 @@ The paths:
   type into the master and read it), exactly as a terminal emulator drives it;
 * ``docker exec -it CONTAINER CMD`` into the sandbox's own container, on a pty of ours
   driven the same way (the baseline);
+* for scale, a pseudo-terminal made inside the sandbox and read there, no client at all
+  (the floor of every path that makes its terminal inside the sandbox: under gVisor, that
+  terminal is gVisor's own, where ``docker exec -it`` gets one of the host from runsc);
 * the service's WebSocket (``/v1/workspaces/{id}/terminals/{tid}/ws``, subprotocol
   ``loom.terminal.v1``, ``Authorization: Bearer``) of a ``loom-worker serve`` process:
   :func:`websocket_rows` needs only the service's URL and token. Where the service has no
@@ -63,6 +66,53 @@ END = b"THE-END-OF-IT"
 ECHO_PROGRAM = ["sh", "-c", "stty -icanon -echo min 1; echo READY; exec cat"]
 CAT_PROGRAM = ["sh", "-c", f"echo READY; read x; cat {BIG}"]
 SIZE = (100, 30)
+
+
+#: Run in the sandbox (``docker exec -i CONTAINER python3 -``): the same two measurements
+#: on a pseudo-terminal made there, read by this program itself, no client: the floor of
+#: any terminal made inside the sandbox (under gVisor, gVisor's own terminal). Prints JSON.
+INSIDE = r"""
+import json, os, subprocess, sys, time
+n, big, end = int(sys.argv[1]), sys.argv[2], sys.argv[3].encode()
+def start(argv):
+    m, s = os.openpty()
+    p = subprocess.Popen(argv, stdin=s, stdout=s, stderr=s, start_new_session=True)
+    os.close(s)
+    seen = b""
+    while b"READY" not in seen:
+        seen += os.read(m, 4096)
+    return m, p
+m, p = start(["sh", "-c", "stty -icanon -echo min 1; echo READY; exec cat"])
+lat = []
+for i in range(n + 20):
+    t = time.perf_counter(); os.write(m, b"a"); got = b""
+    while b"a" not in got:
+        got = os.read(m, 4096)
+    if i >= 20:
+        lat.append(time.perf_counter() - t)
+p.kill(); p.wait(); os.close(m)
+m, p = start(["sh", "-c", "echo READY; read x; cat " + big])
+t = time.perf_counter(); os.write(m, b"\n"); tail = b""
+while True:
+    c = os.read(m, 1 << 20)
+    if end in tail + c:
+        break
+    tail = c[-len(end):]
+dt = time.perf_counter() - t
+p.wait(); os.close(m)
+lat.sort()
+print(json.dumps({"p50": lat[len(lat) // 2] * 1e3, "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
+                  "mbs": os.path.getsize(big) / dt / 1e6}))
+"""
+
+
+def inside_round(container: str, n: int) -> dict[str, Any]:
+    argv = ["docker", "exec", "-i", container, "python3", "-", str(n), BIG, END.decode()]
+    p = subprocess.run(argv, input=INSIDE.encode(), capture_output=True, timeout=600, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"the measurement inside the sandbox failed: {p.stderr.decode()[-2000:]}")
+    result: dict[str, Any] = json.loads(p.stdout)
+    return result
 
 
 def pct(values: list[float], q: float) -> float:
@@ -325,6 +375,7 @@ async def one_runtime(runtime: str, args: argparse.Namespace) -> list[tuple[str,
     make = f"head -c {size * 3 // 4} /dev/urandom | base64 -w0 > {BIG} && printf '\\n%s\\n' {END.decode()} >> {BIG}"
     rows: dict[str, list[dict[str, Any] | str]] = {"docker exec -it (baseline)": [], "loom-worker shell": []}
     rows["WebSocket (serve)"] = []
+    rows["a pty inside the sandbox, no client (floor)"] = []
     service = None
     try:
         argv = [*CLI, "exec", "-w", str(ws), "--", make]
@@ -344,6 +395,8 @@ async def one_runtime(runtime: str, args: argparse.Namespace) -> list[tuple[str,
             rows["docker exec -it (baseline)"].append(await asyncio.to_thread(pty_round, docker, env, args.n, size))
             rows["loom-worker shell"].append(await asyncio.to_thread(pty_round, shell, env, args.n, size))
             rows["WebSocket (serve)"].append(await websocket_rows(url, token, ws.name, args.n, size))
+            floor = await asyncio.to_thread(inside_round, container, args.n)
+            rows["a pty inside the sandbox, no client (floor)"].append(floor)
     finally:
         if service is not None and service.returncode is None:
             service.terminate()

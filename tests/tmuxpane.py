@@ -27,9 +27,13 @@ class Pane:
         self.env.pop("TMUX", None)
         self._tmux("-f", "/dev/null", "new-session", "-d", "-x", str(cols), "-y", str(rows), "-c", cwd,
                    "bash --norc --noprofile")  # fmt: skip
-        self._tmux("set-option", "-g", "history-limit", "5000")
-        self.line("PS1='pane''$ '")  # (as typed it is not the prompt it sets)
-        self.wait_for("pane$ ")
+        try:
+            self._tmux("set-option", "-g", "history-limit", "5000")
+            self.line("PS1='pane''$ '")  # (as typed it is not the prompt it sets)
+            self.wait_for("pane$ ")
+        except BaseException:
+            self.close()  # (no `with` block will)
+            raise
 
     def _tmux(self, *args: str) -> str:
         p = subprocess.run(

@@ -16,7 +16,8 @@ turns it off. Killing this process, or closing its window, detaches too.
 **Without a terminal** (standard input a pipe or a file), as ``docker exec -i``: no raw
 mode; the size is ``--size COLSxROWS`` or 80x24; the bytes of our input are typed as they
 come and its end is typed as Ctrl-D (the end of input for the program reading the
-terminal: a shell exits); a SIGINT here is passed on as Ctrl-C's would be. The terminal in
+terminal: a shell exits) once the terminal is quiet, and again while the program runs on
+quiet; a SIGINT here is passed on as Ctrl-C's would be. The terminal in
 the sandbox still echoes what is typed and ends lines with CR LF, as any terminal does:
 for a plain command's output use ``loom-worker exec``.
 

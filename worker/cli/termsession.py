@@ -36,6 +36,9 @@ EXIT_TIMEOUT = 124
 EXIT_INFRASTRUCTURE = 125
 EXIT_REFUSED = 126
 EXIT_KILLED = 137
+#: Seconds without output after which the terminal counts as waiting for input (the end
+#: of ours is typed then), and before that end is typed again if it is still running.
+QUIET, EOF_AGAIN = 0.25, 2.0
 
 
 @dataclass
@@ -68,11 +71,14 @@ def run(opts: Options) -> int:
     settings = load_settings()
     verbosity.configure(settings)
     try:
-        import uvloop
-
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is installed wherever the worker is
+            return asyncio.run(_session(opts, settings))
         return uvloop.run(_session(opts, settings))
-    except ImportError:  # pragma: no cover - uvloop is installed wherever the worker is
-        return asyncio.run(_session(opts, settings))
+    except KeyboardInterrupt:  # Ctrl-C while it was starting (our terminal not raw yet)
+        say(opts, "interrupted")
+        return 130
 
 
 async def _session(opts: Options, settings: Settings) -> int:
@@ -174,6 +180,8 @@ class Relay:
         self._done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._resizing = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_output = asyncio.get_running_loop().time()
+        self._eof: asyncio.Task[None] | None = None  # typing the end of our input
 
     def finish(self, how: str) -> None:
         if not self._done.done():
@@ -214,6 +222,8 @@ class Relay:
             how = self._done.result() if self._done.done() else "hangup"
             if how != "ended":
                 pump.cancel()
+            if self._eof is not None:
+                self._eof.cancel()  # (it runs until the end)
             await asyncio.gather(pump, typist, *self._tasks, return_exceptions=True)
             await self._leave(how)
 
@@ -260,8 +270,9 @@ class Relay:
             asyncio.get_running_loop().remove_reader(0)
             if self.interactive:
                 self.finish("hangup")  # (a terminal that reads as ended has gone)
-            else:
-                self._send(b"\x04")  # Ctrl-D, as `docker exec -i` closes stdin: the program reads its end
+            elif self._eof is None:
+                self._eof = asyncio.get_running_loop().create_task(self._end_of_input())
+                self._tasks.add(self._eof)
             return
         if self.escape is not None:
             data, detach = self.escape.feed(data)
@@ -300,11 +311,32 @@ class Relay:
             except TunnelClosedError:
                 return  # it ended: the output's end says how
 
+    async def _end_of_input(self) -> None:
+        """Our input ended (not a terminal): Ctrl-D typed, as ``docker exec -i``'s closed
+        stdin reads as the end. A terminal's end of input is one keystroke, read once, and
+        lost on a program not yet reading (a shell starting): so it is typed once the
+        terminal is quiet (:data:`QUIET` without output), and again each time it falls
+        quiet after new output or :data:`EOF_AGAIN` later, until the program ends."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        sent = float("-inf")
+        while True:
+            now = loop.time()
+            if now - self._last_output >= QUIET and (self._last_output > sent or now - sent >= EOF_AGAIN):
+                self._send(b"\x04")
+                sent = now
+            await asyncio.sleep(QUIET / 2)
+
     # -- output ------------------------------------------------------------------------
 
     async def _pump(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
         try:
             async for data in self.term.output():
+                self._last_output = loop.time()
                 write_all(1, data)
         except OSError:  # our terminal hung up, or our reader went away
             self.finish("hangup")

@@ -353,6 +353,8 @@ def test_without_a_terminal_it_works_as_docker_exec_i(env: dict[str, str], ws: P
     p = cli(env, "shell", "-w", str(ws), stdin=b"echo hi-$((2 * 3))\nexit 4\n")
     assert p.returncode == 4, p.stderr
     assert b"hi-6\r\n" in p.stdout  # (a terminal's line ends)
+    p = cli(env, "shell", "-w", str(ws), stdin=b"")  # no input at all: the shell reads its end (once it reads)
+    assert p.returncode == 0 and b"logout" in p.stdout, (p.stdout, p.stderr)
     p = cli(env, "shell", "-w", str(ws), "--size", "50x10", "--", "stty", "size", stdin=b"")
     assert (p.returncode, p.stdout) == (0, b"10 50\r\n"), p.stderr
     p = cli(env, "shell", "-w", str(ws), "--", "cat", stdin=b"typed\n")  # the end of input: Ctrl-D

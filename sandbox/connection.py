@@ -218,9 +218,13 @@ class AgentConnection:
             payload["raw"] = len(raw)
         try:
             async with self._write_lock:
-                await self._transport.write(protocol.encode(payload))
-                if raw:
-                    await self._transport.write(bytes(raw) if isinstance(raw, memoryview) else raw)
+                line = protocol.encode(payload)
+                if raw and len(raw) <= 65536:  # (a keystroke: one write, one message to read there)
+                    await self._transport.write(line + raw)
+                else:
+                    await self._transport.write(line)
+                    if raw:
+                        await self._transport.write(bytes(raw) if isinstance(raw, memoryview) else raw)
         except OSError as e:
             await self.close(f"write failed: {e!r}")
             raise SandboxLostError(f"The sandbox connection broke: {e}") from e

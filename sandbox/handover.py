@@ -198,11 +198,15 @@ class SocketTunnel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._eof = False
-        #: Reads and writes under way: the socket is closed only after them. (Its
-        #: descriptor closed under a pending ``sock_recv`` would leave the event loop's
-        #: reader registered for that number, and the next socket to get it would have its
-        #: bytes taken by the stale reader.)
+        #: Writes under way: the socket is closed only after them. (Its descriptor closed
+        #: under a pending ``sock_sendall`` would leave the event loop's writer registered
+        #: for that number, and the next socket to get it would be written by the stale one.)
         self._pending = 0
+        #: The loop watching the socket for reads (a reader left in place between reads, so
+        #: a stream of small reads, a terminal's keystrokes' echoes, costs no epoll_ctl
+        #: each), removed before the socket is closed, and while nobody reads.
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     @contextlib.contextmanager
     def _op(self) -> Any:
@@ -217,21 +221,45 @@ class SocketTunnel:
     async def read(self) -> bytes:
         """The next bytes from the server; ``b""`` at its end or the tunnel's (then
         :attr:`error` says whether it broke)."""
-        if self.closed or self._eof:
-            return b""
-        try:
-            with self._op():
-                data = await asyncio.get_running_loop().sock_recv(self.sock, READ_SIZE)
-        except OSError as e:
-            self.error = e.strerror or str(e)
-            await self.close()
-            return b""
-        if self.closed:
-            return b""
+        while True:
+            if self.closed or self._eof:
+                return b""
+            try:
+                data = self.sock.recv(READ_SIZE)
+                break
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
+            except OSError as e:
+                self.error = e.strerror or str(e)
+                await self.close()
+                return b""
         if not data:
             self._eof = True
         self.bytes_in += len(data)
         return data
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = fut = loop.create_future()
+        if self._watching is None:
+            loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._watching = loop
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _on_readable(self) -> None:
+        fut = self._waiter
+        if fut is None:  # nobody reads now: stop watching until someone does
+            self._unwatch()
+        elif not fut.done():
+            fut.set_result(None)
+
+    def _unwatch(self) -> None:
+        loop, self._watching = self._watching, None
+        if loop is not None and self.sock.fileno() != -1:
+            loop.remove_reader(self.sock.fileno())
 
     async def write(self, data: bytes) -> None:
         """Raises TunnelClosedError once the tunnel has ended."""
@@ -246,6 +274,24 @@ class SocketTunnel:
             raise TunnelClosedError(self.error) from e
         self.bytes_out += len(data)
 
+    def try_write(self, data: bytes) -> int:
+        """As much of ``data`` as the socket takes now, without waiting (0 when it is
+        full): for a caller that would otherwise wake a task to write a keystroke. Only
+        while no :meth:`write` is under way. Raises TunnelClosedError once the tunnel
+        has ended."""
+        if self.closed:
+            raise TunnelClosedError(self.error or "the tunnel is closed")
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as e:
+            self.error = e.strerror or str(e)
+            self._end()
+            raise TunnelClosedError(self.error) from e
+        self.bytes_out += n
+        return n
+
     async def write_eof(self) -> None:
         if not self.closed:
             with contextlib.suppress(OSError):
@@ -253,9 +299,16 @@ class SocketTunnel:
 
     async def close(self) -> None:
         """End the tunnel; a read under way returns ``b""``, a write raises."""
-        if not self.closed:
-            self.closed = True
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)  # (wakes a pending read or write)
-            if not self._pending:
-                self.sock.close()
+        self._end()
+
+    def _end(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._unwatch()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes a pending write)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)  # (a read under way returns b"")
+        if not self._pending:
+            self.sock.close()

@@ -37,6 +37,7 @@ import structlog
 from sandbox.base import ProcessInfo
 from sandbox.capabilities import background, terminals
 from sandbox.errors import AgentError, SandboxError, TunnelClosedError
+from sandbox.handover import SocketTunnel
 
 if TYPE_CHECKING:
     from sandbox.tunnel import Tunnel
@@ -109,6 +110,7 @@ class Terminal:
         self._tunnel = tunnel
         self._closed = False
         self._typed = False  # input since the last record
+        self._writing = 0  # writes under way (write_nowait must not pass them)
         self._activity = 0.0  # loop time of the last input or output
         self._wake = asyncio.Event()
         self._settler = asyncio.get_running_loop().create_task(self._settle_loop(), name=f"settle {self.id}")
@@ -133,7 +135,29 @@ class Terminal:
         this client closed."""
         if self._closed:
             raise TunnelClosedError("this terminal connection is closed")
-        await self._tunnel.write(data)
+        self._writing += 1
+        try:
+            await self._tunnel.write(data)
+        finally:
+            self._writing -= 1
+        self._typed_now()
+
+    def write_nowait(self, data: bytes) -> int:
+        """Type what of ``data`` goes at once, without waiting; returns how many bytes
+        that was (0: none, when the stream is full, relayed as under gVisor, or a
+        :meth:`write` is under way): the caller passes the rest to :meth:`write`. For a
+        client reading keys in a callback, which would otherwise wake a task per key.
+        Raises TunnelClosedError once it ended or this client closed."""
+        if self._closed:
+            raise TunnelClosedError("this terminal connection is closed")
+        if self._writing or not isinstance(self._tunnel, SocketTunnel):
+            return 0
+        n = self._tunnel.try_write(data)
+        if n:
+            self._typed_now()
+        return n
+
+    def _typed_now(self) -> None:
         self._typed = True
         self._activity = asyncio.get_running_loop().time()
         self._wake.set()

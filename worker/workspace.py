@@ -583,9 +583,8 @@ class Workspace:
         )  # fmt: skip
 
     async def settle_background(self, *, prefer: str | None = None) -> list[str]:
-        """Record what background processes changed since the last scan (called when one
-        is seen to have ended, or a terminal settled); returns the changed paths; as
-        ``prefer``'s when that process may have changed them. Raises the recorder's errors."""
+        """Record what background processes changed since the last scan (one ended, a terminal
+        settled), as ``prefer``'s when it may have; the changed paths. Raises the recorder's errors."""
         bg = self.background
         if bg is None:
             return []

@@ -117,9 +117,13 @@ class Stream(object):
 class _Client(object):
     """An attached client: where its stream is, and whether it went."""
 
-    def __init__(self, cursor):
+    def __init__(self, cursor, conn=None):
         self.cursor = cursor
         self.gone = False
+        self.conn = conn
+        #: Something is sending to it outside the lock (the attach answer, then its sender
+        #: thread): nobody else may send meanwhile.
+        self.busy = True
 
 
 class Supervisor(object):
@@ -237,12 +241,27 @@ class Supervisor(object):
             with self.lock:
                 if chunk:
                     self.out.add(chunk)
+                    self._push(chunk)
                 else:
                     self.readers_done = 2
                     self.drained = True
                 self.lock.notify_all()
             if not chunk:
                 return
+
+    def _push(self, chunk):
+        """(With the lock held) ``chunk``, just added, straight to each attached client that
+        had everything before it and whose socket takes it now: a keystroke's echo goes
+        out on this thread, without waking the client's sender (a thread hand-over costs
+        more than the terminal's own round trip). What does not fit is the sender's."""
+        start = self.out.total - len(chunk)
+        for c in self.clients:
+            if c.busy or c.gone or c.cursor != start or c.conn is None:
+                continue
+            try:
+                c.cursor += c.conn.send(chunk, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # full (or gone): its sender takes it from the cursor
 
     def _read(self):
         """Both pipes, on one thread, until both end."""
@@ -618,7 +637,6 @@ class Supervisor(object):
             f.close()
             conn.close()
 
-
     # -- an attached client: the output as it comes, its bytes as input ---------------------
 
     def _attach(self, conn, f, req):
@@ -627,13 +645,17 @@ class Supervisor(object):
             # (a terminal keeps no head: its output is the tail, what it replays)
             cursor = self.out.tail_start if since is None else max(0, min(int(since), self.out.total))
             dropped = max(0, self.out.tail_start - cursor)
-            client = _Client(max(cursor, self.out.tail_start))
+            client = _Client(max(cursor, self.out.tail_start), conn)
             self.clients.append(client)
             answer = self.info()
         self.last_use = time.time()
         answer.update({"cursor": client.cursor, "dropped": dropped})
         try:
-            conn.sendall(json.dumps({"ok": True, "result": answer}, separators=(",", ":")).encode() + b"\n")
+            try:
+                conn.sendall(json.dumps({"ok": True, "result": answer}, separators=(",", ":")).encode() + b"\n")
+            finally:
+                with self.lock:
+                    client.busy = False  # (the answer is out: output may follow it)
             t = threading.Thread(target=self._send_output, args=(conn, client))
             t.daemon = True
             t.start()
@@ -669,6 +691,7 @@ class Supervisor(object):
                     return
                 data, client.cursor, _ = self.out.read(client.cursor, 1 << 20)
                 done = self.ended is not None and self.drained and client.cursor >= self.out.total
+                client.busy = True
                 self.lock.notify_all()  # (the terminal's reader may be waiting for us)
             try:
                 if data:
@@ -678,6 +701,9 @@ class Supervisor(object):
                     return
             except OSError:
                 return
+            finally:
+                with self.lock:
+                    client.busy = False
 
 
 def main():

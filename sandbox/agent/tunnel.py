@@ -46,6 +46,9 @@ CHUNK = 512 << 10
 #: The host's window when it names none, and the most it may ask for.
 DEFAULT_WINDOW = 1 << 20
 MAX_WINDOW = 16 << 20
+#: Bytes written straight from the channel's thread (:func:`op_tunnel_send`) that are
+#: acknowledged together; far below any window the host may give (at least ``CHUNK``).
+ACK_AT = 64 << 10
 #: Open tunnels per agent.
 MAX_TUNNELS = 256
 CONNECT_TIMEOUT = 5.0
@@ -158,19 +161,41 @@ def _find(req):
 
 
 def op_tunnel_send(req):
+    """The host's bytes for the server: written at once, on this (the channel's reader)
+    thread, when nothing of the host's is waiting and the socket takes them (a keystroke
+    then costs no hand-over to the pump thread: under gVisor each wake-up is a large part
+    of a terminal's echo); the rest is the pump's. Bytes written here are acknowledged
+    once :data:`ACK_AT` have gathered (or by the pump, with its own): the host's window
+    is far larger, so a few unacknowledged keystrokes never hold it up."""
     t = _find(req)
     if t is None:
         return None  # closed meanwhile: the host has its ``closed`` event
     data = req.get("data") or b""
     if not isinstance(data, bytes):  # base64, as every other op sends bytes
         data = base64.b64decode(data)
+    ack = 0
     with _lock:
         if t.out_eof or t.closing is not None:
             return None
+        if data and not t.out:
+            try:
+                n = t.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                n = 0  # (broken: the pump finds out when it tries the rest)
+            data = data[n:]
+            t.unacked_writes += n
+            if t.unacked_writes >= ACK_AT:
+                ack, t.unacked_writes = t.unacked_writes, 0
         t.out += data
         if req.get("eof"):
             t.out_eof = True
-    _wake()
+        wake = bool(t.out) or t.out_eof
+    if ack:
+        _event(t, acked=ack)
+    if wake:
+        _wake()
     return None
 
 
@@ -282,14 +307,15 @@ def _write(t):
             n = t.sock.send(chunk)
         except (BlockingIOError, InterruptedError):
             n = 0
+        ack = 0
         with _lock:
             del t.out[:n]
             t.unacked_writes += n
-            left = len(t.out)
-        # Report in batches (each report is a message), but always once the buffer is empty.
-        if t.unacked_writes and (left == 0 or t.unacked_writes >= CHUNK):
-            _event(t, acked=t.unacked_writes)
-            t.unacked_writes = 0
+            # Report in batches (each report is a message), but always once the buffer is empty.
+            if t.unacked_writes and (not t.out or t.unacked_writes >= CHUNK):
+                ack, t.unacked_writes = t.unacked_writes, 0
+        if ack:
+            _event(t, acked=ack)
 
 
 def _settle(sel, registered):

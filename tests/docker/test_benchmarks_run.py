@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ["bench/bench_processes.py", "--n", "5", "--starts", "2"],
         ["bench/bench_stream.py", "--runtime", "runc", "--lines", "10", "--rounds", "1"],
         ["bench/bench_ports.py", "--runtime", "runc", "--requests", "5", "--mb", "2", "--rounds", "1"],
+        ["bench/bench_terminal.py", "--runtime", "runc", "--n", "20", "--mb", "2", "--rounds", "1"],
         ["bench/bench_secrets.py", "--rounds", "1", "--mb", "8"],
         ["bench/bench_native.py", "--n", "3"],
         [
@@ -74,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "processes",
         "stream",
         "ports",
+        "terminal",
         "secrets",
         "native",
         "fork",

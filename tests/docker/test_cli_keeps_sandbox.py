@@ -159,6 +159,9 @@ def test_every_cli_command_keeps_the_workspace_sandbox(runtime: str, tmp_path: P
             ("restore", lambda: do("restore", *w, "--snapshot", snap[0])),
             ("fork", lambda: do("fork", *w, "--snapshot", snap[0], "--into", str(tmp_path / "forks"))),
             ("port-forward", lambda: _port_forward(env, ws)),
+            ("shell", lambda: do("shell", *w, "--", "sh", "-c", 'echo d > d.txt && test "$OWN" = 1', stdin=b"")),
+            ("exec -t", lambda: do("exec", "-t", *w, "--", "true", stdin=b"")),
+            ("shell --list", lambda: do("shell", *w, "--list")),
             ("mcp", lambda: _mcp(env, ws)),
             ("demo --workspace", lambda: do("demo", "--workspace", str(ws))),
         ]

@@ -130,7 +130,7 @@ def test_exec_streams_and_exits_with_the_commands_code(env: dict[str, str], root
 
         q = run("--", "sh", "-c", r"printf 'a\377b\n'; printf '\200' >&2; exit 1")
         assert (q.returncode, q.stdout, q.stderr) == (1, b"a\xffb\n", b"\x80")
-        q = run("-t", "1", "--", "sleep", "60")
+        q = run("--timeout", "1", "--", "sleep", "60")
         assert q.returncode == 124 and b"timed out" in q.stderr
         q = run("--", "kill -9 $$")
         assert q.returncode == 137

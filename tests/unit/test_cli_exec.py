@@ -60,7 +60,7 @@ def test_bytes_and_exit_codes(env: dict[str, str], workspace: Path) -> None:
     assert (p.returncode, p.stdout, p.stderr) == (3, b"o\xff\n", b"e\x80")
     assert run_exec(env, workspace, "--", "true").returncode == 0
     assert run_exec(env, workspace, "--", "false").returncode == 1
-    p = run_exec(env, workspace, "-t", "1", "--", "sleep", "30")
+    p = run_exec(env, workspace, "--timeout", "1", "--", "sleep", "30")
     assert p.returncode == 124 and p.stderr == b"loom-worker exec: Command timed out after 1s and was killed\n"
     p = run_exec(env, workspace, "--", "kill -9 $$")  # the shell itself killed: 128 + 9
     assert p.returncode == 137 and p.stderr == b"loom-worker exec: Command was killed by signal 9\n"
@@ -80,8 +80,10 @@ def test_words_are_argv_and_one_word_is_a_shell_command(env: dict[str, str], wor
 def test_usage_errors_exit_2_naming_the_problem(env: dict[str, str], workspace: Path, tmp_path: Path) -> None:
     for words, needle in [
         ((), b"no command given"),
-        (("-t", "0", "--", "true"), b"--timeout"),
-        (("-t", "301", "--", "true"), b"at most 300"),
+        (("--timeout", "0", "--", "true"), b"--timeout"),
+        (("--timeout", "301", "--", "true"), b"at most 300"),
+        (("-t", "60", "--", "true"), b"-t is --tty"),  # the short option's old meaning, said
+        (("-t", "--user", "nobody", "--", "true"), b"--user"),
         (("--cwd", "nope", "--", "true"), b"nope"),
     ]:
         p = run_exec(env, workspace, *words)

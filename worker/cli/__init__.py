@@ -50,6 +50,7 @@ COMMAND_MODULES = (
     "worker.cli.cp",  # cp (a file into or out of the sandbox)
     "worker.cli.code",  # run-code (code in a code context)
     "worker.cli.ports",  # port-forward
+    "worker.cli.shell",  # shell (an interactive terminal in the sandbox)
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
     "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore
     "worker.cli.cluster",  # cluster status / metrics / gc (a Ray cluster)

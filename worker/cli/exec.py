@@ -1,6 +1,8 @@
 """``loom-worker exec --workspace DIR [--timeout S] [--cwd DIR] -- CMD [ARG...]``: run a
 command in the workspace's sandbox with its output on ours as it comes, for CI logs and
-scripts.
+scripts. With ``-t``/``--tty`` the command runs on a terminal instead, as ``docker exec
+-it`` runs it (:mod:`worker.cli.shell`'s session: our terminal in raw mode, every key
+typed to it, its exit code ours); without ``-t`` nothing below changes.
 
 What runs: the words after ``--`` as a program and its arguments, exactly (no shell
 reads them: they are quoted for ``sh -c``, so ``$HOME`` or ``*`` stay literal); one word
@@ -308,6 +310,9 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
     words = list(args.cmd)
     if words and words[0] == "--":
         words = words[1:]
+    if args.tty and len(words) > 1 and _is_number(words[0]) and "--" in words:
+        # `exec -t 60 -- CMD`: -t was the timeout's short option before it meant a terminal
+        return _usage(f"-t is --tty (a terminal, as docker exec -t); a timeout is --timeout {words[0]}")
     if not words or not any(w.strip() for w in words):
         return _usage("no command given (loom-worker exec --workspace DIR -- CMD [ARG...])")
     if any("\x00" in w for w in words):
@@ -315,6 +320,10 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
     ws = os.path.realpath(os.path.expanduser(args.workspace))
     if not os.path.isdir(ws):
         return _usage(f"--workspace {args.workspace} is not a directory")
+    if args.tty:
+        return _exec_tty(args, words)
+    if args.timeout is None:
+        args.timeout = MAX_TIMEOUT
     if not 0 < args.timeout <= MAX_TIMEOUT:
         return _usage(f"--timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds (got {args.timeout:g})")
     backend = getattr(args, "backend", "docker")
@@ -358,6 +367,33 @@ def _cmd_exec(args: argparse.Namespace, _settings: Settings | None) -> int:
     return code
 
 
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _exec_tty(args: argparse.Namespace, words: list[str]) -> int:
+    """``exec -t``: the command on a terminal, as ``shell -- CMD`` runs it (``--timeout``,
+    when given, kills it: exit 124)."""
+    from . import termsession
+    from .shell import options
+
+    if args.user is not None or args.stdin:
+        return _usage("-t gives the command our terminal: --user and --stdin do not go with it")
+    if getattr(args, "backend", "docker") != "docker":
+        return _usage("-t needs the docker backend (terminals)")
+    if args.timeout is not None and not 0 < args.timeout <= 86_400:
+        return _usage(f"--timeout with -t must be more than 0 and at most 86400 seconds (got {args.timeout:g})")
+    opts = options(args, "loom-worker exec")
+    if isinstance(opts, str):
+        return _usage(opts)
+    opts.timeout = args.timeout
+    return termsession.run(opts)
+
+
 def register(subparsers: Any, only: str | None = None) -> None:
     import argparse
 
@@ -371,15 +407,23 @@ def register(subparsers: Any, only: str | None = None) -> None:
         ),
         epilog="Exit status: the command's own; 124 it timed out; 128+N a signal N ended it (130: Ctrl-C); 137 "
         "killed for a limit (memory, output, disk); 125 infrastructure failure (no engine, no image, the sandbox "
-        "lost); 126 refused by policy; 2 usage error.",
+        "lost); 126 refused by policy; 2 usage error. With -t as loom-worker shell's: 0 detached, 129/143 "
+        "SIGHUP/SIGTERM here (the command goes on).",
     )
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")
     p.add_argument(
         "--timeout",
-        "-t",
         type=float,
-        default=MAX_TIMEOUT,
-        help=f"Seconds before the command is killed (exit 124). Default and most: {MAX_TIMEOUT:g}.",
+        default=None,
+        help=f"Seconds before the command is killed (exit 124). Default and most: {MAX_TIMEOUT:g} (with -t: none, "
+        "at most 86400).",
+    )
+    p.add_argument(
+        "--tty",
+        "-t",
+        action="store_true",
+        help="Run it on a terminal, as docker exec -it: our terminal in raw mode, every key typed to it, its size "
+        "followed; '~.' after Enter detaches. (Before this option, -t was --timeout's short form.)",
     )
     p.add_argument(
         "--cwd",
@@ -401,6 +445,9 @@ def register(subparsers: Any, only: str | None = None) -> None:
         action="store_true",
         help="Give the command our standard input (read to its end first, at most 64 MiB; no terminal).",
     )
+    from .shell import add_terminal_options
+
+    add_terminal_options(p)
     p.add_argument("--call-id", default=None, help="Id recorded with the call (changelog, logs).")
     p.add_argument("--backend", choices=("docker", "local"), default="docker", help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]", help="The command.")

@@ -460,6 +460,35 @@ async def _terminals(ctx: Ctx) -> None:
     assert r.status_code == 200 and r.json()["running"] is False, r.text
 
 
+@probe("POST", f"{WS}/code/contexts")
+@probe("GET", f"{WS}/code/contexts")
+@probe("POST", f"{WS}/code/contexts/{{context_id}}/restart")
+@probe("DELETE", f"{WS}/code/contexts/{{context_id}}")
+@probe("POST", f"{WS}/code/execute")
+async def _code(ctx: Ctx) -> None:
+    # A kernel on the workspace's node: its state kept between executions, the stream whole.
+    r = await ctx.front.post(ctx.url(f"{WS}/code/contexts"), json={"language": "python"})
+    assert r.status_code == 201 and r.json()["id"].startswith("ctx-"), r.text
+    cid = r.json()["id"]
+    listed = (await ctx.front.get(ctx.url(f"{WS}/code/contexts"))).json()["contexts"]
+    assert cid in [c["id"] for c in listed], listed
+    for code, want in (("x = 41", None), ("x + 1", "42")):
+        r = await ctx.front.post(ctx.url(f"{WS}/code/execute"), json={"code": code, "context": cid, "timeout": 120})
+        assert r.status_code == 200, r.text
+        last = json.loads(r.text.strip().splitlines()[-1])
+        assert last["type"] == "execution" and last.get("error") is None, last
+        if want is not None:
+            assert [x.get("text") for x in last["results"] if x.get("is_main_result")] == [want], last
+    r = await ctx.front.post(ctx.url(f"{WS}/code/contexts/{{cid}}/restart", cid=cid))
+    assert r.status_code == 200 and r.json()["id"] == cid, r.text
+    a, b = await both(ctx, "POST", f"{WS}/code/execute", json={"code": 1})
+    assert a.status_code == 422 and a.json() == b.json()
+    a, b = await both(ctx, "DELETE", f"{WS}/code/contexts/ctx-nope")
+    assert a.status_code == 404 and a.json() == b.json()
+    r = await ctx.front.delete(ctx.url(f"{WS}/code/contexts/{{cid}}", cid=cid))
+    assert r.status_code == 204, r.text
+
+
 @probe("WEBSOCKET", f"{WS}/terminals/{{terminal_id}}/ws")
 async def _terminal_screen(ctx: Ctx) -> None:
     # The WebSocket relayed to the node, message for message: typed into, resized, exited.

@@ -193,6 +193,11 @@ class Settings(SandboxSettings, BaseSettings):
     # -- service (issue 5) -----------------------------------------------------------
     workspace_root: Path = Field(Path("/srv/loom/workspaces"), description="Directory of HTTP workspaces.")
     api_token: str | None = Field(None, description="Bearer token required by the HTTP API.")
+    e2b_api: bool | None = Field(
+        None,
+        description="Serve E2B's API beside loom's (docs/e2b.md): None: when the e2b extra is installed "
+        "(pip install 'loom-worker[e2b]'); true: refuse to start without it; false: never.",
+    )
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
     log_format: Literal["auto", "json", "console"] = Field(

@@ -121,7 +121,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             return 2
         app = ray_cli.front_door(settings, args.ray, args.ray_namespace)
     else:
-        app = create_app(settings)
+        routes = e2b_routes(settings)
+        if routes is None:
+            return 2
+        app = create_app(settings, routes=routes)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -209,3 +212,21 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def e2b_routes(settings: Settings) -> list[Any] | None:
+    """The routes of E2B's API when it is served (``LOOM_E2B_API``: None serves it when
+    the e2b extra is installed); None (after saying why) when it must be and cannot."""
+    if settings.e2b_api is False:
+        return []
+    from ..plugins import IntegrationUnavailable, integration
+
+    try:
+        e2b = integration("e2b")
+    except IntegrationUnavailable as e:
+        if settings.e2b_api:
+            print(f"loom-worker serve: LOOM_E2B_API=true: {e}", file=sys.stderr)
+            return None
+        return []
+    return list(e2b.routes(settings))
+

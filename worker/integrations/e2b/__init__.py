@@ -1,0 +1,33 @@
+"""E2B's API, served by loom (``pip install 'loom-worker[e2b]'``; docs/e2b.md): the
+official E2B SDKs, and every framework built on them, run unchanged against
+``loom-worker serve`` with ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` set to the service's
+address and ``E2B_API_KEY`` to its token.
+
+An E2B sandbox is a loom workspace (its id is the workspace's id): what E2B's API changes
+in it is in the workspace's changelog, undoable, and shown by the dashboard like any
+other. The modules:
+
+    :mod:`.target`       which sandbox a request is for (``E2b-Sandbox-Id``), its paths
+    :mod:`.control`      the control plane: /sandboxes, /v2/sandboxes, ... (E2B's OpenAPI)
+    :mod:`.process`      envd's process service (Connect-RPC, ``process.Process``)
+    :mod:`.filesystem`   envd's filesystem service (``filesystem.Filesystem``)
+    :mod:`.files`        envd's ``/files`` (download, upload, signed URLs) and ``/health``
+    :mod:`.interpreter`  the code interpreter's ``/execute`` and ``/contexts`` (port 49999)
+
+Found by entry point (``loom_worker.integrations``, name ``e2b``): the core never imports
+this package; :func:`routes` is what ``loom-worker serve`` mounts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def routes(settings: Any) -> list[Any]:
+    """The routes of E2B's API, matched before loom's own (``create_app(routes=...)``)."""
+    from . import control, files, filesystem, interpreter, process
+
+    out: list[Any] = []
+    for module in (control, process, filesystem, files, interpreter):
+        out.extend(module.routes(settings))
+    return out

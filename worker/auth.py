@@ -55,6 +55,17 @@ The rules, in the order :class:`AccessGuard` applies them to every request:
    offered some): routes call :func:`accept_subprotocol`, and the guard refuses to send
    an acceptance naming the token's. The port proxy never passes the token's on.
 
+5. **E2B's API** (:mod:`worker.integrations.e2b`, when served): its control plane
+   (``/sandboxes``, ``/v2/sandboxes``, ...: :func:`e2b_kind`) takes the token as E2B's API
+   key, ``X-API-KEY`` (or as the bearer token); a sandbox's own API (envd's and the code
+   interpreter's routes, the sandbox named by ``E2b-Sandbox-Id``) also takes that
+   sandbox's access token, ``X-Access-Token`` (:meth:`Access.envd_token`: an HMAC of the
+   sandbox's id under the token, so it opens that sandbox and no other). A ``/files`` URL
+   signed with that token (E2B's ``download_url``/``upload_url``) passes the guard and is
+   checked by its route with :meth:`Access.signed_file_sandbox`, the only place signatures
+   are checked (the URL does not name its sandbox: the route knows which exist). 401
+   otherwise, in E2B's shape (``{"code": 401, "message": ...}``).
+
 A WebSocket handshake refused is answered with the same status and body as an HTTP
 request (the ASGI denial extension, which uvicorn and Starlette's test client have);
 on a server without it, it is closed before it is accepted with code 1008 (the client
@@ -69,9 +80,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import hmac
 import json
 import re
+import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import Enum
@@ -115,6 +128,8 @@ class Kind(Enum):
     PUBLIC = "none"  # no token asked
     API = "bearer"  # Authorization: Bearer <token>
     PORTS = "bearer or Basic"  # the port proxy: bearer, or the token as the Basic password
+    E2B = "X-API-KEY or bearer"  # E2B's control plane
+    E2B_SANDBOX = "X-Access-Token, X-API-KEY, bearer or a signed URL"  # a sandbox's own API (envd)
 
 
 @dataclass(frozen=True)
@@ -126,9 +141,12 @@ class Refusal:
     detail: str
     reason: str | None
     headers: dict[str, str] = field(default_factory=dict)
+    #: Answered in E2B's shape (``{"code", "message"}``: its SDKs read ``message``).
+    e2b: bool = False
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"detail": self.detail}, status_code=self.status, headers=self.headers or None)
+        body = {"code": self.status, "message": self.detail} if self.e2b else {"detail": self.detail}
+        return JSONResponse(body, status_code=self.status, headers=self.headers or None)
 
 
 @dataclass(frozen=True)
@@ -143,6 +161,12 @@ class Facts:
     fetch_mode: str | None = None
     fetch_dest: str | None = None
     authorization: str = ""
+    #: E2B's headers (``X-API-KEY``, ``X-Access-Token``, ``E2b-Sandbox-Id``), and whether
+    #: the query carries a ``signature`` (a signed ``/files`` URL).
+    api_key: str = ""
+    access_token: str = ""
+    sandbox_id: str = ""
+    signed: bool = False
     #: A WebSocket handshake (judged as state-changing), and the subprotocols it offers.
     websocket: bool = False
     subprotocols: tuple[str, ...] = ()
@@ -165,12 +189,28 @@ class Facts:
             fetch_mode=found.get(b"sec-fetch-mode"),
             fetch_dest=found.get(b"sec-fetch-dest"),
             authorization=found.get(b"authorization", ""),
+            api_key=found.get(b"x-api-key", ""),
+            access_token=found.get(b"x-access-token", ""),
+            sandbox_id=found.get(b"e2b-sandbox-id", ""),
+            signed=b"signature=" in (scope.get("query_string") or b""),
             websocket=websocket,
             subprotocols=tuple(scope.get("subprotocols") or ()) if websocket else (),
         )
 
 
-_READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"sec-fetch-mode", b"sec-fetch-dest", b"authorization"})
+_READ = frozenset(
+    {
+        b"host",
+        b"origin",
+        b"sec-fetch-site",
+        b"sec-fetch-mode",
+        b"sec-fetch-dest",
+        b"authorization",
+        b"x-api-key",
+        b"x-access-token",
+        b"e2b-sandbox-id",
+    }
+)
 
 
 def _host_port(netloc: str, scheme: str) -> tuple[str, str]:
@@ -296,6 +336,43 @@ class Access:
 
     def __init__(self, token: str | None) -> None:
         self.token = token or None
+        # What E2B's sandbox tokens are derived from: the token, or (loopback-only mode)
+        # a key of this process's own.
+        self._e2b_key = (self.token or secrets.token_hex(32)).encode()
+
+    def envd_token(self, sandbox_id: str) -> str:
+        """E2B's access token of sandbox ``sandbox_id`` (its ``envdAccessToken``): opens
+        that sandbox's own API and no other's, and signs its file URLs."""
+        return hmac.new(self._e2b_key, b"e2b-envd:" + sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+    def api_key_ok(self, api_key: str) -> bool:
+        """Whether ``X-API-KEY`` carries the token (always, without a token)."""
+        return self.token is None or _token_matches(api_key, self.token)
+
+    def signed_file_sandbox(
+        self,
+        sandbox_ids: Collection[str],
+        *,
+        path: str,
+        operation: str,
+        username: str | None,
+        signature: str,
+        expiration: int | None,
+        now: float,
+    ) -> str | None:
+        """Which of ``sandbox_ids`` signed this ``/files`` URL (E2B's v1 signature:
+        ``v1_`` + unpadded base64 of SHA-256 of ``path:operation:username:token[:expiration]``
+        under the sandbox's access token); None when none did or it expired."""
+        if expiration is not None and expiration < now:
+            return None
+        for sid in sandbox_ids:
+            raw = f"{path}:{operation}:{username or ''}:{self.envd_token(sid)}"
+            if expiration is not None:
+                raw += f":{expiration}"
+            digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+            if _token_matches(signature, "v1_" + digest):
+                return sid
+        return None
 
     @property
     def token_required(self) -> bool:
@@ -360,6 +437,8 @@ class Access:
         if kind is Kind.API and not (self.bearer_ok(facts.authorization) or self._subprotocol_ok(facts)):
             detail = "Missing or wrong bearer token" + (_OR_SUBPROTOCOL if facts.websocket else "")
             return Refusal(401, detail, "auth", {"WWW-Authenticate": "Bearer"})
+        if kind in (Kind.E2B, Kind.E2B_SANDBOX):
+            return self._e2b_check(facts, kind)
         if kind is Kind.PORTS:
             if self.token is None:
                 return Refusal(
@@ -380,6 +459,46 @@ class Access:
                 )
         return None
 
+    def _e2b_check(self, facts: Facts, kind: Kind) -> Refusal | None:
+        if self.token is None or self.api_key_ok(facts.api_key) or self.bearer_ok(facts.authorization):
+            return None
+        if kind is Kind.E2B_SANDBOX:
+            if facts.sandbox_id and _token_matches(facts.access_token, self.envd_token(facts.sandbox_id)):
+                return None
+            if facts.signed and not facts.access_token:
+                return None  # (the route checks the signature: signed_file_sandbox)
+        what = "the sandbox's access token (X-Access-Token) or " if kind is Kind.E2B_SANDBOX else ""
+        return Refusal(401, f"Missing or wrong {what}API key (X-API-KEY: the service's token)", "auth", e2b=True)
+
+
+#: E2B's control plane paths, and a sandbox's own (envd's, the code interpreter's).
+E2B_API_PREFIXES = (
+    "/sandboxes",
+    "/v2/sandboxes",
+    "/snapshots",
+    "/templates",
+    "/v2/templates",
+    "/v3/templates",
+    "/volumes",
+    "/secrets",
+    "/teams",
+    "/nodes",
+    "/access-tokens",
+    "/api-keys",
+)
+E2B_SANDBOX_PATHS = frozenset({"/files", "/health", "/execute", "/contexts", "/envs", "/init"})
+E2B_SANDBOX_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/", "/contexts/")
+
+
+def e2b_kind(path: str) -> Kind | None:
+    """The kind of an E2B path (None: not one of E2B's)."""
+    if path in E2B_SANDBOX_PATHS or path.startswith(E2B_SANDBOX_PREFIXES):
+        return Kind.E2B_SANDBOX
+    for prefix in E2B_API_PREFIXES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return Kind.E2B
+    return None
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -394,7 +513,7 @@ class Paths:
             return Kind.PUBLIC
         if self.ports(path):
             return Kind.PORTS
-        return Kind.API
+        return e2b_kind(path) or Kind.API
 
 
 class AccessGuard:
@@ -462,6 +581,7 @@ __all__ = [
     "bearer_subprotocol",
     "check_bind",
     "deny_websocket",
+    "e2b_kind",
     "foreign_read",
     "is_bearer_subprotocol",
     "is_loopback_host",

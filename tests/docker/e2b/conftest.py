@@ -84,6 +84,8 @@ def _settings(tmp_path: Path, runtime: str, **more: object) -> Settings:
         catalog=False,
         api_token=TOKEN,
         e2b_api=True,
+        uid=1000,
+        gid=1000,
         **more,
     )  # type: ignore[arg-type]
 

@@ -27,6 +27,10 @@ os.environ.setdefault("LOOM_CLI_DAEMON", "0")
 # The CLI's per-user files (local workers' sockets, the `tools` cache) go to a run
 # directory of this test session, never to the user's own.
 _RUN_DIR = tempfile.mkdtemp(prefix="loom-test-run-")
+#: The environment this session was started with, for a program that must outlive the
+#: session (dockerd, restarted by a fault test: runc keeps its state under
+#: XDG_RUNTIME_DIR, and the run directory is gone when the session ends).
+ORIGINAL_ENV = dict(os.environ)
 os.environ["XDG_RUNTIME_DIR"] = _RUN_DIR
 
 

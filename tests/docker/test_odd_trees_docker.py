@@ -80,10 +80,21 @@ CASES = {
 
 
 SLOW = {"depth_5000", "wide_100000"}  # about 2.5 and 1.5 minutes under gVisor
+#: Under gVisor, 100,000 entries in one directory take 105 s and prove nothing runc's
+#: run does not (the scan and undo are the same code; gVisor only makes each file
+#: slower): gVisor keeps the deep and odd trees.
+RUNSC_SKIPS = {"wide_100000"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in sorted(CASES)])
-@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+@pytest.mark.parametrize(
+    ("runtime", "case"),
+    [
+        pytest.param(r, c, marks=pytest.mark.slow) if c in SLOW else (r, c)
+        for r in ("runc", "runsc")
+        for c in sorted(CASES)
+        if not (r == "runsc" and c in RUNSC_SKIPS)
+    ],
+)
 async def test_a_command_makes_an_odd_tree(
     docker_ready: None, user_workspace: Path, tmp_path: Path, runtime: str, case: str
 ) -> None:

@@ -3,7 +3,7 @@
 The service runs for real (uvicorn on loopback, the Docker sandbox backend, the changelog),
 because fuzzed ``execute`` calls may reach ``shell_execute`` with arbitrary commands: they
 must run in a sandbox, never on the host. Bounded for CI by ``LOOM_FUZZ_EXAMPLES``
-(default 25 examples per operation). Most cases use a real workspace ("fuzz"), so tool
+(default 15 examples per operation). Most cases use a real workspace ("fuzz"), so tool
 calls get past the 404 and reach the registry.
 """
 
@@ -30,7 +30,7 @@ from worker.settings import Settings
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TOKEN = "fuzz-token"
-EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "15"))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import docker
 import pytest
 
 from sandbox.docker.config import LABEL_WS
-from tests.conftest import SANDBOX_IMAGE
+from tests.conftest import ORIGINAL_ENV, SANDBOX_IMAGE
 from tests.docker.conftest import own_registry, require_runtime
 from tests.treehash import tree_diff, tree_state
 from worker.changelog import Changelog
@@ -246,7 +246,12 @@ def _restart_engine() -> None:
     if systemd:
         subprocess.run(["systemctl", "restart", "docker"], check=True)
     else:
-        subprocess.Popen(["sh", "-c", "nohup dockerd >>/var/log/dockerd.log 2>&1 &"], start_new_session=True).wait()
+        # Started with the environment the test session was started with: this session's
+        # XDG_RUNTIME_DIR is removed at its end, and runc would keep its state there (every
+        # `docker exec` after the session then fails).
+        subprocess.Popen(
+            ["sh", "-c", "nohup dockerd >>/var/log/dockerd.log 2>&1 &"], start_new_session=True, env=ORIGINAL_ENV
+        ).wait()
     deadline = time.monotonic() + 90
     while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         assert time.monotonic() < deadline, "dockerd did not come back"

@@ -13,32 +13,19 @@ node in its label selector, which is how a lost workspace keeps its last node. T
 fate-shares with the driver that made it (a driver that dies mid-way leaks nothing).
 
 Calls do not go through the slot: a driver reads it once to learn the node, then calls
-that node's service (:mod:`.node`), created here on first use, pinned to its node.
+that node's service (:mod:`.node`; :func:`.node.node_service` creates it on first use,
+pinned to its node). A node's service places slots on its own node too (E2B's create,
+carried to the node a front door chose: :mod:`.nodeslots`), so nothing here imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from ray.exceptions import RaySystemError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .names import NODE_ID_LABEL, RESOURCE, node_service_name
-from .node import NodeServiceActor
-
-
-def node_service(node_id: str, namespace: str) -> Any:
-    """The handle of node ``node_id``'s service, created (pinned to it) when it has none.
-    Blocking (a call to Ray's control store): call it off the event loop."""
-    return NodeServiceActor.options(
-        name=node_service_name(node_id),
-        namespace=namespace,
-        lifetime="detached",
-        get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(node_id, namespace)
+from .names import NODE_ID_LABEL, RESOURCE
 
 
 class NameTaken(ValueError):

@@ -29,6 +29,7 @@ from ...service import WorkspaceExists, WorkspaceNotFound, check_workspace_id
 from . import gcs, placement
 from .errors import ClusterError, ClusterFullError, NodeLostError, RayNotConnectedError
 from .names import DEFAULT_NAMESPACE, RESOURCE
+from .node import node_service
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ class Placements:
         """The node's service handle (made on the node when it has none)."""
         service = self._services.get(node)
         if service is None:
-            service = self._services[node] = await asyncio.to_thread(placement.node_service, node, self.namespace)
+            service = self._services[node] = await asyncio.to_thread(node_service, node, self.namespace)
         return service
 
     async def _root(self, node: str, service: Any) -> str:

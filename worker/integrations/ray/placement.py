@@ -67,6 +67,20 @@ async def _wait(pg: PlacementGroup, timeout: float) -> None:
         raise NotPlaced() from None
 
 
+async def choose(labels: dict[str, str] | None, timeout: float) -> str:
+    """The node Ray's scheduler gives one more slot now (one whose labels match
+    ``labels``), found with an unnamed probe group, removed before this returns: nothing
+    is held. Raises NotPlaced."""
+    probe = await asyncio.to_thread(_group, "", labels, False)
+    await _wait(probe, timeout)
+    chosen = await asyncio.to_thread(_node_of, probe)
+    # Removed first: a slot made while the probe still holds the node's last free one
+    # could not be placed at once, and Ray tries a pending group again only after a
+    # back-off.
+    await asyncio.to_thread(remove_placement_group, probe)
+    return chosen
+
+
 #: Seconds a slot pinned to the node its probe got may take to be placed before the
 #: placement starts again (another driver took that node's last free slot meanwhile).
 RETRY_SECONDS = 1.0
@@ -79,15 +93,7 @@ async def place(ws_id: str, *, node: str | None, labels: dict[str, str] | None, 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        chosen = node
-        if chosen is None:
-            probe = await asyncio.to_thread(_group, "", labels, False)
-            await _wait(probe, max(0.0, deadline - loop.time()))
-            chosen = await asyncio.to_thread(_node_of, probe)
-            # Removed first: a slot made while the probe still holds the node's last free
-            # one could not be placed at once, and Ray tries a pending group again only
-            # after a back-off.
-            await asyncio.to_thread(remove_placement_group, probe)
+        chosen = node if node is not None else await choose(labels, max(0.0, deadline - loop.time()))
         slot = await asyncio.to_thread(_group, ws_id, {NODE_ID_LABEL: chosen}, True)
         left = deadline - loop.time()
         try:

@@ -66,6 +66,8 @@ CHANNEL_OPS = frozenset(
         "http_begin",
         "http_next",
         "http_cancel",
+        "e2b_begin",
+        "e2b_request",
         "ws_begin",
         "ws_next",
         "ws_send",

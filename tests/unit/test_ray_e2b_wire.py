@@ -152,3 +152,22 @@ def test_errors_are_in_the_shape_e2bs_clients_read() -> None:
     assert r.status_code == 503 and json.loads(r.body) == {"code": "unavailable", "message": "node lost"}
     r = e2b_error("/sandboxes/i1/connect", 503, "unavailable", "node lost")
     assert json.loads(r.body) == {"code": 503, "message": "node lost"}
+
+
+def test_a_node_sees_none_of_the_credentials_the_front_door_judged() -> None:
+    from worker.integrations.ray.nodeapp import _scope
+
+    sent = [
+        (b"x-api-key", b"front-token"),
+        (b"x-access-token", b"t"),
+        (b"e2b-traffic-access-token", b"t"),
+        (b"e2b-sandbox-id", b"i1"),
+        (b"e2b-sandbox-port", b"49999"),
+    ]
+    headers = _scope("POST", "/execute", b"/execute", b"", sent, "node-token")["headers"]
+    assert headers == [
+        (b"e2b-sandbox-id", b"i1"),
+        (b"e2b-sandbox-port", b"49999"),
+        (b"host", b"127.0.0.1"),
+        (b"authorization", b"Bearer node-token"),
+    ]

@@ -5,10 +5,14 @@ directories offered, and the traffic access token that opens the sandbox's own A
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -134,3 +138,93 @@ def test_traffic_token_header_opens_its_sandbox_only() -> None:
     assert access.check(both, Kind.E2B_SANDBOX) is not None
     control = access.check(facts({"E2B-Traffic-Access-Token": token}), Kind.E2B)  # (not the API key)
     assert control is not None and control.status == 401
+
+
+class _Client:
+    """An ASGI client of one response: what it was sent, and it goes away (``http.disconnect``)
+    once it has ``leave_after`` body chunks (never: None)."""
+
+    def __init__(self, leave_after: int | None) -> None:
+        self.leave_after = leave_after
+        self.chunks: list[bytes] = []
+        self.got = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        while self.leave_after is None or len(self.chunks) < self.leave_after:
+            self.got.clear()
+            await self.got.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            self.chunks.append(message["body"])
+            self.got.set()
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in b"".join(self.chunks).decode().splitlines()]
+
+
+async def _serve(events: AsyncIterator[kernels.CodeEvent], client: _Client) -> tuple[list[str], bool]:
+    """``events`` streamed to ``client``: what was interrupted, whether the slot was given back."""
+    interrupted: list[str] = []
+    released: list[bool] = []
+
+    async def interrupt() -> None:
+        interrupted.append("ctx-python")
+
+    stack = contextlib.AsyncExitStack()
+    stack.callback(released.append, True)
+    stream = interpreter.ExecutionStream(events, interrupt, stack)
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}, "method": "POST", "path": "/execute", "headers": []}
+    await stream(scope, client.receive, client.send)
+    return interrupted, released == [True]
+
+
+async def test_a_stream_keeps_alive_and_ends_as_e2bs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(interpreter, "KEEPALIVE", 0.01)
+    client = _Client(leave_after=None)
+
+    async def events() -> AsyncIterator[kernels.CodeEvent]:
+        yield kernels.OutputMessage("stdout", "a\n", 1)
+        while not any(b"keepalive" in chunk for chunk in client.chunks):  # (the code is quiet a while)
+            await client.got.wait()
+        yield kernels.Result(text="2", is_main_result=True)
+        yield kernels.Execution(execution_count=1)
+
+    interrupted, released = await _serve(events(), client)
+    kinds = [line["type"] for line in client.lines()]
+    assert kinds[:2] == ["stdout", "keepalive"]
+    assert [k for k in kinds if k != "keepalive"] == ["stdout", "result", "number_of_executions", "end_of_execution"]
+    assert interrupted == [] and released
+
+
+async def test_a_client_gone_interrupts_the_execution() -> None:
+    closed: list[bool] = []
+
+    async def events() -> AsyncIterator[kernels.CodeEvent]:
+        try:
+            yield kernels.OutputMessage("stdout", "working\n", 1)
+            await asyncio.Event().wait()  # (the code runs on)
+            yield kernels.Execution()
+        finally:
+            closed.append(True)
+
+    client = _Client(leave_after=1)
+    interrupted, released = await _serve(events(), client)
+    assert [line["type"] for line in client.lines()] == ["stdout"]
+    assert interrupted == ["ctx-python"] and released and closed == [True]
+
+
+async def test_the_sandbox_lost_mid_stream_is_an_unexpected_end() -> None:
+    from sandbox.errors import SandboxLostError
+
+    async def events() -> AsyncIterator[kernels.CodeEvent]:
+        yield kernels.OutputMessage("stderr", "x", 1)
+        raise SandboxLostError("the container stopped")
+
+    client = _Client(leave_after=None)
+    interrupted, released = await _serve(events(), client)
+    lines = client.lines()
+    assert [line["type"] for line in lines] == ["stderr", "error", "end_of_execution"]
+    assert lines[1]["name"] == "UnexpectedEndOfExecution" and "the container stopped" in lines[1]["value"]
+    assert interrupted == [] and released

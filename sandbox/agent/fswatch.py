@@ -119,7 +119,7 @@ class Watch(object):
                 if announce:
                     out.append([sub + d, "create"])
             if announce:
-                out.extend([sub + f, "create"] for f in sorted(files))
+                out.extend([sub + f, "create"] for f in sorted(files) if not _TEMPORARY.match(f))
         return out
 
     def start(self):

@@ -300,6 +300,13 @@ def test_signed_urls_and_health(e2b_server: E2BServer) -> None:
         assert {"uploaded.txt", "raw/bytes.bin", "one.txt"} <= {e["path"] for e in _changelog(server, sbx.sandbox_id)}
         bad = httpx.post(sbx.upload_url("x.txt"), content=b"x", headers={"Content-Type": "text/plain"})
         assert bad.status_code == 400 and "unsupported content type" in bad.json()["message"]
+        meta = httpx.post(
+            sbx.upload_url("x.txt"),
+            content=b"x",
+            headers={"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me"},
+        )
+        assert meta.status_code == 501 and "metadata" in meta.json()["message"]
+        assert not (host / "x.txt").exists()
 
         # envd's health: 204 for a sandbox that is there, 502 "was not found" (E2B's
         # proxy's words, which the SDK reads as a sandbox gone) for one that is not

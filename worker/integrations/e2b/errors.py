@@ -102,6 +102,8 @@ _ROWS: tuple[tuple[type[BaseException], Code, int], ...] = (
     (TooLargeError, Code.RESOURCE_EXHAUSTED, 413),
     (ReserveError, Code.RESOURCE_EXHAUSTED, 507),
     (Busy, Code.RESOURCE_EXHAUSTED, 429),
+    # a refusal without a row of its own is the client's, never the infrastructure's
+    (AgentError, Code.FAILED_PRECONDITION, 400),
     (NotHeldHere, Code.UNIMPLEMENTED, 501),
     (NotStartedError, Code.UNAVAILABLE, 503),
     (SandboxError, Code.UNAVAILABLE, 503),
@@ -133,8 +135,6 @@ def failure(e: BaseException) -> Failure | None:
             elif code is Code.UNAVAILABLE:
                 message = f"The sandbox cannot be used right now: {e}"
             return Failure(code, status, message)
-    if isinstance(e, AgentError):  # a refusal without a row of its own: the client's
-        return Failure(Code.FAILED_PRECONDITION, 400, e2b_words(str(e)))
     return None
 
 

@@ -32,7 +32,7 @@ from sandbox.treeops import PathReader
 from worker.http.state import Service
 
 from .entries import upload_entry
-from .errors import NoSandboxNamed, http_error, json_error
+from .errors import EnvdUnsupported, NoSandboxNamed, http_error, json_error
 from .sandboxfs import WHOLE_WRITE, SandboxFiles, e2b_path
 from .target import Target, sandbox_id_of, target_of
 from .uploads import Upload, multipart, octet_stream
@@ -166,6 +166,11 @@ async def upload(request: Request) -> Response:
     try:
         target = await _target(request, "write")
         files = SandboxFiles(target, q.get("username"))
+        if any(k.lower().startswith("x-metadata-") for k in request.headers):
+            raise EnvdUnsupported(
+                "file metadata (X-Metadata-* headers, envd 0.6.2) is not offered by loom's sandboxes: "
+                "upload without metadata"
+            )
         if media == "application/octet-stream":
             uploads = await octet_stream(request, q.get("path"))
         elif media.startswith("multipart/"):

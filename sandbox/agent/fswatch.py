@@ -83,6 +83,9 @@ class Watch(object):
         self.prefix = {}  # type: dict  # wd -> "" or "sub/dir/"
         self.moved = {}  # type: dict  # cookie -> rel path of a directory that left
         self.put = set()  # type: set  # cookies of loom's temporaries renamed away
+        # The kernel's watch budget is per uid and shared with the host user's programs:
+        # a watch takes at most what a scan snapshot may (``snapshot._watch_budget``).
+        self.budget = snapshot._watch_budget()
         self.fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
             raise Refused("limit", "no inotify instance left for a watch: %s" % os.strerror(ctypes.get_errno()))
@@ -98,6 +101,12 @@ class Watch(object):
             raise
 
     def _add(self, path, prefix, root=False):
+        if len(self.prefix) >= self.budget:
+            raise Refused(
+                "limit",
+                "more than %d directories under %s: watch a smaller tree, or not recursively"
+                % (self.budget, self.path),
+            )
         flags = _MASK | IN_ONLYDIR | (0 if root else IN_DONT_FOLLOW)
         wd = self.lib.inotify_add_watch(self.fd, os.fsencode(path), flags)
         if wd < 0:

@@ -192,3 +192,29 @@ def test_watch_not_recursive_and_refusals(dirs: tuple[Path, Path], sent: queue.Q
         assert ("top", "create") in seen and not any(n.startswith("sub/") for n, _ in seen)
     finally:
         fswatch.stop_all()
+
+
+def test_watch_takes_a_bounded_share_of_the_kernels_budget(
+    dirs: tuple[Path, Path], sent: queue.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.agent import snapshot
+
+    _ws, out = dirs
+    (out / "a" / "b").mkdir(parents=True)
+    monkeypatch.setattr(snapshot, "_watch_budget", lambda: 2)
+    message = refused("limit", fswatch.op_watch_start, {"watch": 3, "path": str(out), "recursive": True})
+    assert "smaller tree" in message
+    r = fswatch.op_watch_start({"watch": 4, "path": str(out / "a"), "recursive": True})  # two directories: fits
+    r.pop("_after_send")()
+    try:
+        (out / "a" / "c").mkdir()  # a third: the watch ends, saying why
+        deadline = time.monotonic() + 10
+        msg: dict[str, Any] = {}
+        while "error" not in msg and time.monotonic() < deadline:
+            try:
+                msg = sent.get(timeout=0.2)
+            except queue.Empty:
+                continue
+        assert msg.get("watch") == 4 and "smaller tree" in msg.get("error", "")
+    finally:
+        fswatch.stop_all()

@@ -87,7 +87,7 @@ def test_entry_info_of_a_link() -> None:
         (IsADirError("Is a directory"), Code.INVALID_ARGUMENT, 400),
         (AgentError("directory already exists", code="exists"), Code.ALREADY_EXISTS, 409),
         (AgentError("No space left", code="no_space"), Code.RESOURCE_EXHAUSTED, 507),
-        (TooLargeError("too many entries"), Code.RESOURCE_EXHAUSTED, 413),
+        (TooLargeError("too many entries"), Code.FAILED_PRECONDITION, 413),
         (AgentError("odd", code="os_error"), Code.FAILED_PRECONDITION, 400),
         (UnknownUser("invalid username: 'x'"), Code.UNAUTHENTICATED, 401),
         (SandboxNotFound("sandbox 'i1' not found"), Code.UNAVAILABLE, 502),

@@ -87,6 +87,8 @@ def test_files_read_write_list_change_and_undo(e2b_server_runtime: E2BServer) ->
         assert notes.permissions == "-rw-r--r--" and notes.mode == 0o644 and notes.owner
         assert notes.symlink_target is None
         assert sbx.files.exists("deep/er") and not sbx.files.exists("missing")
+        home = sbx.files.get_info("/home/user")
+        assert (home.name, home.type, home.path) == ("user", FileType.DIR, "/home/user")
 
         # make_dir (False when there), rename, remove
         assert sbx.files.make_dir("made/a/b") is True

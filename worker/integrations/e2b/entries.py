@@ -9,6 +9,7 @@ envd marks it ``is_symlink``, which the SDKs read as the type "symlink"."""
 
 from __future__ import annotations
 
+import posixpath
 import stat
 
 from e2b.envd.filesystem import filesystem_pb as pb
@@ -50,7 +51,7 @@ def go_mode_string(mode: int) -> str:
 def entry_info(e: PathEntry, path: str) -> pb.EntryInfo:
     """``e`` as envd's EntryInfo, at E2B's ``path``."""
     info = pb.EntryInfo(
-        name=e.name,
+        name=posixpath.basename(path) or "/",  # (E2B's name: /home/user is "user", not "workspace")
         type=_TYPES.get(e.type, pb.FileType.UNSPECIFIED),
         path=path,
         size=e.size,

@@ -99,7 +99,8 @@ _ROWS: tuple[tuple[type[BaseException], Code, int], ...] = (
     (NotAFileError, Code.INVALID_ARGUMENT, 400),
     (NotADirError, Code.INVALID_ARGUMENT, 400),
     (ConflictError, Code.ABORTED, 409),
-    (TooLargeError, Code.RESOURCE_EXHAUSTED, 413),
+    # (not resource_exhausted: the SDKs read that as a rate limit, "try again later")
+    (TooLargeError, Code.FAILED_PRECONDITION, 413),
     (ReserveError, Code.RESOURCE_EXHAUSTED, 507),
     (Busy, Code.RESOURCE_EXHAUSTED, 429),
     # a refusal without a row of its own is the client's, never the infrastructure's

@@ -122,6 +122,15 @@ def test_files_read_write_list_change_and_undo(e2b_server_runtime: E2BServer) ->
             sbx.files.list("data.bin")
         with pytest.raises(e2b.InvalidArgumentException, match="is a directory"):
             sbx.files.read("made")
+        # users: E2B's default "user" is the workspace's owner; root only where the
+        # workspace allows it; a user the image has not is refused as envd refuses it
+        assert sbx.files.read("data.bin", format="bytes", user="user") == b"\x00\x01\xff"
+        with pytest.raises(e2b.SandboxException, match="root"):
+            sbx.files.write("/tmp/as-root", "x", user="root")
+        with pytest.raises(e2b.SandboxException, match="root"):
+            sbx.files.list("/tmp", user="root")
+        with pytest.raises(e2b.AuthenticationException, match="nosuchuser"):
+            sbx.files.get_info("/tmp", user="nosuchuser")
 
         # every change is in the changelog, by the call that made it, and undone
         entries = _changelog(server, sbx.sandbox_id)

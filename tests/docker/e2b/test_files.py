@@ -184,7 +184,7 @@ def _events_until(handle: Any, want: set[tuple[str, str]]) -> set[tuple[str, str
     return seen
 
 
-def test_watch_dir_polling_and_streaming(e2b_server_runtime: E2BServer) -> None:
+def test_watch_dir_polling_and_streaming(e2b_server_runtime: E2BServer, monkeypatch: pytest.MonkeyPatch) -> None:
     import e2b
     from connectrpc.code import Code
     from connectrpc.errors import ConnectError
@@ -234,6 +234,15 @@ def test_watch_dir_polling_and_streaming(e2b_server_runtime: E2BServer) -> None:
         assert gone.value.code == Code.NOT_FOUND
         with pytest.raises(e2b.NotFoundException):
             sbx.files.watch_dir("no-such-dir")
+        if runc:
+            assert _settles(lambda: _inotify_instances(host), before) == before
+        # a watcher nobody polls for its idle time is stopped and forgotten
+        from worker.integrations.e2b import watchers
+
+        forgotten = sbx.files.watch_dir("watched")
+        with monkeypatch.context() as patched, pytest.raises(e2b.NotFoundException):
+            patched.setattr(watchers, "IDLE_TTL", 0.0)
+            forgotten.get_new_events()
         if runc:
             assert _settles(lambda: _inotify_instances(host), before) == before
 

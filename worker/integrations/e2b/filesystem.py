@@ -212,7 +212,7 @@ class FilesystemService(Filesystem):
     ) -> pb.GetWatcherEventsResponse:
         async def work() -> pb.GetWatcherEventsResponse:
             files = await _files(ctx)
-            w = self.watchers.get(files.target.sandbox_id, request.watcher_id)
+            w = await self.watchers.get(files.target.sandbox_id, request.watcher_id)
             events = w.watch.pending()
             if not events:
                 return pb.GetWatcherEventsResponse()

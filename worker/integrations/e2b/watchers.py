@@ -56,8 +56,9 @@ class Watchers:
         self._by_id[wid] = Watcher(sandbox_id, watch, base, include_entry)
         return wid
 
-    def get(self, sandbox_id: str, watcher_id: str) -> Watcher:
+    async def get(self, sandbox_id: str, watcher_id: str) -> Watcher:
         """The watcher (its poll time renewed). Raises WatcherNotFound."""
+        await self._reap()
         w = self._by_id.get(watcher_id)
         if w is None or w.sandbox_id != sandbox_id:
             raise WatcherNotFound(f"watcher with id {watcher_id} not found")
@@ -66,7 +67,7 @@ class Watchers:
 
     async def remove(self, sandbox_id: str, watcher_id: str) -> None:
         """Stop and forget the watcher. Raises WatcherNotFound."""
-        w = self.get(sandbox_id, watcher_id)
+        w = await self.get(sandbox_id, watcher_id)
         del self._by_id[watcher_id]
         await w.watch.close()
 
@@ -76,9 +77,3 @@ class Watchers:
             if now - w.polled > IDLE_TTL:
                 del self._by_id[wid]
                 await w.watch.close()
-
-    async def close(self) -> None:
-        """Stop every watcher (the service ends)."""
-        watchers, self._by_id = list(self._by_id.values()), {}
-        for w in watchers:
-            await w.watch.close()

@@ -43,6 +43,7 @@ from sandbox.errors import (
     TooLargeError,
     UserUnsupportedError,
 )
+from sandbox.logs import get_logger
 from worker.changelog.errors import ChangelogError, ReserveError
 from worker.http.state import NotHeldHere, NotStartedError
 from worker.service import Busy
@@ -73,6 +74,8 @@ class Failure:
     status: int
     message: str
 
+
+log = get_logger("worker.integrations.e2b")
 
 #: AgentError codes with their own answer (the rest: by class, below).
 _AGENT_CODES: dict[str, tuple[Code, int]] = {
@@ -135,6 +138,7 @@ def failure(e: BaseException) -> Failure | None:
                 message = f"The sandbox was not found: {e}"
             elif code is Code.UNAVAILABLE:
                 message = f"The sandbox cannot be used right now: {e}"
+                log.warning("e2b.envd_unavailable", error=str(e)[:500], kind=type(e).__name__)
             return Failure(code, status, message)
     return None
 

@@ -142,7 +142,6 @@ FAST_OPS = {
     "fs_append": sysfiles.op_fs_append,
     "fs_stat": fsops.op_fs_stat,
     "fs_mkdir": fsops.op_fs_mkdir,
-    "watch_start": fswatch.op_watch_start,
 }
 SLOW_OPS = {
     "direct": op_direct,
@@ -154,6 +153,7 @@ SLOW_OPS = {
     "fs_list": fsops.op_fs_list,
     "fs_move": fsops.op_fs_move,
     "fs_remove": fsops.op_fs_remove,
+    "watch_start": fswatch.op_watch_start,  # (a recursive watch walks its tree)
     "exec": command.op_exec,
     "spawn": spawn.op_spawn,
     "stdin": spawn.op_stdin,

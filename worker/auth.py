@@ -470,7 +470,7 @@ class Access:
                 return None
             if facts.signed and not facts.access_token:
                 return None  # (the route checks the signature: signed_file_sandbox)
-        what = "the sandbox's access token (X-Access-Token) or " if kind is Kind.E2B_SANDBOX else ""
+        what = "sandbox access token (X-Access-Token) or " if kind is Kind.E2B_SANDBOX else ""
         return Refusal(401, f"Missing or wrong {what}API key (X-API-KEY: the service's token)", "auth", e2b=True)
 
 

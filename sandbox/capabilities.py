@@ -12,6 +12,10 @@
 :class:`Tunnels`               ``open_tunnel(port)``: a TCP connection to the sandbox's loopback
 :class:`HarnessFiles`          ``read_path``, ``write_path``: files anywhere in the sandbox, as its
                                user (a harness's, not the model's)
+:class:`HarnessTree`           ``stat_path``, ``list_path``, ``mkdir_path``, ``move_path``,
+                               ``remove_path``, ``watch_path``, ``open_path``,
+                               ``write_path_pieces``: directories anywhere, watched, and
+                               large files in pieces (a harness's: E2B's envd)
 :class:`CodeKernels`           ``start_kernel``, ``kernel_info``, ``kernel_session``,
                                ``stop_kernel``: code contexts' kernels (background processes
                                reached through a tunnel; :mod:`sandbox.kernels`)
@@ -22,7 +26,7 @@ package) has them all; mypy checks that in :mod:`sandbox.client`. A new capabili
 terminal, a kernel) is one more Protocol here and its implementation beside the agent
 sandbox's; a backend without it is refused where it is used, by the helper of each
 (:func:`background`, :func:`terminals`, :func:`tunnels`, :func:`harness_files`,
-:func:`code_kernels`), with the error the callers
+:func:`harness_tree`, :func:`code_kernels`), with the error the callers
 already handle. Staged writes instead fall back to staging on the host, built on the core
 contract (:func:`sandbox.base.staged_writes`), so the changelog records any sandbox.
 """
@@ -30,23 +34,36 @@ contract (:func:`sandbox.base.staged_writes`), so the changelog records any sand
 from __future__ import annotations
 
 import builtins
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .results import PathRead, PathWrite, ProcessAttach, ProcessInfo, ProcessOutput, StagedWrite, WriteResult
+from .results import (
+    PathEntry,
+    PathRead,
+    PathWrite,
+    ProcessAttach,
+    ProcessInfo,
+    ProcessOutput,
+    StagedWrite,
+    WriteResult,
+)
 
 if TYPE_CHECKING:
     from .kernel_session import KernelInfo, KernelSession
+    from .treeops import PathReader, PathWatch
     from .tunnel import Tunnel
 
 __all__ = [
     "BackgroundProcesses",
     "CodeKernels",
     "HarnessFiles",
+    "HarnessTree",
     "StagedWrites",
     "Tunnels",
     "background",
     "code_kernels",
     "harness_files",
+    "harness_tree",
     "tunnels",
 ]
 
@@ -254,6 +271,66 @@ class HarnessFiles(Protocol):
 
 
 @runtime_checkable
+class HarnessTree(Protocol):
+    """Directories anywhere in the sandbox, as its user (a harness's calls: E2B's
+    filesystem service), watched; and a large file read or written in pieces. Paths are
+    absolute. A change inside the workspace is made only with ``in_workspace=True``, by a
+    caller that records it (brackets it with the changelog's scans); without it, one that
+    would touch the workspace, also through a link, raises InWorkspaceError and changes
+    nothing."""
+
+    async def stat_path(self, path: str) -> PathEntry:
+        """The entry at ``path`` (a link described as itself, with its target's type).
+        Raises PathNotFoundError, PermissionDeniedError."""
+        ...
+
+    async def list_path(self, path: str, *, depth: int = 1, limit: int = ...) -> builtins.list[PathEntry]:
+        """The entries under directory ``path`` (links followed to it), ``depth`` levels
+        down (1: its own), sorted depth first, never entering a linked directory. Raises
+        PathNotFoundError, NotADirError, PermissionDeniedError, TooLargeError (more
+        than ``limit`` entries)."""
+        ...
+
+    async def mkdir_path(self, path: str, *, in_workspace: bool = False) -> PathEntry:
+        """Make directory ``path`` and its missing parents. Raises AgentError (code
+        ``exists``: a directory is there; ``invalid``: something else is), NotADirError
+        (a parent is a file), PermissionDeniedError, InWorkspaceError."""
+        ...
+
+    async def move_path(self, source: str, destination: str, *, in_workspace: bool = False) -> PathEntry:
+        """Rename ``source`` to ``destination`` (parents made; a file there replaced;
+        across file systems copied). Raises PathNotFoundError, AgentError (``exists``),
+        PermissionDeniedError, InWorkspaceError."""
+        ...
+
+    async def remove_path(self, path: str, *, in_workspace: bool = False) -> bool:
+        """Remove ``path`` and everything under it (a link, not its target); False when
+        nothing was there. Raises PermissionDeniedError, AgentError (``invalid``: the
+        workspace itself), InWorkspaceError."""
+        ...
+
+    async def watch_path(self, path: str, *, recursive: bool = False) -> PathWatch:
+        """Watch directory ``path`` (inotify in the sandbox; ``recursive``: its
+        subdirectories too, new ones as they come) until the watch is closed or the
+        sandbox goes. Raises PathNotFoundError, NotADirError, AgentError (``limit``)."""
+        ...
+
+    async def open_path(self, path: str, *, piece: int = ...) -> PathReader:
+        """The file at ``path`` to read in pieces of ``piece`` bytes (its first read now).
+        Raises as :meth:`HarnessFiles.read_path`."""
+        ...
+
+    async def write_path_pieces(
+        self, path: str, total: int, pieces: AsyncIterable[bytes], *, in_workspace: bool = False, piece: int = ...
+    ) -> int:
+        """Write ``total`` bytes from ``pieces`` to ``path`` (with ``in_workspace``: the
+        workspace-relative path, put in place whole at the end), never holding more than
+        a piece. Raises as :meth:`HarnessFiles.write_path`, ValueError for a size other
+        than announced."""
+        ...
+
+
+@runtime_checkable
 class CodeKernels(Protocol):
     """Code contexts' kernels: each a background process (a bridge to a Jupyter kernel, run
     by the image's python3) named by its context's id, reached through a tunnel."""
@@ -318,6 +395,13 @@ def harness_files(box: object) -> HarnessFiles:
     if isinstance(box, HarnessFiles):
         return box
     raise NotImplementedError("this sandbox has no file API outside the workspace")
+
+
+def harness_tree(box: object) -> HarnessTree:
+    """``box`` as :class:`HarnessTree`. Raises NotImplementedError when it has none."""
+    if isinstance(box, HarnessTree):
+        return box
+    raise NotImplementedError("this sandbox has no directory API outside the workspace")
 
 
 def terminals(box: object) -> Terminals:

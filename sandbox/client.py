@@ -54,7 +54,15 @@ from .base import (
     TreeRemoval,
     WriteResult,
 )
-from .capabilities import BackgroundProcesses, CodeKernels, HarnessFiles, StagedWrites, Terminals, Tunnels
+from .capabilities import (
+    BackgroundProcesses,
+    CodeKernels,
+    HarnessFiles,
+    HarnessTree,
+    StagedWrites,
+    Terminals,
+    Tunnels,
+)
 from .connection import AgentConnection
 from .errors import (
     AgentError,
@@ -66,6 +74,7 @@ from .errors import (
 from .harness import HarnessMixin
 from .kernels import KernelsMixin
 from .process import SandboxProcess
+from .treeops import TreeMixin
 from .tunnel import AgentTunnel, SandboxTunnel
 
 #: Opens a fresh agent connection; the flag is True when a previous one was lost.
@@ -75,7 +84,7 @@ Connector = Callable[[bool], Awaitable[AgentConnection]]
 DEADLINE_SLACK = 5.0
 
 
-class AgentSandbox(HarnessMixin, BackgroundMixin, KernelsMixin, Sandbox):
+class AgentSandbox(HarnessMixin, TreeMixin, BackgroundMixin, KernelsMixin, Sandbox):
     """A :class:`~sandbox.base.Sandbox` whose work is done by the in-container agent."""
 
     def __init__(
@@ -547,5 +556,5 @@ if TYPE_CHECKING:
 
     def _capabilities(
         box: AgentSandbox,
-    ) -> tuple[StagedWrites, BackgroundProcesses, Terminals, Tunnels, HarnessFiles, CodeKernels]:
-        return box, box, box, box, box, box  # mypy: every backend of this package has them all
+    ) -> tuple[StagedWrites, BackgroundProcesses, Terminals, Tunnels, HarnessFiles, HarnessTree, CodeKernels]:
+        return box, box, box, box, box, box, box  # mypy: every backend of this package has them all

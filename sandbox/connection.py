@@ -5,8 +5,9 @@ matched request/response pairs with ids, host-side deadlines and failure transla
 
 Besides answers the agent sends events: a spawned process's output (routed by its
 ``proc`` to :attr:`AgentConnection.event_handlers`), a streamed command's output (by its
-request's ``req``, see ``request(on_event=...)``) and a tunnel's bytes (by its
-``tunnel``, see :meth:`AgentConnection.set_stream_handler`). :meth:`AgentConnection.notify`
+request's ``req``, see ``request(on_event=...)``), a tunnel's bytes (by its
+``tunnel``) and a watched directory's changes (by its ``watch``; both see
+:meth:`AgentConnection.set_stream_handler`). :meth:`AgentConnection.notify`
 sends a request the agent does not answer. A tunnel's bytes travel raw: a line with
 ``"raw": N`` is followed by N bytes as they are (at most :data:`MAX_RAW`), either way.
 
@@ -103,7 +104,7 @@ class AgentConnection:
                 handler(msg)
 
     def set_stream_handler(self, kind: str, key: int, handler: Callable[[dict[str, Any]], None] | None) -> None:
-        """Route events carrying ``{kind: key}`` (``kind``: ``"req"`` or ``"tunnel"``) to
+        """Route events carrying ``{kind: key}`` (``kind``: ``"req"``, ``"tunnel"`` or ``"watch"``) to
         ``handler`` (None: drop them from now on). It also gets ``{"event": "lost"}``
         when the connection ends."""
         if handler is None:
@@ -458,7 +459,7 @@ class AgentConnection:
         """Route one message from the agent: an event to its handler, an answer to its caller."""
         if "event" in msg:
             if self._streams:
-                for kind in ("req", "tunnel"):
+                for kind in ("req", "tunnel", "watch"):
                     key = msg.get(kind)
                     if key is not None:
                         stream = self._streams.get((kind, key)) if isinstance(key, int) else None

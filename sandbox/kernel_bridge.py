@@ -29,7 +29,8 @@ then newline-delimited JSON requests, one at a time, each answered by lines:
   "value", "traceback": [...]}, "notes": [...], "cut": {...}, "exit": {...}}``. Past
   ``timeout`` the kernel is interrupted (SIGINT, as Ctrl-C); if it has not finished
   ``grace`` seconds later it is restarted. A client that sends ``{"op": "interrupt"}`` or
-  goes away mid-execution interrupts it the same way.
+  goes away mid-execution interrupts it the same way (an interrupt that comes after the
+  execution's end is ignored, unanswered).
 - ``{"op": "info"}``, ``{"op": "restart"}``, ``{"op": "shutdown"}`` (the kernel stopped,
   then the bridge exits).
 
@@ -243,6 +244,8 @@ class Bridge:
                         self.kernel.start(restart=True)
                         self.died_since = False
                     send({"type": "restarted", **self._info()})
+                elif op == "interrupt":
+                    pass  # for an execution that has ended since: nothing to interrupt, nothing to answer
                 elif op == "shutdown":
                     with self.lock:
                         self.stopping = True

@@ -105,6 +105,8 @@ class KernelSession:
         self.info = info
         self.lock = asyncio.Lock()
         self._buf = bytearray()
+        #: An execution runs on this connection (between its request and its ``end``).
+        self.executing = False
 
     @property
     def closed(self) -> bool:
@@ -156,12 +158,30 @@ class KernelSession:
     async def execute(self, code: str, *, timeout: float, grace: float) -> AsyncIterator[dict[str, Any]]:
         """The bridge's events for ``code`` as they come, its ``end`` last. Hold
         :attr:`lock` around it. Raises TunnelClosedError (the bridge went), ProtocolError."""
-        await self.send({"op": "execute", "code": code, "timeout": timeout, "grace": grace})
-        while True:
-            event = await self.receive()
-            yield event
-            if event["type"] == "end":
-                return
+        self.executing = True
+        try:
+            await self.send({"op": "execute", "code": code, "timeout": timeout, "grace": grace})
+            while True:
+                event = await self.receive()
+                if event["type"] == "end":
+                    self.executing = False
+                yield event
+                if event["type"] == "end":
+                    return
+        finally:
+            self.executing = False
+
+    async def interrupt(self) -> bool:
+        """Interrupt the execution running on this connection, as Ctrl-C does (its events
+        go on, then its ``end``: ``interrupted``, or ``restarted`` when it did not stop);
+        False when none runs. Not under :attr:`lock` (the execution holds it). Raises
+        TunnelClosedError."""
+        if not self.executing:
+            return False
+        # (The bridge ignores an interrupt that comes after the execution's end, sent
+        # before that end was read here.)
+        await self.send({"op": "interrupt"})
+        return True
 
     async def close(self) -> None:
         await self.tunnel.close()

@@ -155,6 +155,42 @@ class PathWrite:
 
 
 @dataclass(frozen=True)
+class PathEntry:
+    """An entry anywhere in the sandbox, as :class:`~sandbox.capabilities.HarnessTree`
+    describes it: a link's own size, times and owner, with its target's ``type`` and
+    permission bits (``target``: where it leads, links resolved; ``type`` ``other`` when
+    it is dangling). ``path`` is the sandbox's absolute path (below a listed directory:
+    the directory's path as asked for, then ``rel``)."""
+
+    path: str
+    name: str
+    type: Literal["file", "dir", "other"]
+    size: int
+    mode: int  # st_mode of the entry itself (a link's own)
+    perm: int  # permission bits (a link's target's)
+    uid: int
+    gid: int
+    owner: str
+    group: str
+    mtime_ns: int
+    symlink: bool = False
+    target: str | None = None
+    rel: str | None = None  # below the listed directory
+
+
+WatchEventType = Literal["create", "write", "remove", "rename", "chmod"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A change in a watched directory: ``name`` relative to it (``.``: the directory
+    itself), and what happened."""
+
+    name: str
+    type: WatchEventType
+
+
+@dataclass(frozen=True)
 class OutputChunk:
     """Bytes a command wrote, as :meth:`Sandbox.exec_stream` yields them (exactly as
     written: any bytes, a line or a character may be split between chunks)."""

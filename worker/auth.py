@@ -60,7 +60,9 @@ The rules, in the order :class:`AccessGuard` applies them to every request:
    key, ``X-API-KEY`` (or as the bearer token); a sandbox's own API (envd's and the code
    interpreter's routes, the sandbox named by ``E2b-Sandbox-Id``) also takes that
    sandbox's access token, ``X-Access-Token`` (:meth:`Access.envd_token`: an HMAC of the
-   sandbox's id under the token, so it opens that sandbox and no other). A ``/files`` URL
+   sandbox's id under the token, so it opens that sandbox and no other), also as its
+   ``E2B-Traffic-Access-Token`` (the code interpreter's SDK sends only that one on some
+   requests: the control plane gives the same token as ``trafficAccessToken``). A ``/files`` URL
    signed with that token (E2B's ``download_url``/``upload_url``) passes the guard and is
    checked by its route with :meth:`Access.signed_file_sandbox`, the only place signatures
    are checked (the URL does not name its sandbox: the route knows which exist). 401
@@ -129,7 +131,7 @@ class Kind(Enum):
     API = "bearer"  # Authorization: Bearer <token>
     PORTS = "bearer or Basic"  # the port proxy: bearer, or the token as the Basic password
     E2B = "X-API-KEY or bearer"  # E2B's control plane
-    E2B_SANDBOX = "X-Access-Token, X-API-KEY, bearer or a signed URL"  # a sandbox's own API (envd)
+    E2B_SANDBOX = "X-Access-Token (or E2B-Traffic-Access-Token), X-API-KEY, bearer or a signed URL"  # envd's
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,8 @@ class Facts:
     fetch_mode: str | None = None
     fetch_dest: str | None = None
     authorization: str = ""
-    #: E2B's headers (``X-API-KEY``, ``X-Access-Token``, ``E2b-Sandbox-Id``), and whether
-    #: the query carries a ``signature`` (a signed ``/files`` URL).
+    #: E2B's headers (``X-API-KEY``, ``X-Access-Token`` or else ``E2B-Traffic-Access-Token``,
+    #: ``E2b-Sandbox-Id``), and whether the query carries a ``signature`` (a signed URL).
     api_key: str = ""
     access_token: str = ""
     sandbox_id: str = ""
@@ -190,7 +192,7 @@ class Facts:
             fetch_dest=found.get(b"sec-fetch-dest"),
             authorization=found.get(b"authorization", ""),
             api_key=found.get(b"x-api-key", ""),
-            access_token=found.get(b"x-access-token", ""),
+            access_token=found.get(b"x-access-token") or found.get(b"e2b-traffic-access-token", ""),
             sandbox_id=found.get(b"e2b-sandbox-id", ""),
             signed=b"signature=" in (scope.get("query_string") or b""),
             websocket=websocket,
@@ -208,6 +210,7 @@ _READ = frozenset(
         b"authorization",
         b"x-api-key",
         b"x-access-token",
+        b"e2b-traffic-access-token",
         b"e2b-sandbox-id",
     }
 )
@@ -467,7 +470,7 @@ class Access:
                 return None
             if facts.signed and not facts.access_token:
                 return None  # (the route checks the signature: signed_file_sandbox)
-        what = "the sandbox's access token (X-Access-Token) or " if kind is Kind.E2B_SANDBOX else ""
+        what = "sandbox access token (X-Access-Token) or " if kind is Kind.E2B_SANDBOX else ""
         return Refusal(401, f"Missing or wrong {what}API key (X-API-KEY: the service's token)", "auth", e2b=True)
 
 

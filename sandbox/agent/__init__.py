@@ -41,6 +41,7 @@ The modules, each importing only those above it (no cycles)::
     write      atomic and staged writes (their content in pieces: append), commit, abort
     sysfiles   a harness's files anywhere in the sandbox, as its user: fs_read, fs_write
     tree       remove, remove_tree, mkdir, chmod, symlink
+    fsops      a harness's directories anywhere: fs_stat, fs_list, fs_mkdir, fs_move, fs_remove
     listing    list
     scanwalk   the stat-only walk of change scans;  snapshot: inotify-backed snapshots
     scan       scan (also run on the host for gVisor, see ``sandbox.hostscan``)
@@ -59,6 +60,7 @@ The modules, each importing only those above it (no cycles)::
     relay      the egress relay: the sandbox's loopback doors to the host's gateway socket
     handover   the fd channel: a tunnel's socket handed to the host itself (runc)
     tunnel     TCP connections to the sandbox's loopback, relayed over the channel
+    fswatch    a directory watched with inotify, its events streamed to the host
     main       the hello, dispatch, worker threads, the serve loop, the end of the agent
 
 Values that ``main`` used to rebind as globals live in ``state`` and are read at call

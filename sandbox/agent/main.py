@@ -21,6 +21,8 @@ from . import (
     channel,
     command,
     files,
+    fsops,
+    fswatch,
     handover,
     listing,
     modeguard,
@@ -138,6 +140,8 @@ FAST_OPS = {
     "append": write.op_append,
     "fs_write": sysfiles.op_fs_write,
     "fs_append": sysfiles.op_fs_append,
+    "fs_stat": fsops.op_fs_stat,
+    "fs_mkdir": fsops.op_fs_mkdir,
 }
 SLOW_OPS = {
     "direct": op_direct,
@@ -146,6 +150,10 @@ SLOW_OPS = {
     "scan": scan.op_scan,
     "search": search.op_search,
     "fs_read": sysfiles.op_fs_read,
+    "fs_list": fsops.op_fs_list,
+    "fs_move": fsops.op_fs_move,
+    "fs_remove": fsops.op_fs_remove,
+    "watch_start": fswatch.op_watch_start,  # (a recursive watch walks its tree)
     "exec": command.op_exec,
     "spawn": spawn.op_spawn,
     "stdin": spawn.op_stdin,
@@ -169,6 +177,7 @@ NOTIFY_OPS = {
     "tunnel_ack": tunnel.op_tunnel_ack,
     "tunnel_close": tunnel.op_tunnel_close,
     "exec_signal": command.op_exec_signal,
+    "watch_stop": fswatch.op_watch_stop,
 }
 
 
@@ -309,6 +318,7 @@ def _host_gone():
     with _gone_lock:
         write.drop_staged()
         sysfiles.drop_all()
+        fswatch.stop_all()
         tidy.drain(5.0)
         tunnel.close_all()
         spawn.kill_all()

@@ -201,6 +201,8 @@ def body_limit(path: str) -> int | None:
     """The body limit of these routes (None: the service's own)."""
     if path.startswith("/v1/workspaces/") and path.endswith("/sandbox/files"):
         return FILE_BODY_LIMIT
+    if path == "/files":  # E2B's envd upload (worker.integrations.e2b.files: spooled, not held)
+        return FILE_BODY_LIMIT
     if path.startswith("/v1/workspaces/") and path.endswith("/sandbox/exec"):
         return EXEC_BODY_LIMIT
     return None

@@ -11,7 +11,7 @@ command. The harness API (``registry.sandbox(ws).run_code(...)``), HTTP
 
 - :mod:`.model`: Result, Logs, ExecutionError, Execution, OutputMessage, CodeContext
 - :mod:`.contexts`: create, list, restart, delete; the default context of a language
-- :mod:`.execute`: one execution (recorded, timed, streamed)
+- :mod:`.execute`: one execution (recorded, timed, streamed, interrupted)
 - :mod:`.wire`: the bridge's events read as untrusted input, and the caps
 - :mod:`.toolresult`: an Execution as the ToolResult a model reads (``run_code``'s answer)
 """
@@ -27,7 +27,7 @@ from .contexts import (
     resolve_context,
     restart_context,
 )
-from .execute import DEFAULT_TIMEOUT, INTERRUPT_GRACE, MAX_CODE, MAX_TIMEOUT, run, stream
+from .execute import DEFAULT_TIMEOUT, INTERRUPT_GRACE, MAX_CODE, MAX_TIMEOUT, interrupt, run, stream
 from .execute import check as check_code
 from .model import (
     MIME_FIELDS,
@@ -70,6 +70,7 @@ __all__ = [
     "create_context",
     "default_context_id",
     "delete_context",
+    "interrupt",
     "list_contexts",
     "resolve_context",
     "restart_context",

@@ -203,6 +203,20 @@ def _how(end: wire.End, oom: bool) -> str:
     return "it ended"
 
 
+async def interrupt(ws: Workspace, context_id: str) -> bool:
+    """Interrupt the execution running in context ``context_id`` as Ctrl-C does: the code
+    gets KeyboardInterrupt, the context's state is kept, and the execution ends
+    ``interrupted`` (``restarted`` when it does not stop within :data:`INTERRUPT_GRACE`),
+    what it changed recorded as for any execution. False when none runs there (or the
+    context has ended). Raises the infrastructure errors of reaching the sandbox."""
+    box = code_kernels(ws.sandbox)
+    try:
+        session = await box.kernel_session(context_id)
+        return await session.interrupt()
+    except (AgentError, TunnelClosedError):
+        return False
+
+
 #: Executions whose consumer left before their end: they run on to it (recorded).
 _RUNNING: set[asyncio.Task[Execution]] = set()
 

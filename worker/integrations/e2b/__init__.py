@@ -28,6 +28,8 @@ def routes(settings: Any) -> list[Any]:
     from . import control, files, filesystem, interpreter, process
 
     out: list[Any] = []
-    for module in (control, process, filesystem, files, interpreter):
+    # The interpreter's first: its routes match only the requests for its port (the
+    # E2b-Sandbox-Port header 49999), whatever their path, so envd's /health is not its.
+    for module in (interpreter, control, process, filesystem, files):
         out.extend(module.routes(settings))
     return out

@@ -38,7 +38,10 @@ def _sandbox(service: Service, sandbox_id: str, template: str) -> dict[str, Any]
         "clientID": "loom",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": service.access.envd_token(sandbox_id),
-        "trafficAccessToken": None,
+        # (E2B's token for a sandbox whose ports are not public, as loom's never are; the
+        # code interpreter's SDK sends it, and no other, on its context requests: the
+        # guard takes it as the access token, worker.auth.)
+        "trafficAccessToken": service.access.envd_token(sandbox_id),
         "domain": None,
     }
 

@@ -109,7 +109,14 @@ async def _where(sandbox_id: str) -> tuple[str, Path]:
     return ws.node, Path(ws.path)
 
 
-async def _delete(sandbox_ids: list[str]) -> None:
+async def _workspaces() -> set[str]:
+    from worker.integrations.ray import ClusterRegistry
+
+    async with ClusterRegistry(namespace=NAMESPACE) as cluster:
+        return {w.id for w in await cluster.list_workspaces()}
+
+
+async def _delete(sandbox_ids: set[str]) -> None:
     from worker.integrations.ray import ClusterRegistry
     from worker.service import WorkspaceNotFound
 
@@ -132,6 +139,7 @@ def placed(front: Front, tag: str) -> Iterator[list[Placed]]:
     """Three sandboxes created through the front door, and where each landed."""
     from e2b import Sandbox
 
+    before = asyncio.run(_workspaces())
     made: list[Any] = []
     try:
         for i in range(3):
@@ -143,7 +151,9 @@ def placed(front: Front, tag: str) -> Iterator[list[Placed]]:
                 s.kill()
             except Exception:  # (killed by a test already)
                 pass
-        asyncio.run(_delete([s.sandbox_id for s in made]))
+        # Every workspace the nodes' control planes made meanwhile (a killed sandbox's is
+        # kept, as a workspace is), so that the tier's other tests find their slots free.
+        asyncio.run(_delete({s.sandbox_id for s in made} | (asyncio.run(_workspaces()) - before)))
 
 
 def test_sandboxes_land_on_several_nodes_and_connect(ray_cluster: RayCluster, placed: list[Placed]) -> None:

@@ -191,13 +191,26 @@ class NodeApp(NodeBase):
                     from .nodeslots import SlotWorkspaces
 
                     app = create_app(
-                        self.settings, await self._reg(), workspaces=SlotWorkspaces(self), routes=self._e2b_routes()
+                        self._app_settings(),
+                        await self._reg(),
+                        workspaces=SlotWorkspaces(self),
+                        routes=self._e2b_routes(),
                     )
                     await self._stack.enter_async_context(app.router.lifespan_context(app))
                     self._app = app
         from ...http.state import service_of
 
         return service_of(self._app)
+
+    def _app_settings(self) -> Any:
+        """The node's settings, but E2B's sandboxes made ahead (the control plane's warm
+        pool, ``e2b_warm_sandboxes``): none on a node. Each would hold one of its slots
+        (it is a workspace its routes create), and a front door places a sandbox on a
+        node with a free slot, blind to the warm ones waiting elsewhere: after a few
+        creates every slot of the cluster was held by sandboxes nobody asked for."""
+        if "e2b_warm_sandboxes" not in type(self.settings).model_fields:
+            return self.settings
+        return self.settings.model_copy(update={"e2b_warm_sandboxes": 0})
 
     def _e2b_routes(self) -> list[Any]:
         """E2B's routes, when this node serves them (``LOOM_E2B_API``, as ``serve`` does)."""

@@ -266,6 +266,22 @@ def test_run_code_reaches_the_sandboxs_kernel_on_its_node(front: Front, placed: 
     assert (p.path / "code.txt").read_text() == "from the kernel"
 
 
+def test_a_sandbox_from_a_snapshot_is_refused_not_handed_out_unreachable(front: Front, placed: list[Placed]) -> None:
+    from e2b import Sandbox
+    from e2b.exceptions import SandboxException
+
+    front.require("POST", "/sandboxes/{sandbox_id}/snapshots")
+    before = {s.sandbox_id for s in Sandbox.list().next_items()}
+    snap = placed[0].sbx.create_snapshot()  # (carried to the sandbox's node: made there)
+    # A create naming it is placed like any other: on another node its template is unknown
+    # there; on the snapshot's node the sandbox is made without a slot, so it is killed and
+    # refused, saying so. Either way no sandbox is handed out that no request could reach.
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(snap.snapshot_id)
+    assert "snapshot" in str(e.value) or "template" in str(e.value), e.value
+    assert {s.sandbox_id for s in Sandbox.list().next_items()} == before
+
+
 def test_kill_reaches_the_sandboxs_node(placed: list[Placed]) -> None:
     from e2b import Sandbox
     from e2b.exceptions import NotFoundException

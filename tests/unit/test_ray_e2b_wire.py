@@ -17,6 +17,7 @@ from worker.integrations.ray.e2brule import e2b_carried, sandbox_in_path
 from worker.integrations.ray.e2bwire import (
     PAGE_LIMIT,
     answer_of,
+    created_id,
     e2b_error,
     front_tokens,
     list_items,
@@ -145,6 +146,13 @@ def test_the_nodes_access_tokens_are_replaced_with_the_front_doors() -> None:
     # An answer without a token, or not JSON, is sent as it came.
     for m in (messages_of(200, JSON, b'{"sandboxID": "i1"}'), messages_of(200, [], b"envdAccessToken")):
         assert front_tokens(m, front.envd_token) is m
+
+
+def test_the_sandbox_a_create_made() -> None:
+    assert created_id(messages_of(201, JSON, b'{"sandboxID": "i1", "envdAccessToken": "t"}')) == "i1"
+    assert created_id(messages_of(200, JSON, b'{"sandboxID": "i1"}')) == "i1"
+    for status, body in [(429, b'{"sandboxID": "i1"}'), (201, b"[]"), (201, b"{}"), (201, b"not json")]:
+        assert created_id(messages_of(status, JSON, body)) is None, (status, body)
 
 
 def test_errors_are_in_the_shape_e2bs_clients_read() -> None:

@@ -15,7 +15,9 @@ front door and reaches sandboxes on every node.
   as for any workspace (:meth:`.workspaces.Placements.choose_node`: Ray's scheduler, a
   node with a free slot), and the request carried whole to it; its control plane creates
   the sandbox, its record, and its slot (:mod:`.nodeslots`), so every front door and
-  driver finds it there. A full cluster is ``429`` (a limit).
+  driver finds it there. A full cluster is ``429`` (a limit). A sandbox the node made
+  without a slot (from a snapshot: not through the app's workspaces) could be reached by
+  no request: it is killed there, and the create refused (``501``), saying so.
 - :meth:`E2BFront.list_sandboxes` (``GET /sandboxes``, ``/v2/sandboxes``): every node holding a
   sandbox is asked with the client's filters, and the answers merged and paginated here
   (:mod:`.e2bwire`).
@@ -46,6 +48,7 @@ from .e2brule import sandbox_in_path
 from .e2bwire import (
     Messages,
     answer_of,
+    created_id,
     e2b_error,
     front_tokens,
     header,
@@ -231,7 +234,29 @@ class E2BFront:
         except (NodeLostError, CallInterruptedError) as e:
             why = f"The node chosen for the sandbox ({node}) is unavailable (infrastructure failure; try again): {e}"
             return e2b_error(path, 503, "unavailable", why)
+        sid = created_id(messages)
+        if sid is not None and await asyncio.to_thread(gcs.slot, self.cluster.namespace, sid) is None:
+            return await self._unplaced(request.scope, node, sid)
         return _Answer(front_tokens(messages, _access(request.scope).envd_token))
+
+    async def _unplaced(self, scope: Scope, node: str, sid: str) -> Any:
+        """A sandbox its node made without a slot of the cluster (its workspace not made
+        through the app's workspaces: one made from a snapshot), which no request could
+        reach: killed there, and refused, saying so."""
+        kill = ("DELETE", f"/sandboxes/{sid}", f"/sandboxes/{sid}".encode(), b"", list(scope.get("headers", [])))
+        try:
+            await self.cluster.node_invoke(node, "e2b_request", *kill, b"")
+        except Exception as e:  # (reported with the refusal: nothing else to do with it)
+            log.warning("e2b.create.unplaced_kill_failed", sandbox=sid, node=node, error=str(e)[:300])
+        return e2b_error(
+            scope["path"],
+            501,
+            "unimplemented",
+            f"Not served by a cluster's front door: sandbox {sid} was made by node {node} without a slot of the "
+            "cluster (a sandbox made from a snapshot: E2B's snapshots and forks are each node's, not carried on a "
+            "cluster), so no request could reach it; it was killed. Create from a template, or fork with loom's "
+            "POST /v1/workspaces/{id}/fork",
+        )
 
     async def list_sandboxes(self, request: Request) -> Any:
         """Every node's sandboxes, merged and paginated (see :mod:`.e2bwire`)."""

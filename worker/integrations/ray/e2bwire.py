@@ -86,6 +86,17 @@ def _json(headers: Headers, body: bytes) -> Any:
     return json.loads(body)
 
 
+def created_id(messages: Messages) -> str | None:
+    """The ``sandboxID`` of a create's answer (None: it made none)."""
+    status, headers, body = answer_of(messages)
+    try:
+        data = _json(headers, body) if status in (200, 201) else None
+    except ValueError:
+        return None
+    sid = data.get("sandboxID") if isinstance(data, dict) else None
+    return sid if isinstance(sid, str) else None
+
+
 def front_tokens(messages: Messages, token_of: Callable[[str], str]) -> Messages:
     """A whole answer with each sandbox's access tokens (:data:`TOKEN_FIELDS` of a JSON
     object that has its ``sandboxID``) replaced by ``token_of(sandbox id)``; other answers

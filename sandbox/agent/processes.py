@@ -10,22 +10,25 @@ connection and the worker process that started it, and stops only when it ends, 
 out, is killed, or the container goes. The agent spares supervisors from its commands'
 tree-kill and reaps them when they exit.
 
-Starting a supervisor is mostly the interpreter compiling its source and importing its
-modules (about 25 ms of a 30 ms start). So once an agent has started one, it keeps the
-next one booted ahead (:func:`_take_supervisor`): waiting, its program loaded, for the
-config line that makes it a given process's; a start then costs what the process's own
-spawn does. The one waiting goes when the agent goes (its stdin ends).
+Starting a supervisor is mostly the interpreter booting, compiling its source and
+importing its modules (about 25 ms of a 30 ms start). So the first start of an agent
+also starts a **zygote** (``supervisor.zygote``): a supervisor program loaded once that
+forks a supervisor for each config line it is sent; a start then costs a fork. The
+zygote goes when its agent goes (its stdin ends); one that died or does not answer is
+replaced, and meanwhile a supervisor is started the slow way.
 """
 
 import json
 import os
 import re
+import select
 import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 from . import environ, proctree, state, supervisor
 from .errors import Refused
@@ -87,20 +90,25 @@ def _supervisor_source():
 #: Every supervisor's own LOOM_CALL (its process's is ``bg-<id>``): not a command's, so
 #: no command's tree-kill takes a supervisor reparented to PID 1 for one of its orphans.
 SUPERVISOR_MARKER = "bg-supervisor"
-_warm = [None]  # type: list  # the supervisor booted ahead (see _take_supervisor)
-_warm_lock = threading.Lock()
+_SUP_ENV = {"PATH": "/usr/bin:/bin", "LOOM_CALL": SUPERVISOR_MARKER}
+#: The zygote (a Popen) and what was read of its answers; one start at a time uses it.
+_zygote = [None, b""]  # type: list
+_zygote_lock = threading.Lock()
+#: Supervisors forked by the zygote (not this agent's children: spared by pid, let go
+#: once they are gone).
+_forked = set()  # type: set
 
 
-def _spawn_supervisor():
-    """A supervisor started and fed its program; it waits for its config line on stdin.
-    Raises Refused("io")."""
+def _boot(extra, tail):
+    """A supervisor program started and fed its source then ``tail`` (its config line,
+    or nothing for the zygote, which keeps stdin open). Raises Refused("io")."""
     try:
         p = subprocess.Popen(
-            _interpreter() + ["-I", "-S", "-c", _BOOT],
+            _interpreter() + ["-I", "-S", "-c", _BOOT] + extra,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin", "LOOM_CALL": SUPERVISOR_MARKER},
+            env=_SUP_ENV,
             cwd="/",
             start_new_session=True,
             close_fds=True,
@@ -114,8 +122,11 @@ def _spawn_supervisor():
 
     def feed():
         try:
-            p.stdin.write(b"%d\n" % len(src) + src)
-            p.stdin.flush()
+            p.stdin.write(b"%d\n" % len(src) + src + tail)
+            if tail:
+                p.stdin.close()
+            else:
+                p.stdin.flush()
         except OSError:
             pass
 
@@ -123,31 +134,82 @@ def _spawn_supervisor():
     return p
 
 
-def _boot_next():
-    """Boot the next supervisor ahead (a failure only means the next start boots its own)."""
-    try:
-        p = _spawn_supervisor()
-    except Refused:
-        return
-    with _warm_lock:
-        if _warm[0] is None:
-            _warm[0], p = p, None
-    if p is not None:  # (one was booted meanwhile: this one is not needed)
+def _read_line(p, buffered, timeout):
+    """One line of ``p``'s stdout within ``timeout`` seconds (what came after it is
+    returned too); (None, ...) when none came (it ended, or is stuck)."""
+    fd = p.stdout.fileno()
+    end = time.monotonic() + timeout
+    while b"\n" not in buffered:
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None, buffered
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None, buffered
+        buffered += chunk
+    line, _, rest = buffered.partition(b"\n")
+    return line, rest
+
+
+def _drop_zygote():
+    """(With _zygote_lock) let the zygote go: its stdin closed, it exits."""
+    p, _zygote[0], _zygote[1] = _zygote[0], None, b""
+    if p is not None:
         _quiet(p.stdin.close)
+        p.stdout.close()
 
 
-def _take_supervisor():
-    """A supervisor waiting for its config: the one booted ahead when it is still alive,
-    else a new one; the next one boots meanwhile, off this request's path. Raises
-    Refused("io")."""
-    with _warm_lock:
-        p, _warm[0] = _warm[0], None
-    if p is None or p.poll() is not None:
-        p = _spawn_supervisor()
-    t = threading.Thread(target=_boot_next)
-    t.daemon = True
-    t.start()
-    return p
+def _start_forked(cfg):
+    """The supervisor's answer line, from one the zygote forked (the zygote started
+    first when there is none); None when the zygote failed (dropped: the caller starts
+    one the slow way)."""
+    with _zygote_lock:
+        p = _zygote[0]
+        if p is None or p.poll() is not None:
+            _drop_zygote()
+            p = _zygote[0] = _boot(["zygote"], b"")
+
+        def send():
+            p.stdin.write(json.dumps(cfg).encode() + b"\n")
+            p.stdin.flush()
+
+        try:
+            _quiet(send)
+        except (OSError, ValueError):
+            _drop_zygote()
+            return None
+        line, _zygote[1] = _read_line(p, _zygote[1], START_TIMEOUT)
+        if line is None:
+            _drop_zygote()
+        return line
+
+
+def _start_alone(cfg):
+    """The answer line of a supervisor started by itself (its own interpreter)."""
+    p = _boot([], json.dumps(cfg).encode() + b"\n")
+    line, _ = _read_line(p, b"", START_TIMEOUT)
+    p.stdout.close()
+    return line
+
+
+def _forget_forked():
+    """Let go of the forked supervisors that are gone (reaped here if they were left to
+    this agent)."""
+    for pid in list(_forked):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _forked.discard(pid)
+            proctree.unspare(pid)
+        except OSError:
+            pass
 
 
 def _quiet(fn, *args):
@@ -166,12 +228,14 @@ def _quiet(fn, *args):
 
 
 def _reap():
-    """Unspare the supervisors of ours that exited (reaped here, so no pid was reused)."""
+    """Unspare the supervisors of ours that exited (reaped here, so no pid was reused),
+    and the zygote's that are gone."""
     with _lock:
         done = [pid for pid, p in _started.items() if p.poll() is not None]
         for pid in done:
             _started.pop(pid, None)
             proctree.unspare(pid)
+        _forget_forked()
 
 
 #: One open connection per supervisor, reused (a connect and a thread in the supervisor
@@ -368,33 +432,20 @@ def op_proc_start(req):
         "marker": "bg-" + pid_id,
         "activity_file": state.ACTIVITY_FILE,
     }
-    p = _take_supervisor()
-
-    def feed():
-        try:
-            p.stdin.write(json.dumps(cfg).encode() + b"\n")
-            p.stdin.close()
-        except OSError:
-            pass
-
-    _quiet(feed)
-    line = [b""]
-
-    def read():
-        line[0] = p.stdout.readline()
-
-    t = threading.Thread(target=read)
-    t.daemon = True
-    t.start()
-    t.join(START_TIMEOUT)
-    p.stdout.close()
+    line = _start_forked(cfg)
+    if line is None:
+        line = _start_alone(cfg)
     try:
-        answer = json.loads(line[0])
+        answer = json.loads(line or b"")
     except ValueError:
         answer = {"ok": False, "error": "the supervisor did not start"}
     if not answer.get("ok"):
         _reap()
         raise Refused("io", "cannot start the process: %s" % answer.get("error"))
+    forked = answer.get("supervisor")
+    if isinstance(forked, int) and not isinstance(forked, bool) and forked not in _started:
+        proctree.spare(forked)
+        _forked.add(forked)
     return answer["info"]
 
 

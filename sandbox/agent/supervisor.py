@@ -706,8 +706,12 @@ class Supervisor(object):
                     client.busy = False
 
 
-def main():
-    cfg = json.loads(sys.stdin.buffer.readline())  # (the same buffer the bootstrap read us from)
+def main(cfg=None):
+    """Supervise the process ``cfg`` describes (None: read the config line from stdin);
+    the answer line (``ok``, the process's ``info``, this supervisor's pid) goes to stdout.
+    Returns the exit status."""
+    if cfg is None:
+        cfg = json.loads(sys.stdin.buffer.readline())  # (the same buffer the bootstrap read us from)
     sup = Supervisor(cfg)
     path = os.path.join(cfg["dir"], cfg["id"] + ".sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -722,7 +726,7 @@ def main():
         ready.flush()
         return 1
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    ready.write(json.dumps({"ok": True, "info": sup.info()}).encode() + b"\n")
+    ready.write(json.dumps({"ok": True, "info": sup.info(), "supervisor": os.getpid()}).encode() + b"\n")
     ready.flush()
     # From here on nothing ties us to the agent that started us.
     null = os.open(os.devnull, os.O_RDWR)
@@ -749,5 +753,44 @@ def main():
     return 0
 
 
+def zygote():
+    """Serve supervisors by forking: one config line on stdin at a time, each a child
+    that supervises that process (in a session of its own) and writes its answer line
+    to stdout. The program is loaded once, here: a supervisor then starts in what a
+    fork costs, not in an interpreter's boot. Children are not waited for (SIGCHLD
+    ignored: the kernel reaps them). Ends at the end of stdin (its agent went)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    lines = sys.stdin.buffer
+    while True:
+        line = lines.readline()
+        if not line:
+            return 0
+        try:
+            cfg = json.loads(line)
+        except ValueError:
+            continue
+        try:
+            pid = os.fork()
+        except OSError as e:
+            sys.stdout.buffer.write(json.dumps({"ok": False, "error": "fork: %s" % e}).encode() + b"\n")
+            sys.stdout.buffer.flush()
+            continue
+        if pid:
+            continue
+        code = 1
+        try:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = main(cfg)
+        except BaseException as e:  # (the answer the agent waits for, whatever happened)
+            try:
+                sys.stdout.buffer.write(json.dumps({"ok": False, "error": repr(e)}).encode() + b"\n")
+                sys.stdout.buffer.flush()
+            except BaseException:
+                pass
+        finally:
+            os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(zygote() if sys.argv[1:] == ["zygote"] else main())

@@ -264,3 +264,26 @@ def _start_as(sbx: e2b.Sandbox, user: str) -> None:
         next(iter(events))
     except Exception as e:
         raise handle_rpc_exception(e) from e
+
+
+def test_root_where_the_workspace_allows_it(e2b_server: E2BServer) -> None:
+    sbx = e2b.Sandbox.create()
+    with _loom(e2b_server) as loom:
+        r = loom.patch(f"/v1/workspaces/{sbx.sandbox_id}", json={"allow_root": True})
+        assert r.status_code == 200, r.text
+    out: list[str] = []
+    r = sbx.commands.run("id -u; pwd", user="root", on_stdout=out.append)
+    assert r.stdout.splitlines()[:2] == ["0", "/root"] and "".join(out) == r.stdout
+    # what it wrote in the workspace is recorded as any command's change
+    r2 = sbx.commands.run("echo hi > mine.txt", user="root", cwd="/home/user")
+    assert r2.exit_code == 0 and (e2b_server.workspace(sbx.sandbox_id) / "mine.txt").read_text() == "hi\n"
+    with _loom(e2b_server) as loom:
+        log = loom.get(f"/v1/workspaces/{sbx.sandbox_id}/changelog").json()
+    assert "mine.txt" in {e["path"] for e in log}
+    # loom runs another user's commands without stdin or a PTY, and says so
+    with pytest.raises(e2b.SandboxException, match="without stdin"):
+        sbx.commands.run("cat", user="root", stdin=True, background=True)
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("exit 5", user="root")
+    assert failed.value.exit_code == 5
+    sbx.kill()

@@ -7,6 +7,7 @@ The core cases run under runc and gVisor (``e2b_server_runtime``)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -287,3 +288,30 @@ def test_root_where_the_workspace_allows_it(e2b_server: E2BServer) -> None:
         sbx.commands.run("exit 5", user="root")
     assert failed.value.exit_code == 5
     sbx.kill()
+
+
+async def test_the_async_sdk(e2b_server: E2BServer) -> None:
+    sbx = await e2b.AsyncSandbox.create()
+    try:
+        r = await sbx.commands.run("echo async; echo err >&2")
+        assert (r.stdout, r.stderr, r.exit_code) == ("async\n", "err\n", 0)
+        lines: list[str] = []
+        handle = await sbx.commands.run(
+            "echo one; sleep 0.3; echo two", background=True, on_stdout=lambda s: lines.append(s)
+        )
+        assert (await handle.wait()).exit_code == 0 and "".join(lines) == "one\ntwo\n"
+        typed = await sbx.commands.run("cat", background=True, stdin=True)
+        await sbx.commands.send_stdin(typed.pid, "to cat")
+        await sbx.commands.close_stdin(typed.pid)
+        assert (await typed.wait()).stdout == "to cat"
+        shown: list[bytes] = []
+        pty = await sbx.pty.create(PtySize(rows=20, cols=60), on_data=lambda b: shown.append(b))
+        await sbx.pty.send_stdin(pty.pid, b"echo async-pty-$((6*7))\n")
+        end = time.monotonic() + 30
+        while b"async-pty-42" not in b"".join(shown):
+            assert time.monotonic() < end, "no PTY output"
+            await asyncio.sleep(0.05)
+        assert await sbx.pty.kill(pty.pid)
+        assert [p.pid for p in await sbx.commands.list()] == []
+    finally:
+        await sbx.kill()

@@ -13,7 +13,8 @@ tree-kill and reaps them when they exit.
 Starting a supervisor is mostly the interpreter booting, compiling its source and
 importing its modules (about 25 ms of a 30 ms start). So the first start of an agent
 also starts a **zygote** (``supervisor.zygote``): a supervisor program loaded once that
-forks a supervisor for each config line it is sent; a start then costs a fork. The
+forks a supervisor for each config line it is sent, the next one forked ahead while
+nothing waits; a start then costs what the supervisor does for its process. The
 zygote goes when its agent goes (its stdin ends); one that died or does not answer is
 replaced, and meanwhile a supervisor is started the slow way.
 """

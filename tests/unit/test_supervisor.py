@@ -229,6 +229,10 @@ def test_the_zygote_forks_supervisors_that_outlive_it(tmp_path: Path) -> None:
         assert os.getsid(pid) == pid  # a session of its own
     zygote.stdin.close()  # its agent went: the zygote ends, the supervisors do not
     assert zygote.wait(10) == 0
+    deadline = time.monotonic() + 10
+    while _in_session(zygote.pid):  # (nor the child it had forked ahead, which ends)
+        assert time.monotonic() < deadline, "the zygote left a child behind"
+        time.sleep(0.05)
     for i, pid in enumerate(pids, 1):
         assert alive(pid)
         with socket.socket(socket.AF_UNIX) as s:
@@ -245,3 +249,18 @@ def test_the_zygote_forks_supervisors_that_outlive_it(tmp_path: Path) -> None:
     while any(alive(p) for p in pids):
         assert time.monotonic() < deadline, "the released supervisors did not exit"
         time.sleep(0.05)
+
+
+def _in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and alive(int(name)):
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                found.append(int(name))
+    return found

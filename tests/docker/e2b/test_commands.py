@@ -239,8 +239,14 @@ def test_changes_are_recorded_and_undone(sbx: e2b.Sandbox, e2b_server_runtime: E
     assert not (host / "made.txt").exists() and not (host / "d").exists()
 
 
-def test_users(e2b_server: E2BServer) -> None:
+def test_users_and_the_process_limit(e2b_server: E2BServer) -> None:
     sbx = e2b.Sandbox.create()
+    # loom's limit of processes running at once (8 by default) is a limit, said as one
+    running = [sbx.commands.run("sleep 60", background=True) for _ in range(8)]
+    with pytest.raises(e2b.RateLimitException, match="at most 8"):
+        sbx.commands.run("true")
+    for handle in running:
+        handle.kill()
     assert sbx.commands.run("id -u", user="user").stdout.strip() == "1000"
     with pytest.raises(e2b.SandboxException, match="root") as refused:
         sbx.commands.run("id -u", user="root")

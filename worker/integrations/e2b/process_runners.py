@@ -170,6 +170,8 @@ class BackgroundRunner(Runner):
         try:
             await self.ws.settle_background(prefer=self.id)
             self.settled = True
+        except SandboxError as e:  # the sandbox went with it (killed): nothing to catch up on now
+            log.info("e2b.process.record_deferred", process=self.id, error=str(e)[:300])
         except Exception as e:  # (the client still gets the end; the record catches up)
             log.warning("e2b.process.record_failed", process=self.id, error=str(e)[:300])
 

@@ -24,7 +24,8 @@ class Capped(object):
         if chunk:
             self.tail.append(bytes(chunk))
             self.tail_len += len(chunk)
-            while self.tail_len - len(self.tail[0]) >= self.tail_cap:
+            # (a cap of 0 keeps nothing: the deque empties)
+            while self.tail and self.tail_len - len(self.tail[0]) >= self.tail_cap:
                 self.tail_len -= len(self.tail.popleft())
 
     def value(self):

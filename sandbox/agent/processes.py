@@ -9,17 +9,27 @@ own) reaches any process through that socket, so a process outlives the call, th
 connection and the worker process that started it, and stops only when it ends, times
 out, is killed, or the container goes. The agent spares supervisors from its commands'
 tree-kill and reaps them when they exit.
+
+Starting a supervisor is mostly the interpreter booting, compiling its source and
+importing its modules (about 25 ms of a 30 ms start). So the first start of an agent
+also starts a **zygote** (``supervisor.zygote``): a supervisor program loaded once that
+forks a supervisor for each config line it is sent, the next one forked ahead while
+nothing waits; a start then costs what the supervisor does for its process. The
+zygote goes when its agent goes (its stdin ends); one that died or does not answer is
+replaced, and meanwhile a supervisor is started the slow way.
 """
 
 import json
 import os
 import re
+import select
 import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 from . import environ, proctree, state, supervisor
 from .errors import Refused
@@ -78,6 +88,131 @@ def _supervisor_source():
     return loader.get_source(supervisor.__name__)
 
 
+#: Every supervisor's own LOOM_CALL (its process's is ``bg-<id>``): not a command's, so
+#: no command's tree-kill takes a supervisor reparented to PID 1 for one of its orphans.
+SUPERVISOR_MARKER = "bg-supervisor"
+_SUP_ENV = {"PATH": "/usr/bin:/bin", "LOOM_CALL": SUPERVISOR_MARKER}
+#: The zygote (a Popen) and what was read of its answers; one start at a time uses it.
+_zygote = [None, b""]  # type: list
+_zygote_lock = threading.Lock()
+#: Supervisors forked by the zygote (not this agent's children: spared by pid, let go
+#: once they are gone).
+_forked = set()  # type: set
+
+
+def _boot(extra, tail):
+    """A supervisor program started and fed its source then ``tail`` (its config line,
+    or nothing for the zygote, which keeps stdin open). Raises Refused("io")."""
+    try:
+        p = subprocess.Popen(
+            _interpreter() + ["-I", "-S", "-c", _BOOT] + extra,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=_SUP_ENV,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )  # type: Any
+    except OSError as e:
+        raise Refused("io", "cannot start a supervisor: %s" % (e.strerror or e))
+    proctree.spare(p.pid)
+    with _lock:
+        _started[p.pid] = p
+    src = _supervisor_source().encode("utf-8")
+
+    def feed():
+        try:
+            p.stdin.write(b"%d\n" % len(src) + src + tail)
+            if tail:
+                p.stdin.close()
+            else:
+                p.stdin.flush()
+        except OSError:
+            pass
+
+    _quiet(feed)
+    return p
+
+
+def _read_line(p, buffered, timeout):
+    """One line of ``p``'s stdout within ``timeout`` seconds (what came after it is
+    returned too); (None, ...) when none came (it ended, or is stuck)."""
+    fd = p.stdout.fileno()
+    end = time.monotonic() + timeout
+    while b"\n" not in buffered:
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None, buffered
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None, buffered
+        buffered += chunk
+    line, _, rest = buffered.partition(b"\n")
+    return line, rest
+
+
+def _drop_zygote():
+    """(With _zygote_lock) let the zygote go: its stdin closed, it exits."""
+    p, _zygote[0], _zygote[1] = _zygote[0], None, b""
+    if p is not None:
+        _quiet(p.stdin.close)
+        p.stdout.close()
+
+
+def _start_forked(cfg):
+    """The supervisor's answer line, from one the zygote forked (the zygote started
+    first when there is none); None when the zygote failed (dropped: the caller starts
+    one the slow way)."""
+    with _zygote_lock:
+        p = _zygote[0]
+        if p is None or p.poll() is not None:
+            _drop_zygote()
+            p = _zygote[0] = _boot(["zygote"], b"")
+
+        def send():
+            p.stdin.write(json.dumps(cfg).encode() + b"\n")
+            p.stdin.flush()
+
+        try:
+            _quiet(send)
+        except (OSError, ValueError):
+            _drop_zygote()
+            return None
+        line, _zygote[1] = _read_line(p, _zygote[1], START_TIMEOUT)
+        if line is None:
+            _drop_zygote()
+        return line
+
+
+def _start_alone(cfg):
+    """The answer line of a supervisor started by itself (its own interpreter)."""
+    p = _boot([], json.dumps(cfg).encode() + b"\n")
+    line, _ = _read_line(p, b"", START_TIMEOUT)
+    p.stdout.close()
+    return line
+
+
+def _forget_forked():
+    """Let go of the forked supervisors that are gone (reaped here if they were left to
+    this agent)."""
+    for pid in list(_forked):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _forked.discard(pid)
+            proctree.unspare(pid)
+        except OSError:
+            pass
+
+
 def _quiet(fn, *args):
     """``fn(*args)`` with SIGPIPE held off this thread: the agent keeps SIGPIPE's default
     (so commands inherit it), which would end the agent on a write to a supervisor that
@@ -94,12 +229,14 @@ def _quiet(fn, *args):
 
 
 def _reap():
-    """Unspare the supervisors of ours that exited (reaped here, so no pid was reused)."""
+    """Unspare the supervisors of ours that exited (reaped here, so no pid was reused),
+    and the zygote's that are gone."""
     with _lock:
         done = [pid for pid, p in _started.items() if p.poll() is not None]
         for pid in done:
             _started.pop(pid, None)
             proctree.unspare(pid)
+        _forget_forked()
 
 
 #: One open connection per supervisor, reused (a connect and a thread in the supervisor
@@ -296,51 +433,20 @@ def op_proc_start(req):
         "marker": "bg-" + pid_id,
         "activity_file": state.ACTIVITY_FILE,
     }
-    sup_env = {"PATH": "/usr/bin:/bin", "LOOM_CALL": cfg["marker"]}
+    line = _start_forked(cfg)
+    if line is None:
+        line = _start_alone(cfg)
     try:
-        p = subprocess.Popen(
-            _interpreter() + ["-I", "-S", "-c", _BOOT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=sup_env,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-        )  # type: Any
-    except OSError as e:
-        raise Refused("io", "cannot start a supervisor: %s" % (e.strerror or e))
-    proctree.spare(p.pid)
-    with _lock:
-        _started[p.pid] = p
-    src = _supervisor_source().encode("utf-8")
-    boot = b"%d\n" % len(src) + src + json.dumps(cfg).encode() + b"\n"
-
-    def feed():
-        try:
-            p.stdin.write(boot)
-            p.stdin.close()
-        except OSError:
-            pass
-
-    _quiet(feed)
-    line = [b""]
-
-    def read():
-        line[0] = p.stdout.readline()
-
-    t = threading.Thread(target=read)
-    t.daemon = True
-    t.start()
-    t.join(START_TIMEOUT)
-    p.stdout.close()
-    try:
-        answer = json.loads(line[0])
+        answer = json.loads(line or b"")
     except ValueError:
         answer = {"ok": False, "error": "the supervisor did not start"}
     if not answer.get("ok"):
         _reap()
         raise Refused("io", "cannot start the process: %s" % answer.get("error"))
+    forked = answer.get("supervisor")
+    if isinstance(forked, int) and not isinstance(forked, bool) and forked not in _started:
+        proctree.spare(forked)
+        _forked.add(forked)
     return answer["info"]
 
 

@@ -706,8 +706,12 @@ class Supervisor(object):
                     client.busy = False
 
 
-def main():
-    cfg = json.loads(sys.stdin.buffer.readline())  # (the same buffer the bootstrap read us from)
+def main(cfg=None):
+    """Supervise the process ``cfg`` describes (None: read the config line from stdin);
+    the answer line (``ok``, the process's ``info``, this supervisor's pid) goes to stdout.
+    Returns the exit status."""
+    if cfg is None:
+        cfg = json.loads(sys.stdin.buffer.readline())  # (the same buffer the bootstrap read us from)
     sup = Supervisor(cfg)
     path = os.path.join(cfg["dir"], cfg["id"] + ".sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -722,7 +726,7 @@ def main():
         ready.flush()
         return 1
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    ready.write(json.dumps({"ok": True, "info": sup.info()}).encode() + b"\n")
+    ready.write(json.dumps({"ok": True, "info": sup.info(), "supervisor": os.getpid()}).encode() + b"\n")
     ready.flush()
     # From here on nothing ties us to the agent that started us.
     null = os.open(os.devnull, os.O_RDWR)
@@ -749,5 +753,72 @@ def main():
     return 0
 
 
+def zygote():
+    """Serve supervisors by forking: for each config line on stdin, a child that
+    supervises that process (in a session of its own) and writes its answer line to
+    stdout. The program is loaded once, here, and the next child is forked ahead, while
+    nothing waits for it (a fork costs ~1 ms under runc, ~18 ms under gVisor): it waits
+    on a pipe of its own for its config. Children are not waited for (SIGCHLD ignored:
+    the kernel reaps them). Ends at the end of stdin (its agent went); the child forked
+    ahead then ends too (its pipe ends)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    lines = sys.stdin.buffer
+    ahead = _fork_ahead()
+    while True:
+        line = lines.readline()
+        if not line:
+            return 0
+        if ahead is None:
+            ahead = _fork_ahead()
+            if ahead is None:
+                sys.stdout.buffer.write(json.dumps({"ok": False, "error": "cannot fork a supervisor"}).encode() + b"\n")
+                sys.stdout.buffer.flush()
+                continue
+        try:
+            os.write(ahead, line)
+        finally:
+            os.close(ahead)
+        ahead = _fork_ahead()
+
+
+def _fork_ahead():
+    """(In the zygote) a child waiting for its config line on a pipe; the pipe's end to
+    write it to, or None when no child could be forked."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid:
+        os.close(r)
+        return w
+    os.close(w)
+    code = 1
+    try:
+        data = b""
+        while True:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        if not data:
+            code = 0  # the zygote ended: no process for us
+        else:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = main(json.loads(data))
+    except BaseException as e:  # (the answer the agent waits for, whatever happened)
+        try:
+            sys.stdout.buffer.write(json.dumps({"ok": False, "error": repr(e)}).encode() + b"\n")
+            sys.stdout.buffer.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(zygote() if sys.argv[1:] == ["zygote"] else main())

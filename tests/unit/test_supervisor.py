@@ -204,3 +204,63 @@ def test_release_ends_the_supervisor(sup: Any) -> None:
     s.proc.wait(10)
     assert s.proc.returncode == 0
     assert not s.path.exists()
+
+
+def test_the_zygote_forks_supervisors_that_outlive_it(tmp_path: Path) -> None:
+    """``supervisor.py zygote``: one config line in, one forked supervisor (its own session,
+    not waited for) and its answer line out; the supervisors go on when the zygote ends."""
+    zygote = subprocess.Popen(
+        [sys.executable, str(SUPERVISOR), "zygote"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    answers = []
+    for i in (1, 2):
+        conf = {"id": f"z{i}", "dir": str(tmp_path), "marker": f"m-z{i}", "command": f"echo zygote-{i}; sleep 300"}
+        zygote.stdin.write(json.dumps({**conf, "cwd": str(tmp_path)}).encode() + b"\n")
+        zygote.stdin.flush()
+        answers.append(json.loads(zygote.stdout.readline()))
+    assert all(a["ok"] for a in answers), answers
+    pids = [a["supervisor"] for a in answers]
+    assert len(set(pids)) == 2 and zygote.pid not in pids
+    for pid in pids:
+        assert os.getsid(pid) == pid  # a session of its own
+    zygote.stdin.close()  # its agent went: the zygote ends, the supervisors do not
+    assert zygote.wait(10) == 0
+    deadline = time.monotonic() + 10
+    while _in_session(zygote.pid):  # (nor the child it had forked ahead, which ends)
+        assert time.monotonic() < deadline, "the zygote left a child behind"
+        time.sleep(0.05)
+    for i, pid in enumerate(pids, 1):
+        assert alive(pid)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(tmp_path / f"z{i}.sock"))
+            reader = s.makefile("rb")
+            s.sendall(json.dumps({"op": "output", "since": [0, 0], "wait_ms": 5000}).encode() + b"\n")
+            out = json.loads(reader.readline())["result"]
+            assert base64.b64decode(out["stdout"]) == f"zygote-{i}\n".encode()
+            s.sendall(json.dumps({"op": "kill", "signal": 9, "grace": 0}).encode() + b"\n")
+            assert json.loads(reader.readline())["result"]["running"] is False
+            s.sendall(b'{"op": "release"}\n')
+            reader.readline()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, "the released supervisors did not exit"
+        time.sleep(0.05)
+
+
+def _in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and alive(int(name)):
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                found.append(int(name))
+    return found

@@ -14,6 +14,7 @@ import pytest
 from starlette.routing import Mount, WebSocketRoute
 
 from worker.http.app import route_table
+from worker.integrations.ray.e2brule import CATCH_ALL, E2B_FRONT, e2b_carried
 from worker.integrations.ray.forward import FRONT, FRONT_UNDER_WORKSPACE, REFUSED, WEBSOCKET, carried
 from worker.integrations.ray.frontdoor import front_door
 from worker.settings import Settings
@@ -67,11 +68,36 @@ def test_every_route_is_forwarded_at_the_front_or_refused(app: Any) -> None:
     ]
     # A WebSocket under a workspace is relayed to its node as any request (a terminal's screen).
     assert "WEBSOCKET /v1/workspaces/{workspace_id}/terminals/{terminal_id}/ws" in decided["forward"]
-    assert sorted(decided["refuse"]) == sorted(f"{m} {p}" for m, p in REFUSED)
+    # Loom's refusals, then E2B's (its control plane outside one sandbox: .e2brule).
+    e2b_refused = [r for r in decided["refuse"] if e2b_carried(*r.split(" ", 1)) is not None]
+    assert sorted(set(decided["refuse"]) - set(e2b_refused)) == sorted(f"{m} {p}" for m, p in REFUSED)
+
+
+def test_every_route_of_e2bs_api_is_decided_by_its_rule(app: Any) -> None:
+    """E2B's routes (served by the front door as by ``serve``): each names one sandbox
+    (forwarded to its node), is one the front door answers (create, list), or is refused
+    with why; nothing of E2B's is left to the front door's own E2B routes by accident."""
+    e2b = [(m, p) for m, p in _routes(app) if e2b_carried("GET" if m == "*" else m, p) is not None]
+    assert e2b, "the front door serves E2B's routes (the e2b extra is installed in the test environment)"
+    front = set()
+    for method, path in e2b:
+        decision, why = e2b_carried("GET" if method == "*" else method, path)  # type: ignore[misc]
+        assert why, (method, path)
+        if decision == "front":
+            front.add((method, path))
+        # The rule decides a request's path as its route's template.
+        assert CATCH_ALL.fullmatch(path) or carried(method, _concrete(path))[0] == decision, (method, path)
+    # Only create and list stay at the front (each twice: the front door's route, then E2B's
+    # own), and a route of every path (the code interpreter's 404, matched by its port).
+    assert {r for r in front if not CATCH_ALL.fullmatch(r[1])} == set(E2B_FRONT), front
+    for m, p in [("POST", "/sandboxes/{sandbox_id}/connect"), ("DELETE", "/sandboxes/{sandbox_id}")]:
+        assert carried(m, p)[0] == "forward", (m, p)
 
 
 def test_a_request_is_decided_as_its_route(app: Any) -> None:
     for method, path in _routes(app):
+        if CATCH_ALL.fullmatch(path):
+            continue  # (a route of every path, matched by a header: e2brule.ANY_PATH)
         m = "GET" if method == "*" else method
         assert carried(m, _concrete(path))[0] == carried(method, path)[0], (method, path)
     # A path no route has is the node's to answer under a workspace, the front's elsewhere.
@@ -94,6 +120,23 @@ def test_the_tables_name_only_real_routes(app: Any) -> None:
 async def test_a_refused_route_is_answered_501_naming_why(app: Any) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         r = await c.get("/v1/secrets", headers={"Authorization": "Bearer t"})
-    assert r.status_code == 501 and "Not served by a cluster's front door" in r.json()["detail"], r.text
-    assert "LOOM_DATA_DIR" in r.json()["detail"]
+        assert r.status_code == 501 and "Not served by a cluster's front door" in r.json()["detail"], r.text
+        assert "LOOM_DATA_DIR" in r.json()["detail"]
+        # E2B's refusals in E2B's shape (its SDK reads "message").
+        for method, path, words in [
+            ("GET", "/sandboxes/metrics", "GET /sandboxes/{sandboxID}/metrics"),
+            ("POST", "/sandboxes/i123/fork", "POST /v1/workspaces/{id}/fork"),
+            ("GET", "/templates", "creating and listing sandboxes"),
+        ]:
+            r = await c.request(method, path, headers={"X-API-KEY": "t"})
+            assert r.status_code == 501 and r.json()["code"] == 501, r.text
+            assert r.json()["message"].startswith("Not served by a cluster's front door") and words in r.text, r.text
 
+
+async def test_a_front_door_without_e2b_serves_none_of_it() -> None:
+    app = front_door(Settings.model_construct(api_token="t"), "127.0.0.1:1", namespace="unit", e2b=[])
+    assert not any(e2b_carried("GET" if m == "*" else m, p) for m, p in _routes(app))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+        for method, path in [("GET", "/v2/sandboxes"), ("GET", "/sandboxes/metrics"), ("GET", "/health")]:
+            r = await c.request(method, path, headers={"X-API-KEY": "t"})
+            assert r.status_code == 404, (method, path, r.text)

@@ -112,6 +112,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     except UnsafeBindError as e:
         print(f"loom-worker serve: {e}", file=sys.stderr)
         return 2
+    routes = e2b_routes(settings)
+    if routes is None:
+        return 2
     if args.ray:
         # The front door of a Ray cluster: the same app, its workspaces on the nodes.
         from .cluster import ray_integration
@@ -119,11 +122,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ray_cli = ray_integration("loom-worker serve")
         if ray_cli is None:
             return 2
-        app = ray_cli.front_door(settings, args.ray, args.ray_namespace)
+        app = ray_cli.front_door(settings, args.ray, args.ray_namespace, routes)
     else:
-        routes = e2b_routes(settings)
-        if routes is None:
-            return 2
         app = create_app(settings, routes=routes)
     config = uvicorn.Config(
         app,
@@ -229,4 +229,3 @@ def e2b_routes(settings: Settings) -> list[Any] | None:
             return None
         return []
     return list(e2b.routes(settings))
-

@@ -14,11 +14,12 @@ from .client import ClusterRegistry
 from .errors import RayNotConnectedError
 
 
-def front_door(settings: Settings, address: str, namespace: str) -> Any:
-    """The service app whose workspaces are on the cluster (:mod:`.frontdoor`)."""
+def front_door(settings: Settings, address: str, namespace: str, e2b: list[Any] | None = None) -> Any:
+    """The service app whose workspaces are on the cluster (:mod:`.frontdoor`), with
+    E2B's routes ``e2b`` (None: those ``serve`` mounts)."""
     from .frontdoor import front_door as make
 
-    return make(settings, address, namespace=namespace)
+    return make(settings, address, namespace=namespace, e2b=e2b)
 
 
 def cluster_command(action: str, address: str, namespace: str, as_json: bool) -> int:

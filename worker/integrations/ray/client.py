@@ -240,6 +240,14 @@ class ClusterRegistry(Placements):
         tid = await self._invoke(ws_id, loc, "tunnel_open", ws_id, port)
         return RemoteTunnel(self, ws_id, loc, tid)
 
+    async def node_invoke(self, node: str, op: str, *args: Any) -> Any:
+        """The node service's ``op(*args)`` on ``node``, for a request that names no
+        workspace placed yet (E2B's create and list: :mod:`.e2bfront`), as
+        :meth:`_invoke` carries it. Raises what the node raised, NodeLostError,
+        CallInterruptedError."""
+        label = f"(a request to node {node})"
+        return await self._invoke(label, _Loc(node, "", await self._service(node), ""), op, *args)
+
     # -- the way to the node ----------------------------------------------------------------
 
     async def _invoke(self, ws_id: str, loc: _Loc, op: str, *args: Any) -> Any:

@@ -14,6 +14,9 @@
   no single place for.
 - A WebSocket under a workspace (the method :data:`WEBSOCKET` here: a terminal's screen)
   is carried by the same rule, relayed message by message (:mod:`.wsrelay`).
+- E2B's API, when served (:mod:`.e2brule`'s part of the rule, :mod:`.e2bfront`): every
+  request that names one sandbox goes whole to its node; creating and listing sandboxes
+  are the front door's; the rest of its control plane is refused, naming why.
 
 :func:`carried` decides (a test walks every route of the app through it: each is
 forwarded, at the front by name, or refused with its reason). :class:`Forwarder` is the
@@ -22,21 +25,23 @@ app's innermost middleware: after the token and body-limit checks, before the ro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...service import InvalidWorkspaceId, WorkspaceNotFound, check_workspace_id, result_dict
-from .client import ClusterRegistry, infrastructure_result
-from .errors import CallInterruptedError, ClusterError, NodeLostError
-from .workspaces import _Loc
+from ...auth import e2b_kind
+from ...service import InvalidWorkspaceId, WorkspaceNotFound, check_workspace_id
+from .client import ClusterRegistry
+from .e2bfront import E2BFront
+from .e2brule import e2b_carried
+from .e2bwire import e2b_error
+from .errors import NodeLostError
+from .relay import Relay, lost_response
 from .wsrelay import WebSocketRelay
 
 _WS = "/v1/workspaces/{workspace_id}"
@@ -85,7 +90,7 @@ REFUSED: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/secrets/{name}"): _SECRETS_WHY,
 }
 
-Decision = Literal["forward", "front", "refuse", "unlisted"]
+Decision = Literal["forward", "front", "refuse", "unlisted"]  # (E2B's: .e2brule, the first three)
 
 #: The "method" of a WebSocket route or handshake, for :func:`carried`.
 WEBSOCKET = "WEBSOCKET"
@@ -110,6 +115,9 @@ def carried(method: str, path: str) -> tuple[Decision, str]:
     node, served at the front (with why), refused (with why), or ``unlisted`` (outside
     any workspace and in no table: the front door's app answers it, a 404 for a path it
     does not have)."""
+    e2b = e2b_carried(method, path)
+    if e2b is not None:
+        return e2b
     parts = path.strip("/").split("/")
     if tuple(parts[:2]) == _WORKSPACES and len(parts) > 2:
         tail = "/".join(parts[3:])
@@ -134,24 +142,23 @@ def refusal(why: str) -> JSONResponse:
     return JSONResponse({"detail": f"Not served by a cluster's front door: {why}"}, status_code=501)
 
 
-def lost_response(e: ClusterError) -> JSONResponse:
-    """A lost node (or a call cut from it) as the front door answers it: 503 with the
-    infrastructure result."""
-    return JSONResponse(result_dict(infrastructure_result(e)), status_code=503)
-
-
 class Forwarder:
     """The front door's innermost middleware: hands every request :func:`carried`
     forwards to its workspace's node and answers the refused ones; passes the rest on."""
 
-    def __init__(self, app: ASGIApp, *, cluster: ClusterRegistry) -> None:
+    def __init__(self, app: ASGIApp, *, cluster: ClusterRegistry, e2b: E2BFront | None = None) -> None:
         self.app = app
         self.cluster = cluster
+        #: E2B's API, when the front door serves it.
+        self.e2b = e2b
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         websocket = scope["type"] == "websocket"
         if scope["type"] != "http" and not websocket:
             await self.app(scope, receive, send)
+            return
+        if e2b_kind(scope["path"]) is not None:
+            await self._e2b(scope, receive, send)
             return
         decision, why = carried(WEBSOCKET if websocket else scope["method"], scope["path"])
         if decision == "refuse":
@@ -182,83 +189,20 @@ class Forwarder:
         if websocket:
             await WebSocketRelay(self.cluster, ws_id, loc, scope, receive, send).run()
         else:
-            await _Relay(self.cluster, ws_id, loc, scope, receive, send).run()
+            await Relay(self.cluster, ws_id, loc, scope, receive, send).run()
 
-
-def _last(message: dict[str, Any]) -> bool:
-    return message["type"] == "http.response.body" and not message.get("more_body", False)
-
-
-class _Relay:
-    """One forwarded request: its body to the node, the node's answer back as it comes
-    (:meth:`.nodeapp.NodeApp.http_begin`, then ``http_next`` while it streams)."""
-
-    def __init__(self, cluster: ClusterRegistry, ws_id: str, loc: _Loc, scope: Scope, receive: Receive, send: Send):
-        self.cluster, self.ws_id, self.loc = cluster, ws_id, loc
-        self.scope, self.receive, self.send = scope, receive, send
-        self.gone = asyncio.Event()
-
-    async def _body(self) -> bytes:
-        chunks = []
-        while True:
-            msg = await self.receive()
-            if msg["type"] == "http.disconnect":
-                raise ConnectionResetError("the client left")
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                return b"".join(chunks)
-
-    async def _watch(self) -> None:
-        # A server says "disconnect" when the client left (and once the answer is
-        # complete: by then nothing waits on it).
-        while (await self.receive())["type"] != "http.disconnect":
-            pass
-        self.gone.set()
-
-    async def _invoke(self, op: str, *args: Any) -> Any:
-        return await self.cluster._invoke(self.ws_id, self.loc, op, *args)
-
-    async def run(self) -> None:
-        s = self.scope
-        try:
-            body = await self._body()
-        except ConnectionResetError:
-            return
-        request = (s["method"], s["path"], s.get("raw_path") or s["path"].encode(), s.get("query_string", b""))
-        try:
-            messages, token = await self._invoke("http_begin", self.ws_id, *request, list(s.get("headers", [])), body)
-        except (NodeLostError, CallInterruptedError) as e:
-            await lost_response(e)(s, self.receive, self.send)
-            return
-        except WorkspaceNotFound as e:
-            await JSONResponse({"detail": str(e)}, status_code=404)(s, self.receive, self.send)
-            return
-        watcher = asyncio.create_task(self._watch()) if token is not None else None
-        try:
-            while True:
-                for message in messages:
-                    await self.send(message)
-                if token is None or _last(messages[-1]):
-                    token = None
-                    return
-                ask = asyncio.ensure_future(self._invoke("http_next", token))
-                left = asyncio.ensure_future(self.gone.wait())
-                await asyncio.wait({ask, left}, return_when=asyncio.FIRST_COMPLETED)
-                left.cancel()
-                if not ask.done():
-                    ask.cancel()
-                    return  # the client left: so does the node's side (below)
-                messages = ask.result()  # (a node lost now cuts the answer short)
-        except OSError:
-            return  # (a send to a client that left)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            if token is not None:
-                with contextlib.suppress(Exception):
-                    await self._invoke("http_cancel", token)
+    async def _e2b(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A path of E2B's API: carried by :mod:`.e2brule`'s rule when E2B is served
+        (the front door's own routes answer the rest: create, list; a 404 when not served)."""
+        decision, why = carried(scope["method"], scope["path"]) if scope["type"] == "http" else ("front", "")
+        if self.e2b is None or decision == "front":
+            await self.app(scope, receive, send)
+        elif decision == "refuse":
+            await e2b_error(scope["path"], 501, "unimplemented", f"Not served by a cluster's front door: {why}")(
+                scope, receive, send
+            )
+        else:
+            await self.e2b.carry(scope, receive, send, self.app)
 
 
 def fork_route(cluster: ClusterRegistry) -> APIRoute:

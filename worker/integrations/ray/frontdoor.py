@@ -44,9 +44,11 @@ from ...settings import Settings
 from ...tool import Tool
 from ...workspace_settings import WorkspaceSettings
 from .client import ClusterRegistry, RemoteTunnel
+from .e2bfront import E2BFront
 from .errors import CallInterruptedError, ClusterError, NodeLostError
-from .forward import Forwarder, fork_route, lost_response
+from .forward import Forwarder, fork_route
 from .listing import ClusterImages, NodeCatalog, NodeTools
+from .relay import lost_response
 
 if TYPE_CHECKING:
     from ...registry.contract import HasImages, OpensTunnels, SearchesCatalog, ServiceRegistry
@@ -192,12 +194,19 @@ async def _lost(_request: Request, e: Exception) -> JSONResponse:
 HANDLERS: Handlers = {NodeLostError: _lost, CallInterruptedError: _lost}
 
 
-def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
+def front_door(settings: Settings, address: str, *, namespace: str, e2b: list[Any] | None = None) -> FastAPI:
     """The service app of ``settings`` whose workspaces are on the Ray cluster at
-    ``address`` (connected at startup; raises RayNotConnectedError then)."""
+    ``address`` (connected at startup; raises RayNotConnectedError then), with E2B's
+    routes ``e2b`` (None: as ``serve`` mounts them, ``worker.cli.service.e2b_routes``;
+    [] : none), carried to the nodes (:mod:`.e2bfront`)."""
     from ...http import create_app
 
+    if e2b is None:
+        from ...cli.service import e2b_routes
+
+        e2b = e2b_routes(settings) or []
     cluster = ClusterRegistry(namespace=namespace)
+    e2b_front = E2BFront(cluster) if e2b else None
 
     @asynccontextmanager
     async def registry_factory(_settings: Settings) -> AsyncIterator[FrontRegistry]:
@@ -214,7 +223,7 @@ def front_door(settings: Settings, address: str, *, namespace: str) -> FastAPI:
         settings,
         registry_factory=registry_factory,
         workspaces=ClusterWorkspaces(cluster),
-        routes=[fork_route(cluster)],
-        middleware=[Middleware(Forwarder, cluster=cluster)],
+        routes=[fork_route(cluster), *(e2b_front.routes() + e2b if e2b_front else [])],
+        middleware=[Middleware(Forwarder, cluster=cluster, e2b=e2b_front)],
         exception_handlers=HANDLERS,
     )

@@ -31,8 +31,8 @@ from sandbox.pulls import PULL_SINK, PullEvent
 from ...registry.table import ToolTable
 from ...tools import builtin_tools
 from . import gcs
+from .node import node_service
 from .nodeapp import FORMATS
-from .placement import node_service
 
 log = get_logger("worker.integrations.ray")
 

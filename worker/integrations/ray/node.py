@@ -5,7 +5,7 @@ them), configured by the environment ``ray start`` ran with on that node.
 
 Nobody starts it by hand: the first workspace placed on a node creates it with
 ``get_if_exists=True``, pinned to that node by ``NodeAffinitySchedulingStrategy(soft=False)``
-(:func:`.placement.node_service`), so concurrent creators end up with the one actor. Its
+(:func:`node_service`), so concurrent creators end up with the one actor. Its
 name is :func:`.names.node_service_name` of the node id.
 
 Its parts: :mod:`.nodebase` (settings, registry, the workspaces placed here),
@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sandbox.base import RestartCounter
 from sandbox.capabilities import tunnels
@@ -36,6 +37,7 @@ from ...registry.core import ToolRegistry
 from ...result import ToolResult
 from ...streaming import ToolOutput
 from .channel import ChannelServer
+from .names import node_service_name
 from .nodesnap import NodeSnapshots
 from .portable import portable
 
@@ -64,6 +66,8 @@ CHANNEL_OPS = frozenset(
         "http_begin",
         "http_next",
         "http_cancel",
+        "e2b_begin",
+        "e2b_request",
         "ws_begin",
         "ws_next",
         "ws_send",
@@ -291,6 +295,19 @@ CarriedNodeService = type(
 #: The actor class (``num_cpus=0``: it waits on sandboxes, it does not compute).
 NodeServiceActor: Any = ray.remote(num_cpus=0, max_restarts=0)(CarriedNodeService)
 
+
+def node_service(node_id: str, namespace: str) -> Any:
+    """The handle of node ``node_id``'s service, created (pinned to it) when it has none.
+    Blocking (a call to Ray's control store): call it off the event loop."""
+    return NodeServiceActor.options(
+        name=node_service_name(node_id),
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(node_id, namespace)
+
+
 __all__ = [
     "CHANNEL_OPS",
     "PARTS",
@@ -299,4 +316,5 @@ __all__ = [
     "CarriedNodeService",
     "NodeService",
     "NodeServiceActor",
+    "node_service",
 ]

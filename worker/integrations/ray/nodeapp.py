@@ -9,6 +9,12 @@ the answers are the local service's, byte for byte. The request enters that app 
 client on its loopback would (``Host: 127.0.0.1``, the node's own token when it has
 one): the front door has already decided who may call.
 
+E2B's API is served there too (as ``serve`` serves it: ``LOOM_E2B_API``), so that a front
+door hands it every E2B request that names a sandbox of this node (:meth:`NodeApp.e2b_begin`)
+and the requests it sends to one chosen node (a sandbox created here, this node's sandboxes
+listed: :meth:`NodeApp.e2b_request`); the workspaces its routes create hold a slot on this
+node (:mod:`.nodeslots`).
+
 The answer comes back in one call on the node's call channel when it is whole
 (:meth:`NodeApp.http_begin`: a call's answer, the common case, costs one round trip);
 a streamed answer's beginning comes back so, and the rest as it is sent, in order
@@ -36,7 +42,18 @@ from .nodews import NodeSocket, ws_scope
 #: Headers the front door's guard has already judged (the node's app would judge them
 #: against its own name), and the connection's own.
 _DROPPED = frozenset(
-    {b"authorization", b"host", b"origin", b"cookie", b"connection", b"keep-alive", b"transfer-encoding"}
+    {
+        b"authorization",
+        b"x-api-key",  # (E2B's API key and sandbox access token: judged there too)
+        b"x-access-token",
+        b"e2b-traffic-access-token",
+        b"host",
+        b"origin",
+        b"cookie",
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+    }
 )
 #: The tool listings a front door reads, ``format|native``.
 FORMATS = ("openai", "anthropic", "mcp")
@@ -77,6 +94,14 @@ def _scope(
 
 def _last(message: dict[str, Any]) -> bool:
     return message["type"] == "http.response.body" and not message.get("more_body", False)
+
+
+def _e2b_path(path: str) -> None:
+    """Raises ValueError for a path that is not of E2B's API."""
+    from ...auth import e2b_kind
+
+    if e2b_kind(path) is None:
+        raise ValueError(f"{path!r} is not a route of E2B's API")
 
 
 class _Answer:
@@ -163,13 +188,37 @@ class NodeApp(NodeBase):
             async with self._app_lock:
                 if self._app is None:
                     from ...http import create_app
+                    from .nodeslots import SlotWorkspaces
 
-                    app = create_app(self.settings, await self._reg(), workspaces=self.workspaces)
+                    app = create_app(
+                        self._app_settings(),
+                        await self._reg(),
+                        workspaces=SlotWorkspaces(self),
+                        routes=self._e2b_routes(),
+                    )
                     await self._stack.enter_async_context(app.router.lifespan_context(app))
                     self._app = app
         from ...http.state import service_of
 
         return service_of(self._app)
+
+    def _app_settings(self) -> Any:
+        """The node's settings, but E2B's sandboxes made ahead (the control plane's warm
+        pool, ``e2b_warm_sandboxes``): none on a node. Each would hold one of its slots
+        (it is a workspace its routes create), and a front door places a sandbox on a
+        node with a free slot, blind to the warm ones waiting elsewhere: after a few
+        creates every slot of the cluster was held by sandboxes nobody asked for."""
+        if "e2b_warm_sandboxes" not in type(self.settings).model_fields:
+            return self.settings
+        return self.settings.model_copy(update={"e2b_warm_sandboxes": 0})
+
+    def _e2b_routes(self) -> list[Any]:
+        """E2B's routes, when this node serves them (``LOOM_E2B_API``, as ``serve`` does)."""
+        from ...cli.service import e2b_routes
+
+        # (None: LOOM_E2B_API=true without the extra, which e2b_routes has said; E2B's
+        # requests are then answered 404 here, the node's other routes still served)
+        return e2b_routes(self.settings) or []
 
     async def http_begin(
         self,
@@ -190,6 +239,50 @@ class NodeApp(NodeBase):
         prefix = f"/v1/workspaces/{ws_id}"
         if path != prefix and not path.startswith(prefix + "/"):
             raise ValueError(f"{path!r} is not a route of workspace {ws_id!r}")
+        return await self._begin(method, path, raw_path, query, headers, body)
+
+    async def e2b_begin(
+        self,
+        sandbox_id: str,
+        method: str,
+        path: str,
+        raw_path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """One request of E2B's API for sandbox ``sandbox_id`` (placed here), as
+        :meth:`http_begin` (envd's and the code interpreter's, which name it by
+        ``E2b-Sandbox-Id``; the control plane's ``/sandboxes/{id}/...``). Raises
+        WorkspaceNotFound, ValueError (a path not of E2B's API)."""
+        await self._path(sandbox_id)
+        _e2b_path(path)
+        return await self._begin(method, path, raw_path, query, headers, body)
+
+    async def e2b_request(
+        self,
+        method: str,
+        path: str,
+        raw_path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> list[dict[str, Any]]:
+        """A request of E2B's API naming no sandbox placed here yet (a sandbox created on
+        this node, this node's sandboxes listed): its whole answer's ASGI messages. Raises
+        ValueError (a path not of E2B's API)."""
+        _e2b_path(path)
+        out, token = await self._begin(method, path, raw_path, query, headers, body)
+        while token is not None:
+            more = await self.http_next(token)
+            out += more
+            if _last(more[-1]):
+                token = None
+        return out
+
+    async def _begin(
+        self, method: str, path: str, raw_path: bytes, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[list[dict[str, Any]], int | None]:
         await self._service()
         self._expire_answers()
         answer = _Answer(self._app, _scope(method, path, raw_path, query, headers, self.settings.api_token), body)

@@ -13,32 +13,19 @@ node in its label selector, which is how a lost workspace keeps its last node. T
 fate-shares with the driver that made it (a driver that dies mid-way leaks nothing).
 
 Calls do not go through the slot: a driver reads it once to learn the node, then calls
-that node's service (:mod:`.node`), created here on first use, pinned to its node.
+that node's service (:mod:`.node`; :func:`.node.node_service` creates it on first use,
+pinned to its node). A node's service places slots on its own node too (E2B's create,
+carried to the node a front door chose: :mod:`.nodeslots`), so nothing here imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from ray.exceptions import RaySystemError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .names import NODE_ID_LABEL, RESOURCE, node_service_name
-from .node import NodeServiceActor
-
-
-def node_service(node_id: str, namespace: str) -> Any:
-    """The handle of node ``node_id``'s service, created (pinned to it) when it has none.
-    Blocking (a call to Ray's control store): call it off the event loop."""
-    return NodeServiceActor.options(
-        name=node_service_name(node_id),
-        namespace=namespace,
-        lifetime="detached",
-        get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(node_id, namespace)
+from .names import NODE_ID_LABEL, RESOURCE
 
 
 class NameTaken(ValueError):
@@ -80,6 +67,20 @@ async def _wait(pg: PlacementGroup, timeout: float) -> None:
         raise NotPlaced() from None
 
 
+async def choose(labels: dict[str, str] | None, timeout: float) -> str:
+    """The node Ray's scheduler gives one more slot now (one whose labels match
+    ``labels``), found with an unnamed probe group, removed before this returns: nothing
+    is held. Raises NotPlaced."""
+    probe = await asyncio.to_thread(_group, "", labels, False)
+    await _wait(probe, timeout)
+    chosen = await asyncio.to_thread(_node_of, probe)
+    # Removed first: a slot made while the probe still holds the node's last free one
+    # could not be placed at once, and Ray tries a pending group again only after a
+    # back-off.
+    await asyncio.to_thread(remove_placement_group, probe)
+    return chosen
+
+
 #: Seconds a slot pinned to the node its probe got may take to be placed before the
 #: placement starts again (another driver took that node's last free slot meanwhile).
 RETRY_SECONDS = 1.0
@@ -92,15 +93,7 @@ async def place(ws_id: str, *, node: str | None, labels: dict[str, str] | None, 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        chosen = node
-        if chosen is None:
-            probe = await asyncio.to_thread(_group, "", labels, False)
-            await _wait(probe, max(0.0, deadline - loop.time()))
-            chosen = await asyncio.to_thread(_node_of, probe)
-            # Removed first: a slot made while the probe still holds the node's last free
-            # one could not be placed at once, and Ray tries a pending group again only
-            # after a back-off.
-            await asyncio.to_thread(remove_placement_group, probe)
+        chosen = node if node is not None else await choose(labels, max(0.0, deadline - loop.time()))
         slot = await asyncio.to_thread(_group, ws_id, {NODE_ID_LABEL: chosen}, True)
         left = deadline - loop.time()
         try:

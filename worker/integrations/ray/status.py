@@ -13,7 +13,7 @@ from typing import Any
 from ray.exceptions import RayActorError, RayTaskError
 
 from . import gcs
-from .placement import node_service
+from .node import node_service
 
 
 async def status(namespace: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from ...service import WorkspaceExists, WorkspaceNotFound, check_workspace_id
 from . import gcs, placement
 from .errors import ClusterError, ClusterFullError, NodeLostError, RayNotConnectedError
 from .names import DEFAULT_NAMESPACE, RESOURCE
+from .node import node_service
 
 
 @dataclass(frozen=True)
@@ -146,11 +147,7 @@ class Placements:
         if name is not None and await self._exists(ws_id):
             raise WorkspaceExists(f"Workspace {ws_id!r} already exists")
         if node is None and not labels and not await self._has_free_slot():
-            total = (await asyncio.to_thread(ray.cluster_resources)).get(RESOURCE, 0)
-            raise ClusterFullError(
-                f"no node has a free {RESOURCE} slot (the cluster has {int(total)}, all held); "
-                "delete a workspace or add a node"
-            )
+            raise await self._full()
         where, group = await self._place(ws_id, node=node, labels=labels)
         try:
             service = await self._service(where)
@@ -160,6 +157,26 @@ class Placements:
             raise
         self._roots.setdefault(where, str(PurePath(path).parent))
         return ClusterWorkspace(ws_id, where, path, "ready")
+
+    async def choose_node(self) -> str:
+        """The node a new workspace is placed on now (Ray's scheduler chooses, as for
+        :meth:`create_workspace`), for a caller that has the node make the workspace
+        itself (E2B's create: :mod:`.nodeslots`). Nothing is held. Raises
+        ClusterFullError, ClusterError (this process is connected in another namespace)."""
+        self._check_namespace()
+        if not await self._has_free_slot():
+            raise await self._full()
+        try:
+            return await placement.choose(None, self.place_timeout)
+        except placement.NotPlaced:
+            raise await self._full() from None
+
+    async def _full(self) -> ClusterFullError:
+        total = (await asyncio.to_thread(ray.cluster_resources)).get(RESOURCE, 0)
+        return ClusterFullError(
+            f"no node has a free {RESOURCE} slot (the cluster has {int(total)}, all held); "
+            "delete a workspace or add a node"
+        )
 
     async def _place(self, ws_id: str, *, node: str | None, labels: dict[str, str] | None) -> tuple[str, str]:
         """Raises WorkspaceExists, ClusterFullError."""
@@ -273,7 +290,7 @@ class Placements:
         """The node's service handle (made on the node when it has none)."""
         service = self._services.get(node)
         if service is None:
-            service = self._services[node] = await asyncio.to_thread(placement.node_service, node, self.namespace)
+            service = self._services[node] = await asyncio.to_thread(node_service, node, self.namespace)
         return service
 
     async def _root(self, node: str, service: Any) -> str:

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .limits import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES
-from .sandbox_settings import SandboxSettings, Size
+from .sandbox_settings import Image, SandboxSettings, Size
 
 
 def _default_data_dir() -> Path:
@@ -197,6 +197,25 @@ class Settings(SandboxSettings, BaseSettings):
         None,
         description="Serve E2B's API beside loom's (docs/e2b.md): None: when the e2b extra is installed "
         "(pip install 'loom-worker[e2b]'); true: refuse to start without it; false: never.",
+    )
+    # -- E2B's API (issue 42; worker/integrations/e2b, docs/e2b.md) -----------------------
+    e2b_templates: dict[str, Image] = Field(
+        default_factory=dict,
+        description='E2B templates and the images they are (JSON object, e.g. {"my-template": '
+        '"python:3.12-slim"}); base, code-interpreter-v1 and code-interpreter are LOOM_IMAGE unless named here.',
+    )
+    e2b_max_timeout: int = Field(
+        86_400,
+        ge=1,
+        description="Longest lifetime (seconds) an E2B sandbox may be given (create, set_timeout, connect).",
+    )
+    e2b_max_sandboxes: int = Field(
+        100, ge=1, description="E2B sandboxes running at once (paused ones not counted); one more is refused (429)."
+    )
+    e2b_kill_deletes: bool = Field(
+        False,
+        description="E2B's kill (and a timeout) also deletes the sandbox's workspace; by default its files and "
+        "changelog are kept for `loom-worker log` and undo, and the sandbox is gone for E2B's API only.",
     )
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8080, ge=1, le=65535, description="HTTP port.")

@@ -212,6 +212,18 @@ class Settings(SandboxSettings, BaseSettings):
     e2b_max_sandboxes: int = Field(
         100, ge=1, description="E2B sandboxes running at once (paused ones not counted); one more is refused (429)."
     )
+    e2b_allow_root: bool = Field(
+        False,
+        description='E2B\'s sandboxes are made with allow_root, so that commands may run as root (user="root", '
+        "sudo-less installs); off: root is refused as in any workspace (docs/harness.md has the trade).",
+    )
+    e2b_warm_sandboxes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="E2B sandboxes of the plain kind (default image, no env vars, default network) kept started "
+        "ahead, so a create's first command does not wait for a container; 0: none. Made once a create came.",
+    )
     e2b_kill_deletes: bool = Field(
         False,
         description="E2B's kill (and a timeout) also deletes the sandbox's workspace; by default its files and "

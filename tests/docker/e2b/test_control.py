@@ -318,3 +318,30 @@ class TestLimits:
         finally:
             a.kill()
             b.kill()
+
+
+class TestWarm:
+    @pytest.fixture
+    def e2b_settings(self) -> dict[str, object]:
+        return {"e2b_warm_sandboxes": 1}
+
+    def test_a_plain_create_takes_a_sandbox_made_ahead(self, e2b_server: E2BServer, api: httpx.Client) -> None:
+        first = Sandbox.create(envs={"A": "1"})  # (not the plain kind: made for it; the pool fills after)
+
+        def warm() -> set[str]:
+            ids = {w["id"] for w in api.get("/v1/workspaces").json()} - {first.sandbox_id}
+            return {i for i in ids if running(api, i)}
+
+        until(lambda: len(warm()) == 1, "a sandbox made ahead, its container running")
+        ahead = warm()
+        assert Sandbox.list().next_items()[0].sandbox_id == first.sandbox_id  # (E2B does not show it)
+        second = Sandbox.create(metadata={"k": "v"}, timeout=30)
+        try:
+            assert {second.sandbox_id} == ahead
+            info = second.get_info()
+            assert (info.metadata, round((info.end_at - info.started_at).total_seconds())) == ({"k": "v"}, 30)
+            assert run(api, second.sandbox_id, "pwd")["stdout"] == "/home/user\n"
+            until(lambda: len(warm() - {second.sandbox_id}) == 1, "the pool filled again")
+        finally:
+            first.kill()
+            second.kill()

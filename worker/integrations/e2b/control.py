@@ -69,7 +69,6 @@ def _created(plane: Plane, rec: SandboxRecord, status: int = 201) -> JSONRespons
 
 async def _create(request: Request, default_timeout: int) -> Response:
     plane = await _plane(request)
-    service = plane.service
     settings = plane.settings
     body = parse_body(NewSandbox, await read_json(request))
     key = request.headers.get("idempotency-key")
@@ -83,19 +82,13 @@ async def _create(request: Request, default_timeout: int) -> Response:
                 return _created(plane, rec)
     plan = plan_create(settings, body, default_timeout=default_timeout)
     async with plane.creating():
-        sandbox_id = new_sandbox_id()
         image = template_image(settings, plan.template)
-        if image is None:
-            snap = await snapshots.find(service, plan.template)
-            if snap is None:
-                raise unknown_template(settings, plan.template)
-            path = (await snapshots.sandbox_from(service, snap.id, [sandbox_id], plan.settings))[0]
-            image = snap.settings.get("image") or settings.image
+        claimed = await plane.warm.take() if image is not None and plane.warm.fits(plan.settings, image) else None
+        if claimed is not None:
+            sandbox_id, path = claimed
         else:
-            if image != settings.image:
-                plan.settings["image"] = image
-            info = await create_with(service.registry, service.workspaces, sandbox_id, parse(plan.settings))
-            path = Path(info.path)
+            sandbox_id = new_sandbox_id()
+            path, image = await _workspace(plane, sandbox_id, plan.template, image, plan.settings)
         now = time.time()
         rec = SandboxRecord(
             id=sandbox_id,
@@ -112,8 +105,34 @@ async def _create(request: Request, default_timeout: int) -> Response:
             auto_resume=plan.auto_resume,
             idempotency_key=key,
         )
-        await plane.register(rec, path)
+        try:
+            await plane.register(rec, path)
+        except BaseException:
+            await plane.discard(sandbox_id, path)
+            raise
+        finally:
+            plane.warm.taken(sandbox_id)
+    plane.warm.fill_soon()
     return _created(plane, rec)
+
+
+async def _workspace(
+    plane: Plane, sandbox_id: str, template: str, image: str | None, own: dict[str, Any]
+) -> tuple[Path, str]:
+    """A new workspace for sandbox ``sandbox_id``: of ``image`` (the template's), else a
+    fork of the snapshot ``template`` names; and its image. Raises E2BError 404 (neither),
+    SettingsError, the snapshots' and the sandbox's errors."""
+    service, settings = plane.service, plane.settings
+    if image is None:
+        snap = await snapshots.find(service, template)
+        if snap is None:
+            raise unknown_template(settings, template)
+        path = (await snapshots.sandbox_from(service, snap.id, [sandbox_id], own))[0]
+        return path, str(snap.settings.get("image") or settings.image)
+    if image != settings.image:
+        own = {**own, "image": image}
+    info = await create_with(service.registry, service.workspaces, sandbox_id, parse(own))
+    return Path(info.path), image
 
 
 @router.post("/v2/sandboxes")

@@ -147,6 +147,15 @@ class CreatePlan:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+def base_settings(settings: Settings) -> dict[str, Any]:
+    """The settings of every E2B sandbox's workspace: ``/home/user``, and root where the
+    operator allows it for E2B's sandboxes (``LOOM_E2B_ALLOW_ROOT``)."""
+    own: dict[str, Any] = {"home_mount": E2B_HOME}
+    if settings.e2b_allow_root:
+        own["allow_root"] = True
+    return own
+
+
 def plan_create(settings: Settings, body: NewSandbox, *, default_timeout: int = DEFAULT_TIMEOUT) -> CreatePlan:
     """The plan of a create (the template not resolved yet: a snapshot is looked up by
     the caller). Raises E2BError: 400 a value refused, 501 what loom does not offer."""
@@ -159,7 +168,7 @@ def plan_create(settings: Settings, body: NewSandbox, *, default_timeout: int = 
     if body.auto_pause and body.auto_pause_memory:
         raise not_offered("autoPauseMemory", "a pause keeps the files, never the memory: pause with mode 'filesystem'")
     timeout = check_timeout(settings, default_timeout if body.timeout is None else body.timeout)
-    own: dict[str, Any] = {"home_mount": E2B_HOME}
+    own = base_settings(settings)
     if body.env_vars:
         own["env"] = dict(body.env_vars)
     egress = egress_of(settings, body.allow_internet_access, body.network)
@@ -266,6 +275,7 @@ __all__ = [
     "CreatePlan",
     "NewSandbox",
     "Timeout",
+    "base_settings",
     "check_timeout",
     "egress_of",
     "parse_body",

@@ -36,6 +36,7 @@ from worker.workspace_settings import WorkspaceSettings, spec_for
 
 from .answers import MIB, E2BError, no_sandbox
 from .records import RecordStore, SandboxRecord
+from .warm import WarmPool
 
 log = get_logger("worker.e2b")
 
@@ -58,6 +59,8 @@ class Plane:
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        #: Sandboxes made ahead for creates of the plain kind (LOOM_E2B_WARM_SANDBOXES).
+        self.warm = WarmPool(self, service.settings.e2b_warm_sandboxes)
 
     async def ready(self) -> Plane:
         """The plane with its records read and its reaper running."""
@@ -101,8 +104,8 @@ class Plane:
         rec = self.store.get(sandbox_id)
         if rec is None:
             rec = await asyncio.to_thread(self._adopted, sandbox_id, path)
-        elif rec.state == "killed":
-            raise no_sandbox(sandbox_id, "it was killed")
+        elif rec.state in ("killed", "warm"):
+            raise no_sandbox(sandbox_id, "it was killed" if rec.state == "killed" else "")
         elif rec.expired(time.time()):
             self.wake()
             raise no_sandbox(sandbox_id, "it reached its timeout")
@@ -238,27 +241,42 @@ class Plane:
         except Exception as e:
             log.warning("e2b.start_failed", sandbox=sandbox_id, error=str(e)[:300])
 
-    async def _settle(self, sandbox_id: str) -> None:
-        """Wait for a start under way (a container half made must not outlive a stop)."""
+    async def settle(self, sandbox_id: str) -> None:
+        """Wait for a start under way (a container half made must not outlive a stop).
+        Raises nothing (a failed start was logged)."""
         task = self._starts.get(sandbox_id)
         if task is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(task)
 
-    async def _stop(self, path: Path) -> None:
+    async def stop(self, path: Path) -> None:
+        """Stop the workspace's container (never raises: a failure is logged)."""
         await stop_sandbox(self.service.registry, path)
         self.service.runner.forget(path)
+
+    async def discard(self, sandbox_id: str, path: Path) -> None:
+        """Undo a create that failed after its workspace was made: its container, files
+        and record gone. Never raises (what cannot be removed is logged)."""
+        try:
+            await self.settle(sandbox_id)
+            await self.stop(path)
+            await self.service.workspaces.delete_files(sandbox_id)
+            await self.service.workspaces.release(sandbox_id)
+            await self.store.drop(sandbox_id)
+        except Exception as e:
+            log.warning("e2b.discard_failed", sandbox=sandbox_id, error=str(e)[:300])
 
     async def kill(self, rec: SandboxRecord, path: Path) -> None:
         """Kill: the record marked killed (E2B's API no longer shows it), the container
         removed; with LOOM_E2B_KILL_DELETES the workspace and the record too. Raises
         OSError (the record could not be written)."""
         async with self.lock(rec.id):
-            await self._settle(rec.id)
+            await self.settle(rec.id)
             await self.store.put(rec.model_copy(update={"state": "killed", "killed_at": time.time()}))
             if rec.idempotency_key:
                 self._by_key.pop(rec.idempotency_key, None)
-            await self._stop(path)
+            await self.stop(path)
+            self._locks.pop(rec.id, None)
             if self.settings.e2b_kill_deletes:
                 await self.service.workspaces.delete_files(rec.id)
                 await self.service.workspaces.release(rec.id)
@@ -272,9 +290,9 @@ class Plane:
             current = self.store.get(rec.id) or rec
             if current.state == "paused":
                 raise E2BError(409, f"sandbox {rec.id!r} is already paused")
-            await self._settle(rec.id)
+            await self.settle(rec.id)
             await self.store.put(current.model_copy(update={"state": "paused", "paused_at": time.time()}))
-            await self._stop(path)
+            await self.stop(path)
         log.info("e2b.paused", sandbox=rec.id)
 
     async def resume(self, rec: SandboxRecord, path: Path, timeout: int | None) -> SandboxRecord:
@@ -347,6 +365,8 @@ async def gate(app: Any, sandbox_id: str, path: Path) -> str | None:
     rec = plane.store.get(sandbox_id)
     if rec is None:
         return None
+    if rec.state == "warm":
+        return f"the sandbox {sandbox_id} was not found"
     if rec.state == "killed":
         return f"the sandbox {sandbox_id} was not found: it was killed"
     if rec.expired(time.time()):

@@ -30,7 +30,8 @@ from worker.storage.atomic import write_atomic
 
 log = get_logger("worker.e2b")
 
-State = Literal["running", "paused", "killed"]
+#: ``warm``: made ahead, not a client's yet (:mod:`.warm`); E2B's API shows none.
+State = Literal["warm", "running", "paused", "killed"]
 #: The lifetime of a sandbox made by ``Sandbox.create`` without a timeout (E2B's default).
 DEFAULT_TIMEOUT = 300
 
@@ -83,8 +84,8 @@ class SandboxRecord(BaseModel):
         return self.state == "running" and self.end_at is not None and self.end_at <= now
 
     def alive(self, now: float) -> bool:
-        """Whether E2B's API still shows it: not killed, its time not up."""
-        return self.state != "killed" and not self.expired(now)
+        """Whether E2B's API shows it: running or paused, its time not up."""
+        return self.state in ("running", "paused") and not self.expired(now)
 
 
 class RecordStore:

@@ -29,7 +29,7 @@ from worker.service import WORKSPACE_ID_PATTERN, check_workspace_id
 from worker.snapshots import MAX_FORKS, Snapshot, SnapshotNotFoundError
 
 from .answers import E2BError, answered, read_json, sandbox_json
-from .conventions import E2B_HOME, _Body, check_timeout, parse_body, template_image
+from .conventions import _Body, base_settings, check_timeout, parse_body, template_image
 from .listing import limit_of, page
 from .plane import Plane, plane_of
 from .records import new_sandbox_id
@@ -179,7 +179,7 @@ async def fork(request: Request, sandbox_id: str) -> Response:
         snap = await service.snapshots.create(path, None)
     try:
         ids = [new_sandbox_id() for _ in range(body.count)]
-        made = await sandbox_from(service, snap.id, ids, {"home_mount": E2B_HOME})
+        made = await sandbox_from(service, snap.id, ids, base_settings(plane.settings))
     finally:
         await service.snapshots.delete(snap.id, force=True)
     now = time.time()

@@ -198,9 +198,29 @@ class Settings(SandboxSettings, BaseSettings):
         description="Serve E2B's API beside loom's (docs/e2b.md): None: when the e2b extra is installed "
         "(pip install 'loom-worker[e2b]'); true: refuse to start without it; false: never.",
     )
+    host: str = Field("127.0.0.1", description="HTTP bind address.")
+    port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="Log lines on stderr: JSON, console, or auto (console on a terminal, JSON otherwise)."
+    )
+    log_level: str = Field("info", description="Lowest level logged: debug, info, warning, error.")
+    max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
+    mcp_native_tools: bool = Field(
+        False,
+        description="MCP also lists Anthropic's `bash` and `str_replace_based_edit_tool` by those names "
+        "(docs/native-tools.md); `loom-worker mcp --native-tools` for one stdio server.",
+    )
+    max_body_bytes: int = Field(
+        MAX_REQUEST_BYTES,
+        ge=MIN_REQUEST_BYTES,
+        description="Largest request accepted on every surface, refused while it is read: an HTTP body (413 "
+        "beyond), an MCP message (stdio and HTTP), a call sent to the CLI's local worker (worker/limits.py).",
+    )
+    stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
+
     # -- E2B's API (issue 42; worker/integrations/e2b, docs/e2b.md) -----------------------
     e2b_templates: dict[str, Image] = Field(
-        default_factory=dict,
+        {},
         description='E2B templates and the images they are (JSON object, e.g. {"my-template": '
         '"python:3.12-slim"}); base, code-interpreter-v1 and code-interpreter are LOOM_IMAGE unless named here.',
     )
@@ -229,25 +249,6 @@ class Settings(SandboxSettings, BaseSettings):
         description="E2B's kill (and a timeout) also deletes the sandbox's workspace; by default its files and "
         "changelog are kept for `loom-worker log` and undo, and the sandbox is gone for E2B's API only.",
     )
-    host: str = Field("127.0.0.1", description="HTTP bind address.")
-    port: int = Field(8080, ge=1, le=65535, description="HTTP port.")
-    log_format: Literal["auto", "json", "console"] = Field(
-        "auto", description="Log lines on stderr: JSON, console, or auto (console on a terminal, JSON otherwise)."
-    )
-    log_level: str = Field("info", description="Lowest level logged: debug, info, warning, error.")
-    max_concurrent_calls: int = Field(64, ge=1, le=10_000, description="In-flight HTTP/MCP calls before 429.")
-    mcp_native_tools: bool = Field(
-        False,
-        description="MCP also lists Anthropic's `bash` and `str_replace_based_edit_tool` by those names "
-        "(docs/native-tools.md); `loom-worker mcp --native-tools` for one stdio server.",
-    )
-    max_body_bytes: int = Field(
-        MAX_REQUEST_BYTES,
-        ge=MIN_REQUEST_BYTES,
-        description="Largest request accepted on every surface, refused while it is read: an HTTP body (413 "
-        "beyond), an MCP message (stdio and HTTP), a call sent to the CLI's local worker (worker/limits.py).",
-    )
-    stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
 
     # -- the CLI's local worker (issue 18) ---------------------------------------------
     # The CLI reads LOOM_CLI_DAEMON from the environment itself, with the same meaning:

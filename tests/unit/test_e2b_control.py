@@ -243,7 +243,10 @@ async def e2b(tmp_path: Path, local_backend: Any) -> AsyncIterator[Any]:
     try:
         async with running(tmp_path / "root", registry, routes=routes(Settings(**settings)), **settings) as svc:
             svc.client.headers["X-API-KEY"] = svc.client.headers.pop("Authorization").split()[1]
-            yield svc
+            try:
+                yield svc
+            finally:
+                await plane_of(svc.app).aclose()  # (no start left running past the test)
     finally:
         await registry.aclose()
         await pool.aclose()

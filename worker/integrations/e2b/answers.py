@@ -149,7 +149,9 @@ def sandbox_json(rec: SandboxRecord, envd_token: str) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": envd_token,
-        "trafficAccessToken": None,
+        # (E2B's token for a sandbox whose ports are not public, as loom's never are; the
+        # code interpreter's SDK sends it, and no other, on its context requests.)
+        "trafficAccessToken": envd_token,
         "domain": None,
     }
 

@@ -74,6 +74,17 @@ class Plane:
             self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="e2b-reaper")
         return self
 
+    async def aclose(self) -> None:
+        """Stop the reaper and the warm pool's filler, and wait for the starts under way
+        (a test's service; a service's own end cancels them with its loop)."""
+        for task in (self._reaper, self.warm.filler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for sandbox_id in list(self._starts):
+            await self.settle(sandbox_id)
+
     def lock(self, sandbox_id: str) -> asyncio.Lock:
         """Kill, pause and resume of one sandbox take turns."""
         lock = self._locks.get(sandbox_id)
@@ -334,8 +345,11 @@ class Plane:
                     log.warning("e2b.reap_failed", sandbox=rec.id, error=str(e)[:300])
             ends = [r.end_at for r in self.store.all() if r.state == "running" and r.end_at is not None]
             delay = min([_REAP_EVERY, *(e - time.time() for e in ends)])
+            # (asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+            # that comes as the event is set, and the reaper would never end)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.2, delay))
+                async with asyncio.timeout(max(0.2, delay)):
+                    await self._wake.wait()
 
     async def _time_up(self, rec: SandboxRecord) -> None:
         path = await self.locate(rec.id)

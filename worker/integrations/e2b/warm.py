@@ -59,6 +59,11 @@ class WarmPool:
         self._wake: asyncio.Event | None = None
         self._taken: set[str] = set()
 
+    @property
+    def filler(self) -> asyncio.Task[None] | None:
+        """The task filling the pool (None before the first create)."""
+        return self._filler
+
     def fits(self, settings: dict[str, Any], image: str) -> bool:
         """Whether a create with these workspace settings and image can take a warm one."""
         return self.size > 0 and image == self.plane.settings.image and settings == base_settings(self.plane.settings)
@@ -113,7 +118,8 @@ class WarmPool:
                 while len(self._warm()) < self.size:
                     await self._make()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(5.0, self.plane.settings.idle_ttl / 3))
+                    async with asyncio.timeout(max(5.0, self.plane.settings.idle_ttl / 3)):
+                        await self._wake.wait()
         except Exception as e:
             log.warning("e2b.warm_failed", error=str(e)[:300])
 

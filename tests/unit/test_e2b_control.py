@@ -292,6 +292,10 @@ async def test_the_older_paths_and_the_newer_ones(e2b: Any) -> None:
     assert (r.status_code, r.json()["code"]) == (404, 404) and "was not found" in r.json()["message"]
     r = await c.post("/sandboxes", content=b"{not json")
     assert (r.status_code, set(r.json())) == (400, {"code", "message"})
+    for method, path in [("PUT", "/sandboxes"), ("POST", "/snapshots")]:
+        r = await c.request(method, path)
+        assert (r.status_code, r.json()["code"]) == (405, 405), (path, r.text)
+        assert "allowed: GET" in r.json()["message"] and "GET" in r.headers["allow"]
 
 
 async def test_a_workspace_of_loom_s_own_api_is_a_sandbox_too(e2b: Any) -> None:

@@ -210,9 +210,11 @@ def test_metrics(e2b_server: E2BServer, api: httpx.Client) -> None:
         sbx.kill()
 
 
-def test_snapshots_and_forks(e2b_server: E2BServer, api: httpx.Client) -> None:
+def test_snapshots_and_forks(e2b_server_runtime: E2BServer) -> None:
+    e2b_server = e2b_server_runtime
     sbx = Sandbox.create(metadata={"origin": "yes"})
     made: list[Sandbox] = []
+    api = httpx.Client(base_url=e2b_server.url, headers={"Authorization": f"Bearer {e2b_server.token}"}, timeout=120)
     try:
         run(api, sbx.sandbox_id, "mkdir -p app && echo v1 > app/data.txt")
         snap = sbx.create_snapshot(name="e2b-snap")
@@ -248,6 +250,7 @@ def test_snapshots_and_forks(e2b_server: E2BServer, api: httpx.Client) -> None:
     finally:
         for s in [sbx, *made]:
             s.kill()
+        api.close()
 
 
 def test_refusals(e2b_server: E2BServer, api: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,6 +81,7 @@ async def _create(request: Request, default_timeout: int) -> Response:
             if rec is not None and rec.alive(time.time()):
                 return _created(plane, rec)
     plan = plan_create(settings, body, default_timeout=default_timeout)
+    parse(plan.settings)  # (a refused env var is a 400 before anything is made)
     async with plane.creating():
         image = template_image(settings, plan.template)
         claimed = await plane.warm.take() if image is not None and plane.warm.fits(plan.settings, image) else None

@@ -100,6 +100,7 @@ async def _unknown(request: Request) -> Response:
 
 
 for _prefix in UNKNOWN:
+    router.add_api_route(_prefix, _unknown, methods=METHODS)
     router.add_api_route(_prefix + "/{rest:path}", _unknown, methods=METHODS)
 
 

@@ -16,6 +16,7 @@ snapshot itself is then deleted: each fork's files are its own).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,14 @@ async def sandbox_from(
         made = await service.snapshots.fork(
             snapshot_id, len(sandbox_ids), into=service.workspaces.root, names=sandbox_ids
         )
-    for path in made:
-        await service.local.configure_workspace(path, settings)
+    try:
+        for path in made:
+            await service.local.configure_workspace(path, settings)
+    except BaseException:
+        for path in made:  # (all or none, as the forks themselves)
+            with contextlib.suppress(Exception):
+                await service.workspaces.delete_files(path.name)
+        raise
     return made
 
 

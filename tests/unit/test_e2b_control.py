@@ -158,7 +158,6 @@ def test_a_create_plans_the_workspace_settings_and_refuses_what_loom_has_not() -
         ({"mcp": {"exa": {}}}, 501, "mcp"),
         ({"iam": {"tokens": {"aws": {}}}}, 501, "iam"),
         ({"volumeMounts": [{"name": "v", "path": "/data"}]}, 501, "volumeMounts"),
-        ({"autoPause": True, "autoPauseMemory": True}, 501, "autoPauseMemory"),
         ({"timeout": 601}, 400, "LOOM_E2B_MAX_TIMEOUT"),
     ]:
         with pytest.raises(E2BError) as e:

@@ -169,7 +169,7 @@ def test_pause_resume_and_async_sdk(e2b_server: E2BServer) -> None:
         sbx = await AsyncSandbox.create(metadata={"async": "yes"})
         try:
             await run_async(sbx.sandbox_id, "echo 1 > state.txt")
-            assert await sbx.pause() is True
+            assert await sbx.pause(mode="full") is True  # (asked with memory: loom keeps the files only)
             assert await sbx.pause() is False  # (409: paused already)
             info = await AsyncSandbox.get_info(sbx.sandbox_id)
             assert info.state == SandboxState.PAUSED

@@ -279,17 +279,11 @@ async def refresh(request: Request, sandbox_id: str) -> Response:
 @router.post("/sandboxes/{sandbox_id}/pause")
 @answered
 async def pause(request: Request, sandbox_id: str) -> Response:
-    """Pause: its container stopped, its files kept, its processes ended (loom keeps no
-    memory: E2B's ``pauseMode`` of a paused sandbox says ``filesystem``); 409 when
-    paused already. ``memory: true`` (a full snapshot) is refused (501)."""
+    """Pause: its container stopped, its files kept, its processes ended; 409 when paused
+    already. Whatever ``memory`` asks (E2B's SDKs before 2.5x ask for it on every pause),
+    loom keeps no memory: the paused sandbox's ``pauseMode`` says ``filesystem``."""
     plane = await _plane(request)
-    body = parse_body(Timeout, await read_json(request))
-    if body.memory:
-        raise E2BError(
-            501,
-            "a pause with memory is not offered by loom-worker: a pause keeps the files, never the memory "
-            "or the processes (pause with mode 'filesystem')",
-        )
+    parse_body(Timeout, await read_json(request))
     path, rec = await plane.find(sandbox_id)
     await plane.pause(rec, path)
     return Response(status_code=204)

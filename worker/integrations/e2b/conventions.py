@@ -165,8 +165,6 @@ def plan_create(settings: Settings, body: NewSandbox, *, default_timeout: int = 
         raise not_offered("iam", "workload identity tokens; give a sandbox credentials with loom's secrets")
     if body.volume_mounts:
         raise not_offered("volumeMounts", "E2B volumes; a sandbox's files are its workspace (snapshots copy it)")
-    if body.auto_pause and body.auto_pause_memory:
-        raise not_offered("autoPauseMemory", "a pause keeps the files, never the memory: pause with mode 'filesystem'")
     timeout = check_timeout(settings, default_timeout if body.timeout is None else body.timeout)
     own = base_settings(settings)
     if body.env_vars:

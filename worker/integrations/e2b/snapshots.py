@@ -7,8 +7,8 @@
 
 An E2B snapshot is a loom snapshot of the sandbox's workspace: its files (``/home/user``),
 its settings and where its changelog stood; its ``snapshotID`` is loom's id, its
-``names`` the name it was given. Neither memory nor processes are kept (``memory: true``
-is refused, 501), nor ``/tmp``. ``Sandbox.create(<snapshot id or name>)`` makes a sandbox
+``names`` the name it was given. Neither memory nor processes are kept (whatever
+``memory`` asks), nor ``/tmp``. ``Sandbox.create(<snapshot id or name>)`` makes a sandbox
 from one: a fork, a new workspace with its own files and a changelog that starts at the
 snapshot. ``fork`` snapshots the sandbox and makes ``count`` such sandboxes at once (the
 snapshot itself is then deleted: each fork's files are its own).
@@ -103,11 +103,7 @@ async def _plane(request: Request) -> Plane:
 async def create_snapshot(request: Request, sandbox_id: str) -> Response:
     """Snapshot the sandbox's workspace (running or paused): 201 with its id and names."""
     plane = await _plane(request)
-    body = parse_body(SnapshotRequest, await read_json(request))
-    if body.memory:
-        raise E2BError(
-            501, "a snapshot with memory is not offered by loom-worker: a snapshot keeps the files (mode 'filesystem')"
-        )
+    body = parse_body(SnapshotRequest, await read_json(request))  # (``memory``: loom keeps the files only)
     if body.name is not None:
         try:
             check_workspace_id(body.name)

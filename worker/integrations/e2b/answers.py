@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -117,6 +118,9 @@ def answered(route: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[R
                 return error(500, f"internal error ({type(e).__name__}): the service's log has its traceback")
             return error(known.status, known.message)
 
+    # The route's parameters with their types resolved in the route's own module: FastAPI
+    # would resolve the annotations' strings in this module's namespace (the wrapper's).
+    wrapper.__signature__ = inspect.signature(route, eval_str=True)  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -352,6 +352,10 @@ class Plane:
                     await self._wake.wait()
 
     async def _time_up(self, rec: SandboxRecord) -> None:
+        current = self.store.get(rec.id)
+        if current is None or not current.expired(time.time()):
+            return  # (given more time, or killed, since the reaper looked)
+        rec = current
         path = await self.locate(rec.id)
         if path is None:  # its workspace was deleted through loom's own API
             await self.store.put(rec.model_copy(update={"state": "killed", "killed_at": time.time()}))

@@ -39,6 +39,7 @@ AGENT_COMMAND = (
 #: the kernel keeps it non-dumpable (out of reach of commands of the same uid).
 INIT_COMMAND = (f"{RUNTIME_MOUNT}/bin/tini", "--")
 HOME_DIR = "/home/sandbox"
+_HOME_MOUNT = re.compile(r"/home/[a-z_][a-z0-9_-]{0,31}")
 #: Where a trusted CA bundle (:attr:`SandboxSpec.ca_bundle`) is mounted, and the variables
 #: that make it the trust store of the usual tools (OpenSSL, Python requests, pip, Node,
 #: git, curl). SSL_CERT_FILE replaces the system store: the bundle should hold the public
@@ -124,6 +125,15 @@ def parse_size(value: str | int) -> int:
     return n
 
 
+def check_home_mount(path: str) -> str:
+    """``path`` if a :attr:`SandboxSpec.home_mount` may name it: a user's home under /home
+    (E2B's ``/home/user``), never a system directory nor the sandbox's own home. Raises
+    ValueError."""
+    if not isinstance(path, str) or not _HOME_MOUNT.fullmatch(path) or path == HOME_DIR:
+        raise ValueError(f"a home directory /home/<name> (<name>: a-z, 0-9, _ and -), not {HOME_DIR}")
+    return path
+
+
 class SandboxSpec(BaseModel):
     """What every sandbox container of a backend is created with."""
 
@@ -186,10 +196,21 @@ class SandboxSpec(BaseModel):
     #: Everything else stays: no-new-privileges, the limits, no network, gVisor. Off by
     #: default; the trade is in docs/harness.md.
     allow_root: bool = False
+    #: The workspace mounted a second time at this path (``/home/<name>``), which is then
+    #: $HOME and $USER is ``<name>``: E2B's sandboxes have their user's home, ``/home/user``,
+    #: as the working directory, and what is written there must be the workspace (the
+    #: same directory of the host: recorded by the changelog's scans, undoable). The
+    #: protections of ``.git`` apply under it as under /workspace. None: no second mount.
+    home_mount: str | None = None
     #: Whose sandboxes these are: the identity of the worker installation (its data
     #: directory, see ``worker.owner``), set as a label on every container, so that
     #: ``gc`` removes only its own. None: unowned (tests, a backend made by hand).
     owner: str | None = None
+
+    @field_validator("home_mount")
+    @classmethod
+    def _home_mount(cls, v: str | None) -> str | None:
+        return None if v is None else check_home_mount(v)
 
     @field_validator("registries")
     @classmethod
@@ -213,6 +234,8 @@ class SandboxSpec(BaseModel):
     def environment(self, uid: int) -> dict[str, str]:
         """The container's environment (on top of the image's own)."""
         env = {"HOME": HOME_DIR, "USER": "sandbox", "LANG": "C.UTF-8"}
+        if self.home_mount:
+            env.update(HOME=self.home_mount, USER=self.home_mount.rsplit("/", 1)[1])
         if self.egress_dir:
             env.update(EGRESS_ENV)
         env.update(self.env)

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .limits import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES
-from .sandbox_settings import SandboxSettings, Size
+from .sandbox_settings import Image, SandboxSettings, Size
 
 
 def _default_data_dir() -> Path:
@@ -217,6 +217,38 @@ class Settings(SandboxSettings, BaseSettings):
         "beyond), an MCP message (stdio and HTTP), a call sent to the CLI's local worker (worker/limits.py).",
     )
     stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
+
+    # -- E2B's API (issue 42; worker/integrations/e2b, docs/e2b.md) -----------------------
+    e2b_templates: dict[str, Image] = Field(
+        {},
+        description='E2B templates and the images they are (JSON object, e.g. {"my-template": '
+        '"python:3.12-slim"}); base, code-interpreter-v1 and code-interpreter are LOOM_IMAGE unless named here.',
+    )
+    e2b_max_timeout: int = Field(
+        86_400,
+        ge=1,
+        description="Longest lifetime (seconds) an E2B sandbox may be given (create, set_timeout, connect).",
+    )
+    e2b_max_sandboxes: int = Field(
+        100, ge=1, description="E2B sandboxes running at once (paused ones not counted); one more is refused (429)."
+    )
+    e2b_allow_root: bool = Field(
+        False,
+        description='E2B\'s sandboxes are made with allow_root, so that commands may run as root (user="root", '
+        "sudo-less installs); off: root is refused as in any workspace (docs/harness.md has the trade).",
+    )
+    e2b_warm_sandboxes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="E2B sandboxes of the plain kind (default image, no env vars, default network) kept started "
+        "ahead, so a create's first command does not wait for a container; 0: none. Made once a create came.",
+    )
+    e2b_kill_deletes: bool = Field(
+        False,
+        description="E2B's kill (and a timeout) also deletes the sandbox's workspace; by default its files and "
+        "changelog are kept for `loom-worker log` and undo, and the sandbox is gone for E2B's API only.",
+    )
 
     # -- the CLI's local worker (issue 18) ---------------------------------------------
     # The CLI reads LOOM_CLI_DAEMON from the environment itself, with the same meaning:

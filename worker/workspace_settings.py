@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandbox.spec import Cpus, IdleTtl, Pids, Runtime, SandboxSpec, parse_size
+from sandbox.spec import Cpus, IdleTtl, Pids, Runtime, SandboxSpec, check_home_mount, parse_size
 
 from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
@@ -85,6 +85,12 @@ class WorkspaceSettings(BaseModel):
         "file system becomes writable and root holds CHOWN, DAC_OVERRIDE, FOWNER, SETGID, SETUID; the owner's "
         "commands keep no capability. Off by default; the trade is in docs/harness.md.",
     )
+    home_mount: str | None = Field(
+        None,
+        description="Mount the workspace a second time at this home directory (/home/<name>), which becomes "
+        "$HOME (and <name> $USER): what is written there is the workspace's, recorded like any change. E2B's "
+        "API gives its sandboxes /home/user (docs/e2b.md).",
+    )
 
     @field_validator("env")
     @classmethod
@@ -101,6 +107,11 @@ class WorkspaceSettings(BaseModel):
             if "\x00" in value or len(value) > 32768:
                 raise ValueError(f"{key}: a value has no NUL and at most 32768 characters")
         return dict(sorted(v.items()))
+
+    @field_validator("home_mount")
+    @classmethod
+    def _home_mount(cls, v: str | None) -> str | None:
+        return None if v is None else check_home_mount(v)
 
     @field_validator("egress")
     @classmethod

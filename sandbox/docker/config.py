@@ -94,9 +94,14 @@ def channel_dir(ws: Path, spec: SandboxSpec) -> Path | None:
 
 
 def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> list[Mount]:
-    """The workspace, the agent runtime, the CA bundle, the egress socket, and git's
-    hooks and config (read-only) of workspace ``ws`` (real path)."""
+    """The workspace (and its second mount at ``spec.home_mount``), the agent runtime, the
+    CA bundle, the egress socket, and git's hooks and config (read-only) of workspace
+    ``ws`` (real path)."""
     mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
+    if spec.home_mount:
+        # The same host directory again, not a link to /workspace: a program asking
+        # where it is (getcwd, realpath) is told /home/user, as in E2B's sandboxes.
+        mounts.append(Mount(target=spec.home_mount, source=str(ws), type="bind", read_only=False))
     if runtime_volume:
         mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
     if spec.ca_bundle:
@@ -116,14 +121,23 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
     # are mounted read-only, and .git itself is bound onto itself so that it is a mount
     # point: renaming or removing it (to put a fresh .git with hooks in its place) fails
     # with EBUSY. Only real entries inside the workspace qualify, never a link out of it.
+    # Under every mount of the workspace: a bind mount shows the host directory, not the
+    # mounts made below another mount of it.
+    for target in (WORKSPACE_MOUNT, *([spec.home_mount] if spec.home_mount else [])):
+        mounts.extend(_git_mounts(ws, target))
+    return mounts
+
+
+def _git_mounts(ws: Path, target: str) -> list[Mount]:
+    """The protections of ``ws``'s ``.git`` where the workspace is mounted at ``target``."""
     git = ws / ".git"
     try:
         git_st = os.lstat(git)
     except OSError:
-        return mounts
+        return []
     if not statmod.S_ISDIR(git_st.st_mode):
-        return mounts
-    mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/.git", source=str(git), type="bind", read_only=False))
+        return []
+    mounts = [Mount(target=f"{target}/.git", source=str(git), type="bind", read_only=False)]
     for rel in (".git/hooks", ".git/config"):
         p = ws / rel
         try:
@@ -132,7 +146,7 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
             continue
         if statmod.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(ws):
             continue
-        mounts.append(Mount(target=f"{WORKSPACE_MOUNT}/{rel}", source=str(p), type="bind", read_only=True))
+        mounts.append(Mount(target=f"{target}/{rel}", source=str(p), type="bind", read_only=True))
     return mounts
 
 

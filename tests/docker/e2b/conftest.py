@@ -76,6 +76,9 @@ def _settings(tmp_path: Path, runtime: str, **more: object) -> Settings:
     root.mkdir(parents=True)
     data.mkdir()
     (data / OWNER_FILE).write_text(TEST_OWNER + "\n")
+    # No sandboxes made ahead (LOOM_E2B_WARM_SANDBOXES) unless a test asks: they would
+    # start containers beside every test's own.
+    more = {"e2b_warm_sandboxes": 0, **more}
     return Settings(
         workspace_root=root,
         data_dir=data,

@@ -8,7 +8,15 @@ in it is in the workspace's changelog, undoable, and shown by the dashboard like
 other. The modules:
 
     :mod:`.target`       which sandbox a request is for (``E2b-Sandbox-Id``), its paths
-    :mod:`.control`      the control plane: /sandboxes, /v2/sandboxes, ... (E2B's OpenAPI)
+    :mod:`.control`      the control plane: /sandboxes, /v2/sandboxes, ... (E2B's OpenAPI);
+                         beside it :mod:`.usage` (metrics), :mod:`.snapshots` (snapshots,
+                         forks), :mod:`.refusals` (501s, E2B's 404), :mod:`.listing`
+                         (filters, pages), :mod:`.answers` (E2B's shapes and errors)
+    :mod:`.conventions`  E2B's conventions as loom's settings: templates, /home/user, env
+                         vars, network
+    :mod:`.records`      the host's record of each sandbox; :mod:`.plane` lifetimes, starts,
+                         kill and pause, the gate of a sandbox's own API; :mod:`.warm`
+                         sandboxes made ahead
     :mod:`.process`      envd's process service (Connect-RPC, ``process.Process``)
     :mod:`.filesystem`   envd's filesystem service (``filesystem.Filesystem``)
     :mod:`.files`        envd's ``/files`` (download, upload, signed URLs) and ``/health``

@@ -23,6 +23,8 @@ from worker.http.state import Service
 from worker.registry.contract import LocalRegistry
 from worker.workspace import Workspace
 
+from .plane import gate
+
 #: envd's port, and the code interpreter's (the values of ``E2b-Sandbox-Port``).
 ENVD_PORT = 49983
 JUPYTER_PORT = 49999
@@ -32,7 +34,9 @@ LOOM_MOUNT = "/workspace"
 
 
 class SandboxNotFound(LookupError):
-    """No sandbox of that id (E2B answers 404 / Connect ``not_found``)."""
+    """No sandbox of that id, or one that is not running (killed, timed out, paused): E2B
+    answers 404 on its control plane; the proxy in front of a sandbox's own API answers
+    502 with this message, which says "was not found"."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ def port_of(request: Request) -> int:
 
 async def target_of(request: Request, sandbox_id: str | None = None) -> Target:
     """The sandbox ``request`` is for: ``sandbox_id`` or its ``E2b-Sandbox-Id`` header.
-    Raises SandboxNotFound (no such sandbox, or no header), NotStartedError."""
+    Raises SandboxNotFound (no such sandbox, no header, or one E2B's API no longer shows:
+    killed, its time up, paused; the message has E2B's words, "was not found", which its
+    SDKs read in a 502 to tell a sandbox that is not running), NotStartedError."""
     service: Service = request.app.state.service
     sid = sandbox_id or sandbox_id_of(request)
     if not sid:
@@ -80,7 +86,10 @@ async def target_of(request: Request, sandbox_id: str | None = None) -> Target:
     try:
         path = await service.workspaces.locate(sid)
     except (LookupError, ValueError, OSError) as e:
-        raise SandboxNotFound(f"sandbox {sid!r} not found") from e
+        raise SandboxNotFound(f"the sandbox {sid} was not found") from e
+    refused = await gate(request.app, sid, path)
+    if refused is not None:
+        raise SandboxNotFound(refused)
     return Target(service, sid, path, port_of(request))
 
 

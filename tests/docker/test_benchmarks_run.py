@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ],
         ["bench/bench_loop.py", "--n", "20", "--rounds", "1"],
         ["bench/bench_platforms.py", "--n", "2", "--rounds", "1"],
+        ["bench/bench_e2b.py", "--runtime", "runc", "--creates", "2", "--rounds", "2", "--concurrent", "3"],
     ],
     ids=[
         "tools",
@@ -85,6 +86,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "scale-writes",
         "loop",
         "platforms",
+        "e2b",
     ],
 )
 def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None:

@@ -349,3 +349,27 @@ def test_the_generated_token_survives_a_restart(stack: tuple[Api, Path, Compose]
         time.sleep(0.5)
     token = compose("exec", "-T", "worker", "cat", "/var/lib/loom/api-token").stdout.strip()
     assert token == api.http.headers["Authorization"].split()[1]
+
+
+def test_e2b_sdk_under_compose(stack: tuple[Api, Path, Compose], monkeypatch: pytest.MonkeyPatch) -> None:
+    """E2B's own SDK against the compose service, with the variables docs/e2b.md gives: a
+    sandbox made, a command and a file round trip, its file on the host in its
+    workspace, killed."""
+    from e2b import Sandbox
+
+    api, root, _ = stack
+    base = str(api.http.base_url).rstrip("/")
+    monkeypatch.setenv("E2B_API_URL", base)
+    monkeypatch.setenv("E2B_SANDBOX_URL", base)
+    monkeypatch.setenv("E2B_API_KEY", api.http.headers["Authorization"].split()[1])
+    sbx = Sandbox.create()
+    try:
+        out = sbx.commands.run("echo from-compose > made.txt && pwd && cat made.txt")
+        assert out.exit_code == 0 and out.stdout.split() == ["/home/user", "from-compose"], out
+        sbx.files.write("/home/user/written.txt", "by the files API\n")
+        assert sbx.files.read("written.txt") == "by the files API\n"
+        ws = root / sbx.sandbox_id
+        assert (ws / "made.txt").read_text() == "from-compose\n"
+        assert (ws / "written.txt").read_text() == "by the files API\n"
+    finally:
+        sbx.kill()

@@ -65,7 +65,10 @@ def serve(runtime: str, tmp: Path, token: str) -> tuple[subprocess.Popen[bytes],
             "LOOM_CATALOG": "false",
         }
     )
-    p = subprocess.Popen([*CLI, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # (its log to a file: a pipe nobody reads would stop the service once full)
+    log = open(tmp / "serve.log", "wb")
+    p = subprocess.Popen([*CLI, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    log.close()
     base = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -74,7 +77,7 @@ def serve(runtime: str, tmp: Path, token: str) -> tuple[subprocess.Popen[bytes],
         except httpx.HTTPError:
             pass
         if p.poll() is not None:
-            raise RuntimeError("the service did not start: " + (p.stderr.read() if p.stderr else b"").decode())
+            raise RuntimeError("the service did not start: " + (tmp / "serve.log").read_text(errors="replace")[-2000:])
         time.sleep(0.1)
     p.kill()
     raise RuntimeError("the service did not start")

@@ -69,6 +69,11 @@ async def start_process(t: Target, request: pb.StartRequest, *, user: str | None
     if other is None:
         where = _cwd(cfg, E2B_HOME)
         cwd, outside = await _workspace_cwd(ws, where)
+        if outside is None and (where == E2B_HOME or where.startswith(E2B_HOME + "/")):
+            if await _home_mounted(t):
+                # The workspace is mounted at /home/user too: the command starts there, so
+                # `pwd` says what E2B's say (the changes are the workspace's all the same).
+                cwd, outside = ".", where
         try:
             runner = await BackgroundRunner.start(
                 ws, argv, cwd=cwd, outside=outside, env=env, stdin=stdin, pty=pty, limit=limit
@@ -131,6 +136,13 @@ def _cwd(cfg: pb.ProcessConfig, home: str) -> str:
             )
         path = home + path[1:]
     return posixpath.normpath(posixpath.join(home, path))
+
+
+async def _home_mounted(t: Target) -> bool:
+    """Whether ``t``'s workspace is also mounted at E2B's home (its ``home_mount``, as
+    E2B's own creates set it). Raises SettingsError, ValueError."""
+    own, _ = await t.registry.workspace_settings(t.path)
+    return own.home_mount == E2B_HOME
 
 
 async def _workspace_cwd(ws: Workspace, where: str) -> tuple[str, str | None]:

@@ -57,8 +57,8 @@ def test_foreground_output_exit_codes_env_and_cwd(sbx: e2b.Sandbox, e2b_server_r
     assert r.exit_code == 0 and r.error is None
     lines = r.stdout.splitlines()
     assert lines[0] == "hello e2b"
-    # E2B's home is the workspace (its name inside the sandbox: /home/user once mapped)
-    assert lines[1] in ("/home/user", "/workspace")
+    # E2B's home is the workspace, mounted at /home/user too: a command starts there
+    assert lines[1] == "/home/user"
     assert r.stderr == "oops\n"
     assert "".join(out) == r.stdout and "".join(err) == r.stderr  # the callbacks saw it all
 

@@ -58,11 +58,7 @@ class WarmPool:
         self._filler: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._taken: set[str] = set()
-
-    @property
-    def filler(self) -> asyncio.Task[None] | None:
-        """The task filling the pool (None before the first create)."""
-        return self._filler
+        self._closing = False
 
     def fits(self, settings: dict[str, Any], image: str) -> bool:
         """Whether a create with these workspace settings and image can take a warm one."""
@@ -90,9 +86,18 @@ class WarmPool:
         """The caller stored its own record for ``sandbox_id`` (or gave it up)."""
         self._taken.discard(sandbox_id)
 
+    async def aclose(self) -> None:
+        """End the filler once the sandbox it is making (if any) is made."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._filler is not None:
+            with contextlib.suppress(BaseException):
+                await self._filler
+
     def fill_soon(self) -> None:
         """Fill the pool in the background (one filler, woken when it waits)."""
-        if self.size <= 0:
+        if self.size <= 0 or self._closing:
             return
         if self._wake is None:
             self._wake = asyncio.Event()
@@ -108,15 +113,17 @@ class WarmPool:
         try:
             for rec in self._warm()[self.size :]:
                 await self._discard(rec.id)
-            while True:
+            while not self._closing:
                 self._wake.clear()
                 for rec in self._warm():
                     path = await self.plane.locate(rec.id)
                     if path is not None:
                         self.plane.start_soon(rec.id, path)  # (again after a restart or an idle stop)
                         await self.plane.settle(rec.id)
-                while len(self._warm()) < self.size:
+                while len(self._warm()) < self.size and not self._closing:
                     await self._make()
+                if self._closing:
+                    return
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(5.0, self.plane.settings.idle_ttl / 3)):
                         await self._wake.wait()

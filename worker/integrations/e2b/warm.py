@@ -106,9 +106,10 @@ class WarmPool:
             self._filler = asyncio.get_running_loop().create_task(self._fill(), name="e2b-warm")
 
     async def _fill(self) -> None:
-        """Make warm sandboxes until there are ``size``, each started; then wait to be
-        woken, touching their containers well within their idle TTL (a request to the
-        agent does). Never raises: a failure is logged, the next create tries again."""
+        """Make warm sandboxes until there are ``size`` (the missing ones side by side),
+        each started; then wait to be woken, touching their containers well within their
+        idle TTL (a request to the agent does). Never raises: a failure is logged, the
+        next create tries again."""
         assert self._wake is not None
         try:
             for rec in self._warm()[self.size :]:
@@ -120,8 +121,14 @@ class WarmPool:
                     if path is not None:
                         self.plane.start_soon(rec.id, path)  # (again after a restart or an idle stop)
                         await self.plane.settle(rec.id)
-                while len(self._warm()) < self.size and not self._closing:
-                    await self._make()
+                missing = self.size - len(self._warm())
+                if missing > 0 and not self._closing:
+                    # Side by side: a client creating in a loop takes them as fast as one
+                    # start takes.
+                    made = await asyncio.gather(*(self._make() for _ in range(missing)), return_exceptions=True)
+                    failed = [r for r in made if isinstance(r, BaseException)]
+                    if failed:
+                        raise failed[0]  # (logged below; the next create tries again)
                 if self._closing:
                     return
                 with contextlib.suppress(TimeoutError):

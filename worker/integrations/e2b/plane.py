@@ -250,9 +250,13 @@ class Plane:
 
     async def _start(self, sandbox_id: str, path: Path) -> None:
         try:
-            ws = await self.service.local.workspace(path)
+            registry = self.service.local
+            ws = await registry.workspace(path)
             self.service.runner.opened.add(path)  # (stopped with the service)
             await ws.sandbox.info()
+            if not self.service.started:
+                # The service ended while this started: what it started must not outlive it.
+                await stop_sandbox(registry, path)
         except Exception as e:
             log.warning("e2b.start_failed", sandbox=sandbox_id, error=str(e)[:300])
 

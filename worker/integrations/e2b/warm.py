@@ -10,7 +10,10 @@ against no limit, and taking it turns its record into the new sandbox's (same id
 start time the create's). After each create the pool is filled again in the background,
 one sandbox at a time; a warm sandbox's container is kept from its idle stop while it
 waits. The pool fills only once a create came: a service whose E2B API is not used makes
-none. Those left at a restart are used again; beyond the setting they are deleted.
+none. Those left at a restart are used again; beyond the setting they are deleted. (One
+being made as the service stops may keep its container until its idle TTL ends it: the
+engine call starting it is in a thread no cancellation reaches; the next start of the
+service takes that container over.)
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ class Plane:
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._closing = False
         #: Sandboxes made ahead for creates of the plain kind (LOOM_E2B_WARM_SANDBOXES).
         self.warm = WarmPool(self, service.settings.e2b_warm_sandboxes)
 
@@ -69,19 +70,22 @@ class Plane:
             for rec in self.store.all():
                 if rec.idempotency_key and rec.state != "killed":
                     self._by_key[rec.idempotency_key] = rec.id
-        if self._reaper is None or self._reaper.done():
+        if (self._reaper is None or self._reaper.done()) and not self._closing:
             self._wake = asyncio.Event()
             self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="e2b-reaper")
         return self
 
     async def aclose(self) -> None:
-        """Stop the reaper and the warm pool's filler, and wait for the starts under way
-        (a test's service; a service's own end cancels them with its loop)."""
-        for task in (self._reaper, self.warm.filler):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        """End the reaper and the warm pool's filler once what each is doing is done (a
+        kill cancelled midway would leave its sandbox's channel open), and wait for the
+        starts under way. (A test's service; a service's own end cancels them with its
+        loop.)"""
+        self._closing = True
+        self.wake()
+        await self.warm.aclose()
+        if self._reaper is not None:
+            with contextlib.suppress(BaseException):
+                await self._reaper
         for sandbox_id in list(self._starts):
             await self.settle(sandbox_id)
 
@@ -246,9 +250,13 @@ class Plane:
 
     async def _start(self, sandbox_id: str, path: Path) -> None:
         try:
-            ws = await self.service.local.workspace(path)
+            registry = self.service.local
+            ws = await registry.workspace(path)
             self.service.runner.opened.add(path)  # (stopped with the service)
             await ws.sandbox.info()
+            if not self.service.started:
+                # The service ended while this started: what it started must not outlive it.
+                await stop_sandbox(registry, path)
         except Exception as e:
             log.warning("e2b.start_failed", sandbox=sandbox_id, error=str(e)[:300])
 
@@ -335,10 +343,12 @@ class Plane:
         """Kill (or pause, ``autoPause``) each sandbox whose time is up, then sleep until
         the next one's. Never raises: a failure is logged and tried again."""
         assert self._wake is not None
-        while True:
+        while not self._closing:
             self._wake.clear()
             now = time.time()
             for rec in [r for r in self.store.all() if r.expired(now)]:
+                if self._closing:
+                    return
                 try:
                     await self._time_up(rec)
                 except Exception as e:

@@ -10,7 +10,10 @@ against no limit, and taking it turns its record into the new sandbox's (same id
 start time the create's). After each create the pool is filled again in the background,
 one sandbox at a time; a warm sandbox's container is kept from its idle stop while it
 waits. The pool fills only once a create came: a service whose E2B API is not used makes
-none. Those left at a restart are used again; beyond the setting they are deleted.
+none. Those left at a restart are used again; beyond the setting they are deleted. (One
+being made as the service stops may keep its container until its idle TTL ends it: the
+engine call starting it is in a thread no cancellation reaches; the next start of the
+service takes that container over.)
 """
 
 from __future__ import annotations
@@ -58,11 +61,7 @@ class WarmPool:
         self._filler: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._taken: set[str] = set()
-
-    @property
-    def filler(self) -> asyncio.Task[None] | None:
-        """The task filling the pool (None before the first create)."""
-        return self._filler
+        self._closing = False
 
     def fits(self, settings: dict[str, Any], image: str) -> bool:
         """Whether a create with these workspace settings and image can take a warm one."""
@@ -90,9 +89,18 @@ class WarmPool:
         """The caller stored its own record for ``sandbox_id`` (or gave it up)."""
         self._taken.discard(sandbox_id)
 
+    async def aclose(self) -> None:
+        """End the filler once the sandbox it is making (if any) is made."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._filler is not None:
+            with contextlib.suppress(BaseException):
+                await self._filler
+
     def fill_soon(self) -> None:
         """Fill the pool in the background (one filler, woken when it waits)."""
-        if self.size <= 0:
+        if self.size <= 0 or self._closing:
             return
         if self._wake is None:
             self._wake = asyncio.Event()
@@ -101,22 +109,31 @@ class WarmPool:
             self._filler = asyncio.get_running_loop().create_task(self._fill(), name="e2b-warm")
 
     async def _fill(self) -> None:
-        """Make warm sandboxes until there are ``size``, each started; then wait to be
-        woken, touching their containers well within their idle TTL (a request to the
-        agent does). Never raises: a failure is logged, the next create tries again."""
+        """Make warm sandboxes until there are ``size`` (the missing ones side by side),
+        each started; then wait to be woken, touching their containers well within their
+        idle TTL (a request to the agent does). Never raises: a failure is logged, the
+        next create tries again."""
         assert self._wake is not None
         try:
             for rec in self._warm()[self.size :]:
                 await self._discard(rec.id)
-            while True:
+            while not self._closing:
                 self._wake.clear()
                 for rec in self._warm():
                     path = await self.plane.locate(rec.id)
                     if path is not None:
                         self.plane.start_soon(rec.id, path)  # (again after a restart or an idle stop)
                         await self.plane.settle(rec.id)
-                while len(self._warm()) < self.size:
-                    await self._make()
+                missing = self.size - len(self._warm())
+                if missing > 0 and not self._closing:
+                    # Side by side: a client creating in a loop takes them as fast as one
+                    # start takes.
+                    made = await asyncio.gather(*(self._make() for _ in range(missing)), return_exceptions=True)
+                    failed = [r for r in made if isinstance(r, BaseException)]
+                    if failed:
+                        raise failed[0]  # (logged below; the next create tries again)
+                if self._closing:
+                    return
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(5.0, self.plane.settings.idle_ttl / 3)):
                         await self._wake.wait()

@@ -73,6 +73,8 @@ async def start_process(t: Target, request: pb.StartRequest, *, user: str | None
             if await _home_mounted(t):
                 # The workspace is mounted at /home/user too: the command starts there, so
                 # `pwd` says what E2B's say (the changes are the workspace's all the same).
+                if where != E2B_HOME:
+                    await _dir_there(ws, to_loom(where), where)
                 cwd, outside = ".", where
         try:
             runner = await BackgroundRunner.start(
@@ -162,6 +164,12 @@ async def _check_dir(ws: Workspace, loom: str, where: str) -> None:
     starts anything. Raises ConnectError (``invalid_argument``)."""
     if loom == LOOM_MOUNT or loom.startswith(LOOM_MOUNT + "/"):
         return  # (the workspace's: its agent checks as it starts the process)
+    await _dir_there(ws, loom, where)
+
+
+async def _dir_there(ws: Workspace, loom: str, where: str) -> None:
+    """:func:`_check_dir` of any directory, the workspace's too. Raises ConnectError
+    (``invalid_argument``)."""
     try:
         await harness_files(ws.sandbox).read_path(loom, max_bytes=0)
     except IsADirError:

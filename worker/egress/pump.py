@@ -49,10 +49,26 @@ class RateBudget:
             self._tokens -= n
             return self._tokens >= 0
 
-    def available(self) -> bool:
+    def allowance(self, cap: int) -> int:
+        """How many bytes the next move may carry: at most one byte past what is left,
+        so a move that fills its allowance overspends and is cut, while a stream that
+        stays under the budget is never split. 0 when the budget is spent.
+
+        Charging only after a move (as ``take`` does) would let one move of ``cap``
+        bytes through a budget of fewer, which is the whole budget of a small limit."""
         with self._lock:
             self._refill()
-            return self._tokens > 0
+            if self._tokens <= 0:
+                return 0
+            return min(cap, int(self._tokens) + 1)
+
+    def available(self) -> bool:
+        """Whether a new connection may open: a second's worth of the budget is back.
+        (Any positive balance would let a workspace that was just cut reconnect at
+        once and go on a byte at a time.)"""
+        with self._lock:
+            self._refill()
+            return self._tokens >= max(1.0, self.per_minute / 60.0)
 
 
 class Pump:
@@ -89,6 +105,16 @@ class Pump:
         for s in (self.inner, self.outer):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+    def _allowance(self) -> int:
+        """Bytes the next move may carry (0: spent, the connection is cut)."""
+        if self.budget is None:
+            return CHUNK
+        n = self.budget.allowance(CHUNK)
+        if n == 0:
+            self.limited = True
+            self.cut()
+        return n
 
     def _charge(self, n: int, upward: bool) -> bool:
         if upward:
@@ -131,7 +157,10 @@ class Pump:
         try:
             sfd, dfd = src.fileno(), dst.fileno()
             while not self._cut.is_set():
-                n = _SPLICE(sfd, w, CHUNK)
+                want = self._allowance()
+                if want == 0:
+                    return
+                n = _SPLICE(sfd, w, want)
                 if n <= 0:
                     return
                 left = n
@@ -150,7 +179,10 @@ class Pump:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while not self._cut.is_set():
-            n = src.recv_into(buf)
+            want = self._allowance()
+            if want == 0:
+                return
+            n = src.recv_into(buf, want)
             if n <= 0:
                 return
             dst.sendall(view[:n])

@@ -54,6 +54,8 @@ COMMAND_MODULES = (
     "worker.cli.native",  # apply-patch, tools --format anthropic-native|openai-native
     "worker.cli.snapshots",  # snapshot create|list|show|delete, fork, restore
     "worker.cli.cluster",  # cluster status / metrics / gc (a Ray cluster)
+    "worker.cli.agents",  # agent install / list / run (agent CLIs in the sandbox)
+    "worker.cli.handoff",  # export --branch, report (what an agent did, for the next step)
 )
 
 #: Commands whose parser is built alone when one of them is run: argparse takes about

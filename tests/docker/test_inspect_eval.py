@@ -110,6 +110,10 @@ def test_the_example_eval_runs_with_inspect_eval(tmp_path: Path, config: str) ->
     assert list((tmp_path / "workspaces").iterdir()) == []
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_sample_leaves_no_sandbox(tmp_path: Path) -> None:
     require_docker()
     cfg = _config(tmp_path, EXAMPLE / "loom.yaml")
@@ -120,6 +124,10 @@ def test_ctrl_c_during_a_sample_leaves_no_sandbox(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A suite started in the background (`cmd &`) has SIGINT ignored, which children
+        # inherit, and Python then installs no KeyboardInterrupt handler: restore it, so
+        # the Ctrl-C below is the one a user's terminal sends.
+        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 120

@@ -17,6 +17,7 @@ secret and the allowlist are as they were.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
@@ -257,8 +258,7 @@ async def run_agent(
             home, handle = await _home(registry, root), registry.sandbox(root)
             for rel, text in files.items():
                 await handle.write_file(f"{home}/{rel}", text)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run_dir.chmod(0o700)
+        await asyncio.to_thread(run_dir.mkdir, 0o700, True, True)
         progress(f"{req.agent}: running in the sandbox (run {run_id}, process {process_id})")
         async with rec.channel(ws, process_id) as socket_path:
             env = dict(launch.env)
@@ -282,7 +282,9 @@ async def run_agent(
     else:
         code = info.exit_code if info.exit_code is not None else 1
     result = RunResult(run_id, run_dir, code, outcome, meter.cost if meter.known else None, meter.turns, changed)
-    _write_json(run_dir / "run.json", _record(req, launch, result, started, info, process_id, data_dir))
+    await asyncio.to_thread(
+        _write_json, run_dir / "run.json", _record(req, launch, result, started, info, process_id, data_dir)
+    )
     return result
 
 
@@ -295,16 +297,17 @@ async def _pump(
     (outcome, its last ProcessInfo)."""
     outcome = "exit"
     deadline = started + req.timeout + 15.0
-    with open(run_dir / "transcript.jsonl", "ab") as transcript, open(run_dir / "stderr.log", "ab") as errlog:
+    transcript = await asyncio.to_thread(open, run_dir / "transcript.jsonl", "ab")
+    errlog = await asyncio.to_thread(open, run_dir / "stderr.log", "ab")
+    try:
         while True:
             o = await box.process_output(process_id, wait=1.0)
             if o.stdout:
-                transcript.write(o.stdout)
-                transcript.flush()
+                await asyncio.to_thread(_append, transcript, o.stdout)
                 out(o.stdout)
                 meter.feed(o.stdout)
             if o.stderr:
-                errlog.write(o.stderr)
+                await asyncio.to_thread(_append, errlog, o.stderr)
                 err(o.stderr)
             if o.done:
                 return outcome, o.info
@@ -314,6 +317,14 @@ async def _pump(
             elif outcome == "exit" and time.time() > deadline:
                 outcome = "timeout"
                 await box.process_kill(process_id, signal=9)
+    finally:
+        transcript.close()
+        errlog.close()
+
+
+def _append(f: Any, data: bytes) -> None:
+    f.write(data)
+    f.flush()
 
 
 def _record(

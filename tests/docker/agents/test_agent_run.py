@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 AGENT = r"""
 echo '{"type":"system","subtype":"init"}'
 curl -s https://api.test/v1/messages -d '{"model":"m"}' -o /dev/null -w '{"type":"http","status":%{http_code}}\n'
-echo '{"type":"assistant","message":{"id":"m1","model":"claude-sonnet-4-5","usage":{"input_tokens":1000,"output_tokens":100}}}'
+usage='"usage":{"input_tokens":1000,"output_tokens":100}'
+echo '{"type":"assistant","message":{"id":"m1","model":"claude-sonnet-4-5",'"$usage"'}}'
 mkdir -p out
 printf '%s\n' "$TEST_KEY" > out/key-var.txt
 cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' > out/environ.txt
@@ -129,7 +130,7 @@ async def test_key_reaches_the_host_only_and_the_exit_status_is_the_agents(
 
 
 async def test_timeout_kills_the_agent_and_everything_it_started(runc_registry: Any, tmp_path: Path) -> None:
-    ws = workspace(tmp_path, "echo '{\"type\":\"start\"}'\n(sleep 600; echo late > late.txt) &\nsleep 600\n")
+    ws = workspace(tmp_path, 'echo \'{"type":"start"}\'\n(sleep 600; echo late > late.txt) &\nsleep 600\n')
     sink = Sink()
     result = await run_agent(
         runc_registry, tmp_path / "data", ws, RunRequest("sh agent.sh", timeout=3),

@@ -42,7 +42,9 @@ def provider_of(args: argparse.Namespace) -> Provider | None:
     from ...agents.providers import ProviderError, custom
 
     if (args.key_env is None) != (args.key_host is None):
-        raise ProviderError("--key-env" if args.key_env is None else "--key-host", "give --key-env and --key-host together")
+        raise ProviderError(
+            "--key-env" if args.key_env is None else "--key-host", "give --key-env and --key-host together"
+        )
     if args.key_env is not None:
         p: Provider | None = custom(args.key_env, args.key_host, args.key_header or "Authorization: Bearer {value}")
     else:
@@ -76,7 +78,26 @@ def _prompt(args: argparse.Namespace) -> str | None:
             return str(args.prompt_file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--prompt-file: cannot read it ({type(e).__name__})") from None
-    return args.prompt  # type: ignore[no-any-return]
+    return args.prompt  # type: ignore[no-any-return, unused-ignore]
+
+
+def agent_args(args: argparse.Namespace) -> list[str]:
+    """The agent's own arguments. Our options given after AGENT, which argparse leaves in
+    the remainder, are parsed into ``args`` (a bad one exits 2) up to the first word that
+    is not one of ours, or ``--``; the rest is the agent's."""
+    extra = list(args.agent_args)
+    late = argparse.ArgumentParser(prog=PROG, add_help=False)
+    add_options(late)
+    takes = {s: a.nargs != 0 for a in late._actions for s in a.option_strings}
+    at = 0
+    while at < len(extra) and extra[at] != "--":
+        name = extra[at].split("=", 1)[0]
+        if name not in takes:
+            break
+        at += 2 if takes[name] and "=" not in extra[at] else 1
+    late.parse_args(extra[:at], namespace=args)
+    extra = extra[at:]
+    return extra[1:] if extra[:1] == ["--"] else extra
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -88,9 +109,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     root = args.workspace.expanduser()
     if not root.is_dir():
         return _usage(f"--workspace {args.workspace}: not a directory")
-    extra = list(args.agent_args)
-    if extra[:1] == ["--"]:
-        extra = extra[1:]
+    extra = agent_args(args)
     if args.timeout <= 0:
         return _usage("--timeout: a number of seconds > 0")
     if args.max_cost is not None and args.max_cost <= 0:
@@ -204,6 +223,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--workspace", "-w", type=path_arg, required=True, help="The workspace directory.")
     p.add_argument("agent", metavar="AGENT", help="claude, codex, opencode, or a command (a shell line).")
+    add_options(p)
+    p.add_argument(
+        "agent_args", nargs=argparse.REMAINDER, metavar="-- AGENT-ARGS", help="More arguments for the agent."
+    )
+    p.set_defaults(func=_run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``agent run`` other than -w, AGENT and the agent's arguments."""
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="The task.")
     prompt.add_argument("--prompt-file", type=path_arg, help="The task, from this file.")
@@ -217,5 +245,3 @@ def register(sub: Any) -> None:
     p.add_argument("--base-url", metavar="URL", help="The provider's API at another https:// URL (the key goes there).")
     p.add_argument("--json", action="store_true", help="Print the result as JSON instead of the agent's output.")
     p.add_argument("--quiet", "-q", action="store_true", help="No progress lines of ours.")
-    p.add_argument("agent_args", nargs=argparse.REMAINDER, metavar="-- AGENT-ARGS", help="More arguments for the agent.")
-    p.set_defaults(func=_run)

@@ -1,0 +1,154 @@
+"""``agent run`` on the real engine (runc and gVisor), with a custom-command agent: a shell
+script that prints JSON lines, calls the provider's host through the gateway (an HTTPS
+origin of ``tests/origins.py`` that records what it receives), writes files and exits 7.
+
+The key reaches the origin and is found nowhere else: not in the sandbox (its variables,
+every process's ``/proc/*/environ``, the workspace), not in the transcript, run.json or
+anything under the data directory after the run, not in loom's log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.docker.conftest import own_registry
+from tests.origins import Net
+from worker.agents.providers import custom
+from worker.agents.run import EXIT_COST, EXIT_TIMEOUT, RunRequest, run_agent
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+
+AGENT = r"""
+echo '{"type":"system","subtype":"init"}'
+curl -s https://api.test/v1/messages -d '{"model":"m"}' -o /dev/null -w '{"type":"http","status":%{http_code}}\n'
+usage='"usage":{"input_tokens":1000,"output_tokens":100}'
+echo '{"type":"assistant","message":{"id":"m1","model":"claude-sonnet-4-5",'"$usage"'}}'
+mkdir -p out
+printf '%s\n' "$TEST_KEY" > out/key-var.txt
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' > out/environ.txt
+echo made > out/made.txt
+echo 'to stderr' >&2
+exit 7
+"""
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    n = Net.start(tmp_path)
+    try:
+        yield n
+    finally:
+        n.stop()
+
+
+async def _registry(tmp_path: Path, runtime: str, net: Net) -> AsyncIterator[Any]:
+    async with own_registry(tmp_path, runtime, **net.settings(tmp_path)) as reg:
+        net.resolve_for(reg)
+        yield reg
+
+
+@pytest.fixture(params=["runc", "runsc"])
+async def registry(request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path, net: Net) -> AsyncIterator[Any]:
+    async for reg in _registry(tmp_path, request.param, net):
+        yield reg
+
+
+@pytest.fixture
+async def runc_registry(docker_ready: None, tmp_path: Path, net: Net) -> AsyncIterator[Any]:
+    async for reg in _registry(tmp_path, "runc", net):
+        yield reg
+
+
+def workspace(tmp_path: Path, script: str) -> Path:
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    (ws / "agent.sh").write_text(script)
+    for p in (ws, ws / "agent.sh"):
+        os.chown(p, 1000, 1000)
+    return ws
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.err = bytearray()
+
+
+async def test_key_reaches_the_host_only_and_the_exit_status_is_the_agents(
+    registry: Any, tmp_path: Path, net: Net
+) -> None:
+    key = "sk-test-" + uuid.uuid4().hex
+    ws = workspace(tmp_path, AGENT)
+    data = tmp_path / "data"
+    sink = Sink()
+    req = RunRequest(
+        "sh agent.sh", prompt=None, provider=custom("TEST_KEY", "api.test", "x-api-key: {value}"),
+        key_value=key, timeout=120,
+    )  # fmt: skip
+    with capture_logs() as logs:
+        result = await run_agent(registry, data, ws, req, out=sink.out.extend, err=sink.err.extend)
+
+    assert result.exit_code == 7 and result.outcome == "exit"
+    # The gateway put the key into the request to the provider's host.
+    seen = net.seen("api.test")
+    assert [s.header("x-api-key") for s in seen] == [[key]]
+    assert b'{"type":"http","status":200}' in sink.out
+    assert b"to stderr" in sink.err
+    # The sandbox saw a placeholder, in its variable and every process's environment.
+    var = (ws / "out/key-var.txt").read_text().strip()
+    assert var.startswith("loom-secret:TEST_KEY:")
+    assert f"TEST_KEY={var}" in (ws / "out/environ.txt").read_text()
+    # The transcript is the agent's stdout as it came; run.json says how it went.
+    transcript = (result.run_dir / "transcript.jsonl").read_bytes()
+    assert transcript == bytes(sink.out)
+    assert json.loads(transcript.splitlines()[0]) == {"type": "system", "subtype": "init"}
+    record = json.loads((result.run_dir / "run.json").read_text())
+    assert record["exit_code"] == 7 and record["agent_exit_code"] == 7
+    assert record["provider"] == {"name": "custom", "key_env": "TEST_KEY", "hosts": ["api.test"]}
+    assert record["cost_usd"] == pytest.approx(1000 * 3e-6 + 100 * 15e-6)
+    assert "out/made.txt" in record["changed"]
+    # The key is nowhere: the workspace, the data directory (run files, settings, logs,
+    # changelog: the secret was removed after the run), loom's log lines.
+    needle = key.encode()
+    for root in (ws, data):
+        for p in root.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                assert needle not in p.read_bytes(), p
+    assert key not in repr(logs)
+    # The configuration is as it was: no secret left, no host left open.
+    assert registry.configs.secrets.store.load(ws.resolve()) == {}
+    own, _ = await registry.workspace_settings(ws)
+    assert own.egress is None
+
+
+async def test_timeout_kills_the_agent_and_everything_it_started(runc_registry: Any, tmp_path: Path) -> None:
+    ws = workspace(tmp_path, 'echo \'{"type":"start"}\'\n(sleep 600; echo late > late.txt) &\nsleep 600\n')
+    sink = Sink()
+    result = await run_agent(
+        runc_registry, tmp_path / "data", ws, RunRequest("sh agent.sh", timeout=3),
+        out=sink.out.extend, err=sink.err.extend,
+    )  # fmt: skip
+    assert (result.exit_code, result.outcome) == (EXIT_TIMEOUT, "timeout")
+    assert sink.out == b'{"type":"start"}\n'
+    processes = await runc_registry.sandbox(ws).exec(["sh", "-c", "ps -eo args | grep -c '[s]leep 600' || true"])
+    assert processes.stdout.strip() == b"0"
+    assert json.loads((result.run_dir / "run.json").read_text())["outcome"] == "timeout"
+
+
+async def test_max_cost_stops_the_agent_with_status_3(runc_registry: Any, tmp_path: Path) -> None:
+    line = '{"type":"turn.completed","usage":{"input_tokens":2000000,"output_tokens":10}}'
+    ws = workspace(tmp_path, f"echo '{line}'\nsleep 600\n")
+    result = await run_agent(
+        runc_registry, tmp_path / "data", ws, RunRequest("sh agent.sh", timeout=300, max_cost=1.0),
+        out=lambda _b: None, err=lambda _b: None,
+    )  # fmt: skip
+    assert (result.exit_code, result.outcome) == (EXIT_COST, "cost")
+    assert result.cost_usd is not None and result.cost_usd > 1.0

@@ -186,3 +186,60 @@ def test_groups_are_calls_ordered_by_their_newest_entry() -> None:
         ("p.t3", "shell_execute", None, [6]),
     ]
     assert [g.reverted for g in got] == [False, False, False, True]
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("LOOM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LOOM_ALLOW_UNSAFE_LOCAL", "1")
+    return tmp_path / "data"
+
+
+async def _seed_turns(data: Path, workspace: Path) -> None:
+    """Three of an agent's turns (as the channel files them) and a plain write."""
+    from sandbox.local import LocalProcessBackend
+    from worker.changelog import Changelog
+
+    backend = LocalProcessBackend()
+    try:
+        box = await backend.get(workspace)
+        async with Changelog.open(data, workspace) as cl:
+            await cl.write(box, "a.py", b"1\n", tool="Edit", call_id="proc-1.t1")
+            await cl.write(box, "b.py", b"2\n", tool="Write", call_id="proc-1.t2")
+            await cl.write(box, "a.py", b"3\n", tool="Edit", call_id="proc-1.t3")
+            await cl.write(box, "b.py", b"4\n", tool="Edit", call_id="proc-1.t3")
+    finally:
+        await backend.aclose()
+
+
+def test_cli_undo_last_and_log_groups(cli_env: Path, workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from worker.cli import main
+
+    asyncio.run(_seed_turns(cli_env, workspace))
+    assert main(["log", "-w", str(workspace), "--groups"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "turn 1 of proc-1 (Edit)" in lines[0] and "turn 3 of proc-1 (Edit)" in lines[2]
+    assert "2 entries, 2 path(s)" in lines[2]
+    assert main(["undo", "-w", str(workspace), "--last", "1", "--backend", "local"]) == 0
+    assert (workspace / "a.py").read_text() == "1\n" and (workspace / "b.py").read_text() == "2\n"
+    capsys.readouterr()
+    assert main(["log", "-w", str(workspace), "--groups", "--json", "--limit", "1"]) == 0
+    (last,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert last["call_id"] == "proc-1.t3" and last["tool"] == "Edit" and last["reverted"] is True
+    assert main(["undo", "-w", str(workspace), "--last", "1", "--backend", "local"]) == 0
+    assert (workspace / "a.py").read_text() == "1\n" and not (workspace / "b.py").exists()
+    for bad in (["--last", "0"], ["--last", "x"], ["--last", "1", "--all"]):
+        with pytest.raises(SystemExit) as ei:
+            main(["undo", "-w", str(workspace), *bad])
+        assert ei.value.code == 2
+
+
+def test_http_undo_takes_last_as_one_selector() -> None:
+    from pydantic import ValidationError
+
+    from worker.http.changelog import UndoRequest
+
+    assert UndoRequest(last=2).last == 2
+    for bad in ({"last": 1, "all": True}, {"last": 0}, {"last": 1, "call_id": "c"}):
+        with pytest.raises(ValidationError):
+            UndoRequest(**bad)

@@ -145,11 +145,15 @@ class Background:
         self.index = index
         self.limits = limits
 
-    async def attribution(self, sandbox: Any, *, prefer: str | None = None) -> Attribution | None:
+    async def attribution(
+        self, sandbox: Any, *, prefer: str | None = None, turn: dict[str, str] | None = None
+    ) -> Attribution | None:
         """None when no background process may have changed anything since the last
         scan (one ``stat``); else the record to file those changes under: ``prefer``'s
         when it is one that may have, else the one started last's. Asks the sandbox
-        which processes still run (one round trip) only then."""
+        which processes still run (one round trip) only then. ``turn`` (``call_id``,
+        ``tool``, ``command``) replaces those of ``prefer``'s record: one of an agent's
+        tool calls, :mod:`worker.agents.turns`."""
         pending = self.index.pending()
         if not pending:
             return None
@@ -169,6 +173,8 @@ class Background:
         command = f"{latest.command}  [{kind} {latest.id}"
         command += f"; {', '.join(others)} ran too]" if others else "]"
         record = {"tool": "shell_execute", "command": command, "call_id": latest.id, "subtask_id": latest.subtask_id}
+        if turn and preferred:
+            record.update({k: turn[k] for k in ("call_id", "tool", "command") if k in turn})
         return Attribution(record, settles)
 
     def settled(self, attribution: Attribution) -> None:

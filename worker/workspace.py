@@ -582,14 +582,15 @@ class Workspace:
             ),
         )  # fmt: skip
 
-    async def settle_background(self, *, prefer: str | None = None) -> list[str]:
+    async def settle_background(self, *, prefer: str | None = None, turn: dict[str, str] | None = None) -> list[str]:
         """Record what background processes changed since the last scan (one ended, a terminal
-        settled), as ``prefer``'s when it may have; the changed paths. Raises the recorder's errors."""
+        settled), as ``prefer``'s when it may have (``turn``: its ``call_id``/``tool``/``command``
+        instead, :mod:`worker.agents.turns`); the changed paths. Raises the recorder's errors."""
         bg = self.background
         if bg is None:
             return []
         async with self.mutating():
-            attr = await bg.attribution(self.sandbox, prefer=prefer)
+            attr = await bg.attribution(self.sandbox, prefer=prefer, turn=turn)
             if attr is None:
                 return []
             changed = await self.recorder.sync_background(self.sandbox, attr.record)

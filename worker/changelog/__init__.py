@@ -2,7 +2,7 @@
 
 Modules: ``api`` (:class:`Changelog`), ``recorder`` (record-before-write, recovery),
 ``write`` (the tools' recorded write), ``shellscan`` (baseline + change scan), ``undo``,
-``diff``, ``store`` (SQLite), ``model``, ``paths``, ``errors``.
+``diff``, ``groups`` (entries by call), ``store`` (SQLite), ``model``, ``paths``, ``errors``.
 """
 
 from .api import Changelog
@@ -13,6 +13,7 @@ from .errors import (
     UndoConflictError,
     UndoRefusedError,
 )
+from .groups import Group
 from .model import Durability, Entry, Limits, Summary, UndoResult, UndoStep
 from .shellscan import ShellToken
 
@@ -23,6 +24,7 @@ __all__ = [
     "Durability",
     "Entry",
     "EntryNotFoundError",
+    "Group",
     "Limits",
     "ShellToken",
     "Summary",

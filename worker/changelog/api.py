@@ -22,6 +22,7 @@ from ..quoting import quote_path
 from .changes import entries_diff
 from .diff import Content, first_before, read_now, summarize, unified
 from .errors import ChangelogStorageError, ChangesNotRecordedError, EntryNotFoundError
+from .groups import Group, group, select_last
 from .model import Durability, Entry, Limits, Summary, UndoResult
 from .paths import is_safe_relpath
 from .recorder import ChangelogCore, workspace_dir
@@ -307,6 +308,12 @@ class Changelog:
         found = await self._core.db(self._core.store.entries, " AND ".join(where), params)
         return found[-limit:] if limit else found
 
+    async def groups(self, *, limit: int | None = None) -> list[Group]:
+        """The changes grouped by call (:mod:`.groups`), oldest first; the last ``limit``.
+        Raises ChangelogStorageError."""
+        found = group(await self.log())
+        return found[-limit:] if limit else found
+
     async def entry(self, entry_id: int) -> Entry | None:
         return await self._core.db(self._core.store.entry, entry_id)
 
@@ -387,13 +394,15 @@ class Changelog:
         subtask_id: str | None = None,
         to: int | None = None,
         all: bool = False,
+        last: int | None = None,
         dry_run: bool = False,
         force: bool = False,
         undo_call_id: str | None = None,
     ) -> UndoResult:
         """Revert entries, newest first: one ``entry``, a ``call_id``, a ``subtask_id``,
         everything after entry ``to`` (the workspace returns to its state right after
-        ``to``; ``to=0`` reverts everything), or ``all``.
+        ``to``; ``to=0`` reverts everything), ``all``, or the ``last`` N groups not yet
+        reverted (:mod:`.groups`: a call's entries, one of an agent's turns).
 
         Idempotent. ``dry_run`` changes nothing and returns the diff it would apply.
         Raises ValueError (not exactly one selector), EntryNotFoundError,
@@ -403,9 +412,14 @@ class Changelog:
         """
         async with self._core.mutations, self._core.lock:
             await self._settle(sandbox)
-            targets = await self._core.db(
-                select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
-            )
+            if last is not None:
+                if any(x is not None for x in (entry, call_id, subtask_id, to)) or all:
+                    raise ValueError("give exactly one of entry, call_id, subtask_id, to, all, last")
+                targets = await self._core.db(select_last, self._core, last)
+            else:
+                targets = await self._core.db(
+                    select, self._core, entry=entry, call_id=call_id, subtask_id=subtask_id, to=to, everything=all
+                )
             return await undo(self._core, sandbox, targets, dry_run=dry_run, force=force, undo_call_id=undo_call_id)
 
     # -- restore and lineage (snapshots) ------------------------------------------------

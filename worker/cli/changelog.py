@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pa
 
     from sandbox.base import Sandbox
 
-    from ..changelog import Changelog, Entry
+    from ..changelog import Changelog, Entry, Group
     from ..settings import Settings
 
 T = TypeVar("T")
@@ -110,6 +110,33 @@ def _line(e: Entry) -> str:
     return f"{e.id:>6}  {ts}  {e.tool:<14} {e.op:<7} {path}  {ids}{extra}".rstrip()
 
 
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a positive number: {value!r}")
+    return n
+
+
+def _group_line(g: Group) -> str:
+    """``log --groups``: which call (an agent's turn ``<process>.tN`` as ``turn N``), its
+    tool and summary, how many entries and paths."""
+    import datetime
+
+    from ..quoting import quote_path
+
+    ts = datetime.datetime.fromtimestamp(g.ts).strftime("%Y-%m-%d %H:%M:%S")
+    call = g.call_id or f"entry {g.first}"
+    head, _, n = call.rpartition(".t")
+    name = f"turn {n} of {head}" if head and n.isdigit() else call
+    what = f"{g.tool} {quote_path(g.summary)}" if g.summary else g.tool
+    count = f"{len(g.entries)} entr{'y' if len(g.entries) == 1 else 'ies'}, {len(g.paths)} path(s)"
+    flags = "  [reverted]" if g.reverted else ""
+    return f"{g.first:>6}..{g.last:<6} {ts}  {name} ({what})  {count}{flags}"
+
+
 def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
     from .. import aio
     from ..changelog import Changelog
@@ -152,6 +179,18 @@ def _cmd_log(args: argparse.Namespace, settings: Settings) -> int:
                     f"(its entry {origin['entry']})"
                 )
             return await cl.log(path=path, call_id=args.call, subtask_id=args.subtask, limit=args.limit)
+
+    if args.groups:
+        if args.path is not None or args.call is not None or args.subtask is not None:
+            return _usage("--groups takes no --path, --call or --subtask")
+
+        async def groups() -> list[Group]:
+            async with Changelog.open(settings.data_dir, ws, limits=settings.changelog_limits()) as cl:
+                return await cl.groups(limit=args.limit)
+
+        for g in aio.run(groups()):
+            print(g.model_dump_json() if args.json else _group_line(g))
+        return 0
 
     for found in aio.run(run()):
         shown = found.shown()  # odd file names quoted, as git shows them
@@ -200,6 +239,7 @@ def _cmd_undo(args: argparse.Namespace, settings: Settings) -> int:
             subtask_id=args.subtask,
             to=args.to,
             all=args.all,
+            last=args.last,
             dry_run=args.dry_run,
             force=args.force,
         )
@@ -260,7 +300,10 @@ def register(sub: Any) -> None:
     p.add_argument("--path", help="Only entries for this workspace-relative path.")
     p.add_argument("--call", help="Only entries of this call id.")
     p.add_argument("--subtask", help="Only entries of this subtask id.")
-    p.add_argument("--limit", type=int, help="Only the last N entries.")
+    p.add_argument("--limit", type=int, help="Only the last N entries (with --groups: groups).")
+    p.add_argument(
+        "--groups", action="store_true", help="One line per group (a call, an agent's turn) with its tool name."
+    )
     p.add_argument("--json", action="store_true", help="One JSON object per line.")
     p.set_defaults(func=_cmd_log)
 
@@ -287,6 +330,9 @@ def register(sub: Any) -> None:
     which.add_argument("--subtask", metavar="S", help="Every entry of a subtask.")
     which.add_argument("--to", type=int, metavar="N", help="Everything after entry N (0 = everything).")
     which.add_argument("--all", action="store_true", help="Everything.")
+    which.add_argument(
+        "--last", type=_positive, metavar="N", help="The last N groups not yet reverted (calls, an agent's turns)."
+    )
     p.add_argument("--dry-run", action="store_true", help="Print the diff it would apply; change nothing.")
     p.add_argument("--force", action="store_true", help="Overwrite files that changed since the entry.")
     p.add_argument("--json", action="store_true", help="Print the result as JSON.")

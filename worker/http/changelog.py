@@ -57,7 +57,7 @@ class ChangelogPool:
 
 
 class UndoRequest(BaseModel):
-    """Exactly one selector: entry, call_id, subtask_id, to, or all."""
+    """Exactly one selector: entry, call_id, subtask_id, to, all, or last."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,14 +66,17 @@ class UndoRequest(BaseModel):
     subtask_id: str | None = Field(None, min_length=1, max_length=256, description="Every entry of a subtask.")
     to: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="Everything after entry N (0 = everything).")
     all: bool = Field(False, description="Everything.")
+    last: int | None = Field(
+        None, ge=1, le=1_000_000, description="The last N groups not yet reverted (calls, an agent's turns)."
+    )
     dry_run: bool = Field(False, description="Return the diff it would apply; change nothing.")
     force: bool = Field(False, description="Overwrite files that changed since the entry.")
 
     @model_validator(mode="after")
     def _one_selector(self) -> UndoRequest:
-        given = (self.entry, self.call_id, self.subtask_id, self.to)
+        given = (self.entry, self.call_id, self.subtask_id, self.to, self.last)
         if sum(x is not None for x in given) + self.all != 1:
-            raise ValueError("give exactly one of entry, call_id, subtask_id, to, all")
+            raise ValueError("give exactly one of entry, call_id, subtask_id, to, all, last")
         return self
 
 
@@ -156,6 +159,7 @@ async def undo(service: ServiceDep, workspace_id: WorkspaceId, body: UndoRequest
             subtask_id=body.subtask_id,
             to=body.to,
             all=body.all,
+            last=body.last,
             dry_run=body.dry_run,
             force=body.force,
         )

@@ -220,6 +220,13 @@ class WorkspacePool:
         except OSError as e:
             log.warning("egress.serve_failed", workspace=str(root), error=repr(e))
 
+    def turn_dir(self, root: Path) -> Path | None:
+        """The host directory already mounted into the sandbox of workspace ``root`` (a
+        real path, ``Workspace.root``) where an agent's turn socket can be served
+        (:mod:`worker.agents.turns`): the egress gateway's; None when it has none (no egress)."""
+        gateway = self._egress_gateway() if root in self._egress_roots else None
+        return None if gateway is None else gateway.socket_dir(root)
+
     def egress_status(self, path: Path | str, *, limit: int = 100, verdict: str | None = None) -> dict[str, Any]:
         """A workspace's egress: its allowlist now, whether this process serves its
         gateway, and its newest log records (newest first). Raises ToolError (no such

@@ -1,0 +1,118 @@
+"""What makes an agent report its turns (:mod:`worker.agents.turns`): the hook script
+written into the sandbox's $HOME, the agent's hook configuration, and the agent's extra
+arguments.
+
+- Claude Code: a settings file passed with ``--settings FILE`` (so the user's own settings
+  stay) whose ``PostToolUse`` hook runs the script after every tool that may change files
+  (Bash, Edit, MultiEdit, Write, NotebookEdit and MCP tools). The hook's stdin is a JSON
+  object with ``tool_name`` and ``tool_input``.
+- Codex (0.124 and later, checked on 0.171): the same ``PostToolUse`` hooks, given as a
+  ``-c hooks.PostToolUse=...`` override (a session-flags layer; the user's ``~/.codex``
+  stays) with ``--dangerously-bypass-hook-trust``: Codex runs a hook only once its exact
+  definition is trusted, and this one is loom's own, written by the worker. Both are
+  options of ``codex exec`` (and of ``codex`` itself).
+- Any other agent: nothing; its session is one group.
+
+The script never fails the agent: it exits 0 whatever happens (no socket, no worker, bad
+input), prints nothing, and gives up waiting after :data:`HOOK_TIMEOUT` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sandbox.spec import HOME_DIR
+
+#: Where the files go, relative to the sandbox's $HOME.
+HOOK_SCRIPT = ".loom/loom-turn.js"
+CLAUDE_SETTINGS = ".loom/claude-settings.json"
+#: Seconds the hook waits for the worker's answer (the agent waits that long at most).
+HOOK_TIMEOUT = 300
+#: Claude Code's tools that may change files (a regular expression, as its matchers are).
+CLAUDE_MATCHER = "Bash|Edit|MultiEdit|Write|NotebookEdit|mcp__.*"
+
+SCRIPT = r"""// loom-turn: an agent's hook after each tool call (loom-worker, turn by turn undo).
+// Sends {"tool", "summary"} to $LOOM_TURN_SOCKET and waits for the worker's answer, so the
+// tool's changes are recorded as their own group before the agent goes on. Always exits 0.
+"use strict";
+const net = require("net");
+const where = process.env.LOOM_TURN_SOCKET;
+const done = () => process.exit(0);
+if (!where) done();
+setTimeout(done, __TIMEOUT__ * 1000);
+let input = "";
+process.stdin.setEncoding("utf8");
+process.stdin.on("data", (c) => { if (input.length < 1 << 20) input += c; });
+process.stdin.on("error", done);
+process.stdin.on("end", send);
+
+function summary(ti) {
+  if (!ti || typeof ti !== "object") return "";
+  let s = ti.file_path || ti.notebook_path || ti.path || ti.command || ti.cmd || ti.input || "";
+  if (Array.isArray(s)) s = s.join(" ");
+  if (typeof s !== "string") s = JSON.stringify(s);
+  if (s.startsWith("*** Begin Patch")) {  // Codex's apply_patch: the files it names
+    const files = [...s.matchAll(/^\*\*\* (?:Add|Update|Delete) File: (.*)$/gm)].map((m) => m[1]);
+    if (files.length) s = files.join(" ");
+  }
+  return s.slice(0, 200);
+}
+
+function send() {
+  let hook = {};
+  try { hook = JSON.parse(input); } catch (e) { hook = {}; }
+  if (!hook || typeof hook !== "object") hook = {};
+  const tool = String(hook.tool_name || "tool").slice(0, 64);
+  const line = JSON.stringify({ tool: tool, summary: summary(hook.tool_input) }) + "\n";
+  const sock = net.createConnection(where);
+  let answer = "";
+  sock.setEncoding("utf8");
+  sock.on("error", done);
+  sock.on("close", done);
+  sock.on("connect", () => sock.write(line));
+  sock.on("data", (d) => { answer += d; if (answer.includes("\n")) { sock.destroy(); done(); } });
+}
+""".replace("__TIMEOUT__", str(HOOK_TIMEOUT))
+
+
+def _command(home: str) -> str:
+    # Through the agent's shell: a missing node or script is no error the agent sees.
+    return f'node "{home}/{HOOK_SCRIPT}" 2>/dev/null || true'
+
+
+def _post_tool_use(matcher: str, home: str) -> list[dict[str, object]]:
+    return [
+        {"matcher": matcher, "hooks": [{"type": "command", "command": _command(home), "timeout": HOOK_TIMEOUT + 5}]}
+    ]
+
+
+def hook_files(agent: str, home: str = "$HOME") -> dict[str, str]:
+    """The files to write into the sandbox's $HOME for ``agent`` (paths relative to it:
+    the hook script, and Claude Code's settings file); {} for an agent without hooks.
+    ``home``: how the hook command names $HOME (the shell expands ``$HOME``)."""
+    if agent == "claude":
+        settings = {"hooks": {"PostToolUse": _post_tool_use(CLAUDE_MATCHER, home)}}
+        return {HOOK_SCRIPT: SCRIPT, CLAUDE_SETTINGS: json.dumps(settings, indent=2) + "\n"}
+    if agent == "codex":
+        return {HOOK_SCRIPT: SCRIPT}
+    return {}
+
+
+def _toml(value: object) -> str:
+    """``value`` as an inline TOML value (JSON strings are valid TOML basic strings)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def agent_args(agent: str, home: str = HOME_DIR) -> list[str]:
+    """Extra arguments for ``agent`` so it runs the hooks of :func:`hook_files` (``home``:
+    the sandbox's $HOME, as the agent is given a path, not a shell word); [] for others."""
+    if agent == "claude":
+        return ["--settings", f"{home}/{CLAUDE_SETTINGS}"]
+    if agent == "codex":
+        hooks = _toml(_post_tool_use("*", "$HOME"))
+        return ["--dangerously-bypass-hook-trust", "-c", f"hooks.PostToolUse={hooks}"]
+    return []

@@ -6,8 +6,10 @@ arguments.
   stay) whose ``PostToolUse`` hook runs the script after every tool that may change files
   (Bash, Edit, MultiEdit, Write, NotebookEdit and MCP tools). The hook's stdin is a JSON
   object with ``tool_name`` and ``tool_input``.
-- Codex (0.124 and later, checked on 0.171): the same ``PostToolUse`` hooks, given as a
-  ``-c hooks.PostToolUse=...`` override (a session-flags layer; the user's ``~/.codex``
+- Codex (0.124 and later, checked on 0.171): the same ``PostToolUse`` hooks, and a
+  ``PreToolUse`` one that closes what changed since the last tool (Codex's ``apply_patch``
+  edits fire no hook: they become a group named ``apply_patch``), given as
+  ``-c hooks.PostToolUse=...`` / ``-c hooks.PreToolUse=...`` overrides (a session-flags layer; the user's ``~/.codex``
   stays) with ``--dangerously-bypass-hook-trust``: Codex runs a hook only once its exact
   definition is trusted, and this one is loom's own, written by the worker. Both are
   options of ``codex exec`` (and of ``codex`` itself).
@@ -62,8 +64,13 @@ function send() {
   let hook = {};
   try { hook = JSON.parse(input); } catch (e) { hook = {}; }
   if (!hook || typeof hook !== "object") hook = {};
-  const tool = String(hook.tool_name || "tool").slice(0, 64);
-  const line = JSON.stringify({ tool: tool, summary: summary(hook.tool_input) }) + "\n";
+  let tool = String(hook.tool_name || "tool").slice(0, 64);
+  let what = summary(hook.tool_input);
+  if (process.argv[2] === "before") {  // before a tool: what changed since the last one
+    tool = "apply_patch";
+    what = "edits made before " + what.slice(0, 180);
+  }
+  const line = JSON.stringify({ tool: tool, summary: what }) + "\n";
   const sock = net.createConnection(where);
   let answer = "";
   sock.setEncoding("utf8");
@@ -75,15 +82,14 @@ function send() {
 """.replace("__TIMEOUT__", str(HOOK_TIMEOUT))
 
 
-def _command(home: str) -> str:
+def _command(home: str, *args: str) -> str:
     # Through the agent's shell: a missing node or script is no error the agent sees.
-    return f'node "{home}/{HOOK_SCRIPT}" 2>/dev/null || true'
+    return f'node "{home}/{HOOK_SCRIPT}"{"".join(" " + a for a in args)} 2>/dev/null || true'
 
 
-def _post_tool_use(matcher: str, home: str) -> list[dict[str, object]]:
-    return [
-        {"matcher": matcher, "hooks": [{"type": "command", "command": _command(home), "timeout": HOOK_TIMEOUT + 5}]}
-    ]
+def _post_tool_use(matcher: str, home: str, *args: str) -> list[dict[str, object]]:
+    hook = {"type": "command", "command": _command(home, *args), "timeout": HOOK_TIMEOUT + 5}
+    return [{"matcher": matcher, "hooks": [hook]}]
 
 
 def hook_files(agent: str, home: str = "$HOME") -> dict[str, str]:
@@ -113,6 +119,12 @@ def agent_args(agent: str, home: str = HOME_DIR) -> list[str]:
     if agent == "claude":
         return ["--settings", f"{home}/{CLAUDE_SETTINGS}"]
     if agent == "codex":
-        hooks = _toml(_post_tool_use("*", "$HOME"))
-        return ["--dangerously-bypass-hook-trust", "-c", f"hooks.PostToolUse={hooks}"]
+        # Codex edits files with apply_patch, which fires no hook (checked on 0.171): a
+        # hook before each other tool closes those edits as a group of their own, so
+        # they do not join the next command's.
+        after = _toml(_post_tool_use("*", "$HOME"))
+        before = _toml(_post_tool_use("*", "$HOME", "before"))
+        return [
+            "--dangerously-bypass-hook-trust", "-c", f"hooks.PostToolUse={after}", "-c", f"hooks.PreToolUse={before}",
+        ]  # fmt: skip
     return []

@@ -23,7 +23,7 @@ import importlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from sandbox.capabilities import background
 
 from ..changelog.recorder import workspace_dir
 from . import launch as launching
+from . import turns
 from .cost import CostMeter
 from .providers import Provider
 
@@ -82,58 +83,6 @@ def new_run_id() -> str:
 def runs_dir(data_dir: Path, root: Path) -> Path:
     """Where a workspace's runs are saved (host side, outside the workspace)."""
     return workspace_dir(data_dir, root) / "agent-runs"
-
-
-# -- turn by turn recording (worker.agents.turns, part ag-turns) ---------------------------
-
-
-class _OneGroup:
-    """Without :mod:`.turns`: no hooks; the session is one changelog group (the process's)."""
-
-    sandbox_path: str | None = None
-
-    @staticmethod
-    def hook_files(agent: str) -> dict[str, str]:
-        return {}
-
-    @staticmethod
-    def agent_args(agent: str) -> list[str]:
-        return []
-
-    @staticmethod
-    @contextlib.asynccontextmanager
-    async def channel(workspace: Any, process_id: str) -> AsyncIterator[str | None]:
-        yield None
-
-
-class _Turns:
-    """With :mod:`.turns`: its hook files, its args, and its channel's socket path."""
-
-    def __init__(self, module: Any) -> None:
-        self.m = module
-
-    def hook_files(self, agent: str) -> dict[str, str]:
-        files: dict[str, str] = self.m.hook_files(agent)
-        return files
-
-    def agent_args(self, agent: str) -> list[str]:
-        return list(self.m.agent_args(agent))
-
-    @contextlib.asynccontextmanager
-    async def channel(self, workspace: Any, process_id: str) -> AsyncIterator[str | None]:
-        async with self.m.TurnChannel.open(workspace, process_id) as ch:
-            yield str(ch.sandbox_path)
-
-
-def turn_recording() -> _Turns | _OneGroup:
-    """Turn by turn recording when :mod:`worker.agents.turns` is there, else one group."""
-    try:
-        turns = importlib.import_module(f"{__package__}.turns")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.turns":
-            raise
-        return _OneGroup()
-    return _Turns(turns)
 
 
 # -- provisioning: the secret, the allowlist, the install ----------------------------------
@@ -242,28 +191,26 @@ async def run_agent(
     root = workspace.resolve()
     run_id = run_id or new_run_id()
     run_dir = runs_dir(data_dir, root) / run_id
-    rec = turn_recording()
     meter = CostMeter(model=launching.model_in(req.extra))
     process_id = "agent-" + secrets.token_hex(6)
-    launch = launching.build(
-        req.agent, req.prompt, req.extra, provider=req.provider, turn_args=rec.agent_args(req.agent)
-    )
     started = time.time()
     restore = await provision(registry, root, req)
     outcome, code, info = "exit", 1, None
     try:
         ws = await registry.workspace(root)
-        files = rec.hook_files(req.agent)
+        files = turns.hook_files(req.agent)
+        home = await _home(registry, root)
         if files:  # into $HOME: outside the workspace, so not recorded
-            home, handle = await _home(registry, root), registry.sandbox(root)
+            handle = registry.sandbox(root)
             for rel, text in files.items():
                 await handle.write_file(f"{home}/{rel}", text)
+        launch = launching.build(
+            req.agent, req.prompt, req.extra, provider=req.provider, turn_args=turns.agent_args(req.agent, home)
+        )
         await asyncio.to_thread(run_dir.mkdir, 0o700, True, True)
         progress(f"{req.agent}: running in the sandbox (run {run_id}, process {process_id})")
-        async with rec.channel(ws, process_id) as socket_path:
-            env = dict(launch.env)
-            if socket_path:
-                env["LOOM_TURN_SOCKET"] = socket_path
+        async with turns.TurnChannel.open(ws, process_id, registry.pool.turn_dir(ws.root)) as channel:
+            env = {**launch.env, **channel.env()}
             box = background(ws.sandbox)
             await ws.start_background(launch.command, timeout=req.timeout, process_id=process_id, env=env)
             outcome, info = await _pump(box, process_id, req, meter, run_dir, out, err, started)

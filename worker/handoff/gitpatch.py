@@ -55,7 +55,9 @@ def _b85_lines(data: bytes) -> str:
     for i in range(0, len(packed), 52):
         chunk = packed[i : i + 52]
         n = len(chunk)
-        out.append((chr(ord("A") + n - 1) if n <= 26 else chr(ord("a") + n - 27)) + base64.b85encode(chunk, pad=True).decode())
+        out.append(
+            (chr(ord("A") + n - 1) if n <= 26 else chr(ord("a") + n - 27)) + base64.b85encode(chunk, pad=True).decode()
+        )
     return "".join(line + "\n" for line in out)
 
 

@@ -64,7 +64,7 @@ def _executable(mode: int | None) -> bool:
     return bool(mode and mode & 0o100)
 
 
-async def _old(cl: Changelog, e: Entry, path: str) -> Side | None | str:
+async def _old(cl: Changelog, e: Entry, path: str) -> Side | str | None:
     """The state at the start of ``path`` whose first entry is ``e``: a Side, None
     (absent), or a str saying why it is unknown."""
     if e.path != path or e.before_kind is None:
@@ -77,7 +77,7 @@ async def _old(cl: Changelog, e: Entry, path: str) -> Side | None | str:
     return Side(e.before_kind, blob, _executable(e.before_mode))
 
 
-async def current(sandbox: Sandbox, path: str, max_bytes: int) -> Side | None | str:
+async def current(sandbox: Sandbox, path: str, max_bytes: int) -> Side | str | None:
     """What ``path`` holds now, read through the sandbox (never following a link).
     Raises sandbox infrastructure errors."""
     from sandbox.errors import AgentError, PathNotFoundError

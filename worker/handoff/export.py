@@ -95,9 +95,12 @@ class HostGit:
             f"--work-tree={self.repo}",
             *args,
         ]
-        proc = subprocess.run(
-            argv, env=env or git_env(), input=data, capture_output=True, cwd=self.repo, timeout=300, check=False
-        )
+        try:
+            proc = subprocess.run(
+                argv, env=env or git_env(), input=data, capture_output=True, cwd=self.repo, timeout=300, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise HandoffError(f"git {args[0]} could not be run: {e}") from e
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip()
             raise HandoffError(f"git {args[0]} failed: {err or f'exit status {proc.returncode}'}")
@@ -124,7 +127,10 @@ def commit_branch(repo: Path, branch: str, changes: list[Change], message: str, 
     ref = f"refs/heads/{branch}"
     if g.run("for-each-ref", "--format=%(refname)", ref).strip():
         raise HandoffError(f"branch {branch} already exists")
-    head = g.run("rev-parse", "--verify", "--quiet", "HEAD^{commit}").strip()
+    try:
+        head = g.run("rev-parse", "--verify", "--quiet", "HEAD^{commit}").strip()
+    except HandoffError:
+        raise HandoffError(f"the repository at {repo} has no commit to start the branch from (HEAD)") from None
     with tempfile.TemporaryDirectory(prefix="loom-export-") as tmp:
         env = git_env(index=str(Path(tmp) / "index"), who=who)
         g.run("read-tree", head, env=env)

@@ -50,7 +50,7 @@ def load_run(data_dir: Path, workspace: Path, run_id: str | None) -> dict[str, A
     return data
 
 
-def _commands(entries: list[Entry]) -> list[dict[str, Any]]:
+def commands(entries: list[Entry]) -> list[dict[str, Any]]:
     calls: dict[str, dict[str, Any]] = {}
     for e in entries:
         if e.origin == "undo" or e.state == "failed":
@@ -125,7 +125,7 @@ def build(
         "run": run,
         "files": files,
         "skipped": changes.skipped,
-        "commands": _commands(entries),
+        "commands": commands(entries),
         "hosts_reached": reached,
         "hosts_refused": refused,
         "secrets_used": secrets,

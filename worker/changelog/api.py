@@ -324,6 +324,12 @@ class Changelog:
             raise EntryNotFoundError(f"no changelog entry matches id {entry_id}")
         return [p for p, _t in await self._core.db(self._core.store.members, entry_id)]
 
+    async def blob(self, digest: str) -> bytes | None:
+        """The content stored under ``digest`` (a before- or after-image; a symlink's
+        target), None when not kept. Raises ChangelogStorageError."""
+        data: bytes | None = await self._core.db(self._core.store.get_blob, digest)
+        return data
+
     async def summary(self) -> Summary:
         """Net created/modified/deleted/renamed paths. Raises ChangelogStorageError."""
         return summarize(await self.log())

@@ -209,6 +209,9 @@ def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
     if ws is None:
         return _usage(f"--workspace {args.workspace} is not a directory")
 
+    if args.format == "patch":
+        return _diff_patch(args, settings, ws)
+
     async def run(cl: Changelog, box: Sandbox) -> str:
         if args.summary:
             return (await cl.summary()).shown().model_dump_json(indent=2) + "\n"
@@ -219,6 +222,39 @@ def _cmd_diff(args: argparse.Namespace, settings: Settings) -> int:
     except (ChangelogError, SandboxError) as e:
         print(f"loom-worker diff: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _diff_patch(args: argparse.Namespace, settings: Settings, ws: Path) -> int:
+    """``diff --format patch``: the session as one ``git am``-able mail (worker.handoff)."""
+    from sandbox.errors import SandboxError
+
+    from ..changelog import ChangelogError
+    from ..handoff import HandoffError
+    from ..handoff.export import parse_identity
+    from ..handoff.patch import DEFAULT_AUTHOR, make_patch
+
+    if args.path is not None or args.summary:
+        return _usage("--format patch takes neither a path nor --summary")
+    author = args.author or DEFAULT_AUTHOR
+    try:
+        parse_identity(author)
+    except ValueError as e:
+        return _usage(f"--author: {e}")
+
+    async def run(cl: Changelog, box: Sandbox) -> tuple[str, list[str]]:
+        text, changes = await make_patch(cl, box, message=args.message, author=author)
+        return text, changes.skipped
+
+    try:
+        text, skipped = _with_sandbox(args, settings, ws, run)
+    except (HandoffError, ChangelogError, SandboxError) as e:
+        print(f"loom-worker diff: {e}", file=sys.stderr)
+        return 1
+    for s in skipped:
+        print(f"loom-worker diff: not in the patch: {s}", file=sys.stderr)
+    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    sys.stdout.flush()
     return 0
 
 
@@ -315,6 +351,17 @@ def register(sub: Any) -> None:
     common(p)
     p.add_argument("path", nargs="?", help="Only this workspace-relative path.")
     p.add_argument("--summary", action="store_true", help="Created/modified/deleted/renamed paths as JSON.")
+    p.add_argument(
+        "--format",
+        choices=("unified", "patch"),
+        default="unified",
+        help="unified (default): the cumulative diff to read; patch: one mail-format patch of the whole session "
+        "that `git am` and `git apply` take (binary files, modes, renames, symlinks).",
+    )
+    p.add_argument(
+        "--message", "-m", metavar="M", help="With --format patch: the commit message (first line: subject)."
+    )
+    p.add_argument("--author", metavar="'NAME <MAIL>'", help="With --format patch: the From: of the patch.")
     p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser(

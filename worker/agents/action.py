@@ -13,7 +13,8 @@ before anything runs (a bad one: exit 2, the message naming the input), then dri
 4. ``diff --format patch`` into ``agent.patch``, ``report --run ID`` into ``report.md``;
 
 and writes the artifacts directory (``agent.patch``, ``report.md``, ``transcript.jsonl``,
-``run.json``), the step's outputs (:data:`OUTPUTS`) and the job summary. Steps 4 and the
+``run.json``), the step's outputs (:data:`OUTPUTS`) and the job summary; with
+``LOOM_DOTENV`` set (GitLab), a dotenv report of the outputs too. Steps 4 and the
 outputs happen whatever the agent did, so a failed or timed-out session still hands over
 what it changed.
 
@@ -254,14 +255,18 @@ def parse_inputs(env: Mapping[str, str]) -> Inputs:
     )
 
 
+_URL_CREDENTIALS = re.compile(r"://[^/\s@:]+:[^/\s@]+@")
+
+
 def persisted_token(workspace: Path) -> bool:
-    """Whether the checkout kept a credential in ``.git/config`` (actions/checkout's
-    ``extraheader`` with ``persist-credentials: true``), which the sandbox would see."""
+    """Whether the checkout kept a credential in ``.git/config``, which the sandbox would
+    see: actions/checkout's ``extraheader`` (``persist-credentials: true``), or a remote
+    URL holding one (GitLab's ``https://gitlab-ci-token:TOKEN@...``)."""
     try:
         text = (workspace / ".git" / "config").read_text(errors="replace")
     except OSError:
         return False
-    return "extraheader" in text.lower()
+    return "extraheader" in text.lower() or bool(_URL_CREDENTIALS.search(text))
 
 
 #: ``runner(argv, env, stdout)``: runs argv with env, its stdout into the file (None: ours);
@@ -457,8 +462,8 @@ def main(env: Mapping[str, str] | None = None, runner: Runner = run_subprocess) 
         return 2
     if persisted_token(inputs.workspace):
         message = (
-            "the checkout kept a token in .git/config (http...extraheader), which the agent's sandbox would read: "
-            "check out with `persist-credentials: false`"
+            "the checkout kept a token in .git/config (an http extraheader or a remote URL with credentials), "
+            "which the agent's sandbox would read: check out with `persist-credentials: false`"
         )
         print(f"loom agent action: error: {message}", file=sys.stderr)
         if ghio.on_runner(env):
@@ -469,7 +474,13 @@ def main(env: Mapping[str, str] | None = None, runner: Runner = run_subprocess) 
     data_dir = Path(env["LOOM_DATA_DIR"]) if env.get("LOOM_DATA_DIR") else Settings().data_dir
     action = Action(inputs, env, data_dir, runner)
     outcome = action.run()
-    ghio.set_outputs(env, action.outputs())
+    outputs = action.outputs()
+    ghio.set_outputs(env, outputs)
+    if env.get("LOOM_DOTENV"):
+        # GitLab's dotenv report (ci/gitlab/loom-agent.gitlab-ci.yml): what a later job may
+        # read; the paths are this job's own, so they are left out.
+        dotenv = {k: outputs[k] for k in ("changed", "files", "exit-code", "run-id")}
+        Path(env["LOOM_DOTENV"]).write_text(ghio.format_dotenv(dotenv), encoding="utf-8")
     ghio.append_summary(env, action.summary())
     return outcome.exit_code
 

@@ -95,3 +95,14 @@ def command(name: str, message: str = "", **props: str) -> str:
 def on_runner(env: Mapping[str, str] | None = None) -> bool:
     """Whether this runs as a GitHub Actions step (workflow commands are understood)."""
     return (env if env is not None else os.environ).get("GITHUB_ACTIONS") == "true"
+
+
+def format_dotenv(values: Mapping[str, str], prefix: str = "LOOM_AGENT_") -> str:
+    """``values`` as a GitLab dotenv report: ``PREFIX_NAME=value`` lines, names in upper
+    case with ``-`` as ``_``; a value's line breaks become ``,`` (the format has one line
+    per variable, and GitLab refuses quotes' escapes)."""
+    lines = []
+    for name, value in values.items():
+        key = prefix + name.upper().replace("-", "_")
+        lines.append(f"{key}={','.join(v for v in value.splitlines() if v)}")
+    return "\n".join(lines) + "\n"

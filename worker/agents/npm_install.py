@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .store import NPM_CACHE, InstallError, Installer, Progress
+from .store import NPM_CACHE, Installer, InstallError, Progress
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -32,13 +32,8 @@ def sandbox_installer(settings: Settings) -> Installer:
         from ..changelog.recorder import workspace_dir
         from ..registry import default_registry
 
-        overrides = {
-            "egress_allow": "npm",
-            "home_size": "1g",
-            "tmp_size": "1g",
-            "memory": "2g",
-        }
-        registry = default_registry(settings, changelog=False, catalog=False, **overrides)
+        own = settings.model_copy(update={"egress_allow": "npm", "home_size": "1g", "tmp_size": "1g", "memory": "2g"})
+        registry = default_registry(own, changelog=False, catalog=False)
         tail = bytearray()
 
         def on_output(_stream: str, data: bytes) -> None:

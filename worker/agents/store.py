@@ -243,17 +243,18 @@ class AgentStore:
                 os.symlink(f"../node_modules/.bin/{b}", stage / "bin" / b)
         if not (stage / "bin" / spec.binary).exists():
             raise InstallError(f"npm did not link {spec.binary} (node_modules/.bin/{spec.binary} is missing)")
+        size = tree_size(stage)
         manifest = {
             "name": name,
             "package": spec.package,
             "version": resolved,
             "integrity": integrity,
             "binary": spec.binary,
-            "size": tree_size(stage),
+            "size": size,
             "installed_at": time.time(),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        say(f"installed {spec.package}@{resolved} ({manifest['size'] / 1e6:.0f} MB)")
+        say(f"installed {spec.package}@{resolved} ({size / 1e6:.0f} MB)")
         target = self.root / name / resolved
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         old = None

@@ -93,9 +93,8 @@ async def test_agents_mounted_read_only_on_path(installed: Path, runtime: str, t
         assert rc == 0 and out.strip() == "/home/sandbox/.local/bin/semver", out
         rc, out = await sh(reg, ws, "semver -i minor 1.2.3")
         assert (rc, out.strip()) == (0, "1.3.0"), out
-        rc, out = await sh(
-            reg, ws, "pip install -q --user six==1.16.0 2>&1 && python3 -c 'import six; print(six.__file__)'"
-        )
+        pip = "pip install -q --user text-unidecode==1.3 2>&1"
+        rc, out = await sh(reg, ws, f"{pip} && python3 -c 'import text_unidecode as t; print(t.__file__)'")
         assert rc == 0 and out.strip().splitlines()[-1].startswith("/home/sandbox/.local/lib/python3"), out
         # nothing of it in the workspace
         assert sorted(p.name for p in ws.iterdir()) == []

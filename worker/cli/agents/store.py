@@ -120,10 +120,16 @@ def register(sub: Any) -> None:
     p.add_argument("version", metavar="VERSION", nargs="?", help="An exact version or a tag (default: latest).")
     p.add_argument("--json", action="store_true", help="Print the install as JSON.")
     p.set_defaults(func=_install)
-    q = sub.add_parser("list", help="The agents installed: name, version, size, which one is pinned.")
+    q = sub.add_parser(
+        "list", help="The agents installed: name, version, size, which one is pinned.", epilog="Exit status: 0."
+    )
     q.add_argument("--json", action="store_true", help="Print JSON.")
     q.set_defaults(func=_list)
-    r = sub.add_parser("remove", help="Remove an installed agent (one version, or all of them).")
+    r = sub.add_parser(
+        "remove",
+        help="Remove an installed agent (one version, or all of them).",
+        epilog="Exit status: 0; 1 the store could not be changed; 2 usage error (an unknown agent, one not installed).",
+    )
     r.add_argument("name", metavar="NAME", help=f"The agent: {', '.join(AGENTS)}.")
     r.add_argument("version", metavar="VERSION", nargs="?", help="Only this version (default: every one).")
     r.set_defaults(func=_remove)

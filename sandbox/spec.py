@@ -85,6 +85,10 @@ EGRESS_ENV = {
     "GIT_CONFIG_KEY_0": "http.proxy",
     "GIT_CONFIG_VALUE_0": EGRESS_PROXY,
 }
+#: Where each agent CLI of the host's agents store a sandbox asks for is mounted read-only
+#: (``<AGENTS_MOUNT>/<name>``); its ``bin`` directory comes first on PATH.
+AGENTS_MOUNT = "/opt/loom/agents"
+_AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 ACTIVITY_FILE = "/tmp/.loom-activity"
 #: The sandbox's own directories and the modes every agent gives them at start, whatever the
 #: image's directories there had (see sandbox/docker/config.py: runc copies their modes).
@@ -202,6 +206,10 @@ class SandboxSpec(BaseModel):
     #: same directory of the host: recorded by the changelog's scans, undoable). The
     #: protections of ``.git`` apply under it as under /workspace. None: no second mount.
     home_mount: str | None = None
+    #: Agent CLIs of the host's agents store (name -> the install's directory on the
+    #: engine's host), each mounted read-only at ``AGENTS_MOUNT/<name>`` with its ``bin``
+    #: first on the PATH of every command.
+    agents: dict[str, str] = Field(default_factory=dict)
     #: Whose sandboxes these are: the identity of the worker installation (its data
     #: directory, see ``worker.owner``), set as a label on every container, so that
     #: ``gc`` removes only its own. None: unowned (tests, a backend made by hand).
@@ -211,6 +219,20 @@ class SandboxSpec(BaseModel):
     @classmethod
     def _home_mount(cls, v: str | None) -> str | None:
         return None if v is None else check_home_mount(v)
+
+    @field_validator("agents")
+    @classmethod
+    def _agents(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():
+            if not _AGENT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an agent's name (a-z, 0-9, _ and -)")
+            if not path.startswith("/"):
+                raise ValueError(f"{name}: {path!r} is not an absolute path")
+        return dict(sorted(v.items()))
+
+    def path_prepend(self) -> list[str]:
+        """What comes before the image's PATH for every command: the agents' ``bin``."""
+        return [f"{AGENTS_MOUNT}/{name}/bin" for name in self.agents]
 
     @field_validator("registries")
     @classmethod
@@ -252,6 +274,8 @@ class SandboxSpec(BaseModel):
             "disk_reserve": self.disk_reserve,
             "inode_limit": self.inode_limit,
         }
+        if self.agents:
+            config["path_prepend"] = self.path_prepend()
         if self.egress_dir:
             config["egress"] = {"socket": EGRESS_SOCKET, "proxy_port": EGRESS_PROXY_PORT, "dns_port": 53}
         return config

@@ -61,6 +61,8 @@ Image = Annotated[str, Field(min_length=1, max_length=512), AfterValidator(_imag
 Size = Annotated[str, Field(max_length=32), AfterValidator(_size)]
 SizeOrZero = Annotated[str, Field(max_length=32), AfterValidator(_size_or_zero)]
 Memory = Annotated[str, Field(max_length=32), AfterValidator(_memory)]
+
+
 def _fspath(v: Any) -> Any:
     # A caller of the Python API may give a pathlib.Path, as the setting took before.
     return os.fspath(v) if isinstance(v, os.PathLike) else v
@@ -151,7 +153,7 @@ class SandboxSettings(BaseModel):
 
 
 #: The settings a workspace may override (the rest are the operator's alone).
-PER_WORKSPACE = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "ca_bundle")
+PER_WORKSPACE = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "ca_bundle", "tmp_size", "home_size")
 
 
 def override(name: str) -> Any:

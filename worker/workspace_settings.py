@@ -33,7 +33,7 @@ from sandbox.spec import Cpus, IdleTtl, Pids, Runtime, SandboxSpec, check_home_m
 from .changelog.recorder import workspace_dir
 from .egress.policy import EgressPatternError, EgressPolicy
 from .pem import pem_problem
-from .sandbox_settings import HostPath, Image, Memory, override
+from .sandbox_settings import HostPath, Image, Memory, Size, override
 from .storage.atomic import write_atomic
 
 if TYPE_CHECKING:  # annotations only: the settings module is not needed to use these
@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # annotations only: the settings module is not needed to use 
 SETTINGS_FILE = "settings.json"
 #: The directory of the CA bundles' copies (:meth:`Configs.trust_dir`).
 TRUST_DIR = "trust"
+#: The host's agents store under the data directory (:mod:`worker.agents.store`).
+AGENTS_DIR = "agents"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Variables the worker owns in a sandbox: the agent runtime must not be steered through
 #: the dynamic loader, and HOME/USER belong to the sandbox's tmpfs home.
@@ -72,6 +74,8 @@ class WorkspaceSettings(BaseModel):
     pids: Pids | None = override("pids")
     idle_ttl: IdleTtl | None = override("idle_ttl")
     ca_bundle: HostPath | None = override("ca_bundle")
+    tmp_size: Size | None = override("tmp_size")
+    home_size: Size | None = override("home_size")
     # A workspace's own.
     env: dict[str, str] | None = Field(None, description="Environment variables of every process in the sandbox.")
     egress: list[str] | None = Field(
@@ -91,6 +95,24 @@ class WorkspaceSettings(BaseModel):
         "$HOME (and <name> $USER): what is written there is the workspace's, recorded like any change. E2B's "
         "API gives its sandboxes /home/user (docs/e2b.md).",
     )
+
+    agents: list[str] | None = Field(
+        None,
+        description="Agent CLIs of the host's agents store (claude, codex, opencode; `loom-worker agent install "
+        "NAME`): the pinned install of each is mounted read-only at /opt/loom/agents/<name>, its bin first on PATH.",
+    )
+
+    @field_validator("agents")
+    @classmethod
+    def _agents(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        from .agents.catalog import AGENTS
+
+        for name in v:
+            if name not in AGENTS:
+                raise ValueError(f"unknown agent {name!r} (known: {', '.join(AGENTS)})")
+        return sorted(set(v))
 
     @field_validator("env")
     @classmethod
@@ -200,17 +222,37 @@ def check_ca_bundle(field: str, path: str) -> None:
         raise SettingsError(field, problem)
 
 
-def spec_for(base: dict[str, Any], s: WorkspaceSettings, egress_dir: Path | None = None) -> SandboxSpec:
+def spec_for(
+    base: dict[str, Any], s: WorkspaceSettings, egress_dir: Path | None = None, agents_root: Path | None = None
+) -> SandboxSpec:
     """The sandbox spec of a workspace: the process defaults ``base`` (``Settings.
     sandbox_spec_kwargs()``) with its overrides; ``egress_dir``: the gateway's socket
-    directory to mount when the workspace may reach the network. Raises ValueError for a
-    bad default."""
+    directory to mount when the workspace may reach the network; ``agents_root``: the
+    host's agents store (:mod:`worker.agents.store`). Raises ValueError for a bad default,
+    SettingsError for an agent not installed."""
     kw = dict(base)
     for key, value in s.set_fields().items():
-        if key != "egress":
+        if key not in ("egress", "agents"):
             kw[key] = value
+    if s.agents:
+        kw["agents"] = agent_mounts(s.agents, agents_root)
     kw["egress_dir"] = None if egress_dir is None else str(egress_dir)
     return SandboxSpec(**kw)
+
+
+def agent_mounts(names: list[str], agents_root: Path | None) -> dict[str, str]:
+    """Each agent's pinned install (name -> its directory). Raises SettingsError naming
+    the first one not installed."""
+    from .agents.store import AgentStore
+
+    store = AgentStore(agents_root) if agents_root is not None else None
+    mounts: dict[str, str] = {}
+    for name in names:
+        got = store.get(name) if store is not None else None
+        if got is None:
+            raise SettingsError("agents", f"{name} is not installed on this host: loom-worker agent install {name}")
+        mounts[name] = str(got.path)
+    return mounts
 
 
 class SettingsStore:
@@ -362,7 +404,7 @@ class Configs:
         egress_dir = None
         if self.egress_socket_dir is not None and self.policy(workspace, s):
             egress_dir = self.egress_socket_dir(workspace)
-        spec = spec_for(self.base, s, egress_dir)
+        spec = spec_for(self.base, s, egress_dir, self.store.data_dir / AGENTS_DIR)
         if egress_dir is not None and self.secrets is not None:
             given = self.secrets.for_sandbox(workspace, spec.ca_bundle, egress_dir)  # OSError
             if given is not None:

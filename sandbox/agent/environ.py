@@ -38,6 +38,16 @@ def command_env_cwd(req):
         # An agent started as another user (root, or a user of the image): its own name
         # and home, as a login would give them, not the workspace owner's.
         env.update(_own_identity())
+    # What a command installs for itself lands in $HOME (the root is read-only): `npm
+    # install -g` under $HOME/.local (npm's prefix), `pip install --user` in
+    # $HOME/.local too; their bin comes first, then the agents' (the store's, read-only).
+    home_bin = env["HOME"].rstrip("/") + "/.local/bin"
+    env.setdefault("NPM_CONFIG_PREFIX", env["HOME"].rstrip("/") + "/.local")
+    # Debian's Python (PEP 668) refuses `pip install --user` ("externally-managed-
+    # environment") unless told otherwise; in a sandbox the system's site-packages is
+    # read-only anyway, so the only place pip can write is the user's, under $HOME.
+    env.setdefault("PIP_BREAK_SYSTEM_PACKAGES", "1")
+    env["PATH"] = ":".join([home_bin] + list(state.path_prepend) + [env.get("PATH") or BASE_ENV["PATH"]])
     for k, v in (req.get("env") or {}).items():
         if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
             env[k] = v

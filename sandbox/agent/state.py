@@ -49,6 +49,9 @@ keeper_ttl = None  # type: float | None
 #: PATH, its tool settings) plus what the worker set (HOME, USER, LANG, per-workspace
 #: variables). Commands start from it, so an image behaves as its author meant.
 image_env = {}  # type: dict
+#: Directories that come before the image's PATH for every command (the agents store's
+#: ``bin`` directories of the agent CLIs the workspace asks for).
+path_prepend = []  # type: list
 
 
 def configure(config):
@@ -59,6 +62,7 @@ def configure(config):
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     nonce = config.get("nonce")
     image_env.update(os.environ)
+    path_prepend[:] = [p for p in (config.get("path_prepend") or []) if isinstance(p, str) and ":" not in p]
     ACTIVITY_FILE = config.get("activity_file", ACTIVITY_FILE)
     PROCS_DIR = config.get("procs_dir", PROCS_DIR)
     MAX_READ = int(config.get("max_read", MAX_READ))

@@ -16,6 +16,7 @@ from .. import __version__, protocol
 from ..identity import workspace_key
 from ..spec import (
     AGENT_COMMAND,
+    AGENTS_MOUNT,
     CA_BUNDLE_PATH,
     CHANNEL_MOUNT,
     EGRESS_MOUNT,
@@ -104,6 +105,8 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
         mounts.append(Mount(target=spec.home_mount, source=str(ws), type="bind", read_only=False))
     if runtime_volume:
         mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
+    for name, source in spec.agents.items():
+        mounts.append(Mount(target=f"{AGENTS_MOUNT}/{name}", source=source, type="bind", read_only=True))
     if spec.ca_bundle:
         mounts.append(Mount(target=CA_BUNDLE_PATH, source=spec.ca_bundle, type="bind", read_only=True))
     channel = channel_dir(ws, spec)

@@ -19,7 +19,21 @@ from .common import path_arg
 if TYPE_CHECKING:
     from ..settings import Settings
 
-_FIELDS = ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "env", "ca_bundle", "egress", "allow_root")
+_FIELDS = (
+    "image",
+    "runtime",
+    "cpus",
+    "memory",
+    "pids",
+    "idle_ttl",
+    "env",
+    "ca_bundle",
+    "egress",
+    "allow_root",
+    "tmp_size",
+    "home_size",
+    "agents",
+)
 
 
 def _usage(message: str) -> int:
@@ -30,7 +44,7 @@ def _usage(message: str) -> int:
 def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, Any] | str:
     """The requested changes, or a usage message."""
     out: dict[str, Any] = {}
-    for name in ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "ca_bundle"):
+    for name in ("image", "runtime", "cpus", "memory", "pids", "idle_ttl", "ca_bundle", "tmp_size", "home_size"):
         value = getattr(args, name)
         if value is not None:
             out[name] = value
@@ -58,6 +72,10 @@ def _changes(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str,
         out["egress"] = [] if text.lower() in ("", "none") else [e.strip() for e in text.split(",") if e.strip()]
     if args.allow_root is not None:
         out["allow_root"] = args.allow_root
+    if args.agents is not None:
+        # "claude,codex"; "" or "none" for none.
+        text = args.agents.strip()
+        out["agents"] = [] if text.lower() in ("", "none") else [a.strip() for a in text.split(",") if a.strip()]
     if args.ca_bundle is not None:
         from pathlib import Path
 
@@ -146,6 +164,14 @@ def register(sub: Any) -> None:
         q.add_argument("--memory", help="Memory limit, e.g. 2g.")
         q.add_argument("--pids", type=int, help="Process limit.")
         q.add_argument("--idle-ttl", dest="idle_ttl", type=int, help="Seconds without calls before it exits.")
+        q.add_argument("--tmp-size", dest="tmp_size", help="Size of /tmp (a tmpfs, counted in memory), e.g. 2g.")
+        q.add_argument("--home-size", dest="home_size", help="Size of $HOME (a tmpfs, counted in memory), e.g. 2g.")
+        q.add_argument(
+            "--agents",
+            metavar="LIST",
+            help="Agent CLIs of the host's agents store (loom-worker agent install NAME), comma-separated "
+            "(claude,codex,opencode): mounted read-only at /opt/loom/agents/<name>, on PATH; 'none' for none.",
+        )
         q.add_argument("--env", action="append", metavar="KEY=VALUE", help="Set a variable (repeatable).")
         q.add_argument("--ca-bundle", dest="ca_bundle", help="PEM file on the host: the sandbox's trust store.")
         q.add_argument(

@@ -29,6 +29,8 @@ from ..workspace import ChangeRecorder, Workspace
 from ..workspace_settings import Configs, Configured, SettingsError, WorkspaceSettings, check, parse
 
 if TYPE_CHECKING:  # the gateway's imports are paid only when a workspace may reach out
+    from sandbox.spec import SandboxSpec
+
     from ..egress.gateway import EgressGateway
     from ..egress.log import EgressRecord
 
@@ -322,9 +324,12 @@ class WorkspacePool:
         before = configs.store.load(root)
         new = parse(changes, before)
         await self.check_settings(new, before)
-        old_spec = configs.spec(root, before)
+        try:
+            old_spec: SandboxSpec | None = configs.spec(root, before)
+        except SettingsError:
+            old_spec = None  # (an agent it names was removed since: the new settings may fix it)
         spec = configs.spec(root, new)
-        if spec.allow_root and not old_spec.allow_root:
+        if spec.allow_root and not (old_spec is not None and old_spec.allow_root):
             _check_allow_root(root, spec.uid)
         egress_changed = configs.policy(root, before) != configs.policy(root, new)
         if new != before:

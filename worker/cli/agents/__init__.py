@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "agent",
-        help="Agent CLIs (Claude Code, Codex, OpenCode) in the sandbox: install, list, run.",
+        help="Agent CLIs (Claude Code, Codex, OpenCode) in the sandbox: install, list, remove, run.",
         description="Install agent CLIs into the host's agents store (mounted read-only into sandboxes that ask "
         "for them) and run one in a workspace's sandbox, its provider key kept on the host.",
     )

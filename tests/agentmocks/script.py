@@ -60,7 +60,11 @@ def project_files(root: Path = PROJECT) -> dict[str, str]:
     """The text files of a project, by path relative to its root (sorted)."""
     out: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".md", ".toml", ".txt"}:
+        if (
+            path.is_file()
+            and not {"__pycache__", ".git"} & set(path.relative_to(root).parts)
+            and path.suffix in {".py", ".md", ".toml", ".txt"}
+        ):
             out[path.relative_to(root).as_posix()] = path.read_text()
     return out
 
@@ -157,3 +161,34 @@ def render_codex(step: Step, cwd: str) -> tuple[str, dict[str, object]]:
 
 def dumps(step: Step) -> str:
     return json.dumps({"kind": type(step).__name__, **step.__dict__})
+
+
+def trees(steps: list[Step], files: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """The project's text files at the start and after each step that changes them, as the
+    script means them (an agent that did the session leaves the last one): ``[start, after
+    the first change, ...]``. Raises ValueError if an edit's line is not there."""
+    tree = dict(files if files is not None else project_files())
+    out = [dict(tree)]
+    for step in steps:
+        if isinstance(step, Write):
+            tree[step.path] = step.content
+        elif isinstance(step, Edit):
+            lines = tree[step.path].split("\n")
+            if step.old not in lines:
+                raise ValueError(f"{step.path}: no line {step.old!r}")
+            lines[lines.index(step.old)] = step.new
+            tree[step.path] = "\n".join(lines)
+        else:
+            continue
+        out.append(dict(tree))
+    return out
+
+
+def read_tree(root: Path, like: dict[str, str]) -> dict[str, str]:
+    """The files of ``root`` a tree of :func:`trees` could hold: the same text suffixes, plus
+    whatever ``like`` names (files of the agent's own, e.g. its settings, are left out)."""
+    now = project_files(root)
+    for rel in like:
+        if rel not in now and (root / rel).is_file():
+            now[rel] = (root / rel).read_text()
+    return now

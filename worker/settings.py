@@ -70,6 +70,13 @@ class Settings(SandboxSettings, BaseSettings):
         description="Networks the gateway may dial although private or local (an internal mirror, a test "
         "server), comma-separated CIDRs; the allowlist still applies.",
     )
+    egress_hosts: str | None = Field(
+        None,
+        description="Names the gateway dials at a fixed address instead of resolving them, comma-separated "
+        "host[:port]=address[:port] (api.anthropic.com=127.0.0.1:8443): a mock or mirror under the real name. "
+        "The allowlist, address checks (LOOM_EGRESS_TRUSTED_NETWORKS), TLS checks and secrets still apply "
+        "to the name.",
+    )
     egress_max_connections: int = Field(64, ge=1, le=4096, description="Open egress connections per workspace.")
     egress_bytes_per_minute: str = Field(
         "4g", description="Egress bytes per workspace per minute (both ways); a flood beyond is cut."
@@ -145,6 +152,14 @@ class Settings(SandboxSettings, BaseSettings):
         from .egress.addresses import parse_networks
 
         parse_networks(v)  # ValueError naming the entry
+        return v
+
+    @field_validator("egress_hosts")
+    @classmethod
+    def _egress_hosts(cls, v: str | None) -> str | None:
+        from .egress.overrides import parse_overrides
+
+        parse_overrides(v)  # OverrideError (a ValueError) naming the entry
         return v
 
     @field_validator("egress_upstream_ca")

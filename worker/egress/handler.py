@@ -163,7 +163,7 @@ class Connection:
         """Raises Denied (403 address refused, 502 unreachable)."""
         try:
             addrs = await self.upstream.resolve(host, port)
-            return await self.upstream.connect(addrs, port)
+            return await self.upstream.connect(addrs, self.upstream.dial_port(host, port))
         except Refused as e:
             raise Denied(Refuse(403, "denied", e.reason, address=e.address)) from None
         except Unreachable as e:

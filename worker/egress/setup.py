@@ -43,6 +43,7 @@ def egress_parts(settings: Settings) -> tuple[list[str], Callable[[Path], Path],
         from .addresses import HostAddresses, parse_networks
         from .gateway import EgressGateway, Limits
         from .log import EgressLog
+        from .overrides import parse_overrides
         from .policy import EgressPolicy
         from .upstream import Upstream
 
@@ -53,7 +54,11 @@ def egress_parts(settings: Settings) -> tuple[list[str], Callable[[Path], Path],
                 log.warning("egress.policy_unreadable", workspace=str(root), error=str(e))
                 return None
 
-        upstream = Upstream(HostAddresses(), trusted=parse_networks(settings.egress_trusted_networks))
+        upstream = Upstream(
+            HostAddresses(),
+            trusted=parse_networks(settings.egress_trusted_networks),
+            overrides=parse_overrides(settings.egress_hosts),
+        )
         limits = Limits(settings.egress_max_connections, parse_size(settings.egress_bytes_per_minute))
         interceptor = None
         if configs.secrets is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from . import decide
 from .addresses import HostAddresses, IPAddress, IPNetwork
 from .authority import parse_ip
+from .overrides import Target, lookup
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
@@ -60,13 +61,23 @@ class Upstream:
     trusted: tuple[IPNetwork, ...] = ()
     resolver: Resolver = system_resolver
     connect_timeout: float = 10.0
+    #: LOOM_EGRESS_HOSTS: names dialled at a fixed address instead of resolved
+    overrides: dict[tuple[str, int | None], Target] | None = None
+
+    def dial_port(self, host: str, port: int) -> int:
+        """The port the gateway dials for ``host:port`` (an override's, else ``port``)."""
+        target = lookup(self.overrides, host, port) if self.overrides else None
+        return target.port if target is not None and target.port is not None else port
 
     async def resolve(self, host: str, port: int) -> list[IPAddress]:
         """The checked addresses of ``host`` (an IP literal is itself). Raises Refused
         (one of them may not be dialled) or Unreachable (no address)."""
         literal = parse_ip(host)
+        target = lookup(self.overrides, host, port) if self.overrides and literal is None else None
         if literal is not None:
             addrs: list[IPAddress] = [literal]
+        elif target is not None:  # still checked below: a loopback one must be a trusted network
+            addrs = [target.address]
         else:
             try:
                 addrs = await asyncio.wait_for(self.resolver(host, port), self.connect_timeout)

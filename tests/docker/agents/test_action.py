@@ -101,6 +101,9 @@ def test_the_action_on_a_runner(docker_ready: None, tmp_path: Path, repo: Path, 
 
         # The patch applies with `git am` in a clean clone, and gives the agent's tree.
         clone = tmp_path / "clone"
+        # (git refuses to clone a repository of another user, here the sandbox's uid 1000:
+        # safe.directory does not reach the local transport; the run is over, so take it back)
+        subprocess.run(["chown", "-R", "0:0", str(repo)], check=True)
         git(tmp_path, "clone", "-q", str(repo), str(clone))
         git(clone, "am", str(artifacts / "agent.patch"))
         assert "agent: make add add" in git(clone, "log", "-1", "--format=%s")

@@ -75,6 +75,15 @@ def test_codex_and_opencode_and_tty_argv() -> None:
                  "analytics.enabled=false"):  # fmt: skip
         assert flag in got.argv
     assert got.env == {"OPENAI_BASE_URL": "https://api.openai.com/v1"}
+    # Codex ignores OPENAI_BASE_URL: a provider of loom's own carries the base URL and key variable
+    at = got.argv.index("model_provider=loom")
+    assert got.argv[at - 1] == "-c" and got.argv[at + 1] == "-c"
+    assert got.argv[at + 2] == (
+        'model_providers.loom={name="loom",base_url="https://api.openai.com/v1",'
+        'env_key="OPENAI_API_KEY",wire_api="responses"}'
+    )
+    mine = launch.build("codex", "p", [], provider=PROVIDERS["openai"].with_base_url("https://gw.example/v1"))
+    assert 'base_url="https://gw.example/v1"' in " ".join(mine.argv)
     assert launch.build("opencode", "x", [], provider=None).argv == ["opencode", "run", "x"]
     tty = launch.build("claude", None, [], provider=None, tty=True)
     assert tty.argv == ["claude", "--dangerously-skip-permissions"]

@@ -41,6 +41,9 @@ KINDS: dict[str, AgentKind] = {
             ("DISABLE_AUTOUPDATER", "1"),
             ("DISABLE_BUG_COMMAND", "1"),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            # --dangerously-skip-permissions refuses to run as root without it (a workspace
+            # may run its sandbox as root); the sandbox is what makes skipping them safe.
+            ("IS_SANDBOX", "1"),
         ),
     ),
     "codex": AgentKind(
@@ -75,6 +78,15 @@ class Launch:
     kind: AgentKind | None
 
 
+def codex_provider_args(provider: Provider) -> list[str]:
+    """Codex's built-in ``openai`` provider ignores ``OPENAI_BASE_URL`` and dials
+    api.openai.com's WebSocket first (checked on 0.171): a provider of loom's own, on the
+    Responses API at the provider's base URL with its key variable, is what it honours."""
+    base = provider.base_url or "https://api.openai.com/v1"
+    table = f'{{name="loom",base_url="{base}",env_key="{provider.key_env}",wire_api="responses"}}'
+    return ["-c", "model_provider=loom", "-c", f"model_providers.loom={table}"]
+
+
 def provider_for(agent: str) -> Provider | None:
     """The preset provider of a known agent (None: a custom command, or OpenCode)."""
     kind = KINDS.get(agent)
@@ -105,8 +117,11 @@ def build(
         command = " ".join([agent, *(shlex.quote(w) for w in argv[len(words) :])])
         return Launch(argv, command, env, None)
     env.update(kind.quiet_env)
+    quiet = list(kind.quiet_args)
+    if kind.name == "codex" and provider is not None:
+        quiet += codex_provider_args(provider)
     if tty:
-        argv = [kind.binary, *kind.interactive, *kind.quiet_args, *(turn_args or []), *extra]
+        argv = [kind.binary, *kind.interactive, *quiet, *(turn_args or []), *extra]
         if prompt is not None:
             argv.append(prompt)
     else:
@@ -117,7 +132,7 @@ def build(
             argv.append(prompt if word == "{prompt}" else word)
         # Quiet args after the subcommand (Codex's ``exec``), which must come first.
         at = 2 if kind.headless[0] == "exec" else 1
-        argv[at:at] = list(kind.quiet_args)
+        argv[at:at] = quiet
         argv += [*(turn_args or []), *extra]
     return Launch(argv, shlex.join(argv), env, kind)
 

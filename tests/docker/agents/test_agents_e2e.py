@@ -141,6 +141,9 @@ def loom_env(request: pytest.FixtureRequest, docker_ready: None, mock: MockProvi
         LOOM_EGRESS_HOSTS=f"api.anthropic.com=127.0.0.1:{mock.port},api.openai.com=127.0.0.1:{mock.port}",
         LOOM_EGRESS_TRUSTED_NETWORKS="127.0.0.0/8",
         LOOM_EGRESS_UPSTREAM_CA=str(ca),
+        # `agent install` reaches npm's registry from a sandbox, through this machine's
+        # TLS-intercepting proxy: the sandbox must trust what the host trusts
+        LOOM_CA_BUNDLE="/etc/ssl/certs/ca-certificates.crt",
     )
     (tmp_path / "run").mkdir()
     return env
@@ -192,7 +195,10 @@ def test_agent_in_the_sandbox_turn_by_turn(
             str(ws),
             "--",
             "env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'; "
-            "grep -rlsF --exclude-dir=proc --exclude-dir=sys -e " + key[:24] + " / || true",
+            # the needle in two halves, joined by the shell: the probe's own command line
+            # must not hold what it looks for
+            f"a={key[:12]}; b={key[12:24]}; "
+            'grep -rlsF --exclude-dir=proc --exclude-dir=sys -e "$a$b" / || true',
         ],
         env,
     )

@@ -212,7 +212,9 @@ async def run_agent(
         async with turns.TurnChannel.open(ws, process_id, registry.pool.turn_dir(ws.root)) as channel:
             env = {**launch.env, **channel.env()}
             box = background(ws.sandbox)
-            await ws.start_background(launch.command, timeout=req.timeout, process_id=process_id, env=env)
+            # Headless: no input, ever (Codex otherwise waits for more of the prompt on stdin).
+            command = f"exec </dev/null; {launch.command}"
+            await ws.start_background(command, timeout=req.timeout, process_id=process_id, env=env)
             outcome, info = await _pump(box, process_id, req, meter, run_dir, out, err, started)
         changed = await ws.settle_background(prefer=process_id)
     finally:

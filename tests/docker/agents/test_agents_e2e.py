@@ -150,12 +150,14 @@ def loom_env(request: pytest.FixtureRequest, docker_ready: None, mock: MockProvi
 
 
 def groups(ws: Path, env: dict[str, str]) -> list[tuple[str, str]]:
-    """(call id, tool) of each changelog group, oldest first."""
+    """(call id, tool) of each changelog group not undone, oldest first."""
     r = loom(["log", "-w", str(ws), "--json"], env)
     assert r.returncode == 0, r.stderr
     out: list[tuple[str, str]] = []
     for line in r.stdout.splitlines():
         e = json.loads(line)
+        if e.get("origin") == "undo" or e.get("reverted_by") is not None:
+            continue  # undo's own entries, and what an undo took back: no longer a group
         g = (str(e.get("call_id")), str(e.get("tool")))
         if g not in out:
             out.append(g)

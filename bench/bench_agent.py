@@ -4,8 +4,8 @@ mock providers (tests/agentmocks), on the bare host (the baseline) and in loom's
 medians and ratios to the bare host. Targets: <= 1.3x the bare host under runc; turn-by-turn
 recording <= 10% of the session.
 
-The cost of recording: the same agent argv in the same sandbox through ``loom-worker exec``
-(one group for the whole session, no turn hooks) against ``agent run`` (a group per tool call).
+The cost of recording: ``agent run`` (a group per tool call: the agent's hooks and a scan per
+tool call) against ``agent run --no-turns`` (the same run, one group for the session).
 
 Usage: .venv/bin/python bench/bench_agent.py [--agents claude,codex] [--runtimes runc,runsc]
        [--rounds 5] [--turns 20] [--host-only]
@@ -106,28 +106,15 @@ def loom_env(runtime: str, mock: MockProviders, tmp: Path) -> dict[str, str]:
 
 
 def in_sandbox(name: str, env: dict[str, str], tmp: Path, *, turns: bool) -> float:
-    """``agent run`` (turn by turn) or, with ``turns`` False, the same agent by ``exec``."""
+    """``agent run`` with turn by turn recording, or with ``turns`` False ``--no-turns``
+    (the same run, one group for the session: no hooks, no scan per tool call)."""
     ws = fresh_project(tmp)
     for path in [ws, *ws.rglob("*")]:
         os.lchown(path, 1000, 1000)
     var, key = KEYS[name]
-    loom = [sys.executable, "-m", "worker.cli"]
-    if turns:
-        extra = ["--", "-m", "gpt-5-codex"] if name == "codex" else []
-        return timed([*loom, "agent", "run", "-w", str(ws), name, "--prompt", PROMPT, *extra], ws, env | {var: key})
-    # the agent's own argv in the sandbox, no hooks: the key as a placeholder is the gateway's job,
-    # so this half runs with the mock accepting any key
-    base = "https://api.anthropic.com" if name == "claude" else "https://api.openai.com/v1"
-    if name == "claude":
-        inner = claude_argv(name, PROMPT)
-        setenv = claude_env(base, "unused")
-    else:
-        inner = codex_argv(name, PROMPT, base)
-        setenv = codex_env("unused", "/home/user/.codex") | {"HOME": "/home/user"}
-    cmd = " ".join(f"{k}={v!r}" for k, v in setenv.items()) + " " + " ".join(repr(a) for a in inner) + " </dev/null"
-    if name == "codex":
-        cmd = "mkdir -p /home/user/.codex && " + cmd
-    return timed([*loom, "exec", "-w", str(ws), "--timeout", "600", "--", cmd], ws, env)
+    loom = [sys.executable, "-m", "worker.cli", "agent", "run", "-w", str(ws), name, "--prompt", PROMPT]
+    extra = ["--", "-m", "gpt-5-codex"] if name == "codex" else []
+    return timed([*loom, *([] if turns else ["--no-turns"]), *extra], ws, env | {var: key})
 
 
 def main() -> int:
@@ -161,7 +148,7 @@ def main() -> int:
                 results.setdefault(f"{a} host", []).append(on_host(a, mock, tmp))
                 for rt, env in envs.items():
                     results.setdefault(f"{a} {rt} agent run", []).append(in_sandbox(a, env, tmp, turns=True))
-                    results.setdefault(f"{a} {rt} exec (no turns)", []).append(in_sandbox(a, env, tmp, turns=False))
+                    results.setdefault(f"{a} {rt} --no-turns", []).append(in_sandbox(a, env, tmp, turns=False))
             print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
     print(f"{'session (' + str(args.turns) + ' turns)':34} {'median s':>9} {'x host':>7}")
     for label, times in results.items():
@@ -170,7 +157,7 @@ def main() -> int:
         print(f"{label:34} {med:9.2f} {med / host:7.2f}")
     for a in agents:
         for rt in runtimes:
-            run_, plain = (statistics.median(results[f"{a} {rt} {k}"]) for k in ("agent run", "exec (no turns)"))
+            run_, plain = (statistics.median(results[f"{a} {rt} {k}"]) for k in ("agent run", "--no-turns"))
             print(f"{a} {rt}: turn-by-turn recording {100 * (run_ - plain) / run_:.1f}% of the session (target <= 10%)")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

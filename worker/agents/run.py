@@ -61,6 +61,8 @@ class RunRequest:
     key_file: Path | None = None
     timeout: float = 3600.0
     max_cost: float | None = None
+    #: Turn by turn recording (the agent's hooks); False: one group for the session.
+    turns: bool = True
 
 
 @dataclass
@@ -198,18 +200,20 @@ async def run_agent(
     outcome, code, info = "exit", 1, None
     try:
         ws = await registry.workspace(root)
-        files = turns.hook_files(req.agent)
+        files = turns.hook_files(req.agent) if req.turns else {}
         home = await _home(registry, root)
         if files:  # into $HOME: outside the workspace, so not recorded
             handle = registry.sandbox(root)
             for rel, text in files.items():
                 await handle.write_file(f"{home}/{rel}", text)
         launch = launching.build(
-            req.agent, req.prompt, req.extra, provider=req.provider, turn_args=turns.agent_args(req.agent, home)
-        )
+            req.agent, req.prompt, req.extra, provider=req.provider,
+            turn_args=turns.agent_args(req.agent, home) if req.turns else [],
+        )  # fmt: skip
         await asyncio.to_thread(run_dir.mkdir, 0o700, True, True)
         progress(f"{req.agent}: running in the sandbox (run {run_id}, process {process_id})")
-        async with turns.TurnChannel.open(ws, process_id, registry.pool.turn_dir(ws.root)) as channel:
+        host_dir = registry.pool.turn_dir(ws.root) if req.turns else None
+        async with turns.TurnChannel.open(ws, process_id, host_dir) as channel:
             env = {**launch.env, **channel.env()}
             box = background(ws.sandbox)
             # Headless: no input, ever (Codex otherwise waits for more of the prompt on stdin).

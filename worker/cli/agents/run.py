@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return _usage(str(e))
     req = RunRequest(
         args.agent, prompt, extra, provider, key_value=key_value, key_file=key_file,
-        timeout=args.timeout, max_cost=args.max_cost,
+        timeout=args.timeout, max_cost=args.max_cost, turns=not args.no_turns,
     )  # fmt: skip
     if args.tty:
         return _tty(args, settings, req)
@@ -243,5 +243,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-header", metavar="TEMPLATE", help="How it is sent (default 'Authorization: Bearer {value}').")
     p.add_argument("--key-file", type=path_arg, metavar="FILE", help="Read the key from this file (at each use).")
     p.add_argument("--base-url", metavar="URL", help="The provider's API at another https:// URL (the key goes there).")
+    p.add_argument(
+        "--no-turns", action="store_true", help="One undo group for the whole session (no turn-by-turn hooks)."
+    )
     p.add_argument("--json", action="store_true", help="Print the result as JSON instead of the agent's output.")
     p.add_argument("--quiet", "-q", action="store_true", help="No progress lines of ours.")

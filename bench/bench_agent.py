@@ -102,6 +102,11 @@ def loom_env(runtime: str, mock: MockProviders, tmp: Path) -> dict[str, str]:
         LOOM_EGRESS_TRUSTED_NETWORKS="127.0.0.0/8",
         LOOM_EGRESS_UPSTREAM_CA=str(tmp / "mock-ca.pem"),
     )
+    # `agent install` reaches npm from a sandbox: behind a TLS-intercepting proxy the sandbox
+    # must trust what the host trusts (the operator's LOOM_CA_BUNDLE, else the host's bundle)
+    host_ca = os.environ.get("LOOM_CA_BUNDLE") or "/etc/ssl/certs/ca-certificates.crt"
+    if Path(host_ca).is_file():
+        env["LOOM_CA_BUNDLE"] = host_ca
     return env
 
 
@@ -137,12 +142,14 @@ def main() -> int:
         envs = {rt: loom_env(rt, mock, tmp) for rt in runtimes}
         for env in envs.values():  # install once per data dir (outside the timing)
             for a in agents:
-                subprocess.run(
+                r = subprocess.run(
                     [sys.executable, "-m", "worker.cli", "agent", "install", a, VERSIONS[a]],
                     env=env,
-                    check=True,
                     capture_output=True,
+                    text=True,
                 )
+                if r.returncode != 0:
+                    raise SystemExit(f"agent install {a} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
         for rnd in range(args.rounds):
             for a in agents:
                 results.setdefault(f"{a} host", []).append(on_host(a, mock, tmp))

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 
-def _usage(message: str) -> int:
-    print(f"loom-worker: error: {message}", file=sys.stderr)
+def _usage(message: str, command: str) -> int:
+    print(f"loom-worker {command}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -39,15 +39,15 @@ def _cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
     ws = _workspace(args.workspace)
     if ws is None:
-        return _usage(f"--workspace {args.workspace} is not a directory")
+        return _usage(f"--workspace {args.workspace} is not a directory", "export")
     try:
         check_branch(args.branch)
     except ValueError as e:
-        return _usage(f"--branch: {e}")
+        return _usage(f"--branch: {e}", "export")
     try:
         who = parse_identity(args.author or DEFAULT_AUTHOR)
     except ValueError as e:
-        return _usage(f"--author: {e}")
+        return _usage(f"--author: {e}", "export")
 
     async def run(cl: Changelog, box: Sandbox) -> str:
         entries = await cl.log()
@@ -95,11 +95,11 @@ def _cmd_report(args: argparse.Namespace, settings: Settings) -> int:
 
     ws = _workspace(args.workspace)
     if ws is None:
-        return _usage(f"--workspace {args.workspace} is not a directory")
+        return _usage(f"--workspace {args.workspace} is not a directory", "report")
     try:
         run_info = load_run(settings.data_dir, ws, args.run)
     except ValueError as e:
-        return _usage(f"--run: {e}")
+        return _usage(f"--run: {e}", "report")
     except OSError as e:
         print(f"loom-worker report: the run's record cannot be read: {e}", file=sys.stderr)
         return 1

@@ -152,3 +152,60 @@ async def test_max_cost_stops_the_agent_with_status_3(runc_registry: Any, tmp_pa
     )  # fmt: skip
     assert (result.exit_code, result.outcome) == (EXIT_COST, "cost")
     assert result.cost_usd is not None and result.cost_usd > 1.0
+
+
+def test_tty_runs_the_agent_on_a_terminal_with_the_placeholder_and_its_exit_status(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    """``agent run --tty`` through the CLI on a pseudo-terminal of ours, as a user's: the
+    agent's stdin is a terminal, it sees the placeholder (never the key), and its exit
+    status is ours."""
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import SANDBOX_IMAGE
+
+    ws = workspace(tmp_path, "")
+    key = "sk-tty-" + uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_") or k == "LOOM_TEST_OWNER"}
+    env |= {
+        "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
+        "LOOM_DATA_DIR": str(tmp_path / "data"),
+        "LOOM_IMAGE": SANDBOX_IMAGE,
+        "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+        "TTY_KEY": key,
+    }
+    (tmp_path / "run").mkdir()
+    agent = "sh -c 'test -t 0 && echo \"is a tty: $TTY_KEY\"; exit 5'"
+    argv = [sys.executable, "-m", "worker.cli", "agent", "run", "-w", str(ws), "--tty"]
+    argv += ["--key-env", "TTY_KEY", "--key-host", "api.test", agent]
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    out = b""
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the terminal closed: the CLI ended
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    text = out.decode(errors="replace")
+    assert code == 5, text
+    assert "is a tty: loom-secret:TTY_KEY:" in text
+    assert key not in text

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,6 @@ from worker.agents.hooks import CLAUDE_SETTINGS, HOOK_SCRIPT, SCRIPT
 from worker.agents.turns import MAX_LINE, MAX_SUMMARY, MAX_TOOL, TurnChannel, agent_args, hook_files, parse_request
 from worker.changelog.groups import group
 from worker.changelog.model import Entry
-
-NODE = shutil.which("node")
-needs_node = pytest.mark.skipif(NODE is None, reason="node is not installed on this host")
 
 
 def test_a_request_is_cleaned_and_cut() -> None:
@@ -74,15 +71,15 @@ class _Server:
         self.sock.close()
 
 
-def _hook(tmp_path: Path, stdin: str, sock: Path | None) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "loom-turn.js"
+def _hook(tmp_path: Path, stdin: str, sock: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """The hook script as the sandbox runs it (``python3 -I -S``: no site, no environment)."""
+    script = tmp_path / "loom-turn.py"
     script.write_text(SCRIPT)
     env = {"PATH": "/usr/bin:/bin"} | ({"LOOM_TURN_SOCKET": str(sock)} if sock else {})
-    assert NODE is not None
-    return subprocess.run([NODE, str(script)], input=stdin, env=env, capture_output=True, text=True, timeout=60)
+    argv = [sys.executable, "-I", "-S", str(script), *args]
+    return subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True, timeout=60)
 
 
-@needs_node
 def test_the_hook_sends_the_tool_and_its_summary(tmp_path: Path) -> None:
     sock = tmp_path / "t.sock"
     server = _Server(sock)
@@ -91,17 +88,19 @@ def test_the_hook_sends_the_tool_and_its_summary(tmp_path: Path) -> None:
     try:
         for tool, tool_input in calls:
             r = _hook(tmp_path, json.dumps({"tool_name": tool, "tool_input": tool_input}), sock)
-            assert (r.returncode, r.stdout) == (0, "")
+            assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+        r = _hook(tmp_path, json.dumps({"tool_name": "Bash", "tool_input": {"command": "ls"}}), sock, "before")
+        assert r.returncode == 0
     finally:
         server.close()
     assert server.got == [
         {"tool": "Edit", "summary": "src/a.py"},
         {"tool": "Bash", "summary": "x" * 200},
         {"tool": "apply_patch", "summary": "a.py b/c.py"},
+        {"tool": "apply_patch", "summary": "edits made before ls"},
     ]
 
 
-@needs_node
 def test_the_hook_never_fails_the_agent(tmp_path: Path) -> None:
     for stdin, sock in (("{}", tmp_path / "absent.sock"), ("not json", tmp_path / "absent.sock"), ("{}", None)):
         r = _hook(tmp_path, stdin, sock)

@@ -2,7 +2,7 @@
 
 An agent CLI runs as one background process of the workspace (``agent run``), so by
 default everything it changes is one group under its process id. The agent's own hooks
-split that: after each tool call, a hook in the sandbox (``loom-turn.js``, run with node)
+split that: after each tool call, a hook in the sandbox (``loom-turn.py``, run by loom's own runtime Python)
 sends one JSON line ``{"tool": "Edit", "summary": "src/a.py"}`` to a unix socket this
 worker serves (:class:`TurnChannel`), and waits for the answer. The worker records what
 changed since the last scan as one group (call id ``<process id>.t<N>``, tool = the agent's
@@ -31,6 +31,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,7 @@ class TurnChannel:
             req = parse_request(line)
         except ValueError as e:
             return {"ok": False, "error": str(e)}
+        t0 = time.perf_counter()
         async with self._lock:
             if self.turns >= MAX_TURNS:
                 return {"ok": False, "error": f"over {MAX_TURNS} turns: the rest is one group"}
@@ -180,7 +182,10 @@ class TurnChannel:
             except Exception as e:  # the recorder's and the sandbox's errors alike: logged, answered
                 log.warning("turns.record_failed", process=self.process_id, turn=n, error=repr(e))
                 return {"ok": False, "group": n, "error": "the turn could not be recorded"}
-        log.debug("turns.recorded", process=self.process_id, turn=n, tool=req.tool, changed=len(changed))
+        log.debug(
+            "turns.recorded", process=self.process_id, turn=n, tool=req.tool, changed=len(changed),
+            ms=round(1000 * (time.perf_counter() - t0), 1),
+        )  # fmt: skip
         return {"ok": True, "group": n, "changed": len(changed)}
 
 

@@ -1,6 +1,6 @@
 """Turn by turn undo on the real engine, runc and gVisor: a background process of the
 sandbox (standing in for an agent) changes files and calls the hook script
-(``$HOME/.loom/loom-turn.js``, with the sandbox's node) between its changes; each call is
+(``$HOME/.loom/loom-turn.py``, with loom's own runtime Python) between its changes; each call is
 its own changelog group with the agent's tool name, ``undo --last 1`` takes back only the
 newest, ``undo --all`` restores the tree, and a flood of requests breaks nothing."""
 
@@ -19,12 +19,13 @@ import pytest
 
 from sandbox.capabilities import background
 from tests.docker.conftest import own_registry
+from worker.agents.hooks import _command
 from worker.agents.turns import TurnChannel, hook_files
 from worker.background import new_process_id
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
-HOOK = 'node "$HOME/.loom/loom-turn.js"'
+HOOK = _command("$HOME")  # exactly what the agents' settings run
 FLOOD = r"""
 import json, os, socket, threading
 path = os.environ["LOOM_TURN_SOCKET"]

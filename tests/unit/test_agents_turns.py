@@ -43,6 +43,10 @@ def test_hook_files_and_args() -> None:
     assert "--dangerously-bypass-hook-trust" in codex and codex[codex.index("-c") + 1].startswith("hooks.PostToolUse=")
     assert hook_files("codex") == {HOOK_SCRIPT: SCRIPT}
     assert hook_files("opencode") == {} and agent_args("opencode") == []
+    # with the agent's process id (a workspace with the egress proxy): Claude Code's HTTP hook
+    (entry,) = json.loads(hook_files("claude", process_id="agent-0a1b")[CLAUDE_SETTINGS])["hooks"]["PostToolUse"]
+    assert entry["hooks"][0]["type"] == "http"
+    assert entry["hooks"][0]["url"] == "http://127.0.0.1:3128/.loom/turn/agent-0a1b"
 
 
 class _Server:
@@ -242,3 +246,25 @@ def test_http_undo_takes_last_as_one_selector() -> None:
     for bad in ({"last": 1, "all": True}, {"last": 0}, {"last": 1, "call_id": "c"}):
         with pytest.raises(ValidationError):
             UndoRequest(**bad)
+
+
+def test_a_hooks_own_json_becomes_the_request_the_script_sends() -> None:
+    from worker.agents.turns import hook_request
+
+    def line(hook: object) -> dict[str, str]:
+        out = hook_request(hook)
+        assert out.endswith(b"\n") and out.count(b"\n") == 1
+        return dict(json.loads(out))
+
+    assert line({"tool_name": "Edit", "tool_input": {"file_path": "a.py", "old_string": "x"}}) == {
+        "tool": "Edit",
+        "summary": "a.py",
+    }
+    assert line({"tool_name": "Bash", "tool_input": {"command": "y" * 500}})["summary"] == "y" * 200
+    patch = "*** Begin Patch\n*** Add File: n.py\n+1\n*** End Patch\n"
+    assert line({"tool_name": "apply_patch", "tool_input": {"command": patch}})["summary"] == "n.py"
+    assert line({"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"}}) == {
+        "tool": "apply_patch",
+        "summary": "edits made before ls",
+    }
+    assert line("not an object") == {"tool": "tool", "summary": ""}

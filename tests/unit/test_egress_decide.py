@@ -520,3 +520,15 @@ def test_no_decision_asks_for_more_once_the_reading_ended(prefix: bytes, data: b
 @given(st.sampled_from(PREFIXES), st.binary(max_size=300), st.integers(0, len(STEPS) - 1))
 def test_no_decision_raises_on_any_bytes(prefix: bytes, data: bytes, i: int) -> None:
     STEPS[i](prefix + data, None)  # type: ignore[operator]
+
+
+def test_an_agents_turn_report_is_told_apart_from_proxy_requests() -> None:
+    from worker.egress.decide import BadRequest, Forward, Turn, proxy_request
+
+    assert proxy_request(b"POST", b"/.loom/turn/agent-0a1b") == Turn("agent-0a1b")
+    assert proxy_request(b"POST", b"http://127.0.0.1:3128/.loom/turn/agent-0a1b") == Turn("agent-0a1b")
+    # not a turn: another method, a path that is not one, a process id that is not one, another host
+    assert isinstance(proxy_request(b"GET", b"/.loom/turn/agent-0a1b"), BadRequest)
+    assert isinstance(proxy_request(b"POST", b"/.loom/turn/../../etc"), BadRequest)
+    assert isinstance(proxy_request(b"POST", b"/.loom/turn/a/b"), BadRequest)
+    assert isinstance(proxy_request(b"POST", b"http://example.com/.loom/turn/agent-0a1b"), Forward)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import os
 import ssl
 import stat
@@ -312,3 +313,41 @@ async def test_a_request_arriving_after_the_header_line_is_served(env: Env) -> N
     assert head == b"HTTP/1.1 200 Connection established\r\n\r\n"  # no "Connection: close" in it
     assert (await tls_get(env, reader, writer, "allowed.test", "/late")).endswith(b"hello from /late")
     writer.close()
+
+
+async def test_an_agents_http_hook_reaches_its_turn_socket_and_nothing_else(env: Env) -> None:
+    """``POST /.loom/turn/<process id>`` to the proxy's own address is an agent's turn
+    report (Claude Code's HTTP hook): relayed to that process's turn socket in the
+    workspace's socket directory, answered 200 {} once recorded, no host dialled, nothing
+    logged as egress; no such process is 200 {} too (a hook never fails the agent)."""
+    from worker.agents.turns import TurnChannel
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.turns: list[dict[str, str]] = []
+
+        async def settle_background(self, *, prefer: str, turn: dict[str, str]) -> list[str]:
+            self.turns.append(turn)
+            return ["a.py"]
+
+    ws = Recorded()
+    before = len(env.records())
+    hook = {
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Edit",
+        "tool_input": {"file_path": "src/a.py", "new_string": "x" * 9000},
+    }
+    body = json.dumps(hook).encode()
+    async with TurnChannel.open(ws, "agent-0123456789ab", env.gw.socket_dir(env.root)):
+        for pid in ("agent-0123456789ab", "agent-gone"):
+            reader, writer = await relay(env, "proxy")
+            writer.write(
+                f"POST /.loom/turn/{pid} HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\n{}"), answer
+    assert ws.turns == [{"call_id": "agent-0123456789ab.t1", "tool": "Edit", "command": "src/a.py"}]
+    assert len(env.records()) == before  # not egress: nothing dialled, nothing logged

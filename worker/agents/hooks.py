@@ -3,9 +3,11 @@ written into the sandbox's $HOME, the agent's hook configuration, and the agent'
 arguments.
 
 - Claude Code: a settings file passed with ``--settings FILE`` (so the user's own settings
-  stay) whose ``PostToolUse`` hook runs the script after every tool that may change files
-  (Bash, Edit, MultiEdit, Write, NotebookEdit and MCP tools). The hook's stdin is a JSON
-  object with ``tool_name`` and ``tool_input``.
+  stay) with a ``PostToolUse`` hook after every tool that may change files (Bash, Edit,
+  MultiEdit, Write, NotebookEdit and MCP tools): an HTTP hook (Claude Code posts the hook's
+  JSON, ``tool_name`` and ``tool_input``, to the egress proxy's address in the sandbox,
+  which relays it to the turn socket: no process is started per tool call), or, where the
+  workspace has no egress proxy, the script run as a command with that JSON on stdin.
 - Codex (0.124 and later, checked on 0.171): the same ``PostToolUse`` hooks, and a
   ``PreToolUse`` one that closes what changed since the last tool (Codex's ``apply_patch``
   edits fire no hook: they become a group named ``apply_patch``), given as
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from sandbox.spec import AGENT_COMMAND, HOME_DIR
+from sandbox.spec import AGENT_COMMAND, EGRESS_PROXY_PORT, HOME_DIR
 
 #: Where the files go, relative to the sandbox's $HOME.
 HOOK_SCRIPT = ".loom/loom-turn.py"
@@ -116,12 +118,23 @@ def _post_tool_use(matcher: str, home: str, *args: str) -> list[dict[str, object
     return [{"matcher": matcher, "hooks": [hook]}]
 
 
-def hook_files(agent: str, home: str = "$HOME") -> dict[str, str]:
+def _http_hook(matcher: str, process_id: str) -> list[dict[str, object]]:
+    # Claude Code's HTTP hook: a POST from the agent's own process to the egress proxy's
+    # address in the sandbox (loopback, so never proxied), which hands it to the turn
+    # socket (worker.egress.decide.Turn): no process to start for each tool call.
+    url = f"http://127.0.0.1:{EGRESS_PROXY_PORT}/.loom/turn/{process_id}"
+    return [{"matcher": matcher, "hooks": [{"type": "http", "url": url, "timeout": HOOK_TIMEOUT + 5}]}]
+
+
+def hook_files(agent: str, home: str = "$HOME", *, process_id: str | None = None) -> dict[str, str]:
     """The files to write into the sandbox's $HOME for ``agent`` (paths relative to it:
     the hook script, and Claude Code's settings file); {} for an agent without hooks.
-    ``home``: how the hook command names $HOME (the shell expands ``$HOME``)."""
+    ``home``: how the hook command names $HOME (the shell expands ``$HOME``).
+    ``process_id``: the agent's process, when its workspace has the egress proxy (whose
+    address Claude Code's HTTP hook posts to; else its hook runs the script)."""
     if agent == "claude":
-        settings = {"hooks": {"PostToolUse": _post_tool_use(CLAUDE_MATCHER, home)}}
+        post = _http_hook(CLAUDE_MATCHER, process_id) if process_id else _post_tool_use(CLAUDE_MATCHER, home)
+        settings = {"hooks": {"PostToolUse": post}}
         return {HOOK_SCRIPT: SCRIPT, CLAUDE_SETTINGS: json.dumps(settings, indent=2) + "\n"}
     if agent == "codex":
         return {HOOK_SCRIPT: SCRIPT}

@@ -200,19 +200,20 @@ async def run_agent(
     outcome, code, info = "exit", 1, None
     try:
         ws = await registry.workspace(root)
-        files = turns.hook_files(req.agent) if req.turns else {}
-        home = await _home(registry, root)
+        home = await _home(registry, root)  # (the sandbox is up after this: its gateway too)
+        # Turn by turn: on the egress gateway's directory (None: no egress, one group).
+        host_dir = registry.pool.turn_dir(ws.root) if req.turns else None
+        files = turns.hook_files(req.agent, process_id=process_id) if host_dir is not None else {}
         if files:  # into $HOME: outside the workspace, so not recorded
             handle = registry.sandbox(root)
             for rel, text in files.items():
                 await handle.write_file(f"{home}/{rel}", text)
         launch = launching.build(
             req.agent, req.prompt, req.extra, provider=req.provider,
-            turn_args=turns.agent_args(req.agent, home) if req.turns else [],
+            turn_args=turns.agent_args(req.agent, home) if host_dir is not None else [],
         )  # fmt: skip
         await asyncio.to_thread(run_dir.mkdir, 0o700, True, True)
         progress(f"{req.agent}: running in the sandbox (run {run_id}, process {process_id})")
-        host_dir = registry.pool.turn_dir(ws.root) if req.turns else None
         async with turns.TurnChannel.open(ws, process_id, host_dir) as channel:
             env = {**launch.env, **channel.env()}
             box = background(ws.sandbox)

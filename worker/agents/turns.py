@@ -40,7 +40,7 @@ from typing import Any
 from sandbox.logs import get_logger
 from sandbox.spec import EGRESS_MOUNT
 
-from .hooks import agent_args, hook_files  # (re-exported: the agreed interface)
+from .hooks import HOOK_TIMEOUT, agent_args, hook_files  # (re-exported: the agreed interface)
 
 log = get_logger("worker.agents.turns")
 
@@ -189,6 +189,76 @@ class TurnChannel:
         return {"ok": True, "group": n, "changed": len(changed)}
 
 
+_SUMMARY_KEYS = ("file_path", "notebook_path", "path", "command", "cmd", "input")
+_PATCH_FILES = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.*)$", re.M)
+
+
+def hook_request(hook: Any) -> bytes:
+    """The turn request line for an agent's hook input (its JSON as Claude Code and Codex
+    send it: ``tool_name``, ``tool_input``, ``hook_event_name``), as the hook script in
+    :mod:`.hooks` makes it: the tool's name, and its file or command as the summary (for
+    a patch, the files it names); before a tool, what changed since the last one."""
+    if not isinstance(hook, dict):
+        hook = {}
+    ti = hook.get("tool_input")
+    what: Any = ""
+    if isinstance(ti, dict):
+        what = next((ti[k] for k in _SUMMARY_KEYS if ti.get(k)), "")
+    if isinstance(what, list):
+        what = " ".join(str(w) for w in what)
+    if not isinstance(what, str):
+        what = json.dumps(what)
+    if what.startswith("*** Begin Patch"):
+        what = " ".join(_PATCH_FILES.findall(what)) or what
+    tool = str(hook.get("tool_name") or "tool")[:MAX_TOOL]
+    if hook.get("hook_event_name") == "PreToolUse":
+        tool, what = "apply_patch", "edits made before " + what[:180]
+    return json.dumps({"tool": tool, "summary": what[:MAX_SUMMARY]}).encode() + b"\n"
+
+
+async def relay_hook(socket_dir: Path, process_id: str, body: bytes) -> None:
+    """Report a turn that came as an agent's HTTP hook (the egress gateway's
+    ``POST /.loom/turn/<process id>``): its request to that process's socket in
+    ``socket_dir``, and wait for the answer (the turn recorded). Never raises: no such
+    process, a body that is not JSON, a worker that does not answer: nothing happens."""
+    if not _PROCESS_ID.fullmatch(process_id):
+        return
+    try:
+        line = hook_request(json.loads(body or b"{}"))
+    except ValueError:
+        return
+    writer = None
+    try:
+        async with asyncio.timeout(HOOK_TIMEOUT):
+            sock = await _connect(socket_dir, f"turn-{process_id}.sock")
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+            writer.write(line)
+            await writer.drain()
+            await reader.readline()
+    except (OSError, TimeoutError, ValueError) as e:
+        log.debug("turns.relay_failed", process=process_id, error=repr(e))
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+async def _connect(d: Path, name: str) -> socket.socket:
+    """A connected unix socket to ``d/name``, through ``/proc/self/fd`` as :func:`_bind`
+    binds it (a long data directory exceeds the 108-byte limit of a socket path).
+    Raises OSError."""
+    dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, f"/proc/self/fd/{dfd}/{name}")
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dfd)
+    return sock
+
+
 def _bind(d: Path, name: str) -> socket.socket:
     """A listening unix socket ``d/name`` (replacing a stale one) any uid may connect to
     (the sandbox's user is not this one). Bound through ``/proc/self/fd`` so a long data
@@ -211,4 +281,4 @@ def _bind(d: Path, name: str) -> socket.socket:
         os.close(dfd)
 
 
-__all__ = ["TurnChannel", "TurnRequest", "agent_args", "hook_files", "parse_request"]
+__all__ = ["TurnChannel", "TurnRequest", "agent_args", "hook_files", "hook_request", "parse_request", "relay_hook"]

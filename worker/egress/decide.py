@@ -162,6 +162,23 @@ class Forward:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """``POST /.loom/turn/<process id>`` sent to the proxy's own address (not a proxy
+    request): an agent's HTTP hook reporting a tool call, relayed to that process's turn
+    socket (:mod:`worker.agents.turns`) in the workspace's own socket directory, which
+    the sandbox can reach anyway: no host is dialled, nothing leaves the machine."""
+
+    process_id: str
+
+
+#: The proxy's own address in the sandbox (sandbox.spec.EGRESS_PROXY_PORT), as a client
+#: that proxies everything names it in an absolute-form :class:`Turn` request.
+_PROXY_ITSELF = {("127.0.0.1", 3128), ("localhost", 3128)}
+#: The origin-form path of :class:`Turn` requests, and what a process id may be.
+TURN_PATH = re.compile(r"/\.loom/turn/([A-Za-z0-9][A-Za-z0-9._-]{0,63})")
+
+
+@dataclass(frozen=True)
 class BadRequest:
     """A request the proxy cannot serve, answered ``refuse``; ``host:port`` as far as
     it could be read, for the response and the log (``kind`` connect or http)."""
@@ -172,10 +189,14 @@ class BadRequest:
     kind: str
 
 
-def proxy_request(method: bytes, target: bytes) -> Connect | Forward | BadRequest:
+def proxy_request(method: bytes, target: bytes) -> Connect | Forward | Turn | BadRequest:
     """A proxy client's request line: CONNECT's authority form, or an absolute http:// URI
-    (its user part dropped, its Host header not consulted: the URI names the server)."""
+    (its user part dropped, its Host header not consulted: the URI names the server); or
+    an agent's turn report, ``POST /.loom/turn/<process id>`` (:class:`Turn`)."""
     text = target.decode("ascii", "replace")
+    turn = TURN_PATH.fullmatch(text)
+    if turn is not None and method == b"POST":
+        return Turn(turn.group(1))
     if method == b"CONNECT":
         a = parse(text)
         if a is None or a.port is None:
@@ -195,6 +216,9 @@ def proxy_request(method: bytes, target: bytes) -> Connect | Forward | BadReques
             reason = "this is an HTTP proxy: send an absolute http:// URI or CONNECT"
         return BadRequest(denied(reason, 400), a.host if a else text[:200], (a.port or 0) if a else 0, "http")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    turn = TURN_PATH.fullmatch(parts.path or "")
+    if turn is not None and method == b"POST" and (a.host, a.port) in _PROXY_ITSELF:
+        return Turn(turn.group(1))  # the same report from a client that proxied it anyway
     return Forward(a.host, a.port, path.encode())
 
 

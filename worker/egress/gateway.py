@@ -136,6 +136,7 @@ class EgressGateway:
             max_connections=self.limits.max_connections,
             record=self._record,
             interceptor=self.interceptor,
+            socket_dir=d,
         )
         st.task = asyncio.get_running_loop().create_task(self._accept(st))
         log.info("egress.serving", workspace=str(root), socket=str(d / SOCKET))

@@ -45,6 +45,10 @@ from .pump import Pump, RateBudget
 from .rewrite import BodyScan, placeholders_in, stray_uses
 from .upstream import Refused, Unreachable, Upstream
 
+#: The most of a turn report's body read (a hook's JSON holds the tool's input and output;
+#: what a turn needs is at its start: the rest is not read).
+MAX_TURN_BODY = 256 << 10
+
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"trailer", b"upgrade"}
 _T = TypeVar("_T")
 
@@ -63,6 +67,8 @@ class Served:
     #: The TLS interceptor for the hosts of the workspace's secrets
     #: (:class:`worker.egress.intercept.Interceptor`); None: every tunnel is spliced.
     interceptor: Any = None
+    #: The workspace's socket directory on the host (agents' turn sockets are there).
+    socket_dir: Path | None = None
 
 
 class Connection:
@@ -198,7 +204,34 @@ class Connection:
         if isinstance(d, decide.Connect):
             await self._connect(conn, d.host, d.port, started)
             return
+        if isinstance(d, decide.Turn):
+            await self._turn(conn, d.process_id)
+            return
         await self._forward_http(conn, event, d.host, d.port, d.path, started, kind="http")
+
+    async def _turn(self, conn: h11.Connection, process_id: str) -> None:
+        """An agent's HTTP hook after a tool call (``decide.Turn``): its JSON body, cut to
+        what a turn needs, goes to the process's turn socket, and the answer comes back
+        once the worker recorded the turn. Always 200 ``{}``: a hook must never fail the
+        agent (no such process, a body that is not JSON: nothing is recorded)."""
+        from ..agents.turns import relay_hook  # (only here: the gateway knows no agent otherwise)
+
+        body = bytearray()
+        while True:
+            event = await self._next_event(conn)
+            if isinstance(event, h11.Data):
+                if len(body) + len(event.data) > MAX_TURN_BODY:
+                    break
+                body += event.data
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)) or event is h11.PAUSED:
+                break
+        if self.served.socket_dir is not None:
+            await relay_hook(self.served.socket_dir, process_id, bytes(body))
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"2"), (b"connection", b"close")]
+        with contextlib.suppress(h11.LocalProtocolError, OSError):
+            out = conn.send(h11.Response(status_code=200, headers=headers)) or b""
+            out += (conn.send(h11.Data(data=b"{}")) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            await self.loop.sock_sendall(self.sock, out)
 
     async def _connect(self, conn: h11.Connection, host: str, port: int, started: float) -> None:
         rule: str | None = None

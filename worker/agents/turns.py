@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import Any
 from sandbox.logs import get_logger
 from sandbox.spec import EGRESS_MOUNT
 
+from ..unixsockets import bind_for_any_uid, connect_in
 from .hooks import HOOK_TIMEOUT, agent_args, hook_files  # (re-exported: the agreed interface)
 
 log = get_logger("worker.agents.turns")
@@ -112,7 +112,7 @@ class TurnChannel:
         Raises ValueError (a bad process id), OSError (the socket cannot be bound)."""
         ch = cls(workspace, process_id, host_dir)
         if host_dir is not None:
-            sock = await asyncio.to_thread(_bind, host_dir, ch.name)
+            sock = await asyncio.to_thread(bind_for_any_uid, host_dir, ch.name, 16)
             ch._server = await asyncio.start_unix_server(ch._accept, sock=sock, limit=MAX_LINE + 2)
         try:
             yield ch
@@ -230,7 +230,7 @@ async def relay_hook(socket_dir: Path, process_id: str, body: bytes) -> None:
     writer = None
     try:
         async with asyncio.timeout(HOOK_TIMEOUT):
-            sock = await _connect(socket_dir, f"turn-{process_id}.sock")
+            sock = await connect_in(socket_dir, f"turn-{process_id}.sock")
             reader, writer = await asyncio.open_unix_connection(sock=sock)
             writer.write(line)
             await writer.drain()
@@ -240,45 +240,6 @@ async def relay_hook(socket_dir: Path, process_id: str, body: bytes) -> None:
     finally:
         if writer is not None:
             writer.close()
-
-
-async def _connect(d: Path, name: str) -> socket.socket:
-    """A connected unix socket to ``d/name``, through ``/proc/self/fd`` as :func:`_bind`
-    binds it (a long data directory exceeds the 108-byte limit of a socket path).
-    Raises OSError."""
-    dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, f"/proc/self/fd/{dfd}/{name}")
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.close(dfd)
-    return sock
-
-
-def _bind(d: Path, name: str) -> socket.socket:
-    """A listening unix socket ``d/name`` (replacing a stale one) any uid may connect to
-    (the sandbox's user is not this one). Bound through ``/proc/self/fd`` so a long data
-    directory cannot exceed the 108-byte limit of a socket path. Raises OSError."""
-    dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dfd)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(f"/proc/self/fd/{dfd}/{name}")
-            os.chmod(name, 0o666, dir_fd=dfd)
-            sock.listen(16)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    finally:
-        os.close(dfd)
 
 
 __all__ = ["TurnChannel", "TurnRequest", "agent_args", "hook_files", "hook_request", "parse_request", "relay_hook"]

@@ -32,6 +32,7 @@ from sandbox.identity import workspace_key
 from sandbox.logs import get_logger
 
 from ..storage.atomic import write_atomic
+from ..unixsockets import bind_for_any_uid
 from .handler import Connection, Served
 from .log import EgressLog, EgressRecord
 from .policy import EgressPolicy
@@ -127,7 +128,7 @@ class EgressGateway:
             fcntl.flock(st.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return  # another worker process serves it
-        st.listener = _bind(d)
+        st.listener = bind_for_any_uid(d, SOCKET, 256)
         st.served = Served(
             root=root,
             label=str(root),
@@ -216,25 +217,3 @@ class EgressGateway:
         for root in list(self._states):
             await self.release(root)
         self.log.close()
-
-
-def _bind(d: Path) -> socket.socket:
-    """A listening unix socket at ``d/s`` (replacing a stale one), reachable by any uid.
-    Bound through ``/proc/self/fd`` so a long data directory cannot exceed the 108-byte
-    limit of a socket path."""
-    dfd = os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(SOCKET, dir_fd=dfd)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(f"/proc/self/fd/{dfd}/{SOCKET}")
-            os.chmod(SOCKET, 0o666, dir_fd=dfd)
-            sock.listen(256)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    finally:
-        os.close(dfd)

@@ -126,11 +126,23 @@ def op_stat(req):
     path = req.get("path", ".")
     fd, name, parts, st = paths.resolve(path, follow_last=False)
     try:
+        target = None
+        # A process in the sandbox may swap the link for a file between the lstat and the
+        # readlink: look again (a few times) rather than fail the caller on EINVAL.
+        for _ in range(8):
+            if st is None or not stat.S_ISLNK(st.st_mode):
+                break
+            target = paths.read_link(name, fd)
+            if target is not None:
+                break
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
         if st is None:
             raise Refused("not_found", "Not found: %s" % path)
-        target = None
-        if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(name, dir_fd=fd)
+        if stat.S_ISLNK(st.st_mode) and target is None:
+            raise Refused("conflict", "Conflict: %s kept changing while it was read" % path)
         return {
             "path": paths.rel(parts),
             "type": paths.type_of(st.st_mode),

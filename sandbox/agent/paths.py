@@ -89,6 +89,18 @@ def rel(parts):
     return "/".join(parts) if parts else "."
 
 
+def read_link(name, dir_fd):
+    """The target of link ``name`` in ``dir_fd``, or None when it is no longer a link
+    (replaced or removed by a process in the sandbox between the caller's lstat and
+    now: readlink then fails with EINVAL or ENOENT, and the caller looks again)."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOENT):
+            return None
+        raise
+
+
 def resolve(path, follow_last=True, create_dirs=False):
     """Walk ``path`` from the workspace root without ever leaving it.
 
@@ -139,7 +151,11 @@ def resolve(path, follow_last=True, create_dirs=False):
                 hops += 1
                 if hops > 40:
                     raise Refused("escape", "Too many levels of symbolic links in %r" % path)
-                target = os.readlink(comp, dir_fd=fd)
+                target = read_link(comp, fd)
+                if target is None:
+                    # Replaced (or removed) by another process since the lstat: look again.
+                    stack.insert(0, comp)
+                    continue
                 if target.startswith("/"):
                     try:
                         base = split(target)

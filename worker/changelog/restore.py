@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -78,21 +79,40 @@ class Plan:
 
 
 def walk(root: Path) -> dict[str, Node]:
-    """Every path under ``root`` (relative, never following a link). Raises OSError."""
+    """Every path under ``root`` (relative, never following a link). Raises OSError.
+
+    A tree that changes during the walk (a live workspace, measured before its snapshot)
+    never makes it fail: what vanishes or stops being a link between the listing and the
+    look is left out, as a walk a moment later would have it."""
     out: dict[str, Node] = {}
     stack = [""]
     while stack:
         rel = stack.pop()
-        with os.scandir(root / rel if rel else root) as it:
+        try:
+            it = os.scandir(root / rel if rel else root)
+        except (FileNotFoundError, NotADirectoryError):
+            if not rel:
+                raise
+            continue
+        with it:
             for e in it:
                 path = f"{rel}/{e.name}" if rel else e.name
-                st = e.stat(follow_symlinks=False)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
                 mode = st.st_mode
                 if stat.S_ISDIR(mode):
                     out[path] = Node("dir", 0, st.st_mtime_ns, stat.S_IMODE(mode))
                     stack.append(path)
                 elif stat.S_ISLNK(mode):
-                    out[path] = Node("symlink", st.st_size, st.st_mtime_ns, 0, os.readlink(e.path))
+                    try:
+                        target = os.readlink(e.path)
+                    except OSError as err:
+                        if err.errno not in (errno.EINVAL, errno.ENOENT):
+                            raise
+                        continue
+                    out[path] = Node("symlink", st.st_size, st.st_mtime_ns, 0, target)
                 elif stat.S_ISREG(mode):
                     out[path] = Node("file", st.st_size, st.st_mtime_ns, stat.S_IMODE(mode))
                 else:

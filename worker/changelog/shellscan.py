@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
-from sandbox.errors import AgentError, PathNotFoundError
+from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 
 from .recorder import ChangelogCore
 from .shellrows import (
@@ -166,6 +166,8 @@ class ShellTracker:
                 row.target = (await sandbox.stat(e.path)).target
             except PathNotFoundError:
                 pass
+            except ConflictError:
+                pass  # swapped to and fro while read: kept without content; the next scan sees it
             row.status = "symlink"
             if row.target is None:
                 return row, None

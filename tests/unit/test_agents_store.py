@@ -114,3 +114,12 @@ def test_catalog() -> None:
     assert AGENTS["claude"].package == "@anthropic-ai/claude-code" and AGENTS["claude"].provider == "anthropic"
     assert (AGENTS["codex"].binary, AGENTS["codex"].provider) == ("codex", "openai")
     assert AGENTS["opencode"].provider is None
+
+
+def test_a_certificate_npm_cannot_verify_gets_a_hint_naming_loom_ca_bundle() -> None:
+    from worker.agents.npm_install import tls_hint
+
+    out = "npm error code SELF_SIGNED_CERT_IN_CHAIN\nnpm error request to https://registry.npmjs.org/x failed"
+    hint = tls_hint(out)
+    assert "SELF_SIGNED_CERT_IN_CHAIN" in hint and "LOOM_CA_BUNDLE" in hint
+    assert tls_hint("npm error code E404\nnpm error 404 Not Found") == ""

@@ -24,6 +24,30 @@ NPM_ARGS = ("npm", "install", "--no-audit", "--no-fund", "--omit=dev", "--loglev
 INSTALL_TIMEOUT = 1800.0
 
 
+#: npm's codes for a certificate it cannot verify: on a network whose proxy intercepts TLS,
+#: the sandbox trusts only its image's CAs unless it is given the proxy's.
+_TLS_CODES = (
+    "SELF_SIGNED_CERT_IN_CHAIN",
+    "DEPTH_ZERO_SELF_SIGNED_CERT",
+    "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+    "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+    "CERT_UNTRUSTED",
+)
+
+
+def tls_hint(npm_output: str) -> str:
+    """What to do when npm's failure is a certificate the sandbox cannot verify ("" else)."""
+    code = next((c for c in _TLS_CODES if c in npm_output), None)
+    if code is None:
+        return ""
+    return (
+        f"\n\nnpm could not verify the registry's certificate ({code}): a proxy between this host "
+        "and the registry intercepts TLS, and the sandbox does not trust its CA. Give the sandbox "
+        "that CA: LOOM_CA_BUNDLE=/path/to/ca-bundle.pem (for example this host's own "
+        "/etc/ssl/certs/ca-certificates.crt, if it trusts the proxy); see docs/egress.md."
+    )
+
+
 def sandbox_installer(settings: Settings) -> Installer:
     """An installer running npm in a sandbox made from ``settings`` (their image, runtime,
     CA bundle), with the ``npm`` egress preset only and room for npm in $HOME and /tmp."""
@@ -57,6 +81,6 @@ def sandbox_installer(settings: Settings) -> Installer:
         if out.returncode != 0:
             why = out.outcome if out.returncode is None else f"exit {out.returncode}"
             text = (out.stderr or out.stdout or bytes(tail)).decode(errors="replace").strip()
-            raise InstallError(f"npm install {package_spec} failed ({why}): {text[-2000:]}")
+            raise InstallError(f"npm install {package_spec} failed ({why}): {text[-2000:]}{tls_hint(text)}")
 
     return install

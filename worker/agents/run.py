@@ -221,7 +221,8 @@ async def run_agent(
             command = f"exec </dev/null; {launch.command}"
             await ws.start_background(command, timeout=req.timeout, process_id=process_id, env=env)
             outcome, info = await _pump(box, process_id, req, meter, run_dir, out, err, started)
-        changed = await ws.settle_background(prefer=process_id)
+        await ws.settle_background(prefer=process_id)
+        changed = await _changed_by(ws, process_id)
     finally:
         if info is None or info.running:  # cancelled (Ctrl-C) or failed: nothing outlives the run
             with contextlib.suppress(Exception):
@@ -279,6 +280,21 @@ async def _pump(
 def _append(f: Any, data: bytes) -> None:
     f.write(data)
     f.flush()
+
+
+async def _changed_by(ws: Any, process_id: str) -> list[str]:
+    """Every path the run's turns and its closing group changed (applied entries; both
+    names of a move), sorted ([] without a changelog). Raises ChangelogStorageError."""
+    log = getattr(ws.recorder, "log", None)
+    if log is None:
+        return []
+    paths: set[str] = set()
+    for e in await log(call_group=process_id):
+        if e.state == "applied":
+            paths.add(e.path)
+            if e.new_path:
+                paths.add(e.new_path)
+    return sorted(paths)
 
 
 def _record(

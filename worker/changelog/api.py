@@ -298,13 +298,19 @@ class Changelog:
         call_id: str | None = None,
         subtask_id: str | None = None,
         limit: int | None = None,
+        call_group: str | None = None,
     ) -> list[Entry]:
-        """Entries, oldest first, optionally filtered. Raises ChangelogStorageError."""
-        where, params = ["1"], []
+        """Entries, oldest first, optionally filtered; ``call_group`` is a call id and its
+        turns (``<id>.t<N>``, an agent run's groups). Raises ChangelogStorageError."""
+        where: list[str] = ["1"]
+        params: list[Any] = []
         for col, val in (("path", path), ("call_id", call_id), ("subtask_id", subtask_id)):
             if val is not None:
                 where.append(f"{col} = ?")
                 params.append(val)
+        if call_group is not None:
+            where.append("(call_id = ? OR substr(call_id, 1, ?) = ?)")
+            params += [call_group, len(call_group) + 2, call_group + ".t"]
         found = await self._core.db(self._core.store.entries, " AND ".join(where), params)
         return found[-limit:] if limit else found
 

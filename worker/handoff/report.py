@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,15 +137,24 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").replace("`", "'")
 
 
+def _shown(key: str, value: object) -> object:
+    """A run field as a reader wants it: times (epoch seconds in run.json) in UTC, ISO 8601."""
+    if key in ("started", "ended") and isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=UTC).isoformat(timespec="seconds")
+    if key == "cost_usd" and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"${value:.4f}"
+    return value
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown."""
     out = ["# loom session report\n"]
     run = report.get("run")
     if run:
         out.append("\n## Agent run\n\n")
-        for key in ("run_id", "agent", "version", "exit_code", "started", "ended", "turns", "cost"):
+        for key in ("run_id", "agent", "version", "exit_code", "outcome", "started", "ended", "turns", "cost_usd"):
             if run.get(key) is not None:
-                out.append(f"- **{key.replace('_', ' ')}**: {_cell(run[key])}\n")
+                out.append(f"- **{key.replace('_', ' ')}**: {_cell(_shown(key, run[key]))}\n")
     files = report["files"]
     out.append(f"\n## Files changed ({len(files)})\n\n")
     if files:

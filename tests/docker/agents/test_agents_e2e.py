@@ -211,10 +211,15 @@ def test_agent_in_the_sandbox_turn_by_turn(
         if path.is_file() and "secrets" not in path.parts:
             assert key.encode() not in path.read_bytes(), path
     runs = list(data.glob("workspaces/*/agent-runs/*/run.json"))
-    assert len(runs) == 1 and json.loads(runs[0].read_text())["exit_code"] == 0
+    assert len(runs) == 1
+    record = json.loads(runs[0].read_text())
+    assert record["exit_code"] == 0
 
     # the session's result, one undo group per tool call, undo one, undo all
     assert read_tree(ws, expected[-1]) == expected[-1]
+    # run.json names every path the run changed (recorded turn by turn, not only after it)
+    made = {p for p, data in expected[-1].items() if project_files(PROJECT).get(p) != data}
+    assert made and made <= set(record["changed"]), (made, record["changed"])
     changed = [s for s in steps if changes(s)]
     gs = groups(ws, env)
     assert len(gs) >= len(changed), gs

@@ -32,7 +32,7 @@ from sandbox.capabilities import background
 
 from ..changelog.recorder import workspace_dir
 from . import launch as launching
-from . import turns
+from . import pending, turns
 from .cost import CostMeter
 from .providers import Provider
 
@@ -92,26 +92,91 @@ def runs_dir(data_dir: Path, root: Path) -> Path:
 
 @dataclass
 class _Restore:
-    """What the run changed in the workspace's configuration, to put back after it."""
+    """What the run changed in the workspace's configuration, to put back after it (also
+    on disk, :mod:`.pending`, before it is changed: a run whose worker dies is put back by
+    the next one)."""
 
     secret_name: str | None = None
-    old_secret: Any = None  # the Secret it replaced, or None: delete it
+    old_secret: Any = None  # the workspace's own Secret it replaced, or None: delete it
     egress: list[str] | None = None
     egress_changed: bool = False
     agents: list[str] | None = None
     agents_changed: bool = False
+    ws_dir: Path | None = None  # where its record is (None: none was written)
+    process_id: str | None = None
+    run_id: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        old = self.old_secret
+        return {
+            "run_id": self.run_id,
+            "process_id": self.process_id,
+            "secret_name": self.secret_name,
+            "old_secret": None if old is None else {
+                "name": old.name, "hosts": list(old.hosts), "header": old.header.text if old.header else None,
+                "query": old.query, "value": old.value, "value_file": old.value_file,
+            },
+            "egress": self.egress, "egress_changed": self.egress_changed,
+            "agents": self.agents, "agents_changed": self.agents_changed,
+        }  # fmt: skip
+
+    @staticmethod
+    def from_record(data: dict[str, Any], ws_dir: Path) -> _Restore:
+        return _Restore(
+            secret_name=data.get("secret_name"), old_secret=data.get("old_secret"),
+            egress=data.get("egress"), egress_changed=bool(data.get("egress_changed")),
+            agents=data.get("agents"), agents_changed=bool(data.get("agents_changed")),
+            ws_dir=ws_dir, process_id=data.get("process_id"), run_id=data.get("run_id"),
+        )  # fmt: skip
 
 
-async def provision(registry: Any, root: Path, req: RunRequest) -> _Restore:
+async def recover(registry: Any, root: Path, data_dir: Path, progress: Callable[[str], None] = lambda _m: None) -> None:
+    """Put back what a run whose worker died left in the workspace's configuration (its
+    key as a secret, a wider allowlist) and stop its agent in the sandbox. Raises RunError
+    when the run that wrote the record is still going (another run on this workspace)."""
+    ws_dir = workspace_dir(data_dir, root)
+    found = await asyncio.to_thread(pending.load, ws_dir)
+    if found is None:
+        return
+    if pending.owner_alive(found):
+        owner = found.get("owner") or {}
+        raise RunError(
+            "workspace",
+            f"another agent run ({found.get('run_id')}, host pid {owner.get('pid')}) is using this workspace: "
+            "wait for it to end, or stop it",
+        )
+    restore = _Restore.from_record(found, ws_dir)
+    progress(f"putting back what the interrupted run {restore.run_id or '(unknown)'} left (its key, its allowlist)")
+    if restore.process_id:
+        with contextlib.suppress(Exception):  # long ended, or the sandbox was removed
+            await background((await registry.workspace(root)).sandbox).process_kill(restore.process_id)
+    await unprovision(registry, root, restore)
+
+
+async def provision(
+    registry: Any,
+    root: Path,
+    req: RunRequest,
+    *,
+    data_dir: Path | None = None,
+    process_id: str | None = None,
+    run_id: str | None = None,
+) -> _Restore:
     """Store the key as a secret for the provider's hosts, open them in the allowlist,
-    ask for the agent's install. Returns what to put back. Raises RunError (no key
-    anywhere; a refused name or host), SettingsError, SecretError, OSError."""
+    ask for the agent's install. With ``data_dir``, what it changes is first written to
+    the workspace's record (:mod:`.pending`), after a run that died before putting its
+    own back is put back (:func:`recover`). Returns what to put back. Raises RunError (no
+    key anywhere; a refused name or host; another run on the workspace), SettingsError,
+    SecretError, OSError."""
     from ..workspace_settings import WorkspaceSettings
 
-    restore = _Restore()
+    restore = _Restore(process_id=process_id, run_id=run_id)
+    if data_dir is not None:
+        await recover(registry, root, data_dir)
     own, effective = await registry.workspace_settings(root)
     changes: dict[str, Any] = {}
     p = req.provider
+    set_secret = False
     if p is not None:
         store = registry.configs.secrets.store
         old = store.load(root).get(p.key_env)
@@ -122,11 +187,11 @@ async def provision(registry: Any, root: Path, req: RunRequest) -> _Restore:
                     f"{p.key_env} is not set in this environment: export it, or give --key-file FILE",
                 )
         else:
-            restore.secret_name, restore.old_secret = p.key_env, old
-            store.set(
-                root, p.key_env, hosts=list(p.hosts), header=p.header,
-                value=req.key_value, value_file=None if req.key_file is None else str(req.key_file.resolve()),
-            )  # fmt: skip
+            set_secret = True
+            # A default (operator-wide) secret of that name is not the workspace's own:
+            # putting back means removing the run's, so the default shows through again.
+            own_old = old if old is not None and getattr(old, "scope", "workspace") == "workspace" else None
+            restore.secret_name, restore.old_secret = p.key_env, own_old
         allowed = list(effective.get("egress") or [])
         missing = [h for h in p.egress if h not in allowed]
         if missing:
@@ -138,17 +203,28 @@ async def provision(registry: Any, root: Path, req: RunRequest) -> _Restore:
         if req.agent not in current:
             restore.agents, restore.agents_changed = getattr(own, "agents", None), True
             changes["agents"] = [*current, req.agent]
-    if changes:
-        try:
+    if data_dir is not None and (set_secret or changes):
+        ws_dir = workspace_dir(data_dir, root)
+        if await asyncio.to_thread(pending.claim, ws_dir, restore.record()) is not None:
+            raise RunError("workspace", "another agent run started on this workspace at the same time: try again")
+        restore.ws_dir = ws_dir
+    try:
+        if set_secret and p is not None:
+            registry.configs.secrets.store.set(
+                root, p.key_env, hosts=list(p.hosts), header=p.header,
+                value=req.key_value, value_file=None if req.key_file is None else str(req.key_file.resolve()),
+            )  # fmt: skip
+        if changes:
             await registry.configure_workspace(root, changes)
-        except BaseException:
-            await unprovision(registry, root, restore)
-            raise
+    except BaseException:
+        await unprovision(registry, root, restore)
+        raise
     return restore
 
 
 async def unprovision(registry: Any, root: Path, restore: _Restore) -> None:
-    """Put back what :func:`provision` changed. Raises OSError, SettingsError."""
+    """Put back what :func:`provision` changed, then drop the run's record. Raises
+    OSError, SettingsError."""
     changes: dict[str, Any] = {}
     if restore.egress_changed:
         changes["egress"] = restore.egress
@@ -159,13 +235,20 @@ async def unprovision(registry: Any, root: Path, restore: _Restore) -> None:
     if restore.secret_name is not None:
         store = registry.configs.secrets.store
         old = restore.old_secret
-        if old is None:
+        if isinstance(old, dict):  # (from a record on disk)
+            store.set(
+                root, old["name"], hosts=list(old["hosts"]), header=old.get("header"),
+                query=old.get("query"), value=old.get("value"), value_file=old.get("value_file"),
+            )  # fmt: skip
+        elif old is None:
             store.delete(root, restore.secret_name)
         else:
             store.set(
                 root, old.name, hosts=list(old.hosts), header=old.header.text if old.header else None,
                 query=old.query, value=old.value, value_file=old.value_file,
             )  # fmt: skip
+    if restore.ws_dir is not None:
+        await asyncio.to_thread(pending.release, restore.ws_dir)
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -196,7 +279,7 @@ async def run_agent(
     meter = CostMeter(model=launching.model_in(req.extra))
     process_id = "agent-" + secrets.token_hex(6)
     started = time.time()
-    restore = await provision(registry, root, req)
+    restore = await provision(registry, root, req, data_dir=data_dir, process_id=process_id, run_id=run_id)
     outcome, code, info = "exit", 1, None
     try:
         ws = await registry.workspace(root)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +23,10 @@ from structlog.testing import capture_logs
 from tests.docker.conftest import own_registry
 from tests.origins import Net
 from worker.agents.providers import custom
-from worker.agents.run import EXIT_COST, EXIT_TIMEOUT, RunRequest, run_agent
+from sandbox.capabilities import background
+from sandbox.errors import PathNotFoundError
+from worker.agents.run import EXIT_COST, EXIT_TIMEOUT, RunError, RunRequest, provision, run_agent
+from worker.changelog.recorder import workspace_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -127,6 +131,51 @@ async def test_key_reaches_the_host_only_and_the_exit_status_is_the_agents(
     assert registry.configs.secrets.store.load(ws.resolve()) == {}
     own, _ = await registry.workspace_settings(ws)
     assert own.egress is None
+
+
+async def test_a_run_whose_worker_died_is_put_back_by_the_next(runc_registry: Any, tmp_path: Path) -> None:
+    """A worker SIGKILLed mid-run never reaches its ``finally``: its key stays a secret of
+    the workspace and its host stays open, and its agent runs on. The next run on the
+    workspace puts all of that back first; while the first run's worker lives, a second
+    run on the workspace is refused."""
+    reg = runc_registry
+    ws = workspace(tmp_path, "sleep 600\n")
+    root = ws.resolve()
+    data = tmp_path / "data"
+    store = reg.configs.secrets.store
+
+    def req(key: str, command: str) -> RunRequest:
+        return RunRequest(command, provider=custom("TEST_KEY", "api.test", "x-api-key: {value}"), key_value=key, timeout=600)
+
+    # The first run: provisioned, its agent started, and then its worker is killed.
+    await provision(reg, root, req("sk-dead", "sh agent.sh"), data_dir=data, process_id="agent-dead", run_id="run-dead")
+    w = await reg.workspace(root)
+    await w.start_background("sh agent.sh", timeout=600, process_id="agent-dead")
+    assert "TEST_KEY" in store.load(root)
+    with pytest.raises(RunError) as busy:  # its worker (this process) still lives
+        await provision(reg, root, req("sk-2", "true"), data_dir=data)
+    assert busy.value.field == "workspace" and "run-dead" in str(busy.value)
+    record = workspace_dir(data, root) / "agent-run.json"
+    found = json.loads(record.read_text())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    found["owner"]["pid"] = gone.pid  # the worker is gone
+    record.write_text(json.dumps(found))
+    assert "TEST_KEY" in store.load(root)  # what it left: the key, usable by any command
+    own, _ = await reg.workspace_settings(ws)
+    assert own.egress is not None and "api.test" in own.egress
+
+    sink = Sink()
+    result = await run_agent(reg, data, ws, req("sk-new", "echo ran"), out=sink.out.extend, err=sink.err.extend)
+    assert result.exit_code == 0 and b"ran" in sink.out
+    assert store.load(root) == {} and not record.exists()
+    own, _ = await reg.workspace_settings(ws)
+    assert own.egress is None
+    # The dead run's agent was stopped (and released): no process of its is left.
+    with pytest.raises(PathNotFoundError):
+        await background(w.sandbox).process_output("agent-dead")
+    ps = await reg.sandbox(root).exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"], timeout=30)
+    assert b"sleep 600" not in ps.stdout, ps.stdout
 
 
 async def test_timeout_kills_the_agent_and_everything_it_started(runc_registry: Any, tmp_path: Path) -> None:

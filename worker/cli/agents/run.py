@@ -194,7 +194,7 @@ def _tty(args: argparse.Namespace, settings: Settings, req: Any) -> int:
 
     async def setup() -> Any:
         async with default_registry(settings, catalog=False) as registry:
-            return await provision(registry, root, req)
+            return await provision(registry, root, req, data_dir=settings.data_dir)
 
     async def teardown(restore: Any) -> None:
         async with default_registry(settings, catalog=False) as registry:

@@ -9,9 +9,9 @@ anything under the data directory after the run, not in loom's log lines.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from sandbox.capabilities import background
+from sandbox.errors import PathNotFoundError
 from tests.docker.conftest import own_registry
 from tests.origins import Net
 from worker.agents.providers import custom
-from sandbox.capabilities import background
-from sandbox.errors import PathNotFoundError
 from worker.agents.run import EXIT_COST, EXIT_TIMEOUT, RunError, RunRequest, provision, run_agent
 from worker.changelog.recorder import workspace_dir
 
@@ -145,7 +145,8 @@ async def test_a_run_whose_worker_died_is_put_back_by_the_next(runc_registry: An
     store = reg.configs.secrets.store
 
     def req(key: str, command: str) -> RunRequest:
-        return RunRequest(command, provider=custom("TEST_KEY", "api.test", "x-api-key: {value}"), key_value=key, timeout=600)
+        provider = custom("TEST_KEY", "api.test", "x-api-key: {value}")
+        return RunRequest(command, provider=provider, key_value=key, timeout=600)
 
     # The first run: provisioned, its agent started, and then its worker is killed.
     await provision(reg, root, req("sk-dead", "sh agent.sh"), data_dir=data, process_id="agent-dead", run_id="run-dead")
@@ -157,8 +158,8 @@ async def test_a_run_whose_worker_died_is_put_back_by_the_next(runc_registry: An
     assert busy.value.field == "workspace" and "run-dead" in str(busy.value)
     record = workspace_dir(data, root) / "agent-run.json"
     found = json.loads(record.read_text())
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()
     found["owner"]["pid"] = gone.pid  # the worker is gone
     record.write_text(json.dumps(found))
     assert "TEST_KEY" in store.load(root)  # what it left: the key, usable by any command

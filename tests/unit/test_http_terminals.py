@@ -60,8 +60,10 @@ async def svc(tmp_path: Path, local_backend: Any) -> AsyncIterator[Svc]:
 
 
 async def read_until(ws: wsclient.WebSocket, needle: bytes, *, timeout: float = 20) -> bytes:
-    """The output (binary frames) until it holds ``needle``; text frames are skipped."""
+    """The output (binary frames) until it holds ``needle``; text frames are skipped (and
+    shown if it never comes: an error frame says why)."""
     seen = b""
+    texts: list[str] = []
 
     async def loop() -> bytes:
         nonlocal seen
@@ -69,12 +71,14 @@ async def read_until(ws: wsclient.WebSocket, needle: bytes, *, timeout: float = 
             m = await ws.receive()
             if isinstance(m, bytes):
                 seen += m
+            else:
+                texts.append(m)
         return seen
 
     try:
         return await asyncio.wait_for(loop(), timeout)
     except TimeoutError:
-        raise AssertionError(f"{needle!r} never came; the output was {seen!r}") from None
+        raise AssertionError(f"{needle!r} never came; the output was {seen!r}; text frames: {texts!r}") from None
 
 
 async def next_text(ws: wsclient.WebSocket, *, timeout: float = 20) -> dict[str, Any]:

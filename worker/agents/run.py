@@ -368,11 +368,12 @@ def _append(f: Any, data: bytes) -> None:
 async def _changed_by(ws: Any, process_id: str) -> list[str]:
     """Every path the run's turns and its closing group changed (applied entries; both
     names of a move), sorted ([] without a changelog). Raises ChangelogStorageError."""
-    log = getattr(ws.recorder, "log", None)
-    if log is None:
+    from ..changelog import Changelog
+
+    if not isinstance(ws.recorder, Changelog):
         return []
     paths: set[str] = set()
-    for e in await log(call_group=process_id):
+    for e in await ws.recorder.log(call_group=process_id):
         if e.state == "applied":
             paths.add(e.path)
             if e.new_path:

@@ -33,8 +33,8 @@ from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import gvisor, housekeeping, memcg, seccomp
-from .channel import AgentChannels, prepare_channel_dir
+from . import gvisor, housekeeping, memcg, seccomp, slots
+from .channel import AgentChannels, DockerExecTransport, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import (
     LABEL_MASKED,
@@ -51,6 +51,7 @@ from .config import (
 )
 from .engine import Engine
 from .images import ImagePuller
+from .pool import PoolConfig, PoolHooks, WarmPool
 from .runtime_volume import RuntimeVolume
 
 log = get_logger("sandbox.docker")
@@ -159,6 +160,7 @@ class DockerBackend(SandboxBackend):
         base_url: str | None = None,
         client_factory: Callable[[], Any] | None = None,
         max_parallel_starts: int = DEFAULT_PARALLEL_STARTS,
+        pool: PoolConfig | None = None,
     ) -> None:
         self.spec = spec or SandboxSpec()
         #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
@@ -177,7 +179,24 @@ class DockerBackend(SandboxBackend):
         self._boxes: dict[Path, DockerSandbox] = {}
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
+        #: Claimed warm sandboxes: their agent's attach stream, waiting for its config.
+        self._preloaded: dict[str, DockerExecTransport] = {}
         self.restarts = 0
+        #: Warm sandboxes (:mod:`.pool`), None when off; started at the first workspace.
+        self.pool: WarmPool | None = None
+        if pool is not None and pool.mode != "off":
+            self.pool = WarmPool(
+                PoolHooks(
+                    engine=self.engine,
+                    prepare=self.prepare,
+                    config_for=lambda d, spec: container_config(
+                        d, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec)
+                    ),
+                    create=lambda cfg: self.engine.call("create sandbox", self._create, self.engine.client(), cfg),
+                    start_slot=self._slots,
+                ),
+                pool,
+            )
 
     # -- container lifecycle -----------------------------------------------------------
 
@@ -188,6 +207,23 @@ class DockerBackend(SandboxBackend):
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
+
+    def _slots(self) -> asyncio.Semaphore:
+        if self._start_slots is None:
+            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
+        return self._start_slots
+
+    async def start_pool(self) -> None:
+        """Start the warm pool (no-op when off or started): its class of the backend's
+        spec is filled from now on. Also done by the first workspace."""
+        if self.pool is not None:
+            await self.pool.start(self.spec)
+
+    async def _remove(self, container: Any) -> None:
+        """Remove a sandbox, and the slot of a warm one (its workspace's bind undone)."""
+        await self.engine.remove(container)
+        if slots.LABEL_SLOT in (container.labels or {}):
+            await asyncio.to_thread(slots.release, slots.labels_of(container))
 
     async def ensure_container(self, ws: Path) -> Any:
         """Find this workspace's running container or start one. Returns the container;
@@ -206,7 +242,7 @@ class DockerBackend(SandboxBackend):
                 labels = container.labels or {}
                 same = (
                     labels.get(LABEL_SPEC) == spec.fingerprint()
-                    and labels.get(LABEL_WS) == str(ws)
+                    and (labels.get(LABEL_WS) or slots.workspace_of(labels)) == str(ws)
                     and labels.get(LABEL_RUNTIME, "") == self._runtime_volume.name
                     and labels.get(LABEL_SECCOMP) == seccomp.digest(spec.runtime)
                     and labels.get(LABEL_MASKED) == masked_digest()
@@ -219,7 +255,7 @@ class DockerBackend(SandboxBackend):
                     continue  # another process created it and has just started it: adopt it
                 # Exited (idle TTL, OOM, killed), made with other settings, or created by a
                 # process that died before starting it: replace it.
-                await self.engine.remove(container)
+                await self._remove(container)
                 continue
             if spec.allow_root and owner(ws, spec)[0] == 0:
                 # Its main agent would stay root with root's capabilities, and so would
@@ -234,6 +270,13 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
+            if self.pool is not None and spec.pull != "always":
+                await self.pool.start(self.spec)
+                claimed = await self.pool.claim(ws, spec, name)
+                if claimed is not None:
+                    container, self._preloaded[name] = claimed
+                    self._started.add(name)
+                    return container
             if spec.pull == "always":
                 await self.images.ensure(spec.image, policy="always", registries=spec.registries)
             channel = channel_dir(ws, spec)
@@ -256,7 +299,7 @@ class DockerBackend(SandboxBackend):
                 raise
             if not seccomp_kept(container, spec.runtime):
                 # The engine took the container but not our profile: never run in it.
-                await self.engine.remove(container)
+                await self._remove(container)
                 raise RuntimeUnavailableError(
                     "the Docker engine did not keep the sandbox's seccomp profile (HostConfig.SecurityOpt of the "
                     "created container); refusing to run"
@@ -268,7 +311,7 @@ class DockerBackend(SandboxBackend):
                     # A peer took our fresh container for a stale one: start over.
                     await asyncio.sleep(0.05)
                     continue
-                await self.engine.remove(container)
+                await self._remove(container)
                 raise
             self._started.add(name)
             self._fresh.add(name)
@@ -317,9 +360,7 @@ class DockerBackend(SandboxBackend):
             await asyncio.sleep(0.1)
 
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
-        if self._start_slots is None:
-            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
-        async with self._start_slots:
+        async with self._slots():
             return await self._connect_now(ws, after_loss=after_loss)
 
     async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
@@ -334,21 +375,24 @@ class DockerBackend(SandboxBackend):
             container = await self.ensure_container(ws)
             spec = self.spec_of(ws)
             try:
-                if container.name in self._fresh:
+                preloaded = self._preloaded.pop(container.name, None)
+                if preloaded is not None:
+                    conn = await self.channels.attach_agent(container, spec, preloaded)
+                elif container.name in self._fresh:
                     self._fresh.discard(container.name)
                     conn = await self.channels.attach_agent(container, spec)
                 else:
                     conn = await self.channels.exec_agent(container, spec)
             except (ImageUnusableError, RuntimeUnavailableError):
                 with contextlib.suppress(SandboxUnavailableError):
-                    await self.engine.remove(container)
+                    await self._remove(container)
                 raise
             except (SandboxLostError, SandboxUnavailableError) as e:
                 # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                 last = e
                 log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
                 with contextlib.suppress(SandboxUnavailableError):
-                    await self.engine.remove(container)
+                    await self._remove(container)
                 self.restarts += 1
                 continue
             if spec.runtime == "runsc":
@@ -457,7 +501,7 @@ class DockerBackend(SandboxBackend):
             if container is None:
                 return "reset"  # already gone (TTL, removed): nothing of the command is left
             oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
-            await self.engine.remove(container)
+            await self._remove(container)
         except SandboxUnavailableError as e:
             log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
             return None
@@ -472,7 +516,7 @@ class DockerBackend(SandboxBackend):
         container = await self.engine.find(container_name(ws))
         if container is None:
             return False
-        await self.engine.remove(container)
+        await self._remove(container)
         log.info("sandbox.stopped", workspace=str(ws))
         return True
 
@@ -488,6 +532,8 @@ class DockerBackend(SandboxBackend):
         return True
 
     async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()  # no warm sandbox outlives its pool
         for box in list(self._boxes.values()):
             await box.close()
         self._boxes.clear()
@@ -518,7 +564,7 @@ class DockerBackend(SandboxBackend):
         for name in list(self._started):
             container = await self.engine.find(name)
             if container is not None:
-                await self.engine.remove(container)
+                await self._remove(container)
         self._started.clear()
 
     async def daemon_info(self) -> dict[str, Any]:

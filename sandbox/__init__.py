@@ -30,6 +30,7 @@ from .base import (
     SearchMatch,
     SearchResult,
     StatusReporter,
+    WarmPoolReporter,
     WriteResult,
 )
 from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
@@ -118,6 +119,7 @@ __all__ = [
     "TunnelClosedError",
     "Tunnels",
     "UserUnsupportedError",
+    "WarmPoolReporter",
     "WriteResult",
     "__version__",
 ]

@@ -30,7 +30,7 @@ from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import gvisor, housekeeping, memcg, seccomp, slots
+from . import gvisor, hostmounts, housekeeping, memcg, seccomp, slots
 from .box import DockerSandbox
 from .channel import AgentChannels, DockerExecTransport, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
@@ -135,6 +135,16 @@ class DockerBackend(SandboxBackend):
         spec is filled from now on. Also done by the first workspace."""
         if self.pool is not None:
             await self.pool.start(self.spec)
+
+    def pool_status(self) -> dict[str, Any] | None:
+        """The warm pool's state (:meth:`.pool.WarmPool.status`), None when it is off."""
+        return self.pool.status() if self.pool is not None else None
+
+    @staticmethod
+    async def check_pool_host(root: Path) -> str | None:
+        """Whether this host lets a warm pool live at ``root`` (its shared mount made):
+        None, else why not. Blocking mounts run in a thread."""
+        return await asyncio.to_thread(hostmounts.make_shared, root)
 
     async def _remove(self, container: Any) -> None:
         """Remove a sandbox, and the slot of a warm one (its workspace's bind undone)."""

@@ -15,9 +15,11 @@ Every function here is blocking (a few system calls): callers run them in a thre
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import secrets
 from pathlib import Path
 
 MS_RDONLY = 1
@@ -105,7 +107,7 @@ def make_private(path: Path) -> None:
 def bind(source: Path, target: Path, *, read_only: bool = False, stage: Path | None = None) -> None:
     """Bind ``source`` onto ``target`` (not recursively: what is mounted below the source
     stays out of the sandbox, as with the engine's own binds). ``read_only`` needs
-    ``stage``, an empty directory on a private mount (:func:`make_private`): the bind is
+    ``stage``, a directory on a private mount (:func:`make_private`): the bind is
     made there, made read-only, then moved onto ``target``. A bind remounted read-only
     where it stands would have propagated to the sandbox read-write already (measured:
     the remount's flag does not propagate; a moved mount keeps its flags). Raises OSError."""
@@ -114,13 +116,23 @@ def bind(source: Path, target: Path, *, read_only: bool = False, stage: Path | N
         return
     if stage is None:
         raise ValueError("a read-only bind needs a private staging directory")
-    _mount(str(source), str(stage), MS_BIND)
+    # A mount point of the source's kind (a file is bound onto a file), private to this bind.
+    point = stage / secrets.token_hex(8)
+    if os.path.isdir(source):
+        point.mkdir(mode=0o700)
+    else:
+        point.touch(mode=0o600)
     try:
-        _mount(None, str(stage), MS_REMOUNT | MS_BIND | MS_RDONLY)
-        _mount(str(stage), str(target), MS_MOVE)
-    except OSError:
-        unbind(stage)
-        raise
+        _mount(str(source), str(point), MS_BIND)
+        try:
+            _mount(None, str(point), MS_REMOUNT | MS_BIND | MS_RDONLY)
+            _mount(str(point), str(target), MS_MOVE)
+        except OSError:
+            unbind(point)
+            raise
+    finally:
+        with contextlib.suppress(OSError):
+            point.rmdir() if point.is_dir() else point.unlink()
 
 
 def unbind(target: Path) -> bool:

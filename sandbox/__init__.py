@@ -30,10 +30,9 @@ from .base import (
     SearchMatch,
     SearchResult,
     StatusReporter,
-    WarmPoolReporter,
     WriteResult,
 )
-from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels, WarmPoolReporter
 from .errors import (
     AgentError,
     ConflictError,

@@ -518,15 +518,6 @@ class RestartCounter(Protocol):
     restarts: int
 
 
-@runtime_checkable
-class WarmPoolReporter(Protocol):
-    """A backend with warm sandboxes (started before a workspace asks): their state as
-    ``doctor`` and the metrics show it (ready, starting, claims, misses, classes), None
-    when it has no pool."""
-
-    def pool_status(self) -> dict[str, Any] | None: ...
-
-
 # -- staged writes for any sandbox --------------------------------------------------------
 
 

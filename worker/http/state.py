@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 
-from sandbox.base import RestartCounter, WarmPoolReporter
+from sandbox.base import RestartCounter
+from sandbox.capabilities import WarmPoolReporter
 
 from ..auth import Access
 from ..metrics import Metrics

@@ -32,7 +32,13 @@ async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
     DaemonUnavailableError."""
     client = engine.client()
     containers = await engine.call(
-        "list sandboxes", lambda: client.containers.list(all=True, filters={"label": f"{LABEL_WORKER}=1"})
+        "list sandboxes",
+        lambda: client.containers.list(
+            # (a container removed between the listing and its inspect is left out, not an error)
+            all=True,
+            filters={"label": f"{LABEL_WORKER}=1"},
+            ignore_removed=True,
+        ),
     )
     workspaces = await asyncio.to_thread(lambda: [slots.workspace_of(c.labels) for c in containers])
     return [

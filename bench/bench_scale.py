@@ -23,6 +23,15 @@ one, round after round (the order flips every round), so both see the same machi
 the table then gives the medians per tree and the ratio of calls/s. The load only uses the
 public API (``worker.default_registry``, ``ToolRegistry.execute``), so any version runs it.
 
+``--pool`` (issue 44, warm sandboxes) measures instead, in one process per round, a new
+workspace's time to its first result (``shell_execute true`` on a directory never seen
+before: the registry opens it, its changelog, its sandbox) one after another,
+``--pool-samples`` of them, p50 and p99, with the warm pool off and on (``LOOM_WARM_POOL``:
+each sample waits until the pool is full again, so every claim finds a warm sandbox, as a
+pool sized for the demand makes it), and the time until ``--pool-ready`` new workspaces,
+started at once, have all answered, with the pool off and on (sized to hold them all).
+The same run gives both, so the ratio is the pool's own.
+
 ``--loop``: ``asyncio`` is ``asyncio.run(main())`` (a user's plain program, the default),
 ``uvloop`` is ``uvloop.run``, ``worker`` is ``worker.run`` where the tree has it.
 """
@@ -347,6 +356,108 @@ def _median_of(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.median(got):.3f}" if got else ""
 
 
+async def _pool_round(args: argparse.Namespace, pool: bool) -> dict[str, Any]:
+    """One round of ``--pool``: first-result latencies and the time to ``--pool-ready``
+    workspaces ready, with the warm pool off or on."""
+    from worker import default_registry
+
+    tmp = Path(tempfile.mkdtemp(prefix="loom-bench-pool-"))
+    n_ready = args.pool_ready
+    size = max(1, n_ready if pool else 0)
+    overrides: dict[str, Any] = {
+        "data_dir": tmp / "data",
+        "runtime": args.runtime,
+        "catalog": False,
+        "image": args.image,
+        "warm_pool": str(size) if pool else "off",
+        "warm_pool_max": max(size, 1),
+    }
+    reg = default_registry(**overrides)
+    backend: Any = reg.backend
+    cmd = {"command": "true", "timeout": 300}
+    out: dict[str, Any] = {"pool": pool}
+
+    async def pool_full(want: int) -> None:
+        if not pool or backend.pool is None or backend.pool.disabled:
+            return
+        await backend.start_pool()
+        while backend.pool_status()["ready"] < want:  # noqa: ASYNC110 (a status polled, no event to wait on)
+            await asyncio.sleep(0.02)
+
+    try:
+        # Small pool first (a few warm ones), one new workspace after another.
+        lat: list[float] = []
+        opened: list[str] = []
+        for i in range(args.pool_samples):
+            await pool_full(min(size, 2))
+            ws = tmp / f"first{i:03d}"
+            ws.mkdir()
+            t = time.perf_counter()
+            r = await reg.execute("shell_execute", cmd, str(ws))
+            lat.append(time.perf_counter() - t)
+            if not r.success:
+                raise SystemExit(f"first result failed: {r.error}")
+            opened.append(str(ws))
+        for w in opened:
+            await reg.stop(w)
+        out["first_p50_ms"] = pct(lat, 0.5) * 1000
+        out["first_p99_ms"] = pct(lat, 0.99) * 1000
+        await pool_full(n_ready)
+        roots = []
+        for i in range(n_ready):
+            (tmp / f"ready{i:03d}").mkdir()
+            roots.append(str(tmp / f"ready{i:03d}"))
+        t = time.perf_counter()
+        res = await asyncio.gather(*(reg.execute("shell_execute", cmd, w) for w in roots))
+        out["ready_s"] = time.perf_counter() - t
+        bad = [r.error for r in res if not r.success]
+        if bad:
+            raise SystemExit(f"{len(bad)} workspaces failed to start: {bad[0]}")
+        status = backend.pool_status() if pool else None
+        out["claims"] = status["claims"] if status else 0
+        out["misses"] = status["misses"] if status else 0
+        for w in roots:
+            await reg.stop(w)
+    finally:
+        await reg.aclose()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def pool_main(args: argparse.Namespace) -> None:
+    rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for r in range(args.rounds):
+        for pool in (False, True) if r % 2 == 0 else (True, False):
+            res = asyncio.run(_pool_round(args, pool))
+            rows[pool].append(res)
+            print(
+                f"round {r + 1} pool {'on' if pool else 'off'}: first result p50 {res['first_p50_ms']:.1f} ms, "
+                f"p99 {res['first_p99_ms']:.1f} ms; {args.pool_ready} ready {res['ready_s']:.2f} s "
+                f"(claims {res['claims']}, misses {res['misses']})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def med(pool: bool, key: str) -> float:
+        return statistics.median(float(x[key]) for x in rows[pool])
+
+    print(
+        f"\nnew workspace to first result ({args.runtime}, {args.pool_samples} one after another; medians of "
+        f"{args.rounds} rounds) and {args.pool_ready} new workspaces at once until all answered"
+    )
+    print(f"{'':<10} {'first p50':>10} {'first p99':>10} {'ready':>8}")
+    for pool in (False, True):
+        print(
+            f"{'pool ' + ('on' if pool else 'off'):<10} {med(pool, 'first_p50_ms'):>8.1f}ms "
+            f"{med(pool, 'first_p99_ms'):>8.1f}ms {med(pool, 'ready_s'):>7.2f}s"
+        )
+    print(
+        f"{'on/off':<10} {med(True, 'first_p50_ms') / med(False, 'first_p50_ms'):>9.2f}x "
+        f"{med(True, 'first_p99_ms') / med(False, 'first_p99_ms'):>9.2f}x "
+        f"{med(True, 'ready_s') / med(False, 'ready_s'):>7.2f}x"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workspaces", default="16,64,100", help="comma-separated workspace counts")
@@ -367,6 +478,9 @@ def parse_args() -> argparse.Namespace:
         "'w' alone measures writes (default rws)",
     )
     ap.add_argument("--profile", help=argparse.SUPPRESS)  # child: cProfile the measured load to this file
+    ap.add_argument("--pool", action="store_true", help="measure new workspaces with the warm pool off and on")
+    ap.add_argument("--pool-samples", type=int, default=30, help="--pool: new workspaces one after another")
+    ap.add_argument("--pool-ready", type=int, default=100, help="--pool: new workspaces started at once")
     args = ap.parse_args()
     if not args.mix or set(args.mix) - set("rws"):
         ap.error(f"--mix: letters r, w and s only (got {args.mix!r})")
@@ -379,5 +493,7 @@ if __name__ == "__main__":
         if isinstance(a.workspaces, str):
             a.workspaces = int(a.workspaces)
         child(a)
+    elif a.pool:
+        pool_main(a)
     else:
         main(a)

@@ -32,7 +32,7 @@ from .base import (
     StatusReporter,
     WriteResult,
 )
-from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels
+from .capabilities import BackgroundProcesses, HarnessFiles, StagedWrites, Tunnels, WarmPoolReporter
 from .errors import (
     AgentError,
     ConflictError,
@@ -118,6 +118,7 @@ __all__ = [
     "TunnelClosedError",
     "Tunnels",
     "UserUnsupportedError",
+    "WarmPoolReporter",
     "WriteResult",
     "__version__",
 ]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .results import (
     PathEntry,
@@ -419,3 +419,12 @@ def tunnels(box: object) -> Tunnels:
     from .errors import SandboxUnavailableError
 
     raise SandboxUnavailableError(f"{type(box).__name__} cannot open tunnels")
+
+
+@runtime_checkable
+class WarmPoolReporter(Protocol):
+    """A backend with warm sandboxes (started before a workspace asks): their state as
+    ``doctor`` and the metrics show it (ready, starting, claims, misses, classes), None
+    when it has no pool."""
+
+    def pool_status(self) -> dict[str, Any] | None: ...

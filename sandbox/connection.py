@@ -120,8 +120,9 @@ class AgentConnection:
         """A tunnel id not used before on this connection (the host names tunnels)."""
         return next(self._tunnel_ids)
 
-    async def start(self, config: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
-        """Deliver the agent and its config; return its hello.
+    async def start(self, config: dict[str, Any], *, timeout: float = 20.0, preloaded: bool = False) -> dict[str, Any]:
+        """Deliver the agent and its config (``preloaded``: only the config, the agent's
+        code was sent before: a warm sandbox's); return its hello.
 
         Raises SandboxLostError if it does not come up within ``timeout``.
         """
@@ -133,7 +134,7 @@ class AgentConnection:
         if not self._transport.start(self._on_data, self._fail_all):
             self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
         try:
-            await self._transport.write(protocol.boot_payload(config))
+            await self._transport.write(protocol.encode(config) if preloaded else protocol.boot_payload(config))
             return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
         except BaseException as e:
             await self.close(f"agent did not start: {e!r}")

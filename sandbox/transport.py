@@ -246,6 +246,11 @@ class StreamTransport(Transport):
     def start(self, on_data: Callable[[bytes, bytes], None], on_eof: Callable[[str], None]) -> bool:
         return self._feed.start(on_data, on_eof)
 
+    @property
+    def lost(self) -> str | None:
+        """Why the stream ended, None while it is open."""
+        return self._feed.lost
+
     async def read(self) -> tuple[bytes, bytes]:
         return await self._feed.read()
 

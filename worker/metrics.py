@@ -9,6 +9,8 @@ several apps in one process (tests, an embedded server) never collide.
     loom_tool_call_duration_seconds{tool}         histogram
     loom_sandboxes_live                           sandboxes this process has open
     loom_sandbox_restarts_total                   sandboxes restarted after being lost
+    loom_warm_sandboxes{state}                    warm sandboxes: ready | starting (absent: no pool)
+    loom_warm_pool_claims_total{result}           new workspaces that found a warm sandbox (hit) or not (miss)
     loom_http_rejected_total{reason}              429 busy, 401 auth, 413 too large
     loom_egress_connections_total{kind, verdict}  egress attempts: allowed | denied | limited | error
     loom_egress_bytes_total{direction}            bytes through the egress gateway: up | down
@@ -60,15 +62,30 @@ def outcome_of(result: ToolResult) -> str:
 
 
 class _SandboxCollector(Collector):
-    def __init__(self, live: Callable[[], int], restarts: Callable[[], int]) -> None:
+    def __init__(
+        self, live: Callable[[], int], restarts: Callable[[], int], pool: Callable[[], dict[str, Any] | None]
+    ) -> None:
         self._live = live
         self._restarts = restarts
+        self._pool = pool
 
     def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("loom_sandboxes_live", "Sandboxes this worker has open.", value=self._live())
         yield CounterMetricFamily(
             "loom_sandbox_restarts", "Sandboxes restarted after being lost.", value=self._restarts()
         )
+        pool = self._pool()
+        if pool is not None:
+            warm = GaugeMetricFamily("loom_warm_sandboxes", "Warm sandboxes of the pool.", labels=["state"])
+            warm.add_metric(["ready"], pool.get("ready", 0))
+            warm.add_metric(["starting"], pool.get("starting", 0))
+            yield warm
+            claims = CounterMetricFamily(
+                "loom_warm_pool_claims", "New workspaces that found a warm sandbox or not.", labels=["result"]
+            )
+            claims.add_metric(["hit"], pool.get("claims", 0))
+            claims.add_metric(["miss"], pool.get("misses", 0))
+            yield claims
 
 
 class Metrics:
@@ -76,7 +93,13 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, *, live: Callable[[], int] = lambda: 0, restarts: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        *,
+        live: Callable[[], int] = lambda: 0,
+        restarts: Callable[[], int] = lambda: 0,
+        pool: Callable[[], dict[str, Any] | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.calls = Counter(
             "loom_tool_calls", "Tool calls by tool and outcome.", ["tool", "outcome"], registry=self.registry
@@ -109,7 +132,7 @@ class Metrics:
             ["secret", "verdict"],
             registry=self.registry,
         )
-        self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts()))
+        self.registry.register(_SandboxCollector(lambda: live(), lambda: restarts(), lambda: pool()))
         # Label children by value: ``labels()`` validates and locks on every lookup, and
         # the label values are a small bounded set (tool names x outcomes).
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}

@@ -38,6 +38,21 @@ class Settings(SandboxSettings, BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")
 
+    # -- warm sandboxes (issue 44) ---------------------------------------------------------
+    warm_pool: str = Field(
+        "off",
+        description="Started sandboxes kept ready for new workspaces (runc only; docs/sandbox.md#warm-sandboxes): "
+        "off; a number N (N per class of image, runtime, settings and user); auto (per class as many as were "
+        "asked for in the last minute, up to LOOM_WARM_POOL_MAX). Needs a worker running as root on the "
+        "engine's host; otherwise it stays off and doctor says why.",
+    )
+    warm_pool_max: int = Field(
+        32, ge=1, le=1024, description="Warm sandboxes of every class together (each holds its memory and pids)."
+    )
+    warm_pool_dir: Path | None = Field(
+        None, description="Host directory of the warm sandboxes' slots (default <data_dir>/pool); made a shared mount."
+    )
+
     # -- per-workspace settings: the operator's caps (issue 15) -------------------------
     max_cpus: float = Field(4.0, gt=0, le=64, description="Most CPUs a workspace's settings may ask for.")
     max_memory: Size = Field("8g", description="Most memory a workspace's settings may ask for.")
@@ -134,6 +149,25 @@ class Settings(SandboxSettings, BaseSettings):
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'
     )
+
+    @field_validator("warm_pool")
+    @classmethod
+    def _warm_pool(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("off", "auto") or (v.isdigit() and 0 <= int(v) <= 1024):
+            return "off" if v == "0" else v
+        raise ValueError(f"off, auto or a number of sandboxes from 0 to 1024, not {v!r}")
+
+    def pool_config(self) -> Any:
+        """The Docker backend's :class:`~sandbox.docker.pool.PoolConfig` of these settings."""
+        from sandbox.docker.pool import PoolConfig
+
+        root = self.warm_pool_dir or self.data_dir / "pool"
+        if self.warm_pool == "off":
+            return PoolConfig(mode="off", root=root)
+        if self.warm_pool == "auto":
+            return PoolConfig(mode="demand", size=self.warm_pool_max, max_total=self.warm_pool_max, root=root)
+        return PoolConfig(mode="fixed", size=int(self.warm_pool), max_total=self.warm_pool_max, root=root)
 
     @field_validator("egress_allow")
     @classmethod

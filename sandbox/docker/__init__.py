@@ -19,7 +19,11 @@ Modules, one concern each:
 - :mod:`.checks`         the runtime the spec asks for is there and in effect (gVisor), and the
                          seccomp profile
 - :mod:`.housekeeping`   list, gc, status and usage
-- :mod:`.backend`        :class:`DockerBackend` (lifecycle) and :class:`DockerSandbox`
+- :mod:`.pool`           warm sandboxes: started before a workspace asks, claimed, refilled (runc)
+- :mod:`.slots`          a warm sandbox's slot on the host and the record of its claim
+- :mod:`.hostmounts`     the host's mounts the pool makes (a shared root, binds, their undoing)
+- :mod:`.box`            :class:`DockerSandbox`, the sandbox object handed out
+- :mod:`.backend`        :class:`DockerBackend`: lifecycle (create, reuse, claim, recover, stop)
 """
 
 from .backend import DockerBackend, DockerSandbox

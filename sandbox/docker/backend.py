@@ -17,9 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .. import users
-from ..base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
-from ..client import AgentSandbox
+from ..base import Sandbox, SandboxBackend
 from ..connection import AgentConnection
 from ..errors import (
     ImageNotFoundError,
@@ -27,14 +25,14 @@ from ..errors import (
     RuntimeUnavailableError,
     SandboxLostError,
     SandboxUnavailableError,
-    UserUnsupportedError,
 )
 from ..hostscan import HostScanner
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import gvisor, housekeeping, memcg, seccomp
-from .channel import AgentChannels, prepare_channel_dir
+from . import gvisor, hostmounts, housekeeping, memcg, seccomp, slots
+from .box import DockerSandbox
+from .channel import AgentChannels, DockerExecTransport, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import (
     LABEL_MASKED,
@@ -51,90 +49,10 @@ from .config import (
 )
 from .engine import Engine
 from .images import ImagePuller
+from .pool import PoolConfig, PoolHooks, WarmPool
 from .runtime_volume import RuntimeVolume
 
 log = get_logger("sandbox.docker")
-
-
-class DockerSandbox(AgentSandbox):
-    """An :class:`AgentSandbox` that knows its container (for tests and diagnostics).
-
-    With ``host_scanner`` (gVisor sandboxes) scans of the workspace root and the removal of
-    whole trees run on the host (see :mod:`sandbox.hostscan`): seconds in the sandbox,
-    milliseconds here.
-    """
-
-    container_name: str
-    host_scanner: HostScanner | None = None
-    #: The workspace owner (uid, gid), whether root may run commands here, and how an
-    #: agent of another user is started (set by the backend; see :meth:`as_user`).
-    owner: tuple[int, int] = (-1, -1)
-    allow_root: bool = False
-    user_connect: Callable[[tuple[int, int]], Awaitable[AgentConnection]]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: Agents of other users, kept for their next commands (closed with this one).
-        self._users: dict[tuple[int, int], AgentSandbox] = {}
-
-    async def _scan(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-        scanner = self.host_scanner
-        if scanner is not None and req.get("path") == ".":
-            try:
-                return await asyncio.to_thread(scanner.scan, req)
-            except OSError as e:
-                # The agent's full walk answers instead (slower, same result).
-                log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
-        return await super()._scan(req, timeout)
-
-    async def remove_tree(self, path: str) -> TreeRemoval:
-        scanner = self.host_scanner
-        if scanner is not None:
-            try:
-                removed, (files, dirs, size) = await asyncio.to_thread(scanner.remove_tree, path)
-                return TreeRemoval(removed=removed, files=files, dirs=dirs, bytes=size)
-            except (OSError, ValueError) as e:
-                # The agent removes what is left (slower, same result).
-                log.info("sandbox.host_remove_fallback", workspace=str(self.workspace), error=repr(e))
-        return await super().remove_tree(path)
-
-    async def as_user(self, user: str) -> Sandbox | ExecResult:
-        if not users.valid(user):
-            raise UserUnsupportedError(f"{user!r} is not a user name or uid[:gid]")
-        passwd = await self.read_path("/etc/passwd", max_bytes=4 << 20)
-        found = users.resolve(user, passwd.data.decode("utf-8", "replace"))
-        if found is None:
-            message = users.NOT_FOUND.format(user=user) + "\n"
-            return ExecResult(126, b"", message.encode(), "exit", 0.0, False, launch_error="user")
-        if found == self.owner:
-            return self
-        if found[0] == 0 and not self.allow_root:
-            raise UserUnsupportedError(
-                f"this workspace does not run commands as root ({user}): its settings would have to allow it "
-                "(allow_root: a writable root file system and the capabilities adduser needs; see docs/harness.md)"
-            )
-        box = self._users.get(found)
-        if box is None:
-            uid_gid: tuple[int, int] = found
-
-            def connect(_lost: bool) -> Awaitable[AgentConnection]:
-                return self.user_connect(uid_gid)
-
-            box = self._users[found] = AgentSandbox(self.workspace, connect, io_timeout=self._io_timeout)
-            box.oom_counter = self._count_ooms  # the same container's cgroup
-        return box
-
-    def _count_ooms(self) -> int | None:
-        counter = self.oom_counter
-        return counter() if counter is not None else None
-
-    async def close(self) -> None:
-        if self.host_scanner is not None:
-            self.host_scanner.close()
-        for box in list(self._users.values()):
-            await box.close()
-        self._users.clear()
-        await super().close()
 
 
 #: Sandboxes started (or connected to) at once by default (see ``max_parallel_starts``).
@@ -159,6 +77,7 @@ class DockerBackend(SandboxBackend):
         base_url: str | None = None,
         client_factory: Callable[[], Any] | None = None,
         max_parallel_starts: int = DEFAULT_PARALLEL_STARTS,
+        pool: PoolConfig | None = None,
     ) -> None:
         self.spec = spec or SandboxSpec()
         #: Per-workspace specs (:meth:`configure`); the others get :attr:`spec`.
@@ -177,7 +96,24 @@ class DockerBackend(SandboxBackend):
         self._boxes: dict[Path, DockerSandbox] = {}
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
+        #: Claimed warm sandboxes: their agent's attach stream, waiting for its config.
+        self._preloaded: dict[str, DockerExecTransport] = {}
         self.restarts = 0
+        #: Warm sandboxes (:mod:`.pool`), None when off; started at the first workspace.
+        self.pool: WarmPool | None = None
+        if pool is not None and pool.mode != "off":
+            self.pool = WarmPool(
+                PoolHooks(
+                    engine=self.engine,
+                    prepare=self.prepare,
+                    config_for=lambda d, spec: container_config(
+                        d, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec)
+                    ),
+                    create=lambda cfg: self.engine.call("create sandbox", self._create, self.engine.client(), cfg),
+                    start_slot=self._slots,
+                ),
+                pool,
+            )
 
     # -- container lifecycle -----------------------------------------------------------
 
@@ -188,6 +124,33 @@ class DockerBackend(SandboxBackend):
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
+
+    def _slots(self) -> asyncio.Semaphore:
+        if self._start_slots is None:
+            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
+        return self._start_slots
+
+    async def start_pool(self) -> None:
+        """Start the warm pool (no-op when off or started): its class of the backend's
+        spec is filled from now on. Also done by the first workspace."""
+        if self.pool is not None:
+            await self.pool.start(self.spec)
+
+    def pool_status(self) -> dict[str, Any] | None:
+        """The warm pool's state (:meth:`.pool.WarmPool.status`), None when it is off."""
+        return self.pool.status() if self.pool is not None else None
+
+    @staticmethod
+    async def check_pool_host(root: Path) -> str | None:
+        """Whether this host lets a warm pool live at ``root`` (its shared mount made):
+        None, else why not. Blocking mounts run in a thread."""
+        return await asyncio.to_thread(hostmounts.make_shared, root)
+
+    async def _remove(self, container: Any) -> None:
+        """Remove a sandbox, and the slot of a warm one (its workspace's bind undone)."""
+        await self.engine.remove(container)
+        if slots.LABEL_SLOT in (container.labels or {}):
+            await asyncio.to_thread(slots.release, slots.labels_of(container))
 
     async def ensure_container(self, ws: Path) -> Any:
         """Find this workspace's running container or start one. Returns the container;
@@ -206,7 +169,7 @@ class DockerBackend(SandboxBackend):
                 labels = container.labels or {}
                 same = (
                     labels.get(LABEL_SPEC) == spec.fingerprint()
-                    and labels.get(LABEL_WS) == str(ws)
+                    and (labels.get(LABEL_WS) or slots.workspace_of(labels)) == str(ws)
                     and labels.get(LABEL_RUNTIME, "") == self._runtime_volume.name
                     and labels.get(LABEL_SECCOMP) == seccomp.digest(spec.runtime)
                     and labels.get(LABEL_MASKED) == masked_digest()
@@ -219,7 +182,7 @@ class DockerBackend(SandboxBackend):
                     continue  # another process created it and has just started it: adopt it
                 # Exited (idle TTL, OOM, killed), made with other settings, or created by a
                 # process that died before starting it: replace it.
-                await self.engine.remove(container)
+                await self._remove(container)
                 continue
             if spec.allow_root and owner(ws, spec)[0] == 0:
                 # Its main agent would stay root with root's capabilities, and so would
@@ -234,6 +197,13 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
+            if self.pool is not None and spec.pull != "always":
+                await self.pool.start(self.spec)
+                claimed = await self.pool.claim(ws, spec, name)
+                if claimed is not None:
+                    container, self._preloaded[name] = claimed
+                    self._started.add(name)
+                    return container
             if spec.pull == "always":
                 await self.images.ensure(spec.image, policy="always", registries=spec.registries)
             channel = channel_dir(ws, spec)
@@ -256,7 +226,7 @@ class DockerBackend(SandboxBackend):
                 raise
             if not seccomp_kept(container, spec.runtime):
                 # The engine took the container but not our profile: never run in it.
-                await self.engine.remove(container)
+                await self._remove(container)
                 raise RuntimeUnavailableError(
                     "the Docker engine did not keep the sandbox's seccomp profile (HostConfig.SecurityOpt of the "
                     "created container); refusing to run"
@@ -268,7 +238,7 @@ class DockerBackend(SandboxBackend):
                     # A peer took our fresh container for a stale one: start over.
                     await asyncio.sleep(0.05)
                     continue
-                await self.engine.remove(container)
+                await self._remove(container)
                 raise
             self._started.add(name)
             self._fresh.add(name)
@@ -317,9 +287,7 @@ class DockerBackend(SandboxBackend):
             await asyncio.sleep(0.1)
 
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
-        if self._start_slots is None:
-            self._start_slots = asyncio.Semaphore(self.max_parallel_starts)
-        async with self._start_slots:
+        async with self._slots():
             return await self._connect_now(ws, after_loss=after_loss)
 
     async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
@@ -334,21 +302,24 @@ class DockerBackend(SandboxBackend):
             container = await self.ensure_container(ws)
             spec = self.spec_of(ws)
             try:
-                if container.name in self._fresh:
+                preloaded = self._preloaded.pop(container.name, None)
+                if preloaded is not None:
+                    conn = await self.channels.attach_agent(container, spec, preloaded)
+                elif container.name in self._fresh:
                     self._fresh.discard(container.name)
                     conn = await self.channels.attach_agent(container, spec)
                 else:
                     conn = await self.channels.exec_agent(container, spec)
             except (ImageUnusableError, RuntimeUnavailableError):
                 with contextlib.suppress(SandboxUnavailableError):
-                    await self.engine.remove(container)
+                    await self._remove(container)
                 raise
             except (SandboxLostError, SandboxUnavailableError) as e:
                 # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                 last = e
                 log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
                 with contextlib.suppress(SandboxUnavailableError):
-                    await self.engine.remove(container)
+                    await self._remove(container)
                 self.restarts += 1
                 continue
             if spec.runtime == "runsc":
@@ -457,7 +428,7 @@ class DockerBackend(SandboxBackend):
             if container is None:
                 return "reset"  # already gone (TTL, removed): nothing of the command is left
             oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
-            await self.engine.remove(container)
+            await self._remove(container)
         except SandboxUnavailableError as e:
             log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
             return None
@@ -472,7 +443,7 @@ class DockerBackend(SandboxBackend):
         container = await self.engine.find(container_name(ws))
         if container is None:
             return False
-        await self.engine.remove(container)
+        await self._remove(container)
         log.info("sandbox.stopped", workspace=str(ws))
         return True
 
@@ -488,6 +459,8 @@ class DockerBackend(SandboxBackend):
         return True
 
     async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()  # no warm sandbox outlives its pool
         for box in list(self._boxes.values()):
             await box.close()
         self._boxes.clear()
@@ -518,7 +491,7 @@ class DockerBackend(SandboxBackend):
         for name in list(self._started):
             container = await self.engine.find(name)
             if container is not None:
-                await self.engine.remove(container)
+                await self._remove(container)
         self._started.clear()
 
     async def daemon_info(self) -> dict[str, Any]:

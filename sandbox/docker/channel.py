@@ -35,8 +35,9 @@ from ..handover import FdChannel, take_fd_channel
 from ..logs import get_logger
 from ..spec import ACTIVITY_FILE, AGENT_COMMAND, CHANNEL_MOUNT, WORKSPACE_MOUNT, SandboxSpec
 from .checks import RuntimeCheck, check_seccomp_mode
-from .config import LABEL_WS, channel_dir, owner
+from .config import channel_dir, owner
 from .engine import Engine
+from .slots import workspace_of
 
 log = get_logger("sandbox.docker")
 
@@ -150,16 +151,23 @@ class AgentChannels:
         self.unreachable = False
         self.failed: set[str] = set()
 
-    async def attach_agent(self, container: Any, spec: SandboxSpec) -> AgentConnection:
-        """Talk to the container's main process (an agent waiting for its source)."""
-        api = self._engine.client().api
+    async def attach_agent(
+        self, container: Any, spec: SandboxSpec, preloaded: DockerExecTransport | None = None
+    ) -> AgentConnection:
+        """Talk to the container's main process (an agent waiting for its source), or with
+        ``preloaded`` (a warm sandbox's attach stream, :mod:`.pool`) to one that has its
+        source already and waits for its config."""
+        if preloaded is None:
+            api = self._engine.client().api
 
-        def attach() -> Any:
-            params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            return api.attach_socket(container.id, params=params)
+            def attach() -> Any:
+                params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                return api.attach_socket(container.id, params=params)
 
-        sock_io = await self._engine.call("attach sandbox agent", attach)
-        transport = await DockerExecTransport.open(sock_io)
+            sock_io = await self._engine.call("attach sandbox agent", attach)
+            transport = await DockerExecTransport.open(sock_io)
+        else:
+            transport = preloaded
         conn = AgentConnection(transport, label=container.name)
         hello = await conn.start(
             {
@@ -168,10 +176,11 @@ class AgentChannels:
                 "keeper_ttl": spec.idle_ttl,
                 # allow_root: the container's main process starts as root; the agent
                 # becomes the owner before anything else.
-                **({"run_as": list(owner(Path(container.labels[LABEL_WS]), spec))} if spec.allow_root else {}),
+                **({"run_as": list(owner(_workspace(container), spec))} if spec.allow_root else {}),
                 **spec.agent_config(),
             },
             timeout=spec.agent_start_timeout,
+            preloaded=preloaded is not None,
         )
         await self.check_hello(conn, hello, spec)
         return conn
@@ -202,7 +211,7 @@ class AgentChannels:
         another user, see ``DockerSandbox.as_user``), from ``/`` (another user may not
         enter the workspace)."""
         api = self._engine.client().api
-        uid, gid = user if user is not None else owner(Path(container.labels[LABEL_WS]), spec)
+        uid, gid = user if user is not None else owner(_workspace(container), spec)
 
         def start() -> Any:
             ex = api.exec_create(
@@ -357,6 +366,15 @@ class AgentChannels:
             await take_fd_channel(conn, open_channel, timeout=spec.agent_start_timeout)
         except (SandboxError, OSError, TimeoutError) as e:
             log.info("sandbox.fd_channel_unavailable", container=name, error=repr(e))
+
+
+def _workspace(container: Any) -> Path:
+    """The workspace ``container`` serves (its label, or a warm sandbox's claim). Raises
+    SandboxLostError when it serves none any more (its claim's bind is gone)."""
+    ws = workspace_of(container.labels)
+    if ws is None:
+        raise SandboxLostError(f"{container.name} serves no workspace")
+    return Path(ws)
 
 
 def prepare_channel_dir(d: Path) -> None:

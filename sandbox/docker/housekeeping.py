@@ -13,7 +13,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import SandboxUnavailableError
-from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER, LABEL_WS
+from . import slots
+from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER
 from .engine import Engine
 
 
@@ -26,21 +27,31 @@ def _int_label(value: Any) -> int | None:
 
 async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
     """Every container carrying our labels, running or not, of every owner (``owner``:
-    its owner label, None for one made without). Raises DaemonUnavailableError."""
+    its owner label, None for one made without); ``workspace`` is None for a warm
+    sandbox nobody claimed (``pooled``: True for every warm one). Raises
+    DaemonUnavailableError."""
     client = engine.client()
     containers = await engine.call(
-        "list sandboxes", lambda: client.containers.list(all=True, filters={"label": f"{LABEL_WORKER}=1"})
+        "list sandboxes",
+        lambda: client.containers.list(
+            # (a container removed between the listing and its inspect is left out, not an error)
+            all=True,
+            filters={"label": f"{LABEL_WORKER}=1"},
+            ignore_removed=True,
+        ),
     )
+    workspaces = await asyncio.to_thread(lambda: [slots.workspace_of(c.labels) for c in containers])
     return [
         {
             "name": c.name,
             "status": c.status,
-            "workspace": (c.labels or {}).get(LABEL_WS),
+            "workspace": ws,
+            "pooled": slots.LABEL_POOL in (c.labels or {}),
             "version": (c.labels or {}).get(LABEL_VERSION),
             "owner": (c.labels or {}).get(LABEL_OWNER) or None,
             "container": c,
         }
-        for c in containers
+        for c, ws in zip(containers, workspaces, strict=True)
     ]
 
 
@@ -48,10 +59,11 @@ async def gc(
     engine: Engine, owner: str | None, *, all_running: bool = False, engine_wide: bool = False
 ) -> list[dict[str, Any]]:
     """Remove the stale sandboxes of ``owner`` (None: those made without an owner label):
-    exited ones, those of vanished workspaces or of other worker versions, and with
-    ``all_running`` every one of them. ``engine_wide`` drops the owner test: every loom
-    sandbox on the engine, whoever made it (another data directory's, another user's
-    worker, a running service's). Only our labels are touched.
+    exited ones, those of vanished workspaces or of other worker versions, warm sandboxes
+    nobody claimed (a running pool refills), and with ``all_running`` every one of them.
+    A warm sandbox's slot is released with it (its workspace's bind undone).
+    ``engine_wide`` drops the owner test: every loom sandbox on the engine, whoever made
+    it (another data directory's, another user's worker, a running service's). Only our labels are touched.
 
     Returns what was removed (``list_sandboxes`` items without the container). Raises
     DaemonUnavailableError.
@@ -70,6 +82,7 @@ async def gc(
         )
         if stale:
             await engine.remove(item["container"])
+            await asyncio.to_thread(slots.release, slots.labels_of(item["container"]))
             removed.append({k: v for k, v in item.items() if k != "container"})
     return removed
 

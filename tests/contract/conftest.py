@@ -18,6 +18,8 @@ IMAGES = {"minimal": MINIMAL_IMAGE, "busybox": "loom-test-busybox:latest", "musl
 VARIANTS = [
     pytest.param(("local", None, None), id="local"),
     pytest.param(("docker", None, "runc"), id="docker", marks=pytest.mark.docker),
+    # A warm sandbox claimed by the workspace (issue 44): the same suite as a fresh one.
+    pytest.param(("pooled", None, "runc"), id="pooled", marks=pytest.mark.docker),
 ] + [
     pytest.param(("docker", image, runtime), id=f"{name}-{runtime}", marks=pytest.mark.docker)
     for name, image in IMAGES.items()
@@ -32,7 +34,7 @@ def registry(request: pytest.FixtureRequest) -> ToolRegistry:
     The backend fixture closes its connections (and removes Docker containers).
     """
     kind, image, _runtime = request.param
-    name = f"{kind}_backend" if kind == "local" or image is None else "variant_backend"
+    name = f"{kind}_backend" if kind in ("local", "pooled") or image is None else "variant_backend"
     return ToolRegistry(backend=request.getfixturevalue(name))
 
 
@@ -45,3 +47,17 @@ async def variant_backend(request: pytest.FixtureRequest, docker_ready: None) ->
     require_runtime(runtime)
     async with own_backend(runtime, image=image) as backend:
         yield backend
+
+
+@pytest.fixture
+async def pooled_backend(docker_ready: None) -> AsyncIterator[object]:
+    """A Docker backend with a warm sandbox ready: the test's workspace claims it (checked
+    after the test: a workspace of the test started, and from the pool)."""
+    from tests.docker.conftest import pooled_backend as make
+
+    async with make("runc", size=1) as backend:
+        yield backend
+        status = backend.pool_status()
+        assert status is not None
+        if backend._started:  # the test opened a workspace
+            assert status["claims"] >= 1, status

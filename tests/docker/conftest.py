@@ -34,6 +34,45 @@ async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[Do
         await backend.aclose()
 
 
+#: The warm pool's directory of the tests (one shared mount per test owner, kept).
+POOL_ROOT = Path("/tmp/loom-test-pools") / TEST_OWNER
+
+
+async def wait_ready(backend: DockerBackend, n: int, timeout: float = 60.0) -> dict[str, Any]:
+    """Wait until ``backend``'s pool has ``n`` warm sandboxes ready; its status."""
+    import asyncio
+
+    assert backend.pool is not None
+    await backend.start_pool()
+    assert backend.pool.disabled is None, backend.pool.disabled
+    deadline = asyncio.get_running_loop().time() + timeout
+    while backend.pool.status()["ready"] < n:
+        assert asyncio.get_running_loop().time() < deadline, backend.pool.status()
+        await asyncio.sleep(0.05)
+    return backend.pool.status()
+
+
+@contextlib.asynccontextmanager
+async def pooled_backend(
+    runtime: str = "runc", size: int = 1, max_total: int = 8, ready: int | None = None, **spec: object
+) -> AsyncIterator[DockerBackend]:
+    """A backend with a warm pool of ``size`` per class (``ready`` of them waited for,
+    default ``size``; none under gVisor, where there is no pool); its containers, warm
+    ones too, are removed afterwards."""
+    from sandbox.docker.pool import PoolConfig
+
+    spec = {"image": SANDBOX_IMAGE, "runtime": runtime, "owner": TEST_OWNER, **spec}
+    pool = PoolConfig(mode="fixed", size=size, max_total=max_total, root=POOL_ROOT)
+    backend = DockerBackend(SandboxSpec(**spec), worker_id="test", pool=pool)  # type: ignore[arg-type]
+    try:
+        if runtime == "runc":
+            await wait_ready(backend, size if ready is None else ready)
+        yield backend
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+
+
 @contextlib.asynccontextmanager
 async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object) -> AsyncIterator[Any]:
     """A default registry (catalog off, data under ``tmp_path``) whose sandboxes are

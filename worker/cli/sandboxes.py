@@ -206,6 +206,7 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         finally:
             await backend.stop(ws)
             shutil.rmtree(ws, ignore_errors=True)
+    await _doctor_pool(backend, settings, line)
     from ..changelog.repair import survey
 
     for db, what in survey(settings.data_dir):
@@ -214,6 +215,29 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
         _say("[note] running as root: root-owned workspaces run as uid 0 (no capabilities) inside the sandbox")
     await backend.aclose()
     return 0 if problems == 0 else 1
+
+
+async def _doctor_pool(backend: Any, settings: Settings, line: Any) -> None:
+    """The warm pool: whether this host allows it, and the warm sandboxes on the engine
+    (they count against the engine's memory and pids like any other)."""
+    items = [i for i in await backend.list_sandboxes() if i.get("pooled") and i.get("owner") == backend.spec.owner]
+    ready = sum(1 for i in items if i["workspace"] is None and i["status"] == "running")
+    claimed = len(items) - ready
+    counts = f"{ready} warm sandboxes ready, {claimed} claimed by workspaces"
+    config = settings.pool_config()
+    if config.mode == "off":
+        _say(f"[note] warm pool: off (LOOM_WARM_POOL); {counts}")
+        return
+    if settings.runtime != "runc":
+        _say(f"[note] warm pool: not under gVisor (its gofer serves only the mounts opened at start); {counts}")
+        return
+    reason = await backend.check_pool_host(config.root)
+    line(
+        reason is None,
+        "warm pool",
+        f"{settings.warm_pool} per class at {config.root}; {counts}" if reason is None else reason,
+        "run the worker as root on the engine's host, or LOOM_WARM_POOL=off",
+    )
 
 
 def _doctor_gvisor(runtimes: dict[str, Any], settings: Settings, line: Any) -> None:

@@ -132,7 +132,9 @@ def create_app(
         access=Access(settings.api_token),
     )
     # The gauges read the running service when scraped.
-    service.metrics = metrics or Metrics(live=service.sandboxes_open, restarts=service.sandbox_restarts)
+    service.metrics = metrics or Metrics(
+        live=service.sandboxes_open, restarts=service.sandbox_restarts, pool=service.warm_pool
+    )
     app = FastAPI(
         title="loom-worker",
         version=__version__,

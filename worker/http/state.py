@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, Request
 
 from sandbox.base import RestartCounter
+from sandbox.capabilities import WarmPoolReporter
 
 from ..auth import Access
 from ..metrics import Metrics
@@ -112,6 +113,12 @@ class Service:
         registry = self._registry
         backend = registry.backend if isinstance(registry, HoldsWorkspaces) else None
         return backend.restarts if isinstance(backend, RestartCounter) else 0
+
+    def warm_pool(self) -> dict[str, Any] | None:
+        """The backend's warm pool (ready, starting, claims, misses), None without one."""
+        registry = self._registry
+        backend = registry.backend if isinstance(registry, HoldsWorkspaces) else None
+        return backend.pool_status() if isinstance(backend, WarmPoolReporter) else None
 
     def reject(self, reason: str) -> None:
         """Count a refused request in ``loom_http_rejected_total``."""

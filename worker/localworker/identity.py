@@ -74,6 +74,7 @@ PATH_SETTINGS = frozenset(
         "LOOM_WORKSPACE_ROOT",
         "LOOM_EGRESS_DIR",
         "LOOM_EGRESS_UPSTREAM_CA",
+        "LOOM_WARM_POOL_DIR",
     }
 )
 

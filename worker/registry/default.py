@@ -58,6 +58,7 @@ def default_registry(
         SandboxSpec(**settings.sandbox_spec_kwargs()),
         base_url=settings.docker_host,
         max_parallel_starts=settings.max_parallel_starts,
+        pool=settings.pool_config(),
     )
     own_recorders = False
     if recorder_factory is None and changelog:

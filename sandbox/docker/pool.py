@@ -1,0 +1,376 @@
+"""Warm sandboxes: containers started before a workspace asks for one, claimed by a new
+workspace and refilled in the background.
+
+A pooled sandbox is a container made exactly as a workspace's would be (the same
+:func:`~.config.container_config`, hardening, limits, user), for a *class*: the spec's
+fingerprint, image, runtime, owner and the uid/gid it runs as. Its /workspace is a bind of
+its slot's empty directory with ``rslave`` propagation (:mod:`.slots`,
+:mod:`.hostmounts`); its main agent has booted and holds the agent's code, but has not
+been told its config: it has opened nothing, and learns its root, its limits and its
+secret only at claim, after the workspace is in place. So a claimed sandbox has had no
+process, no file in /tmp or $HOME, no environment of anyone before its claimant.
+
+A claim: the workspace bound onto the slot (and its ``.git`` protections, as the
+engine's own mounts would make them), the claim recorded, the container renamed to the
+workspace's name (``docker rename``: from then on every process finds it as the
+workspace's own), and the waiting agent handed to the backend. Anything failing on the
+way gives the sandbox back to nobody: it is removed and the workspace starts cold.
+
+Why not gVisor: the gofer opens each bind's source when the sandbox starts and serves
+that open directory; a mount made later *on* the source is never seen (measured: the
+sandbox keeps showing the empty slot). A mount made *below* the source is seen, but
+would put the workspace at ``/workspace/<name>``, not at ``/workspace``. Under gVisor
+the pool is off and :func:`unpoolable` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .. import protocol
+from ..errors import SandboxError
+from ..logs import get_logger
+from ..spec import SandboxSpec
+from . import hostmounts, slots
+from .channel import DockerExecTransport
+from .checks import seccomp_kept
+from .config import LABEL_WS, LABEL_WS_HASH, _git_mounts, owner
+from .engine import Engine
+
+log = get_logger("sandbox.docker")
+
+PoolMode = Literal["off", "fixed", "demand"]
+#: Demand is counted over this window (seconds); a class nobody asked for in
+#: ``IDLE_CLASS`` seconds is emptied (demand mode).
+DEMAND_WINDOW = 60.0
+IDLE_CLASS = 600.0
+#: Pooled sandboxes started at once by the refill (each also takes a start slot).
+FILL_PARALLEL = 2
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """``mode``: off, a fixed ``size`` per class, or sized by demand (up to ``size`` per
+    class: as many as were asked for in the last minute). ``max_total``: pooled sandboxes
+    of every class together. ``root``: the pool's directory on the engine's host."""
+
+    mode: PoolMode = "off"
+    size: int = 4
+    max_total: int = 32
+    root: Path = Path("/var/lib/loom-worker/pool")
+
+
+def unpoolable(spec: SandboxSpec) -> str | None:
+    """Why sandboxes of ``spec`` are never pooled, or None. Per-workspace paths (the
+    egress gateway's socket directory, a CA bundle, the workspace's secrets) are mounts a
+    pooled container would need to know at start; gVisor cannot see a later mount."""
+    if spec.runtime != "runc":
+        return "gVisor serves only the mounts it opened at start (see sandbox/docker/pool.py)"
+    if spec.egress_dir or spec.ca_bundle:
+        return "a workspace with egress or a CA bundle has mounts of its own"
+    if spec.allow_root:
+        return "allow_root sandboxes start as root"
+    return None
+
+
+def class_key(spec: SandboxSpec, uid: int, gid: int) -> str:
+    """The class a sandbox of ``spec`` running as ``uid:gid`` belongs to."""
+    body = f"{spec.fingerprint()}|{spec.image}|{spec.runtime}|{spec.owner or ''}|{uid}:{gid}"
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Warm:
+    container: Any
+    transport: DockerExecTransport
+    slot: Path
+
+
+@dataclass
+class _Class:
+    spec: SandboxSpec
+    uid: int
+    gid: int
+    ready: deque[_Warm] = field(default_factory=deque)
+    filling: int = 0
+    asked: deque[float] = field(default_factory=deque)  # claim attempts (demand mode)
+    claims: int = 0
+    misses: int = 0
+
+
+@dataclass
+class PoolHooks:
+    """What the pool uses of its backend: the engine, the checks every container needs
+    (:meth:`~.backend.DockerBackend.prepare`), the container's create arguments for a
+    directory, the create itself, and the start slots shared with cold starts."""
+
+    engine: Engine
+    prepare: Callable[[SandboxSpec], Awaitable[None]]
+    config_for: Callable[[Path, SandboxSpec], dict[str, Any]]
+    create: Callable[[dict[str, Any]], Awaitable[Any]]
+    start_slot: Callable[[], Any]
+
+
+class WarmPool:
+    """The warm sandboxes of one backend. :meth:`start` once (it decides whether the host
+    allows the pool at all), :meth:`claim` per new workspace, :meth:`close` at shutdown."""
+
+    def __init__(self, hooks: PoolHooks, config: PoolConfig) -> None:
+        self._hooks = hooks
+        self.config = config
+        self._classes: dict[str, _Class] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._fills: set[asyncio.Task[None]] = set()
+        #: Why the pool is off on this host (None: on).
+        self.disabled: str | None = None if config.mode != "off" else "off"
+        self._stage = config.root / ".stage"
+        self.failures = 0
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec | None = None) -> None:
+        """Set the pool's directory up (a shared mount) and start refilling; with
+        ``spec``, its class (as the backend's own owner) is wanted from the start in fixed
+        mode. Idempotent; the pool turns itself off (:attr:`disabled`) when the host
+        does not allow its mounts."""
+        if self._started or self.disabled:
+            return
+        self._started = True
+        reason = await asyncio.to_thread(hostmounts.make_shared, self.config.root)
+        if reason is None:
+            try:
+                await asyncio.to_thread(hostmounts.make_private, self._stage)
+            except OSError as e:
+                reason = f"the pool's staging mount failed: {e}"
+        if reason is not None:
+            self.disabled = reason
+            log.warning("sandbox.pool_off", reason=reason)
+            return
+        if spec is not None and self.config.mode == "fixed" and unpoolable(spec) is None:
+            uid = spec.uid if spec.uid is not None else os.geteuid()
+            gid = spec.gid if spec.gid is not None else (os.getegid() if spec.uid is None else uid)
+            self._class(spec, uid, gid)
+        self._task = asyncio.create_task(self._refill(), name="loom-warm-pool")
+
+    def _class(self, spec: SandboxSpec, uid: int, gid: int) -> _Class:
+        key = class_key(spec, uid, gid)
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = self._classes[key] = _Class(spec, uid, gid)
+            self._wake.set()
+        return cls
+
+    def target(self, cls: _Class) -> int:
+        """How many ready sandboxes ``cls`` should have now."""
+        if self.config.mode == "fixed":
+            return self.config.size
+        now = time.monotonic()
+        while cls.asked and cls.asked[0] < now - DEMAND_WINDOW:
+            cls.asked.popleft()
+        return min(self.config.size, len(cls.asked))
+
+    def size(self) -> int:
+        """Pooled sandboxes ready or being started now, every class together."""
+        return sum(len(c.ready) + c.filling for c in self._classes.values())
+
+    async def close(self) -> None:
+        """Stop refilling and remove every pooled sandbox nobody claimed."""
+        task, self._task = self._task, None
+        for t in [*([task] if task else []), *self._fills]:
+            t.cancel()
+        for t in [*([task] if task else []), *self._fills]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for cls in self._classes.values():
+            while cls.ready:
+                await self._discard(cls.ready.popleft())
+
+    # -- claim -----------------------------------------------------------------------
+
+    async def claim(self, ws: Path, spec: SandboxSpec, name: str) -> tuple[Any, DockerExecTransport] | None:
+        """A warm sandbox for workspace ``ws`` (real path) made with ``spec``, now named
+        ``name`` and serving ``ws`` at /workspace, with its agent waiting for its config on
+        the returned attach stream; None when there is none (the caller starts one cold).
+        Never raises for the pool's own failures: they are logged and the sandbox removed."""
+        if self.disabled or unpoolable(spec) is not None:
+            return None
+        uid, gid = owner(ws, spec)
+        cls = self._class(spec, uid, gid)
+        cls.asked.append(time.monotonic())
+        self._wake.set()
+        while cls.ready:
+            warm = cls.ready.popleft()
+            self._wake.set()
+            if warm.transport.lost is not None:
+                await self._discard(warm)  # its agent ended (the engine killed it, gc)
+                continue
+            try:
+                await asyncio.to_thread(self._bind_workspace, warm.slot, ws)
+                await self._hooks.engine.call("claim sandbox", warm.container.rename, name)
+            except (OSError, SandboxError) as e:
+                # A peer made this workspace's container first (409), or the host would
+                # not mount: this one serves nobody.
+                log.info("sandbox.pool_claim_failed", workspace=str(ws), error=repr(e))
+                self.failures += 1
+                await self._discard(warm)
+                cls.misses += 1
+                return None
+            warm.container.attrs["Name"] = "/" + name
+            cls.claims += 1
+            log.info("sandbox.pool_claimed", workspace=str(ws), container=name)
+            return warm.container, warm.transport
+        cls.misses += 1
+        return None
+
+    def _bind_workspace(self, slot: Path, ws: Path) -> None:
+        """Record the claim and bind ``ws`` onto the slot, with the protections of its
+        ``.git`` the engine's mounts would give it (:func:`~.config._git_mounts`), the
+        read-only ones made read-only before they propagate. Raises OSError (undone)."""
+        (slot / slots.CLAIM_FILE).write_text(str(ws))
+        target = slot / "ws"
+        hostmounts.bind(ws, target)
+        try:
+            for m in _git_mounts(ws, str(target)):
+                hostmounts.bind(Path(m["Source"]), Path(m["Target"]), read_only=bool(m["ReadOnly"]), stage=self._stage)
+        except OSError:
+            hostmounts.unbind(target)
+            raise
+
+    # -- refill ------------------------------------------------------------------------
+
+    async def _refill(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            for key, cls in list(self._classes.items()):
+                idle = self.config.mode == "demand" and (not cls.asked or cls.asked[-1] < now - IDLE_CLASS)
+                want = 0 if idle else self.target(cls)
+                while len(cls.ready) > want and not cls.filling:
+                    await self._discard(cls.ready.pop())  # demand fell: give the engine back
+                while (
+                    len(cls.ready) + cls.filling < want
+                    and self.size() < self.config.max_total
+                    and len(self._fills) < FILL_PARALLEL
+                ):
+                    cls.filling += 1
+                    t = asyncio.create_task(self._fill(key, cls), name="loom-warm-fill")
+                    self._fills.add(t)
+                    t.add_done_callback(self._fills.discard)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    async def _fill(self, key: str, cls: _Class) -> None:
+        try:
+            async with self._hooks.start_slot():
+                warm = await self._make(key, cls)
+            cls.ready.append(warm)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the pool never takes the process down; cold starts go on
+            self.failures += 1
+            log.warning("sandbox.pool_fill_failed", error=repr(e))
+            await asyncio.sleep(min(30.0, 0.5 * self.failures))  # do not hammer a failing engine
+        finally:
+            cls.filling -= 1
+            self._wake.set()
+
+    async def _make(self, key: str, cls: _Class) -> _Warm:
+        """Start one pooled sandbox of ``cls`` and boot its agent up to its config.
+        Raises SandboxError, OSError."""
+        spec = cls.spec
+        await self._hooks.prepare(spec)
+        slot = self.config.root / secrets.token_hex(8)
+        await asyncio.to_thread(_make_slot, slot, cls.uid, cls.gid)
+        cfg = self._hooks.config_for(slot / "ws", spec)
+        cfg["name"] = slots.POOL_PREFIX + slot.name
+        cfg["labels"] = {
+            **cfg["labels"],
+            LABEL_WS: "",
+            LABEL_WS_HASH: "",
+            slots.LABEL_POOL: key,
+            slots.LABEL_SLOT: str(slot),
+        }
+        for m in cfg["mounts"]:
+            if m.get("Type") == "bind" and m.get("Source") == str(slot / "ws"):
+                # Binds made on the slot later (the claim) show in the container.
+                m["BindOptions"] = {"Propagation": "rslave"}
+        engine = self._hooks.engine
+        container = await self._hooks.create(cfg)
+        warm = _Warm(container, None, slot)  # type: ignore[arg-type]
+        try:
+            if not seccomp_kept(container, spec.runtime):
+                raise SandboxError("the engine did not keep the sandbox's seccomp profile")
+            api = engine.client().api
+
+            def attach() -> Any:
+                params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                return api.attach_socket(container.id, params=params)
+
+            sock_io = await engine.call("attach pooled sandbox", attach)
+            await engine.call("start pooled sandbox", container.start)
+            warm.transport = await DockerExecTransport.open(sock_io)
+            # The agent's code now: at claim only its config is left to send.
+            await warm.transport.write(protocol.agent_bundle())
+        except BaseException:
+            await self._discard(warm)
+            raise
+        return warm
+
+    async def _discard(self, warm: _Warm) -> None:
+        """Remove a pooled sandbox and its slot (best effort)."""
+        if warm.transport is not None:
+            with contextlib.suppress(Exception):
+                await warm.transport.close()
+        with contextlib.suppress(SandboxError):
+            await self._hooks.engine.remove(warm.container)
+        await asyncio.to_thread(slots.release, slots.labels_of(warm.container))
+
+    # -- reporting -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The pool as ``doctor`` and the metrics show it."""
+        return {
+            "mode": self.config.mode,
+            "enabled": self.disabled is None,
+            "disabled": self.disabled,
+            "size": self.config.size,
+            "max_total": self.config.max_total,
+            "ready": sum(len(c.ready) for c in self._classes.values()),
+            "starting": sum(c.filling for c in self._classes.values()),
+            "claims": sum(c.claims for c in self._classes.values()),
+            "misses": sum(c.misses for c in self._classes.values()),
+            "failures": self.failures,
+            "classes": {
+                key: {
+                    "image": c.spec.image,
+                    "runtime": c.spec.runtime,
+                    "user": f"{c.uid}:{c.gid}",
+                    "ready": len(c.ready),
+                    "target": self.target(c),
+                    "claims": c.claims,
+                    "misses": c.misses,
+                }
+                for key, c in self._classes.items()
+            },
+        }
+
+
+def _make_slot(slot: Path, uid: int, gid: int) -> None:
+    """The slot's directories: ``ws`` owned as the workspace will be (the agent checks
+    its root before the claim binds over it) and the pool's mark. Raises OSError."""
+    slot.mkdir(mode=0o700)
+    (slot / "ws").mkdir(mode=0o755)
+    os.chown(slot / "ws", uid, gid)
+    (slot / slots.SLOT_MARK).write_text("")

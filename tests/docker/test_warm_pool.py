@@ -1,0 +1,171 @@
+"""Warm sandboxes (issue 44): a claimed one serves its workspace as a fresh one does, keeps
+nothing of anyone before, is found by another process as the workspace's own, respects the
+pool's limits, and is gone after ``gc --all`` and after shutdown. Under gVisor there is no
+pool (its gofer serves only the mounts it opened at start): the workspace starts cold."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.docker import container_name, slots
+from sandbox.results import ExecRequest
+from tests.conftest import TEST_OWNER
+from tests.docker.conftest import POOL_ROOT, make_backend, pooled_backend, require_runtime, wait_ready
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def second_workspace() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="loom-ws-")).resolve()
+    try:
+        yield d
+    finally:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def _sh(backend: object, ws: Path, command: str) -> str:
+    box = await backend.get(ws)  # type: ignore[attr-defined]
+    res = await box.exec(ExecRequest(command=command))
+    assert res.outcome == "exit", res
+    return str(res.stdout.decode())
+
+
+def _mounted_slots() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if f" {POOL_ROOT}/" in line and "/.stage" not in line]
+
+
+async def _ours_pooled(backend: object) -> list[dict[str, object]]:
+    return [i for i in await backend.list_sandboxes() if i["pooled"] and i["owner"] == TEST_OWNER]  # type: ignore[attr-defined]
+
+
+async def test_a_claimed_sandbox_is_the_workspaces_own(docker_ready: None, workspace: Path) -> None:
+    (workspace / "hello.txt").write_text("hi\n")
+    os.chown(workspace, 1000, 1000)
+    async with pooled_backend(uid=1000, gid=1000) as backend:
+        out = await _sh(backend, workspace, "cat hello.txt; id -u; id -g; pwd; echo $HOME; echo made > new.txt")
+        assert out.split() == ["hi", "1000", "1000", "/workspace", "/home/sandbox"]
+        assert (workspace / "new.txt").read_text() == "made\n"
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 1 and status["misses"] == 0
+        # Found by its workspace's name and labels, as a fresh one: another process (no
+        # pool) reuses it instead of replacing it.
+        container = await backend.engine.find(container_name(workspace))
+        assert container is not None and slots.workspace_of(container.labels) == str(workspace)
+        other = make_backend(uid=1000, gid=1000)
+        try:
+            assert "hi" in await _sh(other, workspace, "cat hello.txt")
+            again = await other.engine.find(container_name(workspace))
+            assert again is not None and again.id == container.id
+        finally:
+            await other.aclose()
+        # Stopped: the container is removed and the workspace's bind undone on the host.
+        slot = slots.slot_of(container.labels)
+        assert slot is not None and str(slot / "ws") in _mounted_slots()
+        await backend.stop(workspace)
+        assert str(slot / "ws") not in _mounted_slots()
+        assert not slot.exists()
+        assert (workspace / "hello.txt").read_text() == "hi\n"  # the workspace itself untouched
+
+
+async def test_leftovers_never_reach_the_next_claimant(
+    docker_ready: None, workspace: Path, second_workspace: Path
+) -> None:
+    async with pooled_backend(size=2) as backend:
+        first = await _sh(
+            backend,
+            workspace,
+            "echo secret-1 > /tmp/leftover; echo secret-1 > $HOME/leftover; "
+            "export LEFTOVER=secret-1; (setsid sleep 600 >/dev/null 2>&1 &); hostname",
+        )
+        assert first.strip() == "sandbox"
+        box = await backend.get(workspace)
+        await box.exec(ExecRequest(command="true"))
+        await backend.stop(workspace)
+        # (The needles are built in the shell: the command's own text shows in ps.)
+        listing = await _sh(backend, second_workspace, "ls -A /tmp $HOME")
+        assert "leftover" not in listing
+        env = await _sh(backend, second_workspace, "env")
+        assert "LEFTOVER" not in env and "secret-1" not in env
+        procs_text = await _sh(backend, second_workspace, "ps -eo args=")
+        assert "sleep 600" not in procs_text
+        found = await _sh(backend, second_workspace, 'grep -rls "secret-$((0+1))" /tmp $HOME /workspace || echo clean')
+        assert found.strip() == "clean"
+        # Nothing ran in the claimant's container before its claim: init, its agent, this command.
+        procs = [line for line in (await _sh(backend, second_workspace, "ps -eo args=")).splitlines() if line]
+        assert len(procs) <= 5, procs
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 2
+
+
+async def test_a_git_workspace_keeps_its_protections(docker_ready: None, workspace: Path) -> None:
+    (workspace / ".git" / "hooks").mkdir(parents=True)
+    (workspace / ".git" / "config").write_text("[core]\n")
+    async with pooled_backend() as backend:
+        out = await _sh(
+            backend,
+            workspace,
+            "(echo evil > .git/hooks/post-checkout) 2>&1; (echo x >> .git/config) 2>&1; mv .git g 2>&1; echo done",
+        )
+        assert backend.pool_status()["claims"] == 1  # type: ignore[index]
+        assert "Read-only file system" in out and "busy" in out.lower()
+        assert not (workspace / ".git" / "hooks" / "post-checkout").exists()
+        assert (workspace / ".git" / "config").read_text() == "[core]\n"
+
+
+async def test_the_pool_respects_its_limits_and_gc_all_empties_it(docker_ready: None, workspace: Path) -> None:
+    async with pooled_backend(size=4, max_total=2, ready=2) as backend:
+        await asyncio.sleep(1.5)  # the refill had its chances to go past the limit
+        status = backend.pool_status()
+        assert status is not None and status["ready"] + status["starting"] <= 2, status
+        assert len(await _ours_pooled(backend)) == 2
+        await _sh(backend, workspace, "true")  # one claimed: the pool refills up to its limit
+        await wait_ready(backend, 2)
+        assert len(await _ours_pooled(backend)) == 3  # 2 warm + 1 claimed
+        removed = await backend.gc(all_running=True)
+        assert len(removed) >= 3
+        assert await _ours_pooled(backend) == []
+        assert _mounted_slots() == []
+
+
+async def test_plain_gc_removes_unclaimed_and_keeps_claimed(docker_ready: None, workspace: Path) -> None:
+    async with pooled_backend(size=2) as backend:
+        await _sh(backend, workspace, "true")
+        other = make_backend()  # another process of the same installation: `loom-worker gc`
+        try:
+            removed = await other.gc()
+        finally:
+            await other.aclose()
+        assert any(name.startswith(slots.POOL_PREFIX) for name in removed)
+        claimed = [i for i in await _ours_pooled(backend) if i["workspace"] is not None]
+        assert [i["workspace"] for i in claimed] == [str(workspace)]
+        assert "ok" in await _sh(backend, workspace, "echo ok")  # still served
+
+
+async def test_shutdown_removes_the_warm_sandboxes(docker_ready: None) -> None:
+    async with pooled_backend(size=2) as backend:
+        assert len(await _ours_pooled(backend)) == 2
+    probe = make_backend()
+    try:
+        assert await _ours_pooled(probe) == []
+    finally:
+        await probe.aclose()
+    assert _mounted_slots() == []
+
+
+async def test_gvisor_has_no_pool_and_starts_cold(docker_ready: None, workspace: Path) -> None:
+    require_runtime("runsc")
+    async with pooled_backend("runsc") as backend:
+        assert "hi" in await _sh(backend, workspace, "echo hi")
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 0 and status["ready"] == 0
+        assert await _ours_pooled(backend) == []

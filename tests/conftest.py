@@ -40,6 +40,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     stop_workers(_RUN_DIR)
     shutil.rmtree(_RUN_DIR, ignore_errors=True)
+    # The warm pools' directory (tests/docker/conftest.py POOL_ROOT) is a shared mount
+    # while the session runs: undone, so no later container copies it and it can go.
+    pools = Path("/tmp/loom-test-pools") / TEST_OWNER
+    if pools.is_dir():
+        from sandbox.docker.hostmounts import release_root
+
+        try:
+            release_root(pools)
+        except OSError:
+            pass
+        else:
+            shutil.rmtree(pools, ignore_errors=True)
 
 
 SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")

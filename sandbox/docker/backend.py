@@ -101,6 +101,7 @@ class DockerBackend(SandboxBackend):
         self.restarts = 0
         #: Warm sandboxes (:mod:`.pool`), None when off; started at the first workspace.
         self.pool: WarmPool | None = None
+        self._pool_root = pool.root if pool is not None else None
         if pool is not None and pool.mode != "off":
             self.pool = WarmPool(
                 PoolHooks(
@@ -478,7 +479,22 @@ class DockerBackend(SandboxBackend):
         ``all_running``); another owner's are left alone. Returns the names removed.
         Raises DaemonUnavailableError."""
         removed = await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running)
+        if all_running:
+            await self._release_pool_root()
         return [item["name"] for item in removed]
+
+    async def _release_pool_root(self) -> None:
+        """After ``gc --all``: the pool directory's own mounts go too, once no sandbox on
+        the engine has a slot there (another owner's pool may share the directory)."""
+        root = self._pool_root
+        if root is None or (self.pool is not None and self.pool.size() > 0):
+            return
+        prefix = os.path.realpath(root) + os.sep
+        for item in await housekeeping.list_sandboxes(self.engine):
+            slot = slots.slot_of(slots.labels_of(item["container"]))
+            if slot is not None and str(slot).startswith(prefix):
+                return
+        await asyncio.to_thread(hostmounts.release_root, root)
 
     async def gc_engine_wide(self, *, all_running: bool = False) -> list[dict[str, Any]]:
         """Like :meth:`gc`, for every loom sandbox on the engine, whoever made it. Returns

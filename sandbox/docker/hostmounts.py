@@ -144,3 +144,14 @@ def unbind(target: Path) -> bool:
     if e in (errno.EINVAL, errno.ENOENT):
         return False
     raise OSError(e, os.strerror(e), str(target))
+
+
+def release_root(root: Path) -> bool:
+    """Undo :func:`make_shared` and the pool's private staging mount (``.stage``) below
+    ``root``, once no sandbox uses a slot there: left behind, a shared mount is copied into
+    the mount namespace of every container started after it, and a data directory holding
+    it cannot be removed (EBUSY). True when something was unmounted. Raises OSError other
+    than "not a mount point"."""
+    target = Path(os.path.realpath(root))
+    staged = unbind(target / ".stage")
+    return unbind(target) or staged

@@ -307,7 +307,18 @@ class WarmPool:
                 # Binds made on the slot later (the claim) show in the container.
                 m["BindOptions"] = {"Propagation": "rslave"}
         engine = self._hooks.engine
-        container = await self._hooks.create(cfg)
+        # The engine call runs on in its thread when this task is cancelled (the pool
+        # closing): the container it makes then must not outlive the pool.
+        create = asyncio.ensure_future(self._hooks.create(cfg))
+        try:
+            container = await asyncio.shield(create)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._discard(_Warm(await create, None, slot))  # type: ignore[arg-type]
+            raise
+        except BaseException:
+            await asyncio.to_thread(slots.release, {slots.LABEL_SLOT: str(slot)})
+            raise
         warm = _Warm(container, None, slot)  # type: ignore[arg-type]
         try:
             if not seccomp_kept(container, spec.runtime):

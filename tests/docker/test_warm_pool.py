@@ -162,6 +162,37 @@ async def test_shutdown_removes_the_warm_sandboxes(docker_ready: None) -> None:
     assert _mounted_slots() == []
 
 
+async def test_gc_all_undoes_the_pool_directorys_own_mounts(
+    docker_ready: None, workspace: Path, tmp_path: Path
+) -> None:
+    """Left behind, the pool's shared mount is copied into every container started after
+    it and keeps its data directory from being removed: ``gc --all`` (another process,
+    whose pool is off) undoes it once no sandbox has a slot there."""
+    from sandbox.docker import DockerBackend
+    from sandbox.docker.hostmounts import mount_propagation
+    from sandbox.docker.pool import PoolConfig
+    from sandbox.spec import SandboxSpec
+    from tests.conftest import SANDBOX_IMAGE
+
+    owner = TEST_OWNER + "-gcroot"
+    root = tmp_path / "pool"
+    spec = SandboxSpec(image=SANDBOX_IMAGE, runtime="runc", owner=owner)
+    backend = DockerBackend(spec, worker_id="test", pool=PoolConfig(mode="fixed", size=1, max_total=2, root=root))
+    try:
+        await wait_ready(backend, 1)
+        assert "in" in await _sh(backend, workspace, "echo in")  # one claimed
+        assert mount_propagation(root) == "shared"
+    finally:
+        await backend.aclose()  # (the claimed one goes on, as a workspace's does)
+    cli = DockerBackend(spec, worker_id="test", pool=PoolConfig(mode="off", root=root))
+    try:
+        assert len(await cli.gc(all_running=True)) == 1  # the claimed one
+    finally:
+        await cli.aclose()
+    assert mount_propagation(root) is None and mount_propagation(root / ".stage") is None
+    assert _mounted_slots() == []
+
+
 async def test_gvisor_has_no_pool_and_starts_cold(docker_ready: None, workspace: Path) -> None:
     require_runtime("runsc")
     async with pooled_backend("runsc") as backend:

@@ -133,6 +133,9 @@ class AgentConnection:
         if not self._transport.start(self._on_data, self._fail_all):
             self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
         try:
+            if not protocol.bundle_built():
+                # Its first build compiles the agent (tens of ms): never on the event loop.
+                await asyncio.to_thread(protocol.agent_bundle)
             await self._transport.write(protocol.boot_payload(config))
             return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
         except BaseException as e:

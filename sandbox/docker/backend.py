@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .. import users
+from .. import protocol, users
 from ..base import ExecResult, Sandbox, SandboxBackend, TreeRemoval
 from ..client import AgentSandbox
 from ..connection import AgentConnection
@@ -135,6 +135,12 @@ class DockerSandbox(AgentSandbox):
             await box.close()
         self._users.clear()
         await super().close()
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """A background build's outcome: a failure is raised again where the bundle is needed."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 #: Sandboxes started (or connected to) at once by default (see ``max_parallel_starts``).
@@ -289,6 +295,11 @@ class DockerBackend(SandboxBackend):
 
         Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
         """
+        if not protocol.bundle_built():
+            # The agent's bundle (its code compiled once per process, tens of ms) is built
+            # in a thread while the engine creates and starts the first container, off the
+            # first cold start's path (AgentConnection.start waits for it if need be).
+            asyncio.get_running_loop().run_in_executor(None, protocol.agent_bundle).add_done_callback(_retrieved)
         await self._check_runtime(spec or self.spec)
         await self._runtime_volume.ensure()
 

@@ -137,12 +137,6 @@ class DockerSandbox(AgentSandbox):
         await super().close()
 
 
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    """A background build's outcome: a failure is raised again where the bundle is needed."""
-    if not fut.cancelled():
-        fut.exception()
-
-
 #: Sandboxes started (or connected to) at once by default (see ``max_parallel_starts``).
 DEFAULT_PARALLEL_STARTS = 16
 
@@ -307,11 +301,7 @@ class DockerBackend(SandboxBackend):
 
         Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
         """
-        if not protocol.bundle_built():
-            # The agent's bundle (its code compiled once per process, tens of ms) is built
-            # in a thread while the engine creates and starts the first container, off the
-            # first cold start's path (AgentConnection.start waits for it if need be).
-            asyncio.get_running_loop().run_in_executor(None, protocol.agent_bundle).add_done_callback(_retrieved)
+        protocol.prebuild_bundle()  # in a thread, while the engine starts the first container
         await self._check_runtime(spec or self.spec)
         await self._runtime_volume.ensure()
 

@@ -32,6 +32,16 @@ pool sized for the demand makes it), and the time until ``--pool-ready`` new wor
 started at once, have all answered, with the pool off and on (sized to hold them all).
 The same run gives both, so the ratio is the pool's own.
 
+``--floor`` (issue 44) adds the engine's own floor to the ready time, measured in the same
+run between the workspaces' runs: as many bare containers of the same image started through
+the engine's API (the Docker SDK, ``create`` + ``start`` of ``sleep``, network none, on the
+same runtime), as many at once as the worker starts (``--parallel``, the worker's
+``LOOM_MAX_PARALLEL_STARTS``), and prints ready / floor. ``--breakdown`` times each step of
+the workspaces' starts inside the worker (the slot wait, the engine's calls by name, the
+agent's boot and hello, the direct channel, the changelog's first look, the first command)
+and prints where the time above the floor goes. ``--ready-only`` stops after the
+workspaces are ready (no load).
+
 ``--loop``: ``asyncio`` is ``asyncio.run(main())`` (a user's plain program, the default),
 ``uvloop`` is ``uvloop.run``, ``worker`` is ``worker.run`` where the tree has it.
 """
@@ -125,10 +135,72 @@ def pct(xs: list[float], q: float) -> float:
 
 # -- the worker process ---------------------------------------------------------------------
 
+#: The steps of a workspace's start that ``--breakdown`` times: (module, attribute, label).
+#: What a tree does not have is skipped (``--tree`` may be another version).
+STEPS = [
+    ("worker.registry.core", "ToolRegistry.execute", "first call, whole"),
+    ("worker.registry.pool", "WorkspacePool.workspace", "workspace opened (settings, changelog, guard objects)"),
+    ("worker.workspace", "Workspace._guard_first", "guard's first look"),
+    ("worker.changelog.api", "Changelog.recover", "changelog: recover (interrupted intents)"),
+    ("worker.changelog.api", "Changelog.before_shell", "changelog: before_shell (baseline, intent)"),
+    ("worker.changelog.shellscan", "ShellTracker.build", "changelog: baseline scan"),
+    ("worker.changelog.api", "Changelog.after_shell", "changelog: after_shell"),
+    ("sandbox.client", "AgentSandbox.exec", "exec (incl. connecting on first use)"),
+    ("sandbox.docker.backend", "DockerBackend._connect", "connect, incl. waiting for a start slot"),
+    ("sandbox.docker.backend", "DockerBackend._connect_now", "connect (in a start slot)"),
+    ("sandbox.docker.backend", "DockerBackend.ensure_container", "container found or created + started"),
+    ("sandbox.docker.backend", "DockerBackend.prepare", "prepare (runtime check, runtime volume)"),
+    ("sandbox.docker.engine", "Engine.call", "engine: {what}"),
+    ("sandbox.docker.channel", "AgentChannels.attach_agent", "agent attached, booted, hello checked"),
+    ("sandbox.connection", "AgentConnection.start", "agent boot payload to hello"),
+    ("sandbox.docker.channel", "AgentChannels.go_direct", "direct channel (runc)"),
+    ("sandbox.docker.channel", "AgentChannels.dial_direct", "direct channel (gVisor)"),
+    ("sandbox.docker.backend", "verify_gvisor", "gVisor verified"),
+]
+
+
+def instrument(spans: dict[str, list[float]]) -> None:
+    """Wrap each of :data:`STEPS` (async functions) so every call's duration (ms) lands in
+    ``spans[label]``."""
+    import functools
+    import importlib
+
+    for module, attr, label in STEPS:
+        try:
+            owner: Any = importlib.import_module(module)
+        except ImportError:
+            continue
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        orig = getattr(owner, name, None) if owner is not None else None
+        if orig is None or not asyncio.iscoroutinefunction(orig):
+            continue
+
+        def wrap(orig: Any, label: str) -> Any:
+            @functools.wraps(orig)
+            async def timed(*a: Any, **kw: Any) -> Any:
+                key = label
+                if "{what}" in label:
+                    what = a[1] if len(a) > 1 else kw.get("what", "?")
+                    key = label.format(what=what)
+                t = time.perf_counter()
+                try:
+                    return await orig(*a, **kw)
+                finally:
+                    spans.setdefault(key, []).append((time.perf_counter() - t) * 1000.0)
+
+            return timed
+
+        setattr(owner, name, wrap(orig, label))
+
 
 async def load(args: argparse.Namespace) -> dict[str, Any]:
     from worker import default_registry
 
+    spans: dict[str, list[float]] = {}
+    if args.breakdown:
+        instrument(spans)
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-scale-"))
     roots = []
     for i in range(args.workspaces):
@@ -151,6 +223,15 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
         if bad:
             raise SystemExit(f"{len(bad)} workspaces failed to start: {bad[0]}")
         out["rss_ready_mb"] = rss_mb()
+        if args.breakdown:
+            out["breakdown"] = {
+                k: [len(v), statistics.median(v), statistics.fmean(v), sum(v) / 1000.0] for k, v in spans.items()
+            }
+        if args.ready_only:
+            t = time.perf_counter()
+            await asyncio.gather(*(reg.stop(w) for w in roots))
+            out["stop_s"] = time.perf_counter() - t
+            return out
         content = "x" * 1000 + "\n"
         mix = ["rws".index(c) for c in args.mix]
         calls: list[tuple[int, float]] = []
@@ -274,10 +355,55 @@ def run_child(tree: Path, args: argparse.Namespace, workspaces: int) -> dict[str
     ]
     if args.no_changelog:
         argv.append("--no-changelog")
+    if args.breakdown:
+        argv.append("--breakdown")
+    if args.ready_only:
+        argv.append("--ready-only")
+    env["LOOM_MAX_PARALLEL_STARTS"] = str(args.parallel)
     p = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"load against {tree} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def engine_floor(args: argparse.Namespace, n: int) -> float:
+    """Seconds the engine takes to start ``n`` bare containers of the same image on the same
+    runtime (create + start of ``sleep``, network none, through the Docker SDK from
+    ``--parallel`` threads, as the worker starts its sandboxes); they are removed after,
+    untimed."""
+    import concurrent.futures
+    import uuid
+
+    from sandbox.docker import gvisor
+    from sandbox.docker.engine import Engine
+
+    engine = Engine(threads=args.parallel)
+    api = engine.client().api
+    runtime = "runc"
+    if args.runtime == "runsc":
+        platform = os.environ.get("LOOM_GVISOR_PLATFORM", "systrap")
+        runtime = gvisor.engine_runtime(dict(api.info().get("Runtimes") or {}), platform)
+    tag = "loom-bench-floor-" + uuid.uuid4().hex[:8]
+    ids: list[str] = []
+
+    def one(i: int) -> None:
+        host = api.create_host_config(network_mode="none", runtime=runtime)
+        c = api.create_container(
+            args.image, command=["sleep", "600"], name=f"{tag}-{i:03d}", host_config=host, labels={tag: "1"}
+        )
+        ids.append(c["Id"])
+        api.start(c["Id"])
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            t = time.perf_counter()
+            list(pool.map(one, range(n)))
+            took = time.perf_counter() - t
+    finally:
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(lambda cid: api.remove_container(cid, force=True), ids))
+        engine.client().close()
+    return took
 
 
 def main(args: argparse.Namespace) -> None:
@@ -286,12 +412,20 @@ def main(args: argparse.Namespace) -> None:
         trees.append(("other", Path(args.tree).resolve()))
     sizes = [int(s) for s in args.workspaces.split(",")]
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    floors: dict[int, list[float]] = {}
     for r in range(args.rounds):
         for n in sizes:
             order = trees if r % 2 == 0 else trees[::-1]
+            if args.floor:
+                floor = engine_floor(args, n)
+                floors.setdefault(n, []).append(floor)
+                print(f"round {r + 1} engine floor, {n} bare containers: {floor:.2f} s", file=sys.stderr, flush=True)
             for label, tree in order:
                 res = run_child(tree, args, n)
                 results.setdefault((label, n), []).append(res)
+                if args.ready_only:
+                    print(f"round {r + 1} {label} {n} workspaces: ready {res['ready_s']:.2f} s", file=sys.stderr)
+                    continue
                 print(
                     f"round {r + 1} {label} ({tree}) {n} workspaces: {res['calls_per_s']:.0f} calls/s, "
                     f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.1f} ms, "
@@ -305,6 +439,10 @@ def main(args: argparse.Namespace) -> None:
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(float(x[key]) for x in rows)
 
+    if args.ready_only:
+        if args.floor or args.breakdown:
+            print_floor(args, trees, sizes, results, floors)
+        return
     kinds = {"r": "read_file 4 KB", "w": "write_file 1 KB", "s": "shell_execute true"}
     load_line = (
         f"{args.callers} callers, {' / '.join(kinds[c] for c in args.mix)} in turn, "
@@ -336,13 +474,78 @@ def main(args: argparse.Namespace) -> None:
                 f"| {med(rows, 'ready_s'):.2f} | {med(rows, 'rss_mb'):.0f} "
                 f"| {ratio} |"
             )
-    if len(trees) > 1:
+    if args.floor or args.breakdown:
+        print_floor(args, trees, sizes, results, floors)
+    if len(trees) > 1 and not args.ready_only:
         print("\nper round, calls/s (this / other):")
         for n in sizes:
             pairs = zip(results[("this", n)], results[("other", n)], strict=True)
             print(
                 f"  {n} workspaces: " + ", ".join(f"{a['calls_per_s']:.0f} / {b['calls_per_s']:.0f}" for a, b in pairs)
             )
+
+
+def print_floor(
+    args: argparse.Namespace,
+    trees: list[tuple[str, Path]],
+    sizes: list[int],
+    results: dict[tuple[str, int], list[dict[str, Any]]],
+    floors: dict[int, list[float]],
+) -> None:
+    """Ready time against the engine's floor (same run), and with ``--breakdown`` where the
+    workspaces' starts spend their time."""
+    if floors:
+        print_ready(args, trees, sizes, results, floors)
+    if args.breakdown:
+        print_breakdown(args, trees, sizes, results)
+
+
+def print_ready(
+    args: argparse.Namespace,
+    trees: list[tuple[str, Path]],
+    sizes: list[int],
+    results: dict[tuple[str, int], list[dict[str, Any]]],
+    floors: dict[int, list[float]],
+) -> None:
+    print(
+        f"\nworkspaces ready against the engine's floor ({args.runtime}, {args.parallel} at a time, "
+        f"medians of {args.rounds} round(s); floor: bare `sleep` containers of {args.image} via the SDK)\n"
+    )
+    print("| tree | workspaces | ready (s) | engine floor (s) | ready / floor | per round: ready / floor (s) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for n in sizes:
+        fl = statistics.median(floors[n])
+        for label, _tree in trees:
+            rows = results[(label, n)]
+            ready = statistics.median(float(x["ready_s"]) for x in rows)
+            pairs = ", ".join(f"{x['ready_s']:.2f} / {f:.2f}" for x, f in zip(rows, floors[n], strict=False))
+            print(f"| {label} | {n} | {ready:.2f} | {fl:.2f} | {ready / fl:.2f}x | {pairs} |")
+
+
+def print_breakdown(
+    args: argparse.Namespace,
+    trees: list[tuple[str, Path]],
+    sizes: list[int],
+    results: dict[tuple[str, int], list[dict[str, Any]]],
+) -> None:
+    for n in sizes:
+        for label, _tree in trees:
+            rows = [x for x in results[(label, n)] if x.get("breakdown")]
+            if not rows:
+                continue
+            keys = sorted(
+                {k for x in rows for k in x["breakdown"]}, key=lambda k: -rows[0]["breakdown"].get(k, [0, 0, 0, 0])[3]
+            )
+            print(
+                f"\nwhere {n} workspaces' starts go ({label}; each step's calls, p50 and mean per call, and its "
+                f"time summed over the workspaces; {args.parallel} run at once; medians over rounds)\n"
+            )
+            print("| step | calls | p50 (ms) | mean (ms) | summed (s) |")
+            print("|---|---:|---:|---:|---:|")
+            for k in keys:
+                vals = [x["breakdown"][k] for x in rows if k in x["breakdown"]]
+                med = [statistics.median(v[i] for v in vals) for i in range(4)]
+                print(f"| {k} | {med[0]:.0f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.2f} |")
 
 
 def _median_of(rows: list[dict[str, Any]], key: str) -> str:
@@ -470,6 +673,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
     ap.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop", "worker"))
     ap.add_argument("--no-changelog", action="store_true")
+    ap.add_argument("--floor", action="store_true", help="also measure the engine's floor: bare container starts")
+    ap.add_argument("--breakdown", action="store_true", help="time each step of the workspaces' starts")
+    ap.add_argument("--ready-only", action="store_true", help="stop once the workspaces are ready (no load)")
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=int(os.environ.get("LOOM_MAX_PARALLEL_STARTS", "16")),
+        help="starts at once: the worker's LOOM_MAX_PARALLEL_STARTS and the floor's threads (default 16)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--mix",

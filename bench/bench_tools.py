@@ -20,6 +20,15 @@ the default loop (about 0.15 ms more per call here). ``--runtimes runc,runsc`` p
 table for each runtime in turn (gVisor on ``--gvisor-platform``, default
 ``LOOM_GVISOR_PLATFORM`` or systrap), then each tool's registry p50 under gVisor as a ratio
 to runc's.
+
+Beside the tools, loom's cost above the runtime's own floor (issue 44), measured in the same
+container and run: ``shell_execute true`` against a bare fork+exec in the container (a
+small timer run once with ``docker exec`` by the agent's own interpreter: ``sh -c true``
+through ``subprocess`` with its output piped, as a shell command is run, and
+``os.posix_spawn`` of ``true`` alone), and ``read_file`` 4 KB against the agent's raw
+``read`` request over the same channel (``AgentConnection.request``: no registry, no
+policy, no answer checks), the two alternating call by call. Targets: each <= 1.5x its
+floor, under each runtime. ``--floor-only`` prints that table alone.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import structlog
 from common import gvisor_spec
 
 from sandbox.docker import DockerBackend
-from sandbox.spec import SandboxSpec
+from sandbox.spec import AGENT_COMMAND, SandboxSpec
 from worker import ToolRegistry, aio
 
 
@@ -79,6 +88,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--image", default=os.environ.get("LOOM_IMAGE", "loom-sandbox:latest"))
     ap.add_argument("--changelog", action="store_true", help="record through worker.changelog")
+    ap.add_argument("--floor-only", action="store_true", help="only the table of loom against the runtime's floor")
     ap.add_argument("--journal", action="store_true", help="also compare the call journal off and on")
     ap.add_argument("--runtimes", default="runc", help="comma-separated: runc, runsc")
     ap.add_argument(
@@ -239,6 +249,8 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
     print("|---|---|---|---|---|---|---|")
     await asyncio.sleep(1.0)  # steady state: the container's start-up is bench_sandbox's "cold start"
     p50: dict[str, float] = {}
+    if args.floor_only:
+        cases = []
     for label, ours, theirs, count, gap in cases:
         if not label.startswith("edit_file"):  # edit_file's counter must start at 0
             for _ in range(30):
@@ -253,7 +265,102 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
             f"| {label} | {count} | {pct(a, 0.5):.2f} | {pct(a, 0.99):.2f} | "
             f"{pct(b, 0.5):.2f} | {pct(b, 0.99):.2f} | {ratio:.0f}x |"
         )
+    p50.update(await floor(reg, box, container, ws, n))
     return p50
+
+
+#: Run in the sandbox by the agent's interpreter: N bare process starts of each kind,
+#: every time in ms. ``sh -c true`` is started as the agent starts a command (its own
+#: session, output piped and read to the end); ``spawn true`` is the least a process
+#: start costs (``os.posix_spawn``, no pipes).
+FLOOR_TIMER = """
+import json, os, subprocess, sys, time
+n = int(sys.argv[1])
+out = {"sh": [], "spawn": []}
+for _ in range(3):
+    subprocess.run(["/bin/sh", "-c", "true"], capture_output=True)
+for _ in range(n):
+    t = time.perf_counter()
+    subprocess.run(["/bin/sh", "-c", "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                   start_new_session=True, close_fds=True)
+    out["sh"].append((time.perf_counter() - t) * 1000.0)
+    t = time.perf_counter()
+    pid = os.posix_spawn("/bin/true", ["true"], os.environ)
+    os.waitpid(pid, 0)
+    out["spawn"].append((time.perf_counter() - t) * 1000.0)
+print(json.dumps(out))
+"""
+
+
+async def floor(reg: ToolRegistry, box: Any, container: Any, ws: Path, n: int) -> dict[str, float]:
+    """loom's ``shell_execute true`` and ``read_file`` 4 KB against the runtime's floor in
+    the same container (see the module's docstring); prints the table, returns loom's p50s."""
+    import json
+
+    conn = await box.connection()
+
+    async def bare_spawns(k: int) -> dict[str, list[float]]:
+        res = await asyncio.to_thread(container.exec_run, [*AGENT_COMMAND, FLOOR_TIMER, str(k)])
+        if res.exit_code != 0:
+            raise SystemExit(f"floor timer failed: {res.output[-500:]!r}")
+        return dict(json.loads(res.output.decode().strip().splitlines()[-1]))
+
+    async def loom(name: str, arguments: dict[str, Any]) -> float:
+        t = time.perf_counter()
+        r = await reg.execute(name, arguments, ws)
+        d = (time.perf_counter() - t) * 1000.0
+        if not r.success:
+            raise SystemExit(f"{name} failed: {r.error}")
+        return d
+
+    read_args = {"path": "read4k.txt", "offset": 0, "length": None, "max_bytes": 1 << 20, "raw_out": True}
+
+    async def bare_read() -> float:
+        t = time.perf_counter()
+        r = await conn.request("read", read_args, timeout=30.0)
+        d = (time.perf_counter() - t) * 1000.0
+        if len(r.get("_raw", b"")) != 4095:
+            raise SystemExit(f"bare read returned {r!r:.200}")
+        return d
+
+    # Warm both paths, then alternate (the machine's drift hits both alike). The process
+    # starts: the in-container timer's batches between loom's, three rounds.
+    for _ in range(30):
+        await loom("shell_execute", {"command": "true"})
+        await loom("read_file", {"path": "read4k.txt"})
+        await bare_read()
+    shell: list[float] = []
+    floors: dict[str, list[float]] = {"sh": [], "spawn": []}
+    for _ in range(3):
+        for k, v in (await bare_spawns(max(10, n // 3))).items():
+            floors[k] += v
+        for _ in range(max(10, n // 3)):
+            shell.append(await loom("shell_execute", {"command": "true"}))
+    reads: list[float] = []
+    raw_reads: list[float] = []
+    for i in range(2 * n):
+        if i % 4 in (0, 3):
+            reads.append(await loom("read_file", {"path": "read4k.txt"}))
+        else:
+            raw_reads.append(await bare_read())
+    med = statistics.median
+    sh, spawn, rd, raw = med(floors["sh"]), med(floors["spawn"]), med(reads), med(raw_reads)
+    print(f"\nloom against the runtime's floor, same container, p50 of {len(shell)} / {len(reads)} calls\n")
+    print("| tool | loom p50 ms | bare equivalent | bare p50 ms | loom / bare | target |")
+    print("|---|---:|---|---:|---:|---|")
+    print(
+        f"| shell_execute `true` | {med(shell):.2f} | `sh -c true` by subprocess in the container | {sh:.2f} | "
+        f"{med(shell) / sh:.2f}x | <= 1.5x |"
+    )
+    print(
+        f"| shell_execute `true` | {med(shell):.2f} | posix_spawn of `true` in the container | {spawn:.2f} | "
+        f"{med(shell) / spawn:.2f}x | (the least a process start costs) |"
+    )
+    print(
+        f"| read_file (4 KB) | {rd:.3f} | the agent's raw `read` over the same channel | {raw:.3f} | "
+        f"{rd / raw:.2f}x | <= 1.5x |"
+    )
+    return {"floor: shell_execute `true`": med(shell), "floor: read_file (4 KB)": rd}
 
 
 async def journal_cost(off: ToolRegistry, on: ToolRegistry, ws: Path, n: int) -> None:

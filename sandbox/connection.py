@@ -134,7 +134,13 @@ class AgentConnection:
         if not self._transport.start(self._on_data, self._fail_all):
             self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
         try:
-            await self._transport.write(protocol.encode(config) if preloaded else protocol.boot_payload(config))
+            if preloaded:
+                await self._transport.write(protocol.encode(config))
+            else:
+                if not protocol.bundle_built():
+                    # Its first build compiles the agent (tens of ms): never on the event loop.
+                    await asyncio.to_thread(protocol.agent_bundle)
+                await self._transport.write(protocol.boot_payload(config))
             return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
         except BaseException as e:
             await self.close(f"agent did not start: {e!r}")

@@ -12,9 +12,10 @@ into frames with an 8-byte header; :class:`Demuxer` undoes that.
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
 import struct
+import threading
 from typing import Any
 
 from . import bundle
@@ -43,14 +44,40 @@ MAX_RAW_ANSWER = 33 << 20
 MAX_RAW_REQUEST = MAX_WRITE_BYTES
 
 
-@functools.cache
+_bundle: list[bytes] = []
+_bundle_lock = threading.Lock()
+
+
 def agent_bundle() -> bytes:
     """The agent exactly as shipped with this worker version: what a freshly started
     :data:`BOOTSTRAP` reads before the config line (the bundle's loader, length-prefixed,
-    then the package's sources). Built from ``sandbox/agent/`` at first use.
+    then the package's sources and their compiled code). Built from ``sandbox/agent/`` at
+    first use (the compile takes tens of milliseconds: :func:`bundle_built` says whether a
+    call would block for it), once per process whichever thread asks first.
+
+    Raises OSError, SyntaxError (see ``bundle.build``).
     """
-    loader, sources = bundle.build()
-    return b"%d\n" % len(loader) + loader + sources
+    if not _bundle:
+        with _bundle_lock:
+            if not _bundle:
+                loader, rest = bundle.build()
+                _bundle.append(b"%d\n" % len(loader) + loader + rest)
+    return _bundle[0]
+
+
+def bundle_built() -> bool:
+    """Whether :func:`agent_bundle` answers at once (it was built already)."""
+    return bool(_bundle)
+
+
+def prebuild_bundle() -> None:
+    """Start building :func:`agent_bundle` in a thread of the running loop's default
+    executor, unless built: its compile (tens of ms) then overlaps the first container's
+    start instead of delaying the first agent's hello (``AgentConnection.start`` waits for
+    it if need be). A failure is raised again where the bundle is needed."""
+    if not _bundle:
+        fut = asyncio.get_running_loop().run_in_executor(None, agent_bundle)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def boot_payload(config: dict[str, Any]) -> bytes:

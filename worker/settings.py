@@ -32,8 +32,9 @@ class Settings(SandboxSettings, BaseSettings):
         16,
         ge=1,
         le=256,
-        description="Sandboxes started (or connected to) at once; first calls beyond it wait their turn "
-        "(many workspaces opened at once start side by side, without thrashing the engine).",
+        description="Sandboxes the engine is asked to start at once, and (separately) agents booted in "
+        "started ones at once; first calls beyond it wait their turn (many workspaces opened at once "
+        "start side by side, as a pipeline, without thrashing the engine).",
     )
 
     model_config = SettingsConfigDict(env_prefix="LOOM_", extra="ignore")

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from .. import protocol
 from ..base import Sandbox, SandboxBackend
 from ..connection import AgentConnection
 from ..errors import (
@@ -62,11 +63,14 @@ DEFAULT_PARALLEL_STARTS = 16
 class DockerBackend(SandboxBackend):
     """Per-workspace hardened containers on a Docker engine.
 
-    ``max_parallel_starts`` bounds how many sandboxes are started (or connected to) at
-    once: beyond it, first calls wait their turn. Each start holds no lock that another
-    start needs, so many workspaces opened at once start side by side; the bound keeps
+    ``max_parallel_starts`` bounds how many sandboxes the engine is asked to start at once,
+    and, separately, how many agents are being started in them (booted, checked, moved to
+    their direct channel) at once: beyond either, first calls wait their turn. Each start
+    holds no lock that another start needs, so many workspaces opened at once start side
+    by side, and a container's agent boots while the engine starts the next containers
+    (a pipeline: the engine is never idle waiting for an agent's hello); the bounds keep
     the engine (and a 2-core machine) from thrashing, and the engine's threads and
-    connections are sized to it.
+    connections are sized to them.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class DockerBackend(SandboxBackend):
         self.max_parallel_starts = max(1, max_parallel_starts)
         # Made at first use: a semaphore belongs to the loop it is first used on.
         self._start_slots: asyncio.Semaphore | None = None
+        self._agent_slots: asyncio.Semaphore | None = None
         self.engine = Engine(base_url=base_url, client_factory=client_factory, threads=self.max_parallel_starts + 4)
         self._runtime_check = RuntimeCheck(self.engine)
         self.channels = AgentChannels(self.engine, self._runtime_check)
@@ -154,12 +159,18 @@ class DockerBackend(SandboxBackend):
             await asyncio.to_thread(slots.release, slots.labels_of(container))
 
     async def ensure_container(self, ws: Path) -> Any:
-        """Find this workspace's running container or start one. Returns the container;
-        ``name in self._fresh`` when this call started it (its main agent awaits us).
+        """Find this workspace's running container or start one, in one of the engine's
+        start slots (``max_parallel_starts``). Returns the container; ``name in
+        self._fresh`` when this call started it (its main agent awaits us).
 
         Raises ImageNotFoundError (ImagePullError: the image could not be pulled),
         RuntimeUnavailableError, DaemonUnavailableError.
         """
+        async with self._slots():
+            return await self._ensure_container(ws)
+
+    async def _ensure_container(self, ws: Path) -> Any:
+        """:meth:`ensure_container` in its slot."""
         spec = self.spec_of(ws)
         await self.prepare(spec)
         name = container_name(ws)
@@ -260,6 +271,7 @@ class DockerBackend(SandboxBackend):
 
         Raises RuntimeUnavailableError, ImageNotFoundError, DaemonUnavailableError.
         """
+        protocol.prebuild_bundle()  # in a thread, while the engine starts the first container
         await self._check_runtime(spec or self.spec)
         await self._runtime_volume.ensure()
 
@@ -288,8 +300,7 @@ class DockerBackend(SandboxBackend):
             await asyncio.sleep(0.1)
 
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
-        async with self._slots():
-            return await self._connect_now(ws, after_loss=after_loss)
+        return await self._connect_now(ws, after_loss=after_loss)
 
     async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
         """A connection to ``ws``'s agent: its container found or started, an agent
@@ -302,34 +313,39 @@ class DockerBackend(SandboxBackend):
         for attempt in range(2):
             container = await self.ensure_container(ws)
             spec = self.spec_of(ws)
-            try:
-                preloaded = self._preloaded.pop(container.name, None)
-                if preloaded is not None:
-                    conn = await self.channels.attach_agent(container, spec, preloaded)
-                elif container.name in self._fresh:
-                    self._fresh.discard(container.name)
-                    conn = await self.channels.attach_agent(container, spec)
-                else:
-                    conn = await self.channels.exec_agent(container, spec)
-            except (ImageUnusableError, RuntimeUnavailableError):
-                with contextlib.suppress(SandboxUnavailableError):
-                    await self._remove(container)
-                raise
-            except (SandboxLostError, SandboxUnavailableError) as e:
-                # The container died between inspect and exec (OOM, killed, TTL): replace it once.
-                last = e
-                log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
-                with contextlib.suppress(SandboxUnavailableError):
-                    await self._remove(container)
-                self.restarts += 1
-                continue
-            if spec.runtime == "runsc":
-                await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
-                box = self._boxes.get(ws)
-                if box is not None:  # OOM kills the agent cannot see in there (memcg.py)
-                    pid = (container.attrs.get("State") or {}).get("Pid") or 0
-                    box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
-            return await self._direct(conn, container, spec, ws)
+            # The container's start slot is free again: its agent boots in a slot of its
+            # own while the engine starts the next containers.
+            if self._agent_slots is None:
+                self._agent_slots = asyncio.Semaphore(self.max_parallel_starts)
+            async with self._agent_slots:
+                try:
+                    preloaded = self._preloaded.pop(container.name, None)
+                    if preloaded is not None:
+                        conn = await self.channels.attach_agent(container, spec, preloaded)
+                    elif container.name in self._fresh:
+                        self._fresh.discard(container.name)
+                        conn = await self.channels.attach_agent(container, spec)
+                    else:
+                        conn = await self.channels.exec_agent(container, spec)
+                except (ImageUnusableError, RuntimeUnavailableError):
+                    with contextlib.suppress(SandboxUnavailableError):
+                        await self._remove(container)
+                    raise
+                except (SandboxLostError, SandboxUnavailableError) as e:
+                    # The container died between inspect and exec (OOM, killed, TTL): replace it once.
+                    last = e
+                    log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
+                    with contextlib.suppress(SandboxUnavailableError):
+                        await self._remove(container)
+                    self.restarts += 1
+                    continue
+                if spec.runtime == "runsc":
+                    await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+                    box = self._boxes.get(ws)
+                    if box is not None:  # OOM kills the agent cannot see in there (memcg.py)
+                        pid = (container.attrs.get("State") or {}).get("Pid") or 0
+                        box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
+                return await self._direct(conn, container, spec, ws)
         assert last is not None
         raise last
 

@@ -333,6 +333,8 @@ class WarmPool:
             await engine.call("start pooled sandbox", container.start)
             warm.transport = await DockerExecTransport.open(sock_io)
             # The agent's code now: at claim only its config is left to send.
+            if not protocol.bundle_built():
+                await asyncio.to_thread(protocol.agent_bundle)  # (compiled once: not on the loop)
             await warm.transport.write(protocol.agent_bundle())
         except BaseException:
             await self._discard(warm)

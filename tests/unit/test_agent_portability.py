@@ -139,3 +139,48 @@ def test_a_traceback_from_the_bundle_names_the_module(tmp_path: Path) -> None:
     assert proc.returncode == 1
     text = err.decode()
     assert 'File "sandbox/agent/' in text and "FileNotFoundError" in text, text
+
+
+def _hello_with(tmp_path: Path, loader: bytes, rest: bytes, probe: str) -> dict[str, object]:
+    """Boot ``loader`` + ``rest`` (a bundle, maybe altered) under a bare interpreter with a
+    loader that also reports ``probe`` (an expression in the loader's namespace) on stderr."""
+    loader = loader.replace(b"\nload()\n", b"\nload()\nsys.stderr.write(repr(" + probe.encode() + b") + '\\n')\n")
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    config = {"root": str(ws), "activity_file": str(tmp_path / "act"), "nonce": "n0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", protocol.BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
+    out, err = proc.communicate(b"%d\n" % len(loader) + loader + rest + protocol.encode(config), timeout=10)
+    hello = json.loads(out.splitlines()[0])
+    assert hello["ok"] and hello["k"] == "n0", (out, err)
+    return {"probe": err.decode().splitlines()[0], "code": proc.returncode}
+
+
+def test_the_code_compiled_by_the_worker_is_what_runs_when_the_magic_matches(tmp_path: Path) -> None:
+    loader, rest = bundle.build()
+    got = _hello_with(tmp_path, loader, rest, "sorted(Loader.codes)")
+    # every module's code came with the bundle, ready before the first import
+    shipped = {p.stem for p in MODULES} - {"__init__", "__main__"}
+    assert got["code"] == 0
+    assert got["probe"] == repr(sorted([bundle.PACKAGE, *(f"{bundle.PACKAGE}.{n}" for n in shipped)]))
+
+
+@pytest.mark.parametrize("how", ["other magic", "damaged code", "no code"])
+def test_the_sources_are_compiled_when_the_shipped_code_cannot_be_used(tmp_path: Path, how: str) -> None:
+    """Another interpreter (another magic number), code that does not load, or none: the
+    agent compiles its sources itself and works the same."""
+    loader, rest = bundle.build(compiled=how != "no code")
+    if how == "other magic":
+        magic = repr(__import__("importlib.util").util.MAGIC_NUMBER).encode()
+        loader = loader.replace(b"MAGIC = " + magic, b"MAGIC = b'nope'")
+    elif how == "damaged code":
+        _, sources = bundle.build(compiled=False)
+        rest = sources + b"\xff" * (len(rest) - len(sources))
+    got = _hello_with(tmp_path, loader, rest, "len(Loader.codes)")
+    assert got == {"probe": "0", "code": 0}

@@ -43,7 +43,7 @@ class ScriptedTransport(Transport):
         if not self.booted:
             self.booted = True
             assert data.startswith(protocol.agent_bundle())
-            self.nonce = json.loads(data.rsplit(b"\n", 2)[-2])["nonce"]
+            self.nonce = json.loads(data[len(protocol.agent_bundle()) :])["nonce"]
             hello = {
                 "version": "1",
                 "uid": 1,

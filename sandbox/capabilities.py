@@ -34,7 +34,8 @@ contract (:func:`sandbox.base.staged_writes`), so the changelog records any sand
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .results import (
@@ -419,3 +420,27 @@ def tunnels(box: object) -> Tunnels:
     from .errors import SandboxUnavailableError
 
     raise SandboxUnavailableError(f"{type(box).__name__} cannot open tunnels")
+
+
+class OverlayVolumeMaker(Protocol):
+    """Overlay volumes an engine mounts (``sandbox.docker.overlays.OverlayVolumes``)."""
+
+    async def volumes_dir(self) -> Path | None:
+        """Where the engine's volumes are mounted, when this process can reach it."""
+        ...
+
+    async def create(self, name: str, lowers: Sequence[Path], upper: Path, work: Path, labels: dict[str, str]) -> Path:
+        """Make volume ``name`` of ``upper`` over ``lowers``; returns its mountpoint."""
+        ...
+
+    async def remove(self, name: str) -> None:
+        """Remove volume ``name`` (absent is fine; refused while a container uses it)."""
+        ...
+
+
+@runtime_checkable
+class OverlayForks(Protocol):
+    """A backend (not a sandbox) whose engine mounts forks as overlay volumes: the
+    ``overlay`` snapshot strategy (``worker.snapshots.overlay``)."""
+
+    overlays: OverlayVolumeMaker

@@ -51,6 +51,7 @@ from .config import (
 )
 from .engine import Engine
 from .images import ImagePuller
+from .overlays import OverlayVolumes
 from .runtime_volume import RuntimeVolume
 
 log = get_logger("sandbox.docker")
@@ -171,6 +172,8 @@ class DockerBackend(SandboxBackend):
         self._runtime_check = RuntimeCheck(self.engine)
         self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
+        #: Forks on overlay volumes the engine mounts (the ``overlay`` snapshot strategy).
+        self.overlays = OverlayVolumes(self.engine)
         self._status = housekeeping.Status(self.engine)
         #: Pulls images as :attr:`SandboxSpec.pull` says (:mod:`.images`).
         self.images = ImagePuller(self.engine)
@@ -184,7 +187,13 @@ class DockerBackend(SandboxBackend):
     def container_config(self, ws: Path) -> dict[str, Any]:
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
         spec = self.spec_of(ws)
-        return container_config(ws, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec))
+        return container_config(
+            ws,
+            spec,
+            self._runtime_volume.name,
+            self._runtime_check.engine_runtime(spec),
+            self.overlays.volume_for(ws),
+        )
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
@@ -239,6 +248,7 @@ class DockerBackend(SandboxBackend):
             channel = channel_dir(ws, spec)
             if channel is not None:
                 await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
+            await self.overlays.verify(ws)  # a fork's overlay volume, never its bare mountpoint
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", self._create, client, cfg)

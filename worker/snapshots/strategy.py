@@ -59,7 +59,9 @@ from typing import Literal
 
 from .errors import SnapshotDiskFullError, SnapshotError
 
-Name = Literal["btrfs", "reflink", "copy"]
+Name = Literal["btrfs", "reflink", "overlay", "copy"]
+#: The ways a tree is copied here, best first (``overlay`` forks are made by the engine:
+#: :mod:`.overlay`; a snapshot's own tree, even of an overlay fork, is a copy).
 STRATEGIES: tuple[Name, ...] = ("btrfs", "reflink", "copy")
 _BTRFS_SUBVOL_INO = 256
 
@@ -152,7 +154,7 @@ def capture(source: Path, dest: Path, *, prefer: Name | None = None) -> Made:
     ``prefer`` starts with that strategy (tests and the benchmark name one). Raises
     SnapshotDiskFullError (the partial copy removed), SnapshotError.
     """
-    order = STRATEGIES[STRATEGIES.index(prefer) :] if prefer else STRATEGIES
+    order = _order(prefer)
     for name in order:
         if name == "btrfs":
             tool = _btrfs()
@@ -188,7 +190,7 @@ def clone(source: Path, dest: Path, *, prefer: Name | None = None) -> Made:
     snapshot's tree ``source``: a writable btrfs snapshot when ``source`` is a subvolume
     on the same filesystem, else a reflink or plain copy. Raises SnapshotDiskFullError
     (the partial copy removed), SnapshotError."""
-    order = STRATEGIES[STRATEGIES.index(prefer) :] if prefer else STRATEGIES
+    order = _order(prefer)
     for name in order:
         if name == "btrfs":
             tool = _btrfs()
@@ -207,7 +209,13 @@ def clone(source: Path, dest: Path, *, prefer: Name | None = None) -> Made:
     raise SnapshotError(f"no way to copy {source} to {dest}")
 
 
-def _reflinks(source: Path, dest_dir: Path) -> bool:
+def _order(prefer: Name | None) -> tuple[Name, ...]:
+    if prefer == "overlay":  # what is not a fork is copied
+        prefer = "copy"
+    return STRATEGIES[STRATEGIES.index(prefer) :] if prefer else STRATEGIES
+
+
+def reflinks(source: Path, dest_dir: Path) -> bool:
     """Whether ``cp --reflink=always`` can clone from ``source`` into ``dest_dir``: one
     filesystem (a btrfs one across its subvolumes) that clones a probe file. Asked first
     because a refusing ``cp`` goes on through the whole tree, failing file by file."""
@@ -229,7 +237,7 @@ def _reflinks(source: Path, dest_dir: Path) -> bool:
 
 
 def _copy(source: Path, dest: Path, name: Name) -> Made | None:
-    if name == "reflink" and not _reflinks(source, dest.parent):
+    if name == "reflink" and not reflinks(source, dest.parent):
         return None
     proc = _cp(source, dest, "always" if name == "reflink" else "never")
     if proc.returncode == 0:

@@ -1,0 +1,152 @@
+"""Forks on ext4 as overlay volumes the engine mounts (issue 44, item 3), runc and gVisor:
+O(1) forks whose trees are independent, whose lower layer (the snapshot) never changes,
+where renaming a directory of the snapshot works, whose changelog undoes, and whose
+volume goes with the fork. The other fork tests (test_snapshots_docker.py) run through
+this strategy too on this host's ext4; these check what is particular to it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from sandbox.errors import SandboxUnavailableError
+from tests.docker.conftest import own_registry
+from tests.docker.fork_volumes import remove_fork_volumes
+from tests.treehash import tree_hash
+from worker.changelog import Changelog
+from worker.snapshots import Snapshots, overlay
+
+pytestmark = pytest.mark.docker
+
+
+def _fstype(path: Path) -> str:
+    import subprocess
+
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(params=["runc", "runsc"])
+async def env(
+    request: pytest.FixtureRequest, docker_ready: None, tmp_path: Path
+) -> AsyncIterator[tuple[Any, Snapshots]]:
+    if _fstype(tmp_path) in ("btrfs", "xfs"):
+        pytest.fail("this test is about ext4-like hosts; tmp_path is on a copy-on-write filesystem")
+    async with own_registry(tmp_path, request.param, durability="process") as reg:
+        snaps = Snapshots(reg, tmp_path / "data")
+        try:
+            yield reg, snaps
+        finally:
+            snaps.close()
+    await asyncio.to_thread(remove_fork_volumes, tmp_path)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws" / "proj"
+    (ws / "pkg" / "sub").mkdir(parents=True)
+    (ws / "pkg" / "sub" / "mod.py").write_text("X = 1\n")
+    (ws / "README.md").write_text("readme\n")
+    for p in (ws.parent, ws, *ws.rglob("*")):
+        os.lchown(p, 1000, 1000)
+    return ws
+
+
+async def sh(reg: Any, ws: Path, command: str) -> str:
+    r = await reg.execute("shell_execute", {"command": command}, ws)
+    assert r.success, (command, r.output[-2000:])
+    return str(r.output)
+
+
+async def test_overlay_forks_are_independent_and_leave_the_snapshot_alone(
+    env: tuple[Any, Snapshots], project: Path
+) -> None:
+    reg, snaps = env
+    snap = await snaps.create(project, "base")
+    tree = snaps.index.directory(snap.id) / "tree"
+    before = tree_hash(tree)
+    a, b = await snaps.fork(snap.id, 2)
+    try:
+        for f in (a, b):
+            assert f.is_symlink() and overlay.is_overlay_fork(os.path.realpath(f))
+            assert (await snaps.origin(f)) is not None and (await snaps.origin(f)).strategy == "overlay"  # type: ignore[union-attr]
+        # A directory of the lower layer renamed with rename(2) (redirect_dir), a file of it
+        # removed, one appended to in place, a new one: in fork a only.
+        await sh(
+            reg,
+            a,
+            'python3 -c \'import os; os.rename("pkg", "lib")\' && rm README.md && echo 2 >> lib/sub/mod.py '
+            "&& echo new > new.txt",
+        )
+        assert (await sh(reg, a, "cat lib/sub/mod.py; ls")).split() == ["X", "=", "1", "2", "lib", "new.txt"]
+        assert (await sh(reg, b, "cat pkg/sub/mod.py README.md")).split() == ["X", "=", "1", "readme"]
+        assert tree_hash(tree) == before  # the lower layer is never written
+        assert (a / "lib" / "sub" / "mod.py").read_text() == "X = 1\n2\n"  # the host sees the merged tree
+        assert not (b / "new.txt").exists() and (b / "README.md").exists()
+        assert (await sh(reg, b, "stat -c %u .")).strip() == "1000"  # the owner's, as the snapshot's root
+        # Undo in the fork, through its changelog.
+        ws = await reg.workspace(a)
+        assert isinstance(ws.recorder, Changelog)
+        r = await reg.execute("write_file", {"path": "lib/sub/mod.py", "content": "Y = 3\n"}, a)
+        assert r.success, r.output
+        undone = await ws.recorder.undo(ws.sandbox, entry=await ws.recorder.last_entry())
+        assert not undone.failed
+        assert (await sh(reg, a, "cat lib/sub/mod.py")).split() == ["X", "=", "1", "2"]
+        # A snapshot of an overlay fork (its merged tree), and a fork of that: overlays nest.
+        s2 = await snaps.create(a, "child")
+        (c,) = await snaps.fork(s2.id)
+        assert (await sh(reg, c, "cat lib/sub/mod.py new.txt")).split() == ["X", "=", "1", "2", "new"]
+        assert s2.parent == snap.id
+        # Restore fork a to the base snapshot, through its sandbox.
+        done = await snaps.restore(a, snap.id)
+        assert done.plan.failed == []
+        assert tree_hash(a) == before
+        await snaps.remove_fork(c)
+    finally:
+        for f in (a, b):
+            await reg.stop(f)
+
+
+async def test_deleting_forks_removes_their_volumes_and_the_kept_snapshot(
+    env: tuple[Any, Snapshots], project: Path, tmp_path: Path
+) -> None:
+    reg, snaps = env
+    snap = await snaps.create(project)
+    (a,) = await snaps.fork(snap.id)
+    await sh(reg, a, "echo x > x")  # running: the engine must be made to let go of it
+    real = Path(os.path.realpath(a))
+    volume = real.parent.name
+    assert await snaps.delete(snap.id, force=True) == [str(real)]
+    tree = snaps.index.directory(snap.id) / "tree"
+    assert tree.is_dir()  # kept: the fork's lower layer
+    assert (await sh(reg, a, "cat x README.md")).split() == ["x", "readme"]
+    await snaps.remove_fork(a)
+    client = docker.from_env()
+    try:
+        with pytest.raises(docker.errors.NotFound):
+            client.volumes.get(volume)
+    finally:
+        client.close()
+    assert not os.path.lexists(a) and not tree.exists()
+    assert not (tmp_path / "data" / overlay.LAYERS_DIR / volume).exists()
+
+
+async def test_a_sandbox_never_writes_into_a_bare_mountpoint(env: tuple[Any, Snapshots], tmp_path: Path) -> None:
+    reg, _snaps = env
+    # A volume with a fork volume's name that is not one of ours (no overlay, no label):
+    # its mountpoint is never used as the workspace.
+    client = docker.from_env()
+    vol = client.volumes.create("loom-fork-test" + os.urandom(4).hex())
+    try:
+        mountpoint = Path(vol.attrs["Mountpoint"])
+        with pytest.raises(SandboxUnavailableError, match="no such fork volume"):
+            await reg.backend.ensure_container(mountpoint)
+        assert os.listdir(mountpoint) == []
+    finally:
+        vol.remove(force=True)
+        client.close()

@@ -18,7 +18,7 @@ import pytest
 from sandbox.errors import SandboxUnavailableError
 from tests.docker.conftest import own_registry
 from tests.docker.fork_volumes import remove_fork_volumes
-from tests.treehash import tree_hash
+from tests.treehash import tree_diff, tree_hash, tree_state
 from worker.changelog import Changelog
 from worker.snapshots import Snapshots, overlay
 
@@ -105,7 +105,7 @@ async def test_overlay_forks_are_independent_and_leave_the_snapshot_alone(
         # Restore fork a to the base snapshot, through its sandbox.
         done = await snaps.restore(a, snap.id)
         assert done.plan.failed == []
-        assert tree_hash(a) == before
+        assert tree_hash(a) == before, tree_diff(tree_state(tree), tree_state(a))
         await snaps.remove_fork(c)
     finally:
         for f in (a, b):

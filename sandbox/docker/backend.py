@@ -30,6 +30,7 @@ from ..errors import (
     UserUnsupportedError,
 )
 from ..hostscan import HostScanner
+from ..identity import fork_volume_of
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
@@ -442,7 +443,8 @@ class DockerBackend(SandboxBackend):
 
             box.user_connect = user_connect
             if spec.runtime == "runsc":
-                box.host_scanner = HostScanner(ws)
+                # a fork's overlay is scanned only while the engine has it mounted
+                box.host_scanner = HostScanner(ws, mounted=fork_volume_of(ws) is not None)
             self._boxes[ws] = box
         return box
 

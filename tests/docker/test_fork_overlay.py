@@ -112,6 +112,35 @@ async def test_overlay_forks_are_independent_and_leave_the_snapshot_alone(
             await reg.stop(f)
 
 
+async def test_a_forks_changes_are_recorded_across_a_new_mount(env: tuple[Any, Snapshots], project: Path) -> None:
+    """The engine mounts a fork's overlay afresh at each start of its sandbox (here the
+    container is removed under it, as a crash would): the changelog still sees every
+    command's changes (under gVisor the host scans the mount, never the bare directory
+    under it, and never trusts watches of the previous mount), so a restore undoes them."""
+    from sandbox.docker.config import container_name
+
+    reg, snaps = env
+    snap = await snaps.create(project)
+    tree = snaps.index.directory(snap.id) / "tree"
+    (a,) = await snaps.fork(snap.id)
+    try:
+        await sh(reg, a, "mkdir made && echo 1 > made/one")
+        real = Path(os.path.realpath(a))
+        client = docker.from_env()
+        try:
+            await asyncio.to_thread(client.containers.get(container_name(real)).remove, force=True)
+        finally:
+            client.close()
+        assert not os.path.ismount(real)  # the engine let go of the overlay
+        await sh(reg, a, "echo 2 > made/two && rm README.md")
+        assert sorted(os.listdir(a / "made")) == ["one", "two"]
+        done = await snaps.restore(a, snap.id)
+        assert done.plan.failed == [] and "made" in done.plan.removed, done.plan
+        assert tree_hash(a) == tree_hash(tree), tree_diff(tree_state(tree), tree_state(a))
+    finally:
+        await reg.stop(a)
+
+
 async def test_deleting_forks_removes_their_volumes_and_the_kept_snapshot(
     env: tuple[Any, Snapshots], project: Path, tmp_path: Path
 ) -> None:

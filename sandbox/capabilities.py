@@ -36,7 +36,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import AsyncIterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .results import (
     PathEntry,
@@ -433,8 +433,13 @@ class OverlayVolumeMaker(Protocol):
         """Make volume ``name`` of ``upper`` over ``lowers``; returns its mountpoint."""
         ...
 
-    async def remove(self, name: str) -> None:
-        """Remove volume ``name`` (absent is fine; refused while a container uses it)."""
+    async def remove(self, name: str, *, with_containers: bool = False) -> None:
+        """Remove volume ``name`` (absent is fine; refused while a container uses it,
+        unless ``with_containers``: the loom sandboxes using it are removed first)."""
+        ...
+
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """The fork volumes of loom's (``sandbox.docker.overlays.OverlayVolumes.list``)."""
         ...
 
 

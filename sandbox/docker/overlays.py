@@ -24,6 +24,7 @@ Why each objection to overlayfs in ``worker.snapshots.strategy`` no longer holds
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,11 +129,45 @@ class OverlayVolumes:
         """The verified fork volume of ``ws`` (:meth:`verify` ran), else None."""
         return self._verified.get(str(ws))
 
-    async def remove(self, name: str) -> None:
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """The engine's fork volumes of ours (any data directory's): each one's ``name``,
+        ``mountpoint``, ``upper`` (its upper layer's path; None when unreadable),
+        ``created`` (the engine's ISO time) and ``labels``. Raises DaemonUnavailableError."""
+        client = self._engine.client()
+
+        def ls() -> list[dict[str, Any]]:
+            out = []
+            for vol in client.volumes.list(filters={"name": VOLUME_PREFIX, "label": f"{LABEL_WORKER}=1"}):
+                attrs = vol.attrs or {}
+                if not vol.name.startswith(VOLUME_PREFIX):
+                    continue  # (the engine's name filter matches anywhere in the name)
+                opts = dict(o.split("=", 1) for o in (attrs.get("Options") or {}).get("o", "").split(",") if "=" in o)
+                out.append(
+                    {
+                        "name": vol.name,
+                        "mountpoint": attrs.get("Mountpoint"),
+                        "upper": opts.get("upperdir"),
+                        "created": attrs.get("CreatedAt"),
+                        "labels": dict(attrs.get("Labels") or {}),
+                    }
+                )
+            return out
+
+        return await self._engine.call("list fork volumes", ls)
+
+    async def remove(self, name: str, *, with_containers: bool = False) -> None:
         """Remove fork volume ``name`` (absent is fine). The engine refuses while a
-        container uses it: stop the fork's sandbox first. Raises SandboxUnavailableError,
+        container uses it: stop the fork's sandbox first, or (``with_containers``, for
+        ``gc``) remove the loom sandboxes using it. Raises SandboxUnavailableError,
         DaemonUnavailableError."""
         client = self._engine.client()
+        if with_containers:
+            users = await self._engine.call(
+                "list fork volume users",
+                lambda: client.containers.list(all=True, filters={"volume": name, "label": f"{LABEL_WORKER}=1"}),
+            )
+            for c in users:
+                await self._engine.remove(c)
 
         def rm() -> None:
             try:

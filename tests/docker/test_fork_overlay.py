@@ -150,7 +150,7 @@ async def test_deleting_forks_removes_their_volumes_and_the_kept_snapshot(
     await sh(reg, a, "echo x > x")  # running: the engine must be made to let go of it
     real = Path(os.path.realpath(a))
     volume = real.parent.name
-    assert await snaps.delete(snap.id, force=True) == [str(real)]
+    assert await snaps.delete(snap.id, force=True) == [str(a)]  # named by its directory
     tree = snaps.index.directory(snap.id) / "tree"
     assert tree.is_dir()  # kept: the fork's lower layer
     assert (await sh(reg, a, "cat x README.md")).split() == ["x", "readme"]
@@ -163,6 +163,92 @@ async def test_deleting_forks_removes_their_volumes_and_the_kept_snapshot(
         client.close()
     assert not os.path.lexists(a) and not tree.exists()
     assert not (tmp_path / "data" / overlay.LAYERS_DIR / volume).exists()
+
+
+async def test_overlay_forks_over_http_are_the_services_workspaces(env: tuple[Any, Snapshots], tmp_path: Path) -> None:
+    """The HTTP service's forks on this host are links under its root to the engine's
+    mountpoints: each is a workspace of the service (found, listed, called), every answer
+    names it by its directory under the root (snapshots, forks, origin: the dashboard's
+    fork tree links them), and deleting it with its files removes the fork whole."""
+    from tests.unit.test_http import running
+
+    reg, _snaps = env
+    root = tmp_path / "root"
+    async with running(root, reg, data_dir=tmp_path / "data") as s:
+        c = s.client
+        await s.workspace("w1")
+        await s.execute("w1", "write_file", path="a.txt", content="one\n")
+        r = await c.post("/v1/workspaces/w1/fork", json={"count": 1})
+        assert r.status_code == 201, r.text
+        (f,) = r.json()["workspaces"]
+        fid, fpath = f["id"], Path(f["path"])
+        assert fpath == root.resolve() / fid and fpath.is_symlink()
+        volume = Path(os.path.realpath(fpath)).parent.name
+        assert (await s.execute(fid, "write_file", path="a.txt", content="two\n"))["success"]
+        assert (root / "w1" / "a.txt").read_text() == "one\n" and (fpath / "a.txt").read_text() == "two\n"
+        assert fid in [w["id"] for w in (await c.get("/v1/workspaces")).json()]
+        r = await c.get(f"/v1/workspaces/{fid}/snapshots")
+        assert r.status_code == 200 and r.json()["origin"]["workspace"] == str(fpath), r.text
+        (base,) = (await c.get("/v1/workspaces/w1/snapshots")).json()["snapshots"]
+        assert base["live_forks"] == [str(fpath)]
+        r = await c.post(f"/v1/workspaces/{fid}/snapshots", json={"name": "child"})
+        assert r.status_code == 201 and r.json()["workspace"] == str(fpath), r.text
+        assert (await c.get(f"/v1/workspaces/{fid}/snapshots/child")).status_code == 200
+        r = await c.post(f"/v1/workspaces/{fid}/fork", json={"snapshot": "child"})
+        assert r.status_code == 201, r.text
+        (g,) = r.json()["workspaces"]
+        r = await c.post(
+            f"/v1/workspaces/{g['id']}/execute", json={"tool": "read_file", "arguments": {"path": "a.txt"}}
+        )
+        assert r.status_code == 200 and "two" in r.text, r.text
+        for w in (fid, g["id"]):
+            r = await c.delete(f"/v1/workspaces/{w}?delete_files=true")
+            assert r.status_code == 200, r.text
+        assert not os.path.lexists(fpath) and fid not in [w["id"] for w in (await c.get("/v1/workspaces")).json()]
+    client = docker.from_env()
+    try:
+        with pytest.raises(docker.errors.NotFound):
+            client.volumes.get(volume)
+    finally:
+        client.close()
+    assert not (tmp_path / "data" / overlay.LAYERS_DIR / volume).exists()
+
+
+async def test_gc_removes_the_fork_volumes_no_fork_is_and_never_a_live_fork(
+    env: tuple[Any, Snapshots], project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc: a volume whose layers are gone (with the sandbox still using it) and one no
+    fork record names (a fork that crashed before recording it) go; a live fork stays,
+    engine-wide too."""
+    reg, snaps = env
+    data = tmp_path / "data"
+    snap = await snaps.create(project)
+    live, lost = await snaps.fork(snap.id, 2)
+    await sh(reg, lost, "echo x > x")  # its sandbox runs
+    lost_volume = Path(os.path.realpath(lost)).parent.name
+    tree = snaps.index.directory(snap.id) / "tree"
+    unrecorded = await overlay.make(reg.backend, tree, data, snap.id, tmp_path / "crashed")
+    await asyncio.to_thread(lambda: __import__("shutil").rmtree(data / overlay.LAYERS_DIR / lost_volume))
+
+    async def recorded(mountpoint: str) -> bool:
+        return await snaps.origin(mountpoint) is not None
+
+    # within the grace a volume without a record may be a fork being made: left alone
+    assert await overlay.gc(reg.backend, data, recorded) == [lost_volume]
+    monkeypatch.setattr(overlay, "UNRECORDED_GRACE", 0.0)
+    assert await overlay.gc(reg.backend, data, recorded) == [unrecorded.parent.name]
+    # engine-wide: also other data directories' volumes whose layers are gone, never a live fork
+    assert Path(os.path.realpath(live)).parent.name not in await overlay.gc(
+        reg.backend, data, recorded, engine_wide=True
+    )
+    client = docker.from_env()
+    try:
+        names = {v.name for v in client.volumes.list(filters={"name": "loom-fork-"})}
+    finally:
+        client.close()
+    assert not {lost_volume, unrecorded.parent.name} & names
+    assert Path(os.path.realpath(live)).parent.name in names
+    assert (await sh(reg, live, "cat README.md")).strip() == "readme"
 
 
 async def test_a_sandbox_never_writes_into_a_bare_mountpoint(env: tuple[Any, Snapshots], tmp_path: Path) -> None:

@@ -110,6 +110,33 @@ class Snapshots:
         ws = None if workspace is None else str(_root(workspace))
         return await self._db(lambda: self.index.list(ws, deleted=deleted))
 
+    async def shown(self, snap: Snapshot) -> Snapshot:
+        """``snap`` as users see it (the CLI, HTTP, the dashboard, a cluster): overlay forks
+        (its workspace, its forks) named by the directories asked for, not by the engine's
+        mountpoints that are their identity here (:func:`.overlay.shown`)."""
+        if not any(overlay.is_overlay_fork(p) for p in (snap.workspace, *snap.forks)):
+            return snap
+
+        def convert() -> Snapshot:
+            def f(p: str) -> str:
+                return overlay.shown(self.data_dir, p)
+
+            return snap.model_copy(
+                update={
+                    "workspace": f(snap.workspace),
+                    "forks": [f(p) for p in snap.forks],
+                    "live_forks": [f(p) for p in snap.live_forks],
+                }
+            )
+
+        return await asyncio.to_thread(convert)
+
+    async def shown_path(self, path: Path | str) -> str:
+        """A workspace path as users see it (an overlay fork's link, :meth:`shown`)."""
+        if not overlay.is_overlay_fork(path):
+            return str(path)
+        return await asyncio.to_thread(overlay.shown, self.data_dir, str(path))
+
     async def origin(self, workspace: Path | str) -> Fork | None:
         """The fork record of ``workspace`` (None when it is not a fork)."""
         return await self._db(self.index.origin, str(_root(workspace)))
@@ -354,15 +381,17 @@ class Snapshots:
     async def delete(self, ref: str, *, force: bool = False, workspace: Path | str | None = None) -> builtins.list[str]:
         """Delete a snapshot's files (its row stays, marked, for lineage). Returns the live
         forks it leaves (each an independent workspace). Raises SnapshotNotFoundError,
-        SnapshotInUseError (live forks, without ``force``), SnapshotError."""
+        SnapshotInUseError (live forks, without ``force``), SnapshotError. Forks are
+        named as users name them (:meth:`shown`)."""
         snap = await self.get(ref, workspace)
         if snap.deleted is not None:
             raise SnapshotNotFoundError(f"snapshot {snap.id} was already deleted")
+        left = (await self.shown(snap)).live_forks  # as users name them
         if snap.live_forks and not force:
             raise SnapshotInUseError(
-                f"snapshot {snap.id} has {len(snap.live_forks)} live fork(s); delete them, or use --force "
-                "(they stay, independent, and name a deleted snapshot as their origin): " + ", ".join(snap.live_forks),
-                snap.live_forks,
+                f"snapshot {snap.id} has {len(left)} live fork(s); delete them, or use --force "
+                "(they stay, independent, and name a deleted snapshot as their origin): " + ", ".join(left),
+                left,
             )
         directory = self.index.directory(snap.id)
         # An overlay fork reads this tree as its lower layer: kept until the last is removed.
@@ -370,7 +399,7 @@ class Snapshots:
             await asyncio.to_thread(strategy.remove, directory / "tree")
             await asyncio.to_thread(_rmtree, directory)
         await self._db(self.index.mark_deleted, snap.id)
-        return snap.live_forks
+        return left
 
     async def remove_fork(self, workspace: Path | str) -> None:
         """Delete fork ``workspace`` (a directory ``fork`` made, or the link to an overlay

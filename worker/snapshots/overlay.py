@@ -41,6 +41,8 @@ from .errors import SnapshotError
 
 #: Where forks' upper and work directories live, under the data dir.
 LAYERS_DIR = "fork-layers"
+#: The file in a fork's layer directory naming the link it was asked for (:func:`shown`).
+LINK_FILE = "link"
 _LABEL_SNAPSHOT = "dev.loom.fork-snapshot"
 _LABEL_LINK = "dev.loom.fork-link"
 # Filesystems an overlay's upper layer cannot be on (the kernel refuses it).
@@ -70,12 +72,34 @@ async def available(backend: Any, data_dir: Path) -> bool:
     return proc.returncode == 0 and out.decode().strip() not in _NO_UPPER
 
 
-def _layers(tree: Path, layer: Path) -> None:
+def _layers(tree: Path, layer: Path, link: Path) -> None:
     layer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     layer.mkdir(mode=0o700)
     (layer / "upper").mkdir()
     (layer / "work").mkdir()
+    (layer / LINK_FILE).write_text(str(link) + "\n")
     _like(tree, layer / "upper")
+
+
+def link_of(data_dir: Path, workspace: Path | str) -> Path | None:
+    """The directory overlay fork ``workspace`` (its mountpoint) was asked for: the link
+    that still points to it, else None (not an overlay fork, its link moved or removed).
+    Blocking (two small reads)."""
+    name = fork_volume_of(workspace)
+    if name is None:
+        return None
+    try:
+        link = Path((data_dir / LAYERS_DIR / name / LINK_FILE).read_text().strip())
+        return link if os.readlink(link) == str(workspace) else None
+    except (OSError, ValueError):
+        return None
+
+
+def shown(data_dir: Path, path: str) -> str:
+    """``path`` as users name it: an overlay fork's link (the directory they asked for),
+    never the engine's mountpoint it resolves to, while that link stands. Blocking."""
+    link = link_of(data_dir, path)
+    return str(link) if link is not None else path
 
 
 def _like(tree: Path, d: Path) -> None:
@@ -92,8 +116,9 @@ async def make(backend: OverlayForks, tree: Path, data_dir: Path, snapshot: str,
     link to its mountpoint. Returns the mountpoint (the fork's workspace path). Nothing is
     left on a failure. Raises SnapshotError, DaemonUnavailableError."""
     name = FORK_VOLUME_PREFIX + secrets.token_hex(8)
-    layer = data_dir / LAYERS_DIR / name
-    await asyncio.to_thread(_layers, tree, layer)
+    # a real path: the engine's mount options name it (and gc tells ours by it)
+    layer = await asyncio.to_thread(lambda: data_dir.resolve() / LAYERS_DIR / name)
+    await asyncio.to_thread(_layers, tree, layer, link)
     try:
         mountpoint = await backend.overlays.create(
             name, [tree], layer / "upper", layer / "work", {_LABEL_SNAPSHOT: snapshot, _LABEL_LINK: str(link)}
@@ -138,3 +163,51 @@ async def ensure_mounted(workspace: Path, start: Any) -> None:
     await start()
     if not await asyncio.to_thread(os.path.ismount, workspace):
         raise SnapshotError(f"the overlay of fork {workspace} is not mounted, though its sandbox started")
+
+
+#: Seconds a fork volume with layers but no fork record is left alone by ``gc``: a
+#: ``fork`` in another process makes the volume before it records the fork.
+UNRECORDED_GRACE = 600.0
+
+
+async def gc(backend: Any, data_dir: Path, recorded: Any, *, engine_wide: bool = False) -> list[str]:
+    """Remove the fork volumes that no fork is: of this data directory's, those whose
+    layers are gone and those no fork record names (``await recorded(mountpoint)`` is
+    False) for :data:`UNRECORDED_GRACE`; with ``engine_wide`` also any data directory's
+    whose layers are gone (that volume can never be mounted again). A live fork is a
+    workspace, never garbage: it goes with ``remove_fork``. The sandboxes using a removed
+    volume are removed first. Returns the volumes removed. Raises DaemonUnavailableError,
+    SnapshotError (the engine refused)."""
+    if not isinstance(backend, OverlayForks):
+        return []
+    mine = (data_dir / LAYERS_DIR).resolve()
+    removed = []
+    for vol in await backend.overlays.list():
+        upper = Path(vol["upper"]) if vol.get("upper") else None
+        layer = upper.parent if upper is not None else None
+        ours = layer is not None and layer.parent == mine
+        gone = layer is None or not await asyncio.to_thread(os.path.isdir, layer)
+        if ours and not gone:
+            if await recorded(vol["mountpoint"]) or _age(vol.get("created")) < UNRECORDED_GRACE:
+                continue
+        elif not (gone and (ours or engine_wide)):
+            continue
+        try:
+            await backend.overlays.remove(vol["name"], with_containers=True)
+        except Exception as e:
+            raise SnapshotError(f"the engine did not remove fork volume {vol['name']}: {e}") from e
+        if ours and layer is not None:
+            await asyncio.to_thread(shutil.rmtree, layer, True)
+        removed.append(vol["name"])
+    return removed
+
+
+def _age(created: str | None) -> float:
+    """Seconds since the engine's ISO time ``created`` (unreadable: 0, never old)."""
+    import datetime
+
+    try:
+        when = datetime.datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (datetime.datetime.now(datetime.UTC) - when).total_seconds()

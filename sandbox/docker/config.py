@@ -132,8 +132,16 @@ def container_mounts(
     # point: renaming or removing it (to put a fresh .git with hooks in its place) fails
     # with EBUSY. Only real entries inside the workspace qualify, never a link out of it.
     # Under every mount of the workspace: a bind mount shows the host directory, not the
-    # mounts made below another mount of it. (Not on an overlay volume: before its start
-    # the engine has not mounted it, so its .git cannot be seen, nor bound, from here.)
+    # mounts made below another mount of it.
+    # Not for a fork on an overlay volume: its .git exists only in the overlay the engine
+    # mounts at the container's start, so no host path of it can be bound here, and the
+    # engine binds a part of a volume only from API 1.45 (Docker 26, VolumeOptions.Subpath),
+    # and even then fails the start when that part is missing (which the layers alone do
+    # not tell: whiteouts, opaque and redirected directories). Binding the snapshot's .git
+    # instead would send the sandbox's git writes into the lower layer. What holds there
+    # is the host's guard after every call (worker/guard), with the fork's trust taken
+    # from its snapshot's tree when it is made (``WorkspaceGuard.adopt_trust``), never
+    # afresh at a new mount: what the sandbox plants is disabled before the host runs git.
     for target in targets if not workspace_volume else ():
         mounts.extend(_git_mounts(ws, target))
     return mounts

@@ -141,6 +141,50 @@ async def test_a_forks_changes_are_recorded_across_a_new_mount(env: tuple[Any, S
         await reg.stop(a)
 
 
+async def test_nothing_planted_in_a_forks_repository_runs_on_the_host(
+    env: tuple[Any, Snapshots], project: Path
+) -> None:
+    """An overlay fork's .git has no protective mounts (see sandbox/docker/config.py): the
+    host's guard holds it, trusting what its snapshot held (the owner's hook stays
+    executable), disabling what the sandbox plants after each call, and never taking its
+    trust afresh when the engine mounts the fork again (a new device number each start)."""
+    from sandbox.docker.config import container_name
+
+    reg, snaps = env
+    git = project / ".git"
+    for d in ("objects", "refs", "hooks"):
+        (git / d).mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
+    (git / "hooks" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (git / "hooks" / "pre-commit").chmod(0o755)
+    for p in (git, *git.rglob("*")):
+        os.lchown(p, 1000, 1000)
+    snap = await snaps.create(project)
+    (a,) = await snaps.fork(snap.id)
+    try:
+        plant = "printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > .git/hooks/{0} && chmod +x .git/hooks/{0}"
+        await sh(
+            reg,
+            a,
+            plant.format("post-checkout") + " && git config --file .git/config core.hooksPath /tmp || "
+            "printf '\\thooksPath = /tmp\\n' >> .git/config",
+        )
+        assert os.stat(a / ".git" / "hooks" / "pre-commit").st_mode & 0o111  # the owner's, trusted
+        assert not os.stat(a / ".git" / "hooks" / "post-checkout").st_mode & 0o111
+        assert "hooksPath" not in (a / ".git" / "config").read_text()
+        client = docker.from_env()
+        try:
+            await asyncio.to_thread(client.containers.get(container_name(Path(os.path.realpath(a)))).remove, force=True)
+        finally:
+            client.close()
+        await sh(reg, a, plant.format("pre-push"))  # on the next mount
+        assert not os.stat(a / ".git" / "hooks" / "pre-push").st_mode & 0o111
+        assert not os.stat(a / ".git" / "hooks" / "post-checkout").st_mode & 0o111
+    finally:
+        await reg.stop(a)
+
+
 async def test_deleting_forks_removes_their_volumes_and_the_kept_snapshot(
     env: tuple[Any, Snapshots], project: Path, tmp_path: Path
 ) -> None:

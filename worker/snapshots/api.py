@@ -328,6 +328,14 @@ class Snapshots:
             "created": snap.created,
         }
         Changelog.start_at(self.data_dir, dest, origin)
+        if made.strategy == "overlay" and self.registry.configs is not None:
+            # The guard's trust, taken now from the snapshot's tree (the fork's lower layer):
+            # its first look at the fork's own path comes once a sandbox has mounted it.
+            from ..changelog.recorder import workspace_dir
+            from ..guard import WorkspaceGuard
+
+            state = workspace_dir(self.registry.configs.store.data_dir, dest)
+            WorkspaceGuard(dest, state).adopt_trust(self.index.directory(snap.id) / "tree")
         return Fork(workspace=str(dest), snapshot=snap.id, created=time.time(), strategy=made.strategy)
 
     async def _forget(self, dest: Path, link: Path | None = None) -> None:

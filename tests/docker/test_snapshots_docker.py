@@ -160,7 +160,7 @@ async def test_fork_of_a_fork_and_deleting_a_used_snapshot(env: tuple[Any, Snaps
         with pytest.raises(SnapshotInUseError):
             await snaps.delete(s1.id)
         left = await snaps.delete(s1.id, force=True)
-        assert left == [os.path.realpath(f1)]
+        assert left == [str(f1) if f1.is_symlink() else os.path.realpath(f1)]  # as users name it
         assert (await sh(reg, f1, "cat generation.txt")).strip() == "first"  # the fork lives on
         ws = await reg.workspace(f2)
         assert isinstance(ws.recorder, Changelog)

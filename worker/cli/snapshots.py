@@ -9,7 +9,6 @@ step of a restore), 2 a usage error (no such directory or snapshot, a bad count)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -129,7 +128,7 @@ async def _fork(args: argparse.Namespace, snaps: Snapshots) -> int:
     forks = await snaps.fork(ref, args.count, into=args.into, workspace=args.workspace)
     # An overlay fork's tree shows on the host while its sandbox runs: a user who asked for
     # directories gets them filled (the sandbox starts now, not at the first call).
-    await asyncio.gather(*(snaps.mount(d) for d in forks))
+    await snaps.mount_all(forks)
     for d in forks:
         print(d)
     return 0

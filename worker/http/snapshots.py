@@ -179,6 +179,9 @@ async def fork(request: Request, workspace_id: WorkspaceId, body: ForkRequest) -
         base = Path(snap.workspace).name[:48]
         names = [f"{base}-{secrets.token_hex(3)}" for _ in range(body.count)]
         made = await snaps.fork(snap.id, body.count, into=workspaces.root, names=names)
+        # an overlay fork's files show on the host while its sandbox runs (stopped at exit)
+        runner.opened.update(made)
+        await snaps.mount_all(made)
     return Forked(snapshot=snap.id, workspaces=[ForkedWorkspace(id=p.name, path=str(p)) for p in made])
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandbox.base import Freezer
+from sandbox.logs import get_logger
 
 from ..changelog import Changelog
 from ..changelog.restore import Plan, walk
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ..registry.contract import LocalRegistry
 
 T = TypeVar("T")
+log = get_logger("worker.snapshots")
 #: Forks one request may make.
 MAX_FORKS = 64
 
@@ -300,6 +302,15 @@ class Snapshots:
         if overlay.is_overlay_fork(root):
             ws = await self.registry.workspace(root)
             await overlay.ensure_mounted(root, ws.sandbox.info)
+
+    async def mount_all(self, forks: builtins.list[Path]) -> None:
+        """:meth:`mount` each of new ``forks`` (for the service's routes, whose answer names
+        directories a client may read at once), in parallel. Never raises: a sandbox that
+        does not start is logged, and its fork's first call reports why."""
+        results = await asyncio.gather(*(self.mount(f) for f in forks), return_exceptions=True)
+        for f, r in zip(forks, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("snapshots.fork_not_mounted", fork=str(f), error=repr(r))
 
     async def _overlay(self, tree: Path, parent: Path) -> bool:
         """Whether forks of ``tree`` into ``parent`` are overlay volumes: asked for

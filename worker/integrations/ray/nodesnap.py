@@ -88,5 +88,8 @@ class NodeSnapshots(NodeApp):
         per name (all or nothing). Returns their paths. Raises what it raises."""
         service = await self._service()
         made = await service.snapshots.fork(snapshot, len(names), into=self.workspaces.root, names=names)
+        # (an overlay fork's files show while its sandbox runs; stopped at the service's exit)
+        service.runner.opened.update(made)
+        await service.snapshots.mount_all(made)
         self._hosted.update(names)
         return [str(p) for p in made]

@@ -34,7 +34,8 @@ contract (:func:`sandbox.base.staged_writes`), so the changelog records any sand
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .results import (
@@ -428,3 +429,32 @@ class WarmPoolReporter(Protocol):
     when it has no pool."""
 
     def pool_status(self) -> dict[str, Any] | None: ...
+
+
+class OverlayVolumeMaker(Protocol):
+    """Overlay volumes an engine mounts (``sandbox.docker.overlays.OverlayVolumes``)."""
+
+    async def volumes_dir(self) -> Path | None:
+        """Where the engine's volumes are mounted, when this process can reach it."""
+        ...
+
+    async def create(self, name: str, lowers: Sequence[Path], upper: Path, work: Path, labels: dict[str, str]) -> Path:
+        """Make volume ``name`` of ``upper`` over ``lowers``; returns its mountpoint."""
+        ...
+
+    async def remove(self, name: str, *, with_containers: bool = False) -> None:
+        """Remove volume ``name`` (absent is fine; refused while a container uses it,
+        unless ``with_containers``: the loom sandboxes using it are removed first)."""
+        ...
+
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """The fork volumes of loom's (``sandbox.docker.overlays.OverlayVolumes.list``)."""
+        ...
+
+
+@runtime_checkable
+class OverlayForks(Protocol):
+    """A backend (not a sandbox) whose engine mounts forks as overlay volumes: the
+    ``overlay`` snapshot strategy (``worker.snapshots.overlay``)."""
+
+    overlays: OverlayVolumeMaker

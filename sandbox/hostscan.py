@@ -17,6 +17,7 @@ through the agent, never from host paths.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -27,24 +28,56 @@ from .agent import paths, scan, tree
 
 
 class HostScanner:
-    """The scans of one workspace, on the host. Thread-safe; blocking (use a thread)."""
+    """The scans of one workspace, on the host. Thread-safe; blocking (use a thread).
 
-    def __init__(self, root: Path) -> None:
+    ``mounted``: the workspace is a mount the engine makes while the sandbox runs (a fork's
+    overlay volume, ``sandbox.docker.overlays``). Its path is then a bare directory while
+    the sandbox is stopped: a scan of it would see an empty tree, and its inotify watches
+    would sit on the bare directory under the overlay, silent whatever the sandbox does
+    (the changelog would miss every command's changes). So such a root is scanned only
+    while it is a mount point, and snapshots of another mount than the current one are
+    dropped (the engine mounts it afresh at each start)."""
+
+    def __init__(self, root: Path, *, mounted: bool = False) -> None:
         self.root = root
+        self.mounted = mounted
         self._snapshots: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._dev: int | None = None  # the root's device when the snapshots were made
+
+    def _open_root(self) -> int:
+        """A descriptor of the root (not following a link). Raises OSError, and for a
+        ``mounted`` root that is not mounted now, OSError(ENOTCONN): the agent answers
+        instead, which starts the sandbox and so has the engine mount it."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if not self.mounted:
+            return fd
+        try:
+            dev = os.fstat(fd).st_dev
+            if dev == os.stat(self.root.parent).st_dev:
+                raise OSError(errno.ENOTCONN, "the workspace's overlay is not mounted (its sandbox is stopped)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def scan(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer a ``scan`` request (the agent's format) for the workspace root.
 
         ``watched`` is always False in the answer: the agent in the sandbox has no such
         snapshot, so the changelog must not send the scan along with a command.
-        Raises OSError (workspace gone or unreadable); the caller then asks the agent
-        instead. Any depth is walked (``sandbox.agent.dirstack``).
+        Raises OSError (workspace gone or unreadable, or a ``mounted`` root not mounted);
+        the caller then asks the agent instead. Any depth is walked (``sandbox.agent.dirstack``).
         """
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = self._open_root()
         try:
             with self._lock:
+                dev = os.fstat(fd).st_dev
+                if dev != self._dev:  # another mount: its watches see nothing of this one
+                    for snap in self._snapshots.values():
+                        snap.close()
+                    self._snapshots.clear()
+                    self._dev = dev
                 result = scan.scan_tree(fd, "", req, self._snapshots, True)
         finally:
             os.close(fd)
@@ -66,7 +99,7 @@ class HostScanner:
         parts = path.split("/")
         if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"not a plain workspace-relative path: {path!r}")
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        root = self._open_root()
         try:
             parent = paths.open_below(root, "/".join(parts[:-1]))
         finally:

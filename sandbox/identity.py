@@ -30,3 +30,17 @@ def workspace_key(workspace: Path | str) -> str:
     """The short identity of ``workspace`` (:data:`KEY_LENGTH` hex digits of
     :func:`workspace_digest`) its container and its egress socket directory are named by."""
     return workspace_digest(workspace)[:KEY_LENGTH]
+
+
+#: Names of the engine volumes forks live on (``sandbox.docker.overlays``).
+FORK_VOLUME_PREFIX = "loom-fork-"
+
+
+def fork_volume_of(path: Path | str) -> str | None:
+    """The fork volume whose mountpoint ``path`` is, judged by its shape
+    (``…/volumes/loom-fork-<hex>/_data``, the engine's own layout), or None. Only a shape:
+    the Docker backend asks the engine before a sandbox mounts it."""
+    p = Path(path)
+    if p.name == "_data" and p.parent.name.startswith(FORK_VOLUME_PREFIX) and p.parent.parent.name == "volumes":
+        return p.parent.name
+    return None

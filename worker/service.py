@@ -25,13 +25,14 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandbox.base import OutputCallback
+from sandbox.identity import fork_volume_of
 
 if TYPE_CHECKING:
     from .registry.contract import ServiceRegistry
@@ -98,13 +99,25 @@ class WorkspaceInfo:
     state: str | None = None
 
 
+def is_fork_link(p: Path | str) -> bool:
+    """Whether ``p`` is a link to an overlay fork's mountpoint (``Snapshots.fork`` made it
+    so on a host where forks are overlay volumes: ``worker.snapshots.overlay``). Blocking."""
+    try:
+        return fork_volume_of(os.readlink(p)) is not None and os.path.isdir(p)
+    except OSError:
+        return False
+
+
 class Workspaces:
-    """The directories under the service's workspace root."""
+    """The directories under the service's workspace root (an overlay fork's: a link to
+    the engine's mountpoint of its volume, :func:`is_fork_link`)."""
 
     def __init__(self, root: Path, *, uid: int | None = None, gid: int | None = None) -> None:
         self.root = Path(root)
         self._uid = uid
         self._gid = gid
+        #: Removes an overlay fork whole (``Snapshots.remove_fork``; set by the service).
+        self.fork_remover: Callable[[Path], Awaitable[None]] | None = None
 
     def ensure_root(self) -> None:
         """Create the root if needed. Raises OSError."""
@@ -114,13 +127,15 @@ class Workspaces:
     def path(self, ws_id: str) -> Path:
         """The directory of an existing workspace. Raises InvalidWorkspaceId, WorkspaceNotFound."""
         p = self.root / check_workspace_id(ws_id)
-        # A symlink under the root could point anywhere on the host: never a workspace.
+        # A symlink under the root could point anywhere on the host: never a workspace,
+        # but for a fork on an overlay volume (its link to the engine's mountpoint; the
+        # Docker backend checks that volume is one of ours before a sandbox mounts it).
         # One lstat (not is_symlink + is_dir): this runs on every call.
         try:
-            is_dir = stat.S_ISDIR(os.lstat(p).st_mode)
+            mode = os.lstat(p).st_mode
         except OSError:
-            is_dir = False
-        if not is_dir:
+            mode = 0
+        if not (stat.S_ISDIR(mode) or (stat.S_ISLNK(mode) and is_fork_link(p))):
             raise WorkspaceNotFound(f"Workspace {ws_id!r} not found")
         return p
 
@@ -154,7 +169,7 @@ class Workspaces:
     def _list(self) -> list[WorkspaceInfo]:
         out = []
         for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
-            if _ID_RE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            if _ID_RE.fullmatch(entry.name) and (entry.is_dir(follow_symlinks=False) or is_fork_link(entry.path)):
                 out.append(WorkspaceInfo(entry.name, os.path.join(self.root, entry.name)))
         return out
 
@@ -162,11 +177,19 @@ class Workspaces:
         return await asyncio.to_thread(self._list)
 
     async def delete_files(self, ws_id: str) -> None:
-        """Remove the workspace directory and everything in it (links are not followed).
+        """Remove the workspace directory and everything in it (links are not followed);
+        an overlay fork (a link, :func:`is_fork_link`) with :attr:`fork_remover`: its
+        volume, layers, changelog and record go with its link.
 
-        Raises InvalidWorkspaceId, WorkspaceNotFound, OSError.
+        Raises InvalidWorkspaceId, WorkspaceNotFound, OSError (an overlay fork, and no
+        ``fork_remover``), what ``fork_remover`` raises.
         """
         p = self.path(ws_id)
+        if await asyncio.to_thread(is_fork_link, p):
+            if self.fork_remover is None:
+                raise OSError(f"workspace {ws_id!r} is an overlay fork, and this service cannot remove forks")
+            await self.fork_remover(p)
+            return
         await asyncio.to_thread(shutil.rmtree, p)
 
 

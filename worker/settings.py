@@ -142,10 +142,11 @@ class Settings(SandboxSettings, BaseSettings):
         description="Bytes the snapshot store may hold (the apparent size of every snapshot's files, whatever "
         "copy-on-write shares); a snapshot beyond it is refused.",
     )
-    snapshot_strategy: Literal["auto", "btrfs", "reflink", "copy"] = Field(
+    snapshot_strategy: Literal["auto", "btrfs", "reflink", "overlay", "copy"] = Field(
         "auto",
         description="How snapshots and forks copy a tree: auto tries btrfs subvolume snapshots, then reflinks "
-        "(XFS, btrfs), then a plain copy; a name starts the list there.",
+        "(XFS, btrfs), then (forks only) an overlay volume the local Docker engine mounts (ext4 and any "
+        "filesystem overlay2 runs on), then a plain copy; a name starts the list there.",
     )
     changelog_ignored_dirs: list[str] | None = Field(
         None, description='Directory names tracked by stat only (JSON list; default "node_modules", ".venv", ...).'

@@ -28,6 +28,7 @@ from ..errors import (
     SandboxUnavailableError,
 )
 from ..hostscan import HostScanner
+from ..identity import fork_volume_of
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
@@ -50,6 +51,7 @@ from .config import (
 )
 from .engine import Engine
 from .images import ImagePuller
+from .overlays import OverlayVolumes
 from .pool import PoolConfig, PoolHooks, WarmPool
 from .runtime_volume import RuntimeVolume
 
@@ -95,6 +97,8 @@ class DockerBackend(SandboxBackend):
         self._runtime_check = RuntimeCheck(self.engine)
         self.channels = AgentChannels(self.engine, self._runtime_check)
         self._runtime_volume = RuntimeVolume(self.engine, self.spec.agent_runtime_image)
+        #: Forks on overlay volumes the engine mounts (the ``overlay`` snapshot strategy).
+        self.overlays = OverlayVolumes(self.engine)
         self._status = housekeeping.Status(self.engine)
         #: Pulls images as :attr:`SandboxSpec.pull` says (:mod:`.images`).
         self.images = ImagePuller(self.engine)
@@ -126,7 +130,13 @@ class DockerBackend(SandboxBackend):
     def container_config(self, ws: Path) -> dict[str, Any]:
         """The ``containers.create`` arguments for workspace ``ws`` (real path)."""
         spec = self.spec_of(ws)
-        return container_config(ws, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec))
+        return container_config(
+            ws,
+            spec,
+            self._runtime_volume.name,
+            self._runtime_check.engine_runtime(spec),
+            self.overlays.volume_for(ws),
+        )
 
     async def _check_runtime(self, spec: SandboxSpec) -> None:
         await self._runtime_check.check(spec)
@@ -209,7 +219,9 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
-            if self.pool is not None and spec.pull != "always":
+            # A fork's tree is an overlay volume the engine mounts at start, never a bind a
+            # warm sandbox could take: forks start cold.
+            if self.pool is not None and spec.pull != "always" and fork_volume_of(ws) is None:
                 await self.pool.start(self.spec)
                 claimed = await self.pool.claim(ws, spec, name)
                 if claimed is not None:
@@ -221,6 +233,7 @@ class DockerBackend(SandboxBackend):
             channel = channel_dir(ws, spec)
             if channel is not None:
                 await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
+            await self.overlays.verify(ws)  # a fork's overlay volume, never its bare mountpoint
             cfg = self.container_config(ws)
             try:
                 container = await self.engine.call("create sandbox", self._create, client, cfg)
@@ -420,7 +433,8 @@ class DockerBackend(SandboxBackend):
 
             box.user_connect = user_connect
             if spec.runtime == "runsc":
-                box.host_scanner = HostScanner(ws)
+                # a fork's overlay is scanned only while the engine has it mounted
+                box.host_scanner = HostScanner(ws, mounted=fork_volume_of(ws) is not None)
             self._boxes[ws] = box
         return box
 
@@ -500,17 +514,10 @@ class DockerBackend(SandboxBackend):
         return [item["name"] for item in removed]
 
     async def _release_pool_root(self) -> None:
-        """After ``gc --all``: the pool directory's own mounts go too, once no sandbox on
-        the engine has a slot there (another owner's pool may share the directory)."""
-        root = self._pool_root
-        if root is None or (self.pool is not None and self.pool.size() > 0):
-            return
-        prefix = os.path.realpath(root) + os.sep
-        for item in await housekeeping.list_sandboxes(self.engine):
-            slot = slots.slot_of(slots.labels_of(item["container"]))
-            if slot is not None and str(slot).startswith(prefix):
-                return
-        await asyncio.to_thread(hostmounts.release_root, root)
+        """After ``gc --all``: the pool directory's own mounts go too (see
+        :func:`.housekeeping.release_pool_root`), unless this backend's pool refills."""
+        if self._pool_root is not None and (self.pool is None or self.pool.size() == 0):
+            await housekeeping.release_pool_root(self.engine, self._pool_root)
 
     async def gc_engine_wide(self, *, all_running: bool = False) -> list[dict[str, Any]]:
         """Like :meth:`gc`, for every loom sandbox on the engine, whoever made it. Returns

@@ -4,6 +4,7 @@ knows its container, scans on the host under gVisor, and keeps agents of other u
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,8 +46,10 @@ class DockerSandbox(AgentSandbox):
             try:
                 return await asyncio.to_thread(scanner.scan, req)
             except OSError as e:
-                # The agent's full walk answers instead (slower, same result).
-                log.warning("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
+                # The agent's full walk answers instead (slower, same result). A fork's
+                # overlay not mounted yet is expected: the agent's scan starts its sandbox.
+                report = log.info if e.errno == errno.ENOTCONN else log.warning
+                report("sandbox.host_scan_failed", workspace=str(self.workspace), error=repr(e))
         return await super()._scan(req, timeout)
 
     async def remove_tree(self, path: str) -> TreeRemoval:

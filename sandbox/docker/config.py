@@ -94,15 +94,22 @@ def channel_dir(ws: Path, spec: SandboxSpec) -> Path | None:
     return Path(spec.channel_dir) / workspace_key(ws)
 
 
-def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) -> list[Mount]:
+def container_mounts(
+    ws: Path, spec: SandboxSpec, runtime_volume: str | None, workspace_volume: str | None = None
+) -> list[Mount]:
     """The workspace (and its second mount at ``spec.home_mount``), the agent runtime, the
     CA bundle, the egress socket, and git's hooks and config (read-only) of workspace
-    ``ws`` (real path)."""
-    mounts = [Mount(target=WORKSPACE_MOUNT, source=str(ws), type="bind", read_only=False)]
-    if spec.home_mount:
-        # The same host directory again, not a link to /workspace: a program asking
-        # where it is (getcwd, realpath) is told /home/user, as in E2B's sandboxes.
-        mounts.append(Mount(target=spec.home_mount, source=str(ws), type="bind", read_only=False))
+    ``ws`` (real path). With ``workspace_volume`` (a fork on an overlay volume, ``ws`` its
+    mountpoint) the workspace is that volume, which the engine mounts at each start."""
+    targets = [WORKSPACE_MOUNT, *([spec.home_mount] if spec.home_mount else [])]
+    # home_mount: the same tree again, not a link to /workspace: a program asking where it
+    # is (getcwd, realpath) is told /home/user, as in E2B's sandboxes.
+    if workspace_volume:
+        # never the bare mountpoint: the engine mounts the overlay before the container
+        # starts, or the start fails. no_copy: an empty fork must not be filled from the image.
+        mounts = [Mount(target=t, source=workspace_volume, type="volume", no_copy=True) for t in targets]
+    else:
+        mounts = [Mount(target=t, source=str(ws), type="bind", read_only=False) for t in targets]
     if runtime_volume:
         mounts.append(Mount(target=RUNTIME_MOUNT, source=runtime_volume, type="volume", read_only=True))
     for name, source in spec.agents.items():
@@ -126,7 +133,16 @@ def container_mounts(ws: Path, spec: SandboxSpec, runtime_volume: str | None) ->
     # with EBUSY. Only real entries inside the workspace qualify, never a link out of it.
     # Under every mount of the workspace: a bind mount shows the host directory, not the
     # mounts made below another mount of it.
-    for target in (WORKSPACE_MOUNT, *([spec.home_mount] if spec.home_mount else [])):
+    # Not for a fork on an overlay volume: its .git exists only in the overlay the engine
+    # mounts at the container's start, so no host path of it can be bound here, and the
+    # engine binds a part of a volume only from API 1.45 (Docker 26, VolumeOptions.Subpath),
+    # and even then fails the start when that part is missing (which the layers alone do
+    # not tell: whiteouts, opaque and redirected directories). Binding the snapshot's .git
+    # instead would send the sandbox's git writes into the lower layer. What holds there
+    # is the host's guard after every call (worker/guard), with the fork's trust taken
+    # from its snapshot's tree when it is made (``WorkspaceGuard.adopt_trust``), never
+    # afresh at a new mount: what the sandbox plants is disabled before the host runs git.
+    for target in targets if not workspace_volume else ():
         mounts.extend(_git_mounts(ws, target))
     return mounts
 
@@ -154,12 +170,17 @@ def _git_mounts(ws: Path, target: str) -> list[Mount]:
 
 
 def container_config(
-    ws: Path, spec: SandboxSpec, runtime_volume: str | None, engine_runtime: str | None = None
+    ws: Path,
+    spec: SandboxSpec,
+    runtime_volume: str | None,
+    engine_runtime: str | None = None,
+    workspace_volume: str | None = None,
 ) -> dict[str, Any]:
     """The ``containers.create`` arguments for workspace ``ws`` (real path), made with
     ``spec``, with the agent runtime in volume ``runtime_volume``, on the engine's runtime
     ``engine_runtime`` (default ``spec.runtime``; under gVisor, the one registered for the
-    spec's platform, :func:`~.gvisor.engine_runtime`)."""
+    spec's platform, :func:`~.gvisor.engine_runtime`); ``workspace_volume``: the fork
+    volume mounted as the workspace (:func:`container_mounts`)."""
     uid, gid = owner(ws, spec)
     # exec said outright: Docker mounts a tmpfs noexec unless told, and agents run what
     # they put in /tmp and $HOME (a venv, pip --user scripts, test binaries, npx caches)
@@ -226,7 +247,7 @@ def container_config(
         "init": spec.runtime != "runc",
         "privileged": False,
         "ipc_mode": "private",
-        "mounts": container_mounts(ws, spec, runtime_volume),
+        "mounts": container_mounts(ws, spec, runtime_volume, workspace_volume),
         "ulimits": [
             docker.types.Ulimit(name="core", soft=0, hard=0),
             docker.types.Ulimit(name="fsize", soft=spec.max_file_size, hard=spec.max_file_size),

@@ -7,13 +7,14 @@ sandboxes in the middle of a call."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..errors import SandboxUnavailableError
-from . import slots
+from . import hostmounts, slots
 from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER
 from .engine import Engine
 
@@ -85,6 +86,18 @@ async def gc(
             await asyncio.to_thread(slots.release, slots.labels_of(item["container"]))
             removed.append({k: v for k, v in item.items() if k != "container"})
     return removed
+
+
+async def release_pool_root(engine: Engine, root: Path) -> None:
+    """Undo the warm pool directory's own mounts (:func:`.hostmounts.release_root`) once
+    no sandbox on the engine has a slot there (another owner's pool may share it). Raises
+    DaemonUnavailableError, OSError."""
+    prefix = os.path.realpath(root) + os.sep
+    for item in await list_sandboxes(engine):
+        slot = slots.slot_of(slots.labels_of(item["container"]))
+        if slot is not None and str(slot).startswith(prefix):
+            return
+    await asyncio.to_thread(hostmounts.release_root, root)
 
 
 class Status:

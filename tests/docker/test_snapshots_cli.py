@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SANDBOX_IMAGE
+from tests.docker.fork_volumes import remove_fork_volumes
 
 pytestmark = pytest.mark.docker
 
@@ -47,6 +48,7 @@ def run(docker_ready: None, tmp_path: Path) -> Iterator[Cli]:
     yield cli
     for w in cli.used:
         cli("stop", "--workspace", str(w))
+    remove_fork_volumes(tmp_path)
 
 
 def test_snapshot_fork_restore_from_the_command_line(run: Cli, tmp_path: Path) -> None:
@@ -68,7 +70,7 @@ def test_snapshot_fork_restore_from_the_command_line(run: Cli, tmp_path: Path) -
     r = run("snapshot", "list", "--workspace", str(ws))
     assert r.returncode == 0 and sid in r.stdout and "3 fork(s)" in r.stdout
     r = run("snapshot", "show", sid)
-    assert r.returncode == 0 and str(forks[0]) in r.stdout
+    assert r.returncode == 0 and f"fork       {forks[0]}\n" in r.stdout  # (an overlay fork too: its directory)
 
     (forks[0] / "README.md").write_text("changed on the host\n")
     r = run("call", "shell_execute", "--workspace", str(forks[0]), "--args", '{"command": "rm setup.py"}')
@@ -103,3 +105,17 @@ def test_snapshot_fork_restore_from_the_command_line(run: Cli, tmp_path: Path) -
     assert run("fork", "--workspace", str(ws), "--count", "0").returncode == 2
     assert run("fork", "--workspace", str(tmp_path / "missing"), "--count", "1").returncode == 2
     assert run("restore", "--workspace", str(ws), "--snapshot", sid).returncode == 2  # deleted
+
+    # deleting forks: each one whole (an overlay fork's volume and layers too), then gc
+    # finds no fork volume of this data directory to remove
+    volumes = {Path(os.path.realpath(f)).parent.name for f in forks}
+    r = run("snapshot", "delete-fork", *map(str, forks))
+    assert r.returncode == 0 and r.stderr.count("deleted fork") == 3, r.stderr
+    assert not any(os.path.lexists(f) for f in forks)
+    assert run("snapshot", "delete-fork", str(ws)).returncode == 2  # not a fork
+    if any(v.startswith("loom-fork-") for v in volumes):
+        listed = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()
+        assert not volumes & set(listed)
+        assert not {v for v in volumes if (tmp_path / "data" / "fork-layers" / v).exists()}
+    r = run("gc")
+    assert r.returncode == 0 and "fork volume" not in r.stderr, r.stderr

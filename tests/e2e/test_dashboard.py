@@ -102,6 +102,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         api.close()
         server.should_exit = True  # its lifespan stops the sandboxes it started
         thread.join(60)
+        from tests.docker.fork_volumes import remove_fork_volumes
+
+        remove_fork_volumes(data)  # the engine's volumes of the forks made (overlay forks)
 
 
 @pytest.fixture(scope="module")

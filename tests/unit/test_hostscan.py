@@ -92,3 +92,26 @@ def test_host_removal_of_a_tree_never_follows_a_link(tmp_path: Path) -> None:
     assert removed and (files, dirs, size) == (3, 4, 11)
     assert not (ws / "node_modules").exists() and (outside / "precious.txt").read_text() == "keep"
     assert scanner.remove_tree("node_modules") == (False, [0, 0, 0])
+
+
+def test_a_mount_root_is_never_scanned_bare(tmp_path: Path) -> None:
+    """A fork's overlay (``mounted``) whose sandbox is stopped is a bare directory: the host
+    refuses to scan it or remove from it (the agent answers, starting the sandbox, which has
+    the engine mount it), never reporting the empty directory under the mount as the tree."""
+    import errno
+
+    ws = tmp_path / "volumes" / "loom-fork-0" / "_data"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_text("under the mount")
+    scanner = HostScanner(ws, mounted=True)
+    try:
+        for call in (
+            lambda: scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000}),
+            lambda: scanner.remove_tree("d"),
+        ):
+            with pytest.raises(OSError) as e:
+                call()
+            assert e.value.errno == errno.ENOTCONN
+        assert (ws / "d" / "f").read_text() == "under the mount"
+    finally:
+        scanner.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -305,6 +306,8 @@ async def _doctor_seccomp(backend: Any, box: Any, ws: Path, info: dict[str, Any]
 async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
     from sandbox.errors import SandboxUnavailableError
 
+    from ..snapshots import SnapshotError
+
     backend = _backend(settings)
     try:
         if engine_wide:
@@ -316,7 +319,8 @@ async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
             items = await backend.gc_engine_wide(all_running=all_running)
         else:
             items = [{"name": n} for n in await backend.gc(all_running=all_running)]
-    except SandboxUnavailableError as e:
+        volumes = await _gc_fork_volumes(backend, settings, engine_wide)
+    except (SandboxUnavailableError, SnapshotError) as e:
         print(f"gc failed: {e}", file=sys.stderr)
         return 1
     finally:
@@ -330,7 +334,28 @@ async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
             )
     removed = [item["name"] for item in items]
     _say(f"removed {len(removed)} sandbox container(s)" + (": " + ", ".join(removed) if removed else ""))
+    if volumes:
+        _say(f"removed {len(volumes)} orphaned fork volume(s): " + ", ".join(volumes))
     return 0
+
+
+async def _gc_fork_volumes(backend: Any, settings: Settings, engine_wide: bool) -> list[str]:
+    """The fork volumes no fork is (``worker.snapshots.overlay.gc``): a live fork is a
+    workspace, never garbage, even with --all. Raises SnapshotError, DaemonUnavailableError."""
+    from ..snapshots import overlay
+    from ..snapshots.index import Index
+
+    path = settings.data_dir / "snapshots"
+    index = await asyncio.to_thread(Index, path) if (path / "index.sqlite3").exists() else None
+
+    async def recorded(mountpoint: str) -> bool:
+        return index is not None and await asyncio.to_thread(index.origin, mountpoint) is not None
+
+    try:
+        return await overlay.gc(backend, settings.data_dir, recorded, engine_wide=engine_wide)
+    finally:
+        if index is not None:
+            index.close()
 
 
 async def _stop(settings: Settings, workspace: Path) -> int:
@@ -379,11 +404,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     p = subparsers.add_parser(
         "gc",
-        help="Remove this data directory's exited or stale sandbox containers.",
+        help="Remove this data directory's exited or stale sandbox containers and orphaned fork volumes.",
         description="Remove the sandbox containers this worker installation (its data directory, LOOM_DATA_DIR) "
-        "made that have exited, whose workspace is gone or that an older worker version made. Sandboxes of "
-        "another data directory, another user's worker or a service on the same engine are left alone, "
-        "unless --engine-wide.",
+        "made that have exited, whose workspace is gone or that an older worker version made, and the "
+        "engine's fork volumes (overlay forks) of this data directory that no fork is any more (their layers "
+        "gone, or no fork record names them). A live fork is a workspace, never removed here (even with --all): "
+        "`loom-worker snapshot delete-fork` removes it. Sandboxes and fork volumes of another data directory, "
+        "another user's worker or a service on the same engine are left alone, unless --engine-wide (fork "
+        "volumes then: those whose layers are gone, which can never be mounted again).",
         epilog="Exit status: 0; 1 the engine does not answer.",
     )
     p.add_argument("--all", action="store_true", help="Also remove this data directory's running sandboxes.")

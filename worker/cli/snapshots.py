@@ -76,13 +76,13 @@ async def _create(args: argparse.Namespace, snaps: Snapshots) -> int:
 
 async def _list(args: argparse.Namespace, snaps: Snapshots) -> int:
     found = await snaps.list(args.workspace, deleted=args.all)
-    for s in found:
+    for s in [await snaps.shown(s) for s in found]:
         print(s.model_dump_json() if args.json else _line(s))
     return 0
 
 
 async def _show(args: argparse.Namespace, snaps: Snapshots) -> int:
-    s = await snaps.get(args.snapshot, args.workspace)
+    s = await snaps.shown(await snaps.get(args.snapshot, args.workspace))
     if args.json:
         print(s.model_dump_json(indent=2))
         return 0
@@ -113,12 +113,23 @@ async def _delete(args: argparse.Namespace, snaps: Snapshots) -> int:
     return 0
 
 
+async def _delete_fork(args: argparse.Namespace, snaps: Snapshots) -> int:
+    for f in args.forks:
+        await snaps.remove_fork(f)
+        print(f"deleted fork {f}", file=sys.stderr)
+    return 0
+
+
 async def _fork(args: argparse.Namespace, snaps: Snapshots) -> int:
     ref = args.snapshot
     if ref is None:  # from the live workspace: a snapshot first
         ref = (await snaps.create(args.workspace, "fork-base")).id
         print(f"snapshot {ref}", file=sys.stderr)
-    for d in await snaps.fork(ref, args.count, into=args.into, workspace=args.workspace):
+    forks = await snaps.fork(ref, args.count, into=args.into, workspace=args.workspace)
+    # An overlay fork's tree shows on the host while its sandbox runs: a user who asked for
+    # directories gets them filled (the sandbox starts now, not at the first call).
+    await snaps.mount_all(forks)
+    for d in forks:
         print(d)
     return 0
 
@@ -144,7 +155,7 @@ async def _restore(args: argparse.Namespace, snaps: Snapshots) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("snapshot", help="Take, list, show or delete snapshots of workspaces.")
+    p = sub.add_parser("snapshot", help="Take, list, show or delete snapshots of workspaces; delete forks.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     q = actions.add_parser(
         "create",
@@ -181,6 +192,14 @@ def register(sub: Any) -> None:
         else:
             q.add_argument("--force", action="store_true", help="Even with live forks (they stay).")
             q.set_defaults(func=_run, handler=_delete)
+
+    q = actions.add_parser(
+        "delete-fork",
+        help="Delete forks: sandbox, files (an overlay fork's volume and layers), changelog and record.",
+        epilog="Exit status: 0 every one deleted; 1 the engine refused or failed; 2 usage error (not a fork).",
+    )
+    q.add_argument("forks", nargs="+", type=path_arg, help="The forks' directories (as `fork` printed them).")
+    q.set_defaults(func=_run, handler=_delete_fork)
 
     p = sub.add_parser(
         "fork",

@@ -10,12 +10,14 @@ import stat
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from sandbox.agent.paths import open_below
+from sandbox.identity import fork_volume_of
 from sandbox.logs import get_logger
 
 from . import gitconfig
-from .walk import DIR_FLAGS, Action, Identity, Walk, chmod_logged, identity, join, pinned
+from .walk import DIR_FLAGS, Action, Identity, Walk, chmod_logged, identity, is_git_dir, join, pinned
 
 log = get_logger("worker.guard")
 
@@ -37,6 +39,7 @@ class WorkspaceGuard:
     def __init__(self, root: Path, state_dir: Path | None = None) -> None:
         self.root = root
         self._state = state_dir / TRUST_FILE if state_dir is not None else None
+        self._fork = fork_volume_of(root)  # an overlay fork's volume (its mount comes and goes)
         self._trust: dict[str, Identity] | None = None
         self._hookdirs: list[str] = []
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
@@ -78,8 +81,12 @@ class WorkspaceGuard:
             actions: list[Action] = []
             root_fd = os.open(self.root, DIR_FLAGS)
             try:
+                if self._fork is not None and os.fstat(root_fd).st_dev == os.stat(self.root.parent).st_dev:
+                    # an overlay fork whose sandbox is stopped: the bare directory under its
+                    # mount, which nothing reaches; its tree is looked at once mounted
+                    return []
                 git_dirs = list(self._walk.run(root_fd, actions))
-                if self._trust is None and not self._load_trust(_root_id(root_fd)):
+                if self._trust is None and not self._load_trust(self._root_id(root_fd)):
                     self._take_trust(root_fd, git_dirs)
                 else:
                     for rel in git_dirs:
@@ -222,7 +229,26 @@ class WorkspaceGuard:
     def _trusted(self, path: str, ident: Identity) -> bool:
         return self._trust is not None and self._trust.get(path) == ident
 
-    def _load_trust(self, root_id: list[int]) -> bool:
+    def adopt_trust(self, tree: Path) -> None:
+        """The baseline of an overlay fork (``worker.snapshots.overlay``), taken when it is
+        made, before its sandbox ran anything: its snapshot's ``tree`` (its lower layer),
+        read, never written. Its merged tree shows those files with the same identities
+        (lower and upper on one filesystem) until they change. Raises OSError."""
+        with self._lock:
+            root_fd = os.open(tree, DIR_FLAGS)
+            try:
+                self._take_trust(root_fd, _git_dirs(tree))
+            finally:
+                os.close(root_fd)
+
+    def _root_id(self, root_fd: int) -> list[Any]:
+        if self._fork is not None:
+            # an overlay fork's root is a new mount (another device number) at each start
+            # of its sandbox: it is named by its volume, made once for this fork
+            return [self._fork]
+        return _root_id(root_fd)
+
+    def _load_trust(self, root_id: list[Any]) -> bool:
         """The saved baseline, if it is of this very directory (a workspace removed and made
         again at the same path, a fresh clone, is looked at afresh)."""
         if self._state is None:
@@ -256,7 +282,7 @@ class WorkspaceGuard:
             tmp = self._state.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"root": _root_id(root_fd), "files": trust, "hookdirs": hookdirs}, f)
+                json.dump({"root": self._root_id(root_fd), "files": trust, "hookdirs": hookdirs}, f)
             os.replace(tmp, self._state)
 
     def _identities(self, root_fd: int, rel: str) -> dict[str, Identity]:
@@ -316,6 +342,17 @@ class WorkspaceGuard:
             return str(target.relative_to(self.root)) if target != self.root else None
         except ValueError:
             return None  # outside the workspace: out of the sandbox's reach
+
+
+def _git_dirs(tree: Path) -> list[str]:
+    """The directories under ``tree`` git may take for git directories (links not
+    followed; nothing changed, unlike the guard's own walk)."""
+    found = []
+    for dirpath, dirs, files in os.walk(tree, followlinks=False):
+        if is_git_dir({*dirs, *files}):
+            rel = os.path.relpath(dirpath, tree)
+            found.append("" if rel == "." else rel)
+    return found
 
 
 def _root_id(root_fd: int) -> list[int]:

@@ -109,7 +109,7 @@ def _snapshots(request: Request) -> Snapshots:
 async def _own(snaps: Snapshots, workspaces: Workspaces, ref: str, path: Path | None) -> Snapshot:
     """Snapshot ``ref`` (by name among ``path``'s), only if of a workspace of this service.
     Raises SnapshotNotFoundError."""
-    snap = await snaps.get(ref, path)
+    snap = await snaps.shown(await snaps.get(ref, path))
     if Path(snap.workspace).parent != workspaces.root or snap.deleted is not None:
         raise SnapshotNotFoundError(f"no snapshot {ref!r}")
     return snap
@@ -121,8 +121,10 @@ async def list_snapshots(request: Request, workspace_id: WorkspaceId) -> Snapsho
     snapshot this workspace was forked from."""
     path = await service_of(request.app).workspaces.locate(workspace_id)
     snaps = _snapshots(request)
-    found = await snaps.list(path)
+    found = [await snaps.shown(s) for s in await snaps.list(path)]
     origin = await snaps.origin(path)
+    if origin is not None:  # (an overlay fork is named by its directory, not the engine's mountpoint)
+        origin.workspace = await snaps.shown_path(origin.workspace)
     return SnapshotList(workspace=workspace_id, origin=None if origin is None else origin.model_dump(), snapshots=found)
 
 
@@ -132,8 +134,9 @@ async def create_snapshot(request: Request, workspace_id: WorkspaceId, body: Cre
     path = await service_of(request.app).workspaces.locate(workspace_id)
     body = body or CreateSnapshot()
     runner = service_of(request.app).runner
+    snaps = _snapshots(request)
     async with runner.slot(), runner.lock(path):
-        return await _snapshots(request).create(path, body.name, with_scratch=body.with_scratch)
+        return await snaps.shown(await snaps.create(path, body.name, with_scratch=body.with_scratch))
 
 
 @router.get("/v1/workspaces/{workspace_id}/snapshots/{ref}")
@@ -176,6 +179,9 @@ async def fork(request: Request, workspace_id: WorkspaceId, body: ForkRequest) -
         base = Path(snap.workspace).name[:48]
         names = [f"{base}-{secrets.token_hex(3)}" for _ in range(body.count)]
         made = await snaps.fork(snap.id, body.count, into=workspaces.root, names=names)
+        # an overlay fork's files show on the host while its sandbox runs (stopped at exit)
+        runner.opened.update(made)
+        await snaps.mount_all(made)
     return Forked(snapshot=snap.id, workspaces=[ForkedWorkspace(id=p.name, path=str(p)) for p in made])
 
 

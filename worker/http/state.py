@@ -24,6 +24,8 @@ from ..service import CallRunner, Workspaces
 from ..settings import Settings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..mcp_server import HttpMcp
     from ..snapshots import Snapshots
 
@@ -55,6 +57,11 @@ class Service:
         self._registry, self._runner, self._mcp = registry, runner, mcp
         # (checked once: a Protocol's isinstance looks up each of its members)
         self._local = registry if isinstance(registry, HoldsWorkspaces) else None
+        if self._local is not None:  # DELETE ...?delete_files of an overlay fork removes the fork
+            self.workspaces.fork_remover = self._remove_fork
+
+    async def _remove_fork(self, path: Path) -> None:
+        await self.snapshots.remove_fork(path)
 
     def stop(self) -> None:
         self._registry = self._runner = self._mcp = self._local = None

@@ -3,7 +3,8 @@ tree, settings and changelog position; forks made from them by copy-on-write whe
 allows; restore, recorded in the changelog so it can be undone.
 
 Modules: ``api`` (:class:`Snapshots`), ``strategy`` (how a tree is copied: btrfs
-subvolumes, reflinks, a plain copy), ``index`` (the store's SQLite index and lineage),
+subvolumes, reflinks, a plain copy), ``overlay`` (forks as overlay volumes the engine
+mounts: O(1) on ext4), ``index`` (the store's SQLite index and lineage),
 ``scratch`` (``/tmp`` and ``$HOME``), ``errors``. Restore's recording lives in
 :mod:`worker.changelog.restore`.
 """

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sandbox.base import Freezer
+from sandbox.logs import get_logger
 
 from ..changelog import Changelog
 from ..changelog.restore import Plan, walk
-from . import scratch, strategy
+from . import overlay, scratch, strategy
 from .errors import SnapshotError, SnapshotInUseError, SnapshotLimitError, SnapshotNotFoundError
 from .index import Fork, Index, Snapshot
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ..registry.contract import LocalRegistry
 
 T = TypeVar("T")
+log = get_logger("worker.snapshots")
 #: Forks one request may make.
 MAX_FORKS = 64
 
@@ -78,7 +80,7 @@ class Snapshots:
         self.registry = registry
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits()
-        #: A strategy to start with (btrfs, reflink, copy); None: the best the host allows.
+        #: A strategy to start with (btrfs, reflink, overlay, copy); None: the best the host allows.
         self.prefer: Any = prefer
         self.index = Index(self.data_dir / "snapshots")
         self._lock = asyncio.Lock()
@@ -110,6 +112,33 @@ class Snapshots:
         ws = None if workspace is None else str(_root(workspace))
         return await self._db(lambda: self.index.list(ws, deleted=deleted))
 
+    async def shown(self, snap: Snapshot) -> Snapshot:
+        """``snap`` as users see it (the CLI, HTTP, the dashboard, a cluster): overlay forks
+        (its workspace, its forks) named by the directories asked for, not by the engine's
+        mountpoints that are their identity here (:func:`.overlay.shown`)."""
+        if not any(overlay.is_overlay_fork(p) for p in (snap.workspace, *snap.forks)):
+            return snap
+
+        def convert() -> Snapshot:
+            def f(p: str) -> str:
+                return overlay.shown(self.data_dir, p)
+
+            return snap.model_copy(
+                update={
+                    "workspace": f(snap.workspace),
+                    "forks": [f(p) for p in snap.forks],
+                    "live_forks": [f(p) for p in snap.live_forks],
+                }
+            )
+
+        return await asyncio.to_thread(convert)
+
+    async def shown_path(self, path: Path | str) -> str:
+        """A workspace path as users see it (an overlay fork's link, :meth:`shown`)."""
+        if not overlay.is_overlay_fork(path):
+            return str(path)
+        return await asyncio.to_thread(overlay.shown, self.data_dir, str(path))
+
     async def origin(self, workspace: Path | str) -> Fork | None:
         """The fork record of ``workspace`` (None when it is not a fork)."""
         return await self._db(self.index.origin, str(_root(workspace)))
@@ -133,6 +162,7 @@ class Snapshots:
         snap_id = "snap-" + secrets.token_hex(6)
         directory = self.index.directory(snap_id)
         async with ws._mutation_lock:
+            await overlay.ensure_mounted(root, ws.sandbox.info)  # an overlay fork's tree, not its bare mountpoint
             cl = ws.recorder if isinstance(ws.recorder, Changelog) else None
             entry = 0
             if cl is not None:
@@ -228,13 +258,23 @@ class Snapshots:
                 raise FileExistsError(f"{d} already exists")
         tree = self.index.directory(snap.id) / "tree"
         made: builtins.list[strategy.Made] = []
+        links: dict[Path, Path] = {}  # an overlay fork's mountpoint -> the link asked for
+        on_overlay = await self._overlay(tree, parent)
         # cp is one process per fork (two cores here); btrfs snapshots serialize on its
-        # transaction (measured: 8 in parallel 0.32 s, one after another 0.21 s).
-        sem = asyncio.Semaphore(1 if await asyncio.to_thread(strategy.is_subvolume, tree) else 2)
+        # transaction (measured: 8 in parallel 0.32 s, one after another 0.21 s); an
+        # overlay fork is an engine call.
+        subvolume = await asyncio.to_thread(strategy.is_subvolume, tree)
+        sem = asyncio.Semaphore(8 if on_overlay else 1 if subvolume else 2)
 
         async def one(dest: Path) -> None:
             async with sem:
-                made.append(await asyncio.to_thread(strategy.clone, tree, dest, prefer=self.prefer))
+                if on_overlay:
+                    backend: Any = self.registry.backend
+                    mountpoint = await overlay.make(backend, tree, self.data_dir, snap.id, dest)
+                    links[mountpoint] = dest
+                    made.append(strategy.Made(mountpoint, "overlay"))
+                else:
+                    made.append(await asyncio.to_thread(strategy.clone, tree, dest, prefer=self.prefer))
 
         try:
             results = await asyncio.gather(*(one(d) for d in dests), return_exceptions=True)
@@ -251,9 +291,39 @@ class Snapshots:
         except BaseException:
             for m in made:
                 with contextlib.suppress(Exception):
-                    await self._forget(m.path)
+                    await self._forget(m.path, links.get(m.path))
             raise
         return dests
+
+    async def mount(self, workspace: Path | str) -> None:
+        """Make an overlay fork's tree show at its path on the host (its sandbox started);
+        nothing for any other workspace. Raises SnapshotError, sandbox errors."""
+        root = _root(workspace)
+        if overlay.is_overlay_fork(root):
+            ws = await self.registry.workspace(root)
+            await overlay.ensure_mounted(root, ws.sandbox.info)
+
+    async def mount_all(self, forks: builtins.list[Path]) -> None:
+        """:meth:`mount` each of new ``forks`` (for the service's routes, whose answer names
+        directories a client may read at once), in parallel. Never raises: a sandbox that
+        does not start is logged, and its fork's first call reports why."""
+        results = await asyncio.gather(*(self.mount(f) for f in forks), return_exceptions=True)
+        for f, r in zip(forks, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("snapshots.fork_not_mounted", fork=str(f), error=repr(r))
+
+    async def _overlay(self, tree: Path, parent: Path) -> bool:
+        """Whether forks of ``tree`` into ``parent`` are overlay volumes: asked for
+        (``overlay``), or ``auto`` where neither a btrfs snapshot nor a reflink copy is
+        possible; and the engine can make them (else the next strategy, a copy)."""
+        if self.prefer not in (None, "overlay"):
+            return False
+        if self.prefer is None and (
+            await asyncio.to_thread(strategy.is_subvolume, tree)
+            or await asyncio.to_thread(strategy.reflinks, tree, parent)
+        ):
+            return False
+        return await overlay.available(self.registry.backend, self.data_dir)
 
     def _adopt(self, snap: Snapshot, made: strategy.Made) -> Fork:
         """A new fork's settings and changelog (blocking: one thread per fork)."""
@@ -269,13 +339,28 @@ class Snapshots:
             "created": snap.created,
         }
         Changelog.start_at(self.data_dir, dest, origin)
+        if made.strategy == "overlay" and self.registry.configs is not None:
+            # The guard's trust, taken now from the snapshot's tree (the fork's lower layer):
+            # its first look at the fork's own path comes once a sandbox has mounted it.
+            from ..changelog.recorder import workspace_dir
+            from ..guard import WorkspaceGuard
+
+            state = workspace_dir(self.registry.configs.store.data_dir, dest)
+            WorkspaceGuard(dest, state).adopt_trust(self.index.directory(snap.id) / "tree")
         return Fork(workspace=str(dest), snapshot=snap.id, created=time.time(), strategy=made.strategy)
 
-    async def _forget(self, dest: Path) -> None:
-        """Undo :meth:`_adopt` and remove the fork's tree (a failed fork request)."""
+    async def _forget(self, dest: Path, link: Path | None = None) -> None:
+        """Undo :meth:`_adopt` and remove the fork's tree (a failed fork request, or
+        :meth:`remove_fork`); ``link``: an overlay fork's link to ``dest``."""
         with contextlib.suppress(Exception):
             await self.registry.stop(dest)
-        await asyncio.to_thread(strategy.remove, dest)
+        if overlay.is_overlay_fork(dest):
+            backend: Any = self.registry.backend
+            # another process's sandbox of it holds the volume: the engine would refuse
+            await backend.stop(dest)
+            await overlay.remove(backend, self.data_dir, dest, link)
+        else:
+            await asyncio.to_thread(strategy.remove, dest)
         await self._db(self.index.drop_fork, str(dest))
         from ..changelog.recorder import workspace_dir
 
@@ -315,21 +400,43 @@ class Snapshots:
     async def delete(self, ref: str, *, force: bool = False, workspace: Path | str | None = None) -> builtins.list[str]:
         """Delete a snapshot's files (its row stays, marked, for lineage). Returns the live
         forks it leaves (each an independent workspace). Raises SnapshotNotFoundError,
-        SnapshotInUseError (live forks, without ``force``), SnapshotError."""
+        SnapshotInUseError (live forks, without ``force``), SnapshotError. Forks are
+        named as users name them (:meth:`shown`)."""
         snap = await self.get(ref, workspace)
         if snap.deleted is not None:
             raise SnapshotNotFoundError(f"snapshot {snap.id} was already deleted")
+        left = (await self.shown(snap)).live_forks  # as users name them
         if snap.live_forks and not force:
             raise SnapshotInUseError(
-                f"snapshot {snap.id} has {len(snap.live_forks)} live fork(s); delete them, or use --force "
-                "(they stay, independent, and name a deleted snapshot as their origin): " + ", ".join(snap.live_forks),
-                snap.live_forks,
+                f"snapshot {snap.id} has {len(left)} live fork(s); delete them, or use --force "
+                "(they stay, independent, and name a deleted snapshot as their origin): " + ", ".join(left),
+                left,
             )
         directory = self.index.directory(snap.id)
-        await asyncio.to_thread(strategy.remove, directory / "tree")
-        await asyncio.to_thread(_rmtree, directory)
+        # An overlay fork reads this tree as its lower layer: kept until the last is removed.
+        if not any(overlay.is_overlay_fork(f) for f in snap.live_forks):
+            await asyncio.to_thread(strategy.remove, directory / "tree")
+            await asyncio.to_thread(_rmtree, directory)
         await self._db(self.index.mark_deleted, snap.id)
-        return snap.live_forks
+        return left
+
+    async def remove_fork(self, workspace: Path | str) -> None:
+        """Delete fork ``workspace`` (a directory ``fork`` made, or the link to an overlay
+        fork): its sandbox stopped, its tree (an overlay fork's volume and layers), its
+        changelog and its record; a deleted snapshot's tree kept for it goes too once no
+        overlay fork needs it. Raises SnapshotNotFoundError (not a fork), SnapshotError,
+        NotADirectoryError, DaemonUnavailableError."""
+        given = Path(workspace).expanduser().absolute()
+        root = _root(workspace)
+        fork = await self.origin(root)
+        if fork is None:
+            raise SnapshotNotFoundError(f"{root} is not a fork (no snapshot's fork record names it)")
+        await self._forget(root, given if given != root else None)
+        snap = await self.get(fork.snapshot)
+        if snap.deleted is not None and not any(overlay.is_overlay_fork(f) for f in snap.live_forks):
+            directory = self.index.directory(snap.id)
+            await asyncio.to_thread(strategy.remove, directory / "tree")
+            await asyncio.to_thread(_rmtree, directory)
 
 
 def _root(workspace: Path | str) -> Path:

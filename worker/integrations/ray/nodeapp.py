@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -179,6 +180,12 @@ class NodeApp(NodeBase):
         self._answers: dict[int, _Answer] = {}  # the streamed answers, by token
         self._sockets: dict[int, NodeSocket] = {}  # the relayed WebSockets, by token (the same count)
         self._next_answer = 0
+        # deleting an overlay fork with its files (``delete``) removes the fork whole
+        self.workspaces.fork_remover = self._remove_fork
+
+    async def _remove_fork(self, path: Path) -> None:
+        service = await self._service()
+        await service.snapshots.remove_fork(path)
 
     async def _service(self) -> Any:
         """The node's service (:class:`worker.http.state.Service`), started on first use."""

@@ -29,22 +29,25 @@ class NodeSnapshots(NodeApp):
         """``Snapshots.create`` of the workspace. Raises what it raises."""
         path, snaps, runner = await self._snaps(ws_id)
         async with runner.lock(path):
-            return await snaps.create(path, name, with_scratch=with_scratch)
+            return await snaps.shown(await snaps.create(path, name, with_scratch=with_scratch))
 
     async def snapshot_list(self, ws_id: str) -> Any:
         """``Snapshots.list`` of the workspace, oldest first."""
         path, snaps, _runner = await self._snaps(ws_id)
-        return await snaps.list(path)
+        return [await snaps.shown(s) for s in await snaps.list(path)]
 
     async def snapshot_origin(self, ws_id: str) -> Any:
         """``Snapshots.origin``: the snapshot the workspace was forked from, or None."""
         path, snaps, _runner = await self._snaps(ws_id)
-        return await snaps.origin(path)
+        origin = await snaps.origin(path)
+        if origin is not None:  # (an overlay fork is named by its directory, not the engine's mountpoint)
+            origin.workspace = await snaps.shown_path(origin.workspace)
+        return origin
 
     async def snapshot_get(self, ws_id: str, ref: str) -> Any:
         """``Snapshots.get(ref, workspace)``. Raises SnapshotNotFoundError."""
         path, snaps, _runner = await self._snaps(ws_id)
-        return await snaps.get(ref, path)
+        return await snaps.shown(await snaps.get(ref, path))
 
     async def snapshot_delete(self, ws_id: str, ref: str, force: bool = False) -> list[str]:
         """``Snapshots.delete`` of snapshot ``ref`` (a name among the workspace's, or an
@@ -72,7 +75,7 @@ class NodeSnapshots(NodeApp):
             async with runner.lock(path):
                 snap = await snaps.create(path, "fork-base")
         else:
-            snap = await snaps.get(ref, path)
+            snap = await snaps.shown(await snaps.get(ref, path))
             # (the HTTP routes' rule; Snapshots.fork refuses a deleted one itself)
             if service_only and (snap.deleted is not None or Path(snap.workspace).parent != self.workspaces.root):
                 from ...snapshots import SnapshotNotFoundError
@@ -85,5 +88,8 @@ class NodeSnapshots(NodeApp):
         per name (all or nothing). Returns their paths. Raises what it raises."""
         service = await self._service()
         made = await service.snapshots.fork(snapshot, len(names), into=self.workspaces.root, names=names)
+        # (an overlay fork's files show while its sandbox runs; stopped at the service's exit)
+        service.runner.opened.update(made)
+        await service.snapshots.mount_all(made)
         self._hosted.update(names)
         return [str(p) for p in made]

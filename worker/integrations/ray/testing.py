@@ -101,8 +101,9 @@ def local_cluster(
 
 def remove_sandboxes(root: Path) -> list[str]:
     """Remove the sandbox containers of the workspaces under ``root`` (and only those):
-    a lost node's sandboxes keep running on the engine the nodes share here. Returns
-    their names."""
+    a lost node's sandboxes keep running on the engine the nodes share here; and the
+    engine's volumes of the overlay forks whose layers are under ``root`` (a node's data
+    directory), with their sandboxes. Returns the containers' names."""
     import asyncio
 
     from sandbox.docker import DockerBackend
@@ -110,9 +111,13 @@ def remove_sandboxes(root: Path) -> list[str]:
     async def run() -> list[str]:
         backend = DockerBackend()
         try:
-            found = [s for s in await backend.list_sandboxes() if str(s.get("workspace", "")).startswith(str(root))]
+            forks = [v for v in await backend.overlays.list() if str(v.get("upper") or "").startswith(str(root))]
+            mine = (str(root), *(str(v["mountpoint"]) for v in forks))
+            found = [s for s in await backend.list_sandboxes() if str(s.get("workspace", "")).startswith(mine)]
             for s in found:
                 await backend.stop(Path(s["workspace"]))
+            for v in forks:
+                await backend.overlays.remove(v["name"], with_containers=True)
             return [str(s["name"]) for s in found]
         finally:
             await backend.aclose()

@@ -60,8 +60,7 @@ def test_snapshot_fork_restore_from_the_command_line(run: Cli, tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     sid = r.stdout.strip()
     assert sid.startswith("snap-") and "\n" not in sid
-    into = tmp_path / "attempts"
-    into.mkdir()
+    into = tmp_path / "attempts"  # made by the fork, as the docs' example expects
     r = run("fork", "--workspace", str(ws), "--snapshot", "prepared", "--count", "3", "--into", str(into))
     assert r.returncode == 0, r.stderr
     forks = [Path(line) for line in r.stdout.splitlines()]

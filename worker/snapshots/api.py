@@ -235,10 +235,12 @@ class Snapshots:
         ``workspace``'s), each in its own directory under ``into`` (default: beside the
         snapshot's workspace) named ``names[i]`` or ``<workspace>-fork-<hex>``, with the
         snapshot's settings, a changelog that starts at the snapshot, and its scratch.
+        ``into`` is made when missing.
 
         All or nothing: on a failure every fork made by this call is removed. Raises
         ValueError (count, names), SnapshotNotFoundError, SnapshotDiskFullError,
-        SnapshotError, sandbox errors (scratch).
+        SnapshotError, NotADirectoryError (``into`` is a file), FileExistsError (a fork's
+        name is taken), sandbox errors (scratch).
         """
         if not 1 <= count <= MAX_FORKS:
             raise ValueError(f"count must be 1 to {MAX_FORKS}")
@@ -249,6 +251,8 @@ class Snapshots:
             raise SnapshotNotFoundError(f"snapshot {snap.id} was deleted")
         parent = Path(into) if into is not None else Path(snap.workspace).parent
         parent = parent.expanduser().resolve()
+        if into is not None and not os.path.lexists(parent):
+            await asyncio.to_thread(parent.mkdir, 0o755, True)  # (parents=True) `--into ./attempts`, made
         if not parent.is_dir():
             raise NotADirectoryError(f"{parent} is not a directory")
         base = Path(snap.workspace).name[:40]

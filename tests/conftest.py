@@ -34,6 +34,21 @@ ORIGINAL_ENV = dict(os.environ)
 os.environ["XDG_RUNTIME_DIR"] = _RUN_DIR
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the engine's fork volumes (overlay forks) whose layers this session's
+    temporary directories held: tmp_path goes, the engine's volumes would stay (every
+    test that forks on ext4 as root makes them, the HTTP fuzzing too)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or _docker_problem() is not None:
+        return
+    try:
+        from tests.docker.fork_volumes import remove_fork_volumes
+
+        remove_fork_volumes(factory.getbasetemp())
+    except Exception:  # (the engine gone: nothing to do here)
+        pass
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop the local workers the session started, and remove its run directory."""
     from tests.workers import stop_workers

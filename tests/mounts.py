@@ -29,11 +29,13 @@ def _umount(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (``8m``) mounted at ``path`` (made)."""
+def tmpfs(path: Path, size: str, *, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``8m``) mounted at ``path`` (made); with ``inodes``, that many
+    at most (a directory costs one, no block: a tmpfs full for ``mkdir``)."""
     _need(None if os.geteuid() == 0 else "mounting a tmpfs needs root")
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
+    opts = f"size={size},mode=0755" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
     try:
         yield path
     finally:

@@ -4,6 +4,7 @@ recorded, and neither the workspace nor the snapshot loses anything."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.docker.conftest import own_registry
+from tests.docker.fork_volumes import remove_fork_volumes
 from tests.mounts import tmpfs
 from tests.treehash import tree_hash
 from worker.snapshots import SnapshotDiskFullError, Snapshots
@@ -57,7 +59,9 @@ async def test_disk_full_during_a_snapshot(reg: Any, project: Path, tmp_path: Pa
 
 
 async def test_disk_full_during_a_fork(reg: Any, project: Path, tmp_path: Path) -> None:
-    snaps = Snapshots(reg, tmp_path / "data")
+    """A fork that is a copy (the ``copy`` strategy, ext4's before overlay forks) runs out
+    of room in its destination: the partial copies go."""
+    snaps = Snapshots(reg, tmp_path / "data", prefer="copy")
     try:
         snap = await snaps.create(project)
         tree = snaps.index.directory(snap.id) / "tree"
@@ -73,3 +77,29 @@ async def test_disk_full_during_a_fork(reg: Any, project: Path, tmp_path: Path) 
         await reg.stop(fork)
     finally:
         snaps.close()
+
+
+async def test_disk_full_during_an_overlay_fork(reg: Any, project: Path, tmp_path: Path) -> None:
+    """An overlay fork writes only its layers' directories (in the data directory): with no
+    room for them, the fork fails as a full disk, all or nothing (the forks it made, their
+    volumes and layers removed), and with room the same snapshot forks."""
+    data = tmp_path / "data"
+    snaps = Snapshots(reg, data, prefer="overlay")
+    try:
+        snap = await snaps.create(project)
+        want = tree_hash(project)
+        # 6 inodes: the root and the first fork's three directories, then none
+        with tmpfs(data / "fork-layers", "1m", inodes=6) as layers:
+            with pytest.raises(SnapshotDiskFullError, match="full"):
+                await snaps.fork(snap.id, 3, into=tmp_path / "attempts")
+            assert list(layers.iterdir()) == []  # the forks made before are gone too
+        assert (await snaps.get(snap.id)).forks == []
+        assert list((tmp_path / "attempts").iterdir()) == []
+        assert await asyncio.to_thread(remove_fork_volumes, data) == 0  # no volume left
+        (fork,) = await snaps.fork(snap.id, 1, into=tmp_path / "attempts")
+        await snaps.mount(fork)  # (its sandbox started: the engine mounts the tree)
+        assert tree_hash(fork) == want
+        await snaps.remove_fork(fork)
+    finally:
+        snaps.close()
+        await asyncio.to_thread(remove_fork_volumes, data)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -37,7 +38,7 @@ from typing import Any
 from sandbox.capabilities import OverlayForks
 from sandbox.identity import FORK_VOLUME_PREFIX, fork_volume_of
 
-from .errors import SnapshotError
+from .errors import SnapshotDiskFullError, SnapshotError
 
 #: Where forks' upper and work directories live, under the data dir.
 LAYERS_DIR = "fork-layers"
@@ -114,12 +115,13 @@ def _like(tree: Path, d: Path) -> None:
 async def make(backend: OverlayForks, tree: Path, data_dir: Path, snapshot: str, link: Path) -> Path:
     """A new fork of snapshot tree ``tree``: its volume made, ``link`` (absent) a symbolic
     link to its mountpoint. Returns the mountpoint (the fork's workspace path). Nothing is
-    left on a failure. Raises SnapshotError, DaemonUnavailableError."""
+    left on a failure. Raises SnapshotDiskFullError (no room for its layers), SnapshotError,
+    DaemonUnavailableError."""
     name = FORK_VOLUME_PREFIX + secrets.token_hex(8)
     # a real path: the engine's mount options name it (and gc tells ours by it)
     layer = await asyncio.to_thread(lambda: data_dir.resolve() / LAYERS_DIR / name)
-    await asyncio.to_thread(_layers, tree, layer, link)
     try:
+        await asyncio.to_thread(_layers, tree, layer, link)
         mountpoint = await backend.overlays.create(
             name, [tree], layer / "upper", layer / "work", {_LABEL_SNAPSHOT: snapshot, _LABEL_LINK: str(link)}
         )
@@ -129,6 +131,8 @@ async def make(backend: OverlayForks, tree: Path, data_dir: Path, snapshot: str,
         with contextlib.suppress(Exception):
             await backend.overlays.remove(name)
         await asyncio.to_thread(shutil.rmtree, layer, True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise SnapshotDiskFullError(f"overlay fork {link}: the disk of {layer.parent} is full ({e})") from e
         if isinstance(e, OSError):
             raise SnapshotError(f"overlay fork {link}: {e}") from e
         raise

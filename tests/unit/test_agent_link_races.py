@@ -7,23 +7,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from sandbox.agent import files, paths, state
+from sandbox.agent import files, paths
 from sandbox.agent.errors import Refused
-
-
-@pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
-    monkeypatch.setattr(state, "ROOT_FD", os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
-    try:
-        yield tmp_path
-    finally:
-        os.close(state.ROOT_FD)
 
 
 def _swapper(root: Path, name: str, stop: threading.Event) -> threading.Thread:
@@ -46,7 +33,8 @@ def _swapper(root: Path, name: str, stop: threading.Event) -> threading.Thread:
     return t
 
 
-def test_stat_of_a_link_swapped_for_a_file_never_fails_with_einval(root: Path) -> None:
+def test_stat_of_a_link_swapped_for_a_file_never_fails_with_einval(agent_root: Path) -> None:
+    root = agent_root
     (root / "target.txt").write_text("t")
     (root / "other.txt").write_text("o")
     (root / "f.txt").symlink_to("target.txt")
@@ -72,7 +60,8 @@ def test_stat_of_a_link_swapped_for_a_file_never_fails_with_einval(root: Path) -
     assert seen.get("symlink") and seen.get("file"), seen
 
 
-def test_resolving_through_a_link_swapped_for_a_file_looks_again(root: Path) -> None:
+def test_resolving_through_a_link_swapped_for_a_file_looks_again(agent_root: Path) -> None:
+    root = agent_root
     (root / "d").mkdir()
     (root / "d" / "x").write_text("x")
     (root / "target.txt").write_text("t")
@@ -94,7 +83,8 @@ def test_resolving_through_a_link_swapped_for_a_file_looks_again(root: Path) -> 
         t.join()
 
 
-def test_read_link_answers_none_for_what_is_no_longer_a_link(root: Path) -> None:
+def test_read_link_answers_none_for_what_is_no_longer_a_link(agent_root: Path) -> None:
+    root = agent_root
     (root / "file").write_text("x")
     (root / "link").symlink_to("file")
     fd = os.open(root, os.O_PATH | os.O_DIRECTORY)

@@ -592,7 +592,8 @@ async def _pool_round(args: argparse.Namespace, pool: bool) -> dict[str, Any]:
         lat: list[float] = []
         opened: list[str] = []
         for i in range(args.pool_samples):
-            await pool_full(min(size, 2))
+            # Full again, so no refill of an earlier claim shares the machine with this one.
+            await pool_full(size)
             ws = tmp / f"first{i:03d}"
             ws.mkdir()
             t = time.perf_counter()

@@ -105,6 +105,7 @@ class AgentSandbox(HarnessMixin, TreeMixin, BackgroundMixin, KernelsMixin, Sandb
         self._on_exec_lost = on_exec_lost
         self._conn: AgentConnection | None = None
         self._conn_lock = asyncio.Lock()
+        self._warming: asyncio.Task[AgentConnection] | None = None
         self._exec_lock = asyncio.Lock()
         self._io_timeout = io_timeout
         self.restarts = 0
@@ -112,10 +113,26 @@ class AgentSandbox(HarnessMixin, TreeMixin, BackgroundMixin, KernelsMixin, Sandb
         # the count of the sandbox's memory cgroup. See sandbox.docker.memcg.
         self.oom_counter: Callable[[], int | None] | None = None
 
+    def warm(self) -> None:
+        if self._conn is None and self._warming is None:
+            self._warming = t = asyncio.create_task(self._open(), name="loom-sandbox-warm")
+            # Its error is the first caller's to see; none may come (the call was refused).
+            t.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     async def connection(self) -> AgentConnection:
         conn = self._conn
         if conn is not None and not conn.closed:
             return conn
+        warming, self._warming = self._warming, None
+        if warming is not None and not warming.cancelled() and (not warming.done() or warming.exception()):
+            # The first caller after :meth:`warm` takes its outcome, its error included (so
+            # a sandbox that cannot start is not started twice). Shielded: a caller given up
+            # on (a timeout) does not cancel the start under every later caller.
+            return await asyncio.shield(warming)
+        return await self._open()
+
+    async def _open(self) -> AgentConnection:
+        """The connection, made (or made again after a loss) by one caller at a time."""
         async with self._conn_lock:
             if self._conn is None or self._conn.closed:
                 lost = self._conn is not None
@@ -547,6 +564,10 @@ class AgentSandbox(HarnessMixin, TreeMixin, BackgroundMixin, KernelsMixin, Sandb
             return result
 
     async def close(self) -> None:
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.cancel()
+            await asyncio.wait([warming])  # (its own error is not this close's)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

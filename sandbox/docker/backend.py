@@ -32,9 +32,9 @@ from ..identity import fork_volume_of
 from ..logs import get_logger
 from ..pulls import PullEvent
 from ..spec import SandboxSpec
-from . import gvisor, hostmounts, housekeeping, memcg, seccomp, slots
+from . import gvisor, hostmounts, housekeeping, losses, memcg, seccomp, slots
 from .box import DockerSandbox
-from .channel import AgentChannels, DockerExecTransport, prepare_channel_dir
+from .channel import AgentChannels, prepare_channel_dir
 from .checks import RuntimeCheck, seccomp_kept, verify_gvisor
 from .config import (
     LABEL_MASKED,
@@ -52,7 +52,7 @@ from .config import (
 from .engine import Engine
 from .images import ImagePuller
 from .overlays import OverlayVolumes
-from .pool import PoolConfig, PoolHooks, WarmPool
+from .pool import Claim, PoolConfig, PoolHooks, WarmPool
 from .runtime_volume import RuntimeVolume
 
 log = get_logger("sandbox.docker")
@@ -106,7 +106,7 @@ class DockerBackend(SandboxBackend):
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
         #: Claimed warm sandboxes: their agent's attach stream, waiting for its config.
-        self._preloaded: dict[str, DockerExecTransport] = {}
+        self._preloaded: dict[str, Claim] = {}
         self.restarts = 0
         #: Warm sandboxes (:mod:`.pool`), None when off; started at the first workspace.
         self.pool: WarmPool | None = None
@@ -225,9 +225,9 @@ class DockerBackend(SandboxBackend):
                 await self.pool.start(self.spec)
                 claimed = await self.pool.claim(ws, spec, name)
                 if claimed is not None:
-                    container, self._preloaded[name] = claimed
+                    self._preloaded[name] = claimed
                     self._started.add(name)
-                    return container
+                    return claimed.container
             if spec.pull == "always":
                 await self.images.ensure(spec.image, policy="always", registries=spec.registries)
             channel = channel_dir(ws, spec)
@@ -302,16 +302,6 @@ class DockerBackend(SandboxBackend):
                 return container.status == "running"
         return False
 
-    async def _settle(self, ws: Path) -> None:
-        """After a lost connection: if the container is dying (OOM, keeper killed), wait
-        until the engine says so, so the reconnect replaces it instead of exec-ing into a
-        container that is about to vanish."""
-        for _ in range(10):
-            container = await self.engine.find(container_name(ws))
-            if container is None or container.status != "running":
-                return
-            await asyncio.sleep(0.1)
-
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
         return await self._connect_now(ws, after_loss=after_loss)
 
@@ -321,7 +311,7 @@ class DockerBackend(SandboxBackend):
         can. Raises SandboxUnavailableError (and its kinds), SandboxLostError."""
         if after_loss:
             self.restarts += 1
-            await self._settle(ws)
+            await losses.settle(self.engine, container_name(ws))
         last: Exception | None = None
         for attempt in range(2):
             container = await self.ensure_container(ws)
@@ -331,25 +321,23 @@ class DockerBackend(SandboxBackend):
             if self._agent_slots is None:
                 self._agent_slots = asyncio.Semaphore(self.max_parallel_starts)
             async with self._agent_slots:
+                claim = self._preloaded.pop(container.name, None)
                 try:
-                    preloaded = self._preloaded.pop(container.name, None)
-                    if preloaded is not None:
-                        conn = await self.channels.attach_agent(container, spec, preloaded)
+                    if claim is not None:
+                        conn = await self.channels.attach_agent(container, spec, claim.transport)
                     elif container.name in self._fresh:
                         self._fresh.discard(container.name)
                         conn = await self.channels.attach_agent(container, spec)
                     else:
                         conn = await self.channels.exec_agent(container, spec)
                 except (ImageUnusableError, RuntimeUnavailableError):
-                    with contextlib.suppress(SandboxUnavailableError):
-                        await self._remove(container)
+                    await self._drop(container, claim)
                     raise
                 except (SandboxLostError, SandboxUnavailableError) as e:
                     # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                     last = e
                     log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
-                    with contextlib.suppress(SandboxUnavailableError):
-                        await self._remove(container)
+                    await self._drop(container, claim)
                     self.restarts += 1
                     continue
                 if spec.runtime == "runsc":
@@ -358,9 +346,23 @@ class DockerBackend(SandboxBackend):
                     if box is not None:  # OOM kills the agent cannot see in there (memcg.py)
                         pid = (container.attrs.get("State") or {}).get("Pid") or 0
                         box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
-                return await self._direct(conn, container, spec, ws)
+                conn = await self._direct(conn, container, spec, ws)
+                if claim is not None and not await claim.named:
+                    await conn.close()  # a peer made this workspace's container first: adopt it
+                    await self._drop(container)
+                    last = SandboxUnavailableError(f"another process started {container.name} first")
+                    continue
+                return conn
         assert last is not None
         raise last
+
+    async def _drop(self, container: Any, claim: Claim | None = None) -> None:
+        """Remove a container its connection failed in; a claimed one once its rename has
+        settled (no rename may land after the removal). Best effort."""
+        if claim is not None:
+            await claim.named
+        with contextlib.suppress(SandboxUnavailableError):
+            await self._remove(container)
 
     async def _direct(
         self, conn: AgentConnection, container: Any, spec: SandboxSpec, ws: Path, user: tuple[int, int] | None = None
@@ -422,7 +424,7 @@ class DockerBackend(SandboxBackend):
                 ws,
                 lambda after_loss: self._connect(ws, after_loss=after_loss),
                 io_timeout=spec.io_timeout,
-                on_exec_lost=lambda: self._reset_after_lost_exec(ws),
+                on_exec_lost=lambda: losses.reset_after_lost_exec(self.engine, self._remove, container_name(ws), ws),
             )
             box.container_name = container_name(ws)
             box.owner = owner(ws, spec)
@@ -437,34 +439,6 @@ class DockerBackend(SandboxBackend):
                 box.host_scanner = HostScanner(ws, mounted=fork_volume_of(ws) is not None)
             self._boxes[ws] = box
         return box
-
-    async def _reset_after_lost_exec(self, ws: Path) -> str | None:
-        """The agent died or froze while running a command (``kill -9 $PPID``, ``kill
-        -STOP -1``, ...), or the whole sandbox was killed. Processes the command started may
-        have escaped the agent's tree-kill, and a frozen keeper would keep the container past
-        its idle TTL: remove the container, so every one of its processes is gone; the next
-        call starts a fresh one. Other processes using it reconnect to the new one.
-
-        Returns "oom" when the engine killed the container for memory (under gVisor the
-        host's cgroup sees the sandbox as one process, so a command's allocation past the
-        limit takes the sandbox: still the command's out-of-memory, not an infrastructure
-        failure), "reset" when it removed it otherwise, None when it could not."""
-        try:
-            container = await self.engine.find(container_name(ws))
-            for _ in range(15):  # an OOM kill ends the container within moments: let it settle
-                if container is None or container.status not in ("running", "restarting"):
-                    break
-                await asyncio.sleep(0.1)
-                await self.engine.call("inspect sandbox", container.reload)
-            if container is None:
-                return "reset"  # already gone (TTL, removed): nothing of the command is left
-            oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
-            await self._remove(container)
-        except SandboxUnavailableError as e:
-            log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
-            return None
-        log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name, oom=oom)
-        return "oom" if oom else "reset"
 
     async def stop(self, workspace: Path) -> bool:
         ws = Path(workspace).resolve()

@@ -56,6 +56,10 @@ DEMAND_WINDOW = 60.0
 IDLE_CLASS = 600.0
 #: Pooled sandboxes started at once by the refill (each also takes a start slot).
 FILL_PARALLEL = 2
+#: The refill waits until no sandbox was claimed for this long (seconds): a container
+#: start costs the engine and the CPUs ~150 ms, which the claimants' first calls (and a
+#: burst of claims) would otherwise share.
+CLAIM_QUIET = 0.05
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,16 @@ class _Warm:
     container: Any
     transport: DockerExecTransport
     slot: Path
+
+
+@dataclass
+class Claim:
+    """A claimed warm sandbox (:meth:`WarmPool.claim`)."""
+
+    container: Any
+    transport: DockerExecTransport
+    #: Whether the engine renamed it to its workspace's name (never raises).
+    named: asyncio.Task[bool]
 
 
 @dataclass
@@ -137,6 +151,7 @@ class WarmPool:
         self._stage = config.root / ".stage"
         self.failures = 0
         self._started = False
+        self._last_claim = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -199,11 +214,13 @@ class WarmPool:
 
     # -- claim -----------------------------------------------------------------------
 
-    async def claim(self, ws: Path, spec: SandboxSpec, name: str) -> tuple[Any, DockerExecTransport] | None:
-        """A warm sandbox for workspace ``ws`` (real path) made with ``spec``, now named
-        ``name`` and serving ``ws`` at /workspace, with its agent waiting for its config on
-        the returned attach stream; None when there is none (the caller starts one cold).
-        Never raises for the pool's own failures: they are logged and the sandbox removed."""
+    async def claim(self, ws: Path, spec: SandboxSpec, name: str) -> Claim | None:
+        """A warm sandbox for workspace ``ws`` (real path) made with ``spec``, serving ``ws``
+        at /workspace, with its agent waiting for its config on the claim's attach
+        stream, and being renamed ``name`` (:attr:`Claim.named`: False when a peer took
+        the name first; the caller then removes it and adopts the peer's). None when there
+        is none (the caller starts one cold). Never raises for the pool's own failures:
+        they are logged and the sandbox removed."""
         if self.disabled or unpoolable(spec) is not None:
             return None
         uid, gid = owner(ws, spec)
@@ -212,27 +229,41 @@ class WarmPool:
         self._wake.set()
         while cls.ready:
             warm = cls.ready.popleft()
+            self._last_claim = time.monotonic()
             self._wake.set()
             if warm.transport.lost is not None:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
                 continue
             try:
                 await asyncio.to_thread(self._bind_workspace, warm.slot, ws)
-                await self._hooks.engine.call("claim sandbox", warm.container.rename, name)
-            except (OSError, SandboxError) as e:
-                # A peer made this workspace's container first (409), or the host would
-                # not mount: this one serves nobody.
+            except OSError as e:
+                # The host would not mount: this one serves nobody.
                 log.info("sandbox.pool_claim_failed", workspace=str(ws), error=repr(e))
                 self.failures += 1
                 await self._discard(warm)
                 cls.misses += 1
                 return None
+            # The rename (~10 ms in the engine) runs while the caller boots the agent: its
+            # outcome is awaited (Claim.named) before the sandbox serves anyone.
+            named = asyncio.create_task(self._rename(warm.container, name, ws), name="loom-warm-claim")
             warm.container.attrs["Name"] = "/" + name
             cls.claims += 1
             log.info("sandbox.pool_claimed", workspace=str(ws), container=name)
-            return warm.container, warm.transport
+            return Claim(warm.container, warm.transport, named)
         cls.misses += 1
         return None
+
+    async def _rename(self, container: Any, name: str, ws: Path) -> bool:
+        """Rename a claimed sandbox to its workspace's name; False when the engine refused
+        (a peer made this workspace's container first: 409), counted as the pool's failure.
+        Never raises but CancelledError."""
+        try:
+            await self._hooks.engine.call("claim sandbox", container.rename, name)
+        except SandboxError as e:
+            log.info("sandbox.pool_claim_failed", workspace=str(ws), error=repr(e))
+            self.failures += 1
+            return False
+        return True
 
     def _bind_workspace(self, slot: Path, ws: Path) -> None:
         """Record the claim and bind ``ws`` onto the slot, with the protections of its
@@ -254,6 +285,9 @@ class WarmPool:
         while True:
             self._wake.clear()
             now = time.monotonic()
+            if now - self._last_claim < CLAIM_QUIET:
+                await asyncio.sleep(self._last_claim + CLAIM_QUIET - now)
+                continue
             for key, cls in list(self._classes.items()):
                 idle = self.config.mode == "demand" and (not cls.asked or cls.asked[-1] < now - IDLE_CLASS)
                 want = 0 if idle else self.target(cls)
@@ -331,6 +365,8 @@ class WarmPool:
 
             sock_io = await engine.call("attach pooled sandbox", attach)
             await engine.call("start pooled sandbox", container.start)
+            # Its pid now, so the claim's direct channel need not ask the engine for it.
+            await engine.call("inspect pooled sandbox", container.reload)
             warm.transport = await DockerExecTransport.open(sock_io)
             # The agent's code now: at claim only its config is left to send.
             if not protocol.bundle_built():

@@ -77,6 +77,40 @@ async def test_a_claimed_sandbox_is_the_workspaces_own(docker_ready: None, works
         assert (workspace / "hello.txt").read_text() == "hi\n"  # the workspace itself untouched
 
 
+async def test_a_claim_that_loses_its_name_to_a_peer_adopts_the_peers(docker_ready: None, workspace: Path) -> None:
+    """The claim's rename runs while its agent boots: a peer process that makes the
+    workspace's container meanwhile wins the name, and the claimant serves the workspace
+    from the peer's container; the warm one and its slot's binds are gone."""
+    async with pooled_backend() as backend:
+        assert backend.pool is not None
+        other = make_backend()
+        rename = backend.pool._rename
+        warm: list[object] = []
+
+        async def racing(container: object, name: str, ws: Path) -> bool:
+            warm.append(container)
+            await other.ensure_container(ws)  # the peer makes the workspace's container first
+            return await rename(container, name, ws)
+
+        backend.pool._rename = racing  # type: ignore[method-assign]
+        try:
+            assert "ok" in await _sh(backend, workspace, "echo ok")
+            served = await backend.engine.find(container_name(workspace))
+            peers = await other.engine.find(container_name(workspace))
+            assert served is not None and peers is not None and served.id == peers.id
+            assert slots.LABEL_SLOT not in (served.labels or {})  # the peer's own, cold
+            assert len(warm) == 1
+            slot = warm[0].labels[slots.LABEL_SLOT]  # type: ignore[attr-defined]
+            assert slot.startswith(str(POOL_ROOT)) and not Path(slot).exists()
+            assert not any(m.startswith(slot) for m in _mounted_slots())
+            assert await backend.engine.find(warm[0].id) is None  # type: ignore[attr-defined]
+            status = backend.pool_status()
+            assert status is not None and status["failures"] == 1, status
+        finally:
+            await other.remove_all_started()
+            await other.aclose()
+
+
 async def test_leftovers_never_reach_the_next_claimant(
     docker_ready: None, workspace: Path, second_workspace: Path
 ) -> None:

@@ -37,9 +37,7 @@ def finish_in(
     return bool(cur.rowcount == 1)
 
 
-def baseline_after_change(
-    db: Any, path: str, after: str | None, stat: tuple[int, int, int, int] | None = None
-) -> None:
+def baseline_after_change(db: Any, path: str, after: str | None, stat: tuple[int, int, int, int] | None = None) -> None:
     """Keep the shell baseline in step with a change made through the changelog.
 
     With the file's ``stat`` as the sandbox put it there (a committed write: the agent's

@@ -54,7 +54,6 @@ def load_settings() -> Settings:
     raise SystemExit(2)
 
 
-
 def workspace_registry(settings: Settings, **overrides: Any) -> ToolRegistry:
     """The registry a command that touches a workspace goes through: without the catalog
     and its own changelog recorder, but with every workspace's **own** settings, so the

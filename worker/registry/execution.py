@@ -178,7 +178,7 @@ class Execution:
             async with asyncio.timeout(deadline):
                 ws = None
                 if workspace is not None:
-                    ws = await self.workspaces.workspace(workspace)
+                    ws = await self.workspaces.workspace(workspace, warm=True)
                 elif tool.needs_workspace:
                     raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
                 ctx = ToolContext(

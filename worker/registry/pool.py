@@ -92,8 +92,10 @@ class WorkspacePool:
 
     # -- the workspaces -------------------------------------------------------------------
 
-    async def workspace(self, path: Path | str) -> Workspace:
-        """The cached :class:`Workspace` of directory ``path`` (by real path).
+    async def workspace(self, path: Path | str, *, warm: bool = False) -> Workspace:
+        """The cached :class:`Workspace` of directory ``path`` (by real path). With
+        ``warm`` (a tool call is coming), a workspace opened now has its sandbox started
+        while its changelog and guard open (:meth:`~sandbox.base.Sandbox.warm`).
 
         An absolute ``path`` is remembered as given, so the next call with the same
         spelling skips resolving it; a relative one (or ``~``) is resolved on every call,
@@ -125,6 +127,8 @@ class WorkspacePool:
                 if ws is None:
                     await self._apply_settings(root)
                     sandbox = await self.backend.get(root)
+                    if warm:
+                        sandbox.warm()
                     recorder = self._recorder_factory(root) if self._recorder_factory else None
                     ws = Workspace(
                         root,

@@ -36,7 +36,10 @@ The same run gives both, so the ratio is the pool's own.
 run between the workspaces' runs: as many bare containers of the same image started through
 the engine's API (the Docker SDK, ``create`` + ``start`` of ``sleep``, network none, on the
 same runtime), as many at once as the worker starts (``--parallel``, the worker's
-``LOOM_MAX_PARALLEL_STARTS``), and prints ready / floor. ``--breakdown`` times each step of
+``LOOM_MAX_PARALLEL_STARTS``), and prints ready / floor; and a second floor, as many of
+loom's own containers (``container_config`` for a directory each: its mounts, seccomp
+profile, limits, user, init) running ``sleep`` instead of the agent, so ready / that floor is
+loom's own cost above what the engine spends on its containers. ``--breakdown`` times each step of
 the workspaces' starts inside the worker (the slot wait, the engine's calls by name, the
 agent's boot and hello, the direct channel, the changelog's first look, the first command)
 and prints where the time above the floor goes. ``--ready-only`` stops after the
@@ -406,6 +409,48 @@ def engine_floor(args: argparse.Namespace, n: int) -> float:
     return took
 
 
+def engine_floor_config(args: argparse.Namespace, n: int) -> float:
+    """:func:`engine_floor` with loom's own container for each (``container_config`` of a
+    directory each: its mounts, seccomp profile, limits, user, init) running ``sleep``
+    instead of the agent: what the engine itself costs for loom's containers, so ready /
+    this floor is loom's own cost (agent, hello, first call, locks)."""
+    import concurrent.futures
+    import uuid
+
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    backend = DockerBackend(SandboxSpec(image=args.image, runtime=args.runtime, owner="loom-bench-floor"))
+    tmp = Path(tempfile.mkdtemp(prefix="loom-bench-floor-"))
+    tag = "loom-bench-floor-" + uuid.uuid4().hex[:8]
+    ids: list[str] = []
+    try:
+        asyncio.run(backend.prepare())
+        cfgs = []
+        for i in range(n):
+            (tmp / f"ws{i:03d}").mkdir()
+            cfg = backend.container_config(tmp / f"ws{i:03d}")
+            cfg.update(name=f"{tag}-{i:03d}", entrypoint=["sleep", "600"], labels={**cfg["labels"], tag: "1"})
+            cfgs.append(cfg)
+        client = backend.engine.client()
+
+        def one(cfg: dict[str, Any]) -> None:
+            c = DockerBackend._create(client, cfg)
+            ids.append(c.id)
+            c.start()
+
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            t = time.perf_counter()
+            list(pool.map(one, cfgs))
+            took = time.perf_counter() - t
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(lambda cid: client.api.remove_container(cid, force=True), ids))
+    finally:
+        asyncio.run(backend.aclose())
+        shutil.rmtree(tmp, ignore_errors=True)
+    return took
+
+
 def main(args: argparse.Namespace) -> None:
     trees = [("this", ROOT)]
     if args.tree:
@@ -413,6 +458,7 @@ def main(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.workspaces.split(",")]
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     floors: dict[int, list[float]] = {}
+    config_floors: dict[int, list[float]] = {}
     for r in range(args.rounds):
         for n in sizes:
             order = trees if r % 2 == 0 else trees[::-1]
@@ -420,6 +466,13 @@ def main(args: argparse.Namespace) -> None:
                 floor = engine_floor(args, n)
                 floors.setdefault(n, []).append(floor)
                 print(f"round {r + 1} engine floor, {n} bare containers: {floor:.2f} s", file=sys.stderr, flush=True)
+                floor = engine_floor_config(args, n)
+                config_floors.setdefault(n, []).append(floor)
+                print(
+                    f"round {r + 1} engine floor, {n} of loom's containers running sleep: {floor:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for label, tree in order:
                 res = run_child(tree, args, n)
                 results.setdefault((label, n), []).append(res)
@@ -441,7 +494,7 @@ def main(args: argparse.Namespace) -> None:
 
     if args.ready_only:
         if args.floor or args.breakdown:
-            print_floor(args, trees, sizes, results, floors)
+            print_floor(args, trees, sizes, results, floors, config_floors)
         return
     kinds = {"r": "read_file 4 KB", "w": "write_file 1 KB", "s": "shell_execute true"}
     load_line = (
@@ -475,7 +528,7 @@ def main(args: argparse.Namespace) -> None:
                 f"| {ratio} |"
             )
     if args.floor or args.breakdown:
-        print_floor(args, trees, sizes, results, floors)
+        print_floor(args, trees, sizes, results, floors, config_floors)
     if len(trees) > 1 and not args.ready_only:
         print("\nper round, calls/s (this / other):")
         for n in sizes:
@@ -491,11 +544,13 @@ def print_floor(
     sizes: list[int],
     results: dict[tuple[str, int], list[dict[str, Any]]],
     floors: dict[int, list[float]],
+    config_floors: dict[int, list[float]],
 ) -> None:
-    """Ready time against the engine's floor (same run), and with ``--breakdown`` where the
+    """Ready time against the engine's floors (same run), and with ``--breakdown`` where the
     workspaces' starts spend their time."""
     if floors:
-        print_ready(args, trees, sizes, results, floors)
+        print_ready(args, trees, sizes, results, floors, "bare `sleep` containers of the image via the SDK")
+        print_ready(args, trees, sizes, results, config_floors, "loom's own containers running `sleep`")
     if args.breakdown:
         print_breakdown(args, trees, sizes, results)
 
@@ -506,10 +561,11 @@ def print_ready(
     sizes: list[int],
     results: dict[tuple[str, int], list[dict[str, Any]]],
     floors: dict[int, list[float]],
+    what: str,
 ) -> None:
     print(
         f"\nworkspaces ready against the engine's floor ({args.runtime}, {args.parallel} at a time, "
-        f"medians of {args.rounds} round(s); floor: bare `sleep` containers of {args.image} via the SDK)\n"
+        f"medians of {args.rounds} round(s); image {args.image}; floor: {what})\n"
     )
     print("| tree | workspaces | ready (s) | engine floor (s) | ready / floor | per round: ready / floor (s) |")
     print("|---|---:|---:|---:|---:|---|")

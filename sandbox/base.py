@@ -410,10 +410,8 @@ class Sandbox(abc.ABC):
         """Close this process's connection (the container may live on for reuse)."""
 
     def warm(self) -> None:  # noqa: B027 (optional: a no-op where nothing starts)
-        """Start getting ready for a first call in the background (a backend whose
-        sandbox starts or connects does it now, while the caller opens what else the
-        call needs); the first call then waits for it, or sees why it failed. Never
-        raises; nothing to do by default."""
+        """Start the sandbox (or its connection) in the background; the first call waits
+        for it or sees why it failed. Never raises; a no-op by default."""
 
 
 #: Commands whose stream reader left early, kept referenced until they end.

@@ -41,4 +41,3 @@ def test_a_torn_record_reads_as_empty(tmp_path: Path) -> None:
     assert pending.load(tmp_path) == {}
     pending.path(tmp_path).write_text(json.dumps([1]))
     assert pending.load(tmp_path) == {}
-

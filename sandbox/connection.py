@@ -129,19 +129,25 @@ class AgentConnection:
         loop = asyncio.get_running_loop()
         self._nonce = secrets.token_hex(16)
         config = {**config, "nonce": self._nonce}
-        self._hello = loop.create_future()
-        self._pending[0] = self._hello
+        self._hello = hello = loop.create_future()
+        self._pending[0] = hello
         if not self._transport.start(self._on_data, self._fail_all):
             self._reader = asyncio.create_task(self._read_loop(), name=f"loom-{self._label}-reader")
-        try:
+
+        async def boot() -> dict[str, Any]:
             if preloaded:
                 await self._transport.write(protocol.encode(config))
             else:
-                if not protocol.bundle_built():
-                    # Its first build compiles the agent (tens of ms): never on the event loop.
-                    await asyncio.to_thread(protocol.agent_bundle)
                 await self._transport.write(protocol.boot_payload(config))
-            return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+            return await asyncio.shield(hello)
+
+        try:
+            if not preloaded and not protocol.bundle_built():
+                # Its first build compiles the agent (tens of ms): never on the event loop.
+                await asyncio.to_thread(protocol.agent_bundle)
+            # The payload's write is bounded too: a stream nobody reads (a container removed
+            # under its attach, which the engine may leave open) must not hold a start forever.
+            return await asyncio.wait_for(boot(), timeout)
         except BaseException as e:
             await self.close(f"agent did not start: {e!r}")
             if self._hello.done() and not self._hello.cancelled():

@@ -163,8 +163,10 @@ class DockerBackend(SandboxBackend):
         return await asyncio.to_thread(hostmounts.make_shared, root)
 
     async def _remove(self, container: Any) -> None:
-        """Remove a sandbox, and the slot of a warm one (its workspace's bind undone)."""
+        """Remove a sandbox, and the slot of a warm one (its workspace's bind undone); a
+        boot of its main agent under way ends (another call of this process may be in it)."""
         await self.engine.remove(container)
+        self.channels.abort_boots(container.id)
         if slots.LABEL_SLOT in (container.labels or {}):
             await asyncio.to_thread(slots.release, slots.labels_of(container))
 
@@ -383,8 +385,11 @@ class DockerBackend(SandboxBackend):
         """An agent of ``ws``'s sandbox running as ``user`` (uid, gid), on the direct
         channel as the owner's agents are. Raises what :meth:`_connect` raises."""
         container = await self.ensure_container(ws)
+        box = self._boxes.get(ws)
         if container.name in self._fresh:
-            await self._connect(ws)  # its main agent waits for this process: attach it first
+            # Its main agent waits for this process: the box's own connection takes it (under
+            # the box's lock: a connection being made now is waited for, never made twice).
+            await (box.connection() if box is not None else self._connect(ws))
         spec = self.spec_of(ws)
         conn = await self.channels.exec_agent(container, spec, user)
         return await self._direct(conn, container, spec, ws, user)

@@ -150,6 +150,16 @@ class AgentChannels:
         self._runtime_check = runtime_check
         self.unreachable = False
         self.failed: set[str] = set()
+        #: Main agents being booted, by container id (:meth:`abort_boots`).
+        self._booting: dict[str, set[AgentConnection]] = {}
+
+    def abort_boots(self, container_id: str) -> None:
+        """The container was removed: end the boots of its main agent under way. (The
+        engine may leave the attach stream of a container removed under it open and
+        unread; the boot would wait for its write until its timeout.)"""
+        for conn in self._booting.pop(container_id, set()):
+            task = asyncio.ensure_future(conn.close("its container was removed"))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def attach_agent(
         self, container: Any, spec: SandboxSpec, preloaded: DockerExecTransport | None = None
@@ -169,7 +179,20 @@ class AgentChannels:
         else:
             transport = preloaded
         conn = AgentConnection(transport, label=container.name)
-        hello = await conn.start(
+        booting = self._booting.setdefault(container.id, set())
+        booting.add(conn)
+        try:
+            hello = await self._boot(conn, container, spec, preloaded is not None)
+        finally:
+            booting.discard(conn)
+            if not booting and self._booting.get(container.id) is booting:
+                del self._booting[container.id]
+        await self.check_hello(conn, hello, spec)
+        return conn
+
+    async def _boot(self, conn: AgentConnection, container: Any, spec: SandboxSpec, preloaded: bool) -> dict[str, Any]:
+        """Send the main agent its config (and its code unless ``preloaded``); its hello."""
+        return await conn.start(
             {
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
@@ -180,10 +203,8 @@ class AgentChannels:
                 **spec.agent_config(),
             },
             timeout=spec.agent_start_timeout,
-            preloaded=preloaded is not None,
+            preloaded=preloaded,
         )
-        await self.check_hello(conn, hello, spec)
-        return conn
 
     async def check_hello(self, conn: AgentConnection, hello: dict[str, Any], spec: SandboxSpec) -> None:
         """What a new agent's hello must show: the seccomp profile in effect

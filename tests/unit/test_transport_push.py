@@ -338,3 +338,49 @@ def test_demuxer_whole_frames_and_split_headers() -> None:
     big = frame(1, b"x" * 100_000)  # one frame over a hundred chunks: output once, at the end
     outs = [d.feed(big[i : i + 1000]) for i in range(0, len(big), 1000)]
     assert [o for o in outs if o != (b"", b"")] == [(b"x" * 100_000, b"")]
+
+
+async def test_a_boot_nobody_reads_fails_within_its_timeout() -> None:
+    """A container removed under its attach stream may leave the stream open and unread
+    (seen with the engine's attach): the agent's payload fills the socket, and the start
+    must fail within its timeout instead of waiting on the write forever."""
+    host, far = socket.socketpair()
+    far.setblocking(False)
+    host.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    transport = await DockerExecTransport.open(host)
+    conn = AgentConnection(transport, label="unread")
+    try:
+        with pytest.raises(SandboxLostError, match="did not start"):
+            await asyncio.wait_for(conn.start({}, timeout=0.5), 10)  # (the bundle is far larger than the buffers)
+        assert conn.closed
+    finally:
+        far.close()
+
+
+async def test_removing_a_container_ends_the_boot_of_its_main_agent() -> None:
+    """Two calls of one process may race: one removes the container (other settings)
+    whose main agent the other is booting. That boot ends at once, not at its timeout."""
+    from types import SimpleNamespace
+
+    from sandbox.docker.channel import AgentChannels
+    from sandbox.spec import SandboxSpec
+
+    host, far = socket.socketpair()
+    far.setblocking(False)
+    transport = await DockerExecTransport.open(host)
+    channels = AgentChannels(None, None)  # type: ignore[arg-type]  # (a preloaded stream: no engine call)
+    container = SimpleNamespace(id="c0ffee", name="loom-sbx-test", attrs={})
+    spec = SandboxSpec(image="loom-sandbox:latest", agent_start_timeout=60)
+    booting = asyncio.create_task(channels.attach_agent(container, spec, transport))
+    await asyncio.sleep(0.1)
+    assert not booting.done()
+    t = time.monotonic()
+    channels.abort_boots("c0ffee")
+    try:
+        with pytest.raises(SandboxLostError):
+            await asyncio.wait_for(booting, 10)
+        assert time.monotonic() - t < 5
+        channels.abort_boots("c0ffee")  # (nothing left to end)
+    finally:
+        far.close()

@@ -43,7 +43,7 @@ class HostScanner:
         self.mounted = mounted
         self._snapshots: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._dev: int | None = None  # the root's device when the snapshots were made
+        self._dev: tuple[int, int] | None = None  # the root's (device, inode) when the snapshots were made
 
     def _open_root(self) -> int:
         """A descriptor of the root (not following a link). Raises OSError, and for a
@@ -72,8 +72,12 @@ class HostScanner:
         fd = self._open_root()
         try:
             with self._lock:
-                dev = os.fstat(fd).st_dev
-                if dev != self._dev:  # another mount: its watches see nothing of this one
+                st = os.fstat(fd)
+                dev = (st.st_dev, st.st_ino)
+                # Another mount, or another directory at the root's path (a gVisor warm
+                # sandbox's moved into place, sandbox.docker.slots): the watches see
+                # nothing of this one.
+                if dev != self._dev:
                     for snap in self._snapshots.values():
                         snap.close()
                     self._snapshots.clear()

@@ -16,11 +16,16 @@ workspace's name (``docker rename``: from then on every process finds it as the
 workspace's own), and the waiting agent handed to the backend. Anything failing on the
 way gives the sandbox back to nobody: it is removed and the workspace starts cold.
 
-Why not gVisor: the gofer opens each bind's source when the sandbox starts and serves
-that open directory; a mount made later *on* the source is never seen (measured: the
-sandbox keeps showing the empty slot). A mount made *below* the source is seen, but
-would put the workspace at ``/workspace/<name>``, not at ``/workspace``. Under gVisor
-the pool is off and :func:`unpoolable` says so.
+Under gVisor a later mount is never seen: the gofer opens each bind's source when the
+sandbox starts and serves that open directory (measured: a bind made on the slot leaves
+the sandbox showing the empty slot). What it serves is the directory itself, wherever it
+moves. So a gVisor sandbox's slot directory is made outside the shared pool directory
+(:attr:`PoolConfig.moved_root`), and its claim *moves* it into place: an atomic rename
+over the workspace's directory, which must be empty (a new workspace: HTTP's ``POST
+/workspaces``, a fresh project) and on the same mount as the pool. Any other workspace
+(files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
+in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
+directory by device and inode (:func:`.slots.workspace_of`).
 """
 
 from __future__ import annotations
@@ -73,13 +78,18 @@ class PoolConfig:
     max_total: int = 32
     root: Path = Path("/var/lib/loom-worker/pool")
 
+    @property
+    def moved_root(self) -> Path:
+        """Where gVisor sandboxes' slots are made: beside :attr:`root`, not below it, so
+        on the mount the workspaces are on (a rename cannot leave a mount)."""
+        return self.root.with_name(self.root.name + "-runsc")
+
 
 def unpoolable(spec: SandboxSpec) -> str | None:
     """Why sandboxes of ``spec`` are never pooled, or None. Per-workspace paths (the
     egress gateway's socket directory, a CA bundle, the workspace's secrets) are mounts a
-    pooled container would need to know at start; gVisor cannot see a later mount."""
-    if spec.runtime != "runc":
-        return "gVisor serves only the mounts it opened at start (see sandbox/docker/pool.py)"
+    pooled container would need to know at start. (A gVisor sandbox is pooled, but takes
+    only an empty workspace: :func:`.slots.move_into_place`.)"""
     if spec.egress_dir or spec.ca_bundle:
         return "a workspace with egress or a CA bundle has mounts of its own"
     if spec.allow_root:
@@ -120,6 +130,9 @@ class _Class:
     asked: deque[float] = field(default_factory=deque)  # claim attempts (demand mode)
     claims: int = 0
     misses: int = 0
+    #: gVisor claims turned down by the workspace (not empty, another mount): cold starts
+    #: that left the warm sandbox in the pool.
+    declined: int = 0
 
 
 @dataclass
@@ -164,6 +177,11 @@ class WarmPool:
             return
         self._started = True
         reason = await asyncio.to_thread(hostmounts.make_shared, self.config.root)
+        if reason is None:
+            try:
+                await asyncio.to_thread(self.config.moved_root.mkdir, mode=0o711, exist_ok=True)
+            except OSError as e:
+                reason = f"the pool's gVisor directory could not be made: {e}"
         if reason is None:
             try:
                 await asyncio.to_thread(hostmounts.make_private, self._stage)
@@ -225,6 +243,10 @@ class WarmPool:
             return None
         uid, gid = owner(ws, spec)
         cls = self._class(spec, uid, gid)
+        moved = spec.runtime != "runc"
+        if moved and not await asyncio.to_thread(slots.is_empty_dir, ws):
+            cls.declined += 1  # no demand either: a warm one would not have served it
+            return None
         cls.asked.append(time.monotonic())
         self._wake.set()
         while cls.ready:
@@ -235,7 +257,16 @@ class WarmPool:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
                 continue
             try:
-                await asyncio.to_thread(self._bind_workspace, warm.slot, ws)
+                if moved:
+                    await asyncio.to_thread(slots.move_into_place, warm.slot, ws)
+                else:
+                    await asyncio.to_thread(self._bind_workspace, warm.slot, ws)
+            except slots.Declined as e:
+                # Untouched and still nobody's: it waits for the next workspace.
+                cls.ready.appendleft(warm)
+                cls.declined += 1
+                log.info("sandbox.pool_declined", workspace=str(ws), reason=str(e))
+                return None
             except OSError as e:
                 # The host would not mount: this one serves nobody.
                 log.info("sandbox.pool_claim_failed", workspace=str(ws), error=repr(e))
@@ -325,7 +356,8 @@ class WarmPool:
         Raises SandboxError, OSError."""
         spec = cls.spec
         await self._hooks.prepare(spec)
-        slot = self.config.root / secrets.token_hex(8)
+        moved = spec.runtime != "runc"
+        slot = (self.config.moved_root if moved else self.config.root) / secrets.token_hex(8)
         await asyncio.to_thread(_make_slot, slot, cls.uid, cls.gid)
         cfg = self._hooks.config_for(slot / "ws", spec)
         cfg["name"] = slots.POOL_PREFIX + slot.name
@@ -337,7 +369,7 @@ class WarmPool:
             slots.LABEL_SLOT: str(slot),
         }
         for m in cfg["mounts"]:
-            if m.get("Type") == "bind" and m.get("Source") == str(slot / "ws"):
+            if not moved and m.get("Type") == "bind" and m.get("Source") == str(slot / "ws"):
                 # Binds made on the slot later (the claim) show in the container.
                 m["BindOptions"] = {"Propagation": "rslave"}
         engine = self._hooks.engine
@@ -400,6 +432,7 @@ class WarmPool:
             "starting": sum(c.filling for c in self._classes.values()),
             "claims": sum(c.claims for c in self._classes.values()),
             "misses": sum(c.misses for c in self._classes.values()),
+            "declined": sum(c.declined for c in self._classes.values()),
             "failures": self.failures,
             "classes": {
                 key: {
@@ -410,6 +443,7 @@ class WarmPool:
                     "target": self.target(c),
                     "claims": c.claims,
                     "misses": c.misses,
+                    "declined": c.declined,
                 }
                 for key, c in self._classes.items()
             },

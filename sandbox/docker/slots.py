@@ -9,13 +9,18 @@ and binds the workspace onto ``<slot>/ws``. Every process that meets the contain
 backend reusing it, ``gc``, the agent channel) asks :func:`workspace_of`, which believes
 the record only while the bind is really that workspace (same device and inode), so a
 stale record never lets a container serve the wrong directory.
+
+Under gVisor the slot's directory itself is moved into the workspace's place at claim
+(:func:`move_into_place`; why: :mod:`.pool`), and the record names it by inode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +62,66 @@ def workspace_of(labels: dict[str, str] | None) -> str | None:
     if slot is None:
         return None
     try:
-        ws = (slot / CLAIM_FILE).read_text().strip()
-        bound, real = os.stat(slot / "ws"), os.stat(ws)
+        ws, _, moved = (slot / CLAIM_FILE).read_text().partition("\n")
+        real = os.stat(ws)
+        if moved.strip():  # a gVisor slot moved into place (move_into_place)
+            dev, ino = (int(n) for n in moved.strip().split(":"))
+            return ws if (real.st_dev, real.st_ino) == (dev, ino) else None
+        bound = os.stat(slot / "ws")
     except (OSError, ValueError):
         return None
     if (bound.st_dev, bound.st_ino) != (real.st_dev, real.st_ino):
         return None  # not (or no longer) that workspace's bind
     return ws
+
+
+class Declined(Exception):
+    """The workspace cannot take a gVisor slot (:func:`move_into_place`): it starts cold."""
+
+
+def is_empty_dir(ws: Path) -> bool:
+    """Whether ``ws`` is a directory with nothing in it (blocking)."""
+    try:
+        with os.scandir(ws) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+
+
+def move_into_place(slot: Path, ws: Path) -> None:
+    """Claim a gVisor sandbox's slot for workspace ``ws`` (real path): its ``ws``
+    directory, the one the sandbox's gofer serves, takes ``ws``'s owner and mode and is
+    renamed over it, atomically; the claim record names it by device and inode, written
+    first (a crash before the rename leaves a record that matches nothing).
+
+    Raises Declined when ``ws`` cannot be replaced (not an empty directory, another
+    mount or filesystem, a mount point; the slot is then as it was), OSError otherwise.
+    Blocking: call it in a thread."""
+    target = slot / "ws"
+    try:
+        st = os.stat(ws, follow_symlinks=False)
+    except OSError as e:
+        raise Declined(f"the workspace cannot be looked at: {e}") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise Declined("the workspace is not a directory")
+    before = os.stat(target)
+    os.chown(target, st.st_uid, st.st_gid)
+    os.chmod(target, stat.S_IMODE(st.st_mode))
+    record = slot / CLAIM_FILE
+    record.write_text(f"{ws}\n{before.st_dev}:{before.st_ino}\n")
+    try:
+        os.rename(target, ws)
+    except OSError as e:
+        record.unlink(missing_ok=True)
+        os.chown(target, before.st_uid, before.st_gid)
+        os.chmod(target, stat.S_IMODE(before.st_mode))
+        if e.errno in _DECLINED:
+            raise Declined(f"{ws} cannot be replaced by the sandbox's directory: {os.strerror(e.errno)}") from e
+        raise
+
+
+#: rename(2)'s answers for a workspace that cannot take a slot's place.
+_DECLINED = {errno.ENOTEMPTY, errno.EEXIST, errno.EXDEV, errno.EBUSY, errno.ENOTDIR, errno.EISDIR, errno.EINVAL}
 
 
 def release(labels: dict[str, str] | None) -> None:

@@ -8,6 +8,7 @@ python3), ``busybox`` (nothing but a static busybox: no python3, no libc) and ``
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ VARIANTS = [
     pytest.param(("docker", None, "runc"), id="docker", marks=pytest.mark.docker),
     # A warm sandbox claimed by the workspace (issue 44): the same suite as a fresh one.
     pytest.param(("pooled", None, "runc"), id="pooled", marks=pytest.mark.docker),
+    pytest.param(("pooled", None, "runsc"), id="pooled-runsc", marks=pytest.mark.docker),
 ] + [
     pytest.param(("docker", image, runtime), id=f"{name}-{runtime}", marks=pytest.mark.docker)
     for name, image in IMAGES.items()
@@ -50,12 +52,19 @@ async def variant_backend(request: pytest.FixtureRequest, docker_ready: None) ->
 
 
 @pytest.fixture
-async def pooled_backend(docker_ready: None) -> AsyncIterator[object]:
+async def pooled_backend(request: pytest.FixtureRequest, docker_ready: None, workspace: Path) -> AsyncIterator[object]:
     """A Docker backend with a warm sandbox ready: the test's workspace claims it (checked
-    after the test: a workspace of the test started, and from the pool)."""
+    after the test: a workspace of the test started, and from the pool). Under gVisor a
+    warm sandbox takes only an empty workspace, so the test's is claimed before the test
+    puts its files there from the host (a new workspace made, then filled)."""
     from tests.docker.conftest import pooled_backend as make
+    from tests.docker.conftest import require_runtime
 
-    async with make("runc", size=1) as backend:
+    _kind, _image, runtime = request.node.callspec.params["registry"]
+    require_runtime(runtime)
+    async with make(runtime, size=1) as backend:
+        if runtime == "runsc":
+            await backend.ensure_container(workspace)
         yield backend
         status = backend.pool_status()
         assert status is not None

@@ -57,7 +57,7 @@ async def pooled_backend(
     runtime: str = "runc", size: int = 1, max_total: int = 8, ready: int | None = None, **spec: object
 ) -> AsyncIterator[DockerBackend]:
     """A backend with a warm pool of ``size`` per class (``ready`` of them waited for,
-    default ``size``; none under gVisor, where there is no pool); its containers, warm
+    default ``size``); its containers, warm
     ones too, are removed afterwards."""
     from sandbox.docker.pool import PoolConfig
 
@@ -65,8 +65,7 @@ async def pooled_backend(
     pool = PoolConfig(mode="fixed", size=size, max_total=max_total, root=POOL_ROOT)
     backend = DockerBackend(SandboxSpec(**spec), worker_id="test", pool=pool)  # type: ignore[arg-type]
     try:
-        if runtime == "runc":
-            await wait_ready(backend, size if ready is None else ready)
+        await wait_ready(backend, size if ready is None else ready)
         yield backend
     finally:
         await backend.remove_all_started()

@@ -1,7 +1,8 @@
 """Warm sandboxes (issue 44): a claimed one serves its workspace as a fresh one does, keeps
 nothing of anyone before, is found by another process as the workspace's own, respects the
-pool's limits, and is gone after ``gc --all`` and after shutdown. Under gVisor there is no
-pool (its gofer serves only the mounts it opened at start): the workspace starts cold."""
+pool's limits, and is gone after ``gc --all`` and after shutdown; under runc and gVisor.
+Under gVisor (whose gofer serves only the directory it opened at start) the claim moves
+the slot's directory into the place of an empty workspace; any other starts cold."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.conftest import TEST_OWNER
 from tests.docker.conftest import POOL_ROOT, make_backend, pooled_backend, require_runtime, wait_ready
 
 pytestmark = pytest.mark.docker
+
+RUNTIMES = pytest.mark.parametrize("runtime", ["runc", "runsc"])
 
 
 @pytest.fixture
@@ -42,6 +45,18 @@ async def _sh(backend: object, ws: Path, command: str) -> str:
 def _mounted_slots() -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if f" {POOL_ROOT}/" in line and "/.stage" not in line]
+
+
+def _gvisor_slots() -> list[Path]:
+    """The gVisor slots left on the host (made beside the pool's directory)."""
+    from sandbox.docker.pool import PoolConfig
+
+    moved = PoolConfig(root=POOL_ROOT).moved_root
+    return [p for p in moved.iterdir() if (p / slots.SLOT_MARK).exists()] if moved.exists() else []
+
+
+def _no_slots_left() -> bool:
+    return _mounted_slots() == [] and _gvisor_slots() == []
 
 
 async def _ours_pooled(backend: object) -> list[dict[str, object]]:
@@ -111,10 +126,12 @@ async def test_a_claim_that_loses_its_name_to_a_peer_adopts_the_peers(docker_rea
             await other.aclose()
 
 
+@RUNTIMES
 async def test_leftovers_never_reach_the_next_claimant(
-    docker_ready: None, workspace: Path, second_workspace: Path
+    docker_ready: None, workspace: Path, second_workspace: Path, runtime: str
 ) -> None:
-    async with pooled_backend(size=2) as backend:
+    require_runtime(runtime)
+    async with pooled_backend(runtime, size=2) as backend:
         first = await _sh(
             backend,
             workspace,
@@ -156,8 +173,12 @@ async def test_a_git_workspace_keeps_its_protections(docker_ready: None, workspa
         assert (workspace / ".git" / "config").read_text() == "[core]\n"
 
 
-async def test_the_pool_respects_its_limits_and_gc_all_empties_it(docker_ready: None, workspace: Path) -> None:
-    async with pooled_backend(size=4, max_total=2, ready=2) as backend:
+@RUNTIMES
+async def test_the_pool_respects_its_limits_and_gc_all_empties_it(
+    docker_ready: None, workspace: Path, runtime: str
+) -> None:
+    require_runtime(runtime)
+    async with pooled_backend(runtime, size=4, max_total=2, ready=2) as backend:
         await asyncio.sleep(1.5)  # the refill had its chances to go past the limit
         status = backend.pool_status()
         assert status is not None and status["ready"] + status["starting"] <= 2, status
@@ -165,16 +186,20 @@ async def test_the_pool_respects_its_limits_and_gc_all_empties_it(docker_ready: 
         await _sh(backend, workspace, "true")  # one claimed: the pool refills up to its limit
         await wait_ready(backend, 2)
         assert len(await _ours_pooled(backend)) == 3  # 2 warm + 1 claimed
+        assert backend.pool_status()["claims"] == 1  # type: ignore[index]
         removed = await backend.gc(all_running=True)
         assert len(removed) >= 3
         assert await _ours_pooled(backend) == []
-        assert _mounted_slots() == []
+        assert _no_slots_left()
+        assert workspace.is_dir()  # a gVisor claim's workspace is its slot's directory: kept
 
 
-async def test_plain_gc_removes_unclaimed_and_keeps_claimed(docker_ready: None, workspace: Path) -> None:
-    async with pooled_backend(size=2) as backend:
+@RUNTIMES
+async def test_plain_gc_removes_unclaimed_and_keeps_claimed(docker_ready: None, workspace: Path, runtime: str) -> None:
+    require_runtime(runtime)
+    async with pooled_backend(runtime, size=2) as backend:
         await _sh(backend, workspace, "true")
-        other = make_backend()  # another process of the same installation: `loom-worker gc`
+        other = make_backend(runtime=runtime)  # another process of the same installation: `loom-worker gc`
         try:
             removed = await other.gc()
         finally:
@@ -185,15 +210,17 @@ async def test_plain_gc_removes_unclaimed_and_keeps_claimed(docker_ready: None, 
         assert "ok" in await _sh(backend, workspace, "echo ok")  # still served
 
 
-async def test_shutdown_removes_the_warm_sandboxes(docker_ready: None) -> None:
-    async with pooled_backend(size=2) as backend:
+@RUNTIMES
+async def test_shutdown_removes_the_warm_sandboxes(docker_ready: None, runtime: str) -> None:
+    require_runtime(runtime)
+    async with pooled_backend(runtime, size=2) as backend:
         assert len(await _ours_pooled(backend)) == 2
     probe = make_backend()
     try:
         assert await _ours_pooled(probe) == []
     finally:
         await probe.aclose()
-    assert _mounted_slots() == []
+    assert _no_slots_left()
 
 
 async def test_gc_all_undoes_the_pool_directorys_own_mounts(
@@ -227,10 +254,54 @@ async def test_gc_all_undoes_the_pool_directorys_own_mounts(
     assert _mounted_slots() == []
 
 
-async def test_gvisor_has_no_pool_and_starts_cold(docker_ready: None, workspace: Path) -> None:
+async def test_gvisor_claims_an_empty_workspace_by_moving_its_directory_into_place(
+    docker_ready: None, workspace: Path
+) -> None:
     require_runtime("runsc")
-    async with pooled_backend("runsc") as backend:
-        assert "hi" in await _sh(backend, workspace, "echo hi")
+    os.chown(workspace, 1000, 1000)
+    os.chmod(workspace, 0o750)
+    async with pooled_backend("runsc", uid=1000, gid=1000) as backend:
+        out = await _sh(backend, workspace, "id -u; pwd; echo made > new.txt; mkdir d; echo deep > d/f")
+        assert out.split() == ["1000", "/workspace"]
         status = backend.pool_status()
-        assert status is not None and status["claims"] == 0 and status["ready"] == 0
-        assert await _ours_pooled(backend) == []
+        assert status is not None and status["claims"] == 1 and status["declined"] == 0, status
+        # The workspace is now the slot's directory, as its owner and mode were.
+        st = workspace.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1000, 1000, 0o750)
+        assert (workspace / "d" / "f").read_text() == "deep\n"
+        (workspace / "from-host.txt").write_text("host\n")  # the host's edits are seen
+        assert "host" in await _sh(backend, workspace, "cat from-host.txt")
+        container = await backend.engine.find(container_name(workspace))
+        assert container is not None and slots.workspace_of(container.labels) == str(workspace)
+        other = make_backend(runtime="runsc", uid=1000, gid=1000)  # another process reuses it
+        try:
+            assert "made" in await _sh(other, workspace, "cat new.txt")
+            again = await other.engine.find(container_name(workspace))
+            assert again is not None and again.id == container.id
+        finally:
+            await other.aclose()
+        slot = slots.slot_of(container.labels)
+        assert slot is not None and not (slot / "ws").exists()
+        await backend.stop(workspace)
+        assert not slot.exists()
+        assert sorted(p.name for p in workspace.iterdir()) == ["d", "from-host.txt", "new.txt"]
+
+
+async def test_gvisor_declines_a_workspace_with_files_and_keeps_the_warm_one(
+    docker_ready: None, workspace: Path, second_workspace: Path
+) -> None:
+    """A workspace with files in it cannot be replaced by the slot: it starts cold, and the
+    warm sandbox, untouched, serves the next empty one."""
+    require_runtime("runsc")
+    (workspace / "hello.txt").write_text("hi\n")
+    async with pooled_backend("runsc") as backend:
+        warm = await _ours_pooled(backend)
+        assert "hi" in await _sh(backend, workspace, "cat hello.txt")
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 0 and status["declined"] == 1, status
+        cold = await backend.engine.find(container_name(workspace))
+        assert cold is not None and slots.LABEL_SLOT not in (cold.labels or {})
+        assert "ok" in await _sh(backend, second_workspace, "echo ok")
+        served = await backend.engine.find(container_name(second_workspace))
+        assert served is not None and served.id == warm[0]["container"].id  # type: ignore[attr-defined]
+        assert backend.pool_status()["claims"] == 1  # type: ignore[index]

@@ -127,6 +127,28 @@ def test_the_owners_own_hooks_and_config_are_trusted_until_they_change(tmp_path:
 
 
 @needs_git
+def test_a_directory_moved_into_place_under_a_live_guard_is_never_trusted_afresh(tmp_path: Path) -> None:
+    """A gVisor warm sandbox's directory replaces an empty workspace after the guard's
+    first look (sandbox.docker.slots): what the sandbox then plants is judged, by this
+    process and by the next one, which must not take it for the owner's baseline."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws, tmp_path / "state")
+    assert guard.check() == []  # the owner's: nothing
+    slot = tmp_path / "slot-ws"
+    slot.mkdir()
+    os.rename(slot, ws)
+    assert guard.check() == []
+    _git(ws, "init", "-q")  # then the sandbox plants a hook
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ntouch /tmp/pwned\n")
+    hook.chmod(0o755)
+    done = {(a.path, a.what.split(":")[0]) for a in WorkspaceGuard(ws, tmp_path / "state").check()}
+    assert (".git/hooks/pre-commit", "hook disabled (not executable)") in done
+    assert not os.access(hook, os.X_OK)
+
+
+@needs_git
 def test_repositories_made_later_anywhere_are_held_to_the_rules(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

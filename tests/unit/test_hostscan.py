@@ -115,3 +115,21 @@ def test_a_mount_root_is_never_scanned_bare(tmp_path: Path) -> None:
         assert (ws / "d" / "f").read_text() == "under the mount"
     finally:
         scanner.close()
+
+
+def test_another_directory_at_the_roots_path_is_scanned_afresh(tmp_path: Path) -> None:
+    """A gVisor warm sandbox's directory moved over an empty workspace (sandbox.docker.slots):
+    the old directory's watches see nothing of the new one, so they are not asked."""
+    ws, other = tmp_path / "ws", tmp_path / "slot-ws"
+    ws.mkdir()
+    other.mkdir()
+    scanner = HostScanner(ws)
+    try:
+        first = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000})
+        assert first["entries"] == []
+        os.rename(other, ws)  # over the empty directory, as the claim does
+        (ws / "made").write_text("x")
+        second = scanner.scan({"path": ".", "snapshot": "k", "max_files": 1000, "since": first["generation"]})
+        assert second["full"] and _paths(second) == ["made"]
+    finally:
+        scanner.close()

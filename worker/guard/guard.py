@@ -41,6 +41,7 @@ class WorkspaceGuard:
         self._state = state_dir / TRUST_FILE if state_dir is not None else None
         self._fork = fork_volume_of(root)  # an overlay fork's volume (its mount comes and goes)
         self._trust: dict[str, Identity] | None = None
+        self._trust_root: list[Any] | None = None  # the directory the trust is recorded for
         self._hookdirs: list[str] = []
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
         self._walk = Walk()
@@ -86,9 +87,16 @@ class WorkspaceGuard:
                     # mount, which nothing reaches; its tree is looked at once mounted
                     return []
                 git_dirs = list(self._walk.run(root_fd, actions))
-                if self._trust is None and not self._load_trust(self._root_id(root_fd)):
+                root_id = self._root_id(root_fd)
+                if self._trust is None and not self._load_trust(root_id):
                     self._take_trust(root_fd, git_dirs)
                 else:
+                    if root_id != self._trust_root:
+                        # Another directory at the root's path under this process (a gVisor
+                        # warm sandbox's, moved into place: sandbox.docker.slots). What was
+                        # trusted stays so (by inode: nothing of the new one), recorded for
+                        # it: the next process must judge what is there, not trust it.
+                        self._save_trust(root_id)
                     for rel in git_dirs:
                         self._git_dir(root_fd, rel, actions)
                     for rel in self._hookdirs:
@@ -258,6 +266,7 @@ class WorkspaceGuard:
             if data["root"] != root_id:
                 return False
             self._trust = {k: tuple(v) for k, v in data["files"].items()}
+            self._trust_root = root_id
             self._hookdirs = [str(d) for d in data["hookdirs"]]
         except (OSError, ValueError, KeyError, TypeError):
             return False
@@ -277,12 +286,17 @@ class WorkspaceGuard:
                     hookdirs.append(hp)
                     trust.update(self._identities(root_fd, hp))
         self._trust, self._hookdirs = trust, hookdirs
+        self._save_trust(self._root_id(root_fd))
+
+    def _save_trust(self, root_id: list[Any]) -> None:
+        """Record the trust for the directory ``root_id`` (atomically). Raises OSError."""
+        self._trust_root = root_id
         if self._state is not None:
             self._state.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._state.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"root": self._root_id(root_fd), "files": trust, "hookdirs": hookdirs}, f)
+                json.dump({"root": root_id, "files": self._trust, "hookdirs": self._hookdirs}, f)
             os.replace(tmp, self._state)
 
     def _identities(self, root_fd: int, rel: str) -> dict[str, Identity]:

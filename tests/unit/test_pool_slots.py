@@ -1,0 +1,93 @@
+"""A gVisor warm sandbox's claim (sandbox.docker.slots.move_into_place): its slot's
+directory takes an empty workspace's place atomically, keeping its owner and mode, and
+the claim record names it by inode; anything else is declined with the slot as it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandbox.docker import slots
+from sandbox.docker.pool import _make_slot
+
+
+def _slot(root: Path) -> tuple[Path, dict[str, str]]:
+    slot = root / "0123456789abcdef"
+    root.mkdir(parents=True, exist_ok=True)
+    _make_slot(slot, 1000, 1000)
+    return slot, {slots.LABEL_SLOT: str(slot)}
+
+
+def test_an_empty_workspace_is_replaced_by_the_slots_directory(tmp_path: Path) -> None:
+    slot, labels = _slot(tmp_path / "pool-runsc")
+    ws = tmp_path / "ws"
+    ws.mkdir(mode=0o750)
+    os.chown(ws, 1234, 1235)
+    served = os.stat(slot / "ws").st_ino
+    assert slots.is_empty_dir(ws)
+    slots.move_into_place(slot, ws)
+    st = ws.stat()
+    assert st.st_ino == served and not (slot / "ws").exists()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 1235, 0o750)
+    assert slots.workspace_of(labels) == str(ws)
+    # Another directory at the workspace's path later: the record matches nothing.
+    ws.rename(tmp_path / "moved-away")
+    ws.mkdir()
+    assert slots.workspace_of(labels) is None
+    # Released: the slot goes, the workspace (where the slot's directory now is) stays.
+    (tmp_path / "moved-away" / "kept.txt").write_text("k")
+    slots.release(labels)
+    assert not slot.exists() and (tmp_path / "moved-away" / "kept.txt").exists()
+
+
+def test_a_record_written_before_a_crash_matches_nothing(tmp_path: Path) -> None:
+    slot, labels = _slot(tmp_path / "pool-runsc")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    inode = os.stat(slot / "ws")
+    (slot / slots.CLAIM_FILE).write_text(f"{ws}\n{inode.st_dev}:{inode.st_ino}\n")  # the rename never ran
+    assert slots.workspace_of(labels) is None
+
+
+def test_a_workspace_with_anything_in_it_is_declined_and_the_slot_kept(tmp_path: Path) -> None:
+    slot, labels = _slot(tmp_path / "pool-runsc")
+    ws = tmp_path / "ws"
+    ws.mkdir(mode=0o700)
+    (ws / ".git").mkdir()
+    assert not slots.is_empty_dir(ws)
+    with pytest.raises(slots.Declined, match="cannot be replaced"):
+        slots.move_into_place(slot, ws)
+    st = os.stat(slot / "ws")
+    assert (st.st_uid, st.st_mode & 0o7777) == (1000, 0o755)  # as it was made
+    assert not (slot / slots.CLAIM_FILE).exists() and slots.workspace_of(labels) is None
+    assert (ws / ".git").is_dir()
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(slots.Declined, match="not a directory"):
+        slots.move_into_place(slot, not_a_dir)
+    with pytest.raises(slots.Declined, match="cannot be looked at"):
+        slots.move_into_place(slot, tmp_path / "missing")
+
+
+def _other_filesystem() -> Path | None:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.stat(shm).st_dev != os.stat("/tmp").st_dev:
+        return shm
+    return None
+
+
+def test_a_workspace_on_another_filesystem_is_declined(tmp_path: Path) -> None:
+    other = _other_filesystem()
+    if other is None:
+        pytest.skip("no second filesystem (/dev/shm) on this host")
+    slot, _labels = _slot(tmp_path / "pool-runsc")
+    ws = Path(subprocess.check_output(["mktemp", "-d", "-p", str(other)], text=True).strip())
+    try:
+        with pytest.raises(slots.Declined, match="cross-device"):
+            slots.move_into_place(slot, ws)
+        assert (slot / "ws").is_dir() and ws.is_dir()
+    finally:
+        ws.rmdir()

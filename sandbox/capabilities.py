@@ -425,7 +425,7 @@ def tunnels(box: object) -> Tunnels:
 @runtime_checkable
 class WarmPoolReporter(Protocol):
     """A backend with warm sandboxes (started before a workspace asks): their state as
-    ``doctor`` and the metrics show it (ready, starting, claims, misses, classes), None
+    ``doctor`` and the metrics show it (ready, starting, claims, misses, declined, classes), None
     when it has no pool."""
 
     def pool_status(self) -> dict[str, Any] | None: ...

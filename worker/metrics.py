@@ -10,7 +10,8 @@ several apps in one process (tests, an embedded server) never collide.
     loom_sandboxes_live                           sandboxes this process has open
     loom_sandbox_restarts_total                   sandboxes restarted after being lost
     loom_warm_sandboxes{state}                    warm sandboxes: ready | starting (absent: no pool)
-    loom_warm_pool_claims_total{result}           new workspaces that found a warm sandbox (hit) or not (miss)
+    loom_warm_pool_claims_total{result}           new workspaces that found a warm sandbox (hit), found none
+                                                  (miss), or could not take one (declined: gVisor, not empty)
     loom_http_rejected_total{reason}              429 busy, 401 auth, 413 too large
     loom_egress_connections_total{kind, verdict}  egress attempts: allowed | denied | limited | error
     loom_egress_bytes_total{direction}            bytes through the egress gateway: up | down
@@ -85,6 +86,7 @@ class _SandboxCollector(Collector):
             )
             claims.add_metric(["hit"], pool.get("claims", 0))
             claims.add_metric(["miss"], pool.get("misses", 0))
+            claims.add_metric(["declined"], pool.get("declined", 0))  # gVisor: not an empty workspace
             yield claims
 
 

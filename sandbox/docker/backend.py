@@ -237,8 +237,16 @@ class DockerBackend(SandboxBackend):
                 await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
             await self.overlays.verify(ws)  # a fork's overlay volume, never its bare mountpoint
             cfg = self.container_config(ws)
+            # The engine call runs on in its thread when this start is cancelled (a caller
+            # closing the sandbox, shutdown): the container it makes is then removed, never
+            # left created and unstarted under the workspace's name.
+            create = asyncio.ensure_future(self.engine.call("create sandbox", self._create, client, cfg))
             try:
-                container = await self.engine.call("create sandbox", self._create, client, cfg)
+                container = await asyncio.shield(create)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self._remove(await create)
+                raise
             except ImageNotFoundError:
                 # The engine does not have the image (its create answers that without asking
                 # a registry): pull it as the policy says, then create again, as `docker run`
@@ -505,7 +513,11 @@ class DockerBackend(SandboxBackend):
         return await housekeeping.gc(self.engine, self.spec.owner, all_running=all_running, engine_wide=True)
 
     async def remove_all_started(self) -> None:
-        """Remove every container this backend started or adopted (tests' cleanup)."""
+        """Remove every container this backend started or adopted (tests' cleanup), after
+        closing its sandboxes (a start still under way ends first)."""
+        for box in list(self._boxes.values()):
+            await box.close()
+        self._boxes.clear()
         for name in list(self._started):
             container = await self.engine.find(name)
             if container is not None:

@@ -325,6 +325,7 @@ class AgentChannels:
         d = channel_dir(ws, spec)
         if d is None:
             return conn
+        d = _mounted_channel(container) or d  # a warm sandbox's is its slot's, made before its claim
         name = f"c-{secrets.token_hex(8)}.sock"
         path = d / name
         lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -396,6 +397,14 @@ def _workspace(container: Any) -> Path:
     if ws is None:
         raise SandboxLostError(f"{container.name} serves no workspace")
     return Path(ws)
+
+
+def _mounted_channel(container: Any) -> Path | None:
+    """The channel directory the engine mounted in ``container`` (its inspect), if any."""
+    for m in (getattr(container, "attrs", None) or {}).get("Mounts") or []:
+        if m.get("Destination") == CHANNEL_MOUNT and m.get("Source"):
+            return Path(m["Source"])
+    return None
 
 
 def prepare_channel_dir(d: Path) -> None:

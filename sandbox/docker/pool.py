@@ -47,9 +47,9 @@ from ..errors import SandboxError
 from ..logs import get_logger
 from ..spec import SandboxSpec
 from . import hostmounts, slots
-from .channel import DockerExecTransport
+from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
-from .config import LABEL_WS, LABEL_WS_HASH, _git_mounts, owner
+from .config import LABEL_WS, LABEL_WS_HASH, _git_mounts, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -256,11 +256,18 @@ class WarmPool:
             if warm.transport.lost is not None:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
                 continue
+            put = asyncio.ensure_future(
+                asyncio.to_thread(slots.move_into_place if moved else self._bind_workspace, warm.slot, ws)
+            )
             try:
-                if moved:
-                    await asyncio.to_thread(slots.move_into_place, warm.slot, ws)
-                else:
-                    await asyncio.to_thread(self._bind_workspace, warm.slot, ws)
+                await asyncio.shield(put)
+            except asyncio.CancelledError:
+                # The claimant gave up (its start cancelled): this one is nobody's. Its mounts
+                # are undone once the thread has made them, never before.
+                with contextlib.suppress(Exception):
+                    await put
+                await self._discard(warm)
+                raise
             except slots.Declined as e:
                 # Untouched and still nobody's: it waits for the next workspace.
                 cls.ready.appendleft(warm)
@@ -360,6 +367,11 @@ class WarmPool:
         slot = (self.config.moved_root if moved else self.config.root) / secrets.token_hex(8)
         await asyncio.to_thread(_make_slot, slot, cls.uid, cls.gid)
         cfg = self._hooks.config_for(slot / "ws", spec)
+        # gVisor's direct channel directory (mounted, so made first): the slot's own, which
+        # the claimant's channel finds in the container's mounts (channel._mounted_channel).
+        channel = channel_dir(slot / "ws", spec)
+        if channel is not None:
+            await asyncio.to_thread(prepare_channel_dir, channel)
         cfg["name"] = slots.POOL_PREFIX + slot.name
         cfg["labels"] = {
             **cfg["labels"],

@@ -262,3 +262,32 @@ async def test_a_container_its_creator_never_started_is_replaced(
             c.remove(force=True)
         client.close()
         await backend.aclose()
+
+
+async def test_a_start_cancelled_during_its_create_leaves_no_container(docker_ready: None, workspace: Path) -> None:
+    """The engine's create runs on in its thread when the start is cancelled (a caller
+    closing the sandbox, shutdown): the container it makes is removed, not left created
+    and unstarted under the workspace's name."""
+    import time
+
+    backend = make_backend()
+    real = backend._create
+    in_create = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_create(client: object, cfg: dict[str, object]) -> object:
+        loop.call_soon_threadsafe(in_create.set)
+        time.sleep(0.5)  # the caller is cancelled meanwhile
+        return real(client, cfg)
+
+    backend._create = slow_create  # type: ignore[method-assign]
+    try:
+        start = asyncio.create_task(backend.ensure_container(workspace))
+        await in_create.wait()
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert await backend.engine.find(container_name(workspace)) is None
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()

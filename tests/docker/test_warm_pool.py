@@ -305,3 +305,18 @@ async def test_gvisor_declines_a_workspace_with_files_and_keeps_the_warm_one(
         served = await backend.engine.find(container_name(second_workspace))
         assert served is not None and served.id == warm[0]["container"].id  # type: ignore[attr-defined]
         assert backend.pool_status()["claims"] == 1  # type: ignore[index]
+
+
+async def test_a_claimed_gvisor_sandbox_talks_over_its_slots_direct_channel(
+    docker_ready: None, workspace: Path, tmp_path: Path
+) -> None:
+    """gVisor's direct channel directory is mounted at start: a warm sandbox's is its
+    slot's, and its claimant listens there (not in the workspace's, which it never saw)."""
+    require_runtime("runsc")
+    channels = tmp_path / "channels"
+    async with pooled_backend("runsc", channel_dir=str(channels)) as backend:
+        box = await backend.get(workspace)
+        conn = await box.connection()  # type: ignore[attr-defined]
+        assert conn.direct, conn.close_reason
+        assert backend.pool_status()["claims"] == 1  # type: ignore[index]
+        assert "ok" in await _sh(backend, workspace, "echo ok")

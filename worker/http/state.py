@@ -122,7 +122,7 @@ class Service:
         return backend.restarts if isinstance(backend, RestartCounter) else 0
 
     def warm_pool(self) -> dict[str, Any] | None:
-        """The backend's warm pool (ready, starting, claims, misses), None without one."""
+        """The backend's warm pool (ready, starting, claims, misses, declined), None without one."""
         registry = self._registry
         backend = registry.backend if isinstance(registry, HoldsWorkspaces) else None
         return backend.pool_status() if isinstance(backend, WarmPoolReporter) else None

@@ -42,7 +42,8 @@ class Settings(SandboxSettings, BaseSettings):
     # -- warm sandboxes (issue 44) ---------------------------------------------------------
     warm_pool: str = Field(
         "off",
-        description="Started sandboxes kept ready for new workspaces (runc only; docs/sandbox.md#warm-sandboxes): "
+        description="Started sandboxes kept ready for new workspaces (under gVisor only for an empty workspace "
+        "directory on the pool's mount; docs/sandbox.md#warm-sandboxes): "
         "off; a number N (N per class of image, runtime, settings and user); auto (per class as many as were "
         "asked for in the last minute, up to LOOM_WARM_POOL_MAX). Needs a worker running as root on the "
         "engine's host; otherwise it stays off and doctor says why.",
@@ -51,7 +52,9 @@ class Settings(SandboxSettings, BaseSettings):
         32, ge=1, le=1024, description="Warm sandboxes of every class together (each holds its memory and pids)."
     )
     warm_pool_dir: Path | None = Field(
-        None, description="Host directory of the warm sandboxes' slots (default <data_dir>/pool); made a shared mount."
+        None,
+        description="Host directory of the warm sandboxes' slots (default <data_dir>/pool); made a shared mount. "
+        "gVisor's slots are made beside it, in <dir>-runsc.",
     )
 
     # -- per-workspace settings: the operator's caps (issue 15) -------------------------

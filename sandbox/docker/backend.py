@@ -214,7 +214,7 @@ class DockerBackend(SandboxBackend):
                 raise SandboxUnavailableError(
                     f"allow_root needs a workspace owned by another user than root (or LOOM_UID): {ws} is root's"
                 )
-            if ws.stat().st_uid == 0 and spec.uid is None:
+            if ws.stat().st_uid == 0 and spec.uid is None and spec.runtime == "runc":
                 log.warning(
                     "sandbox.root_workspace",
                     workspace=str(ws),

@@ -229,14 +229,14 @@ async def _doctor_pool(backend: Any, settings: Settings, line: Any) -> None:
     if config.mode == "off":
         _say(f"[note] warm pool: off (LOOM_WARM_POOL); {counts}")
         return
-    if settings.runtime != "runc":
-        _say(f"[note] warm pool: not under gVisor (its gofer serves only the mounts opened at start); {counts}")
-        return
+    # gVisor's gofer serves only the directory it opened at start: a claim moves a slot's
+    # directory over the workspace's, which works for an empty one only (docs/sandbox.md).
+    gvisor = "; under gVisor only an empty new workspace takes one" if settings.runtime != "runc" else ""
     reason = await backend.check_pool_host(config.root)
     line(
         reason is None,
         "warm pool",
-        f"{settings.warm_pool} per class at {config.root}; {counts}" if reason is None else reason,
+        f"{settings.warm_pool} per class at {config.root}; {counts}{gvisor}" if reason is None else reason,
         "run the worker as root on the engine's host, or LOOM_WARM_POOL=off",
     )
 

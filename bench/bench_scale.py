@@ -680,6 +680,12 @@ async def _pool_round(args: argparse.Namespace, pool: bool) -> dict[str, Any]:
             await reg.stop(w)
     finally:
         await reg.aclose()
+        if pool:
+            # The pool directory's own mounts outlive a worker until `gc --all` (its claimed
+            # sandboxes may live on); this run's are all stopped: undo them, or the tree stays.
+            from sandbox.docker import hostmounts
+
+            await asyncio.to_thread(hostmounts.release_root, tmp / "data" / "pool")
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 

@@ -43,7 +43,7 @@ class HostScanner:
         self.mounted = mounted
         self._snapshots: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._dev: tuple[int, int] | None = None  # the root's (device, inode) when the snapshots were made
+        self._root_ident: tuple[int, int] | None = None  # the root's (device, inode) when the snapshots were made
 
     def _open_root(self) -> int:
         """A descriptor of the root (not following a link). Raises OSError, and for a
@@ -73,15 +73,15 @@ class HostScanner:
         try:
             with self._lock:
                 st = os.fstat(fd)
-                dev = (st.st_dev, st.st_ino)
+                ident = (st.st_dev, st.st_ino)
                 # Another mount, or another directory at the root's path (a gVisor warm
                 # sandbox's moved into place, sandbox.docker.slots): the watches see
                 # nothing of this one.
-                if dev != self._dev:
+                if ident != self._root_ident:
                     for snap in self._snapshots.values():
                         snap.close()
                     self._snapshots.clear()
-                    self._dev = dev
+                    self._root_ident = ident
                 result = scan.scan_tree(fd, "", req, self._snapshots, True)
         finally:
             os.close(fd)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import stat
@@ -94,9 +95,24 @@ def move_into_place(slot: Path, ws: Path) -> None:
     renamed over it, atomically; the claim record names it by device and inode, written
     first (a crash before the rename leaves a record that matches nothing).
 
+    Two processes claiming one new workspace at once: each would find it empty, and the
+    second's rename would put its own directory in the place of the first's, whose
+    sandbox would then serve a directory no longer in the workspace. So claims in one
+    pool directory take turns (an flock of ``<dir>/.claims``), and a workspace that
+    already is another slot's directory (its record names its inode) is declined.
+
     Raises Declined when ``ws`` cannot be replaced (not an empty directory, another
-    mount or filesystem, a mount point; the slot is then as it was), OSError otherwise.
-    Blocking: call it in a thread."""
+    mount or filesystem, a mount point, another slot's already; the slot is then as it
+    was), OSError otherwise. Blocking: call it in a thread."""
+    fd = os.open(slot.parent / ".claims", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _move_into_place(slot, ws)
+    finally:
+        os.close(fd)  # (the lock goes with it)
+
+
+def _move_into_place(slot: Path, ws: Path) -> None:
     target = slot / "ws"
     try:
         st = os.stat(ws, follow_symlinks=False)
@@ -104,6 +120,8 @@ def move_into_place(slot: Path, ws: Path) -> None:
         raise Declined(f"the workspace cannot be looked at: {e}") from e
     if not stat.S_ISDIR(st.st_mode):
         raise Declined("the workspace is not a directory")
+    if _moved_here(slot.parent, st):
+        raise Declined("the workspace is already another warm sandbox's directory (a peer claimed it)")
     before = os.stat(target)
     os.chown(target, st.st_uid, st.st_gid)
     os.chmod(target, stat.S_IMODE(st.st_mode))
@@ -118,6 +136,16 @@ def move_into_place(slot: Path, ws: Path) -> None:
         if e.errno in _DECLINED:
             raise Declined(f"{ws} cannot be replaced by the sandbox's directory: {os.strerror(e.errno)}") from e
         raise
+
+
+def _moved_here(root: Path, st: os.stat_result) -> bool:
+    """Whether a slot in ``root`` records the directory ``st`` as the one it moved."""
+    want = f"{st.st_dev}:{st.st_ino}"
+    for record in root.glob(f"*/{CLAIM_FILE}"):
+        with contextlib.suppress(OSError):
+            if record.read_text().partition("\n")[2].strip() == want:
+                return True
+    return False
 
 
 #: rename(2)'s answers for a workspace that cannot take a slot's place.

@@ -91,3 +91,21 @@ def test_a_workspace_on_another_filesystem_is_declined(tmp_path: Path) -> None:
         assert (slot / "ws").is_dir() and ws.is_dir()
     finally:
         ws.rmdir()
+
+
+def test_a_workspace_a_peer_already_moved_its_slot_to_is_declined(tmp_path: Path) -> None:
+    """Two processes claiming one new workspace: the second finds it empty, but it is the
+    first's sandbox's directory now; replacing it would leave that sandbox serving a
+    directory outside the workspace."""
+    root = tmp_path / "pool-runsc"
+    first, first_labels = _slot(root)
+    second = root / "fedcba9876543210"
+    _make_slot(second, 1000, 1000)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    slots.move_into_place(first, ws)
+    served = ws.stat().st_ino
+    with pytest.raises(slots.Declined, match="already another warm sandbox"):
+        slots.move_into_place(second, ws)
+    assert ws.stat().st_ino == served and slots.workspace_of(first_labels) == str(ws)
+    assert (second / "ws").is_dir() and not (second / slots.CLAIM_FILE).exists()

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import docker.errors
 from requests.exceptions import ConnectionError as RequestsConnectionError
+from requests.exceptions import RequestException
+from requests.exceptions import Timeout as RequestsTimeout
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import DaemonUnavailableError, ImageNotFoundError, SandboxUnavailableError
 
-#: What :func:`translate` takes: everything the SDK (or requests, under it) raises.
-SDK_ERRORS = (docker.errors.DockerException, RequestsConnectionError)
+#: What :func:`translate` takes: everything the SDK (or requests, under it) raises. (A
+#: read timeout is requests' own ``Timeout``, not a ``ConnectionError``: without the base
+#: class here it reached the model as an internal error.)
+SDK_ERRORS = (docker.errors.DockerException, RequestException)
 
 
 def transient(exc: BaseException) -> bool:
@@ -44,7 +48,14 @@ def translate(exc: Exception, what: str) -> Exception:
             "(`docker build -t NAME .`, `docker load -i FILE`) or pulled from a registry the worker may use "
             "(LOOM_PULL, LOOM_REGISTRIES)"
         )
-    if isinstance(exc, RequestsConnectionError | docker.errors.DockerException) and not isinstance(
+    if isinstance(exc, RequestsTimeout) and not isinstance(exc, RequestsConnectionError):
+        # Never retried (transient() is False): the engine may have done what was asked
+        # (a create, a start) and only its answer is late.
+        return DaemonUnavailableError(
+            f"{what}: the Docker daemon did not answer in time ({exc}); it may be overloaded "
+            "(many sandboxes starting at once) — try again, or start fewer at once (LOOM_MAX_PARALLEL_STARTS)"
+        )
+    if isinstance(exc, RequestException | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError
     ):
         return DaemonUnavailableError(f"{what}: the Docker daemon does not answer ({exc})")

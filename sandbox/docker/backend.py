@@ -121,6 +121,7 @@ class DockerBackend(SandboxBackend):
                     ),
                     create=lambda cfg: self.engine.call("create sandbox", self._create, self.engine.client(), cfg),
                     start_slot=self._slots,
+                    boot=self._boot_warm,
                 ),
                 pool,
             )
@@ -202,7 +203,7 @@ class DockerBackend(SandboxBackend):
                 if container.status == "running" and same:
                     self._started.add(name)
                     return container
-                if container.status == "created" and same and await self._started_by_peer(name):
+                if container.status == "created" and same and await self.engine.started_by_peer(name):
                     continue  # another process created it and has just started it: adopt it
                 # Exited (idle TTL, OOM, killed), made with other settings, or created by a
                 # process that died before starting it: replace it.
@@ -298,24 +299,7 @@ class DockerBackend(SandboxBackend):
         await self._check_runtime(spec or self.spec)
         await self._runtime_volume.ensure()
 
-    async def _started_by_peer(self, name: str, wait: float = 5.0) -> bool:
-        """A container of ours sits in "created": a peer process made it and is about to
-        start it (create and start are two engine calls). Wait up to ``wait`` seconds for
-        it to run. False when it does not (its creator died in between) or it is gone."""
-        deadline = asyncio.get_running_loop().time() + wait
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-            container = await self.engine.find(name)
-            if container is None:
-                return True  # gone: the caller's next round creates it
-            if container.status != "created":
-                return container.status == "running"
-        return False
-
     async def _connect(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
-        return await self._connect_now(ws, after_loss=after_loss)
-
-    async def _connect_now(self, ws: Path, *, after_loss: bool = False) -> AgentConnection:
         """A connection to ``ws``'s agent: its container found or started, an agent
         attached or started in it, checked, and moved to the direct channel where it
         can. Raises SandboxUnavailableError (and its kinds), SandboxLostError."""
@@ -326,12 +310,18 @@ class DockerBackend(SandboxBackend):
         for attempt in range(2):
             container = await self.ensure_container(ws)
             spec = self.spec_of(ws)
+            claim = self._preloaded.pop(container.name, None)
+            if claim is not None and claim.conn is not None:  # booted in the pool (gVisor)
+                try:
+                    return await self._claimed(ws, container, claim, claim.conn)
+                except SandboxUnavailableError as e:
+                    last = e
+                    continue
             # The container's start slot is free again: its agent boots in a slot of its
             # own while the engine starts the next containers.
             if self._agent_slots is None:
                 self._agent_slots = asyncio.Semaphore(self.max_parallel_starts)
             async with self._agent_slots:
-                claim = self._preloaded.pop(container.name, None)
                 try:
                     if claim is not None:
                         conn = await self.channels.attach_agent(container, spec, claim.transport)
@@ -352,19 +342,41 @@ class DockerBackend(SandboxBackend):
                     continue
                 if spec.runtime == "runsc":
                     await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
-                    box = self._boxes.get(ws)
-                    if box is not None:  # OOM kills the agent cannot see in there (memcg.py)
-                        pid = (container.attrs.get("State") or {}).get("Pid") or 0
-                        box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
+                    self._watch_oom(ws, container)
                 conn = await self._direct(conn, container, spec, ws)
-                if claim is not None and not await claim.named:
-                    await conn.close()  # a peer made this workspace's container first: adopt it
-                    await self._drop(container)
-                    last = SandboxUnavailableError(f"another process started {container.name} first")
-                    continue
+                if claim is not None:
+                    try:
+                        return await self._claimed(ws, container, claim, conn)
+                    except SandboxUnavailableError as e:
+                        last = e
+                        continue
                 return conn
         assert last is not None
         raise last
+
+    async def _claimed(self, ws: Path, container: Any, claim: Claim, conn: AgentConnection) -> AgentConnection:
+        """``conn`` to a claimed warm sandbox once the engine renamed it. Raises
+        SandboxUnavailableError when a peer made this workspace's container first."""
+        if claim.conn is not None:
+            self._watch_oom(ws, container)  # (its gVisor check and direct channel: in the pool)
+        if not await claim.named:
+            await conn.close()
+            await self._drop(container)
+            raise SandboxUnavailableError(f"another process started {container.name} first")
+        return conn
+
+    def _watch_oom(self, ws: Path, container: Any) -> None:
+        """Under gVisor: the OOM kills the agent cannot see in there (:mod:`.memcg`)."""
+        if (box := self._boxes.get(ws)) is not None:
+            pid = (container.attrs.get("State") or {}).get("Pid") or 0
+            box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
+
+    async def _boot_warm(self, container: Any, spec: SandboxSpec, transport: Any, slot_ws: Path) -> AgentConnection:
+        """A pooled gVisor sandbox's agent booted as :meth:`_connect` would at its
+        claim (:attr:`.pool.PoolHooks.boot`). Raises what that raises."""
+        conn = await self.channels.attach_agent(container, spec, transport)
+        await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+        return await self._direct(conn, container, spec, slot_ws)
 
     async def _drop(self, container: Any, claim: Claim | None = None) -> None:
         """Remove a container its connection failed in; a claimed one once its rename has

@@ -97,6 +97,21 @@ class Engine:
 
         return await self.call("inspect sandbox", get)
 
+    async def started_by_peer(self, name: str, wait: float = 5.0) -> bool:
+        """Container ``name`` of ours sits in "created": a peer process made it and is
+        about to start it (create and start are two engine calls). Wait up to ``wait``
+        seconds for it to run. False when it does not (its creator died in between) or
+        it is gone."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            container = await self.find(name)
+            if container is None:
+                return True  # gone: the caller's next round creates it
+            if container.status != "created":
+                return container.status == "running"
+        return False
+
     async def remove(self, container: Any) -> None:
         """Remove ``container`` (forced) and wait until its name is free."""
 

@@ -26,6 +26,15 @@ over the workspace's directory, which must be empty (a new workspace: HTTP's ``P
 (files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
 in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
 directory by device and inode (:func:`.slots.workspace_of`).
+
+Because the directory a gVisor sandbox serves already is the one its workspace will be,
+and empty as that workspace is, its agent is booted in the pool all the way
+(:attr:`PoolHooks.boot`: the class's config, the gVisor check, the direct channel from
+the slot's own channel directory): what a claim would spend there (~40 ms under gVisor)
+is spent before it. That config is the class's, the same every claimant of the class
+would send; no command has run, and the claimant is the first to send one. The pool
+touches such an agent now and then (:func:`_keep_alive`) so its idle TTL never ends it
+while it waits.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import protocol
+from ..connection import AgentConnection
 from ..errors import SandboxError
 from ..logs import get_logger
 from ..spec import SandboxSpec
@@ -98,8 +108,9 @@ def unpoolable(spec: SandboxSpec) -> str | None:
 
 
 def class_key(spec: SandboxSpec, uid: int, gid: int) -> str:
-    """The class a sandbox of ``spec`` running as ``uid:gid`` belongs to."""
-    body = f"{spec.fingerprint()}|{spec.image}|{spec.runtime}|{spec.owner or ''}|{uid}:{gid}"
+    """The class a sandbox of ``spec`` running as ``uid:gid`` belongs to. (``direct``
+    too: a gVisor sandbox's agent takes its direct channel in the pool.)"""
+    body = f"{spec.fingerprint()}|{spec.image}|{spec.runtime}|{spec.owner or ''}|{uid}:{gid}|{spec.direct}"
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -108,6 +119,15 @@ class _Warm:
     container: Any
     transport: DockerExecTransport
     slot: Path
+    #: A gVisor sandbox's agent, booted in the pool (:attr:`PoolHooks.boot`).
+    conn: AgentConnection | None = None
+    #: When its agent last had a request (monotonic; :func:`_keep_alive`).
+    touched: float = 0.0
+
+    @property
+    def lost(self) -> bool:
+        """Its agent ended (the engine killed it, ``gc``): it serves nobody."""
+        return self.transport.lost is not None or (self.conn is not None and self.conn.closed)
 
 
 @dataclass
@@ -118,6 +138,9 @@ class Claim:
     transport: DockerExecTransport
     #: Whether the engine renamed it to its workspace's name (never raises).
     named: asyncio.Task[bool]
+    #: Its agent, booted and checked in the pool (gVisor), or None: the caller boots it
+    #: over :attr:`transport`.
+    conn: AgentConnection | None = None
 
 
 @dataclass
@@ -146,6 +169,10 @@ class PoolHooks:
     config_for: Callable[[Path, SandboxSpec], dict[str, Any]]
     create: Callable[[dict[str, Any]], Awaitable[Any]]
     start_slot: Callable[[], Any]
+    #: Boot a pooled gVisor sandbox's agent (container, its spec, its attach stream, the
+    #: slot's directory) as the claimant would: config, checks, direct channel. Raises
+    #: what a connection raises; None: agents are booted by the claimant.
+    boot: Callable[[Any, SandboxSpec, DockerExecTransport, Path], Awaitable[AgentConnection]] | None = None
 
 
 class WarmPool:
@@ -159,6 +186,7 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fills: set[asyncio.Task[None]] = set()
+        self._pings: set[asyncio.Task[None]] = set()
         #: Why the pool is off on this host (None: on).
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
@@ -221,9 +249,10 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling and remove every pooled sandbox nobody claimed."""
         task, self._task = self._task, None
-        for t in [*([task] if task else []), *self._fills]:
+        tasks = [*([task] if task else []), *self._fills, *self._pings]
+        for t in tasks:
             t.cancel()
-        for t in [*([task] if task else []), *self._fills]:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for cls in self._classes.values():
@@ -235,8 +264,9 @@ class WarmPool:
     async def claim(self, ws: Path, spec: SandboxSpec, name: str) -> Claim | None:
         """A warm sandbox for workspace ``ws`` (real path) made with ``spec``, serving ``ws``
         at /workspace, with its agent waiting for its config on the claim's attach
-        stream, and being renamed ``name`` (:attr:`Claim.named`: False when a peer took
-        the name first; the caller then removes it and adopts the peer's). None when there
+        stream (or, gVisor, booted: :attr:`Claim.conn`), and being renamed ``name``
+        (:attr:`Claim.named`: False when a peer took the name first; the caller then
+        removes it and adopts the peer's). None when there
         is none (the caller starts one cold). Never raises for the pool's own failures:
         they are logged and the sandbox removed."""
         if self.disabled or unpoolable(spec) is not None:
@@ -253,7 +283,7 @@ class WarmPool:
             warm = cls.ready.popleft()
             self._last_claim = time.monotonic()
             self._wake.set()
-            if warm.transport.lost is not None:
+            if warm.lost:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
                 continue
             put = asyncio.ensure_future(
@@ -287,7 +317,7 @@ class WarmPool:
             warm.container.attrs["Name"] = "/" + name
             cls.claims += 1
             log.info("sandbox.pool_claimed", workspace=str(ws), container=name)
-            return Claim(warm.container, warm.transport, named)
+            return Claim(warm.container, warm.transport, named, warm.conn)
         cls.misses += 1
         return None
 
@@ -340,8 +370,22 @@ class WarmPool:
                     t = asyncio.create_task(self._fill(key, cls), name="loom-warm-fill")
                     self._fills.add(t)
                     t.add_done_callback(self._fills.discard)
+            self._keep_alive(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    def _keep_alive(self, now: float) -> None:
+        """A request now and then to every booted agent waiting in the pool, whose idle TTL
+        (its keeper: ``spec.idle_ttl`` without a request) would otherwise end it there.
+        One that does not answer is found lost at its claim and discarded."""
+        for cls in self._classes.values():
+            for warm in cls.ready:
+                if warm.conn is None or warm.conn.closed or now - warm.touched < cls.spec.idle_ttl / 3:
+                    continue
+                warm.touched = now
+                t = asyncio.create_task(_ping(warm.conn), name="loom-warm-ping")
+                self._pings.add(t)
+                t.add_done_callback(self._pings.discard)
 
     async def _fill(self, key: str, cls: _Class) -> None:
         try:
@@ -416,6 +460,10 @@ class WarmPool:
             if not protocol.bundle_built():
                 await asyncio.to_thread(protocol.agent_bundle)  # (compiled once: not on the loop)
             await warm.transport.write(protocol.agent_bundle())
+            if moved and self._hooks.boot is not None:
+                # Its directory is already the one its workspace will be: boot it all the way.
+                warm.conn = await self._hooks.boot(container, spec, warm.transport, slot / "ws")
+                warm.touched = time.monotonic()
         except BaseException:
             await self._discard(warm)
             raise
@@ -423,6 +471,9 @@ class WarmPool:
 
     async def _discard(self, warm: _Warm) -> None:
         """Remove a pooled sandbox and its slot (best effort)."""
+        if warm.conn is not None:
+            with contextlib.suppress(Exception):
+                await warm.conn.close("warm sandbox discarded")
         if warm.transport is not None:
             with contextlib.suppress(Exception):
                 await warm.transport.close()
@@ -460,6 +511,13 @@ class WarmPool:
                 for key, c in self._classes.items()
             },
         }
+
+
+async def _ping(conn: AgentConnection) -> None:
+    """One request to a waiting agent (it counts as activity); a failure is its claim's
+    to find (:attr:`_Warm.lost`)."""
+    with contextlib.suppress(SandboxError, TimeoutError, OSError):
+        await conn.request("hello", {}, timeout=10)
 
 
 def _make_slot(slot: Path, uid: int, gid: int) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from sandbox.base import ExecRequest
 from sandbox.docker import DockerBackend, container_name
+from sandbox.docker.engine import Engine
 from tests.conftest import SANDBOX_IMAGE
 from tests.docker.conftest import make_backend
 
@@ -244,12 +245,12 @@ async def test_a_container_its_creator_never_started_is_replaced(
 ) -> None:
     backend = make_backend()
     client = docker.from_env()
-    real = DockerBackend._started_by_peer
+    real = Engine.started_by_peer
 
-    async def short_wait(self: DockerBackend, name: str, wait: float = 5.0) -> bool:
+    async def short_wait(self: Engine, name: str, wait: float = 5.0) -> bool:
         return await real(self, name, wait=0.3)
 
-    monkeypatch.setattr(DockerBackend, "_started_by_peer", short_wait)
+    monkeypatch.setattr(Engine, "started_by_peer", short_wait)
     try:
         await backend.prepare()
         orphan = await asyncio.to_thread(client.containers.create, **backend.container_config(workspace.resolve()))

@@ -320,3 +320,23 @@ async def test_a_claimed_gvisor_sandbox_talks_over_its_slots_direct_channel(
         assert conn.direct, conn.close_reason
         assert backend.pool_status()["claims"] == 1  # type: ignore[index]
         assert "ok" in await _sh(backend, workspace, "echo ok")
+
+
+async def test_a_gvisor_warm_sandboxs_agent_waits_booted_and_outlives_its_idle_ttl(
+    docker_ready: None, workspace: Path, tmp_path: Path
+) -> None:
+    """Under gVisor the pool boots a warm sandbox's agent all the way (its directory already
+    is the workspace-to-be): its claimant gets a checked agent on the direct channel. Its
+    keeper would end it after the idle TTL without a request; the pool's requests keep it."""
+    require_runtime("runsc")
+    async with pooled_backend("runsc", idle_ttl=10, channel_dir=str(tmp_path / "channels")) as backend:
+        assert backend.pool is not None
+        (cls,) = backend.pool._classes.values()
+        (warm,) = cls.ready
+        assert warm.conn is not None and warm.conn.direct, warm.conn and warm.conn.close_reason
+        await asyncio.sleep(14)  # past the idle TTL, the keeper checking every second
+        assert not warm.lost and warm.container.id == (await backend.engine.find(warm.container.name)).id
+        box = await backend.get(workspace)
+        assert await box.connection() is warm.conn  # type: ignore[attr-defined]
+        assert "ok" in await _sh(backend, workspace, "echo ok")
+        assert backend.pool_status()["claims"] == 1  # type: ignore[index]

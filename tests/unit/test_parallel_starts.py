@@ -62,7 +62,7 @@ class _Container:
 
 class SlowAgents(DockerBackend):
     """Containers start at once (simulated); each agent takes 50 ms to boot, then fails.
-    The backend's own ``_connect_now`` runs between the two."""
+    The backend's own ``_connect`` runs between the two."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

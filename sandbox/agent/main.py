@@ -124,6 +124,33 @@ def _serve_direct(reader):
         os._exit(0)
 
 
+_keeper_started = []  # type: list
+_keeper_lock = threading.Lock()
+
+
+def _start_keeper(ttl):
+    """Keep the container for ``ttl`` idle seconds from now on, also after the host goes
+    (once: a later call changes nothing)."""
+    with _keeper_lock:
+        if _keeper_started:
+            return
+        _keeper_started.append(ttl)
+    state.keeper_ttl = ttl
+    activity.touch()
+    threading.Thread(target=activity.keeper, args=(ttl,), daemon=True).start()
+
+
+def op_keeper(req):
+    """Become the container's keeper now: a warm gVisor sandbox's main agent, booted in the
+    pool without one (so it ends with the worker that pooled it), at its claim
+    (``sandbox.docker.pool``). ``ttl``: the idle TTL in seconds."""
+    ttl = req.get("ttl")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
+        raise Refused("invalid", "ttl must be a positive number of seconds")
+    _start_keeper(float(ttl))
+    return {"keeper_ttl": state.keeper_ttl}
+
+
 FAST_OPS = {
     "hello": op_hello,
     "read": files.op_read,
@@ -142,6 +169,7 @@ FAST_OPS = {
     "fs_append": sysfiles.op_fs_append,
     "fs_stat": fsops.op_fs_stat,
     "fs_mkdir": fsops.op_fs_mkdir,
+    "keeper": op_keeper,
 }
 SLOW_OPS = {
     "direct": op_direct,
@@ -268,10 +296,8 @@ def main(config):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, signal.SIG_DFL)
     stdin = sys.stdin.buffer
-    keeper_ttl = state.keeper_ttl
-    if keeper_ttl:
-        activity.touch()
-        threading.Thread(target=activity.keeper, args=(float(keeper_ttl),), daemon=True).start()
+    if state.keeper_ttl:
+        _start_keeper(float(state.keeper_ttl))
         egress = config.get("egress")
         if isinstance(egress, dict) and egress.get("socket"):
             # One relay per container: the keeper lives as long as the container does.
@@ -279,7 +305,7 @@ def main(config):
     channel.send({"id": 0, "ok": True, "result": op_hello({})})
     _serve(stdin)
     _host_gone()
-    if keeper_ttl:
+    if state.keeper_ttl:
         # The container's main process: stay as its keeper until the idle TTL ends it.
         threading.Event().wait()
 

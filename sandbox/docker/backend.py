@@ -311,70 +311,73 @@ class DockerBackend(SandboxBackend):
             container = await self.ensure_container(ws)
             spec = self.spec_of(ws)
             claim = self._preloaded.pop(container.name, None)
-            if claim is not None and claim.conn is not None:  # booted in the pool (gVisor)
-                try:
-                    return await self._claimed(ws, container, claim, claim.conn)
-                except SandboxUnavailableError as e:
-                    last = e
-                    continue
-            # The container's start slot is free again: its agent boots in a slot of its
-            # own while the engine starts the next containers.
-            if self._agent_slots is None:
-                self._agent_slots = asyncio.Semaphore(self.max_parallel_starts)
-            async with self._agent_slots:
-                try:
-                    if claim is not None:
-                        conn = await self.channels.attach_agent(container, spec, claim.transport)
-                    elif container.name in self._fresh:
-                        self._fresh.discard(container.name)
-                        conn = await self.channels.attach_agent(container, spec)
-                    else:
-                        conn = await self.channels.exec_agent(container, spec)
-                except (ImageUnusableError, RuntimeUnavailableError):
-                    await self._drop(container, claim)
-                    raise
-                except (SandboxLostError, SandboxUnavailableError) as e:
-                    # The container died between inspect and exec (OOM, killed, TTL): replace it once.
-                    last = e
-                    log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
-                    await self._drop(container, claim)
-                    self.restarts += 1
-                    continue
-                if spec.runtime == "runsc":
-                    await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
-                    self._watch_oom(ws, container)
-                conn = await self._direct(conn, container, spec, ws)
-                if claim is not None:
+            conn = claim.conn if claim is not None else None  # booted in the pool (gVisor)
+            if conn is None:
+                # The container's start slot is free again: its agent boots in a slot of its
+                # own while the engine starts the next containers.
+                if self._agent_slots is None:
+                    self._agent_slots = asyncio.Semaphore(self.max_parallel_starts)
+                async with self._agent_slots:
                     try:
-                        return await self._claimed(ws, container, claim, conn)
-                    except SandboxUnavailableError as e:
+                        if claim is not None:
+                            conn = await self.channels.attach_agent(container, spec, claim.transport)
+                        elif container.name in self._fresh:
+                            self._fresh.discard(container.name)
+                            conn = await self.channels.attach_agent(container, spec)
+                        else:
+                            conn = await self.channels.exec_agent(container, spec)
+                    except (ImageUnusableError, RuntimeUnavailableError):
+                        await self._drop(container, claim)
+                        raise
+                    except (SandboxLostError, SandboxUnavailableError) as e:
+                        # The container died between inspect and exec (OOM, killed, TTL): replace it once.
                         last = e
+                        log.warning("sandbox.agent_start_failed", workspace=str(ws), attempt=attempt, error=str(e))
+                        await self._drop(container, claim)
+                        self.restarts += 1
                         continue
+                    if spec.runtime == "runsc":
+                        await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+                        self._watch_oom(ws, container)
+                    conn = await self._direct(conn, container, spec, ws)
+            if claim is None:
                 return conn
+            try:
+                return await self._claimed(ws, container, claim, conn, spec)
+            except (SandboxLostError, SandboxUnavailableError) as e:
+                last = e  # a peer's container won the name (adopted next), or the agent is gone
         assert last is not None
         raise last
 
-    async def _claimed(self, ws: Path, container: Any, claim: Claim, conn: AgentConnection) -> AgentConnection:
-        """``conn`` to a claimed warm sandbox once the engine renamed it. Raises
-        SandboxUnavailableError when a peer made this workspace's container first."""
-        if claim.conn is not None:
-            self._watch_oom(ws, container)  # (its gVisor check and direct channel: in the pool)
+    async def _claimed(
+        self, ws: Path, container: Any, claim: Claim, conn: AgentConnection, spec: SandboxSpec
+    ) -> AgentConnection:
+        """``conn`` to a claimed warm sandbox once the engine renamed it (one booted in the
+        pool made the container's keeper). Raises SandboxUnavailableError when a peer made
+        this workspace's container first, SandboxLostError when its agent is gone."""
         if not await claim.named:
             await conn.close()
             await self._drop(container)
             raise SandboxUnavailableError(f"another process started {container.name} first")
+        if claim.conn is not None:  # (its gVisor check and direct channel: in the pool)
+            self._watch_oom(ws, container)
+            try:
+                await conn.request("keeper", {"ttl": spec.idle_ttl}, timeout=spec.agent_start_timeout)
+            except (SandboxLostError, TimeoutError) as e:
+                await conn.close()
+                await self._drop(container)
+                raise SandboxLostError(f"the claimed sandbox's agent did not answer: {e}") from e
         return conn
 
     def _watch_oom(self, ws: Path, container: Any) -> None:
         """Under gVisor: the OOM kills the agent cannot see in there (:mod:`.memcg`)."""
         if (box := self._boxes.get(ws)) is not None:
-            pid = (container.attrs.get("State") or {}).get("Pid") or 0
-            box.oom_counter = memcg.oom_counter(pid if isinstance(pid, int) else 0)
+            box.oom_counter = memcg.oom_counter((container.attrs.get("State") or {}).get("Pid"))
 
     async def _boot_warm(self, container: Any, spec: SandboxSpec, transport: Any, slot_ws: Path) -> AgentConnection:
         """A pooled gVisor sandbox's agent booted as :meth:`_connect` would at its
         claim (:attr:`.pool.PoolHooks.boot`). Raises what that raises."""
-        conn = await self.channels.attach_agent(container, spec, transport)
+        conn = await self.channels.attach_agent(container, spec, transport, keeper=False)
         await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
         return await self._direct(conn, container, spec, slot_ws)
 
@@ -544,11 +547,7 @@ class DockerBackend(SandboxBackend):
         """The OCI runtimes the engine has (``runc``, ``runsc``...; ``runsc`` also when
         gVisor is registered only per platform, as ``runsc-systrap``...). Raises
         DaemonUnavailableError."""
-        info = await self.engine.info()
-        names = set((info.get("Runtimes") or {}).keys())
-        if any(n.startswith(gvisor.FAMILY + "-") for n in names):
-            names.add(gvisor.FAMILY)
-        return names
+        return gvisor.runtime_names(await self.engine.info())
 
     async def cpu_count(self) -> int:
         """The CPUs of the engine's host (``NCPU``): the engine refuses a larger CPU

@@ -162,11 +162,13 @@ class AgentChannels:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def attach_agent(
-        self, container: Any, spec: SandboxSpec, preloaded: DockerExecTransport | None = None
+        self, container: Any, spec: SandboxSpec, preloaded: DockerExecTransport | None = None, *, keeper: bool = True
     ) -> AgentConnection:
         """Talk to the container's main process (an agent waiting for its source), or with
         ``preloaded`` (a warm sandbox's attach stream, :mod:`.pool`) to one that has its
-        source already and waits for its config."""
+        source already and waits for its config. ``keeper``: whether it becomes the
+        container's keeper now (else at its ``keeper`` request; until then it ends when
+        this process goes)."""
         if preloaded is None:
             api = self._engine.client().api
 
@@ -182,7 +184,7 @@ class AgentChannels:
         booting = self._booting.setdefault(container.id, set())
         booting.add(conn)
         try:
-            hello = await self._boot(conn, container, spec, preloaded is not None)
+            hello = await self._boot(conn, container, spec, preloaded is not None, keeper)
         finally:
             booting.discard(conn)
             if not booting and self._booting.get(container.id) is booting:
@@ -190,13 +192,15 @@ class AgentChannels:
         await self.check_hello(conn, hello, spec)
         return conn
 
-    async def _boot(self, conn: AgentConnection, container: Any, spec: SandboxSpec, preloaded: bool) -> dict[str, Any]:
+    async def _boot(
+        self, conn: AgentConnection, container: Any, spec: SandboxSpec, preloaded: bool, keeper: bool
+    ) -> dict[str, Any]:
         """Send the main agent its config (and its code unless ``preloaded``); its hello."""
         return await conn.start(
             {
                 "root": WORKSPACE_MOUNT,
                 "activity_file": ACTIVITY_FILE,
-                "keeper_ttl": spec.idle_ttl,
+                **({"keeper_ttl": spec.idle_ttl} if keeper else {}),
                 # allow_root: the container's main process starts as root; the agent
                 # becomes the owner before anything else.
                 **({"run_as": list(owner(_workspace(container), spec))} if spec.allow_root else {}),

@@ -34,6 +34,15 @@ RUNSC_DEFAULT = "systrap"
 FAMILY = "runsc"
 
 
+def runtime_names(info: dict[str, Any]) -> set[str]:
+    """The OCI runtimes of an engine's ``docker info``, with ``runsc`` also when gVisor is
+    registered only per platform (``runsc-systrap``...)."""
+    names = set((info.get("Runtimes") or {}).keys())
+    if any(n.startswith(FAMILY + "-") for n in names):
+        names.add(FAMILY)
+    return names
+
+
 def runtime_name(platform: str) -> str:
     """The engine runtime registered for ``platform`` alone (``runsc-systrap``)."""
     return f"{FAMILY}-{platform}"

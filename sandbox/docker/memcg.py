@@ -55,11 +55,11 @@ def _read(path: Path) -> int | None:
     return None
 
 
-def oom_counter(pid: int) -> Callable[[], int | None] | None:
+def oom_counter(pid: object) -> Callable[[], int | None] | None:
     """A reader of the OOM-kill count of ``pid``'s memory cgroup, or None when there is
     none to read here (no such process in this pid namespace, no memory controller, a
     kernel without the ``oom_kill`` field). Never raises."""
-    if pid <= 0:
+    if not isinstance(pid, int) or pid <= 0:
         return None
     for path in _files(pid):
         if _read(path) is not None:

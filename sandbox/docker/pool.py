@@ -32,9 +32,10 @@ and empty as that workspace is, its agent is booted in the pool all the way
 (:attr:`PoolHooks.boot`: the class's config, the gVisor check, the direct channel from
 the slot's own channel directory): what a claim would spend there (~40 ms under gVisor)
 is spent before it. That config is the class's, the same every claimant of the class
-would send; no command has run, and the claimant is the first to send one. The pool
-touches such an agent now and then (:func:`_keep_alive`) so its idle TTL never ends it
-while it waits.
+would send, but for the keeper: booted without one, the agent (and its container) ends
+with the worker that pooled it, as a runc warm sandbox's does; its claimant makes it the
+container's keeper (the agent's ``keeper`` request), so from then on it outlives its
+worker for the idle TTL as every sandbox does. No command has run before the claimant's.
 """
 
 from __future__ import annotations
@@ -121,8 +122,6 @@ class _Warm:
     slot: Path
     #: A gVisor sandbox's agent, booted in the pool (:attr:`PoolHooks.boot`).
     conn: AgentConnection | None = None
-    #: When its agent last had a request (monotonic; :func:`_keep_alive`).
-    touched: float = 0.0
 
     @property
     def lost(self) -> bool:
@@ -170,8 +169,9 @@ class PoolHooks:
     create: Callable[[dict[str, Any]], Awaitable[Any]]
     start_slot: Callable[[], Any]
     #: Boot a pooled gVisor sandbox's agent (container, its spec, its attach stream, the
-    #: slot's directory) as the claimant would: config, checks, direct channel. Raises
-    #: what a connection raises; None: agents are booted by the claimant.
+    #: slot's directory) as the claimant would (config, checks, direct channel), but not
+    #: as the container's keeper. Raises what a connection raises; None: agents are
+    #: booted by the claimant.
     boot: Callable[[Any, SandboxSpec, DockerExecTransport, Path], Awaitable[AgentConnection]] | None = None
 
 
@@ -186,7 +186,6 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fills: set[asyncio.Task[None]] = set()
-        self._pings: set[asyncio.Task[None]] = set()
         #: Why the pool is off on this host (None: on).
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
@@ -249,7 +248,7 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling and remove every pooled sandbox nobody claimed."""
         task, self._task = self._task, None
-        tasks = [*([task] if task else []), *self._fills, *self._pings]
+        tasks = [*([task] if task else []), *self._fills]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -370,22 +369,8 @@ class WarmPool:
                     t = asyncio.create_task(self._fill(key, cls), name="loom-warm-fill")
                     self._fills.add(t)
                     t.add_done_callback(self._fills.discard)
-            self._keep_alive(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 1.0)
-
-    def _keep_alive(self, now: float) -> None:
-        """A request now and then to every booted agent waiting in the pool, whose idle TTL
-        (its keeper: ``spec.idle_ttl`` without a request) would otherwise end it there.
-        One that does not answer is found lost at its claim and discarded."""
-        for cls in self._classes.values():
-            for warm in cls.ready:
-                if warm.conn is None or warm.conn.closed or now - warm.touched < cls.spec.idle_ttl / 3:
-                    continue
-                warm.touched = now
-                t = asyncio.create_task(_ping(warm.conn), name="loom-warm-ping")
-                self._pings.add(t)
-                t.add_done_callback(self._pings.discard)
 
     async def _fill(self, key: str, cls: _Class) -> None:
         try:
@@ -463,7 +448,6 @@ class WarmPool:
             if moved and self._hooks.boot is not None:
                 # Its directory is already the one its workspace will be: boot it all the way.
                 warm.conn = await self._hooks.boot(container, spec, warm.transport, slot / "ws")
-                warm.touched = time.monotonic()
         except BaseException:
             await self._discard(warm)
             raise
@@ -511,13 +495,6 @@ class WarmPool:
                 for key, c in self._classes.items()
             },
         }
-
-
-async def _ping(conn: AgentConnection) -> None:
-    """One request to a waiting agent (it counts as activity); a failure is its claim's
-    to find (:attr:`_Warm.lost`)."""
-    with contextlib.suppress(SandboxError, TimeoutError, OSError):
-        await conn.request("hello", {}, timeout=10)
 
 
 def _make_slot(slot: Path, uid: int, gid: int) -> None:

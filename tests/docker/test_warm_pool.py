@@ -322,21 +322,42 @@ async def test_a_claimed_gvisor_sandbox_talks_over_its_slots_direct_channel(
         assert "ok" in await _sh(backend, workspace, "echo ok")
 
 
-async def test_a_gvisor_warm_sandboxs_agent_waits_booted_and_outlives_its_idle_ttl(
+async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_claimed(
     docker_ready: None, workspace: Path, tmp_path: Path
 ) -> None:
     """Under gVisor the pool boots a warm sandbox's agent all the way (its directory already
-    is the workspace-to-be): its claimant gets a checked agent on the direct channel. Its
-    keeper would end it after the idle TTL without a request; the pool's requests keep it."""
+    is the workspace-to-be): its claimant gets a checked agent on the direct channel. Until
+    then it is nobody's keeper: a worker that dies (its connections closed) takes its warm
+    sandboxes with it. Once claimed, the sandbox outlives its worker as every sandbox does."""
     require_runtime("runsc")
-    async with pooled_backend("runsc", idle_ttl=10, channel_dir=str(tmp_path / "channels")) as backend:
+    async with pooled_backend("runsc", size=2, channel_dir=str(tmp_path / "channels")) as backend:
         assert backend.pool is not None
         (cls,) = backend.pool._classes.values()
-        (warm,) = cls.ready
-        assert warm.conn is not None and warm.conn.direct, warm.conn and warm.conn.close_reason
-        await asyncio.sleep(14)  # past the idle TTL, the keeper checking every second
-        assert not warm.lost and warm.container.id == (await backend.engine.find(warm.container.name)).id
+        assert len(cls.ready) == 2 and all(w.conn is not None and w.conn.direct for w in cls.ready)
         box = await backend.get(workspace)
-        assert await box.connection() is warm.conn  # type: ignore[attr-defined]
+        claimed = cls.ready[0]
+        assert await box.connection() is claimed.conn  # type: ignore[attr-defined]
         assert "ok" in await _sh(backend, workspace, "echo ok")
-        assert backend.pool_status()["claims"] == 1  # type: ignore[index]
+        orphan = cls.ready[-1]
+        assert orphan is not claimed
+        cls.ready.clear()  # as if its worker died: nobody removes it, its connections close
+        assert orphan.conn is not None
+        await orphan.conn.close("worker gone")
+        for _ in range(100):
+            found = await backend.engine.find(orphan.container.name)
+            if found is None or found.status != "running":
+                break
+            await asyncio.sleep(0.1)
+        assert found is None or found.status != "running", found.status
+        await backend.engine.remove(orphan.container)
+        await asyncio.to_thread(slots.release, slots.labels_of(orphan.container))
+        container = await backend.engine.find(container_name(workspace))
+        await backend.aclose()  # the claimed one's worker goes
+        await asyncio.sleep(2)
+        other = make_backend(runtime="runsc", channel_dir=str(tmp_path / "channels"))
+        try:
+            assert "ok" in await _sh(other, workspace, "echo ok")
+            again = await other.engine.find(container_name(workspace))
+            assert container is not None and again is not None and again.id == container.id
+        finally:
+            await other.aclose()

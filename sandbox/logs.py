@@ -98,40 +98,75 @@ def redact(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
+#: structlog's live configuration, which :meth:`LibraryLogger._bound` compares by identity
+#: (no public accessor is cheap: ``structlog.get_config()`` copies it). None if a future
+#: structlog moves it: every event then goes through the lazy proxy, as before.
+_STRUCTLOG_CONFIG: Any = getattr(getattr(structlog, "_config", None), "_CONFIG", None)
+
+
 class LibraryLogger:
     """A named logger for library code; see the module docstring for where events go."""
 
-    __slots__ = ("_proxy", "_std", "name")
+    __slots__ = ("_cache", "_proxy", "_std", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._std = logging.getLogger(name)
         self._proxy = structlog.get_logger(name)  # lazy: reads structlog's config per event
+        self._cache: tuple[Any, Any, Any, Any, Any] | None = None
+
+    def _bound(self) -> Any:
+        """The logger structlog's configuration makes now. The lazy proxy binds a new one
+        (its wrapper, its output logger) for every event: ~8 µs, a twentieth of a
+        ``read_file``, even for an event the level filters out. So the bound one is kept
+        while the configuration's wrapper, processors, context class and logger factory are
+        the same objects (``capture_logs`` and ``configure`` replace them)."""
+        c = _STRUCTLOG_CONFIG
+        if c is None:
+            return self._proxy
+        cached = self._cache
+        wrapper, processors, context, factory = (
+            c.default_wrapper_class,
+            c.default_processors,
+            c.default_context_class,
+            c.logger_factory,
+        )
+        if (
+            cached is not None
+            and cached[0] is wrapper
+            and cached[1] is processors
+            and cached[2] is context
+            and cached[3] is factory
+        ):
+            return cached[4]
+        bound = self._proxy.bind()
+        self._cache = (wrapper, processors, context, factory, bound)
+        return bound
 
     # Each method tests the mode itself: on a service's hot path (one tool.call event per
     # request) a shared helper would be one more Python call per event.
 
     def debug(self, event: str, **kw: Any) -> None:
         if _configured():
-            self._proxy.debug(event, **kw)
+            self._bound().debug(event, **kw)
         elif self._std.isEnabledFor(logging.DEBUG):
             self._emit(logging.DEBUG, event, kw)
 
     def info(self, event: str, **kw: Any) -> None:
         if _configured():
-            self._proxy.info(event, **kw)
+            self._bound().info(event, **kw)
         elif self._std.isEnabledFor(logging.INFO):  # the common case in a library: one cached check
             self._emit(logging.INFO, event, kw)
 
     def warning(self, event: str, **kw: Any) -> None:
         if _configured():
-            self._proxy.warning(event, **kw)
+            self._bound().warning(event, **kw)
         elif self._std.isEnabledFor(logging.WARNING):
             self._emit(logging.WARNING, event, kw)
 
     def error(self, event: str, **kw: Any) -> None:
         if _configured():
-            self._proxy.error(event, **kw)
+            self._bound().error(event, **kw)
         elif self._std.isEnabledFor(logging.ERROR):
             self._emit(logging.ERROR, event, kw)
 
@@ -139,7 +174,7 @@ class LibraryLogger:
         """An error with the exception being handled attached."""
         kw.setdefault("exc_info", True)
         if _configured():
-            self._proxy.error(event, **kw)
+            self._bound().error(event, **kw)
         elif self._std.isEnabledFor(logging.ERROR):
             self._emit(logging.ERROR, event, kw)
 

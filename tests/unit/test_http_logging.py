@@ -98,6 +98,29 @@ def test_capture_logs_still_sees_events_after_configuration(stream: io.StringIO)
     assert stream.getvalue() == ""
 
 
+def test_a_library_logger_follows_each_new_configuration_and_capture(stream: io.StringIO) -> None:
+    """The library's loggers keep the logger structlog made (binding one per event cost
+    more than a filtered event itself) only while the configuration stays the same."""
+    from sandbox.logs import get_logger
+
+    log = get_logger("worker.registry")
+    configure_logging("json", "warning", stream=stream)
+    log.info("filtered")
+    log.warning("kept", n=1)
+    with structlog.testing.capture_logs() as logs:
+        log.info("filtered while captured")
+        log.warning("captured", k=1)
+    log.info("filtered again")
+    configure_logging("json", "info", stream=stream)  # a new level: a new wrapper
+    log.info("now kept", n=2)
+    other = io.StringIO()
+    configure_logging("json", "info", stream=other)  # a new stream: a new logger factory
+    log.info("elsewhere")
+    assert logs == [{"event": "captured", "k": 1, "log_level": "warning"}]
+    assert [(e["event"], e.get("n")) for e in lines(stream)] == [("kept", 1), ("now kept", 2)]
+    assert [e["event"] for e in lines(other)] == ["elsewhere"]
+
+
 def test_a_closed_stream_never_raises_into_the_caller(stream: io.StringIO) -> None:
     configure_logging("json", "info", stream=stream)
     stream.close()

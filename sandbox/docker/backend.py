@@ -169,7 +169,7 @@ class DockerBackend(SandboxBackend):
         await self.engine.remove(container)
         self.channels.abort_boots(container.id)
         if slots.LABEL_SLOT in (container.labels or {}):
-            await asyncio.to_thread(slots.release, slots.labels_of(container))
+            await asyncio.to_thread(slots.release_container, container)
 
     async def ensure_container(self, ws: Path) -> Any:
         """Find this workspace's running container or start one, in one of the engine's

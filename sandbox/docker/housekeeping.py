@@ -83,7 +83,7 @@ async def gc(
         )
         if stale:
             await engine.remove(item["container"])
-            await asyncio.to_thread(slots.release, slots.labels_of(item["container"]))
+            await asyncio.to_thread(slots.release_container, item["container"])
             removed.append({k: v for k, v in item.items() if k != "container"})
     return removed
 

@@ -425,6 +425,9 @@ class WarmPool:
             raise
         except BaseException:
             await asyncio.to_thread(slots.release, {slots.LABEL_SLOT: str(slot)})
+            if channel is not None:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(channel.rmdir)
             raise
         warm = _Warm(container, None, slot)  # type: ignore[arg-type]
         try:
@@ -463,7 +466,7 @@ class WarmPool:
                 await warm.transport.close()
         with contextlib.suppress(SandboxError):
             await self._hooks.engine.remove(warm.container)
-        await asyncio.to_thread(slots.release, slots.labels_of(warm.container))
+        await asyncio.to_thread(slots.release_container, warm.container)
 
     # -- reporting -------------------------------------------------------------------
 

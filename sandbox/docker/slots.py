@@ -25,8 +25,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..identity import workspace_key
 from ..logs import get_logger
-from ..spec import LABEL_PREFIX
+from ..spec import CHANNEL_MOUNT, LABEL_PREFIX
 from . import hostmounts
 from .config import LABEL_WS
 
@@ -174,6 +175,22 @@ def release(labels: dict[str, str] | None) -> None:
             (slot / name).unlink()
     with contextlib.suppress(OSError):
         slot.rmdir()
+
+
+def release_container(container: Any) -> None:
+    """:func:`release` of a removed pooled ``container``'s slot, and the gVisor channel
+    directory the pool made for that slot (mounted at CHANNEL_MOUNT, named by the slot's
+    key: never a workspace's own, which its next start uses again). Only an empty one is
+    removed. Best effort; blocking, call it in a thread."""
+    labels = labels_of(container)
+    slot = slot_of(labels)
+    own = workspace_key(slot / "ws") if slot is not None else None
+    release(labels)
+    for m in (getattr(container, "attrs", None) or {}).get("Mounts") or []:
+        source = m.get("Source") if isinstance(m, dict) else None
+        if own is not None and m.get("Destination") == CHANNEL_MOUNT and source and Path(source).name == own:
+            with contextlib.suppress(OSError):
+                Path(source).rmdir()
 
 
 def labels_of(container: Any) -> dict[str, str]:

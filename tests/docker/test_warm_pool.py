@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.docker import container_name, slots
+from sandbox.docker.channel import _mounted_channel as channel_of
 from sandbox.results import ExecRequest
 from tests.conftest import TEST_OWNER
 from tests.docker.conftest import POOL_ROOT, make_backend, pooled_backend, require_runtime, wait_ready
@@ -320,6 +321,15 @@ async def test_a_claimed_gvisor_sandbox_talks_over_its_slots_direct_channel(
         assert conn.direct, conn.close_reason
         assert backend.pool_status()["claims"] == 1  # type: ignore[index]
         assert "ok" in await _sh(backend, workspace, "echo ok")
+        container = await backend.engine.find(container_name(workspace))
+        assert container is not None
+        slot_channel = channel_of(container)
+        assert slot_channel is not None and slot_channel.parent == channels and slot_channel.is_dir()
+        # The slot's channel directory goes with its sandbox (a workspace's own is kept
+        # for its next start; a slot has none).
+        await backend.stop(workspace)
+        assert not slot_channel.exists()
+    assert list(channels.iterdir()) == []  # the warm ones' too, at shutdown
 
 
 async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_claimed(

@@ -109,3 +109,35 @@ def test_a_workspace_a_peer_already_moved_its_slot_to_is_declined(tmp_path: Path
         slots.move_into_place(second, ws)
     assert ws.stat().st_ino == served and slots.workspace_of(first_labels) == str(ws)
     assert (second / "ws").is_dir() and not (second / slots.CLAIM_FILE).exists()
+
+
+class _Container:
+    def __init__(self, labels: dict[str, str], mounts: list[dict[str, str]]) -> None:
+        self.labels = labels
+        self.attrs = {"Mounts": mounts}
+
+
+def test_a_removed_slots_channel_directory_goes_and_a_workspaces_own_stays(tmp_path: Path) -> None:
+    from sandbox.identity import workspace_key
+    from sandbox.spec import CHANNEL_MOUNT
+
+    channels = tmp_path / "channels"
+    theirs = channels / workspace_key(tmp_path / "a-workspace")
+    theirs.mkdir(parents=True)
+    mount = {"Type": "bind", "Destination": CHANNEL_MOUNT}
+    # A container whose channel mount is a workspace's own: never the pool's to remove.
+    slot, labels = _slot(tmp_path / "pool")
+    slots.release_container(_Container(dict(labels), [{**mount, "Source": str(theirs)}]))
+    assert theirs.is_dir() and not slot.exists()
+    # The slot's own (every _slot here has the same name, so the same key): removed when
+    # empty, left alone otherwise.
+    slot, labels = _slot(tmp_path / "pool")
+    own = channels / workspace_key(slot / "ws")
+    own.mkdir()
+    (own / "left.sock").write_text("")
+    slots.release_container(_Container(dict(labels), [{**mount, "Source": str(own)}]))
+    assert own.is_dir() and not slot.exists()
+    (own / "left.sock").unlink()
+    slot, labels = _slot(tmp_path / "pool")
+    slots.release_container(_Container(dict(labels), [{**mount, "Source": str(own)}]))
+    assert not own.exists() and not slot.exists() and theirs.is_dir()

@@ -46,10 +46,10 @@ from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 
 from .recorder import ChangelogCore
 from .shellrows import (
+    Covering,
     Group,
     Row,
     change_entry,
-    covering,
     dir_order,
     ignored_root,
     is_move,
@@ -357,6 +357,7 @@ class ShellTracker:
         ]
         new = {row.path: row for _e, row, _d in described if rows.get(row.path) is None}
         trees = tree_roots(new, ignored_names)
+        covering = Covering(trees)
         created: dict[int, tuple[ScanEntry, Row, bytes | None]] = {}
         gone: dict[str, Row] = {p: rows[p] for p in removed if p in rows}
         groups: dict[str, Group] = {}
@@ -368,7 +369,7 @@ class ShellTracker:
             if b is None:
                 if row.path in trees:
                     continue  # its one entry is made below
-                tree = covering(row.path, trees)
+                tree = covering(row.path)
                 if tree is not None:
                     trees[tree].add(row)
                     continue

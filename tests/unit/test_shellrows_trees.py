@@ -5,6 +5,8 @@ give, on random trees and on a chain 5,000 directories deep."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +37,7 @@ def _by_definition(new: dict[str, Row], ignored: frozenset[str]) -> dict[str, st
     return out
 
 
-def _covering_by_definition(path: str, trees: dict[str, object]) -> str | None:
+def _covering_by_definition(path: str, trees: Mapping[str, object]) -> str | None:
     parent = path.rpartition("/")[0]
     while parent:
         if parent in trees:

@@ -29,8 +29,14 @@ def outside(workspace: Path) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _link(target: Path | str, at: Path) -> None:
+    if not os.path.lexists(at):  # (two forms use the same link)
+        os.symlink(target, at)
+
+
 def _escape_path(form: str, workspace: Path, outside: Path) -> str:
-    """Set up ``form`` in the workspace; return the path argument that tries to leave."""
+    """Set up ``form`` in the workspace (each form's link has a name of its own, so every
+    form can be set up in one workspace); return the path argument that tries to leave."""
     if form == "dotdot":
         return "../" + outside.name + "/secret.txt"
     if form == "bare_dotdot":
@@ -44,19 +50,19 @@ def _escape_path(form: str, workspace: Path, outside: Path) -> str:
     if form == "sibling_prefix":
         return str(outside / "secret.txt")  # /tmp/loom-ws-x-evil is not inside /tmp/loom-ws-x
     if form == "symlink_file":
-        os.symlink(outside / "secret.txt", workspace / "link.txt")
+        _link(outside / "secret.txt", workspace / "link.txt")
         return "link.txt"
     if form == "symlink_relative":
-        os.symlink("../" + outside.name + "/secret.txt", workspace / "rel.txt")
+        _link("../" + outside.name + "/secret.txt", workspace / "rel.txt")
         return "rel.txt"
     if form == "symlinked_dir":
-        os.symlink(outside, workspace / "linkdir")
+        _link(outside, workspace / "linkdir")
         return "linkdir/secret.txt"
     if form == "symlinked_dir_itself":
-        os.symlink(outside, workspace / "linkdir")
+        _link(outside, workspace / "linkdir")
         return "linkdir"
     if form == "dangling":
-        os.symlink(outside / "created-by-escape.txt", workspace / "dangling.txt")
+        _link(outside / "created-by-escape.txt", workspace / "dangling.txt")
         return "dangling.txt"
     raise AssertionError(form)
 
@@ -90,18 +96,27 @@ def _snapshot(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
 
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("tool", ["read_file", "write_file", "edit_file", "search_files", "list_directory"])
-async def test_escape_is_refused(registry: ToolRegistry, workspace: Path, outside: Path, tool: str, form: str) -> None:
-    before = _snapshot(outside)
-    path = _escape_path(form, workspace, outside)
-    r = await registry.execute(tool, _args(tool, path), workspace)
-    assert not r.success, f"{tool} {form} {path!r} succeeded: {r.output[:300]}"
-    assert r.error is not None and "Safety violation" in r.error, r.error
-    assert "top secret" not in r.output and "top secret" not in r.to_json()
-    assert _snapshot(outside) == before
-    assert not (outside / "created-by-escape.txt").exists()
-    assert (outside / "secret.txt").read_text() == SECRET
+async def test_escape_is_refused(registry: ToolRegistry, workspace: Path, outside: Path, tool: str) -> None:
+    """Every form, one after another in one sandbox (a sandbox per form and backend was
+    most of this suite's time): each refused as a safety violation, nothing outside read,
+    made or changed; every form that was not is named."""
+    failed = []
+    for form in FORMS:
+        before = _snapshot(outside)
+        path = _escape_path(form, workspace, outside)
+        r = await registry.execute(tool, _args(tool, path), workspace)
+        if r.success:
+            failed.append(f"{form} {path!r} succeeded: {r.output[:300]}")
+        elif r.error is None or "Safety violation" not in r.error:
+            failed.append(f"{form} {path!r} failed for another reason: {r.error}")
+        if "top secret" in r.output or "top secret" in r.to_json():
+            failed.append(f"{form} {path!r} showed the secret")
+        if _snapshot(outside) != before or (outside / "secret.txt").read_text() != SECRET:
+            failed.append(f"{form} {path!r} changed what is outside")
+        if (outside / "created-by-escape.txt").exists():
+            failed.append(f"{form} {path!r} made a file outside")
+    assert not failed, f"{tool}: " + "; ".join(failed)
 
 
 async def test_edit_empty_old_str_through_dangling_link_creates_nothing(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -63,41 +64,53 @@ def _make(workspace: Path, name: bytes, content: bytes = b"needle\n") -> None:
         f.write(content)
 
 
-@pytest.mark.parametrize("name", list(NAMES), ids=repr)
-async def test_listing_and_search_show_odd_names_quoted(registry: ToolRegistry, workspace: Path, name: bytes) -> None:
-    _make(workspace, name)
-    _make(workspace, b"plain.txt", b"nothing\n")
-    shown = NAMES[name]
-    r = await registry.execute("list_directory", {"path": "."}, workspace)
-    assert r.success, r.error
-    assert r.output.splitlines() == ["./", *(f"  {n}" for n in sorted([shown, "plain.txt"], key=unquote_path))]
-    assert shown in [e["path"] for e in _encodes(r)["data"]["entries"]]
-    r = await registry.execute("search_files", {"pattern": "needle"}, workspace)
-    assert r.success, r.error
-    assert r.output == f"{shown}:1: needle"
-    assert _encodes(r)["data"]["matches"][0]["path"] == shown
+def _clear(workspace: Path) -> None:
+    """Remove what one name's turn made (the next name's turn starts from an empty workspace)."""
+    shutil.rmtree(os.path.join(os.fsencode(workspace), b"sub"), ignore_errors=True)
+    for entry in os.listdir(os.fsencode(workspace)):
+        os.unlink(os.path.join(os.fsencode(workspace), entry))
 
 
-@pytest.mark.parametrize("name", list(NAMES), ids=repr)
-async def test_the_shown_name_works_as_a_path(registry: ToolRegistry, workspace: Path, name: bytes) -> None:
-    _make(workspace, name, b"a = 1\n")
-    shown = NAMES[name]
-    r = await registry.execute("read_file", {"path": shown}, workspace)
-    assert r.success, r.error
-    assert "a = 1" in r.output and _encodes(r)["data"]["path"] == shown
-    r = await registry.execute("edit_file", {"path": shown, "old_str": "a = 1", "new_str": "a = 2"}, workspace)
-    assert r.success, r.error
-    assert _encodes(r)["files_changed"] == [shown]
-    with open(os.path.join(os.fsencode(workspace), name), "rb") as f:  # noqa: ASYNC230 - test check
-        assert f.read() == b"a = 2\n"
-    # In a directory, as list_directory shows it: dir/"name"
-    os.mkdir(os.path.join(os.fsencode(workspace), b"sub"))
-    _make(workspace / "sub", name, b"in sub\n")
-    r = await registry.execute("read_file", {"path": f"sub/{shown}"}, workspace)
-    assert r.success and "in sub" in r.output, r.error
-    r = await registry.execute("write_file", {"path": f"sub/{shown}", "content": "rewritten\n"}, workspace)
-    assert r.success, r.error
-    assert (workspace / "sub" / os.fsdecode(name)).read_bytes() == b"rewritten\n"
+# Each test takes every name in turn in one sandbox (a sandbox per name and backend was
+# most of this file's time), the workspace emptied between names.
+
+
+async def test_listing_and_search_show_odd_names_quoted(registry: ToolRegistry, workspace: Path) -> None:
+    for name, shown in NAMES.items():
+        _make(workspace, name)
+        _make(workspace, b"plain.txt", b"nothing\n")
+        r = await registry.execute("list_directory", {"path": "."}, workspace)
+        assert r.success, (name, r.error)
+        expected = ["./", *(f"  {n}" for n in sorted([shown, "plain.txt"], key=unquote_path))]
+        assert r.output.splitlines() == expected, name
+        assert shown in [e["path"] for e in _encodes(r)["data"]["entries"]], name
+        r = await registry.execute("search_files", {"pattern": "needle"}, workspace)
+        assert r.success, (name, r.error)
+        assert r.output == f"{shown}:1: needle", name
+        assert _encodes(r)["data"]["matches"][0]["path"] == shown, name
+        _clear(workspace)
+
+
+async def test_the_shown_name_works_as_a_path(registry: ToolRegistry, workspace: Path) -> None:
+    for name, shown in NAMES.items():
+        _make(workspace, name, b"a = 1\n")
+        r = await registry.execute("read_file", {"path": shown}, workspace)
+        assert r.success, (name, r.error)
+        assert "a = 1" in r.output and _encodes(r)["data"]["path"] == shown, name
+        r = await registry.execute("edit_file", {"path": shown, "old_str": "a = 1", "new_str": "a = 2"}, workspace)
+        assert r.success, (name, r.error)
+        assert _encodes(r)["files_changed"] == [shown], name
+        with open(os.path.join(os.fsencode(workspace), name), "rb") as f:  # noqa: ASYNC230 - test check
+            assert f.read() == b"a = 2\n", name
+        # In a directory, as list_directory shows it: dir/"name"
+        os.mkdir(os.path.join(os.fsencode(workspace), b"sub"))
+        _make(workspace / "sub", name, b"in sub\n")
+        r = await registry.execute("read_file", {"path": f"sub/{shown}"}, workspace)
+        assert r.success and "in sub" in r.output, (name, r.error)
+        r = await registry.execute("write_file", {"path": f"sub/{shown}", "content": "rewritten\n"}, workspace)
+        assert r.success, (name, r.error)
+        assert (workspace / "sub" / os.fsdecode(name)).read_bytes() == b"rewritten\n", name
+        _clear(workspace)
 
 
 async def test_a_newline_in_a_name_cannot_forge_a_listing(registry: ToolRegistry, workspace: Path) -> None:

@@ -53,10 +53,10 @@ async def test_shell_cwd_missing(registry: ToolRegistry, workspace: Path) -> Non
     assert not r.success and r.error is not None and "not found" in r.error.lower()
 
 
-@pytest.mark.parametrize("command", ["", "   ", "\n\t"])
-async def test_shell_empty_command(registry: ToolRegistry, workspace: Path, command: str) -> None:
-    r = await registry.execute("shell_execute", {"command": command}, workspace)
-    assert not r.success and r.error == "Empty command"
+async def test_shell_empty_command(registry: ToolRegistry, workspace: Path) -> None:
+    for command in ["", "   ", "\n\t"]:
+        r = await registry.execute("shell_execute", {"command": command}, workspace)
+        assert not r.success and r.error == "Empty command", (command, r.error)
 
 
 async def test_shell_timeout(registry: ToolRegistry, workspace: Path) -> None:
@@ -158,17 +158,19 @@ async def test_search_results_are_sorted_and_the_same_every_time(registry: ToolR
     assert [m["path"] for m in r.data["matches"]] == sorted(n for n in names if n.startswith("d3/"))
 
 
-@pytest.mark.parametrize("pattern", ["--pre=./evil.sh", "--pre=x", "-e", "--files"])
-async def test_search_dash_pattern_is_a_pattern(registry: ToolRegistry, workspace: Path, pattern: str) -> None:
+async def test_search_dash_pattern_is_a_pattern(registry: ToolRegistry, workspace: Path) -> None:
+    """A pattern that looks like one of ripgrep's options is searched for, never obeyed
+    (each in one sandbox, one after another: only the searched file changes)."""
     script = workspace / "evil.sh"
     script.write_text('#!/bin/sh\ntouch "$(dirname "$0")/PWNED"\ncat "$1"\n')
     script.chmod(0o755)
     os.symlink("evil.sh", workspace / "x")
-    (workspace / "data.txt").write_text(f"literal {pattern} here\n")
-    r = await registry.execute("search_files", {"pattern": pattern}, workspace)
-    assert r.success, r.error
-    assert not (workspace / "PWNED").exists()
-    assert r.data is not None and [m["path"] for m in r.data["matches"]] == ["data.txt"]
+    for pattern in ["--pre=./evil.sh", "--pre=x", "-e", "--files"]:
+        (workspace / "data.txt").write_text(f"literal {pattern} here\n")
+        r = await registry.execute("search_files", {"pattern": pattern}, workspace)
+        assert r.success, (pattern, r.error)
+        assert not (workspace / "PWNED").exists(), pattern
+        assert r.data is not None and [m["path"] for m in r.data["matches"]] == ["data.txt"], (pattern, r.data)
 
 
 # -- list_directory --------------------------------------------------------------------

@@ -10,11 +10,11 @@ on that socket; ``main`` reads them.
 """
 
 import base64
+import errno
 import json
 import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 
@@ -178,11 +178,26 @@ class _SocketOut(object):
         pass
 
 
+def private_dir(prefix):
+    """A new directory of mode 0700 under /tmp, ``prefix`` and 16 random hex digits, made
+    as ``tempfile.mkdtemp`` makes one (mkdir fails on a name that exists: another name is
+    tried). Written here because importing tempfile (random, shutil, hashlib...) was a
+    tenth of the agent's imports at every start. Raises OSError."""
+    for _ in range(100):
+        d = "/tmp/" + prefix + os.urandom(8).hex()
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+        return d
+    raise FileExistsError(errno.EEXIST, "No usable name for a directory in /tmp")
+
+
 def listen_for_host(kind, backlog):
     """A private unix socket (``kind``: SOCK_STREAM or SOCK_SEQPACKET) in a fresh directory
     under /tmp, for the host to connect to from outside. Returns (listener, directory,
     path). Raises OSError when the agent cannot listen (no writable /tmp)."""
-    d = tempfile.mkdtemp(prefix="loom-direct-", dir="/tmp")
+    d = private_dir("loom-direct-")
     path = os.path.join(d, "s")
     lst = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
     try:

@@ -1,7 +1,6 @@
 """Reading files: ``read``, ``stat`` and ``hash``, and the check of a file's current
 content that writes and removals make first (:func:`check_expect`)."""
 
-import hashlib
 import os
 import stat
 
@@ -9,8 +8,16 @@ from . import channel, paths, state
 from .errors import Refused
 
 
+def sha256(data=b""):
+    """hashlib's sha256 of ``data``; hashlib (OpenSSL's) is imported at the first hash, not
+    at every agent's start (a sandbox's first result rarely needs it)."""
+    import hashlib
+
+    return hashlib.sha256(data)
+
+
 def _hash_fd(f):
-    h = hashlib.sha256()
+    h = sha256()
     os.lseek(f, 0, 0)
     while True:
         chunk = os.read(f, 1 << 20)
@@ -46,7 +53,7 @@ def op_read(req):
                 **_data(req, head),
                 "size": fst.st_size,
                 "truncated": False,
-                "sha256": hashlib.sha256(head).hexdigest(),
+                "sha256": sha256(head).hexdigest(),
                 "mtime_ns": fst.st_mtime_ns,
                 "binary": binary,
                 "total_lines": None,
@@ -92,7 +99,7 @@ def op_read(req):
                 remaining -= len(chunk)
             data = b"".join(chunks)
             if offset == 0 and not truncated and len(data) == fst.st_size:
-                digest = hashlib.sha256(data).hexdigest()
+                digest = sha256(data).hexdigest()
         return {
             **_data(req, data),
             "size": fst.st_size,

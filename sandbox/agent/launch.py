@@ -8,7 +8,6 @@ own (:func:`feed`)."""
 import errno
 import os
 import signal
-import tempfile
 
 from . import channel
 
@@ -23,7 +22,7 @@ def script_file(command):
     """``command`` in a new private file (mode 0600 in a 0700 directory of /tmp), or None
     when /tmp cannot take it (the command then goes to ``sh -c`` as ever)."""
     try:
-        d = tempfile.mkdtemp(prefix=".loom-cmd-", dir="/tmp")
+        d = channel.private_dir(".loom-cmd-")
     except OSError:
         return None
     path = os.path.join(d, "command")

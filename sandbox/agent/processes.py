@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from . import environ, proctree, state, supervisor
+from . import environ, proctree, state
 from .errors import Refused
 
 TYPE_CHECKING = False
@@ -83,7 +83,10 @@ _BOOT = (
 
 
 def _supervisor_source():
-    """The supervisor's program: its module's source, as this agent got it."""
+    """The supervisor's program: its module's source, as this agent got it (imported only
+    here: an agent that never starts a background process never loads it)."""
+    from . import supervisor
+
     loader = supervisor.__spec__.loader  # type: Any
     return loader.get_source(supervisor.__name__)
 

@@ -10,7 +10,6 @@ exactly that file in place (see ``_put_in_place``): a write either did, or fails
 
 import base64
 import errno
-import hashlib
 import os
 import stat
 import threading
@@ -108,7 +107,7 @@ def op_write(req):
         # The temporary stays open: more content goes through this descriptor, never its
         # name (a process in the sandbox can swap the name for a hard link to another
         # file), and the rename is checked to have put exactly this file in place.
-        digest = hashlib.sha256(data)
+        digest = files.sha256(data)
         result = {
             "size": len(data),
             "sha256": digest.hexdigest(),

@@ -101,6 +101,10 @@ def read_link(name, dir_fd):
         raise
 
 
+#: How a directory on the way is entered: never through a symlink, never anything else.
+_ENTER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def resolve(path, follow_last=True, create_dirs=False):
     """Walk ``path`` from the workspace root without ever leaving it.
 
@@ -135,6 +139,19 @@ def resolve(path, follow_last=True, create_dirs=False):
                 os.close(fd)
                 fd = os.dup(state.ROOT_FD)
                 continue
+            if not last:
+                # The usual case first: a directory on the way, entered with one call (no
+                # lstat before it). O_NOFOLLOW with O_DIRECTORY fails on a symlink or
+                # anything but a directory; then the lstat below says which it was.
+                try:
+                    nfd = os.open(comp, _ENTER, dir_fd=fd)
+                except OSError:
+                    pass
+                else:
+                    os.close(fd)
+                    fd = nfd
+                    cur.append(comp)
+                    continue
             try:
                 st = os.stat(comp, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -192,7 +209,7 @@ def resolve(path, follow_last=True, create_dirs=False):
             if not stat.S_ISDIR(st.st_mode):
                 raise Refused("not_a_directory", "Not a directory: %s" % rel(cur + [comp]))
             try:
-                nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                nfd = os.open(comp, _ENTER, dir_fd=fd)
             except OSError as e:
                 # Swapped for a link or a file between the lstat and the open.
                 raise Refused("escape", "Path %r changed while being resolved (%s)" % (path, e.strerror))

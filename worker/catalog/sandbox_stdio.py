@@ -19,15 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
-from mcp_types import jsonrpc_message_adapter
 
 from .mcp_source import MCPUnavailableError
+
+if TYPE_CHECKING:
+    from mcp.shared.message import SessionMessage
 
 #: One JSON-RPC line larger than this is refused (the sandbox process buffers up to 64 MiB).
 MAX_LINE = 16 << 20
@@ -67,6 +68,11 @@ class SandboxStdioTransport:
     async def __aenter__(self) -> tuple[MemoryObjectReceiveStream[Any], MemoryObjectSendStream[SessionMessage]]:
         if not isinstance(self._sandbox, Spawns):
             raise MCPUnavailableError("this sandbox cannot run long-lived processes (no spawn)")
+        # Imported here, as mcp_source imports the SDK's Client: importing the mcp package
+        # takes most of a second, which every CLI command paid for a module it never used.
+        from mcp.shared.message import SessionMessage
+        from mcp_types import jsonrpc_message_adapter
+
         self.process = await self._sandbox.spawn(self._argv, cwd=self._cwd, env=self._env or None)
         read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)

@@ -23,6 +23,14 @@ has the same bytecode magic number as the worker's, and compiles the sources its
 otherwise (any other Python, or a blob it cannot load). The sources still travel: they are
 what a traceback shows.
 
+Why the compiled code is kept in ``__pycache__``: every process that opens a sandbox (each
+CLI command of a user who runs without the local worker, each test) compiled it again,
+~80 ms of CPU. It is kept as Python keeps a module's ``.pyc``: in the package's
+``__pycache__`` (when that directory is writable), named by the interpreter's cache tag
+and the sha256 of its magic number and every source, so a changed source or another
+Python is a miss (the newest file per cache tag is kept); written to a temporary name and
+renamed, so a reader sees a whole file or none.
+
 Nothing else is needed: the import system itself resolves ``from . import paths`` inside
 the package, and ``importlib.machinery.ModuleSpec`` is taken from ``sys.__spec__`` (the
 import of ``importlib`` would cost every start ~0.3 ms).
@@ -30,8 +38,12 @@ import of ``importlib`` would cost every start ~0.3 ms).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import marshal
+import os
+import sys
 from pathlib import Path
 
 #: The module name of the package inside the sandbox (any name works: the package's
@@ -132,7 +144,6 @@ def build(source_dir: Path = SOURCE_DIR, *, compiled: bool = True) -> tuple[byte
     """
     modules = []
     sources = []
-    codes = {}
     for path in sorted(source_dir.glob("*.py")):
         if path.stem in _NOT_SHIPPED:
             continue
@@ -141,11 +152,7 @@ def build(source_dir: Path = SOURCE_DIR, *, compiled: bool = True) -> tuple[byte
         name = PACKAGE if package else f"{PACKAGE}.{path.stem}"
         modules.append((name, _SHOWN_AS + path.name, package, len(src)))
         sources.append(src)
-        if compiled:
-            # As the loader compiles: no __future__ flags of ours, asserts kept (the
-            # agent's interpreter runs without -O).
-            codes[name] = compile(src, _SHOWN_AS + path.name, "exec", dont_inherit=True, optimize=0)
-    code = marshal.dumps(codes) if compiled else b""
+    code = _compiled(source_dir, modules, sources) if compiled else b""
     loader = LOADER % {
         "modules": tuple(modules),
         "package": PACKAGE,
@@ -153,3 +160,34 @@ def build(source_dir: Path = SOURCE_DIR, *, compiled: bool = True) -> tuple[byte
         "code_size": len(code),
     }
     return loader.encode("utf-8"), b"".join(sources) + code
+
+
+def _compiled(source_dir: Path, modules: list[tuple[str, str, bool, int]], sources: list[bytes]) -> bytes:
+    """The modules' code objects, marshalled: from the cache in ``__pycache__`` when it has
+    them for these sources and this interpreter, else compiled (and kept there if it can)."""
+    key = hashlib.sha256(importlib.util.MAGIC_NUMBER)
+    for (name, shown, _package, size), src in zip(modules, sources, strict=True):
+        key.update(f"{name}\0{shown}\0{size}\0".encode())
+        key.update(src)
+    tag = f"loom-bundle.{sys.implementation.cache_tag}."
+    cache = source_dir / "__pycache__" / f"{tag}{key.hexdigest()[:32]}.marshal"
+    with contextlib.suppress(OSError):
+        return cache.read_bytes()
+    codes = {}
+    for (name, shown, _package, _size), src in zip(modules, sources, strict=True):
+        # As the loader compiles: no __future__ flags of ours, asserts kept (the agent's
+        # interpreter runs without -O).
+        codes[name] = compile(src, shown, "exec", dont_inherit=True, optimize=0)
+    code = marshal.dumps(codes)
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp.write_bytes(code)
+        os.replace(tmp, cache)
+        for old in cache.parent.glob(f"{tag}*.marshal"):  # earlier sources' code
+            if old != cache:
+                old.unlink(missing_ok=True)
+    except OSError:  # a read-only installation: compiled every time, as before
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return code

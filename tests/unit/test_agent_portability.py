@@ -184,3 +184,40 @@ def test_the_sources_are_compiled_when_the_shipped_code_cannot_be_used(tmp_path:
         rest = sources + b"\xff" * (len(rest) - len(sources))
     got = _hello_with(tmp_path, loader, rest, "len(Loader.codes)")
     assert got == {"probe": "0", "code": 0}
+
+
+def test_the_compiled_code_is_kept_for_these_sources_and_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept in the package's __pycache__ and used by the next build (no compile); a changed
+    source is a miss whose code replaces the old file; a directory that cannot be written
+    still gets a bundle, compiled."""
+    import builtins
+    import shutil
+
+    src = tmp_path / "agent"
+    shutil.copytree(bundle.SOURCE_DIR, src, ignore=shutil.ignore_patterns("__pycache__"))
+    first = bundle.build(src)
+    kept = sorted((src / "__pycache__").glob("loom-bundle.*.marshal"))
+    assert len(kept) == 1 and kept[0].read_bytes() == first[1][-len(kept[0].read_bytes()) :]
+
+    real_compile = builtins.compile
+    compiled: list[str] = []
+
+    def counting(source: object, filename: str, *args: object, **kw: object) -> object:
+        compiled.append(filename)
+        return real_compile(source, filename, *args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "compile", counting)
+    assert bundle.build(src) == first and compiled == []  # from the cache
+
+    (src / "tidy.py").write_bytes((src / "tidy.py").read_bytes() + b"\n# changed\n")
+    changed = bundle.build(src)
+    assert compiled and changed != first
+    now = sorted((src / "__pycache__").glob("loom-bundle.*.marshal"))
+    assert len(now) == 1 and now != kept
+
+    compiled.clear()
+    shutil.rmtree(src / "__pycache__")
+    (src / "__pycache__").write_text("not a directory")  # nothing can be kept
+    assert bundle.build(src) == changed and compiled

@@ -16,8 +16,6 @@ import json
 import re
 from typing import Any, Protocol
 
-import httpx
-
 
 class LLMError(Exception):
     """The chat provider failed or answered something unusable."""
@@ -45,6 +43,10 @@ class OpenAICompatProvider:
         timeout: float = 10.0,
         max_tokens: int = 400,
     ) -> None:
+        # httpx is imported by the provider that uses it: the catalog's module is imported by
+        # every registry (and CLI command), a chat provider is configured by few.
+        import httpx
+
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self._max_tokens = max_tokens
@@ -55,6 +57,8 @@ class OpenAICompatProvider:
         )
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
+        import httpx
+
         body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": self._max_tokens}
         try:
             r = await self._client.post("chat/completions", json=body)

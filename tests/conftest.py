@@ -55,9 +55,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     stop_workers(_RUN_DIR)
     shutil.rmtree(_RUN_DIR, ignore_errors=True)
-    # The warm pools' directory (tests/docker/conftest.py POOL_ROOT) is a shared mount
+    # The warm pools' directory (POOL_ROOT) is a shared mount
     # while the session runs: undone, so no later container copies it and it can go.
-    pools = Path("/tmp/loom-test-pools") / TEST_OWNER
+    pools = POOL_ROOT
     if pools.is_dir():
         from sandbox.docker.hostmounts import release_root
 
@@ -67,6 +67,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             pass
         else:
             shutil.rmtree(pools, ignore_errors=True)
+    # and gVisor's slots beside it (PoolConfig.moved_root: its claims file, a slot a
+    # failed test left), no mount of their own
+    shutil.rmtree(POOL_ROOT.with_name(POOL_ROOT.name + "-runsc"), ignore_errors=True)
 
 
 SANDBOX_IMAGE = os.environ.get("LOOM_TEST_IMAGE", "loom-sandbox:latest")
@@ -77,6 +80,11 @@ REQUIRE_DOCKER = os.environ.get("REQUIRE_DOCKER") == "1"
 #: one id per run (scripts/test sets it), so that its closing ``gc --all`` removes this
 #: run's leftovers and never another run's or another installation's sandboxes.
 TEST_OWNER = os.environ.get("LOOM_TEST_OWNER") or f"loom-tests-{os.getpid()}"
+#: The warm pools' directory of this test process (a shared mount while the session runs):
+#: one per pytest-xdist worker (scripts/test runs the contract and unit tiers two at a
+#: time), so no two processes set up or undo the same mount.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+POOL_ROOT = Path("/tmp/loom-test-pools") / (TEST_OWNER + (f"-{_XDIST_WORKER}" if _XDIST_WORKER else ""))
 
 
 def _docker_problem() -> str | None:

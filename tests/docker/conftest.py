@@ -12,7 +12,7 @@ import pytest
 
 from sandbox.docker import DockerBackend
 from sandbox.spec import SandboxSpec
-from tests.conftest import REQUIRE_DOCKER, SANDBOX_IMAGE, TEST_OWNER, gvisor_available
+from tests.conftest import POOL_ROOT, REQUIRE_DOCKER, SANDBOX_IMAGE, TEST_OWNER, gvisor_available
 from worker.owner import OWNER_FILE
 
 pytestmark = pytest.mark.docker
@@ -34,8 +34,6 @@ async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[Do
         await backend.aclose()
 
 
-#: The warm pool's directory of the tests (one shared mount per test owner, kept).
-POOL_ROOT = Path("/tmp/loom-test-pools") / TEST_OWNER
 
 
 async def wait_ready(backend: DockerBackend, n: int, timeout: float = 60.0) -> dict[str, Any]:

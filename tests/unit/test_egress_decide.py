@@ -248,6 +248,14 @@ HEAD = get("pypi.org")
 CUT = hello("pypi.org")[:40]
 
 
+def _stable_id(value: object) -> str | None:
+    """A ClientHello's id by what it is, not its bytes (random in every hello): pytest-xdist's
+    workers must collect the same test names."""
+    if isinstance(value, bytes) and value.startswith(b"\x16\x03"):
+        return f"tls-hello-{len(value)}B"
+    return None
+
+
 @pytest.mark.parametrize(
     ("host", "port", "buf", "ended", "want"),
     [
@@ -304,6 +312,7 @@ CUT = hello("pypi.org")[:40]
         ("git.test", 22, get("evil.example"), None, "HTTP Host evil.example differs"),  # HTTP is checked anywhere
         ("git.test", 22, hello("evil.example"), None, "TLS server name evil.example differs"),  # TLS too
     ],
+    ids=_stable_id,
 )
 def test_first_bytes(host: str, port: int, buf: bytes, ended: decide.Ended, want: object) -> None:
     got = decide.first_bytes(buf, host, port, ended)
@@ -357,6 +366,7 @@ def test_synthetic(address: str, want: object) -> None:
         (b"", "eof", Drop()),
         (b"", "timeout", Drop()),
     ],
+    ids=_stable_id,
 )
 def test_transparent(buf: bytes, ended: decide.Ended, want: object) -> None:
     got = decide.transparent(buf, PYPI, ended)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
-
-from sandbox.base import ExecRequest
 
 if TYPE_CHECKING:  # imported when a command runs: --help and `call` must not pay for them
     from pathlib import Path
@@ -44,6 +41,7 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
     import tempfile
     from pathlib import Path
 
+    from sandbox.base import ExecRequest
     from sandbox.errors import SandboxError
 
     from .common import workspace_registry
@@ -129,6 +127,7 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
     import tempfile
     from pathlib import Path
 
+    from sandbox.base import ExecRequest
     from sandbox.client import AgentSandbox
     from sandbox.errors import SandboxError, SandboxUnavailableError
 
@@ -342,6 +341,8 @@ async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
 async def _gc_fork_volumes(backend: Any, settings: Settings, engine_wide: bool) -> list[str]:
     """The fork volumes no fork is (``worker.snapshots.overlay.gc``): a live fork is a
     workspace, never garbage, even with --all. Raises SnapshotError, DaemonUnavailableError."""
+    import asyncio
+
     from ..snapshots import overlay
     from ..snapshots.index import Index
 

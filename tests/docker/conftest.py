@@ -34,8 +34,6 @@ async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[Do
         await backend.aclose()
 
 
-
-
 async def wait_ready(backend: DockerBackend, n: int, timeout: float = 60.0) -> dict[str, Any]:
     """Wait until ``backend``'s pool has ``n`` warm sandboxes ready; its status."""
     import asyncio

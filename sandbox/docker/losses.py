@@ -43,17 +43,35 @@ async def reset_after_lost_exec(
     SandboxUnavailableError (logged)."""
     try:
         container = await engine.find(name)
-        for _ in range(15):  # an OOM kill ends the container within moments: let it settle
+        for _ in range(25):  # an OOM kill ends the container within moments: let it settle
             if container is None or container.status not in ("running", "restarting"):
                 break
             await asyncio.sleep(0.1)
             await engine.call("inspect sandbox", container.reload)
         if container is None:
             return "reset"  # already gone (TTL, removed): nothing of the command is left
-        oom = bool((container.attrs.get("State") or {}).get("OOMKilled"))
+        oom = _oom_killed(container)
+        for _ in range(10):
+            # The engine hears of a container's exit and of its OOM kill as two events, in
+            # either order (on a busy host the exit can come a moment first): a container
+            # that ended killed (137) without the flag yet is looked at again, briefly.
+            if oom or container.status in ("running", "restarting") or _exit_code(container) != 137:
+                break
+            await asyncio.sleep(0.1)
+            await engine.call("inspect sandbox", container.reload)
+            oom = _oom_killed(container)
         await remove(container)
     except SandboxUnavailableError as e:
         log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
         return None
     log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name, oom=oom)
     return "oom" if oom else "reset"
+
+
+def _oom_killed(container: Any) -> bool:
+    return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+
+
+def _exit_code(container: Any) -> int | None:
+    code = (container.attrs.get("State") or {}).get("ExitCode")
+    return code if isinstance(code, int) else None

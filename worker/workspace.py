@@ -270,7 +270,7 @@ class Workspace:
         the methods here: an undo, a snapshot's restore, a harness's write). Returns what it
         changed; a workspace it cannot read is logged, not raised (the next check retries)."""
         try:
-            return await asyncio.to_thread(self.guard.check)
+            return await self.guard.check_soon()
         except OSError as e:
             log.error("workspace.guard_failed", workspace=str(self.root), error=str(e))
             return []

@@ -293,3 +293,119 @@ def test_the_agents_filter_refuses_setid_bits_and_devices(tmp_path: Path) -> Non
     )
     assert p.stdout == b"ok\n", p.stderr.decode()
     assert not (tmp_path / "g").exists() or not (tmp_path / "g").stat().st_mode & 0o6000
+
+
+def _setuid_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"#!/bin/sh\n")
+    path.chmod(0o4755)
+
+
+def test_a_quick_check_does_a_small_workspaces_whole_check(tmp_path: Path) -> None:
+    """On the event loop (``check_quick``): a small workspace's check done in full, its fixes
+    reported as ``check`` reports them."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    assert guard.check_quick(1.0) is None  # the first look takes the trust (files written): a thread's
+    assert guard.check() == []
+    _setuid_file(ws / "d" / "f")
+    done = guard.check_quick(1.0)
+    assert done is not None and {(a.path, a.what) for a in done} == {("d/f", "setuid/setgid bits cleared")}
+    assert stat.S_IMODE((ws / "d" / "f").stat().st_mode) == 0o755
+    assert guard.check_quick(1.0) == []
+
+
+def test_a_quick_check_over_its_budget_leaves_the_rest_and_its_report_to_the_full_check(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    for i in range(30):
+        _setuid_file(ws / f"d{i:02d}" / "f")
+    # past its deadline from the start: it gives up at the first directory it would enter
+    assert guard.check_quick(-1.0) is None
+    done = {(a.path, a.what) for a in guard.check()}
+    assert done == {(f"d{i:02d}/f", "setuid/setgid bits cleared") for i in range(30)}
+    assert all(stat.S_IMODE((ws / f"d{i:02d}" / "f").stat().st_mode) == 0o755 for i in range(30))
+    # and what a quick check fixed before it gave up is reported by the check that follows
+    guard2 = WorkspaceGuard(ws)
+    guard2.check()
+    _setuid_file(ws / "f")  # in the root: fixed before the walk enters a subdirectory
+    seen: list[str] = []
+    real_run = guard2._walk.run
+
+    def run_then_late(root_fd: int, actions: list, deadline: float | None = None):  # type: ignore[no-untyped-def]
+        for rel in real_run(root_fd, actions, None):
+            seen.append(rel)
+            yield rel
+        if deadline is not None:
+            from worker.guard.walk import OverBudget
+
+            raise OverBudget("late")
+
+    guard2._walk.run = run_then_late  # type: ignore[method-assign]
+    assert guard2.check_quick(1.0) is None
+    assert stat.S_IMODE((ws / "f").stat().st_mode) == 0o755  # fixed by the quick check
+    assert {(a.path, a.what) for a in guard2.check()} == {("f", "setuid/setgid bits cleared")}
+
+
+def test_a_quick_check_never_waits_for_the_lock_or_makes_a_whole_walk(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    with guard._lock:  # another thread's check under way
+        assert guard.check_quick(1.0) is None
+    guard._walk.full_at = -1e9  # a whole walk (every file stat'ed again) is due
+    assert guard.check_quick(1.0) is None
+    assert guard.check() == []
+    assert guard.check_quick(1.0) == []
+
+
+@needs_git
+def test_a_quick_check_leaves_a_git_config_to_read_to_the_full_check(tmp_path: Path) -> None:
+    """Reading a config runs git: never on the event loop."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    guard.check()
+    _git(ws, "init", "-q", "r")
+    _git(ws / "r", "config", "core.pager", "evil")
+    assert guard.check_quick(1.0) is None
+    assert {(a.path, a.what) for a in guard.check()} == {("r/.git/config", "git config: removed core.pager")}
+    assert guard.check_quick(1.0) == []  # judged clean now: nothing for git to read
+
+
+async def test_check_soon_stays_on_the_loop_while_checks_fit_and_moves_to_a_thread_when_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from worker.guard import guard as guard_module
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    guard = WorkspaceGuard(ws)
+    threads: list[str] = []
+    real_check = guard.check
+
+    def check() -> list:  # type: ignore[type-arg]
+        threads.append(threading.current_thread().name)
+        return real_check()
+
+    guard.check = check  # type: ignore[method-assign]
+    assert await guard.check_soon() == []  # the first look (the trust taken): in a thread, not judged
+    _setuid_file(ws / "d" / "f")
+    assert [a.path for a in await guard.check_soon()] == ["d/f"]  # on the loop
+    assert len(threads) == 1
+    monkeypatch.setattr(guard_module, "INLINE_BUDGET", -1.0)  # nothing fits now
+    _setuid_file(ws / "e" / "f")
+    assert [a.path for a in await guard.check_soon()] == ["e/f"]
+    assert len(threads) == 2 and threads[-1] != threading.current_thread().name
+    await guard.check_soon()
+    assert len(threads) == 3  # straight to the thread while checks do not fit
+    monkeypatch.setattr(guard_module, "INLINE_BUDGET", 10.0)
+    await guard.check_soon()  # one more in a thread: it fits, so the next is on the loop
+    await guard.check_soon()
+    assert len(threads) == 4

@@ -3,11 +3,13 @@ the host (see the package docstring)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import stat
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from sandbox.identity import fork_volume_of
 from sandbox.logs import get_logger
 
 from . import gitconfig
-from .walk import DIR_FLAGS, Action, Identity, Walk, chmod_logged, identity, is_git_dir, join, pinned
+from .walk import DIR_FLAGS, Action, Identity, OverBudget, Walk, chmod_logged, identity, is_git_dir, join, pinned
 
 log = get_logger("worker.guard")
 
@@ -25,11 +27,14 @@ _CONFIGS = ("config", "config.worktree")
 #: Names that make a tool's write a matter for the guard (see WorkspaceGuard.concerns).
 _GIT_NAMES = frozenset({".git", "config", "config.worktree", "HEAD", "commondir", "gitdir", "hooks", "objects", "refs"})
 TRUST_FILE = "git-trust.json"
+#: Seconds a check may run on the event loop (:meth:`WorkspaceGuard.check_soon`: a
+#: workspace of a few dozen directories); a longer one runs in a thread.
+INLINE_BUDGET = 0.0005
 
 
 class WorkspaceGuard:
     """The check of one workspace directory ``root`` (a real host path). Blocking (call it
-    in a thread); thread-safe.
+    in a thread, or :meth:`check_soon` from the event loop); thread-safe.
 
     What it trusts: git configuration and hooks as they were when the guard first looked
     at the workspace (saved in ``state_dir``, so another process of the worker trusts the
@@ -46,6 +51,9 @@ class WorkspaceGuard:
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
         self._walk = Walk()
         self._lock = threading.Lock()
+        self._deadline: float | None = None  # of the check_quick running now
+        self._unreported: list[Action] = []  # what a check_quick over its budget did
+        self._inline = True  # whether check_soon tries check_quick (the last check fitted)
         self._git = gitconfig.git_binary()
         #: What the last check changed.
         self.last: list[Action] = []
@@ -79,38 +87,89 @@ class WorkspaceGuard:
         """Look at the whole workspace; undo what could run on the host. Returns what it
         changed (also logged). Raises OSError when the workspace cannot be opened."""
         with self._lock:
-            actions: list[Action] = []
-            root_fd = os.open(self.root, DIR_FLAGS)
+            return self._check()
+
+    async def check_soon(self) -> list[Action]:
+        """:meth:`check` from the event loop: on the loop itself while a whole check fits
+        :data:`INLINE_BUDGET` (:meth:`check_quick`), else in a thread; inline again once one
+        fits (the tree shrank). Raises OSError as :meth:`check` does."""
+        if self._inline:
+            quick = self.check_quick(INLINE_BUDGET)
+            if quick is not None:
+                return quick
+        return await asyncio.to_thread(self._check_timed)
+
+    def _check_timed(self) -> list[Action]:
+        """:meth:`check` in check_soon's thread, which learns whether it fitted the budget
+        (the first look, which takes the trust, always goes to a thread and is not judged)."""
+        first = self._trust is None
+        started = time.monotonic()
+        actions = self.check()
+        if not first:
+            self._inline = time.monotonic() - started < INLINE_BUDGET
+        return actions
+
+    def check_quick(self, budget: float) -> list[Action] | None:
+        """:meth:`check`, if it takes at most about ``budget`` seconds and needs no program
+        (git reading a config) and no lock another thread holds; else None, and
+        :meth:`check` must follow (it reports what this one already changed). For the event
+        loop itself: a small workspace's check costs a few microseconds, the hop to a
+        thread and back a hundred. Raises OSError as :meth:`check` does."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._deadline = time.monotonic() + budget
             try:
-                if self._fork is not None and os.fstat(root_fd).st_dev == os.stat(self.root.parent).st_dev:
-                    # an overlay fork whose sandbox is stopped: the bare directory under its
-                    # mount, which nothing reaches; its tree is looked at once mounted
-                    return []
-                git_dirs = list(self._walk.run(root_fd, actions))
-                root_id = self._root_id(root_fd)
-                if self._trust is None and not self._load_trust(root_id):
-                    self._take_trust(root_fd, git_dirs)
-                else:
-                    if root_id != self._trust_root:
-                        # Another directory at the root's path under this process (a gVisor
-                        # warm sandbox's, moved into place: sandbox.docker.slots). What was
-                        # trusted stays so (by inode: nothing of the new one), recorded for
-                        # it: the next process must judge what is there, not trust it.
-                        self._save_trust(root_id)
-                    for rel in git_dirs:
-                        self._git_dir(root_fd, rel, actions)
-                    for rel in self._hookdirs:
-                        self._hooks(root_fd, rel, actions)
-            finally:
-                os.close(root_fd)
-            self.last = actions
-            if actions:
-                log.warning(
-                    "workspace.guard",
-                    workspace=str(self.root),
-                    actions=[f"{a.path}: {a.what}" for a in actions],
-                )
-            return actions
+                return self._check()
+            except OverBudget:
+                return None
+        finally:
+            self._deadline = None
+            self._lock.release()
+
+    def _check(self) -> list[Action]:
+        actions = self._unreported
+        self._unreported = []
+        try:
+            return self._look(actions)
+        except OverBudget:
+            self._unreported = actions  # (check_quick: the check that follows reports them)
+            raise
+
+    def _look(self, actions: list[Action]) -> list[Action]:
+        root_fd = os.open(self.root, DIR_FLAGS)
+        try:
+            if self._fork is not None and os.fstat(root_fd).st_dev == os.stat(self.root.parent).st_dev:
+                # an overlay fork whose sandbox is stopped: the bare directory under its
+                # mount, which nothing reaches; its tree is looked at once mounted
+                return []
+            git_dirs = list(self._walk.run(root_fd, actions, self._deadline))
+            root_id = self._root_id(root_fd)
+            if self._deadline is not None and (self._trust is None or root_id != self._trust_root):
+                raise OverBudget("trust to take or record")  # (files written: not on the event loop)
+            if self._trust is None and not self._load_trust(root_id):
+                self._take_trust(root_fd, git_dirs)
+            else:
+                if root_id != self._trust_root:
+                    # Another directory at the root's path under this process (a gVisor
+                    # warm sandbox's, moved into place: sandbox.docker.slots). What was
+                    # trusted stays so (by inode: nothing of the new one), recorded for
+                    # it: the next process must judge what is there, not trust it.
+                    self._save_trust(root_id)
+                for rel in git_dirs:
+                    self._git_dir(root_fd, rel, actions)
+                for rel in self._hookdirs:
+                    self._hooks(root_fd, rel, actions)
+        finally:
+            os.close(root_fd)
+        self.last = actions
+        if actions:
+            log.warning(
+                "workspace.guard",
+                workspace=str(self.root),
+                actions=[f"{a.path}: {a.what}" for a in actions],
+            )
+        return actions
 
     # -- git ----------------------------------------------------------------------------
 
@@ -141,6 +200,8 @@ class WorkspaceGuard:
             return
         if not stat.S_ISREG(st.st_mode) or self._git is None:
             return
+        if self._deadline is not None:
+            raise OverBudget("a git config to read")  # (git is a program: not on the event loop)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:

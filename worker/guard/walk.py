@@ -26,6 +26,12 @@ Identity = tuple[int, int, int, int]
 _DirState = tuple[tuple[int, int, int], tuple[str, ...], bool]
 
 
+class OverBudget(Exception):
+    """A check run inline on the event loop (:meth:`WorkspaceGuard.check_quick`) that would
+    take longer than its budget: a whole walk, a directory past the deadline, a git config
+    to read with git. Nothing it did is lost (see ``check_quick``)."""
+
+
 @dataclass(frozen=True)
 class Action:
     """One thing the guard changed: workspace-relative ``path`` and ``what`` it did."""
@@ -59,18 +65,26 @@ class Walk:
         self._dirs: dict[str, _DirState] = {}
         self.full_at = -FULL_WALK_EVERY
 
-    def run(self, root_fd: int, actions: list[Action]) -> Iterator[str]:
+    def run(self, root_fd: int, actions: list[Action], deadline: float | None = None) -> Iterator[str]:
         """Every directory below the root, without following a link: clear setuid and setgid
-        bits, remove device nodes and file capabilities; yield the git directories."""
+        bits, remove device nodes and file capabilities; yield the git directories.
+
+        With ``deadline`` (a ``time.monotonic()``), raises OverBudget for a whole walk and
+        once the deadline passes between two directories; what is known stays as it was
+        (a later walk does it all again), what was fixed is in ``actions``."""
         stack: list[tuple[int, str, list[str]]] = []
         now = time.monotonic()
         full = now - self.full_at >= FULL_WALK_EVERY
+        if full and deadline is not None:
+            raise OverBudget("a whole walk")
         if full:
             self.full_at = now
         seen: dict[str, _DirState] = {}
         fd, rel = os.dup(root_fd), ""
         try:
             while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise OverBudget("past the deadline")
                 dst = os.fstat(fd)
                 ident = (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
                 known = None if full else self._dirs.get(rel)

@@ -143,6 +143,14 @@ class LibraryLogger:
         self._cache = (wrapper, processors, context, factory, bound)
         return bound
 
+    def enabled_for(self, level: int) -> bool:
+        """Whether an event at ``level`` would go anywhere, so a hot path can skip making
+        one (``tool.call``'s fields, on every call)."""
+        if _configured():
+            check = getattr(self._bound(), "is_enabled_for", None)
+            return True if check is None else bool(check(level))
+        return self._std.isEnabledFor(level)
+
     # Each method tests the mode itself: on a service's hot path (one tool.call event per
     # request) a shared helper would be one more Python call per event.
 

@@ -32,7 +32,9 @@ LINGER_AFTER_EXIT = 0.1
 #: without sleeping (yielding the CPU on each round). A thread that sleeps lets its CPU go
 #: idle, and under virtualization (no guest halt-polling) waking an idle vCPU is slow:
 #: measured in the sandbox on this project's CI VM, `true` takes ~0.2 ms less this way
-#: and 8-13 ms commands ~1 ms less. Bounded: at most this much CPU per command.
+#: and 8-13 ms commands ~1 ms less. Bounded: at most this much CPU per command. Only on
+#: the host's kernel (runc, where the agent is a subreaper): under gVisor each round is two
+#: system calls the sentry serves, and `true` took ~0.75 ms longer with it, not less.
 SPIN_WINDOW = 0.002
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 #: The most of each stream a command's answer keeps (the host's ``MAX_EXEC_OUTPUT``).
@@ -166,7 +168,7 @@ def _run(req, command, argv, timeout, cap, hard_limit, env, cwd, script):
                 outcome = "disk_limit"
                 break
             wait = min(deadline - now, disk.DISK_POLL if exited_at is None else LINGER_AFTER_EXIT)
-            if now - started < SPIN_WINDOW:
+            if state.subreaper and now - started < SPIN_WINDOW:
                 wait = 0
                 _sched_yield()
             for key, _ in sel.select(max(wait, 0)):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from worker.policy.paths import normalize, require_file_path
 from worker.tool import PolicyError, ToolError
@@ -63,3 +65,21 @@ def test_require_file_path_refuses_root() -> None:
         require_file_path(".", WS)
     with pytest.raises(ToolError, match="Not a file"):
         require_file_path(WS, WS)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=["a", "b", "/", ".", " ", "\x00", "\\"], max_size=14))
+def test_the_fast_path_of_normalize_is_the_general_one(path: str) -> None:
+    """``normalize`` takes a plain relative path as it is (the usual case, on every file
+    tool's call); a ``./`` in front sends the same path through the general algorithm. (No
+    quotes drawn: the fast path never takes one, and a path quoted whole is not the same
+    as ``./`` and a quoted name.)"""
+    assume(path[:1] != "/" and not (path and path.isspace()) and path != "")
+
+    def outcome(p: str) -> str:
+        try:
+            return normalize(p)
+        except PolicyError as e:
+            return "refused: " + str(e).replace("'./", "'")
+
+    assert outcome(path) == outcome("./" + path)

@@ -226,3 +226,28 @@ def test_the_service_logs_json_lines_to_stderr(tmp_path: Path) -> None:
     [call] = [e for e in events if e["event"] == "tool.call"]
     assert call["logger"] == "worker.registry" and call["tool"] == "no_such_tool" and call["success"] is False
     assert all(line.startswith("{") for line in err.splitlines() if line.strip()), err  # JSON lines only
+
+
+def test_enabled_for_says_whether_an_event_would_go_anywhere() -> None:
+    """``LibraryLogger.enabled_for``: what the level filter of the configuration in force
+    says (structlog's when it is configured, the standard logger's otherwise)."""
+    import logging
+
+    import structlog
+
+    from sandbox.logs import get_logger
+
+    log = get_logger("loom.test.enabled")
+    try:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        assert not log.enabled_for(logging.INFO) and log.enabled_for(logging.WARNING)
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+        assert log.enabled_for(logging.INFO)
+    finally:
+        structlog.reset_defaults()
+    std = logging.getLogger("loom.test.enabled")
+    std.setLevel(logging.ERROR)
+    try:
+        assert not log.enabled_for(logging.WARNING) and log.enabled_for(logging.ERROR)
+    finally:
+        std.setLevel(logging.NOTSET)

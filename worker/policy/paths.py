@@ -44,6 +44,11 @@ def normalize(path: str, workspace_root: str | None = None) -> str:
 
     Raises PolicyError ("Safety violation: ...") for a path that leaves the workspace.
     """
+    if path and '"' not in path and "\x00" not in path and len(path) <= MAX_PATH_CHARS and path[0] != "/":
+        # The usual path (on every file tool's call): plain names only, already normal.
+        framed = f"/{path}/"
+        if "//" not in framed and "/./" not in framed and "/../" not in framed and not path.isspace():
+            return path
     path = unquote_path(path)
     if "\x00" in path:
         raise PolicyError("Path contains a NUL byte")
@@ -88,7 +93,12 @@ def require_file_path(path: str, workspace_root: str | None = None) -> str:
     Raises PolicyError for a path that leaves the workspace, ToolError ("Not a file")
     for the workspace root itself.
     """
-    rel = normalize(path, workspace_root)
+    return not_the_root(normalize(path, workspace_root), path)
+
+
+def not_the_root(rel: str, path: str) -> str:
+    """``rel`` (``path`` normalized), which must not be the workspace's root. Raises
+    ToolError ("Not a file") for the root."""
     if rel == ".":
         raise ToolError(f"Not a file: '{path}' is a directory (the workspace's root)")
     return rel

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections.abc import Mapping
@@ -120,18 +121,8 @@ class Execution:
         result = await self._run(name, arguments, workspace, call_id, subtask_id, on_output, control)
         result = result.capped()
         duration_ms = (time.perf_counter() - started) * 1000.0
-        kind = (result.data or {}).get("error_kind") if not result.success else None
-        log.info(
-            "tool.call",
-            tool=name,
-            workspace=str(workspace) if workspace is not None else None,
-            call_id=call_id,
-            subtask_id=subtask_id,
-            success=result.success,
-            error_kind=kind,
-            error=result.error[:200] if result.error else None,
-            duration_ms=round(duration_ms, 3),
-        )
+        if log.enabled_for(logging.INFO):
+            self._log_call(name, workspace, call_id, subtask_id, result, duration_ms)
         if self.journal is not None and workspace is not None:
             ws = self.workspaces.cached(workspace)
             self.journal.record(
@@ -145,6 +136,29 @@ class Execution:
                 root=None if ws is None else ws.root,
             )
         return result
+
+    @staticmethod
+    def _log_call(
+        name: str,
+        workspace: Path | str | None,
+        call_id: str,
+        subtask_id: str | None,
+        result: ToolResult,
+        duration_ms: float,
+    ) -> None:
+        """The ``tool.call`` event (made only when it goes somewhere: every call passes here)."""
+        kind = (result.data or {}).get("error_kind") if not result.success else None
+        log.info(
+            "tool.call",
+            tool=name,
+            workspace=str(workspace) if workspace is not None else None,
+            call_id=call_id,
+            subtask_id=subtask_id,
+            success=result.success,
+            error_kind=kind,
+            error=result.error[:200] if result.error else None,
+            duration_ms=round(duration_ms, 3),
+        )
 
     async def _run(
         self,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sandbox.errors import PathNotFoundError
 
-from ..policy.paths import CONTAINER_ROOT, normalize, require_file_path
+from ..policy.paths import CONTAINER_ROOT, normalize, not_the_root
 from ..tool import ToolError
 from ..workspace import Workspace
 
@@ -25,6 +25,8 @@ def odd_form(path: str, root: str) -> tuple[str, bool] | None:
     (also for a quoted name, or an absolute path the lexical policy judges alone)."""
     if '"' in path:
         return None
+    if path[:1] != "/" and ".." not in path and not path.endswith(("/", "/.")) and path != ".":
+        return None  # the usual path: nothing the shell reads otherwise
     p = path
     if p.startswith("/"):
         base = root.rstrip("/")
@@ -55,10 +57,11 @@ async def file_path(ws: Workspace, path: str, *, create: bool) -> str:
     """
     if path == "":
         raise ToolError("No such file or directory: the path is empty")
-    normalize(path, str(ws.root))  # the lexical policy first: PolicyError
-    form = odd_form(path, str(ws.root))
+    root = str(ws.root)
+    rel = normalize(path, root)  # the lexical policy first: PolicyError
+    form = odd_form(path, root)
     if form is None:
-        return require_file_path(path, str(ws.root))
+        return not_the_root(rel, path)
     raw, slash = form
     if create and raw.endswith("/"):
         # open("x/", O_CREAT) is EISDIR whatever x is, once the directories before it are

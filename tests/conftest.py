@@ -49,6 +49,27 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         pass
 
 
+_DOCKER_TIER = Path(__file__).parent / "docker"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``LOOM_TEST_ALONE=skip`` leaves out the docker tier's tests marked ``alone``, ``only``
+    keeps only those of the docker tier (scripts/test runs the docker tier two at a time,
+    then these with the one-at-a-time tiers). Unset: every test."""
+    which = os.environ.get("LOOM_TEST_ALONE")
+    if which not in ("skip", "only"):
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        docker_tier = item.path.is_relative_to(_DOCKER_TIER)
+        alone = item.get_closest_marker("alone") is not None
+        (drop if docker_tier and alone == (which == "skip") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop the local workers the session started, and remove its run directory."""
     from tests.workers import stop_workers

@@ -54,8 +54,8 @@ async def reset_after_lost_exec(
         for _ in range(10):
             # The engine hears of a container's exit and of its OOM kill as two events, in
             # either order (on a busy host the exit can come a moment first): a container
-            # that ended killed (137) without the flag yet is looked at again, briefly.
-            if oom or container.status in ("running", "restarting") or _exit_code(container) != 137:
+            # that ended without the flag yet is looked at again, briefly.
+            if oom or container.status in ("running", "restarting") or _exit_code(container) == 0:
                 break
             await asyncio.sleep(0.1)
             await engine.call("inspect sandbox", container.reload)
@@ -64,7 +64,14 @@ async def reset_after_lost_exec(
     except SandboxUnavailableError as e:
         log.warning("sandbox.reset_failed", workspace=str(ws), error=str(e))
         return None
-    log.warning("sandbox.reset_after_lost_exec", workspace=str(ws), container=container.name, oom=oom)
+    log.warning(
+        "sandbox.reset_after_lost_exec",
+        workspace=str(ws),
+        container=container.name,
+        oom=oom,
+        status=container.status,
+        exit_code=_exit_code(container),
+    )
     return "oom" if oom else "reset"
 
 

@@ -177,6 +177,7 @@ async def test_a_timeout_interrupts_and_then_restarts(registry: ToolRegistry, tm
     assert gone.error is not None
 
 
+@pytest.mark.alone  # (gVisor's out-of-memory kill: see scripts/test)
 async def test_a_kernel_that_dies_is_reported_and_replaced(runtime: str, docker_ready: None, tmp_path: Path) -> None:
     async with own_registry(tmp_path, runtime, memory="320m") as registry:
         handle = registry.sandbox(workspace(tmp_path))

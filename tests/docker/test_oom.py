@@ -16,6 +16,7 @@ from worker import ToolRegistry
 pytestmark = pytest.mark.docker
 
 
+@pytest.mark.alone  # (gVisor's out-of-memory kill: see scripts/test)
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
 @pytest.mark.parametrize(
     "command",

@@ -71,7 +71,9 @@ async def verdict(states: list[dict[str, Any]] | None, monkeypatch: pytest.Monke
             id="oom-flag-after-exit",
         ),
         pytest.param([state("exited", False, 137)], "reset", id="killed-not-for-memory"),
+        pytest.param([state("exited", False, 255), state("exited", True, 255)], "oom", id="oom-flag-after-exit-255"),
         pytest.param([state("exited", False, 1)], "reset", id="exited"),
+        pytest.param([state("exited", False, 0), state("exited", True, 0)], "reset", id="exited-0-not-waited-for"),
         pytest.param([state("running")], "reset", id="agent-died-container-lives"),
     ],
 )

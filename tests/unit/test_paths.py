@@ -80,6 +80,6 @@ def test_the_fast_path_of_normalize_is_the_general_one(path: str) -> None:
         try:
             return normalize(p)
         except PolicyError as e:
-            return "refused: " + str(e).replace("'./", "'")
+            return "refused: " + str(e).replace(f"'{p}'", "'<path>'")  # (the message names it)
 
     assert outcome(path) == outcome("./" + path)

@@ -70,6 +70,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``LOOM_TEST_FAILED_FILE`` set, each failed test's node id is appended to that file
+    (by the controlling process under pytest-xdist): scripts/test runs the docker tier's
+    failures again alone."""
+    path = os.environ.get("LOOM_TEST_FAILED_FILE")
+    if path and report.failed and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(report.nodeid + "\n")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop the local workers the session started, and remove its run directory."""
     from tests.workers import stop_workers

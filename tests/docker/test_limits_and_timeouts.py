@@ -155,6 +155,7 @@ def _written(ws: Path) -> int:
     return sum(p.stat().st_size for p in ws.glob("fill*"))
 
 
+@pytest.mark.alone  # (the disk limits count the whole filesystem's use: no other writer on it)
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
 async def test_a_command_filling_the_workspace_disk_is_stopped(
     docker_ready: None, user_workspace: Path, runtime: str
@@ -173,6 +174,7 @@ async def test_a_command_filling_the_workspace_disk_is_stopped(
         assert (r.outcome, r.stdout) == ("exit", b"ok\n")
 
 
+@pytest.mark.alone  # (the disk limits count the whole filesystem's use: no other writer on it)
 async def test_a_command_creating_files_without_end_is_stopped(docker_ready: None, user_workspace: Path) -> None:
     """Empty files fill a disk too (its inodes): a command may create only so many."""
     async with own_backend(inode_limit=500) as backend:
@@ -186,6 +188,7 @@ async def test_a_command_creating_files_without_end_is_stopped(docker_ready: Non
         assert r.stdout == b"ok\n"
 
 
+@pytest.mark.alone  # (the disk limits count the whole filesystem's use: no other writer on it)
 async def test_the_shell_tool_says_the_disk_limit_stopped_the_command(docker_ready: None, user_workspace: Path) -> None:
     from worker import ToolRegistry
 
@@ -213,6 +216,7 @@ async def test_no_file_grows_past_max_file_size(docker_ready: None, user_workspa
         assert (await box.exec(ExecRequest("head -c 4194304 /dev/zero > ok && echo ok"))).stdout == b"ok\n"
 
 
+@pytest.mark.alone  # (the disk limits count the whole filesystem's use: no other writer on it)
 async def test_commands_and_writes_keep_the_disk_reserve_free(docker_ready: None, user_workspace: Path) -> None:
     """The reserve: free space no command or write may take. Set just below what is free
     now, so that a little writing crosses it."""

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 from sandbox.base import (
     ExecControl,
@@ -31,8 +31,6 @@ from sandbox.base import (
     ProcessInfo,
     Sandbox,
     ScanFirst,
-    ScanRequest,
-    ScanResult,
     WriteResult,
 )
 from sandbox.capabilities import background, terminals
@@ -45,6 +43,7 @@ from .background import Background, BackgroundLimits, Started, new_process_id
 from .changelog.intents import release
 from .guard import Action, WorkspaceGuard
 from .pathlocks import PathLocks
+from .recorders import ChangeRecorder, NullRecorder, ScanToken, scan_token
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ProcessInfo | KernelInfo")
@@ -52,123 +51,7 @@ S = TypeVar("S", bound="ProcessInfo | KernelInfo")
 
 log = get_logger("worker.workspace")
 
-
-@runtime_checkable
-class ScanToken(Protocol):
-    """A ``before_shell`` token carrying the scan to send with the command and the
-    command's intent (the changelog's :class:`worker.changelog.shellscan.ShellToken`)."""
-
-    scan: ScanRequest | None
-    intent: str | None
-
-
-@runtime_checkable
-class ChangeRecorder(Protocol):
-    """What the changelog (issue 4) implements; :class:`NullRecorder` is the no-op default."""
-
-    async def write(
-        self,
-        sandbox: Sandbox,
-        path: str,
-        data: bytes,
-        *,
-        expect_sha256: str | None,
-        expect_absent: bool,
-        tool: str,
-        call_id: str | None,
-        subtask_id: str | None,
-        guess_sha256: str | None = None,
-    ) -> WriteResult:
-        """Record ``path``'s before-image, then write ``data`` through ``sandbox``.
-        ``guess_sha256`` is what the file probably holds (the worker's last sight of it):
-        a recorder may try it first to save reading the file, never rely on it. (Passed
-        only when there is one: a recorder of this protocol's first version takes no such
-        argument.)
-
-        Raises what ``Sandbox.write`` raises (ConflictError, PathEscapeError, ...).
-        """
-        ...
-
-    async def before_shell(
-        self,
-        sandbox: Sandbox,
-        *,
-        piggyback: bool = False,
-        pending: ScanResult | None = None,
-        attribute: dict[str, Any] | None = None,
-        intent: dict[str, Any] | None = None,
-    ) -> object:
-        """Snapshot what is needed to see a command's changes; returns a token.
-
-        With ``piggyback`` the token may carry a ``scan`` (:class:`ScanRequest`) for the
-        caller to send with the command; ``pending`` is the scan such a command handed
-        back unrun (:class:`ScanFirst`); changes found before the command are recorded as
-        ``attribute``'s (a background process's record) when given."""
-        ...
-
-    async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
-        """Record the changes since the last scan as ``record``'s; return their paths."""
-        ...
-
-    async def after_shell(
-        self,
-        sandbox: Sandbox,
-        token: object,
-        *,
-        tool: str,
-        command: str,
-        call_id: str | None,
-        subtask_id: str | None,
-        result: ExecResult | None = None,
-    ) -> list[str]:
-        """Record what the command changed; returns those workspace-relative paths."""
-        ...
-
-
-class NullRecorder:
-    """Records nothing: writes go straight to the sandbox, shell changes are not tracked."""
-
-    async def write(
-        self,
-        sandbox: Sandbox,
-        path: str,
-        data: bytes,
-        *,
-        expect_sha256: str | None,
-        expect_absent: bool,
-        tool: str,
-        call_id: str | None,
-        subtask_id: str | None,
-        guess_sha256: str | None = None,
-    ) -> WriteResult:
-        return await sandbox.write(path, data, expect_sha256=expect_sha256, expect_absent=expect_absent)
-
-    async def before_shell(
-        self,
-        sandbox: Sandbox,
-        *,
-        piggyback: bool = False,
-        pending: ScanResult | None = None,
-        attribute: dict[str, Any] | None = None,
-        intent: dict[str, Any] | None = None,
-    ) -> object:
-        return None
-
-    async def sync_background(self, sandbox: Sandbox, record: dict[str, Any]) -> list[str]:
-        return []
-
-    async def after_shell(
-        self,
-        sandbox: Sandbox,
-        token: object,
-        *,
-        tool: str,
-        command: str,
-        call_id: str | None,
-        subtask_id: str | None,
-        result: ExecResult | None = None,
-    ) -> list[str]:
-        return []
+__all__ = ["ChangeRecorder", "NullRecorder", "ScanToken", "Workspace", "scan_token"]
 
 
 #: Seconds between the guard's looks while a background process may still change files (what
@@ -401,7 +284,8 @@ class Workspace:
             except BaseException:
                 # The command may have run: its intent is left to the next use of the
                 # changelog, which records what changed as this call's.
-                release(token.intent if isinstance(token, ScanToken) else None)
+                opened = scan_token(token)
+                release(opened.intent if opened is not None else None)
                 self.forget(None)
                 raise
             faults.point("command.ran")
@@ -442,14 +326,17 @@ class Workspace:
         last one) is recorded first and the command sent again. Returns its result and the
         token to finish with. Raises what ``Sandbox.exec`` raises."""
         for attempt in range(3):
-            scan = token.scan if isinstance(token, ScanToken) and attempt < 2 and piggyback else None
+            st = scan_token(token)
+            scan = st.scan if st is not None and attempt < 2 and piggyback else None
             try:
-                return await self.sandbox.exec(replace(request, scan=scan), on_output=on_output, control=control), token
+                sent = request if scan is None and request.scan is None else replace(request, scan=scan)
+                return await self.sandbox.exec(sent, on_output=on_output, control=control), token
             except ScanFirst as e:  # changed from outside since the last scan: record that first
-                opened = token.intent if isinstance(token, ScanToken) else None
+                opened = st.intent if st is not None else None
                 token = await self.recorder.before_shell(self.sandbox, piggyback=attempt < 1, pending=e.scan, **extra)
-                if opened is not None and isinstance(token, ScanToken):  # the same command, sent again
-                    token.intent = opened
+                st = scan_token(token)
+                if opened is not None and st is not None:  # the same command, sent again
+                    st.intent = opened
         raise AssertionError("unreachable: the third attempt sends no scan")
 
     def _forget_changed(self, changed: list[str]) -> None:

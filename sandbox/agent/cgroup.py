@@ -2,6 +2,8 @@
 and how many processes the OOM killer has killed in it. Every reader returns None when the
 files are not there (a host process, a kernel without them)."""
 
+import os
+
 
 def read_first(paths):
     for path in paths:
@@ -46,13 +48,41 @@ def cpu_used():
     return None
 
 
+#: Where the OOM kill count was found, kept open: a command reads it before it starts, so
+#: a ``pread`` of one descriptor (~2 us) instead of an open, a text read and a close
+#: (~14 us, and a failed open of the other version's file first). [fd] once found, [] when
+#: not looked for yet, [None] when neither file is there.
+_oom_fd = []  # type: list
+_OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+
+
 def oom_kills():
-    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            continue
+    """How many processes the OOM killer has killed in the container's cgroup, or None."""
+    if not _oom_fd:
+        for path in _OOM_FILES:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if _parse_oom(fd) is not None:
+                _oom_fd.append(fd)
+                break
+            os.close(fd)
+        else:
+            _oom_fd.append(None)
+    fd = _oom_fd[0]
+    return None if fd is None else _parse_oom(fd)
+
+
+def _parse_oom(fd):
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    for line in data.split(b"\n"):
+        if line.startswith(b"oom_kill "):
+            try:
+                return int(line[9:])
+            except ValueError:
+                return None
     return None

@@ -82,6 +82,20 @@ def op_exec(req):
     return result
 
 
+def _set_oom_score_adj(pid):
+    # (os.open and os.write: a text-mode open costs ~3x as much, on every command)
+    try:
+        fd = os.open("/proc/%d/oom_score_adj" % pid, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"1000")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _run_command(req, command, argv, timeout, cap, hard_limit, env, cwd):
     script = None
     if argv is None and len(command) > launch.ARGV_COMMAND_MAX // 4:
@@ -124,12 +138,8 @@ def _run(req, command, argv, timeout, cap, hard_limit, env, cwd, script):
             threading.Thread(target=launch.feed, args=(fd, stdin_data), daemon=True).start()
         # The start time is only needed where orphans are hunted by heuristics (gVisor).
         ctx = (proc.pid, 0 if state.subreaper else (proctree.start_ticks(proc.pid) or 0), marker)
-        try:
-            # The OOM killer must pick the command, never the agent.
-            with open("/proc/%d/oom_score_adj" % proc.pid, "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
+        # The OOM killer must pick the command, never the agent.
+        _set_oom_score_adj(proc.pid)
         out_buf, err_buf = output.Capped(cap), output.Capped(cap)
         bufs = {proc.stdout.fileno(): out_buf, proc.stderr.fileno(): err_buf}
         rid = req.get("id")

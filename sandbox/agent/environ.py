@@ -27,7 +27,35 @@ def command_env_cwd(req):
     """The environment (the image's, then the non-interactive base, then the caller's
     valid strings) and the working directory for a process the host asks for: resolved
     inside the workspace, or with ``cwd_any`` (a harness's command) any absolute path,
-    which the kernel then judges as it would a ``cd``."""
+    which the kernel then judges as it would a ``cd``. Raises Refused for a ``cwd`` that
+    is not a directory inside the workspace."""
+    env = dict(_base_env())
+    for k, v in (req.get("env") or {}).items():
+        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
+            env[k] = v
+    cwd = req.get("cwd", ".")
+    if req.get("cwd_any") and isinstance(cwd, str) and cwd.startswith("/") and "\x00" not in cwd:
+        return env, cwd
+    if cwd == ".":
+        return env, state.ROOT  # (the root itself, opened at configure: nothing to resolve)
+    cwd_fd, parts = paths.open_dir(cwd)
+    os.close(cwd_fd)
+    return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
+
+
+#: (the key it was made for, the environment): made once per configuration, copied per
+#: process (building it, a user lookup included, cost more than the copy on every command)
+_base = [None, None]  # type: list
+
+
+def _base_env():
+    key = (state.generation, os.environ.get("HOME"), os.environ.get("USER"))
+    if _base[0] != key:
+        _base[:] = [key, _make_base_env()]
+    return _base[1]
+
+
+def _make_base_env():
     env = dict(state.image_env)
     env.update(BASE_ENV)
     if state.image_env.get("PATH"):
@@ -48,15 +76,7 @@ def command_env_cwd(req):
     # read-only anyway, so the only place pip can write is the user's, under $HOME.
     env.setdefault("PIP_BREAK_SYSTEM_PACKAGES", "1")
     env["PATH"] = ":".join([home_bin] + list(state.path_prepend) + [env.get("PATH") or BASE_ENV["PATH"]])
-    for k, v in (req.get("env") or {}).items():
-        if isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v:
-            env[k] = v
-    cwd = req.get("cwd", ".")
-    if req.get("cwd_any") and isinstance(cwd, str) and cwd.startswith("/") and "\x00" not in cwd:
-        return env, cwd
-    cwd_fd, parts = paths.open_dir(cwd)
-    os.close(cwd_fd)
-    return env, state.ROOT + ("/" + "/".join(parts) if parts else "")
+    return env
 
 
 def _own_identity():

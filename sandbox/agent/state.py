@@ -52,13 +52,17 @@ image_env = {}  # type: dict
 #: Directories that come before the image's PATH for every command (the agents store's
 #: ``bin`` directories of the agent CLIs the workspace asks for).
 path_prepend = []  # type: list
+#: Bumped by every :func:`configure`: what is derived from the config (a command's base
+#: environment) is kept until it changes.
+generation = 0
 
 
 def configure(config):
     """Take the host's config line (a dict). Raises OSError when the workspace root
     cannot be opened, ValueError for a limit that is not a number."""
     global ROOT, ROOT_FD, ACTIVITY_FILE, PROCS_DIR, MAX_READ, MAX_WRITE, MAX_FILE, DISK_LIMIT, DISK_RESERVE, INODE_LIMIT
-    global nonce, keeper_ttl, as_user
+    global nonce, keeper_ttl, as_user, generation
+    generation += 1
     ROOT = config.get("root", ROOT).rstrip("/") or "/"
     nonce = config.get("nonce")
     image_env.update(os.environ)

@@ -44,6 +44,7 @@ from typing import Any
 from sandbox.base import Sandbox, ScanEntry, ScanRequest, ScanResult
 from sandbox.errors import AgentError, ConflictError, PathNotFoundError
 
+from ..recorders import ScanToken
 from .recorder import ChangelogCore
 from .shellrows import (
     Covering,
@@ -69,7 +70,7 @@ _READ_CONCURRENCY = 16
 
 
 @dataclass
-class ShellToken:
+class ShellToken(ScanToken):
     """What ``before_shell`` hands to ``after_shell``."""
 
     started: float

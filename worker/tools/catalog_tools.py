@@ -60,7 +60,7 @@ from ..tool import Tool, ToolContext, ToolError, non_finite_message
 
 if TYPE_CHECKING:
     from ..settings import Settings
-from ..workspace import ScanToken, Workspace
+from ..workspace import Workspace, scan_token
 
 log = get_logger("worker.catalog")
 
@@ -161,7 +161,8 @@ async def recorded(ws: Workspace, *, tool: str, command: str, ctx: ToolContext) 
         except (SandboxError, asyncio.CancelledError):
             # No sandbox to look at: the intent is left to the next use of the changelog,
             # which records what changed as this call's.
-            release(token.intent if isinstance(token, ScanToken) else None)
+            st = scan_token(token)
+            release(st.intent if st is not None else None)
             raise
         except Exception:
             with contextlib.suppress(Exception):  # record what a failed call changed anyway

@@ -49,7 +49,8 @@ class WorkspaceGuard:
         self._trust_root: list[Any] | None = None  # the directory the trust is recorded for
         self._hookdirs: list[str] = []
         self._judged: dict[str, Identity] = {}  # configs already read and found clean
-        self._walk = Walk()
+        # (an overlay fork's tree is its sandbox's mount: the host's inodes are not what it changes)
+        self._walk = Walk(watch=self._fork is None)
         self._lock = threading.Lock()
         self._deadline: float | None = None  # of the check_quick running now
         self._unreported: list[Action] = []  # what a check_quick over its budget did
@@ -57,6 +58,12 @@ class WorkspaceGuard:
         self._git = gitconfig.git_binary()
         #: What the last check changed.
         self.last: list[Action] = []
+
+    def close(self) -> None:
+        """Drop the inotify watch of the workspace's directories (the workspace is dropped;
+        a check after this walks every directory)."""
+        with self._lock:
+            self._walk.close()
 
     # -- the check ---------------------------------------------------------------------
 

@@ -183,6 +183,7 @@ class WorkspacePool:
             del self._by_arg[key]
         if ws is not None:
             await ws.aclose()
+            await asyncio.to_thread(ws.guard.close)  # (its inotify watch: waits for a check running)
         self._egress_roots.discard(root)
         if self.egress is not None:
             await self.egress.release(root)
@@ -201,6 +202,7 @@ class WorkspacePool:
             await self.egress.aclose()
         for ws in workspaces:
             await ws.aclose()
+            await asyncio.to_thread(ws.guard.close)
             if self._own_recorders and isinstance(ws.recorder, Closes):
                 await ws.recorder.aclose()
         if self.backend is not None:

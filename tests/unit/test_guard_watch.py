@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from worker.guard import dirwatch, walk
-from worker.guard.walk import FULL_WALK_EVERY, Action, Walk, is_git_dir
+from worker.guard.walk import FULL_WALK_EVERY_WATCHED, Action, Walk, is_git_dir
 
 
 def check(w: Walk, root: Path) -> tuple[list[str], list[Action]]:
@@ -188,7 +188,7 @@ def test_random_changes_are_found_as_a_whole_walk_finds_them(tmp_path: Path, see
             assert setid == [], f"round {_round}: setid left: {setid}"
             assert set(gits) == want_gits
             if rng.random() < 0.1:
-                w.full_at -= FULL_WALK_EVERY  # now and then a whole walk between
+                w.full_at -= FULL_WALK_EVERY_WATCHED  # now and then a whole walk between
     finally:
         w.close()
 

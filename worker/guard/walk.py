@@ -23,6 +23,10 @@ _CAPABILITY = "security.capability"
 #: Seconds between walks that stat every file again, also in directories that did not change
 #: (a mode changed in place: something no sandboxed process can do; this is the second line).
 FULL_WALK_EVERY = 60.0
+#: The same with a watch of every directory, which sees a mode changed in place (an event of
+#: its directory): the whole walk is then only the second line's second line, and on a big
+#: tree (a checkout with its virtualenv: ~0.25 s) a command pays for it this seldom.
+FULL_WALK_EVERY_WATCHED = 600.0
 
 Identity = tuple[int, int, int, int]
 _DirState = tuple[tuple[int, int, int], tuple[str, ...], bool]
@@ -76,8 +80,9 @@ def is_git_dir(names: set[str]) -> bool:
 class Walk:
     """The walks of one workspace, remembering each directory between them: a directory
     unchanged since the last walk is not listed again; a whole walk, every file stat'ed,
-    at least every FULL_WALK_EVERY seconds. With ``watch`` (an inotify watch of every
-    directory, :mod:`worker.guard.dirwatch`), a walk visits only the directories that had
+    at least every FULL_WALK_EVERY seconds (FULL_WALK_EVERY_WATCHED with a watch). With
+    ``watch`` (an inotify watch of every directory, :mod:`worker.guard.dirwatch`), a walk
+    visits only the directories that had
     an event and the way to them, and lists those whole (files too: a mode changed in
     place is an event); without one, or on any doubt the watch reports, every directory.
     Not thread-safe (the guard's lock holds it)."""
@@ -106,7 +111,7 @@ class Walk:
         once the deadline passes between two directories; what is known stays as it was
         (a later walk does it all again), what was fixed is in ``actions``."""
         now = time.monotonic()
-        full = now - self.full_at >= FULL_WALK_EVERY
+        full = now - self.full_at >= (FULL_WALK_EVERY if self._watch is None else FULL_WALK_EVERY_WATCHED)
         if full and deadline is not None:
             raise OverBudget("a whole walk")
         if self._watch is not None:

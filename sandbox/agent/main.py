@@ -256,34 +256,49 @@ def _serve(reader):
     Returns on the calling thread once the channel has ended, whichever thread saw it
     (a slow request may still be running then: the caller's cleanup stops it)."""
     rd = _Reading(reader)
-    _start_follower(rd)
+    if not _start_follower(rd):
+        with rd.count:
+            rd.waiting += 1
+        _follow(rd)  # (no thread to be had: this one serves, and returns at the end)
     rd.ended.wait()
 
 
 def _start_follower(rd):
+    """One more thread for ``rd``'s pool; False when none can be started (the sandbox's
+    process limit, reached by a command's processes)."""
     with rd.count:
         rd.waiting += 1
-    # (not threading.Thread.start, which waits until the thread runs: that wait is the
-    # very wake-up this design keeps out of a request's path)
-    _thread.start_new_thread(_follow, (rd,))
+    try:
+        # (not threading.Thread.start, which waits until the thread runs: that wait is
+        # the very wake-up this design keeps out of a request's path)
+        _thread.start_new_thread(_follow, (rd,))
+    except RuntimeError:
+        with rd.count:
+            rd.waiting -= 1
+        return False
+    return True
 
 
 def _follow(rd):
     """A thread of one channel's pool: wait for the reading role, read until a slow
-    request, hand the role on, run the request; again, until the channel ends."""
+    request, hand the role on, run the request; again, until the channel ends. With no
+    thread to hand the role to (none waits, none can be started), the slow request runs
+    here, holding the role: requests then take turns instead of the agent failing."""
     while True:
         rd.lock.acquire()
         with rd.count:
             rd.waiting -= 1
         try:
-            req = None if rd.ended.is_set() else _read_until_slow(rd)
-            if req is None:
-                rd.ended.set()  # (every thread waiting for the role then leaves too)
-                return
-            with rd.count:
-                idle = rd.waiting > 0
-            if not idle:
-                _start_follower(rd)
+            while True:
+                req = None if rd.ended.is_set() else _read_until_slow(rd)
+                if req is None:
+                    rd.ended.set()  # (every thread waiting for the role then leaves too)
+                    return
+                with rd.count:
+                    idle = rd.waiting > 0
+                if idle or _start_follower(rd):
+                    break
+                _handle(req)
         except BaseException:
             rd.ended.set()  # nobody could read on after this: the channel is over
             raise

@@ -191,3 +191,45 @@ def test_the_oom_count_is_read_again_each_time(tmp_path, monkeypatch: pytest.Mon
     monkeypatch.setattr(cgroup, "_OOM_FILES", (str(tmp_path / "absent"),))
     monkeypatch.setattr(cgroup, "_oom_fd", [])
     assert cgroup.oom_kills() is None
+
+
+def test_with_no_thread_to_be_had_requests_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox's process limit reached (a command's fork bomb): no thread can be
+    started, and the agent still serves, one request at a time."""
+    real = main._thread.start_new_thread
+    started: list[object] = []
+
+    def refuse(fn, args):
+        if started:
+            raise RuntimeError("can't start new thread")
+        started.append(fn)
+        return real(fn, args)
+
+    monkeypatch.setattr(main._thread, "start_new_thread", refuse)
+    r = Rig(monkeypatch)
+    try:
+        for i in range(5):
+            r.send("slow", f"s{i}")
+            r.send("fast", f"f{i}")
+        r.answer("f4")
+        assert r.tags() == [t for i in range(5) for t in (f"s{i}", f"f{i}")]  # in turn
+        assert len({r.threads[f"s{i}"] for i in range(5)}) == 1
+    finally:
+        r.close()
+    assert r.ended.wait(WAIT)
+
+
+def test_with_no_thread_at_all_the_caller_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(fn, args):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(main._thread, "start_new_thread", refuse)
+    r = Rig(monkeypatch)
+    try:
+        r.send("slow", "s")
+        r.send("fast", "f")
+        r.answer("f")
+        assert r.tags() == ["s", "f"]
+    finally:
+        r.close()
+    assert r.ended.wait(WAIT)

@@ -61,7 +61,16 @@ def _no_slots_left() -> bool:
 
 
 async def _ours_pooled(backend: object) -> list[dict[str, object]]:
-    return [i for i in await backend.list_sandboxes() if i["pooled"] and i["owner"] == TEST_OWNER]  # type: ignore[attr-defined]
+    """The warm sandboxes of this file's pools (their slots under POOL_ROOT, gVisor's under
+    its sibling): the run's other files, beside this one, pool under their own data
+    directories with the same owner."""
+    return [
+        i
+        for i in await backend.list_sandboxes()  # type: ignore[attr-defined]
+        if i["pooled"]
+        and i["owner"] == TEST_OWNER
+        and str((i["container"].labels or {}).get(slots.LABEL_SLOT, "")).startswith(str(POOL_ROOT))
+    ]
 
 
 async def test_a_claimed_sandbox_is_the_workspaces_own(docker_ready: None, workspace: Path) -> None:

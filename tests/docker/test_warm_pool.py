@@ -60,7 +60,7 @@ def _no_slots_left() -> bool:
     return _mounted_slots() == [] and _gvisor_slots() == []
 
 
-async def _ours_pooled(backend: object) -> list[dict[str, object]]:
+async def _ours_pooled(backend: object, owner: str = TEST_OWNER) -> list[dict[str, object]]:
     """The warm sandboxes of this file's pools (their slots under POOL_ROOT, gVisor's under
     its sibling): the run's other files, beside this one, pool under their own data
     directories with the same owner."""
@@ -68,7 +68,7 @@ async def _ours_pooled(backend: object) -> list[dict[str, object]]:
         i
         for i in await backend.list_sandboxes()  # type: ignore[attr-defined]
         if i["pooled"]
-        and i["owner"] == TEST_OWNER
+        and i["owner"] == owner
         and str((i["container"].labels or {}).get(slots.LABEL_SLOT, "")).startswith(str(POOL_ROOT))
     ]
 
@@ -188,18 +188,21 @@ async def test_the_pool_respects_its_limits_and_gc_all_empties_it(
     docker_ready: None, workspace: Path, runtime: str
 ) -> None:
     require_runtime(runtime)
-    async with pooled_backend(runtime, size=4, max_total=2, ready=2) as backend:
+    # An owner of its own: gc of every running sandbox of the run's owner would also
+    # remove the sandboxes of the files running beside this one (a terminal's, mid-call).
+    owner = TEST_OWNER + "-limits"
+    async with pooled_backend(runtime, size=4, max_total=2, ready=2, owner=owner) as backend:
         await asyncio.sleep(1.5)  # the refill had its chances to go past the limit
         status = backend.pool_status()
         assert status is not None and status["ready"] + status["starting"] <= 2, status
-        assert len(await _ours_pooled(backend)) == 2
+        assert len(await _ours_pooled(backend, owner)) == 2
         await _sh(backend, workspace, "true")  # one claimed: the pool refills up to its limit
         await wait_ready(backend, 2)
-        assert len(await _ours_pooled(backend)) == 3  # 2 warm + 1 claimed
+        assert len(await _ours_pooled(backend, owner)) == 3  # 2 warm + 1 claimed
         assert backend.pool_status()["claims"] == 1  # type: ignore[index]
         removed = await backend.gc(all_running=True)
         assert len(removed) >= 3
-        assert await _ours_pooled(backend) == []
+        assert await _ours_pooled(backend, owner) == []
         assert _no_slots_left()
         assert workspace.is_dir()  # a gVisor claim's workspace is its slot's directory: kept
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import random
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
 from worker.guard import dirwatch, walk
-from worker.guard.walk import FULL_WALK_EVERY_WATCHED, Action, Walk, is_git_dir
+from worker.guard.walk import FULL_WALK_EVERY_WATCHED, Action, OverBudget, Walk, is_git_dir
 
 
 def check(w: Walk, root: Path) -> tuple[list[str], list[Action]]:
@@ -183,6 +184,14 @@ def test_random_changes_are_found_as_a_whole_walk_finds_them(tmp_path: Path, see
         for _round in range(25):
             for _ in range(rng.randint(1, 6)):
                 _random_change(rng, root)
+            if rng.random() < 0.5:  # a check on the event loop, over its budget first
+                fd = os.open(root, walk.DIR_FLAGS)
+                try:
+                    list(w.run(fd, [], time.monotonic() + rng.choice([0.0, 1e-5, 1e-4, 1e-3])))
+                except OverBudget:
+                    pass
+                finally:
+                    os.close(fd)
             gits, _actions = check(w, root)
             want_gits, setid = truth(root)
             assert setid == [], f"round {_round}: setid left: {setid}"
@@ -248,5 +257,36 @@ def test_another_directory_moved_into_the_roots_place_is_walked_whole(tmp_path: 
         os.chmod(root / "a" / "b" / "c" / "s", 0o4755)
         _, actions = check(w, root)
         assert [a.path for a in actions] == ["a/b/c/s"]
+    finally:
+        w.close()
+
+
+def test_a_new_tree_visited_in_part_is_visited_whole_next_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check on the event loop that runs out of its budget inside a new directory's tree
+    (git init made it): the next check walks that tree whole, not only what was reached."""
+    tree(tmp_path, 6)
+    w = Walk(watch=True)
+    try:
+        check(w, tmp_path)
+        (tmp_path / "new" / "a" / "b").mkdir(parents=True)
+        (tmp_path / "new" / "a" / "b" / "s").write_text("x")
+        os.chmod(tmp_path / "new" / "a" / "b" / "s", 0o4755)
+        real = time.monotonic
+        calls = [0]
+
+        def clock() -> float:  # past the deadline at the tree's second directory
+            calls[0] += 1
+            return real() + (0.0 if calls[0] < 4 else 10.0)
+
+        monkeypatch.setattr(walk.time, "monotonic", clock)
+        fd = os.open(tmp_path, walk.DIR_FLAGS)
+        try:
+            with pytest.raises(OverBudget):
+                list(w.run(fd, [], real() + 5.0))
+        finally:
+            os.close(fd)
+        monkeypatch.undo()
+        _, actions = check(w, tmp_path)
+        assert [a.path for a in actions] == ["new/a/b/s"]
     finally:
         w.close()

@@ -195,7 +195,13 @@ class Walk:
             os.close(fd)  # events below it show on their own
             return
         self._forget(rel)
-        self._visit(fd, rel, actions, deadline, True, self._dirs)
+        try:
+            self._visit(fd, rel, actions, deadline, True, self._dirs)
+        except BaseException:
+            # (OverBudget) a tree visited in part would pass for known and watched next
+            # time: forgotten, it is visited whole again (its parent is still pending)
+            self._forget(rel)
+            raise
 
     def _store(self, rel: str, state: _DirState) -> None:
         self._dirs[rel] = state

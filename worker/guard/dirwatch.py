@@ -21,21 +21,23 @@ import os
 import struct
 import threading
 
+from sandbox.agent.fswatch import (  # (the kernel's inotify flags, as the agent's watch names them)
+    IN_ATTRIB,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+)
 from sandbox.logs import get_logger
 
 log = get_logger("worker.guard")
 
-IN_ATTRIB = 0x4
-IN_MOVED_FROM = 0x40
-IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_Q_OVERFLOW = 0x4000
-IN_IGNORED = 0x8000
-IN_ONLYDIR = 0x1000000
-IN_ISDIR = 0x40000000
 #: A file's content changing is nothing to the guard (it looks at modes, device nodes,
 #: capabilities and which directories git could take for its own; git's configs and hooks
 #: are looked at on every check anyway), so writes make no events here.

@@ -2,10 +2,13 @@
 replaced file, a directory's fsync), done in order on one daemon thread. The agent
 drains it before it exits, so the directories of its last writes are on disk."""
 
-import queue
+import collections
 import threading
 
-_tidy = queue.Queue()  # type: queue.Queue
+# (a deque and a semaphore, not queue.Queue: the agent's start would import queue and
+# heapq for it, ~1 ms of every sandbox's boot)
+_tidy = collections.deque()  # type: collections.deque
+_tidy_ready = threading.Semaphore(0)
 _tidy_thread = []  # type: list
 _tidy_lock = threading.Lock()
 
@@ -18,18 +21,18 @@ def later(fn):
                 t = threading.Thread(target=_tidy_loop, daemon=True)
                 t.start()
                 _tidy_thread.append(t)
-    _tidy.put(fn)
+    _tidy.append(fn)
+    _tidy_ready.release()
 
 
 def _tidy_loop():
     while True:
-        fn = _tidy.get()
+        _tidy_ready.acquire()
+        fn = _tidy.popleft()
         try:
             fn()
         except Exception:
             pass
-        finally:
-            _tidy.task_done()
 
 
 def drain(timeout):
@@ -38,5 +41,5 @@ def drain(timeout):
     if not _tidy_thread:
         return
     done = threading.Event()
-    _tidy.put(done.set)
+    later(done.set)
     done.wait(timeout)

@@ -8,6 +8,7 @@ the walk of every directory, never a blind spot."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import stat
@@ -143,6 +144,7 @@ def test_a_directory_renamed_is_found_at_its_new_path(tmp_path: Path, opens: lis
 
 def test_a_refused_watch_leaves_the_walk_of_every_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree(tmp_path)
+    _settle()
     monkeypatch.setattr(dirwatch._budget, "watches", 20)  # fewer than the tree's directories
     w = Walk(watch=True)
     try:
@@ -290,3 +292,100 @@ def test_a_new_tree_visited_in_part_is_visited_whole_next_time(tmp_path: Path, m
         assert [a.path for a in actions] == ["new/a/b/s"]
     finally:
         w.close()
+
+
+def test_every_guard_shares_one_instance_past_the_old_limit_of_32(tmp_path: Path, opens: list[object]) -> None:
+    """An instance per workspace had a quarter of the user's 128: the 33rd workspace was
+    walked whole after every command. Forty share one descriptor, each told only its own."""
+    roots = [tmp_path / f"ws{i}" for i in range(40)]
+    walks = [Walk(watch=True) for _ in roots]
+    try:
+        for w, root in zip(walks, roots, strict=True):
+            tree(root, 6)
+            check(w, root)
+        assert all(w._watch is not None for w in walks)
+        assert len({w._watch._inst.fd for w in walks if w._watch is not None}) == 1
+        f = roots[37] / "pkg1" / "mod1" / "s"
+        f.write_text("x")
+        os.chmod(f, 0o4755)
+        for i, (w, root) in enumerate(zip(walks, roots, strict=True)):
+            opens.clear()
+            _, actions = check(w, root)
+            assert [a.path for a in actions] == (["pkg1/mod1/s"] if i == 37 else []), i
+            assert opens == [] or i == 37, (i, opens)  # the others open nothing below their roots
+    finally:
+        for w in walks:
+            w.close()
+
+
+def test_nested_workspaces_watch_the_same_directories(tmp_path: Path) -> None:
+    """The kernel gives an inode one descriptor per instance: a workspace inside another
+    has the same descriptors at other paths, and closing one leaves the other's watches."""
+    outer, inner = tmp_path, tmp_path / "proj"
+    tree(inner, 6)
+    wo, wi = Walk(watch=True), Walk(watch=True)
+    try:
+        check(wo, outer)
+        check(wi, inner)
+        (inner / "pkg2" / "s").write_text("x")
+        os.chmod(inner / "pkg2" / "s", 0o2755)
+        assert [a.path for a in check(wi, inner)[1]] == ["pkg2/s"]
+        os.chmod(inner / "pkg2" / "s", 0o2755)  # set again by the command (cleared by the first check)
+        wi.close()
+        assert [a.path for a in check(wo, outer)[1]] == ["proj/pkg2/s"]
+        (inner / "pkg3" / "t").write_text("x")
+        os.chmod(inner / "pkg3" / "t", 0o4755)
+        assert [a.path for a in check(wo, outer)[1]] == ["proj/pkg3/t"]  # still watched
+    finally:
+        wo.close()
+        wi.close()
+
+
+def _settle() -> None:
+    """Release what guards dropped earlier in this process (other tests') gave back."""
+    gc.collect()
+    probe = dirwatch.DirWatch.open()
+    assert probe is not None
+    probe.changes()
+    probe.close()
+
+
+def test_a_guard_dropped_without_close_gives_its_watches_back(tmp_path: Path) -> None:
+    tree(tmp_path, 12)
+    _settle()
+    before = dirwatch._budget.watches
+    w = Walk(watch=True)
+    check(w, tmp_path)
+    assert dirwatch._budget.watches < before
+    del w
+    gc.collect()
+    other = Walk(watch=True)
+    try:
+        check(other, tmp_path / "pkg0")  # any look releases what was dropped
+        assert dirwatch._budget.watches == before - len(other._dirs)
+    finally:
+        other.close()
+    assert dirwatch._budget.watches == before
+
+
+def test_an_overflow_is_every_guards_doubt(tmp_path: Path, opens: list[object]) -> None:
+    """Events lost could be any workspace's: after an overflow every guard walks whole."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    tree(a, 6)
+    tree(b, 6)
+    wa, wb = Walk(watch=True), Walk(watch=True)
+    try:
+        check(wa, a)
+        check(wb, b)
+        limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+        flood = a / "pkg0"
+        for i in range(limit + 10):
+            (flood / f"f{i}").mkdir()
+        opens.clear()
+        check(wb, b)
+        assert len(opens) >= 6  # b walked whole: nothing of b changed, but the queue overflowed
+        for i in range(limit + 10):
+            (flood / f"f{i}").rmdir()
+    finally:
+        wa.close()
+        wb.close()

@@ -8,6 +8,13 @@ directory renamed (its watch's path is stale), an inotify instance or watch the 
 refuses (``fs.inotify.max_user_instances`` and ``max_user_watches`` are per user; the
 watch is then dropped for good and the walk is as before).
 
+Every guard of the process shares one inotify instance (:class:`_Instance`): the kernel
+gives a user 128 instances by default, counted with the sandboxes' own (their agents'
+watches, the commands' file watchers, under the same uid), and an instance per workspace
+had 32 workspaces watched at most (a quarter of them), every other one walked whole after
+each command. Whichever guard looks first reads the queue for all and files each event
+with the watches of its directory; a queue that overflowed is every guard's doubt.
+
 inotify sees what a sandbox does to the workspace: under runc its processes change the
 host's own inodes, and under gVisor its gofer makes the changes on the host. (Our own
 binding through ctypes: the standard library has none, and a watch library would bring
@@ -43,31 +50,30 @@ log = get_logger("worker.guard")
 #: are looked at on every check anyway), so writes make no events here.
 MASK = IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 _EVENT = struct.Struct("iIII")
-#: The share of the user's inotify instances and watches (``fs.inotify.max_user_*``, counted
-#: per user across the host: the sandboxes' agents of the same uid and every other program
-#: draw on them too) this process's guards may take; a guard that finds none left walks.
+#: The share of the user's inotify watches (``fs.inotify.max_user_watches``, counted per
+#: user across the host: the sandboxes' agents of the same uid and every other program draw
+#: on them too) this process's guards may take; a guard that finds none left walks.
 SHARE = 0.25
 
 
 class _Budget:
-    """What this process's guards may still take of the user's inotify instances and
-    watches (read from /proc/sys once)."""
+    """What this process's guards may still take of the user's inotify watches (read from
+    /proc/sys once)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.instances = int(_limit("max_user_instances", 128) * SHARE)
         self.watches = int(_limit("max_user_watches", 8192) * SHARE)
 
-    def take(self, what: str) -> bool:
+    def take(self) -> bool:
         with self.lock:
-            if getattr(self, what) <= 0:
+            if self.watches <= 0:
                 return False
-            setattr(self, what, getattr(self, what) - 1)
+            self.watches -= 1
             return True
 
-    def give(self, what: str, n: int = 1) -> None:
+    def give(self, n: int = 1) -> None:
         with self.lock:
-            setattr(self, what, getattr(self, what) + n)
+            self.watches += n
 
 
 def _limit(name: str, default: int) -> int:
@@ -81,96 +87,189 @@ def _limit(name: str, default: int) -> int:
 _budget = _Budget()
 
 
-class DirWatch:
-    """One workspace's inotify instance: :meth:`watch` each directory as the walk opens
-    it, :meth:`changes` at the next walk. Not thread-safe (the guard's lock holds it)."""
+class _Owner:
+    """One :class:`DirWatch`'s share of the instance: its watch descriptors and the
+    directories they were added for, and what the queue said of them since its last look."""
+
+    __slots__ = ("complete", "dirty", "rel")
+
+    def __init__(self) -> None:
+        self.rel: dict[int, str] = {}  # watch descriptor -> the directory it was added for
+        self.dirty: set[str] = set()
+        self.complete = True
+
+
+class _Instance:
+    """The process's inotify instance: its descriptor and, per watch descriptor, the
+    owners that watch that directory (two workspaces, one inside the other, watch the
+    same inodes: the kernel gives an inode one descriptor per instance)."""
 
     def __init__(self, fd: int, lib: ctypes.CDLL) -> None:
-        self._fd = fd
-        self._lib = lib
-        self._rel: dict[int, str] = {}  # watch descriptor -> the directory it was added for
+        self.fd = fd
+        self.lib = lib
+        self.pid = os.getpid()
+        self.owners: dict[int, list[_Owner]] = {}
+        self.live: set[_Owner] = set()
+
+
+#: Guards its state (the instance's and every owner's): guards look from several threads.
+_lock = threading.Lock()
+_shared: list[_Instance] = []
+#: Owners of watches dropped without close (their DirWatch collected), released under the
+#: lock by the next caller (``__del__`` may run anywhere, also while this thread holds it).
+_dropped: list[_Owner] = []
+
+
+def _instance() -> _Instance | None:
+    """The process's instance, made at first use (and anew in a forked child, whose
+    descriptor is its parent's queue); None when inotify is not there or the kernel
+    refuses one. Called with the lock held."""
+    if _shared and _shared[0].pid == os.getpid():
+        return _shared[0]
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        fd = -1
+    if fd < 0:
+        log.info("workspace.guard_unwatched", reason="no inotify instance")
+        return None
+    _shared[:] = [_Instance(fd, lib)]
+    return _shared[0]
+
+
+def _release(inst: _Instance, owner: _Owner) -> None:
+    """Take ``owner``'s watches off the instance (a directory no other owner watches is
+    no longer watched) and give them back to the budget. Called with the lock held."""
+    for wd in owner.rel:
+        owners = inst.owners.get(wd)
+        if owners is None:
+            continue
+        if owner in owners:
+            owners.remove(owner)
+        if not owners:
+            del inst.owners[wd]
+            # (EINVAL when the directory is gone and its IN_IGNORED not read yet: nothing to do)
+            inst.lib.inotify_rm_watch(inst.fd, wd)
+    _budget.give(len(owner.rel))
+    owner.rel.clear()
+    inst.live.discard(owner)
+
+
+def _drain(inst: _Instance) -> None:
+    """Read what the queue holds and file each event with the owners of its directory.
+    Called with the lock held."""
+    while _dropped:
+        _release(inst, _dropped.pop())
+    while True:
+        try:
+            data = os.read(inst.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            for o in inst.live:
+                o.complete = False
+            return
+        if not data:
+            return
+        at = 0
+        while at + _EVENT.size <= len(data):
+            wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
+            at += _EVENT.size + size
+            if mask & IN_Q_OVERFLOW:
+                for o in inst.live:
+                    o.complete = False
+                continue
+            owners = inst.owners.get(wd)
+            if owners is None:
+                continue
+            if mask & IN_IGNORED:
+                del inst.owners[wd]
+            moved = bool(mask & IN_MOVE_SELF or (mask & IN_ISDIR and mask & (IN_MOVED_FROM | IN_MOVED_TO)))
+            for o in owners:
+                rel = o.rel.pop(wd, None) if mask & IN_IGNORED else o.rel.get(wd)
+                if rel is None:
+                    continue
+                if mask & IN_IGNORED:
+                    _budget.give()
+                if moved:
+                    o.complete = False  # the watches below it now have other paths
+                o.dirty.add(rel)
+
+
+class DirWatch:
+    """One workspace's watches on the process's inotify instance: :meth:`watch` each
+    directory as the walk opens it, :meth:`changes` at the next walk. Safe from any
+    thread (one workspace's guard holds its own lock around a walk anyway)."""
+
+    def __init__(self, inst: _Instance) -> None:
+        self._inst = inst
+        self._owner: _Owner | None = _Owner()
+        inst.live.add(self._owner)
 
     @classmethod
     def open(cls) -> DirWatch | None:
-        """A new watch, or None when inotify is not there or no instance is left (of the
-        process's :data:`SHARE` or the kernel's)."""
-        if not _budget.take("instances"):
-            return None
-        try:
-            lib = ctypes.CDLL(None, use_errno=True)
-            fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        except (OSError, AttributeError):
-            fd = -1
-        if fd < 0:
-            _budget.give("instances")
-            log.info("workspace.guard_unwatched", reason="no inotify instance")
-            return None
-        return cls(fd, lib)
+        """A new watch, or None when inotify is not there or the kernel refuses the
+        process its instance."""
+        with _lock:
+            inst = _instance()
+            return None if inst is None else cls(inst)
 
     def watch(self, dir_fd: int, rel: str) -> bool | None:
         """Watch the open directory ``dir_fd`` (workspace-relative ``rel``) from now on.
         True when it was watched at that path already (the kernel gives an inode it watches
         its descriptor again: the very directory, not one made anew at the path), False when
         it is watched now, None when the kernel refuses (no watch left)."""
-        # Through the descriptor's /proc link: the very directory the walk opened, whatever
-        # its path has become (inotify_add_watch takes only a path).
-        if not _budget.take("watches"):
+        if not _budget.take():
             log.info("workspace.guard_unwatched", reason="the process's share of inotify watches is taken", path=rel)
             return None
-        wd = self._lib.inotify_add_watch(self._fd, f"/proc/self/fd/{dir_fd}".encode(), MASK)
-        if wd < 0:
-            _budget.give("watches")
-            log.info("workspace.guard_unwatched", reason=os.strerror(ctypes.get_errno()), path=rel)
-            return None
-        known = self._rel.get(wd)
-        if known is not None:
-            _budget.give("watches")  # (the kernel's watch of this inode, taken once)
-        self._rel[wd] = rel
-        return known == rel
+        inst = self._inst
+        with _lock:
+            owner = self._owner
+            if owner is None:
+                _budget.give()
+                return None
+            # Through the descriptor's /proc link: the very directory the walk opened,
+            # whatever its path has become (inotify_add_watch takes only a path).
+            wd = inst.lib.inotify_add_watch(inst.fd, f"/proc/self/fd/{dir_fd}".encode(), MASK)
+            if wd < 0:
+                _budget.give()
+                log.info("workspace.guard_unwatched", reason=os.strerror(ctypes.get_errno()), path=rel)
+                return None
+            known = owner.rel.get(wd)
+            if known is not None:
+                _budget.give()  # (this owner's watch of this inode, taken once)
+            else:
+                owners = inst.owners.setdefault(wd, [])
+                if owner not in owners:
+                    owners.append(owner)
+            owner.rel[wd] = rel
+            return known == rel
 
     def changes(self) -> tuple[set[str], bool]:
         """The directories that had an event since the last call (workspace-relative), and
         whether that is all (False after an overflow or a directory renamed: every
         directory must then be visited, and watched again; the directories named still had
         events, which a walk comparing directories alone would miss: a mode set in place)."""
-        dirty: set[str] = set()
-        unknown = False
-        while True:
-            try:
-                data = os.read(self._fd, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError:
-                return dirty, False
-            if not data:
-                break
-            at = 0
-            while at + _EVENT.size <= len(data):
-                wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
-                at += _EVENT.size + size
-                if mask & IN_Q_OVERFLOW:
-                    unknown = True
-                    continue
-                if mask & IN_IGNORED:
-                    rel = self._rel.pop(wd, None)
-                    if rel is not None:
-                        _budget.give("watches")
-                else:
-                    rel = self._rel.get(wd)
-                if rel is None:
-                    continue
-                if mask & IN_MOVE_SELF or (mask & IN_ISDIR and mask & (IN_MOVED_FROM | IN_MOVED_TO)):
-                    unknown = True  # the watches below it now have other paths
-                dirty.add(rel)
-        return dirty, not unknown
+        with _lock:
+            owner = self._owner
+            if owner is None:
+                return set(), False
+            _drain(self._inst)
+            dirty, complete = owner.dirty, owner.complete
+            owner.dirty = set()
+            owner.complete = True
+            return dirty, complete
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            _budget.give("watches", len(self._rel))
-            _budget.give("instances")
-            self._rel.clear()
+        """Give this workspace's watches back (idempotent)."""
+        with _lock:
+            owner, self._owner = self._owner, None
+            if owner is not None:
+                _release(self._inst, owner)
 
     def __del__(self) -> None:
-        self.close()  # (a guard dropped without close: its instance goes back)
+        # (a guard dropped without close: its watches go back at the next look of any guard)
+        owner = getattr(self, "_owner", None)
+        if owner is not None:
+            _dropped.append(owner)

@@ -120,7 +120,7 @@ class Tool:
         try:
             return self.args_model.model_validate(arguments, strict=True)
         except ValidationError as e:
-            raise ToolError(format_validation_error(self.name, e)) from None
+            raise ToolError(format_validation_error(self.name, e, fields=list(self.args_model.model_fields))) from None
 
     # -- schemas -----------------------------------------------------------------------
 
@@ -261,9 +261,12 @@ def _shown(value: Any) -> str:
     return name
 
 
-def format_validation_error(tool: str, err: ValidationError) -> str:
-    """One line per problem: the field, then missing / unknown field / wrong type / out of range."""
+def format_validation_error(tool: str, err: ValidationError, fields: list[str] | None = None) -> str:
+    """One line per problem: the field, then missing / unknown field / wrong type / out of range.
+    ``fields``: the tool's arguments, named after the problems when one is an unknown field
+    at the top (a misspelt or guessed name: the model sees the right ones)."""
     problems = []
+    unknown = False
     for e in err.errors(include_url=False):
         loc = ".".join(str(p) for p in e["loc"]) or "arguments"
         kind = e["type"]
@@ -272,6 +275,7 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
             problems.append(f"'{loc}': missing required field")
         elif kind == "extra_forbidden":
             problems.append(f"'{loc}': unknown field (not an argument of {tool})")
+            unknown = unknown or len(e["loc"]) == 1
         elif kind in _RANGE_TYPES:
             problems.append(f"'{loc}': out of range: {msg}")
         elif kind == "finite_number":
@@ -281,4 +285,7 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
         else:
             text = msg.removeprefix("Value error, ")
             problems.append(f"'{loc}': {text}")
-    return f"Invalid arguments for {tool}: " + "; ".join(problems)
+    message = f"Invalid arguments for {tool}: " + "; ".join(problems)
+    if unknown and fields:
+        message += f". {tool} takes: {', '.join(fields)}"
+    return message

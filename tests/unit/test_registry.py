@@ -102,7 +102,11 @@ async def test_unknown_tool(local_registry: ToolRegistry, workspace: Path) -> No
     [
         ("read_file", {}, ["'path'", "missing"]),
         ("read_file", {"path": 7}, ["'path'", "wrong type"]),
-        ("read_file", {"path": "a", "bogus": 1}, ["'bogus'", "unknown field"]),
+        (
+            "read_file",
+            {"path": "a", "bogus": 1},
+            ["'bogus'", "unknown field", "read_file takes: path, line_range, max_bytes, encoding"],
+        ),
         ("read_file", {"path": "a", "line_range": [3, 1]}, ["'line_range'", "out of range"]),
         ("read_file", {"path": "a", "line_range": [0, 1]}, ["'line_range.0'", "out of range"]),
         ("read_file", {"path": "a", "line_range": [1]}, ["'line_range'", "out of range"]),
@@ -136,6 +140,18 @@ async def test_invalid_arguments_name_field_and_problem(
     assert r.error.startswith(f"Invalid arguments for {tool}")
     for needle in needles:
         assert needle in r.error, r.error
+
+
+async def test_the_arguments_are_named_only_after_an_unknown_one_at_the_top(
+    local_registry: ToolRegistry, workspace: Path
+) -> None:
+    missing = await local_registry.execute("read_file", {}, workspace)
+    nested = await local_registry.execute(
+        "edit_file", {"path": "a", "edits": [{"old_str": "a", "new_str": "b", "x": 1}]}, workspace
+    )
+    for r in (missing, nested):
+        assert r.error is not None and "takes:" not in r.error, r.error
+    assert nested.error is not None and "'edits.0.x': unknown field" in nested.error
 
 
 async def test_arguments_as_json_string(local_registry: ToolRegistry, workspace: Path) -> None:

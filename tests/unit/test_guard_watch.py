@@ -389,3 +389,55 @@ def test_an_overflow_is_every_guards_doubt(tmp_path: Path, opens: list[object]) 
     finally:
         wa.close()
         wb.close()
+
+
+def test_a_forked_child_neither_reads_nor_removes_its_parents_watches(tmp_path: Path, opens: list[object]) -> None:
+    """The instance's descriptor is the same open queue in a forked child: its inherited
+    guards walk every directory instead (and drop their watch), a new one watches on an
+    instance of its own, and the parent's watches are still there when it exits."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    tree(a, 12)
+    tree(b, 6)
+    w = Walk(watch=True)
+    try:
+        check(w, a)
+        assert w._watch is not None
+        parent_fd = w._watch._inst.fd
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            code = 1
+            try:
+                s = a / "pkg2" / "mod2" / "s"
+                s.write_text("x")
+                os.chmod(s, 0o4755)
+                found = [x.path for x in check(w, a)[1]]
+                fresh = Walk(watch=True)
+                check(fresh, b)
+                own = fresh._watch is not None and fresh._watch._inst.fd >= 0
+                t = b / "pkg1" / "t"
+                t.write_text("x")
+                os.chmod(t, 0o2755)
+                found_b = [x.path for x in check(fresh, b)[1]]
+                ok = found == ["pkg2/mod2/s"] and w._watch is None and own and found_b == ["pkg1/t"]
+                os.write(write_end, repr((found, w._watch is None, own, found_b)).encode())
+                code = 0 if ok else 1
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        report = os.read(read_end, 4096).decode()
+        os.close(read_end)
+        assert os.waitstatus_to_exitcode(status) == 0, report
+        # The parent's watch is its own still: the child's setid file was seen by it too
+        # (the child fixed it: nothing left to do), and a new one is found opening only its way.
+        assert w._watch is not None and w._watch._inst.fd == parent_fd
+        check(w, a)
+        u = a / "pkg3" / "mod3" / "u"
+        u.write_text("x")
+        os.chmod(u, 0o4755)
+        opens.clear()
+        assert [x.path for x in check(w, a)[1]] == ["pkg3/mod3/u"]
+        assert set(opens) <= {"pkg3", "mod3", "deep", "u"}, opens  # its way, not a walk of every directory
+    finally:
+        w.close()

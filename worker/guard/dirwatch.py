@@ -23,6 +23,7 @@ threads and callbacks where three system calls and a read do.)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -107,9 +108,11 @@ class _Instance:
     def __init__(self, fd: int, lib: ctypes.CDLL) -> None:
         self.fd = fd
         self.lib = lib
-        self.pid = os.getpid()
         self.owners: dict[int, list[_Owner]] = {}
         self.live: set[_Owner] = set()
+        #: In a forked child: the descriptor was the parent's queue (closed here), so its
+        #: watches doubt everything and are never read or removed from the child.
+        self.forked = False
 
 
 #: Guards its state (the instance's and every owner's): guards look from several threads.
@@ -120,11 +123,29 @@ _shared: list[_Instance] = []
 _dropped: list[_Owner] = []
 
 
+def _after_fork_in_child() -> None:
+    """A forked child holds its parent's queue (the same open instance: a watch it removed
+    would be the parent's): it never reads it or removes a watch from it. The guards it
+    inherited doubt everything from now on (the walk visits every directory and drops its
+    watch) and its next watch gets an instance of its own. The lock is made anew: another
+    thread of the parent may have held it at the fork."""
+    global _lock
+    _lock = threading.Lock()
+    for inst in _shared:
+        inst.forked = True
+        with contextlib.suppress(OSError):
+            os.close(inst.fd)
+    _shared.clear()
+    _dropped.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _instance() -> _Instance | None:
-    """The process's instance, made at first use (and anew in a forked child, whose
-    descriptor is its parent's queue); None when inotify is not there or the kernel
-    refuses one. Called with the lock held."""
-    if _shared and _shared[0].pid == os.getpid():
+    """The process's instance, made at first use; None when inotify is not there or the
+    kernel refuses one. Called with the lock held."""
+    if _shared:
         return _shared[0]
     try:
         lib = ctypes.CDLL(None, use_errno=True)
@@ -141,7 +162,7 @@ def _instance() -> _Instance | None:
 def _release(inst: _Instance, owner: _Owner) -> None:
     """Take ``owner``'s watches off the instance (a directory no other owner watches is
     no longer watched) and give them back to the budget. Called with the lock held."""
-    for wd in owner.rel:
+    for wd in () if inst.forked else owner.rel:
         owners = inst.owners.get(wd)
         if owners is None:
             continue
@@ -226,7 +247,7 @@ class DirWatch:
         inst = self._inst
         with _lock:
             owner = self._owner
-            if owner is None:
+            if owner is None or inst.forked:
                 _budget.give()
                 return None
             # Through the descriptor's /proc link: the very directory the walk opened,
@@ -253,7 +274,7 @@ class DirWatch:
         events, which a walk comparing directories alone would miss: a mode set in place)."""
         with _lock:
             owner = self._owner
-            if owner is None:
+            if owner is None or self._inst.forked:
                 return set(), False
             _drain(self._inst)
             dirty, complete = owner.dirty, owner.complete

@@ -81,7 +81,9 @@ async def verify_gvisor(
     """Fail closed unless the agent really runs on gVisor's kernel, on the platform
     ``spec`` asks for (:func:`.gvisor.check_platform`): else the connection is closed,
     the container removed, and RuntimeUnavailableError raised."""
-    hello = agent_info(await conn.request("hello", {}, timeout=10))
+    # (part of the sandbox's start: the start's own deadline, not a liveness check's 10 s;
+    # 100 gVisor sandboxes starting at once on two cores took longer than 10 s to answer)
+    hello = agent_info(await conn.request("hello", {}, timeout=spec.agent_start_timeout))
     await engine.call("inspect sandbox", container.reload)
     runtime = container.attrs.get("HostConfig", {}).get("Runtime")
     try:

@@ -118,3 +118,31 @@ def test_the_agent_dials_nothing_but_a_socket_of_the_hosts(path: object) -> None
 
     with pytest.raises(Refused):
         channel.dial_direct(path, lambda reader: None)
+
+
+async def test_the_gvisor_check_waits_for_the_hello_as_long_as_the_start_does() -> None:
+    """The hello that proves gVisor's kernel is part of the sandbox's start: it waits the
+    start's deadline (``agent_start_timeout``), not a liveness check's 10 s, which 100
+    gVisor sandboxes starting at once on two cores overran."""
+    from typing import Any
+
+    from sandbox.docker.checks import RuntimeCheck, verify_gvisor
+
+    asked: list[float] = []
+
+    class Conn:
+        async def request(self, op: str, args: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+            asked.append(timeout)
+            hello = {"version": "1", "uid": 1000, "gid": 1000, "pid": 7, "python": "3.11.2", "kernel": "4.4.0"}
+            return hello
+
+    class Engine:
+        async def call(self, what: str, fn: Any, *args: Any) -> Any:
+            return fn(*args)
+
+    container = SimpleNamespace(reload=lambda: None, **vars(_container("runsc-systrap")))
+    checks = RuntimeCheck(Engine())  # type: ignore[arg-type]
+    checks.runtimes = {"runsc-systrap": entry("--platform=systrap")}
+    spec = SandboxSpec(image="loom-sandbox:latest", runtime="runsc", agent_start_timeout=45.0)
+    await verify_gvisor(Engine(), Conn(), container, checks, spec)  # type: ignore[arg-type]
+    assert asked == [45.0]

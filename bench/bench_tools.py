@@ -115,7 +115,8 @@ async def main(args: argparse.Namespace) -> None:
         p50s[runtime] = await one_runtime(args, runtime)
     if len(runtimes) > 1:
         base = runtimes[0]
-        print(f"\nregistry p50 as a ratio to {base}'s (gVisor platform: {args.gvisor_platform})\n")
+        what = "loom's floor rows" if args.floor_only else "registry p50"
+        print(f"\n{what} as a ratio to {base}'s (gVisor platform: {args.gvisor_platform})\n")
         print(
             "| tool | "
             + " | ".join(f"{r} p50 ms" for r in runtimes)

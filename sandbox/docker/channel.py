@@ -66,12 +66,24 @@ class DockerExecTransport(StreamTransport):
         self._keep = sock_io  # keeps the HTTP response (and so the socket) alive
 
     @classmethod
-    async def open(cls, sock_io: Any) -> DockerExecTransport:
+    async def open(cls, sock_io: Any, early: bytes = b"") -> DockerExecTransport:
+        """Over the hijacked connection ``sock_io`` (a socket, or the SDK's wrapper of
+        one); ``early``: bytes of the stream read with the engine's answer. Closes
+        ``sock_io`` and raises SandboxUnavailableError when it holds no plain socket."""
         raw = getattr(sock_io, "_sock", sock_io)
         if not isinstance(raw, socket.socket):
+            with contextlib.suppress(Exception):
+                sock_io.close()
             raise SandboxUnavailableError("Docker endpoint gives no plain socket (TLS/SSH hosts are not supported)")
         raw.setblocking(False)
-        transport, proto = await asyncio.get_running_loop().create_connection(_AttachProtocol, sock=raw)
+        try:
+            transport, proto = await asyncio.get_running_loop().create_connection(_AttachProtocol, sock=raw)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                sock_io.close()
+            raise
+        if early:
+            proto.feed.data(*proto.demux.feed(early))
         return cls(sock_io, cast(asyncio.Transport, transport), proto)
 
     async def close(self) -> None:
@@ -170,14 +182,7 @@ class AgentChannels:
         container's keeper now (else at its ``keeper`` request; until then it ends when
         this process goes)."""
         if preloaded is None:
-            api = self._engine.client().api
-
-            def attach() -> Any:
-                params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-                return api.attach_socket(container.id, params=params)
-
-            sock_io = await self._engine.call("attach sandbox agent", attach)
-            transport = await DockerExecTransport.open(sock_io)
+            transport = await DockerExecTransport.open(*await self._engine.attach(container.id, "attach sandbox agent"))
         else:
             transport = preloaded
         conn = AgentConnection(transport, label=container.name)

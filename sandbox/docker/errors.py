@@ -38,6 +38,14 @@ retry_daemon = retry(
 )
 
 
+def unanswered(what: str, detail: object) -> str:
+    """The message of an engine that did not answer ``what`` in time."""
+    return (
+        f"{what}: the Docker daemon did not answer in time ({detail}); it may be overloaded "
+        "(many sandboxes starting at once) — try again, or start fewer at once (LOOM_MAX_PARALLEL_STARTS)"
+    )
+
+
 def translate(exc: Exception, what: str) -> Exception:
     """The :mod:`sandbox.errors` exception for the SDK's ``exc`` raised while doing ``what``."""
     if isinstance(exc, docker.errors.ImageNotFound):
@@ -51,10 +59,7 @@ def translate(exc: Exception, what: str) -> Exception:
     if isinstance(exc, RequestsTimeout) and not isinstance(exc, RequestsConnectionError):
         # Never retried (transient() is False): the engine may have done what was asked
         # (a create, a start) and only its answer is late.
-        return DaemonUnavailableError(
-            f"{what}: the Docker daemon did not answer in time ({exc}); it may be overloaded "
-            "(many sandboxes starting at once) — try again, or start fewer at once (LOOM_MAX_PARALLEL_STARTS)"
-        )
+        return DaemonUnavailableError(unanswered(what, exc))
     if isinstance(exc, RequestException | docker.errors.DockerException) and not isinstance(
         exc, docker.errors.APIError
     ):

@@ -433,17 +433,11 @@ class WarmPool:
         try:
             if not seccomp_kept(container, spec.runtime):
                 raise SandboxError("the engine did not keep the sandbox's seccomp profile")
-            api = engine.client().api
-
-            def attach() -> Any:
-                params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-                return api.attach_socket(container.id, params=params)
-
-            sock_io = await engine.call("attach pooled sandbox", attach)
+            # (attached before the start: nothing the agent writes is missed)
+            warm.transport = await DockerExecTransport.open(*await engine.attach(container.id, "attach pooled sandbox"))
             await engine.call("start pooled sandbox", container.start)
             # Its pid now, so the claim's direct channel need not ask the engine for it.
             await engine.call("inspect pooled sandbox", container.reload)
-            warm.transport = await DockerExecTransport.open(sock_io)
             # The agent's code now: at claim only its config is left to send.
             if not protocol.bundle_built():
                 await asyncio.to_thread(protocol.agent_bundle)  # (compiled once: not on the loop)

@@ -1,0 +1,136 @@
+"""An engine that hangs (found under load: Docker 20.10's network controller deadlocked
+with 100 sandboxes starting while 200 were removed, and every call about a container
+waited forever). The worker talks to the real engine through a proxy that holds one kind
+of request unanswered: the call fails at its deadline, as the daemon's failure or a
+timeout, and nothing of the worker stays blocked on the engine after ``aclose`` (no
+engine thread waits for an answer that will not come, so the process can exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.docker.conftest import own_registry
+from worker.tools.shell import DEADLINE_SLACK
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
+
+ENGINE = "/var/run/docker.sock"
+
+
+class HangingProxy:
+    """Forwards a unix socket to the engine's; a request whose request line matches
+    ``hold`` is never forwarded nor answered (its connection stays open)."""
+
+    def __init__(self, path: Path, hold: str) -> None:
+        self.path = path
+        self.hold = re.compile(hold.encode())
+        self.held: list[bytes] = []
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_unix_server(self._client, str(self.path)))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        ur, uw = await asyncio.open_unix_connection(ENGINE)
+
+        async def up() -> None:
+            while data := await cr.read(65536):
+                for line in data.split(b"\r\n"):
+                    if re.match(rb"^[A-Z]+ /\S* HTTP/1\.1$", line) and self.hold.search(line):
+                        self.held.append(line)
+                        await asyncio.Event().wait()  # held: until the client goes
+                uw.write(data)
+                await uw.drain()
+            uw.close()
+
+        async def down() -> None:
+            while data := await ur.read(65536):
+                cw.write(data)
+                await cw.drain()
+            cw.close()
+
+        try:
+            await asyncio.gather(up(), down())
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            cw.close()
+            uw.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[Callable[[str], HangingProxy]]:
+    made: list[HangingProxy] = []
+
+    def make(hold: str) -> HangingProxy:
+        made.append(HangingProxy(tmp_path / f"engine{len(made)}.sock", hold))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def engine_threads_busy() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("docker-engine") and t.is_alive()]
+
+
+# (a held start is the same engine call under either runtime: runc only)
+@pytest.mark.parametrize(("hold", "runtime"), [("/attach", "runc"), ("/attach", "runsc"), ("/start", "runc")])
+async def test_a_start_the_engine_never_answers_fails_at_the_calls_deadline_and_holds_nothing_after(
+    tmp_path: Path,
+    workspace: Path,
+    proxy: Callable[[str], HangingProxy],
+    runtime: str,
+    hold: str,
+) -> None:
+    p = proxy(hold)
+    async with own_registry(tmp_path, runtime, docker_host=f"unix://{p.path}") as reg:
+        t = time.monotonic()
+        r = await reg.execute("shell_execute", {"command": "true", "timeout": 5}, workspace=str(workspace))
+        took = time.monotonic() - t
+        assert p.held, "the proxy held nothing: the test did not test the hang"
+        assert not r.success
+        assert "timed out" in (r.error or "") or "did not answer" in (r.error or ""), r.error
+        deadline = 5 + DEADLINE_SLACK  # shell_execute's with timeout 5
+        assert took < deadline + 10, (took, deadline)  # the call's own deadline, not the engine's 60 s
+    # After aclose nothing waits on the engine: a thread still in a call would keep the
+    # process from exiting until the engine answered.
+    for _ in range(100):
+        if not engine_threads_busy():
+            break
+        await asyncio.sleep(0.05)
+    busy = engine_threads_busy()
+    if hold == "/attach":
+        assert busy == [], busy  # the attach runs on the loop and ends with its call
+    else:
+        # A create or start the engine holds: the SDK's own 60 s read timeout bounds it.
+        assert len(busy) <= 1, busy
+    # What the held calls left behind is removed through the engine itself.
+    async with own_registry(tmp_path, runtime) as reg2:
+        await reg2.stop(workspace)

@@ -107,6 +107,9 @@ class IntentJournal:
         self._fd: int | None = None
         self._size = -1  # the size after our last write or read (-1: never read)
         self._open: dict[str, Intent] = {}
+        #: Our own lines not read back yet: :meth:`start` and :meth:`end` applied them when
+        #: written, so reading them back only skips them (no JSON decode, two a command).
+        self._mine: set[bytes] = set()
 
     def _file(self) -> int:
         if self._fd is None:
@@ -131,6 +134,7 @@ class IntentJournal:
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: {e}") from e
         if n != len(data):  # a full disk cut it: that start never counts
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: disk full")
+        self._mine.add(data[:-1])
         # (Our own line is read back by the next refresh, as any other process's: with
         # O_APPEND another's line may have landed before it.)
 
@@ -142,7 +146,8 @@ class IntentJournal:
             size = os.fstat(fd).st_size
             if size == self._size:
                 return
-            if size < self._size or self._size < 0:  # first look, or emptied by another process
+            whole = size < self._size or self._size < 0  # first look, or emptied by another process
+            if whole:
                 self._open.clear()
                 start = 0
             else:
@@ -151,7 +156,14 @@ class IntentJournal:
         except OSError as e:
             raise ChangelogStorageError(f"cannot read the changelog's intent journal {self.path}: {e}") from e
         self._size = start + len(raw)
+        mine = self._mine
         for text in raw.split(b"\n"):
+            if not text:
+                continue
+            if text in mine:
+                mine.discard(text)
+                if not whole:  # (read whole, the view is rebuilt: ours count as anyone's)
+                    continue
             try:
                 line = json.loads(text)
             except ValueError:
@@ -170,6 +182,8 @@ class IntentJournal:
                 )
             elif line.get("op") == "end":
                 self._open.pop(line["id"], None)
+        if whole:
+            mine.clear()  # (what of ours is not in the file is gone from it)
 
     def start(self, kind: str, record: dict[str, Any] | None = None, *, temp: str | None = None, ts: float) -> str:
         """Append an open intent; returns its id. Raises ChangelogStorageError (then the
@@ -204,6 +218,7 @@ class IntentJournal:
                 os.ftruncate(self._file(), 0)
                 self._size = 0
                 self._open.clear()
+                self._mine.clear()
             except (OSError, ChangelogStorageError):
                 pass  # only its length: a longer file is read once per process
         return True

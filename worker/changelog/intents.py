@@ -134,9 +134,9 @@ class IntentJournal:
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: {e}") from e
         if n != len(data):  # a full disk cut it: that start never counts
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: disk full")
+        # Our own line is read back by the next refresh (with O_APPEND another's may have
+        # landed before it, and that one is read as any), and only skipped there.
         self._mine.add(data[:-1])
-        # (Our own line is read back by the next refresh, as any other process's: with
-        # O_APPEND another's line may have landed before it.)
 
     def refresh(self) -> None:
         """Read what other processes appended since we last looked. Raises

@@ -39,6 +39,12 @@ def put_known(key, path, put, st):
         snap.known_write(path, st)
 
 
+def params_of(req):
+    """What a snapshot is kept for: (path, sorted excludes, file limit)."""
+    exclude = set(req.get("exclude") or ())
+    return (req.get("path", "."), tuple(sorted(exclude)), int(req.get("max_files", 100000)))
+
+
 def scan_tree(dfd, prefix, req, snapshots, watch):
     """The work of ``op_scan`` on an open directory ``dfd`` (``prefix``: its path in the
     workspace), keeping snapshots in ``snapshots`` (caller holds their lock). Shared with
@@ -47,7 +53,7 @@ def scan_tree(dfd, prefix, req, snapshots, watch):
     limit = int(req.get("max_files", 100000))
     key = req.get("snapshot")
     since = req.get("since")
-    params = (req.get("path", "."), tuple(sorted(exclude)), limit)
+    params = params_of(req)
     previous = snapshots.get(key) if key else None
     if previous is not None and previous.usable(params, since) and not req.get("walk"):
         delta = previous.refresh(dfd, prefix, exclude, limit)

@@ -7,6 +7,7 @@ authority: anything it cannot vouch for falls back to the stat walk (see :class:
 
 import ctypes
 import os
+import select
 import struct
 import time
 
@@ -160,6 +161,21 @@ class Snapshot(object):
             and since == self.generation
             and time.monotonic() - self.full_at < FULL_SCAN_EVERY
         )
+
+    def quiet(self, params, since, multi_max):
+        """Whether a refresh from ``since`` would find nothing to re-read: the snapshot is
+        usable, no event is queued or was read ahead, and at most ``multi_max`` hard-linked
+        files are to be re-stat'ed. (An event that lands just after this is still read by
+        the refresh: a quiet answer only says the refresh will be short.)"""
+        if not self.usable(params, since) or self.early_lost or self.early_dirty or self.early_touched:
+            return False
+        if len(self.multi) > multi_max:
+            return False
+        try:
+            ready = select.select([self.fd], [], [], 0)[0]
+        except (OSError, ValueError):
+            return False
+        return not ready
 
     def drain(self, touched):
         """The prefixes of directories that had events, or None when the queue overflowed.

@@ -133,3 +133,73 @@ def test_another_directory_at_the_roots_path_is_scanned_afresh(tmp_path: Path) -
         assert second["full"] and _paths(second) == ["made"]
     finally:
         scanner.close()
+
+
+def _req(since: str | None = None, **extra: object) -> dict:
+    return {"path": ".", "snapshot": "k", "max_files": 1000, "since": since, **extra}
+
+
+def test_a_quiet_scan_answers_on_the_spot_and_anything_else_goes_to_the_full_scan(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "a").write_text("a")
+    scanner = HostScanner(ws)
+    try:
+        assert scanner.scan_if_quiet(_req()) is None  # no snapshot yet
+        gen = scanner.scan(_req())["generation"]
+        assert scanner.scan_if_quiet(_req("another generation")) is None
+        assert scanner.scan_if_quiet(_req(gen, walk=True)) is None  # a walk is asked for
+        quiet = scanner.scan_if_quiet(_req(gen))
+        assert quiet is not None
+        assert quiet["entries"] == [] and quiet["removed"] == [] and quiet["from_events"]
+        assert not quiet["watched"] and quiet["generation"] != gen  # the next one starts from here
+        gen = quiet["generation"]
+        # Anything queued: not quiet, and the full scan (in a thread) reports it.
+        (ws / "d" / "a").write_text("changed")
+        (ws / "d" / "b").write_text("b")
+        assert scanner.scan_if_quiet(_req(gen)) is None
+        after = scanner.scan(_req(gen))
+        assert _paths(after) == ["d/a", "d/b"]
+        gen = after["generation"]
+        assert scanner.scan_if_quiet(_req(gen)) is not None
+    finally:
+        scanner.close()
+
+
+def test_a_quiet_scan_never_waits_for_another(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    scanner = HostScanner(ws)
+    try:
+        gen = scanner.scan(_req())["generation"]
+        with scanner._lock:  # a scan under way in a thread
+            assert scanner.scan_if_quiet(_req(gen)) is None
+        assert scanner.scan_if_quiet(_req(gen)) is not None
+    finally:
+        scanner.close()
+
+
+def test_many_hard_links_or_another_root_are_left_to_the_full_scan(tmp_path: Path) -> None:
+    from sandbox.hostscan import QUIET_MULTI_MAX
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_text("x")
+    for i in range(QUIET_MULTI_MAX + 1):
+        os.link(ws / "f", ws / f"link{i}")  # each re-stat'ed at every scan
+    scanner = HostScanner(ws)
+    try:
+        gen = scanner.scan(_req())["generation"]
+        assert scanner.scan_if_quiet(_req(gen)) is None
+        for i in range(QUIET_MULTI_MAX + 1):
+            (ws / f"link{i}").unlink()
+        gen = scanner.scan(_req(gen))["generation"]
+        assert scanner.scan_if_quiet(_req(gen)) is not None
+        # Another directory moved in at the root's path: its watches saw nothing of it.
+        ws.rename(tmp_path / "old")
+        ws.mkdir()
+        (ws / "new").write_text("n")
+        assert scanner.scan_if_quiet(_req(gen)) is None
+        assert "new" in _paths(scanner.scan(_req(gen)))
+    finally:
+        scanner.close()

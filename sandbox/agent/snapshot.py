@@ -172,10 +172,12 @@ class Snapshot(object):
         if len(self.multi) > multi_max:
             return False
         try:
-            ready = select.select([self.fd], [], [], 0)[0]
+            # (poll, not select: a service's descriptors may be numbered past select's 1024)
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
-        return not ready
 
     def drain(self, touched):
         """The prefixes of directories that had events, or None when the queue overflowed.

@@ -203,3 +203,24 @@ def test_many_hard_links_or_another_root_are_left_to_the_full_scan(tmp_path: Pat
         assert "new" in _paths(scanner.scan(_req(gen)))
     finally:
         scanner.close()
+
+
+def test_a_quiet_scan_works_with_descriptors_numbered_past_select(tmp_path: Path) -> None:
+    # A service with many workspaces open: its inotify descriptors pass 1024 (select's limit).
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    scanner = HostScanner(ws)
+    try:
+        gen = scanner.scan(_req())["generation"]
+        assert scanner._snapshots["k"].fd > 1024
+        assert scanner.scan_if_quiet(_req(gen)) is not None
+    finally:
+        scanner.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -27,8 +27,10 @@ small timer run once with ``docker exec`` by the agent's own interpreter: ``sh -
 through ``subprocess`` with its output piped, as a shell command is run, and
 ``os.posix_spawn`` of ``true`` alone), and ``read_file`` 4 KB against the agent's raw
 ``read`` request over the same channel (``AgentConnection.request``: no registry, no
-policy, no answer checks), the two alternating call by call. Targets: each <= 1.5x its
-floor, under each runtime. ``--floor-only`` prints that table alone.
+policy, no answer checks), the two alternating call by call. loom is measured there both
+without the changelog and with it (as ``default_registry``, the CLI and the service run:
+every command recorded), whatever ``--changelog`` says for the tool table. Targets: each
+<= 1.5x its floor, under each runtime. ``--floor-only`` prints that table alone.
 """
 
 from __future__ import annotations
@@ -143,18 +145,19 @@ async def one_runtime(args: argparse.Namespace, runtime: str) -> dict[str, float
         )
         backend = DockerBackend(spec, worker_id="bench")
         changelogs: list[Any] = []
-        factory = None
-        if args.changelog:
-            from worker.changelog import Changelog
+        from worker.changelog import Changelog
 
-            def factory(root: Path) -> Any:
-                cl = Changelog.open(Path(tmp, "data"), root)
-                changelogs.append(cl)
-                return cl
+        def recording(root: Path) -> Any:
+            cl = Changelog.open(Path(tmp, "data"), root)
+            changelogs.append(cl)
+            return cl
 
-        reg = ToolRegistry(backend=backend, recorder_factory=factory)
+        reg = ToolRegistry(backend=backend, recorder_factory=recording if args.changelog else None)
+        # The floor table measures loom both ways on the same sandbox: the other registry
+        # (one changelog per workspace at a time: the recording one is always this pair's).
+        other = ToolRegistry(backend=backend, recorder_factory=None if args.changelog else recording)
         try:
-            p50 = await run(reg, backend, ws, args)
+            p50 = await run(reg, backend, ws, args, other)
             if args.journal:
                 from worker.calls import CallJournal
 
@@ -171,7 +174,9 @@ async def one_runtime(args: argparse.Namespace, runtime: str) -> dict[str, float
     return p50
 
 
-async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argparse.Namespace) -> dict[str, float]:
+async def run(
+    reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argparse.Namespace, other: ToolRegistry
+) -> dict[str, float]:
     async def call(name: str, arguments: dict[str, Any]) -> None:
         r = await reg.execute(name, arguments, ws)
         if not r.success:
@@ -245,7 +250,10 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
     ]
     runtime = backend.spec.runtime + (f" ({backend.spec.gvisor_platform})" if backend.spec.runtime == "runsc" else "")
     print(f"\nruntime {runtime}; image {args.image}; first call (container start, agent, baseline): {start_ms:.0f} ms")
-    print(f"changelog recorder: {'on' if args.changelog else 'off (NullRecorder)'}; event loop: {args.loop}\n")
+    print(
+        f"changelog recorder of the tool table: {'on' if args.changelog else 'off (NullRecorder)'} (the floor "
+        f"table measures both); event loop: {args.loop}\n"
+    )
     if args.floor_only:
         cases = []
     else:
@@ -269,7 +277,8 @@ async def run(reg: ToolRegistry, backend: DockerBackend, ws: Path, args: argpars
             f"| {label} | {count} | {pct(a, 0.5):.2f} | {pct(a, 0.99):.2f} | "
             f"{pct(b, 0.5):.2f} | {pct(b, 0.99):.2f} | {ratio:.0f}x |"
         )
-    p50.update(await floor(reg, box, container, ws, n))
+    regs = {"on": reg, "off": other} if args.changelog else {"off": reg, "on": other}
+    p50.update(await floor(regs, box, container, ws, n))
     return p50
 
 
@@ -296,9 +305,11 @@ print(json.dumps(out))
 """
 
 
-async def floor(reg: ToolRegistry, box: Any, container: Any, ws: Path, n: int) -> dict[str, float]:
-    """loom's ``shell_execute true`` and ``read_file`` 4 KB against the runtime's floor in
-    the same container (see the module's docstring); prints the table, returns loom's p50s."""
+async def floor(regs: dict[str, ToolRegistry], box: Any, container: Any, ws: Path, n: int) -> dict[str, float]:
+    """loom's ``shell_execute true`` and ``read_file`` 4 KB, without the changelog and with
+    it (``regs["off"]``, ``regs["on"]``: as users get it, every command recorded), against
+    the runtime's floor in the same container (see the module's docstring); prints the
+    table, returns loom's p50s."""
     import json
 
     conn = await box.connection()
@@ -309,12 +320,12 @@ async def floor(reg: ToolRegistry, box: Any, container: Any, ws: Path, n: int) -
             raise SystemExit(f"floor timer failed: {res.output[-500:]!r}")
         return dict(json.loads(res.output.decode().strip().splitlines()[-1]))
 
-    async def loom(name: str, arguments: dict[str, Any]) -> float:
+    async def loom(mode: str, name: str, arguments: dict[str, Any]) -> float:
         t = time.perf_counter()
-        r = await reg.execute(name, arguments, ws)
+        r = await regs[mode].execute(name, arguments, ws)
         d = (time.perf_counter() - t) * 1000.0
         if not r.success:
-            raise SystemExit(f"{name} failed: {r.error}")
+            raise SystemExit(f"{name} ({mode}) failed: {r.error}")
         return d
 
     read_args = {"path": "read4k.txt", "offset": 0, "length": None, "max_bytes": 1 << 20, "raw_out": True}
@@ -327,44 +338,53 @@ async def floor(reg: ToolRegistry, box: Any, container: Any, ws: Path, n: int) -
             raise SystemExit(f"bare read returned {r!r:.200}")
         return d
 
-    # Warm both paths, then alternate (the machine's drift hits both alike). The process
-    # starts: the in-container timer's batches between loom's, three rounds.
+    modes = ("off", "on")
+    # Warm every path, then alternate (the machine's drift hits all alike): the process
+    # starts, the in-container timer's batches between loom's, three rounds, loom's two
+    # registries call by call; the reads, loom's two and the raw one in turn.
     for _ in range(30):
-        await loom("shell_execute", {"command": "true"})
-        await loom("read_file", {"path": "read4k.txt"})
+        for mode in modes:
+            await loom(mode, "shell_execute", {"command": "true"})
+            await loom(mode, "read_file", {"path": "read4k.txt"})
         await bare_read()
-    shell: list[float] = []
+    shell: dict[str, list[float]] = {m: [] for m in modes}
     floors: dict[str, list[float]] = {"sh": [], "spawn": []}
     for _ in range(3):
         for k, v in (await bare_spawns(max(10, n // 3))).items():
             floors[k] += v
         for _ in range(max(10, n // 3)):
-            shell.append(await loom("shell_execute", {"command": "true"}))
-    reads: list[float] = []
+            for mode in modes:
+                shell[mode].append(await loom(mode, "shell_execute", {"command": "true"}))
+    reads: dict[str, list[float]] = {m: [] for m in modes}
     raw_reads: list[float] = []
-    for i in range(2 * n):
-        if i % 4 in (0, 3):
-            reads.append(await loom("read_file", {"path": "read4k.txt"}))
-        else:
-            raw_reads.append(await bare_read())
+    for _ in range(n):
+        for mode in modes:
+            reads[mode].append(await loom(mode, "read_file", {"path": "read4k.txt"}))
+        raw_reads.append(await bare_read())
     med = statistics.median
-    sh, spawn, rd, raw = med(floors["sh"]), med(floors["spawn"]), med(reads), med(raw_reads)
-    print(f"\nloom against the runtime's floor, same container, p50 of {len(shell)} / {len(reads)} calls\n")
-    print("| tool | loom p50 ms | bare equivalent | bare p50 ms | loom / bare | target |")
-    print("|---|---:|---|---:|---:|---|")
+    sh, spawn, raw = med(floors["sh"]), med(floors["spawn"]), med(raw_reads)
+    print(f"\nloom against the runtime's floor, same container, p50 of {n} / {n} calls each\n")
+    print("| tool | changelog | loom p50 ms | bare equivalent | bare p50 ms | loom / bare | target |")
+    print("|---|---|---:|---|---:|---:|---|")
+    for mode in modes:
+        print(
+            f"| shell_execute `true` | {mode} | {med(shell[mode]):.2f} | `sh -c true` by subprocess in the "
+            f"container | {sh:.2f} | {med(shell[mode]) / sh:.2f}x | <= 1.5x |"
+        )
     print(
-        f"| shell_execute `true` | {med(shell):.2f} | `sh -c true` by subprocess in the container | {sh:.2f} | "
-        f"{med(shell) / sh:.2f}x | <= 1.5x |"
+        f"| shell_execute `true` | on | {med(shell['on']):.2f} | posix_spawn of `true` in the container | "
+        f"{spawn:.2f} | {med(shell['on']) / spawn:.2f}x | (the least a process start costs) |"
     )
-    print(
-        f"| shell_execute `true` | {med(shell):.2f} | posix_spawn of `true` in the container | {spawn:.2f} | "
-        f"{med(shell) / spawn:.2f}x | (the least a process start costs) |"
-    )
-    print(
-        f"| read_file (4 KB) | {rd:.3f} | the agent's raw `read` over the same channel | {raw:.3f} | "
-        f"{rd / raw:.2f}x | <= 1.5x |"
-    )
-    return {"floor: shell_execute `true`": med(shell), "floor: read_file (4 KB)": rd}
+    for mode in modes:
+        print(
+            f"| read_file (4 KB) | {mode} | {med(reads[mode]):.3f} | the agent's raw `read` over the same "
+            f"channel | {raw:.3f} | {med(reads[mode]) / raw:.2f}x | <= 1.5x |"
+        )
+    return {
+        f"floor: {tool} (changelog {mode})": med(series[mode])
+        for tool, series in (("shell_execute `true`", shell), ("read_file (4 KB)", reads))
+        for mode in modes
+    }
 
 
 async def journal_cost(off: ToolRegistry, on: ToolRegistry, ws: Path, n: int) -> None:

@@ -108,3 +108,8 @@ def test_dashboard_benchmark_prints_its_tables(docker_ready: None) -> None:
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert any(r.startswith("| row paintable in the dashboard") for r in rows), p.stdout
     assert any(r.startswith("| total |") for r in rows), p.stdout
+    if argv[0] == "bench/bench_tools.py":
+        # The floor table: loom without and with the changelog, beside the bare floor.
+        for mode in ("off", "on"):
+            assert any(r.startswith(f"| shell_execute `true` | {mode} |") for r in rows), p.stdout
+            assert any(r.startswith(f"| read_file (4 KB) | {mode} |") for r in rows), p.stdout

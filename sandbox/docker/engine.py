@@ -2,18 +2,18 @@
 through it (blocking SDK calls in a thread, retried and translated; find and remove a
 container by name).
 
-The SDK's calls block, so they run in threads: the engine's own pool, not asyncio's
-default one (``min(32, cores + 4)`` threads, 6 on a 2-core machine, shared with everything
-else the process hands to threads), so starting many sandboxes at once is bounded by the
-backend's own setting (:attr:`Engine.threads`) and not by the machine's core count. The
-client keeps as many connections to the engine as there are threads (the SDK keeps 10
-and drops the others after each call).
+The SDK's calls block, so they run in threads: the engine's own (:mod:`.threads`, which
+never hold up the process's exit), not asyncio's default pool (``min(32, cores + 4)``
+threads, 6 on a 2-core machine, shared with everything else the process hands to
+threads), so starting many sandboxes at once is bounded by the backend's own setting
+(:attr:`Engine.threads`) and not by the machine's core count. The client keeps as many
+connections to the engine as there are threads (the SDK keeps 10 and drops the others
+after each call).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -29,6 +29,7 @@ import docker.utils
 
 from ..errors import DaemonUnavailableError, SandboxUnavailableError
 from .errors import SDK_ERRORS, retry_daemon, translate, unanswered
+from .threads import DaemonThreads
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ class Engine:
         self._client_factory = client_factory
         self._client: Any = None
         self.threads = max(1, threads)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: DaemonThreads | None = None
 
     def client(self) -> Any:
         """The SDK client, made on first use. Raises DaemonUnavailableError."""
@@ -83,7 +84,7 @@ class Engine:
             return retry_daemon(fn)(*args, **kwargs)
 
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="docker-engine")
+            self._pool = DaemonThreads(self.threads, "docker-engine")
         # (as asyncio.to_thread does: the call sees the caller's context variables)
         call = functools.partial(contextvars.copy_context().run, run)
         try:
@@ -115,8 +116,12 @@ class Engine:
         path = f"/v{client.api.api_version}/containers/{container_id}/attach?" + "&".join(
             f"{k}={v}" for k, v in _ATTACH_PARAMS.items()
         )
+        if isinstance(where, str):
+            host = "localhost"  # (what the SDK sends over a unix socket)
+        else:
+            host = f"[{where[0]}]:{where[1]}" if ":" in where[0] else f"{where[0]}:{where[1]}"
         request = (
-            f"POST {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: loom-worker\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: loom-worker\r\n"
             "Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n"
         ).encode()
         loop = asyncio.get_running_loop()

@@ -27,13 +27,19 @@ class FakeEngine:
     records the attach requests and whether each attach connection was closed by the
     client."""
 
-    def __init__(self, path: Path, answer: Answer) -> None:
-        self.path = path
+    def __init__(self, path: Path | None, answer: Answer) -> None:
+        """On a unix socket at ``path``, or on loopback TCP (``path`` None: ``url``)."""
         self.answer = answer
         self.requests: list[str] = []
         self.closed = threading.Event()
-        self._srv = socket.socket(socket.AF_UNIX)
-        self._srv.bind(str(path))
+        if path is not None:
+            self._srv = socket.socket(socket.AF_UNIX)
+            self._srv.bind(str(path))
+            self.url = f"unix://{path}"
+        else:
+            self._srv = socket.socket(socket.AF_INET)
+            self._srv.bind(("127.0.0.1", 0))
+            self.url = f"tcp://127.0.0.1:{self._srv.getsockname()[1]}"
         self._srv.listen(16)
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -79,12 +85,13 @@ class FakeEngine:
 MakeFake = Callable[[Answer], "FakeEngine"]
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[Callable[[Answer], FakeEngine]]:
+@pytest.fixture(params=["unix", "tcp"])
+def fake(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[Answer], FakeEngine]]:
+    """A fake engine on a unix socket, then on plain TCP (``DOCKER_HOST=tcp://``)."""
     made: list[FakeEngine] = []
 
     def make(answer: Answer) -> FakeEngine:
-        made.append(FakeEngine(tmp_path / "docker.sock", answer))
+        made.append(FakeEngine(tmp_path / "docker.sock" if request.param == "unix" else None, answer))
         return made[-1]
 
     yield make
@@ -122,7 +129,7 @@ def hang_up(conn: socket.socket) -> None:
 
 
 def engine_at(f: FakeEngine) -> Engine:
-    return Engine(base_url=f"unix://{f.path}")
+    return Engine(base_url=f.url)
 
 
 async def test_the_attach_upgrades_the_connection_and_keeps_the_bytes_that_came_with_the_answer(fake: MakeFake) -> None:
@@ -135,6 +142,8 @@ async def test_the_attach_upgrades_the_connection_and_keeps_the_bytes_that_came_
         line, *headers = f.requests[0].split("\r\n")
         assert line == "POST /v1.41/containers/abc/attach?stdin=1&stdout=1&stderr=1&stream=1 HTTP/1.1"
         assert "Upgrade: tcp" in headers and "Connection: Upgrade" in headers
+        host = "localhost" if f.url.startswith("unix:") else f.url.removeprefix("tcp://")
+        assert f"Host: {host}" in headers
     finally:
         await transport.close()
     assert await asyncio.to_thread(f.closed.wait, 5)

@@ -119,7 +119,7 @@ class DockerBackend(SandboxBackend):
                     config_for=lambda d, spec: container_config(
                         d, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec)
                     ),
-                    create=lambda cfg: self.engine.call("create sandbox", self._create, self.engine.client(), cfg),
+                    create=self._create_warm,
                     start_slot=self._slots,
                     boot=self._boot_warm,
                 ),
@@ -187,7 +187,7 @@ class DockerBackend(SandboxBackend):
         spec = self.spec_of(ws)
         await self.prepare(spec)
         name = container_name(ws)
-        client = self.engine.client()
+        client = await self.engine.connect()
         for _attempt in range(5):
             container = await self.engine.find(name)
             if container is not None:
@@ -287,6 +287,10 @@ class DockerBackend(SandboxBackend):
         """``containers.create`` with the host settings docker-py does not name (blocking)."""
         resp = client.api.create_container(**create_args(cfg, client.api._version))
         return client.containers.get(resp["Id"])
+
+    async def _create_warm(self, cfg: dict[str, Any]) -> Any:
+        """A warm sandbox's container (the pool's ``create``). Raises what ``Engine.call`` raises."""
+        return await self.engine.call("create sandbox", self._create, await self.engine.connect(), cfg)
 
     async def prepare(self, spec: SandboxSpec | None = None) -> None:
         """What every container needs before :meth:`container_config` can describe it:

@@ -240,7 +240,7 @@ class AgentChannels:
         it: as the workspace owner, or as ``user`` (uid, gid: a harness's command as
         another user, see ``DockerSandbox.as_user``), from ``/`` (another user may not
         enter the workspace)."""
-        api = self._engine.client().api
+        api = (await self._engine.connect()).api
         uid, gid = user if user is not None else owner(_workspace(container), spec)
 
         def start() -> Any:

@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -59,22 +60,37 @@ class Engine:
         self._client: Any = None
         self.threads = max(1, threads)
         self._pool: DaemonThreads | None = None
+        self._making = threading.Lock()  # (one client, whichever threads ask for it first)
 
     def client(self) -> Any:
-        """The SDK client, made on first use. Raises DaemonUnavailableError."""
-        if self._client is None:
-            try:
-                if self._client_factory is not None:
-                    self._client = self._client_factory()
-                elif self._base_url:
-                    self._client = docker.DockerClient(
-                        base_url=self._base_url, timeout=TIMEOUT, max_pool_size=self.threads
-                    )
-                else:
-                    self._client = docker.from_env(timeout=TIMEOUT, max_pool_size=self.threads)
-            except docker.errors.DockerException as e:
-                raise DaemonUnavailableError(f"Cannot reach the Docker daemon: {e}") from e
-        return self._client
+        """The SDK client, made on first use. Making it asks the engine its API version
+        (a request that may wait the whole :data:`TIMEOUT`): code on the event loop awaits
+        :meth:`connect` instead. Raises DaemonUnavailableError."""
+        if self._client is not None:
+            return self._client
+        with self._making:
+            if self._client is None:
+                try:
+                    if self._client_factory is not None:
+                        self._client = self._client_factory()
+                    elif self._base_url:
+                        self._client = docker.DockerClient(
+                            base_url=self._base_url, timeout=TIMEOUT, max_pool_size=self.threads
+                        )
+                    else:
+                        self._client = docker.from_env(timeout=TIMEOUT, max_pool_size=self.threads)
+                except docker.errors.DockerException as e:
+                    raise DaemonUnavailableError(f"Cannot reach the Docker daemon: {e}") from e
+            return self._client
+
+    async def connect(self) -> Any:
+        """The SDK client, made on first use in one of the engine's threads: an engine that
+        does not answer the version request holds that thread, never the event loop, and
+        the caller's deadline still ends the wait. Raises DaemonUnavailableError."""
+        client = self._client
+        if client is None:
+            client = await self._in_thread(self.client)
+        return client
 
     async def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in a thread, retried on daemon hiccups. Raises the
@@ -83,14 +99,17 @@ class Engine:
         def run() -> T:
             return retry_daemon(fn)(*args, **kwargs)
 
+        try:
+            return await self._in_thread(run)
+        except SDK_ERRORS as e:
+            raise translate(e, what) from e
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
         if self._pool is None:
             self._pool = DaemonThreads(self.threads, "docker-engine")
         # (as asyncio.to_thread does: the call sees the caller's context variables)
-        call = functools.partial(contextvars.copy_context().run, run)
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except SDK_ERRORS as e:
-            raise translate(e, what) from e
+        call = functools.partial(contextvars.copy_context().run, fn)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     async def attach(self, container_id: str, what: str) -> tuple[Any, bytes]:
         """The engine's attach stream of the container (its stdin, stdout and stderr, in
@@ -108,7 +127,7 @@ class Engine:
         Raises DaemonUnavailableError (no connection, no answer in time),
         SandboxUnavailableError (the engine refused: no such container, not running).
         """
-        client = self.client()
+        client = await self.connect()
         where = self._endpoint()
         if where is None:
             sock_io = await self.call(what, lambda: client.api.attach_socket(container_id, params=_ATTACH_PARAMS))
@@ -190,7 +209,7 @@ class Engine:
 
     async def find(self, name: str) -> Any:
         """The container called ``name``, or None."""
-        client = self.client()
+        client = await self.connect()
 
         def get() -> Any:
             try:

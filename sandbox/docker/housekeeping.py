@@ -31,7 +31,7 @@ async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
     its owner label, None for one made without); ``workspace`` is None for a warm
     sandbox nobody claimed (``pooled``: True for every warm one). Raises
     DaemonUnavailableError."""
-    client = engine.client()
+    client = await engine.connect()
     containers = await engine.call(
         "list sandboxes",
         lambda: client.containers.list(

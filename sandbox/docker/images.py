@@ -172,7 +172,7 @@ class ImagePuller:
         DaemonUnavailableError."""
         if reference_problem(image) is not None:
             return False  # not a name the engine has an image by (asked, it may answer for another resource)
-        client = self._engine.client()
+        client = await self._engine.connect()
 
         def get() -> bool:
             try:
@@ -254,7 +254,7 @@ class ImagePuller:
 
     async def _pull(self, image: str, registry: str) -> None:
         loop = asyncio.get_running_loop()
-        api = self._engine.client().api
+        api = (await self._engine.connect()).api
         repository, tag = docker.utils.parse_repository_tag(image)
         progress = _Progress()
         log.info("sandbox.image_pull", image=image, registry=registry)

@@ -77,7 +77,7 @@ class OverlayVolumes:
             if any(c in str(p) for c in ",:") or not p.is_absolute():
                 raise SandboxUnavailableError(f"an overlay cannot name {p} (a comma or colon in it)")
         opts = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work},redirect_dir=on"
-        client = self._engine.client()
+        client = await self._engine.connect()
 
         def make() -> str:
             vol = client.volumes.create(
@@ -103,7 +103,7 @@ class OverlayVolumes:
             return None
         if self._verified.get(str(ws)) == name:
             return name
-        client = self._engine.client()
+        client = await self._engine.connect()
 
         def get() -> dict[str, Any] | None:
             try:
@@ -133,7 +133,7 @@ class OverlayVolumes:
         """The engine's fork volumes of ours (any data directory's): each one's ``name``,
         ``mountpoint``, ``upper`` (its upper layer's path; None when unreadable),
         ``created`` (the engine's ISO time) and ``labels``. Raises DaemonUnavailableError."""
-        client = self._engine.client()
+        client = await self._engine.connect()
 
         def ls() -> list[dict[str, Any]]:
             out = []
@@ -160,7 +160,7 @@ class OverlayVolumes:
         container uses it: stop the fork's sandbox first, or (``with_containers``, for
         ``gc``) remove the loom sandboxes using it. Raises SandboxUnavailableError,
         DaemonUnavailableError."""
-        client = self._engine.client()
+        client = await self._engine.connect()
         if with_containers:
             users = await self._engine.call(
                 "list fork volume users",

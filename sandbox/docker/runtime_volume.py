@@ -45,7 +45,7 @@ class RuntimeVolume:
         async with self._lock:
             if self.name is not None:
                 return self.name
-            client = self._engine.client()
+            client = await self._engine.connect()
             image = await self._engine.call("agent runtime image " + self._image, client.images.get, self._image)
             version = ((image.attrs.get("Config") or {}).get("Labels") or {}).get(RUNTIME_LABEL, "")
             if not version.isdigit() or int(version) < RUNTIME_VERSION:

@@ -4,12 +4,15 @@ not keep the process from exiting."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +161,53 @@ def test_shutdown_twice_is_harmless() -> None:
     pool.shutdown(wait=True)
     pool.shutdown(wait=True)
     assert _alive("twice_") == []
+
+
+async def test_an_engine_that_never_answers_its_version_holds_a_thread_never_the_event_loop(tmp_path: Path) -> None:
+    # Making the SDK's client asks the engine its API version, with the SDK's 60 s timeout:
+    # on the event loop, a hung engine would freeze every other call of the process.
+    path = tmp_path / "engine.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(4)
+    accepted: list[socket.socket] = []
+    asked = threading.Event()
+
+    def hold() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            if conn.recv(4096).startswith(b"GET "):  # the version request, never answered
+                asked.set()
+
+    threading.Thread(target=hold, daemon=True).start()
+    engine = Engine(base_url=f"unix://{path}")
+    try:
+        connecting = asyncio.ensure_future(engine.connect())
+        assert await asyncio.to_thread(asked.wait, 30)
+        assert not connecting.done()  # asked, unanswered, and the loop turned meanwhile
+        connecting.cancel()  # the caller's deadline ends its wait
+        with pytest.raises(asyncio.CancelledError):
+            await connecting
+    finally:
+        srv.close()
+        for conn in accepted:
+            conn.close()  # (the thread's request then fails and the thread is free)
+        await engine.aclose()
+
+
+async def test_the_client_is_made_once_whoever_asks_first() -> None:
+    made: list[object] = []
+
+    def factory() -> object:
+        time.sleep(0.05)
+        made.append(object())
+        return made[-1]
+
+    engine = Engine(client_factory=factory, threads=4)
+    clients = await asyncio.gather(*(engine.connect() for _ in range(6)), engine.call("c", engine.client))
+    assert len(made) == 1 and all(c is made[0] for c in clients)
+    await engine.aclose()

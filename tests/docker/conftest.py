@@ -69,9 +69,12 @@ async def pooled_backend(
 
 
 @contextlib.asynccontextmanager
-async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object) -> AsyncIterator[Any]:
+async def own_registry(
+    tmp_path: Path, runtime: str = "runc", *, stop: bool = True, **settings: object
+) -> AsyncIterator[Any]:
     """A default registry (catalog off, data under ``tmp_path``) whose sandboxes are
-    stopped afterwards. ``settings`` are ``worker.settings.Settings`` fields."""
+    stopped afterwards (``stop``: False for an engine the test made unreachable; the test
+    then removes what it started). ``settings`` are ``worker.settings.Settings`` fields."""
     from worker.registry import default_registry
     from worker.settings import Settings
 
@@ -85,7 +88,7 @@ async def own_registry(tmp_path: Path, runtime: str = "runc", **settings: object
     try:
         yield reg
     finally:
-        for ws in reg.pool.opened():
+        for ws in reg.pool.opened() if stop else ():
             await reg.stop(ws)
         await reg.aclose()
 

@@ -118,7 +118,9 @@ async def test_a_start_the_engine_never_answers_fails_at_the_calls_deadline_and_
     hold: str,
 ) -> None:
     p = proxy(hold)
-    async with own_registry(tmp_path, runtime, docker_host=f"unix://{p.path}") as reg:
+    # (held version requests: nothing of the workspace can be stopped through this engine,
+    # nor was anything made; the registry after the test's stops what the others left)
+    async with own_registry(tmp_path, runtime, stop="version" not in hold, docker_host=f"unix://{p.path}") as reg:
         t = time.monotonic()
         r = await reg.execute("shell_execute", {"command": "true", "timeout": 5}, workspace=str(workspace))
         took = time.monotonic() - t

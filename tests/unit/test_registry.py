@@ -586,3 +586,58 @@ def test_field_descriptions_come_from_models() -> None:
 
     params = Tool("t", "d", Args, fn).parameters()
     assert params["properties"]["n"] == {"type": "integer", "minimum": 1, "description": "A number."}
+
+
+async def test_a_workspaces_recorder_is_opened_off_the_event_loop(
+    local_backend: LocalProcessBackend, workspace: Path
+) -> None:
+    # Opening a changelog creates its database (~6 ms): on the loop it held every other call.
+    import threading
+
+    loop_thread = threading.get_ident()
+    opened_in: list[int] = []
+
+    def factory(root: Path) -> SpyRecorder:
+        opened_in.append(threading.get_ident())
+        return SpyRecorder()
+
+    reg = ToolRegistry(backend=local_backend, recorder_factory=factory)
+    r = await reg.execute("shell_execute", {"command": "true"}, workspace)
+    assert r.success
+    assert opened_in and loop_thread not in opened_in
+    await reg.aclose()
+
+
+async def test_a_recorder_opened_for_a_caller_that_gave_up_is_closed_when_owned(
+    local_backend: LocalProcessBackend, workspace: Path
+) -> None:
+    import threading
+
+    from worker.registry.pool import WorkspacePool
+
+    release = threading.Event()
+    closed: list[bool] = []
+
+    class Owned(SpyRecorder):
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    def factory(root: Path) -> Owned:
+        release.wait(10)  # still opening when its caller gives up
+        return Owned()
+
+    pool = WorkspacePool(local_backend, recorder_factory=factory, own_recorders=True)
+    opening = asyncio.ensure_future(pool.workspace(workspace))
+    await asyncio.sleep(0.05)
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    release.set()
+    for _ in range(200):
+        if closed:
+            break
+        await asyncio.sleep(0.01)
+    assert closed == [True]
+    ws = await pool.workspace(workspace)  # the next caller opens it anew
+    assert isinstance(ws.recorder, Owned)
+    await pool.aclose()

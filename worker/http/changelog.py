@@ -10,6 +10,7 @@ global limit as tool calls.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,17 @@ class ChangelogPool:
         self.durability: Durability = durability
         self.limits = limits
         self._open: dict[Path, Changelog] = {}
+        self._opening = threading.Lock()  # (the registry opens a workspace's in a thread)
 
     def recorder(self, root: Path) -> Changelog:
         """The changelog of ``root``. Raises ChangelogStorageError."""
-        cl = self._open.get(root)
-        if cl is None:
-            cl = self._open[root] = Changelog.open(
-                self.data_dir, root, limits=self.limits, durability=None if self.limits else self.durability
-            )
-        return cl
+        with self._opening:
+            cl = self._open.get(root)
+            if cl is None:
+                cl = self._open[root] = Changelog.open(
+                    self.data_dir, root, limits=self.limits, durability=None if self.limits else self.durability
+                )
+            return cl
 
     async def aclose(self) -> None:
         for cl in self._open.values():

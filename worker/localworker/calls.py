@@ -11,6 +11,7 @@ Every change a call makes is recorded in its workspace's changelog under
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,16 @@ class Changelogs:
         self.data_dir = data_dir
         self.limits: Any = limits
         self._open: dict[Path, Any] = {}
+        self._opening = threading.Lock()  # (the registry opens a workspace's in a thread)
 
     def recorder(self, root: Path) -> Any:
         """Raises ChangelogStorageError when the store cannot be opened."""
         from ..changelog import Changelog
 
-        if root not in self._open:
-            self._open[root] = Changelog.open(self.data_dir, root, limits=self.limits)
-        return self._open[root]
+        with self._opening:
+            if root not in self._open:
+                self._open[root] = Changelog.open(self.data_dir, root, limits=self.limits)
+            return self._open[root]
 
     async def aclose(self) -> None:
         for cl in self._open.values():

@@ -129,7 +129,7 @@ class WorkspacePool:
                     sandbox = await self.backend.get(root)
                     if warm:
                         sandbox.warm()
-                    recorder = self._recorder_factory(root) if self._recorder_factory else None
+                    recorder = await self._open_recorder(root)
                     ws = Workspace(
                         root,
                         sandbox,
@@ -144,6 +144,23 @@ class WorkspacePool:
         if root in self._egress_roots:
             await self._serve_egress(root)
         return ws
+
+    async def _open_recorder(self, root: Path) -> Any:
+        """The workspace's recorder (None without a factory), made in a thread: opening a
+        changelog creates its database (~6 ms of SQLite schema and WAL setup here), which
+        on the event loop held every other call of the process and the sandbox's start
+        just begun (``warm``), which now overlaps it. A caller that gives up meanwhile
+        leaves the open to finish, and a recorder this pool would own is then closed."""
+        factory = self._recorder_factory
+        if factory is None:
+            return None
+        opening = asyncio.ensure_future(asyncio.to_thread(factory, root))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            if self._own_recorders:
+                opening.add_done_callback(_close_unused)
+            raise
 
     def _lock(self, root: Path) -> asyncio.Lock:
         lock = self._locks.get(root)
@@ -401,3 +418,18 @@ def _mutation_lock(recorder: ChangeRecorder | None) -> WorkspaceLock | None:
     """The recorder's lock across processes, when it has one (the changelog's): a
     workspace's mutations then take turns with those of every other process."""
     return recorder.mutations if isinstance(recorder, Changelog) else None
+
+
+def _close_unused(opening: asyncio.Future[Any]) -> None:
+    """Close a recorder opened for a caller that gave up (see ``_open_recorder``)."""
+    if opening.cancelled() or opening.exception() is not None:
+        return
+    recorder = opening.result()
+    if isinstance(recorder, Closes):
+        task = asyncio.ensure_future(recorder.aclose())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+
+#: Closes under way of recorders nobody took (kept so they are not collected midway).
+_CLOSING: set[asyncio.Future[Any]] = set()

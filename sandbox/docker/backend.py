@@ -119,7 +119,7 @@ class DockerBackend(SandboxBackend):
                     config_for=lambda d, spec: container_config(
                         d, spec, self._runtime_volume.name, self._runtime_check.engine_runtime(spec)
                     ),
-                    create=self._create_warm,
+                    create=lambda c: self.engine.call("create sandbox", lambda: self._create(self.engine.client(), c)),
                     start_slot=self._slots,
                     boot=self._boot_warm,
                 ),
@@ -287,10 +287,6 @@ class DockerBackend(SandboxBackend):
         """``containers.create`` with the host settings docker-py does not name (blocking)."""
         resp = client.api.create_container(**create_args(cfg, client.api._version))
         return client.containers.get(resp["Id"])
-
-    async def _create_warm(self, cfg: dict[str, Any]) -> Any:
-        """A warm sandbox's container (the pool's ``create``). Raises what ``Engine.call`` raises."""
-        return await self.engine.call("create sandbox", self._create, await self.engine.connect(), cfg)
 
     async def prepare(self, spec: SandboxSpec | None = None) -> None:
         """What every container needs before :meth:`container_config` can describe it:

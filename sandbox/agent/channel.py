@@ -9,16 +9,15 @@ the host takes the direct channel, a unix socket the agent offers once (see
 on that socket; ``main`` reads them.
 """
 
-import base64
+import binascii
 import errno
-import json
 import os
 import socket
 import struct
 import threading
 import time
 
-from . import state
+from . import jsonline, state
 from .errors import Refused
 
 TYPE_CHECKING = False
@@ -32,8 +31,16 @@ _direct = {"state": None}  # type: dict  # None -> "listening" -> "open" (once p
 DIRECT_ACCEPT_TIMEOUT = 5.0
 
 
+# (binascii, not base64: that module imports re, which the agent's boot does not import)
 def b64(data):
-    return base64.b64encode(data).decode("ascii")
+    """``base64.b64encode(data).decode("ascii")``."""
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def unb64(data):
+    """``base64.b64decode(data)``: ``data`` a str of ASCII or bytes-like; characters outside
+    the alphabet are skipped. Raises ValueError (binascii.Error for bad padding)."""
+    return binascii.a2b_base64(data)
 
 
 def open_stdout(stream):
@@ -46,7 +53,7 @@ def send(obj):
     # Every message carries the connection's secret: a command that manages to write into
     # our stdout (gVisor does not honour non-dumpable for /proc/<pid>/fd) cannot forge one.
     obj["k"] = state.nonce
-    line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
+    line = jsonline.dumps(obj) + b"\n"
     with _out_lock:
         _out.write(line)
         _out.flush()
@@ -65,7 +72,7 @@ def send_raw(obj, data):
     """``obj`` with ``"raw": len(data)``, then ``data`` as it is (see the module doc)."""
     obj["k"] = state.nonce
     obj["raw"] = len(data)
-    line = json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
+    line = jsonline.dumps(obj) + b"\n"
     with _out_lock:
         if len(data) <= 65536:
             _out.write(line + data)  # one write, one sendall on the direct socket
@@ -256,7 +263,7 @@ def _accept_direct(lst, d, path, serve):
 
 def _switch_direct(conn, serve):
     global _out
-    hello = json.dumps({"direct": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8") + b"\n"
+    hello = jsonline.dumps({"direct": True, "k": state.nonce}) + b"\n"
     with _out_lock:
         # From here on every answer and event goes to the socket, after this first line
         # (so nothing can come before it); the attach stream stays open only to tell

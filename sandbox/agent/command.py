@@ -12,7 +12,6 @@ With ``"stream": true`` the output is also sent as it is read, each chunk an eve
 it runs, the notification ``exec_signal {"req", "signal"}`` sends a signal to its process
 group (a Ctrl-C passed on by the host's CLI)."""
 
-import base64
 import os
 import selectors
 import signal
@@ -113,7 +112,7 @@ def _run(req, command, argv, timeout, cap, hard_limit, env, cwd, script):
     env["LOOM_CALL"] = marker
     stdin_data = req.get("data") if req.get("stdin") else None
     if isinstance(stdin_data, str):
-        stdin_data = base64.b64decode(stdin_data)
+        stdin_data = channel.unb64(stdin_data)
     with _exec_lock:
         oom_before = cgroup.oom_kills()
         started = time.monotonic()

@@ -18,7 +18,6 @@ runs.
 
 import ctypes
 import os
-import re
 import select
 import struct
 import threading
@@ -41,10 +40,23 @@ IN_DONT_FOLLOW = 0x2000000
 IN_ISDIR = 0x40000000
 _MASK = IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
 _HEADER = struct.Struct("iIII")
-#: The temporary a loom write puts in place with a rename (``write``): not reported; its
-#: rename onto a name is that name written (created, then written, as envd reports a
-#: file written in place).
-_TEMPORARY = re.compile(r"\..*\.loom-[A-Za-z0-9]+\.tmp\Z", re.S)
+#: The characters of the tag in the name of a loom write's temporary (see :func:`_temporary`).
+_TAG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def _temporary(name):
+    r"""Whether ``name`` is the temporary a loom write puts in place with a rename
+    (``write``), ``\..*\.loom-[A-Za-z0-9]+\.tmp``: not reported; its rename onto a name is
+    that name written (created, then written, as envd reports a file written in place).
+    Matched without ``re``, which the agent's boot does not import."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    # Only the last ".loom-" can start the tag: an earlier one's tag holds a "." and a "-".
+    i = name.rfind(".loom-", 1, len(name) - 4)
+    tag = name[i + 6 : len(name) - 4]
+    return i >= 1 and bool(tag) and _TAG_CHARS.issuperset(tag)
+
+
 #: Watches one agent keeps at once, and the events sent in one message.
 MAX_WATCHES = 64
 BATCH = 512
@@ -128,7 +140,7 @@ class Watch(object):
                 if announce:
                     out.append([sub + d, "create"])
             if announce:
-                out.extend([sub + f, "create"] for f in sorted(files) if not _TEMPORARY.match(f))
+                out.extend([sub + f, "create"] for f in sorted(files) if not _temporary(f))
         return out
 
     def start(self):
@@ -212,7 +224,7 @@ class Watch(object):
                 return []  # (its parent reports it)
             return [[".", t] for t in _types(mask, True)]
         rel = prefix + name
-        if _TEMPORARY.match(name):
+        if _temporary(name):
             if mask & IN_MOVED_FROM:
                 self.put.add(cookie)
             return []

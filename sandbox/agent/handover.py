@@ -12,11 +12,10 @@ after ``channel.DIRECT_ACCEPT_TIMEOUT``). Then each socket travels as one messag
 """
 
 import array
-import json
 import socket
 import threading
 
-from . import channel, state
+from . import channel, jsonline, state
 from .errors import Refused
 
 #: None -> "listening" -> "open" (with "sock"), or "refused"; "lock" keeps concurrent
@@ -61,7 +60,7 @@ def _accept_fds(lst, d, path):
         _fds["state"] = "refused"
         return
     try:
-        conn.send(json.dumps({"fds": True, "k": state.nonce}, separators=(",", ":")).encode("utf-8"))
+        conn.send(jsonline.dumps({"fds": True, "k": state.nonce}))
     except OSError:
         conn.close()
         _fds["state"] = "refused"

@@ -10,7 +10,6 @@ agent started is killed and no staged temporary is left behind.
 
 import _thread
 import ctypes
-import json
 import os
 import signal
 import sys
@@ -25,6 +24,7 @@ from . import (
     fsops,
     fswatch,
     handover,
+    jsonline,
     listing,
     modeguard,
     processes,
@@ -322,7 +322,7 @@ def _read_until_slow(rd):
             return None
         activity.touch()
         try:
-            req = json.loads(line)
+            req = jsonline.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("request is not an object")
             if not channel.read_raw(reader, req):
@@ -411,7 +411,7 @@ def run(argv=None):
     if argv:
         cfg = {"root": argv[0]}
     else:
-        cfg = json.loads(sys.stdin.buffer.readline() or b"{}")
+        cfg = jsonline.loads(sys.stdin.buffer.readline() or b"{}")
     try:
         main(cfg)
     except KeyboardInterrupt:

@@ -19,9 +19,7 @@ zygote goes when its agent goes (its stdin ends); one that died or does not answ
 replaced, and meanwhile a supervisor is started the slow way.
 """
 
-import json
 import os
-import re
 import select
 import signal
 import socket
@@ -31,14 +29,22 @@ import sys
 import threading
 import time
 
-from . import environ, proctree, state
+from . import environ, jsonline, proctree, state
 from .errors import Refused
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for mypy only: importing typing would cost every start of the agent
     from typing import Any  # noqa: F401  (used in type comments)
 
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: The characters of a process id (``^[A-Za-z0-9_-]{1,64}$``, checked without ``re``,
+#: which the agent's boot does not import).
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _valid_id(value):
+    return isinstance(value, str) and 1 <= len(value) <= 64 and _ID_CHARS.issuperset(value)
+
+
 START_TIMEOUT = 20.0
 _started = {}  # type: dict  # supervisor pid -> Popen (ours: to reap, then unspare)
 _lock = threading.Lock()
@@ -177,7 +183,7 @@ def _start_forked(cfg):
             p = _zygote[0] = _boot(["zygote"], b"")
 
         def send():
-            p.stdin.write(json.dumps(cfg).encode() + b"\n")
+            p.stdin.write(jsonline.dumps(cfg) + b"\n")
             p.stdin.flush()
 
         try:
@@ -193,7 +199,7 @@ def _start_forked(cfg):
 
 def _start_alone(cfg):
     """The answer line of a supervisor started by itself (its own interpreter)."""
-    p = _boot([], json.dumps(cfg).encode() + b"\n")
+    p = _boot([], jsonline.dumps(cfg) + b"\n")
     line, _ = _read_line(p, b"", START_TIMEOUT)
     p.stdout.close()
     return line
@@ -278,7 +284,7 @@ def _drop(pid_id, conn):
 
 def _roundtrip(conn, req, timeout):
     conn[0].settimeout(timeout)
-    _quiet(conn[0].sendall, json.dumps(req).encode() + b"\n")
+    _quiet(conn[0].sendall, jsonline.dumps(req) + b"\n")
     line = conn[1].readline()
     if not line:
         raise EOFError
@@ -287,7 +293,7 @@ def _roundtrip(conn, req, timeout):
 
 def _ask(pid_id, req, timeout):
     """One request to process ``pid_id``'s supervisor. Raises Refused("not_found")."""
-    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+    if not _valid_id(pid_id):
         raise Refused("invalid", "Not a process id: %r" % (pid_id,))
     line = None
     for attempt in range(2):
@@ -322,7 +328,7 @@ def _ask(pid_id, req, timeout):
                 _drop(pid_id, conn)  # another thread pooled one meanwhile: close ours
         break
     try:
-        answer = json.loads(line or b"")
+        answer = jsonline.loads(line or b"")
     except (TypeError, ValueError):
         raise Refused("not_found", "process %s is gone" % pid_id)
     if not answer.get("ok"):
@@ -397,7 +403,7 @@ def _terminal_env(env, asked):
 def op_proc_start(req):
     _reap()
     pid_id = req.get("proc_id")
-    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+    if not _valid_id(pid_id):
         raise Refused("invalid", "Not a process id: %r" % (pid_id,))
     command, argv = req.get("command"), req.get("argv")
     pty = _pty(req)
@@ -440,7 +446,7 @@ def op_proc_start(req):
     if line is None:
         line = _start_alone(cfg)
     try:
-        answer = json.loads(line or b"")
+        answer = jsonline.loads(line or b"")
     except ValueError:
         answer = {"ok": False, "error": "the supervisor did not start"}
     if not answer.get("ok"):
@@ -486,7 +492,7 @@ def attach(pid_id, since):
     """A new connection to process ``pid_id``'s supervisor turned into its byte stream
     (see ``supervisor.py``): returns the connected socket and the attach answer (the
     process's info, ``cursor``, ``dropped``). Raises Refused("not_found")."""
-    if not isinstance(pid_id, str) or not _ID.match(pid_id):
+    if not _valid_id(pid_id):
         raise Refused("invalid", "Not a process id: %r" % (pid_id,))
     if since is not None and (not isinstance(since, int) or isinstance(since, bool) or since < 0):
         raise Refused("invalid", "since must be a byte offset")
@@ -497,7 +503,7 @@ def attach(pid_id, since):
     conn[1].close()  # (the line reader: this socket is read by hand below, then by its next holder)
     s = conn[0]
     try:
-        _quiet(s.sendall, json.dumps({"op": "attach", "since": since}).encode() + b"\n")
+        _quiet(s.sendall, jsonline.dumps({"op": "attach", "since": since}) + b"\n")
         # The answer line alone: what follows it is the stream's, for whoever holds the
         # socket next (the host, when it is handed over), so nothing past it is read here.
         head = b""
@@ -509,7 +515,7 @@ def attach(pid_id, since):
             head += s.recv(len(peek) if cut < 0 else cut + 1)
             if len(head) > 1 << 20:
                 raise EOFError
-        answer = json.loads(head)
+        answer = jsonline.loads(head)
     except (OSError, EOFError, ValueError):
         s.close()
         raise Refused("not_found", "process %s is gone" % pid_id)

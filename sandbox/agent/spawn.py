@@ -3,7 +3,6 @@
 ``{"event": "stdout"|"exit", "proc": pid, ...}``. They are spared by the per-command tree
 kill and killed when the host closes the stream."""
 
-import base64
 import os
 import subprocess
 import threading
@@ -89,7 +88,7 @@ def _get_proc(req):
 
 def op_stdin(req):
     proc = _get_proc(req)
-    data = base64.b64decode(req.get("data") or "")
+    data = channel.unb64(req.get("data") or "")
     try:
         if data:
             proc.stdin.write(data)

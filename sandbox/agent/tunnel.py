@@ -31,7 +31,6 @@ the answer says ``"passed": true``: nothing is relayed. Otherwise, or if handing
 fails, the tunnel is relayed as above.
 """
 
-import base64
 import errno
 import os
 import selectors
@@ -172,7 +171,7 @@ def op_tunnel_send(req):
         return None  # closed meanwhile: the host has its ``closed`` event
     data = req.get("data") or b""
     if not isinstance(data, bytes):  # base64, as every other op sends bytes
-        data = base64.b64decode(data)
+        data = channel.unb64(data)
     ack = 0
     with _lock:
         if t.out_eof or t.closing is not None:

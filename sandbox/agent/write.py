@@ -8,14 +8,13 @@ directory or the target between any two system calls, so the temporary's content
 only through its own descriptor, and every rename is checked afterwards to have put
 exactly that file in place (see ``_put_in_place``): a write either did, or fails."""
 
-import base64
 import errno
 import os
 import stat
 import threading
 import time
 
-from . import disk, files, paths, scan, state, tidy
+from . import channel, disk, files, paths, scan, state, tidy
 from .errors import Refused
 
 #: Staged writes by token: (directory fd, temporary, name, path, expectations (with the
@@ -29,7 +28,7 @@ STAGE_TTL = 120.0
 def request_data(req):
     """A request's content: raw bytes after its line, or base64 in it."""
     data = req.get("data", "")
-    return data if isinstance(data, bytes) else base64.b64decode(data)
+    return data if isinstance(data, bytes) else channel.unb64(data)
 
 
 def check_writable(dir_fd, name, path):

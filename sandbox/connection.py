@@ -138,7 +138,10 @@ class AgentConnection:
             if preloaded:
                 await self._transport.write(protocol.encode(config))
             else:
-                await self._transport.write(protocol.boot_payload(config))
+                # The agent (~0.7 MB) and its config in two writes, not one joined payload: a
+                # copy of the agent less on every cold start (~0.5 ms of the worker's CPU).
+                await self._transport.write(protocol.agent_bundle())
+                await self._transport.write(protocol.encode(config))
             return await asyncio.shield(hello)
 
         try:

@@ -32,6 +32,7 @@ class ScriptedTransport(Transport):
         self.reply = reply
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.booted = False
+        self.boot_buf = b""
         self.closed = False
         self.nonce = ""
 
@@ -41,9 +42,14 @@ class ScriptedTransport(Transport):
 
     async def write(self, data: bytes) -> None:
         if not self.booted:
+            # (a stream: the agent and its config line may come in any number of writes)
+            self.boot_buf += data
+            bundle = protocol.agent_bundle()
+            if len(self.boot_buf) <= len(bundle) or not self.boot_buf.endswith(b"\n"):
+                return
             self.booted = True
-            assert data.startswith(protocol.agent_bundle())
-            self.nonce = json.loads(data[len(protocol.agent_bundle()) :])["nonce"]
+            assert self.boot_buf.startswith(bundle)
+            self.nonce = json.loads(self.boot_buf[len(bundle) :])["nonce"]
             hello = {
                 "version": "1",
                 "uid": 1,

@@ -42,7 +42,7 @@ def _make():
             parse_constant = constants.__getitem__
             memo = {}  # type: dict
 
-        scanner = _json.make_scanner(_Context())
+        scanner = _json.make_scanner(_Context())  # type: ignore[arg-type]  # (the stub names json's class)
         # json.dumps(obj, separators=(",", ":")): check_circular, ensure_ascii, allow_nan.
         encoder = _json.make_encoder({}, _default, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
         sample, text = {"a": [1, 2.5, None, True, "\u00e9"]}, '{"a":[1,2.5,null,true,"\\u00e9"]}'

@@ -64,7 +64,7 @@ def _one_pool(client: Any) -> None:
         return
     get = adapter.get_connection
 
-    def one(url: str, proxies: Any = None) -> Any:
+    def one(url: bytes | str, proxies: Any = None) -> Any:
         return get("http+docker://localhost", proxies)
 
     adapter.get_connection = one  # type: ignore[method-assign]

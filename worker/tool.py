@@ -95,8 +95,11 @@ ToolFn = Callable[[Any, ToolContext], Awaitable[ToolResult]]
 class Tool:
     """One tool: its contract with the model (name, description, arguments) and its code.
 
-    ``timeout`` is the whole call's deadline in seconds; ``timeout_for`` (when set)
-    computes it from the validated arguments instead (shell commands bring their own).
+    ``timeout`` is the whole call's deadline in seconds; its passing is the call's limit
+    ("t timed out after Ns"). ``timeout_for`` (when set) computes it from the validated
+    arguments instead, for a tool whose own limit is enforced in the sandbox (a command's
+    timeout, a kernel's): that limit plus slack for the answer, so its passing is an
+    infrastructure failure (the sandbox or the engine did not answer), never the limit.
     ``mutating`` tools may change the workspace; ``needs_workspace`` tools fail with
     "No workspace" when called without one.
     """

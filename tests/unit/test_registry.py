@@ -4,6 +4,7 @@ the recorder hook and ToolResult. Runs without Docker (LocalProcessBackend or fa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from sandbox.errors import (
     SandboxTimeoutError,
 )
 from sandbox.local import LocalProcessBackend
-from worker import Tool, ToolContext, ToolRegistry, ToolResult
+from worker import Tool, ToolContext, ToolRegistry, ToolResult, metrics
 from worker.result import MAX_OUTPUT_BYTES, truncate_output
 from worker.tools import BUILTIN_NAMES, CODE_NAMES, PROCESS_NAMES, TOOL_NAMES, builtin_tools
 
@@ -183,6 +184,28 @@ async def test_tool_timeout(workspace: Path) -> None:
     reg = ToolRegistry(tools=[make_tool("slow", slow, timeout=0.2)])
     r = await reg.execute("slow", {})
     assert not r.success and r.error == "slow timed out after 0.2s"
+
+
+async def test_a_tool_that_enforces_its_own_limit_in_the_sandbox_gets_no_answer_is_infrastructure(
+    workspace: Path,
+) -> None:
+    # (as shell_execute: its command's timeout is the agent's to enforce; the registry's
+    # deadline adds slack for the answer, so passing it means the sandbox did not answer)
+    async def hung(args: NoArgs, ctx: ToolContext) -> ToolResult:
+        await asyncio.sleep(10)
+        return ToolResult.ok("late")
+
+    tool = dataclasses.replace(make_tool("hung", hung), timeout_for=lambda a: 0.2)
+    r = await ToolRegistry(tools=[tool]).execute("hung", {})
+    assert not r.success and r.error is not None
+    assert r.error.startswith("Sandbox did not answer in time (infrastructure failure"), r.error
+    assert "no answer to hung within 0.2s" in r.error
+    assert r.data == {"error_kind": "infrastructure", "exception": "SandboxTimeoutError"}
+    assert metrics.outcome_of(r) == "infra"
+    # A tool whose deadline is its own limit: the call's limit, as before.
+    plain = await ToolRegistry(tools=[make_tool("slow", hung, timeout=0.2)]).execute("slow", {})
+    assert plain.error == "slow timed out after 0.2s" and plain.data == {"timed_out": True}
+    assert metrics.outcome_of(plain) == "timeout"
 
 
 def test_default_timeouts() -> None:

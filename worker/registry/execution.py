@@ -9,7 +9,10 @@ unknown tool                        success=false, "Unknown tool 'x'. Available 
 arguments fail validation           success=false, "Invalid arguments for t: 'field': problem"
 path / command refused by policy    success=false, "Safety violation: ..."
 ToolError / AgentError              success=false, the message (e.g. "File not found: a.txt")
-the call's deadline passed          success=false, "t timed out after Ns"
+the call's deadline passed          success=false, "t timed out after Ns"; for a tool that
+                                    enforces its own limit in the sandbox (``timeout_for``:
+                                    that limit plus slack), "Sandbox did not answer in time
+                                    (infrastructure ...", error_kind "infrastructure"
 sandbox unavailable / lost / broken success=false, "Sandbox unavailable (infrastructure ...",
 changelog storage failed            data["error_kind"] == "infrastructure" ("nothing was changed",
                                     or, after a command ran, that its changes are recorded later)
@@ -219,6 +222,18 @@ class Execution:
             # Recorded before writing, so the workspace was not changed.
             return _infra("Changelog storage failed; nothing was changed", e)
         except TimeoutError:
+            if tool.timeout_for is not None:
+                # The tool's own limit (a command's timeout, the kernel's) is enforced in the
+                # sandbox, which answers when it is reached; this deadline only adds the slack
+                # for that answer. Passing it means the sandbox (or the engine starting it)
+                # did not answer: an infrastructure failure, not the call's limit.
+                return _infra(
+                    "Sandbox did not answer in time",
+                    SandboxTimeoutError(
+                        f"no answer to {name} within {deadline:g}s, the call's own time limit and the slack "
+                        "for its answer (the sandbox or the Docker engine did not respond)"
+                    ),
+                )
             return ToolResult.fail(f"{name} timed out after {deadline:g}s", data={"timed_out": True})
         except Exception as e:  # a bug in a tool must not take the caller down
             log.exception("tool.internal_error", tool=name, call_id=call_id)

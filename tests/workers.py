@@ -125,3 +125,31 @@ def this_key(env: dict[str, str], backend: str = "docker") -> str:
     """The key of the worker a CLI with ``env`` uses (asked of the CLI itself)."""
     p = cli(env, "daemon", "status", "--json", "--backend", backend)
     return str(json.loads(p.stdout)["this"]["key"])
+
+
+def remove_sandboxes_under(root: Path) -> list[str]:
+    """Remove every sandbox (running or not) whose workspace lies under ``root``: what a
+    test's CLI or service runs left behind, which belongs to their own data directory's
+    owner and so escapes the suite's closing ``gc`` (a sandbox outlives its worker until its
+    idle TTL, by design). Returns the names removed."""
+    from sandbox.docker.config import LABEL_WS
+
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label={LABEL_WS}",
+            "--format",
+            f'{{{{.Names}}}}\t{{{{.Label "{LABEL_WS}"}}}}',
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    prefix = str(root).rstrip("/") + "/"
+    names = [n for n, _, ws in (line.partition("\t") for line in out.splitlines()) if (ws + "/").startswith(prefix)]
+    if names:
+        subprocess.run(["docker", "rm", "-f", *names], capture_output=True, check=False)
+    return names

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.conftest import SANDBOX_IMAGE
 from tests.docker.conftest import require_runtime
 from tests.servers import free_port
 from tests.treehash import tree_diff, tree_state
-from tests.workers import LOOM, cli, cli_env, run_dir, statuses
+from tests.workers import LOOM, cli, cli_env, remove_sandboxes_under, run_dir, statuses
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
 
@@ -57,6 +58,15 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture
+def sandboxes_removed(workspace: Path) -> Iterator[None]:
+    """The workspace's sandbox removed after the test: the CLI's local worker leaves it to
+    its idle TTL, under an owner the suite's closing gc does not take."""
+    yield
+    remove_sandboxes_under(workspace)
+
+
+@pytest.mark.usefixtures("sandboxes_removed")
 async def test_the_local_worker_killed_under_a_command(tmp_path: Path, workspace: Path, runtime: str) -> None:
     before = _seed(workspace)
     with run_dir() as run:

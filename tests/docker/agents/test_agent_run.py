@@ -24,6 +24,7 @@ from sandbox.capabilities import background
 from sandbox.errors import PathNotFoundError
 from tests.docker.conftest import own_registry
 from tests.origins import Net
+from tests.workers import remove_sandboxes_under
 from worker.agents.providers import custom
 from worker.agents.run import EXIT_COST, EXIT_TIMEOUT, RunError, RunRequest, provision, run_agent
 from worker.changelog.recorder import workspace_dir
@@ -255,6 +256,7 @@ def test_tty_runs_the_agent_on_a_terminal_with_the_placeholder_and_its_exit_stat
         if proc.poll() is None:
             proc.kill()
         os.close(leader)
+        remove_sandboxes_under(tmp_path)  # (the CLI's, left to their idle TTL: not the suite's gc's)
     text = out.decode(errors="replace")
     assert code == 5, text
     assert "is a tty: loom-secret:TTY_KEY:" in text

@@ -26,6 +26,7 @@ import pytest
 
 from tests.agentmocks import MockProviders, changes, claude_argv, claude_env, codex_argv, codex_env, session
 from tests.agentmocks.script import PROJECT, project_files, read_tree, trees
+from tests.workers import remove_sandboxes_under
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -125,7 +126,9 @@ def loom(args: list[str], env: dict[str, str], **kw: object) -> subprocess.Compl
 
 
 @pytest.fixture(params=["runc", "runsc"])
-def loom_env(request: pytest.FixtureRequest, docker_ready: None, mock: MockProviders, tmp_path: Path) -> dict[str, str]:
+def loom_env(
+    request: pytest.FixtureRequest, docker_ready: None, mock: MockProviders, tmp_path: Path
+) -> Iterator[dict[str, str]]:
     ca = tmp_path / "mock-ca.pem"
     ca.write_bytes(mock.ca_pem())
     env = {
@@ -146,7 +149,10 @@ def loom_env(request: pytest.FixtureRequest, docker_ready: None, mock: MockProvi
         LOOM_CA_BUNDLE="/etc/ssl/certs/ca-certificates.crt",
     )
     (tmp_path / "run").mkdir()
-    return env
+    yield env
+    # The CLI's sandboxes outlive its local worker (idle TTL), under this data directory's
+    # owner, which the suite's closing gc does not take.
+    remove_sandboxes_under(tmp_path)
 
 
 def groups(ws: Path, env: dict[str, str]) -> list[tuple[str, str]]:

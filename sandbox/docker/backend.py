@@ -188,8 +188,11 @@ class DockerBackend(SandboxBackend):
         await self.prepare(spec)
         name = container_name(ws)
         client = await self.engine.connect()
-        for _attempt in range(5):
-            container = await self.engine.find(name)
+        # A first start goes straight to the create (one engine call less): Conflict when the
+        # name exists, looked for then; not where none must be known to be there first.
+        look_first = self.pool is not None or spec.allow_root or spec.pull == "always" or bool(fork_volume_of(ws))
+        for attempt in range(5):
+            container: Any = await self.engine.find(name) if look_first or attempt else None
             if container is not None:
                 labels = container.labels or {}
                 same = (
@@ -222,8 +225,7 @@ class DockerBackend(SandboxBackend):
                     detail="workspace is owned by root: the sandbox runs as uid 0 with every capability "
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
-            # A fork's tree is an overlay volume the engine mounts at start, never a bind a
-            # warm sandbox could take: forks start cold.
+            # A fork's tree is an overlay volume mounted at start, never a warm sandbox's bind.
             if self.pool is not None and spec.pull != "always" and fork_volume_of(ws) is None:
                 await self.pool.start(self.spec)
                 claimed = await self.pool.claim(ws, spec, name)
@@ -238,9 +240,8 @@ class DockerBackend(SandboxBackend):
                 await asyncio.to_thread(prepare_channel_dir, channel)  # mounted: it must exist
             await self.overlays.verify(ws)  # a fork's overlay volume, never its bare mountpoint
             cfg = self.container_config(ws)
-            # The engine call runs on in its thread when this start is cancelled (a caller
-            # closing the sandbox, shutdown): the container it makes is then removed, never
-            # left created and unstarted under the workspace's name.
+            # The create runs on in its thread when this start is cancelled (a caller closing
+            # it, shutdown): what it makes is removed, never left unstarted under the name.
             create = asyncio.ensure_future(self.engine.call("create sandbox", self._create, client, cfg))
             try:
                 container = await asyncio.shield(create)
@@ -257,8 +258,8 @@ class DockerBackend(SandboxBackend):
                 continue
             except SandboxUnavailableError as e:
                 if "Conflict" in str(e) or "already in use" in str(e):
-                    await asyncio.sleep(0.05)
-                    continue  # another process created it first: adopt theirs
+                    await asyncio.sleep(0.05 if attempt or look_first else 0)
+                    continue  # it exists (another process created it first): adopt theirs
                 raise
             if not seccomp_kept(container, spec.runtime):
                 # The engine took the container but not our profile: never run in it.

@@ -57,7 +57,7 @@ from ..connection import AgentConnection
 from ..errors import SandboxError
 from ..logs import get_logger
 from ..spec import SandboxSpec
-from . import hostmounts, slots
+from . import hostmounts, housekeeping, slots
 from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
 from .config import LABEL_WS, LABEL_WS_HASH, _git_mounts, channel_dir, owner
@@ -186,6 +186,7 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fills: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
         #: Why the pool is off on this host (None: on).
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
@@ -223,6 +224,36 @@ class WarmPool:
             gid = spec.gid if spec.gid is not None else (os.getegid() if spec.uid is None else uid)
             self._class(spec, uid, gid)
         self._task = asyncio.create_task(self._refill(), name="loom-warm-pool")
+        self._reaper = asyncio.create_task(self._reap_dead(), name="loom-warm-pool-reap")
+
+    async def _reap_dead(self) -> None:
+        """Remove the warm sandboxes of this pool's directory that ended unclaimed (a worker
+        killed with its pool: their agents end with it, the containers stay, exited) and
+        release their slots, so that a restarted worker does not pile them up until
+        ``gc``. Only exited or dead ones: one being created or started belongs to a live
+        worker. Never raises (logged): the pool goes on."""
+        roots = tuple(os.path.realpath(r) + os.sep for r in (self.config.root, self.config.moved_root))
+
+        def ours(container: Any) -> bool:  # (stats the slot: in a thread)
+            slot = slots.slot_of(slots.labels_of(container))
+            return slot is not None and (os.path.realpath(slot) + os.sep).startswith(roots)
+
+        try:
+            ended = [
+                item["container"]
+                for item in await housekeeping.list_sandboxes(self._hooks.engine)
+                if item["pooled"] and not item["workspace"] and item["status"] in ("exited", "dead")
+            ]
+            dead = await asyncio.to_thread(lambda: [c for c in ended if ours(c)])
+            for container in dead:  # (another data directory's pool is left to its own worker)
+                await self._hooks.engine.remove(container)
+                await asyncio.to_thread(slots.release_container, container)
+            if dead:
+                log.info("sandbox.pool_reaped", containers=len(dead))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # (as a fill: the pool never takes the process down)
+            log.warning("sandbox.pool_reap_failed", error=repr(e))
 
     def _class(self, spec: SandboxSpec, uid: int, gid: int) -> _Class:
         key = class_key(spec, uid, gid)
@@ -248,7 +279,8 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling and remove every pooled sandbox nobody claimed."""
         task, self._task = self._task, None
-        tasks = [*([task] if task else []), *self._fills]
+        reaper, self._reaper = self._reaper, None
+        tasks = [*(t for t in (task, reaper) if t is not None), *self._fills]
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -383,3 +383,38 @@ async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps
             assert container is not None and again is not None and again.id == container.id
         finally:
             await other.aclose()
+
+
+@RUNTIMES
+async def test_a_restarted_worker_removes_what_its_killed_predecessors_pool_left(
+    docker_ready: None, runtime: str
+) -> None:
+    """A worker killed with its pool (no shutdown) leaves its warm sandboxes exited: their
+    agents end with its connections, the containers stay. The next worker's pool removes
+    them and releases their slots, instead of leaving them to pile up until ``gc``."""
+    require_runtime(runtime)
+    async with pooled_backend(runtime, size=2) as first:
+        assert first.pool is not None
+        (cls,) = first.pool._classes.values()
+        orphan = cls.ready.pop()  # as if its worker died: nobody removes it
+        live = cls.ready[0]  # a live worker's, sharing the pool's directory: kept
+        slot = slots.slot_of(slots.labels_of(orphan.container))
+        assert slot is not None and slot.is_dir()
+        if orphan.conn is not None:
+            await orphan.conn.close("worker gone")
+        await orphan.transport.close()
+        for _ in range(100):
+            found = await first.engine.find(orphan.container.name)
+            if found is None or found.status != "running":
+                break
+            await asyncio.sleep(0.1)
+        assert found is not None and found.status == "exited", found and found.status
+        async with pooled_backend(runtime, size=1) as second:
+            for _ in range(100):
+                if await second.engine.find(orphan.container.name) is None:
+                    break
+                await asyncio.sleep(0.1)
+            assert await second.engine.find(orphan.container.name) is None
+            assert not slot.exists()
+            kept = await second.engine.find(live.container.name)
+            assert kept is not None and kept.status == "running"

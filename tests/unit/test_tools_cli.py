@@ -81,15 +81,34 @@ def test_call_tool_failure_exit_1(capsys: pytest.CaptureFixture[str], workspace:
     assert code == 1 and result["success"] is False and "not found" in result["error"]
     code, result = call(capsys, workspace, "shell_execute", {"command": "exit 4"})
     assert code == 1 and result["data"]["exit_code"] == 4
-    code, result = call(capsys, workspace, "read_file", {"nope": 1})
-    assert code == 1 and "Invalid arguments" in result["error"]
     code, result = call(capsys, workspace, "shell_execute", {"command": "rm -rf /"})
     assert code == 1 and result["error"].startswith("Safety violation")
+    code, result = call(capsys, workspace, "shell_execute", {"command": ""})  # (the tool's own check)
+    assert code == 1 and result["error"] == "Empty command"
 
 
 def test_call_unknown_tool_exit_2(capsys: pytest.CaptureFixture[str], workspace: Path) -> None:
     code, result = call(capsys, workspace, "format_disk", {})
     assert code == 2 and "Unknown tool" in result["error"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field"),
+    [
+        ("read_file", {"path": "a.txt", "nope": 1}, "nope"),
+        ("read_file", {"path": "a.txt", "line_range": "x"}, "line_range"),
+        ("read_file", {}, "path"),
+        ("shell_execute", {"command": "true", "timeout": "5"}, "timeout"),
+    ],
+)
+def test_call_arguments_the_schema_refuses_exit_2_naming_the_field(
+    capsys: pytest.CaptureFixture[str], workspace: Path, tool: str, arguments: dict[str, Any], field: str
+) -> None:
+    """Bad --args are a usage error (exit 2), whether not JSON or not what the tool's schema
+    takes; the printed ToolResult is the model's, naming the field."""
+    code, result = call(capsys, workspace, tool, arguments)
+    assert code == 2 and result["success"] is False
+    assert result["error"].startswith(f"Invalid arguments for {tool}: '{field}'"), result["error"]
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@ before it happens, so ``loom-worker undo`` can revert it.
 
 Exit codes: 0 the tool succeeded (``batch``: every call did), 1 a tool failed (also an
 infrastructure failure, such as a local worker that died during the call), 2 a usage
-error (bad ``--args``, unknown tool, missing workspace directory, a ``LOOM_*`` value
-that does not validate).
+error (bad ``--args``: not JSON, or arguments the tool's schema refuses, printed as the
+``ToolResult`` that names the field; unknown tool, missing workspace directory, a
+``LOOM_*`` value that does not validate). ``batch`` reports each line's result and
+exits 1 when one failed, whatever the reason.
 
 ``call`` and ``batch`` run their calls in the per-user local worker
 (:mod:`worker.localworker`), which keeps the registry and the sandboxes' connections warm
@@ -477,8 +479,9 @@ def _register_call(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Run one tool call in the workspace's sandbox and print its ToolResult as one JSON line. Every "
         "change it makes is recorded in the workspace's changelog first (loom-worker undo reverts it).",
         epilog="Exit status: 0 the tool succeeded; 1 it failed (an infrastructure failure included: "
-        'data.error_kind is "infrastructure"); 2 usage error (bad --args, unknown tool, missing workspace, '
-        "a LOOM_* value that does not validate).",
+        'data.error_kind is "infrastructure"); 2 usage error (bad --args: not JSON, or not what the tool\'s '
+        "schema takes, the ToolResult naming the field; unknown tool; missing workspace; a LOOM_* value that does "
+        "not validate).",
     )
     p.add_argument("tool", help="Tool name, e.g. read_file.")
     p.add_argument("--workspace", "-w", required=True, help="Workspace directory.")

@@ -12,7 +12,7 @@ Every change a call makes is recorded in its workspace's changelog under
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from sandbox.base import ExecControl
 from ..registry import ToolRegistry, default_registry
 from ..settings import Settings
 from ..streaming import ToolOutput
+from ..tool import Tool, ToolError
 
 
 class Changelogs:
@@ -74,11 +75,15 @@ class Calls:
         check_unknown: bool = True,
     ) -> tuple[int, dict[str, Any]]:
         """Run one call; returns the exit code and the result as a dict. The exit code is
-        0 when the tool succeeded, 1 when it failed, and 2 (a usage error) for a tool this
-        registry does not have when ``check_unknown``. Never raises but on cancellation."""
+        0 when the tool succeeded, 1 when it failed, and 2 (a usage error), with
+        ``check_unknown``, for a tool this registry does not have or arguments that do not
+        validate against the tool's schema (the result names the field, as the model sees
+        it). Never raises but on cancellation."""
         result = await self.registry.execute(tool, arguments, workspace, call_id=call_id)
-        if check_unknown and self.registry.get(tool) is None:
-            return 2, result.to_dict()
+        if check_unknown and not result.success:
+            found = self.registry.get(tool)
+            if found is None or not _valid(found, arguments):
+                return 2, result.to_dict()
         return (0 if result.success else 1), result.to_dict()
 
     async def exec(
@@ -158,3 +163,16 @@ def exec_exit_code(result: dict[str, Any]) -> int:
     if str(result.get("error") or "").startswith("Safety violation"):
         return EXIT_REFUSED
     return EXIT_USAGE
+
+
+def _valid(tool: Tool, arguments: Any) -> bool:
+    """Whether ``arguments`` (an object, as ``--args`` gives them) pass ``tool``'s schema."""
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        return False
+    try:
+        tool.validate(dict(arguments))
+    except ToolError:
+        return False
+    return True

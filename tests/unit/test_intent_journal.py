@@ -110,3 +110,42 @@ def test_a_new_user_reads_the_whole_journal_its_own_process_wrote(tmp_path: Path
     a2.refresh()
     assert a2._open[i].temp == ".f.txt.loom-t.tmp"
     assert os.path.getsize(path) > 0
+
+
+def test_a_journal_reads_back_nothing_of_its_own_unless_another_line_came_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alone, a journal's own lines are never read back (the file grew by them only); when
+    another process appends between its read and its write, the other's line is read as
+    any, and its own skipped."""
+    a, b = IntentJournal(tmp_path / "j"), IntentJournal(tmp_path / "j")
+    a.refresh()
+    preads: list[int] = []
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        preads.append(n)
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(intents.os, "pread", pread)
+    for _ in range(5):
+        a.end(a.start("command", {"command": "true"}, ts=time.time()))
+        assert a.orphans() == []
+    assert preads == [] and a._mine == set()
+    real_refresh = a.refresh
+    between: list[str] = []
+
+    def refresh_then_another_appends() -> None:
+        real_refresh()
+        if not between:  # (once: b's line lands after a's read, before a's write)
+            between.append(b.start("process", {"command": "server &"}, ts=time.time()))
+
+    monkeypatch.setattr(a, "refresh", refresh_then_another_appends)
+    mine = a.start("command", {"command": "make"}, ts=time.time())
+    monkeypatch.setattr(a, "refresh", real_refresh)
+    assert len(a._mine) == 1  # its own line, to skip when read back
+    a.refresh()
+    assert set(a._open) == {mine, between[0]} and a._mine == set()
+    assert a.end(mine) and b.end(between[0])
+    a.refresh()
+    assert a._open == {}

@@ -35,6 +35,8 @@ from typing import Any
 
 from .errors import ChangelogStorageError
 
+#: One line's JSON (compact, ASCII): one encoder for every line, not one per ``json.dumps``.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 #: Once every intent is closed, a journal longer than this is emptied.
 COMPACT_BYTES = 256 * 1024
 #: Intents opened by this process and not closed, across every journal object (a
@@ -125,18 +127,24 @@ class IntentJournal:
             self._fd = None
 
     def _append(self, line: dict[str, Any]) -> None:
-        data = (json.dumps(line, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
+        data = (_encode(line) + "\n").encode()
         fd = self._file()
         self.refresh()  # another process's lines first, so our view stays whole
         try:
             n = os.write(fd, data)
+            after = os.fstat(fd).st_size
         except OSError as e:
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: {e}") from e
         if n != len(data):  # a full disk cut it: that start never counts
             raise ChangelogStorageError(f"cannot write the changelog's intent journal {self.path}: disk full")
-        # Our own line is read back by the next refresh (with O_APPEND another's may have
-        # landed before it, and that one is read as any), and only skipped there.
-        self._mine.add(data[:-1])
+        if after == self._size + n:
+            # The file grew by our line alone: nothing of another process's came between
+            # our read and our write, so there is nothing to read back (a pread less).
+            self._size = after
+        else:
+            # Our own line is read back by the next refresh (with O_APPEND another's may
+            # have landed before it, and that one is read as any), and only skipped there.
+            self._mine.add(data[:-1])
 
     def refresh(self) -> None:
         """Read what other processes appended since we last looked. Raises

@@ -240,16 +240,22 @@ async def test_gc_all_undoes_the_pool_directorys_own_mounts(
     docker_ready: None, workspace: Path, tmp_path: Path
 ) -> None:
     """Left behind, the pool's shared mount is copied into every container started after
-    it and keeps its data directory from being removed: ``gc --all`` (another process,
-    whose pool is off) undoes it once no sandbox has a slot there."""
+    it and keeps its data directory from being removed: ``loom-worker gc --all`` (another
+    process, with the pool off now: ``LOOM_WARM_POOL`` unset) undoes it once no sandbox has
+    a slot there."""
     from sandbox.docker import DockerBackend
     from sandbox.docker.hostmounts import mount_propagation
     from sandbox.docker.pool import PoolConfig
     from sandbox.spec import SandboxSpec
     from tests.conftest import SANDBOX_IMAGE
+    from tests.workers import cli, cli_env
+    from worker.owner import OWNER_FILE
 
     owner = TEST_OWNER + "-gcroot"
-    root = tmp_path / "pool"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / OWNER_FILE).write_text(owner + "\n")
+    root = data / "pool"  # (the data directory's default)
     spec = SandboxSpec(image=SANDBOX_IMAGE, runtime="runc", owner=owner)
     backend = DockerBackend(spec, worker_id="test", pool=PoolConfig(mode="fixed", size=1, max_total=2, root=root))
     try:
@@ -258,11 +264,10 @@ async def test_gc_all_undoes_the_pool_directorys_own_mounts(
         assert mount_propagation(root) == "shared"
     finally:
         await backend.aclose()  # (the claimed one goes on, as a workspace's does)
-    cli = DockerBackend(spec, worker_id="test", pool=PoolConfig(mode="off", root=root))
-    try:
-        assert len(await cli.gc(all_running=True)) == 1  # the claimed one
-    finally:
-        await cli.aclose()
+    env = cli_env(str(tmp_path / "run"), data, LOOM_CLI_DAEMON="0")
+    p = await asyncio.to_thread(cli, env, "gc", "--all")
+    assert p.returncode == 0, p.stderr.decode()
+    assert "removed 1 sandbox container(s)" in p.stdout.decode(), p.stdout.decode()  # the claimed one
     assert mount_propagation(root) is None and mount_propagation(root / ".stage") is None
     assert _mounted_slots() == []
 

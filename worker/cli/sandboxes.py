@@ -21,12 +21,18 @@ def _run(coro: Any) -> int:
     return int(aio.run(coro))
 
 
-def _backend(settings: Settings, **overrides: Any) -> Any:
+def _backend(settings: Settings, *, pool_root: bool = False, **overrides: Any) -> Any:
+    """The Docker backend of ``settings``; with ``pool_root``, knowing where this data
+    directory's warm pool lives (never refilling it), so that ``gc --all`` undoes that
+    directory's own mounts whatever ``LOOM_WARM_POOL`` says now."""
+    from dataclasses import replace
+
     from sandbox.docker import DockerBackend  # the Docker SDK only when a command needs it
     from sandbox.spec import SandboxSpec
 
     spec = SandboxSpec(**{**settings.sandbox_spec_kwargs(), **overrides})
-    return DockerBackend(spec, base_url=settings.docker_host)
+    pool = replace(settings.pool_config(), mode="off") if pool_root else None
+    return DockerBackend(spec, base_url=settings.docker_host, pool=pool)
 
 
 def _say(msg: str = "") -> None:
@@ -46,7 +52,7 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
 
     from .common import workspace_registry
 
-    overrides = {"runtime": runtime} if runtime else {}
+    overrides: dict[str, Any] = {"runtime": runtime} if runtime else {}
     own = workspace is None
     # A workspace of the user's: its running sandbox, made with its own settings (never
     # replaced by one made from the process's); a fresh directory: a sandbox of the demo's.
@@ -307,7 +313,7 @@ async def _gc(settings: Settings, all_running: bool, engine_wide: bool) -> int:
 
     from ..snapshots import SnapshotError
 
-    backend = _backend(settings)
+    backend = _backend(settings, pool_root=True)
     try:
         if engine_wide:
             _say(

@@ -202,3 +202,19 @@ def test_tools_group_can_be_extended() -> None:
     assert args.query == "read a file" and args.tools_command == "search"
     args = parser.parse_args(["tools", "--format", "mcp"])
     assert args.format == "mcp" and args.tools_command is None
+
+
+def test_the_usage_check_takes_arguments_as_the_registry_does() -> None:
+    """Arguments reach the local worker as the registry takes them (an object, a JSON
+    string, nothing); the exit-2 check judges each as the registry's validation would."""
+    from worker.localworker.calls import _valid
+    from worker.registry import ToolRegistry
+
+    read = ToolRegistry().get("read_file")
+    assert read is not None
+    assert _valid(read, {"path": "a.txt"}) and _valid(read, '{"path": "a.txt"}')
+    assert not _valid(read, {"path": 3}) and not _valid(read, '{"path": 3}')
+    assert not _valid(read, "{not json") and not _valid(read, ["a.txt"])
+    assert not _valid(read, None) and not _valid(read, "  ")  # (no path: the field is required)
+    ls = ToolRegistry().get("list_directory")
+    assert ls is not None and _valid(ls, None) and _valid(ls, "")

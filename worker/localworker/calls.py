@@ -11,6 +11,7 @@ Every change a call makes is recorded in its workspace's changelog under
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -167,6 +168,11 @@ def exec_exit_code(result: dict[str, Any]) -> int:
 
 def _valid(tool: Tool, arguments: Any) -> bool:
     """Whether ``arguments`` (an object, as ``--args`` gives them) pass ``tool``'s schema."""
+    if isinstance(arguments, str):  # (as the registry takes them: OpenAI's format)
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return False
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, Mapping):

@@ -31,7 +31,7 @@ CALLS: list[tuple[str, object, int]] = [
     ("search_files", {"pattern": "print"}, 0),
     ("list_directory", {"depth": 2}, 0),
     ("read_file", {"path": "missing.txt"}, 1),
-    ("read_file", {"nope": 1}, 1),
+    ("read_file", {"nope": 1}, 2),  # --args the schema refuses: a usage error
     ("shell_execute", {"command": "rm -rf /"}, 1),
     ("read_file", {"path": "../../etc/passwd"}, 1),
     ("write_file", {"path": "bad\udcffname.txt", "content": "odd name"}, 0),

@@ -351,7 +351,7 @@ def test_cli_call_and_batch_refuse_every_case(
             capsys, "call", case.tool, "--workspace", str(workspace), "--args", case.args, "--backend", "local"
         )
         result = json.loads(out)
-        assert code == 1 and result["success"] is False, (case.id, out)
+        assert code == 2 and result["success"] is False, (case.id, out)  # a usage error: --args the schema refuses
         results.append((case, result["error"]))
     lines = "".join(
         f'{{"tool": {json.dumps(c.tool)}, "arguments": {c.args}, "id": {i}}}\n' for i, c in enumerate(CASES)

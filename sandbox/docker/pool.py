@@ -57,10 +57,10 @@ from ..connection import AgentConnection
 from ..errors import SandboxError
 from ..logs import get_logger
 from ..spec import SandboxSpec
-from . import hostmounts, housekeeping, slots
+from . import hostmounts, slots
 from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
-from .config import LABEL_WS, LABEL_WS_HASH, _git_mounts, channel_dir, owner
+from .config import LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, _git_mounts, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -236,17 +236,28 @@ class WarmPool:
 
         def ours(container: Any) -> bool:  # (stats the slot: in a thread)
             slot = slots.slot_of(slots.labels_of(container))
-            return slot is not None and (os.path.realpath(slot) + os.sep).startswith(roots)
+            return (
+                slot is not None
+                and (os.path.realpath(slot) + os.sep).startswith(roots)
+                and not slots.workspace_of(slots.labels_of(container))  # (a claimed one is its workspace's)
+            )
 
         try:
-            ended = [
-                item["container"]
-                for item in await housekeeping.list_sandboxes(self._hooks.engine)
-                if item["pooled"] and not item["workspace"] and item["status"] in ("exited", "dead")
-            ]
+            engine = self._hooks.engine
+            client = await engine.connect()
+            # (filtered by the engine: only ended warm sandboxes are listed and inspected,
+            # usually none, whatever else runs on it)
+            ended = await engine.call(
+                "list ended warm sandboxes",
+                lambda: client.containers.list(
+                    all=True,
+                    filters={"label": [f"{LABEL_WORKER}=1", slots.LABEL_POOL], "status": ["exited", "dead"]},
+                    ignore_removed=True,
+                ),
+            )
             dead = await asyncio.to_thread(lambda: [c for c in ended if ours(c)])
             for container in dead:  # (another data directory's pool is left to its own worker)
-                await self._hooks.engine.remove(container)
+                await engine.remove(container)
                 await asyncio.to_thread(slots.release_container, container)
             if dead:
                 log.info("sandbox.pool_reaped", containers=len(dead))

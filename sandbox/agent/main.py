@@ -142,12 +142,21 @@ def _start_keeper(ttl):
 
 
 def op_keeper(req):
-    """Become the container's keeper now: a warm gVisor sandbox's main agent, booted in the
-    pool without one (so it ends with the worker that pooled it), at its claim
-    (``sandbox.docker.pool``). ``ttl``: the idle TTL in seconds."""
+    """Become the container's keeper now: a warm sandbox's main agent, booted in the pool
+    without one (so it ends with the worker that pooled it), at its claim
+    (``sandbox.docker.pool``). ``ttl``: the idle TTL in seconds. ``root`` (runc's claim):
+    the claimed workspace's ``[st_dev, st_ino]``, now bound over /workspace; the agent's
+    root is opened again and must be that directory (refused otherwise, before it keeps
+    anything)."""
     ttl = req.get("ttl")
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
         raise Refused("invalid", "ttl must be a positive number of seconds")
+    root = req.get("root")
+    if root is not None:
+        if not isinstance(root, list) or len(root) != 2 or any(type(x) is not int for x in root):
+            raise Refused("invalid", "root must be [st_dev, st_ino]")
+        if not state.reopen_root(root):
+            raise Refused("conflict", "the directory at %s is not the claimed workspace" % state.ROOT)
     _start_keeper(float(ttl))
     return {"keeper_ttl": state.keeper_ttl}
 

@@ -78,3 +78,23 @@ def configure(config):
     ROOT_FD = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     keeper_ttl = config.get("keeper_ttl")
     as_user = bool(config.get("as_user"))
+
+
+def reopen_root(identity):
+    """Open the root again, which must now be the directory ``identity`` names (``[st_dev,
+    st_ino]`` as the host sees it): a warm runc sandbox's agent is configured in the pool,
+    when /workspace is still the slot's empty directory, and its claim binds the workspace
+    over it (``sandbox.docker.pool``); the descriptor opened at configure is the slot's.
+    Returns False (the old descriptor kept) when the directory at the root is another one.
+    Raises OSError when it cannot be opened. (Swapped without a lock: the claim's request
+    comes before any other, so nothing resolves a path meanwhile.)"""
+    global ROOT_FD
+    fd = os.open(ROOT, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if [st.st_dev, st.st_ino] != list(identity):
+        os.close(fd)
+        return False
+    old, ROOT_FD = ROOT_FD, fd
+    if old >= 0:
+        os.close(old)
+    return True

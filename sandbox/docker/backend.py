@@ -105,7 +105,7 @@ class DockerBackend(SandboxBackend):
         self._boxes: dict[Path, DockerSandbox] = {}
         self._started: set[str] = set()
         self._fresh: set[str] = set()  # started by us, main agent not attached yet
-        #: Claimed warm sandboxes: their agent's attach stream, waiting for its config.
+        #: Claimed warm sandboxes, until their connection is taken (:meth:`_connect`).
         self._preloaded: dict[str, Claim] = {}
         self.restarts = 0
         #: Warm sandboxes (:mod:`.pool`), None when off; started at the first workspace.
@@ -171,18 +171,19 @@ class DockerBackend(SandboxBackend):
         if slots.LABEL_SLOT in (container.labels or {}):
             await asyncio.to_thread(slots.release_container, container)
 
-    async def ensure_container(self, ws: Path) -> Any:
+    async def ensure_container(self, ws: Path, *, warm: bool = True) -> Any:
         """Find this workspace's running container or start one, in one of the engine's
-        start slots (``max_parallel_starts``). Returns the container; ``name in
-        self._fresh`` when this call started it (its main agent awaits us).
+        start slots (``max_parallel_starts``), claimed from the warm pool where one waits
+        and ``warm`` (False: a retry after a connection failed). Returns the container;
+        ``name in self._fresh`` when this call started it (its main agent awaits us).
 
         Raises ImageNotFoundError (ImagePullError: the image could not be pulled),
         RuntimeUnavailableError, DaemonUnavailableError.
         """
         async with self._slots():
-            return await self._ensure_container(ws)
+            return await self._ensure_container(ws, warm)
 
-    async def _ensure_container(self, ws: Path) -> Any:
+    async def _ensure_container(self, ws: Path, warm: bool = True) -> Any:
         """:meth:`ensure_container` in its slot."""
         spec = self.spec_of(ws)
         await self.prepare(spec)
@@ -226,7 +227,7 @@ class DockerBackend(SandboxBackend):
                     "dropped; use gVisor (LOOM_RUNTIME=runsc) or userns-remap for more margin",
                 )
             # A fork's tree is an overlay volume mounted at start, never a warm sandbox's bind.
-            if self.pool is not None and spec.pull != "always" and fork_volume_of(ws) is None:
+            if warm and self.pool is not None and spec.pull != "always" and fork_volume_of(ws) is None:
                 await self.pool.start(self.spec)
                 claimed = await self.pool.claim(ws, spec, name)
                 if claimed is not None:
@@ -309,10 +310,10 @@ class DockerBackend(SandboxBackend):
             await losses.settle(self.engine, container_name(ws))
         last: Exception | None = None
         for attempt in range(2):
-            container = await self.ensure_container(ws)
+            container = await self.ensure_container(ws, warm=last is None)
             spec = self.spec_of(ws)
             claim = self._preloaded.pop(container.name, None)
-            conn = claim.conn if claim is not None else None  # booted in the pool (gVisor)
+            conn = claim.conn if claim is not None else None  # booted in the pool
             if conn is None:
                 # The container's start slot is free again: its agent boots in a slot of its
                 # own while the engine starts the next containers.
@@ -354,20 +355,18 @@ class DockerBackend(SandboxBackend):
         self, ws: Path, container: Any, claim: Claim, conn: AgentConnection, spec: SandboxSpec
     ) -> AgentConnection:
         """``conn`` to a claimed warm sandbox once the engine renamed it (one booted in the
-        pool made the container's keeper). Raises SandboxUnavailableError when a peer made
-        this workspace's container first, SandboxLostError when its agent is gone."""
-        if not await claim.named:
+        pool made the container's keeper, and under runc rooted at the workspace now bound
+        over its slot: :class:`.pool.Claim`). Raises SandboxUnavailableError when a peer
+        made this workspace's container first, SandboxLostError when its agent is gone or
+        refused its root."""
+        if claim.conn is not None and spec.runtime == "runsc":
+            self._watch_oom(ws, container)
+        try:
+            await claim.settle(conn, spec.idle_ttl, spec.agent_start_timeout)
+        except (SandboxLostError, SandboxUnavailableError):
             await conn.close()
             await self._drop(container)
-            raise SandboxUnavailableError(f"another process started {container.name} first")
-        if claim.conn is not None:  # (its gVisor check and direct channel: in the pool)
-            self._watch_oom(ws, container)
-            try:
-                await conn.request("keeper", {"ttl": spec.idle_ttl}, timeout=spec.agent_start_timeout)
-            except (SandboxLostError, TimeoutError) as e:
-                await conn.close()
-                await self._drop(container)
-                raise SandboxLostError(f"the claimed sandbox's agent did not answer: {e}") from e
+            raise
         return conn
 
     def _watch_oom(self, ws: Path, container: Any) -> None:
@@ -376,10 +375,11 @@ class DockerBackend(SandboxBackend):
             box.oom_counter = memcg.oom_counter((container.attrs.get("State") or {}).get("Pid"))
 
     async def _boot_warm(self, container: Any, spec: SandboxSpec, transport: Any, slot_ws: Path) -> AgentConnection:
-        """A pooled gVisor sandbox's agent booted as :meth:`_connect` would at its
-        claim (:attr:`.pool.PoolHooks.boot`). Raises what that raises."""
+        """A pooled sandbox's agent booted as :meth:`_connect` would at its claim
+        (:attr:`.pool.PoolHooks.boot`). Raises what that raises."""
         conn = await self.channels.attach_agent(container, spec, transport, keeper=False)
-        await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
+        if spec.runtime == "runsc":
+            await verify_gvisor(self.engine, conn, container, self._runtime_check, spec)
         return await self._direct(conn, container, spec, slot_ws)
 
     async def _drop(self, container: Any, claim: Claim | None = None) -> None:

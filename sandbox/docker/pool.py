@@ -5,16 +5,23 @@ A pooled sandbox is a container made exactly as a workspace's would be (the same
 :func:`~.config.container_config`, hardening, limits, user), for a *class*: the spec's
 fingerprint, image, runtime, owner and the uid/gid it runs as. Its /workspace is a bind of
 its slot's empty directory with ``rslave`` propagation (:mod:`.slots`,
-:mod:`.hostmounts`); its main agent has booted and holds the agent's code, but has not
-been told its config: it has opened nothing, and learns its root, its limits and its
-secret only at claim, after the workspace is in place. So a claimed sandbox has had no
-process, no file in /tmp or $HOME, no environment of anyone before its claimant.
+:mod:`.hostmounts`). Its main agent is booted in the pool all the way
+(:attr:`PoolHooks.boot`): the class's config (the same every claimant of the class would
+send), the checks of its hello, the direct channel; what a claim would spend there (~15 ms
+under runc, ~40 ms under gVisor) is spent before it. No command has run, and it has no
+process, no file in /tmp or $HOME, no environment of anyone before its claimant. It is
+not its container's keeper: booted without one, the agent (and its container) ends with
+the worker that pooled it; its claimant makes it the keeper (the agent's ``keeper``
+request), so from then on it outlives its worker for the idle TTL as every sandbox does.
 
 A claim: the workspace bound onto the slot (and its ``.git`` protections, as the
 engine's own mounts would make them), the claim recorded, the container renamed to the
 workspace's name (``docker rename``: from then on every process finds it as the
-workspace's own), and the waiting agent handed to the backend. Anything failing on the
-way gives the sandbox back to nobody: it is removed and the workspace starts cold.
+workspace's own), and the agent handed to the backend, whose ``keeper`` request also
+tells a runc agent to open its root again (the descriptor it opened at its config is the
+slot's directory, now under the workspace's bind) and to check, by device and inode, that
+it is the claimed workspace. Anything failing on the way gives the sandbox back to nobody:
+it is removed and the workspace starts cold.
 
 Under gVisor a later mount is never seen: the gofer opens each bind's source when the
 sandbox starts and serves that open directory (measured: a bind made on the slot leaves
@@ -25,17 +32,8 @@ over the workspace's directory, which must be empty (a new workspace: HTTP's ``P
 /workspaces``, a fresh project) and on the same mount as the pool. Any other workspace
 (files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
 in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
-directory by device and inode (:func:`.slots.workspace_of`).
-
-Because the directory a gVisor sandbox serves already is the one its workspace will be,
-and empty as that workspace is, its agent is booted in the pool all the way
-(:attr:`PoolHooks.boot`: the class's config, the gVisor check, the direct channel from
-the slot's own channel directory): what a claim would spend there (~40 ms under gVisor)
-is spent before it. That config is the class's, the same every claimant of the class
-would send, but for the keeper: booted without one, the agent (and its container) ends
-with the worker that pooled it, as a runc warm sandbox's does; its claimant makes it the
-container's keeper (the agent's ``keeper`` request), so from then on it outlives its
-worker for the idle TTL as every sandbox does. No command has run before the claimant's.
+directory by device and inode (:func:`.slots.workspace_of`); the agent's root is that
+directory already.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from typing import Any, Literal
 
 from .. import protocol
 from ..connection import AgentConnection
-from ..errors import SandboxError
+from ..errors import SandboxError, SandboxLostError, SandboxUnavailableError
 from ..logs import get_logger
 from ..spec import SandboxSpec
 from . import hostmounts, slots
@@ -120,7 +118,7 @@ class _Warm:
     container: Any
     transport: DockerExecTransport
     slot: Path
-    #: A gVisor sandbox's agent, booted in the pool (:attr:`PoolHooks.boot`).
+    #: Its agent, booted in the pool (:attr:`PoolHooks.boot`).
     conn: AgentConnection | None = None
 
     @property
@@ -137,9 +135,39 @@ class Claim:
     transport: DockerExecTransport
     #: Whether the engine renamed it to its workspace's name (never raises).
     named: asyncio.Task[bool]
-    #: Its agent, booted and checked in the pool (gVisor), or None: the caller boots it
-    #: over :attr:`transport`.
+    #: Its agent, booted and checked in the pool, or None: the caller boots it over
+    #: :attr:`transport`.
     conn: AgentConnection | None = None
+    #: runc: the workspace's ``(st_dev, st_ino)``, bound over the slot's directory that
+    #: :attr:`conn`'s agent opened as its root in the pool; it opens its root again at
+    #: the claim's ``keeper`` request and checks it is this directory. None: the agent's
+    #: root already is the workspace (gVisor: the directory itself moved into place).
+    root: tuple[int, int] | None = None
+
+    async def settle(self, conn: AgentConnection, ttl: float, timeout: float) -> None:
+        """Wait for the rename, and meanwhile make ``conn``'s agent (booted in the pool:
+        :attr:`conn`) the container's keeper for ``ttl`` idle seconds, rooted at
+        :attr:`root` where that is given. Raises SandboxUnavailableError when the engine
+        refused the name (a peer made the workspace's container first), SandboxLostError
+        when the agent is gone or refused its root; the caller then removes the sandbox."""
+        keeper: asyncio.Future[Any] | None = None
+        if self.conn is not None:
+            args: dict[str, Any] = {"ttl": ttl}
+            if self.root is not None:
+                args["root"] = list(self.root)
+            keeper = asyncio.ensure_future(conn.request("keeper", args, timeout=timeout))
+        named = await self.named
+        failed: BaseException | None = None
+        if keeper is not None:
+            try:
+                await keeper
+            except (SandboxError, TimeoutError) as e:
+                failed = e
+        if not named:
+            raise SandboxUnavailableError(f"another process started {self.container.name} first") from failed
+        if failed is not None:
+            log.warning("sandbox.pool_claim_failed", container=self.container.name, error=repr(failed))
+            raise SandboxLostError(f"the claimed sandbox's agent did not take its workspace: {failed}") from failed
 
 
 @dataclass
@@ -168,10 +196,10 @@ class PoolHooks:
     config_for: Callable[[Path, SandboxSpec], dict[str, Any]]
     create: Callable[[dict[str, Any]], Awaitable[Any]]
     start_slot: Callable[[], Any]
-    #: Boot a pooled gVisor sandbox's agent (container, its spec, its attach stream, the
-    #: slot's directory) as the claimant would (config, checks, direct channel), but not
-    #: as the container's keeper. Raises what a connection raises; None: agents are
-    #: booted by the claimant.
+    #: Boot a pooled sandbox's agent (container, its spec, its attach stream, the slot's
+    #: directory) as the claimant would (config, checks, direct channel), but not as the
+    #: container's keeper. Raises what a connection raises; None: agents are booted by
+    #: the claimant.
     boot: Callable[[Any, SandboxSpec, DockerExecTransport, Path], Awaitable[AgentConnection]] | None = None
 
 
@@ -305,8 +333,8 @@ class WarmPool:
 
     async def claim(self, ws: Path, spec: SandboxSpec, name: str) -> Claim | None:
         """A warm sandbox for workspace ``ws`` (real path) made with ``spec``, serving ``ws``
-        at /workspace, with its agent waiting for its config on the claim's attach
-        stream (or, gVisor, booted: :attr:`Claim.conn`), and being renamed ``name``
+        at /workspace, with its agent booted (:attr:`Claim.conn`; where the pool does not
+        boot agents, waiting for its config on the claim's attach stream), being renamed ``name``
         (:attr:`Claim.named`: False when a peer took the name first; the caller then
         removes it and adopts the peer's). None when there
         is none (the caller starts one cold). Never raises for the pool's own failures:
@@ -332,7 +360,7 @@ class WarmPool:
                 asyncio.to_thread(slots.move_into_place if moved else self._bind_workspace, warm.slot, ws)
             )
             try:
-                await asyncio.shield(put)
+                root = await asyncio.shield(put)
             except asyncio.CancelledError:
                 # The claimant gave up (its start cancelled): this one is nobody's. Its mounts
                 # are undone once the thread has made them, never before.
@@ -353,13 +381,13 @@ class WarmPool:
                 await self._discard(warm)
                 cls.misses += 1
                 return None
-            # The rename (~10 ms in the engine) runs while the caller boots the agent: its
+            # The rename (~10 ms in the engine) runs while the caller readies the agent: its
             # outcome is awaited (Claim.named) before the sandbox serves anyone.
             named = asyncio.create_task(self._rename(warm.container, name, ws), name="loom-warm-claim")
             warm.container.attrs["Name"] = "/" + name
             cls.claims += 1
             log.info("sandbox.pool_claimed", workspace=str(ws), container=name)
-            return Claim(warm.container, warm.transport, named, warm.conn)
+            return Claim(warm.container, warm.transport, named, warm.conn, None if moved else root)
         cls.misses += 1
         return None
 
@@ -375,19 +403,22 @@ class WarmPool:
             return False
         return True
 
-    def _bind_workspace(self, slot: Path, ws: Path) -> None:
+    def _bind_workspace(self, slot: Path, ws: Path) -> tuple[int, int]:
         """Record the claim and bind ``ws`` onto the slot, with the protections of its
         ``.git`` the engine's mounts would give it (:func:`~.config._git_mounts`), the
-        read-only ones made read-only before they propagate. Raises OSError (undone)."""
+        read-only ones made read-only before they propagate. Returns the bound
+        directory's ``(st_dev, st_ino)``. Raises OSError (undone)."""
         (slot / slots.CLAIM_FILE).write_text(str(ws))
         target = slot / "ws"
         hostmounts.bind(ws, target)
         try:
             for m in _git_mounts(ws, str(target)):
                 hostmounts.bind(Path(m["Source"]), Path(m["Target"]), read_only=bool(m["ReadOnly"]), stage=self._stage)
+            st = os.stat(target)
         except OSError:
             hostmounts.unbind(target)
             raise
+        return st.st_dev, st.st_ino
 
     # -- refill ------------------------------------------------------------------------
 
@@ -481,12 +512,12 @@ class WarmPool:
             await engine.call("start pooled sandbox", container.start)
             # Its pid now, so the claim's direct channel need not ask the engine for it.
             await engine.call("inspect pooled sandbox", container.reload)
-            # The agent's code now: at claim only its config is left to send.
+            # The agent's code now, and then (where the backend boots it) its config, checks
+            # and direct channel: at claim only its keeper request is left to send.
             if not protocol.bundle_built():
                 await asyncio.to_thread(protocol.agent_bundle)  # (compiled once: not on the loop)
             await warm.transport.write(protocol.agent_bundle())
-            if moved and self._hooks.boot is not None:
-                # Its directory is already the one its workspace will be: boot it all the way.
+            if self._hooks.boot is not None:
                 warm.conn = await self._hooks.boot(container, spec, warm.transport, slot / "ws")
         except BaseException:
             await self._discard(warm)

@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -349,15 +350,21 @@ async def test_a_claimed_gvisor_sandbox_talks_over_its_slots_direct_channel(
     assert list(channels.iterdir()) == []  # the warm ones' too, at shutdown
 
 
-async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_claimed(
-    docker_ready: None, workspace: Path, tmp_path: Path
+@RUNTIMES
+async def test_a_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_claimed(
+    docker_ready: None, workspace: Path, tmp_path: Path, runtime: str
 ) -> None:
-    """Under gVisor the pool boots a warm sandbox's agent all the way (its directory already
-    is the workspace-to-be): its claimant gets a checked agent on the direct channel. Until
-    then it is nobody's keeper: a worker that dies (its connections closed) takes its warm
-    sandboxes with it. Once claimed, the sandbox outlives its worker as every sandbox does."""
-    require_runtime("runsc")
-    async with pooled_backend("runsc", size=2, channel_dir=str(tmp_path / "channels")) as backend:
+    """The pool boots a warm sandbox's agent all the way: its claimant gets a checked
+    agent on the direct channel (under runc rooted again, at the claim, at the workspace
+    bound over its slot). Until then it is nobody's keeper: a worker that dies (its
+    connections closed) takes its warm sandboxes with it. Once claimed, the sandbox
+    outlives its worker as every sandbox does."""
+    require_runtime(runtime)
+    (workspace / "mine.txt").write_text("the workspace's\n")
+    if runtime == "runsc":
+        workspace.joinpath("mine.txt").unlink()  # (gVisor claims only an empty workspace)
+    channels: dict[str, Any] = {"channel_dir": str(tmp_path / "channels")} if runtime == "runsc" else {}
+    async with pooled_backend(runtime, size=2, **channels) as backend:
         assert backend.pool is not None
         (cls,) = backend.pool._classes.values()
         assert len(cls.ready) == 2 and all(w.conn is not None and w.conn.direct for w in cls.ready)
@@ -365,11 +372,15 @@ async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps
         claimed = cls.ready[0]
         assert await box.connection() is claimed.conn  # type: ignore[attr-defined]
         assert "ok" in await _sh(backend, workspace, "echo ok")
+        if runtime == "runc":  # its root is the workspace now, not the slot it opened first
+            assert (await box.read("mine.txt")).data == b"the workspace's\n"
+            assert "mine.txt" in await _sh(backend, workspace, "ls")
         orphan = cls.ready[-1]
         assert orphan is not claimed
         cls.ready.clear()  # as if its worker died: nobody removes it, its connections close
         assert orphan.conn is not None
         await orphan.conn.close("worker gone")
+        await orphan.transport.close()
         for _ in range(100):
             found = await backend.engine.find(orphan.container.name)
             if found is None or found.status != "running":
@@ -381,13 +392,39 @@ async def test_a_gvisor_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps
         container = await backend.engine.find(container_name(workspace))
         await backend.aclose()  # the claimed one's worker goes
         await asyncio.sleep(2)
-        other = make_backend(runtime="runsc", channel_dir=str(tmp_path / "channels"))
+        other = make_backend(runtime=runtime, **channels)
         try:
             assert "ok" in await _sh(other, workspace, "echo ok")
             again = await other.engine.find(container_name(workspace))
             assert container is not None and again is not None and again.id == container.id
         finally:
             await other.aclose()
+
+
+async def test_a_runc_claim_whose_root_is_not_the_workspace_starts_cold(docker_ready: None, workspace: Path) -> None:
+    """A runc warm sandbox's agent opened its root in the pool; at the claim it opens it
+    again and checks, by device and inode, that it is the workspace bound there. When it
+    is not (here: the host names another directory), the agent refuses, the warm sandbox
+    is removed with its slot's binds, and the workspace starts cold: the call succeeds."""
+    (workspace / "mine.txt").write_text("cold\n")
+    async with pooled_backend() as backend:
+        assert backend.pool is not None
+        bind = backend.pool._bind_workspace
+        warm: list[Path] = []
+
+        def wrong(slot: Path, ws: Path) -> tuple[int, int]:
+            warm.append(slot)
+            dev, ino = bind(slot, ws)
+            return dev, ino + 1
+
+        backend.pool._bind_workspace = wrong  # type: ignore[method-assign]
+        assert "cold" in await _sh(backend, workspace, "cat mine.txt")
+        served = await backend.engine.find(container_name(workspace))
+        assert served is not None and slots.LABEL_SLOT not in (served.labels or {})  # a cold one
+        assert len(warm) == 1 and not warm[0].exists()
+        assert not any(m.startswith(str(warm[0])) for m in _mounted_slots())
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 1, status
 
 
 @RUNTIMES

@@ -175,3 +175,34 @@ def test_opening_waits_for_another_process_creating_the_database(tmp_path: Path)
     finally:
         timer.join()
         other.close()
+
+
+def test_opening_a_history_of_this_version_writes_nothing_and_an_older_one_is_brought_up(tmp_path: Path) -> None:
+    """A history whose schema is this version's whole opens without a write transaction: it
+    does not wait for another process's write (nor pay a commit's fsync, every CLI call).
+    One that lacks an index, a column or the version is brought up to date as before."""
+    import sqlite3
+    import threading
+
+    from worker.changelog.store import SCHEMA_VERSION, Store
+
+    path = tmp_path / "changelog.sqlite3"
+    Store(path, workspace=tmp_path / "ws").close()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's write under way
+    opened: list[Store] = []
+    t = threading.Thread(target=lambda: opened.append(Store(path)), daemon=True)
+    t.start()
+    t.join(10)
+    assert opened, "opening a current history waited for another process's write"
+    assert opened[0].meta("workspace") == str(tmp_path / "ws")  # named when it was made
+    opened[0].close()
+    other.execute("ROLLBACK")
+
+    other.execute("DROP INDEX entries_path")
+    other.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    store = Store(path)
+    assert store.meta("schema") == SCHEMA_VERSION
+    assert store.query("SELECT name FROM sqlite_master WHERE name = 'entries_path'") == [("entries_path",)]
+    store.close()
+    other.close()

@@ -74,9 +74,10 @@ class Changelog:
         if durability is not None:
             limits = Limits.model_validate({**limits.model_dump(), "durability": durability})
         core = ChangelogCore(workspace_dir(Path(data_dir), Path(workspace)), Path(workspace), limits)
-        with core.store.tx() as db:
-            if core.store.meta("workspace") is None:
-                Store.set_meta(db, "workspace", str(core.workspace))
+        if core.store.meta("workspace") is None:  # (a history made before the store named it)
+            with core.store.tx() as db:
+                if core.store.meta("workspace") is None:
+                    Store.set_meta(db, "workspace", str(core.workspace))
         return cls(core)
 
     @property

@@ -195,7 +195,6 @@ def test_opening_a_history_of_this_version_writes_nothing_and_an_older_one_is_br
     t.start()
     t.join(10)
     assert opened, "opening a current history waited for another process's write"
-    assert opened[0].meta("workspace") == str(tmp_path / "ws")  # named when it was made
     opened[0].close()
     other.execute("ROLLBACK")
 
@@ -206,3 +205,76 @@ def test_opening_a_history_of_this_version_writes_nothing_and_an_older_one_is_br
     assert store.query("SELECT name FROM sqlite_master WHERE name = 'entries_path'") == [("entries_path",)]
     store.close()
     other.close()
+
+
+def test_a_new_history_made_from_the_template_is_the_one_the_statements_make(tmp_path: Path) -> None:
+    """A new database is written from a template made in memory (one file, one fsync,
+    instead of a WAL switch and a schema's statements on disk): its tables, indexes,
+    columns, version and WAL mode are exactly those of one made statement by statement,
+    it passes SQLite's check, and the changelog names its workspace in it."""
+    import sqlite3
+
+    from worker.changelog import store as store_mod
+    from worker.changelog.store import SCHEMA_VERSION, Store
+
+    made = tmp_path / "made"
+    made.mkdir()
+    by_statements = sqlite3.connect(made / "db", isolation_level=None)
+    by_statements.execute("PRAGMA journal_mode=WAL")
+    by_statements.execute("BEGIN")
+    store_mod._make_schema(by_statements)
+    by_statements.execute("COMMIT")
+
+    def shape(db: sqlite3.Connection) -> Any:
+        return (
+            sorted(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")),
+            [db.execute(f"PRAGMA table_info({t})").fetchall() for t in ("meta", "blobs", "entries", "baseline")],
+            db.execute("PRAGMA journal_mode").fetchall(),
+            db.execute("PRAGMA page_size").fetchall(),
+            db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall(),
+        )
+
+    path = tmp_path / "changelog.sqlite3"
+    store = Store(path)
+    assert store.query("PRAGMA quick_check") == [("ok",)]
+    assert shape(store._db.raw) == shape(by_statements)
+    assert store.meta("schema") == SCHEMA_VERSION
+    store.close()
+    by_statements.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["changelog.sqlite3", "changelog.sqlite3.created", "made"]
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    core = Changelog.open(tmp_path / "data", ws)._core
+    try:
+        assert core.store.meta("workspace") == str(ws.resolve())
+    finally:
+        core.store.close()
+
+
+def test_a_new_history_never_replaces_a_file_another_process_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template is linked into place, never renamed over it: a database another process
+    made meanwhile (the link finds its file) is the one opened, and nothing is left aside."""
+    import os
+    import sqlite3
+
+    from worker.changelog.store import Store
+
+    path = tmp_path / "changelog.sqlite3"
+    link = os.link
+
+    def theirs_first(src: Any, dst: Any) -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("CREATE TABLE theirs(x)")
+        other.execute("INSERT INTO theirs VALUES (1)")
+        other.close()
+        link(src, dst)
+
+    monkeypatch.setattr(os, "link", theirs_first)
+    store = Store(path)
+    assert store.query("SELECT x FROM theirs") == [(1,)]
+    assert store.query("PRAGMA quick_check") == [("ok",)]
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["changelog.sqlite3", "changelog.sqlite3.created"]

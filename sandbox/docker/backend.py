@@ -189,9 +189,10 @@ class DockerBackend(SandboxBackend):
         await self.prepare(spec)
         name = container_name(ws)
         client = await self.engine.connect()
-        # A first start goes straight to the create (one engine call less): Conflict when the
-        # name exists, looked for then; not where none must be known to be there first.
-        look_first = self.pool is not None or spec.allow_root or spec.pull == "always" or bool(fork_volume_of(ws))
+        # A first start goes straight to the create or claim (one engine call less): the name
+        # taken is its Conflict; not where none must be known to be there first (.pool.unseen).
+        pool = self.pool is not None and not (warm and self.pool.unseen(name, spec) and name not in self._started)
+        look_first = pool or spec.allow_root or spec.pull == "always" or bool(fork_volume_of(ws))
         for attempt in range(5):
             container: Any = await self.engine.find(name) if look_first or attempt else None
             if container is not None:
@@ -354,11 +355,9 @@ class DockerBackend(SandboxBackend):
     async def _claimed(
         self, ws: Path, container: Any, claim: Claim, conn: AgentConnection, spec: SandboxSpec
     ) -> AgentConnection:
-        """``conn`` to a claimed warm sandbox once the engine renamed it (one booted in the
-        pool made the container's keeper, and under runc rooted at the workspace now bound
-        over its slot: :class:`.pool.Claim`). Raises SandboxUnavailableError when a peer
-        made this workspace's container first, SandboxLostError when its agent is gone or
-        refused its root."""
+        """``conn`` to a claimed warm sandbox, settled (:meth:`.pool.Claim.settle`). Raises
+        SandboxUnavailableError when a peer made this workspace's container first,
+        SandboxLostError when its agent is gone or refused its root."""
         if claim.conn is not None and spec.runtime == "runsc":
             self._watch_oom(ws, container)
         try:

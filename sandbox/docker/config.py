@@ -74,8 +74,12 @@ def create_args(cfg: dict[str, Any], api_version: str) -> dict[str, Any]:
     return args
 
 
+#: Every workspace's container's name starts so.
+NAME_PREFIX = "loom-sbx-"
+
+
 def container_name(workspace: Path) -> str:
-    return f"loom-sbx-{workspace_key(workspace)}"
+    return f"{NAME_PREFIX}{workspace_key(workspace)}"
 
 
 def owner(ws: Path, spec: SandboxSpec) -> tuple[int, int]:

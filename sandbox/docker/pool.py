@@ -58,7 +58,7 @@ from ..spec import SandboxSpec
 from . import hostmounts, slots
 from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
-from .config import LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, _git_mounts, channel_dir, owner
+from .config import LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, NAME_PREFIX, _git_mounts, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -221,6 +221,9 @@ class WarmPool:
         self.failures = 0
         self._started = False
         self._last_claim = 0.0
+        #: The workspaces' container names on the engine when the pool started (None: not
+        #: listed yet, or the listing failed), and those claimed since (:meth:`unseen`).
+        self._names: set[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -253,6 +256,23 @@ class WarmPool:
             self._class(spec, uid, gid)
         self._task = asyncio.create_task(self._refill(), name="loom-warm-pool")
         self._reaper = asyncio.create_task(self._reap_dead(), name="loom-warm-pool-reap")
+
+    def unseen(self, name: str, spec: SandboxSpec) -> bool:
+        """Whether a new workspace's claim may skip looking for a container of that
+        ``name`` first (one engine call less on its path): under runc, when no container had
+        the name when the pool started, nor was claimed by it since. One made by another
+        process meanwhile is then found by the claim's rename, which the engine refuses
+        (the claimed sandbox is removed, its binds undone, and the other one adopted: as
+        when a peer wins the race). Never under gVisor, whose claim moves a directory over
+        the workspace's that another container may already serve."""
+        return spec.runtime == "runc" and self._names is not None and name not in self._names
+
+    async def _list_names(self) -> None:
+        """:attr:`_names` from the engine (once, at start). Failing, it stays None."""
+        engine = self._hooks.engine
+        client = await engine.connect()
+        listed = await engine.call("list sandboxes", client.api.containers, all=True, filters={"name": NAME_PREFIX})
+        self._names = {n.lstrip("/") for c in listed for n in c.get("Names") or ()}
 
     async def _reap_dead(self) -> None:
         """Remove the warm sandboxes of this pool's directory that ended unclaimed (a worker
@@ -289,6 +309,7 @@ class WarmPool:
                 await asyncio.to_thread(slots.release_container, container)
             if dead:
                 log.info("sandbox.pool_reaped", containers=len(dead))
+            await self._list_names()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # (as a fill: the pool never takes the process down)
@@ -384,6 +405,8 @@ class WarmPool:
             # The rename (~10 ms in the engine) runs while the caller readies the agent: its
             # outcome is awaited (Claim.named) before the sandbox serves anyone.
             named = asyncio.create_task(self._rename(warm.container, name, ws), name="loom-warm-claim")
+            if self._names is not None:
+                self._names.add(name)
             warm.container.attrs["Name"] = "/" + name
             cls.claims += 1
             log.info("sandbox.pool_claimed", workspace=str(ws), container=name)

@@ -137,6 +137,73 @@ async def test_a_claim_that_loses_its_name_to_a_peer_adopts_the_peers(docker_rea
             await other.aclose()
 
 
+async def _names_listed(backend: Any) -> None:
+    for _ in range(200):
+        if backend.pool._names is not None:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the pool never listed the engine's sandbox names")
+
+
+async def test_a_runc_claim_looks_for_no_container_only_where_none_was_there(
+    docker_ready: None, workspace: Path, second_workspace: Path
+) -> None:
+    """Under runc a new workspace's claim skips the engine's look for a container of its
+    name when none had it as the pool started (one engine call less): a container another
+    process made since is found by the claim's rename instead, and adopted. A workspace
+    whose container was there before is looked for first, and no warm sandbox is spent."""
+    other = make_backend()
+    try:
+        assert "before" in await _sh(other, workspace, "echo before")  # there before the pool
+        async with pooled_backend(size=2) as backend:
+            assert backend.pool is not None
+            await _names_listed(backend)
+            looked: list[str] = []
+            find = backend.engine.find
+
+            async def counting(name: str) -> Any:
+                looked.append(name)
+                return await find(name)
+
+            backend.engine.find = counting  # type: ignore[method-assign]
+            theirs = await other.engine.find(container_name(workspace))
+            assert "ok" in await _sh(backend, workspace, "echo ok")
+            served = await backend.engine.find(container_name(workspace))
+            assert theirs is not None and served is not None and served.id == theirs.id
+            assert looked[:1] == [container_name(workspace)]
+            status = backend.pool_status()
+            assert status is not None and status["claims"] == 0 and status["failures"] == 0, status
+
+            # Made by the other process after the pool listed the engine: the claim's rename
+            # finds it; the claimed one is removed with its binds, the other's is served.
+            await other.ensure_container(second_workspace)
+            looked.clear()
+            assert "ok" in await _sh(backend, second_workspace, "echo ok")
+            served = await backend.engine.find(container_name(second_workspace))
+            peers = await other.engine.find(container_name(second_workspace))
+            assert served is not None and peers is not None and served.id == peers.id
+            assert slots.LABEL_SLOT not in (served.labels or {})
+            status = backend.pool_status()
+            assert status is not None and status["claims"] == 1 and status["failures"] == 1, status
+            assert _mounted_slots() == []  # (nothing is claimed: the removed one's binds are undone)
+
+            # A new workspace nobody made: claimed without a look.
+            third = second_workspace.with_name(second_workspace.name + "-3")
+            third.mkdir()
+            try:
+                looked.clear()
+                assert "ok" in await _sh(backend, third, "echo ok")
+                assert container_name(third) not in looked
+                claimed = await backend.engine.find(container_name(third))
+                assert claimed is not None and slots.LABEL_SLOT in (claimed.labels or {})
+            finally:
+                await backend.stop(third)
+                third.rmdir()
+    finally:
+        await other.remove_all_started()
+        await other.aclose()
+
+
 @RUNTIMES
 async def test_leftovers_never_reach_the_next_claimant(
     docker_ready: None, workspace: Path, second_workspace: Path, runtime: str

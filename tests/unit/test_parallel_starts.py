@@ -26,7 +26,7 @@ class SlowStarts(DockerBackend):
         self.peak = 0
         self.started: list[Path] = []
 
-    async def _ensure_container(self, ws: Path) -> Any:
+    async def _ensure_container(self, ws: Path, warm: bool = True) -> Any:
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
@@ -82,7 +82,7 @@ class SlowAgents(DockerBackend):
 
         self.channels.attach_agent = attach_agent  # type: ignore[method-assign]
 
-    async def _ensure_container(self, ws: Path) -> Any:
+    async def _ensure_container(self, ws: Path, warm: bool = True) -> Any:
         if self.booting:
             self.starts_while_booting += 1
         name = f"c-{ws.name}"

@@ -1,5 +1,6 @@
-"""The agent's ``keeper`` request (a warm gVisor sandbox's main agent becomes its
-container's keeper at its claim: sandbox.docker.pool): what it refuses. That a claimed
+"""The agent's ``keeper`` request (a warm sandbox's main agent becomes its
+container's keeper at its claim, under runc rooted again: sandbox.docker.pool): what it refuses,
+and when it keeps its root. That a claimed
 sandbox then outlives its worker, and an unclaimed one does not, is
 tests/docker/test_warm_pool.py's."""
 
@@ -14,28 +15,26 @@ import pytest
 
 from sandbox.errors import AgentError
 
+_TTL = "ttl must be a positive number of seconds"
+_ROOT = "root must be [st_dev, st_ino]"
 
-@pytest.mark.parametrize("ttl", [0, -5, "900", True, None, float("nan"), float("inf")])
-async def test_a_keeper_request_without_a_positive_ttl_is_refused(
-    local_backend: Any, workspace: Path, ttl: object
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [({"ttl": ttl}, _TTL) for ttl in (0, -5, "900", True, None, float("nan"), float("inf"))]
+    + [({"ttl": 60, "root": root}, _ROOT) for root in ("1:2", [1], [1, 2, 3], [1, "2"], [True, 2], [1.0, 2])],
+)
+async def test_a_malformed_keeper_request_is_refused(
+    local_backend: Any, workspace: Path, args: dict[str, object], message: str
 ) -> None:
+    """A ttl that is not a positive number of seconds, a root that is not ``[st_dev,
+    st_ino]``: refused, and the agent serves on."""
     box = await local_backend.get(workspace)
     conn = await box.connection()
     with pytest.raises(AgentError) as e:
-        await conn.request("keeper", {"ttl": ttl}, timeout=5)
-    assert e.value.code == "invalid" and "ttl must be a positive number of seconds" in str(e.value)
+        await conn.request("keeper", args, timeout=5)
+    assert e.value.code == "invalid" and message in str(e.value)
     assert (await conn.request("hello", {}, timeout=5))["pid"] > 0  # the agent serves on
-
-
-@pytest.mark.parametrize("root", ["1:2", [1], [1, 2, 3], [1, "2"], [True, 2], [1.0, 2]])
-async def test_a_keeper_request_with_a_malformed_root_is_refused(
-    local_backend: Any, workspace: Path, root: object
-) -> None:
-    box = await local_backend.get(workspace)
-    conn = await box.connection()
-    with pytest.raises(AgentError) as e:
-        await conn.request("keeper", {"ttl": 60, "root": root}, timeout=5)
-    assert e.value.code == "invalid" and "root must be [st_dev, st_ino]" in str(e.value)
 
 
 async def test_a_keeper_request_keeps_its_root_unless_the_directory_there_is_the_one_named(

@@ -248,6 +248,25 @@ class Engine:
 
         return await self.call("inspect sandbox", get)
 
+    async def listed(self, what: str, filters: dict[str, Any]) -> list[Any]:
+        """The containers (running or not) the engine's ``filters`` select, from its one
+        listing and no inspect of each (the SDK's ``list`` inspects every container found,
+        and the engine answers an inspect only under the container's lock: a container
+        whose runtime hangs, as a stuck ``runsc`` or shim does, would make every listing
+        wait out the timeout and fail, every other container with it). The objects carry
+        the listing's fields: ``name``, ``status``, ``labels``, ``attrs["Mounts"]``.
+        Raises DaemonUnavailableError."""
+        client = await self.connect()
+
+        def ls() -> list[Any]:
+            found = client.containers.list(all=True, sparse=True, filters=filters)
+            for c in found:  # (the fields the SDK's properties read from an inspect)
+                c.attrs.setdefault("Name", (c.attrs.get("Names") or ["/"])[0])
+                c.attrs.setdefault("Config", {"Labels": c.attrs.get("Labels") or {}})
+            return found
+
+        return await self.call(what, ls)
+
     async def started_by_peer(self, name: str, wait: float = 5.0) -> bool:
         """Container ``name`` of ours sits in "created": a peer process made it and is
         about to start it (create and start are two engine calls). Wait up to ``wait``
@@ -275,7 +294,13 @@ class Engine:
                 if "already in progress" not in str(e):
                     raise
 
-        await self.call("remove sandbox", rm)
+        try:
+            await self.call("remove sandbox", rm)
+        except DaemonUnavailableError as e:
+            raise DaemonUnavailableError(
+                f"{e} (if only {container.name} is never removed, the engine is stuck on it: its runtime "
+                "or shim hangs, and restarting the Docker daemon frees it)"
+            ) from e
         # removal is asynchronous on the daemon side; wait until the name is free
         for _ in range(50):
             if await self.find(container.name) is None:

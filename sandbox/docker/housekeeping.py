@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import SandboxUnavailableError
+from ..errors import DaemonUnavailableError, SandboxUnavailableError
 from . import hostmounts, slots
 from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER
 from .engine import Engine
@@ -31,16 +31,7 @@ async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
     its owner label, None for one made without); ``workspace`` is None for a warm
     sandbox nobody claimed (``pooled``: True for every warm one). Raises
     DaemonUnavailableError."""
-    client = await engine.connect()
-    containers = await engine.call(
-        "list sandboxes",
-        lambda: client.containers.list(
-            # (a container removed between the listing and its inspect is left out, not an error)
-            all=True,
-            filters={"label": f"{LABEL_WORKER}=1"},
-            ignore_removed=True,
-        ),
-    )
+    containers = await engine.listed("list sandboxes", {"label": f"{LABEL_WORKER}=1"})
     workspaces = await asyncio.to_thread(lambda: [slots.workspace_of(c.labels) for c in containers])
     return [
         {
@@ -66,10 +57,14 @@ async def gc(
     ``engine_wide`` drops the owner test: every loom sandbox on the engine, whoever made
     it (another data directory's, another user's worker, a running service's). Only our labels are touched.
 
+    One the engine fails to remove (it times out on a container whose runtime hangs)
+    does not stop the others: they are removed, then the error names it.
+
     Returns what was removed (``list_sandboxes`` items without the container). Raises
     DaemonUnavailableError.
     """
     removed = []
+    failed: list[tuple[str, DaemonUnavailableError]] = []
     for item in await list_sandboxes(engine):
         if not engine_wide and item["owner"] != (owner or None):
             continue
@@ -82,9 +77,18 @@ async def gc(
             or all_running
         )
         if stale:
-            await engine.remove(item["container"])
+            try:
+                await engine.remove(item["container"])
+            except DaemonUnavailableError as e:
+                failed.append((item["name"], e))
+                continue
             await asyncio.to_thread(slots.release_container, item["container"])
             removed.append({k: v for k, v in item.items() if k != "container"})
+    if failed:
+        names = ", ".join(name for name, _ in failed)
+        raise DaemonUnavailableError(
+            f"gc removed {len(removed)} sandbox(es) but not {len(failed)}: {names}: {failed[0][1]}"
+        )
     return removed
 
 

@@ -162,10 +162,7 @@ class OverlayVolumes:
         DaemonUnavailableError."""
         client = await self._engine.connect()
         if with_containers:
-            users = await self._engine.call(
-                "list fork volume users",
-                lambda: client.containers.list(all=True, filters={"volume": name, "label": f"{LABEL_WORKER}=1"}),
-            )
+            users = await self._engine.listed("list fork volume users", {"volume": name, "label": f"{LABEL_WORKER}=1"})
             for c in users:
                 await self._engine.remove(c)
 

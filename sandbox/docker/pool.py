@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from .. import protocol
 from ..connection import AgentConnection
-from ..errors import SandboxError, SandboxLostError, SandboxUnavailableError
+from ..errors import DaemonUnavailableError, SandboxError, SandboxLostError, SandboxUnavailableError
 from ..logs import get_logger
 from ..spec import SandboxSpec
 from . import hostmounts, slots
@@ -292,20 +292,19 @@ class WarmPool:
 
         try:
             engine = self._hooks.engine
-            client = await engine.connect()
-            # (filtered by the engine: only ended warm sandboxes are listed and inspected,
-            # usually none, whatever else runs on it)
-            ended = await engine.call(
+            # (filtered by the engine: only ended warm sandboxes are listed, usually none,
+            # whatever else runs on it)
+            ended = await engine.listed(
                 "list ended warm sandboxes",
-                lambda: client.containers.list(
-                    all=True,
-                    filters={"label": [f"{LABEL_WORKER}=1", slots.LABEL_POOL], "status": ["exited", "dead"]},
-                    ignore_removed=True,
-                ),
+                {"label": [f"{LABEL_WORKER}=1", slots.LABEL_POOL], "status": ["exited", "dead"]},
             )
             dead = await asyncio.to_thread(lambda: [c for c in ended if ours(c)])
             for container in dead:  # (another data directory's pool is left to its own worker)
-                await engine.remove(container)
+                try:
+                    await engine.remove(container)
+                except DaemonUnavailableError as e:  # (one the engine is stuck on: the others go on)
+                    log.warning("sandbox.pool_reap_failed", container=container.name, error=str(e))
+                    continue
                 await asyncio.to_thread(slots.release_container, container)
             if dead:
                 log.info("sandbox.pool_reaped", containers=len(dead))

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.base import ExecRequest
+from sandbox.docker.config import container_name
+from tests.conftest import TEST_OWNER
 from tests.docker.conftest import own_registry
 from worker.tools.shell import DEADLINE_SLACK
 
@@ -146,3 +149,86 @@ async def test_a_start_the_engine_never_answers_fails_at_the_calls_deadline_and_
     # What the held calls left behind is removed through the engine itself.
     async with own_registry(tmp_path, runtime) as reg2:
         await reg2.stop(workspace)
+
+
+# -- an engine stuck on one container --------------------------------------------------------------
+
+
+def _shim_of(container_id: str) -> int:
+    """The pid of the containerd shim that runs ``container_id``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and b"containerd-shim" in argv[0] and container_id.encode() in argv:
+            return int(proc.name)
+    raise AssertionError(f"no shim runs {container_id}")
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_container_the_engine_is_stuck_on_holds_up_no_listing_no_other_workspace_and_no_gc(
+    tmp_path: Path, runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in CI: a gVisor sandbox whose removal hung in the engine (its runtime never
+    answered) kept the engine's lock on that container for the rest of the run. The SDK's
+    listing inspects every container it finds, and the engine answers an inspect only under
+    the container's lock: every listing (gc, doctor, the warm pool's reap) waited out the
+    timeout and failed, and so did every test after. Here the container's shim is stopped
+    (SIGSTOP) and a removal sent: the engine waits on the shim holding the container's
+    lock, and every inspect waits on the lock, as it did."""
+    import os
+    import signal
+
+    from sandbox.docker import engine as engine_mod
+    from sandbox.errors import DaemonUnavailableError
+    from tests.docker.conftest import own_backend
+
+    monkeypatch.setattr(engine_mod, "TIMEOUT", 5)  # (the engine's deadline: 60 s otherwise)
+    owner = f"{TEST_OWNER}-stuck"  # (this test's gc touches its own sandboxes only)
+    stuck, stale, live = (tmp_path / n for n in ("stuck", "stale", "live"))
+    for ws in (stuck, stale, live):
+        ws.mkdir()
+    async with own_backend(runtime, owner=owner) as backend:
+        for ws in (stuck, stale, live):
+            assert (await (await backend.get(ws)).exec(ExecRequest("true"))).exit_code == 0
+        container = await backend.engine.find(container_name(stuck.resolve()))
+        shim = _shim_of(container.id)
+        os.kill(shim, signal.SIGSTOP)
+        removal = await asyncio.create_subprocess_exec(
+            "docker", "rm", "-f", container.id, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            # The engine is stuck on it (once the removal holds its lock): an inspect waits
+            # out the deadline.
+            for _ in range(50):
+                try:
+                    await backend.engine.call("inspect the stuck one", container.reload)
+                except DaemonUnavailableError:
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("the engine was never stuck on the container: the test tests nothing")
+            t = time.monotonic()
+            listed = {i["name"]: i for i in await backend.list_sandboxes()}
+            assert time.monotonic() - t < engine_mod.TIMEOUT, "the listing waited on the stuck container"
+            assert listed[container.name]["workspace"] == str(stuck.resolve())
+            assert {container_name(ws.resolve()) for ws in (stale, live)} <= set(listed)
+            # Another workspace's sandbox works on.
+            r = await (await backend.get(live)).exec(ExecRequest("echo on"))
+            assert (r.exit_code, r.stdout) == (0, b"on\n")
+            # gc removes what it can and names what it could not.
+            for ws in (stuck, stale):  # (their workspaces vanish: both are stale)
+                ws.rmdir()
+            with pytest.raises(DaemonUnavailableError) as e:
+                await backend.gc()
+            assert container.name in str(e.value) and "removed 1" in str(e.value), e.value
+            assert await backend.engine.find(container_name(stale.resolve())) is None
+            assert await backend.engine.find(container_name(live.resolve())) is not None
+        finally:
+            os.kill(shim, signal.SIGCONT)
+            await asyncio.wait_for(removal.wait(), 60)
+        await backend.engine.remove(container)  # (the engine answers again)
+        assert await backend.engine.find(container.name) is None

@@ -226,7 +226,14 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
 async def _doctor_pool(backend: Any, settings: Settings, line: Any) -> None:
     """The warm pool: whether this host allows it, and the warm sandboxes on the engine
     (they count against the engine's memory and pids like any other)."""
-    items = [i for i in await backend.list_sandboxes() if i.get("pooled") and i.get("owner") == backend.spec.owner]
+    from sandbox.errors import SandboxUnavailableError
+
+    try:
+        listed = await backend.list_sandboxes()
+    except SandboxUnavailableError as e:
+        line(False, "warm pool", f"the engine did not list its sandboxes: {e}", "check `docker ps -a`")
+        return
+    items = [i for i in listed if i.get("pooled") and i.get("owner") == backend.spec.owner]
     ready = sum(1 for i in items if i["workspace"] is None and i["status"] == "running")
     claimed = len(items) - ready
     counts = f"{ready} warm sandboxes ready, {claimed} claimed by workspaces"
@@ -419,7 +426,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "`loom-worker snapshot delete-fork` removes it. Sandboxes and fork volumes of another data directory, "
         "another user's worker or a service on the same engine are left alone, unless --engine-wide (fork "
         "volumes then: those whose layers are gone, which can never be mounted again).",
-        epilog="Exit status: 0; 1 the engine does not answer.",
+        epilog="Exit status: 0; 1 the engine does not answer, or did not remove a sandbox (one it is stuck on: "
+        "the others are removed, the error names it).",
     )
     p.add_argument("--all", action="store_true", help="Also remove this data directory's running sandboxes.")
     p.add_argument(

@@ -150,8 +150,10 @@ def loom_env(
     )
     (tmp_path / "run").mkdir()
     yield env
-    # The CLI's sandboxes outlive its local worker (idle TTL), under this data directory's
-    # owner, which the suite's closing gc does not take.
+    # The CLI's local worker would wait out its idle exit (15 min) with its warm pool; its
+    # sandboxes outlive it (idle TTL), under this data directory's owner, which the
+    # suite's closing gc does not take.
+    loom(["daemon", "stop"], env)
     remove_sandboxes_under(tmp_path)
 
 

@@ -30,10 +30,13 @@ import docker.utils
 from docker.transport import UnixHTTPAdapter
 
 from ..errors import DaemonUnavailableError, SandboxUnavailableError
+from ..logs import get_logger
+from . import stuck
 from .errors import SDK_ERRORS, retry_daemon, translate, unanswered
 from .threads import DaemonThreads
 
 T = TypeVar("T")
+log = get_logger("sandbox.docker")
 
 
 #: Threads (and connections to the engine) of one engine by default.
@@ -41,6 +44,9 @@ DEFAULT_THREADS = 16
 
 #: Seconds the engine has to answer one call (the SDK's read timeout, and the attach's).
 TIMEOUT = 60
+#: Seconds after which a removal the engine has not finished is taken for one it is stuck
+#: on (:meth:`Engine.remove`); a healthy one takes well under a second, a few on a busy host.
+STUCK_AFTER = 10.0
 
 _ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
 
@@ -283,7 +289,11 @@ class Engine:
         return False
 
     async def remove(self, container: Any) -> None:
-        """Remove ``container`` (forced) and wait until its name is free."""
+        """Remove ``container`` (forced) and wait until its name is free. A removal the
+        engine has not finished after :data:`STUCK_AFTER` seconds is that of a container
+        it may be stuck on: a gVisor one's runtime processes on this host are killed,
+        which ends the wait (:mod:`.stuck`). Raises DaemonUnavailableError (naming the
+        container when the engine never finished)."""
 
         def rm() -> None:
             try:
@@ -294,8 +304,16 @@ class Engine:
                 if "already in progress" not in str(e):
                     raise
 
+        task = asyncio.ensure_future(self.call("remove sandbox", rm))
+        # (a caller cancelled meanwhile leaves the removal to finish: its error is taken here)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
-            await self.call("remove sandbox", rm)
+            done, _ = await asyncio.wait({task}, timeout=STUCK_AFTER)
+            if not done:
+                killed = await asyncio.to_thread(stuck.kill_runtime, container.id)
+                if killed:
+                    log.warning("sandbox.runtime_killed", container=container.name, pids=killed, after_s=STUCK_AFTER)
+            await task
         except DaemonUnavailableError as e:
             raise DaemonUnavailableError(
                 f"{e} (if only {container.name} is never removed, the engine is stuck on it: its runtime "

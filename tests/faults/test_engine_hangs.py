@@ -8,6 +8,7 @@ engine thread waits for an answer that will not come, so the process can exit)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -232,3 +233,41 @@ async def test_a_container_the_engine_is_stuck_on_holds_up_no_listing_no_other_w
             await asyncio.wait_for(removal.wait(), 60)
         await backend.engine.remove(container)  # (the engine answers again)
         assert await backend.engine.find(container.name) is None
+
+
+async def test_a_gvisor_sandbox_whose_kernel_never_answers_is_removed_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stuck container of the test above, as it came about under gVisor: ``docker rm
+    -f`` runs ``runsc kill``, which waits on the sandbox's kernel (the Sentry, here stopped
+    with SIGSTOP) forever, with the engine's lock on the container held. The worker kills
+    the container's runtime processes once the removal has not finished in its time, and
+    the removal completes: the workspace gets a fresh sandbox at its next call."""
+    import os
+    import signal
+
+    from sandbox.docker import engine as engine_mod
+    from sandbox.docker import stuck
+    from tests.docker.conftest import own_backend
+
+    monkeypatch.setattr(engine_mod, "STUCK_AFTER", 2.0)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with own_backend("runsc") as backend:
+        assert (await (await backend.get(ws)).exec(ExecRequest("true"))).exit_code == 0
+        container = await backend.engine.find(container_name(ws.resolve()))
+        sentry = [
+            p for p in stuck.runtime_pids(container.id) if b"runsc-sandbox" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert len(sentry) == 1, sentry
+        assert len(stuck.runtime_pids(container.id)) >= 2  # (and its gofer)
+        os.kill(sentry[0], signal.SIGSTOP)
+        try:
+            assert await backend.stop(ws)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sentry[0], signal.SIGCONT)
+        assert await backend.engine.find(container.name) is None
+        assert stuck.runtime_pids(container.id) == []
+        r = await (await backend.get(ws)).exec(ExecRequest("echo again"))
+        assert (r.exit_code, r.stdout) == (0, b"again\n")

@@ -39,6 +39,7 @@ LABEL_RUNTIME = f"{LABEL_PREFIX}.agent-runtime"
 LABEL_PIDS = f"{LABEL_PREFIX}.pids"  # the configured limit (the engine's differs under gVisor)
 LABEL_SECCOMP = f"{LABEL_PREFIX}.seccomp"  # the digest of the seccomp profile it was made with
 LABEL_OWNER = f"{LABEL_PREFIX}.owner"  # the worker installation that made it (SandboxSpec.owner)
+LABEL_POOL = f"{LABEL_PREFIX}.pool"  # the class key of a warm pool's sandbox (may be frozen: .freezer)
 LABEL_MASKED = f"{LABEL_PREFIX}.masked"  # the digest of MASKED_PATHS it was made with
 
 #: Paths of /proc and /sys the sandbox sees empty (a file) or as an empty directory: the

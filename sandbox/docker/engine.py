@@ -31,7 +31,8 @@ from docker.transport import UnixHTTPAdapter
 
 from ..errors import DaemonUnavailableError, SandboxUnavailableError
 from ..logs import get_logger
-from . import stuck
+from . import freezer, stuck
+from .config import LABEL_POOL
 from .errors import SDK_ERRORS, retry_daemon, translate, unanswered
 from .threads import DaemonThreads
 
@@ -293,9 +294,12 @@ class Engine:
         engine has not finished after :data:`STUCK_AFTER` seconds is that of a container
         it may be stuck on: a gVisor one's runtime processes on this host are killed,
         which ends the wait (:mod:`.stuck`). Raises DaemonUnavailableError (naming the
-        container when the engine never finished)."""
+        container when the engine never finished). A pooled gVisor sandbox is thawed
+        first: a frozen one cannot be removed (:mod:`.freezer`)."""
 
         def rm() -> None:
+            if LABEL_POOL in (container.labels or {}):
+                freezer.thaw_runtime(container.id)
             try:
                 container.remove(force=True)
             except docker.errors.NotFound:
@@ -310,6 +314,8 @@ class Engine:
         try:
             done, _ = await asyncio.wait({task}, timeout=STUCK_AFTER)
             if not done:
+                # (a frozen process takes no signal until thawed: one frozen by another)
+                await asyncio.to_thread(freezer.thaw_runtime, container.id)
                 killed = await asyncio.to_thread(stuck.kill_runtime, container.id)
                 if killed:
                     log.warning("sandbox.runtime_killed", container=container.name, pids=killed, after_s=STUCK_AFTER)

@@ -15,7 +15,7 @@ from typing import Any
 from .. import __version__
 from ..errors import DaemonUnavailableError, SandboxUnavailableError
 from . import hostmounts, slots
-from .config import LABEL_OWNER, LABEL_PIDS, LABEL_VERSION, LABEL_WORKER
+from .config import LABEL_OWNER, LABEL_PIDS, LABEL_POOL, LABEL_VERSION, LABEL_WORKER
 from .engine import Engine
 
 
@@ -38,7 +38,7 @@ async def list_sandboxes(engine: Engine) -> list[dict[str, Any]]:
             "name": c.name,
             "status": c.status,
             "workspace": ws,
-            "pooled": slots.LABEL_POOL in (c.labels or {}),
+            "pooled": LABEL_POOL in (c.labels or {}),
             "version": (c.labels or {}).get(LABEL_VERSION),
             "owner": (c.labels or {}).get(LABEL_OWNER) or None,
             "container": c,

@@ -33,7 +33,9 @@ over the workspace's directory, which must be empty (a new workspace: HTTP's ``P
 (files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
 in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
 directory by device and inode (:func:`.slots.workspace_of`); the agent's root is that
-directory already.
+directory already. A gVisor sandbox waits frozen (its idle kernel costs CPU: :mod:`.freezer`),
+thawed by its claim; its worker's hold on its slot (:func:`.slots.hold`) tells a later
+worker whether a frozen one outlived its worker.
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ from typing import Any, Literal
 
 from .. import protocol
 from ..connection import AgentConnection
-from ..errors import DaemonUnavailableError, SandboxError, SandboxLostError, SandboxUnavailableError
+from ..errors import DaemonUnavailableError, SandboxError
 from ..logs import get_logger
 from ..spec import SandboxSpec
-from . import hostmounts, slots
+from . import freezer, hostmounts, slots
 from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
-from .config import LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, NAME_PREFIX, _git_mounts, channel_dir, owner
+from .claim import Claim
+from .config import LABEL_POOL, LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, NAME_PREFIX, _git_mounts, channel_dir, owner
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
@@ -120,54 +123,15 @@ class _Warm:
     slot: Path
     #: Its agent, booted in the pool (:attr:`PoolHooks.boot`).
     conn: AgentConnection | None = None
+    #: The lock on its slot this process holds while the sandbox is the pool's (:func:`.slots.hold`).
+    owner: int | None = None
+    #: Its cgroup's freezer file while it waits frozen (gVisor: :mod:`.freezer`).
+    frozen: Path | None = None
 
     @property
     def lost(self) -> bool:
         """Its agent ended (the engine killed it, ``gc``): it serves nobody."""
         return self.transport.lost is not None or (self.conn is not None and self.conn.closed)
-
-
-@dataclass
-class Claim:
-    """A claimed warm sandbox (:meth:`WarmPool.claim`)."""
-
-    container: Any
-    transport: DockerExecTransport
-    #: Whether the engine renamed it to its workspace's name (never raises).
-    named: asyncio.Task[bool]
-    #: Its agent, booted and checked in the pool, or None: the caller boots it over
-    #: :attr:`transport`.
-    conn: AgentConnection | None = None
-    #: runc: the workspace's ``(st_dev, st_ino)``, bound over the slot's directory that
-    #: :attr:`conn`'s agent opened as its root in the pool; it opens its root again at
-    #: the claim's ``keeper`` request and checks it is this directory. None: the agent's
-    #: root already is the workspace (gVisor: the directory itself moved into place).
-    root: tuple[int, int] | None = None
-
-    async def settle(self, conn: AgentConnection, ttl: float, timeout: float) -> None:
-        """Wait for the rename, and meanwhile make ``conn``'s agent (booted in the pool:
-        :attr:`conn`) the container's keeper for ``ttl`` idle seconds, rooted at
-        :attr:`root` where that is given. Raises SandboxUnavailableError when the engine
-        refused the name (a peer made the workspace's container first), SandboxLostError
-        when the agent is gone or refused its root; the caller then removes the sandbox."""
-        keeper: asyncio.Future[Any] | None = None
-        if self.conn is not None:
-            args: dict[str, Any] = {"ttl": ttl}
-            if self.root is not None:
-                args["root"] = list(self.root)
-            keeper = asyncio.ensure_future(conn.request("keeper", args, timeout=timeout))
-        named = await self.named
-        failed: BaseException | None = None
-        if keeper is not None:
-            try:
-                await keeper
-            except (SandboxError, TimeoutError) as e:
-                failed = e
-        if not named:
-            raise SandboxUnavailableError(f"another process started {self.container.name} first") from failed
-        if failed is not None:
-            log.warning("sandbox.pool_claim_failed", container=self.container.name, error=repr(failed))
-            raise SandboxLostError(f"the claimed sandbox's agent did not take its workspace: {failed}") from failed
 
 
 @dataclass
@@ -219,6 +183,8 @@ class WarmPool:
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
         self.failures = 0
+        #: Why gVisor warm sandboxes wait unfrozen (:meth:`_freeze`), or None.
+        self.freezing: str | None = None
         self._started = False
         self._last_claim = 0.0
         #: The workspaces' container names on the engine when the pool started (None: not
@@ -275,11 +241,13 @@ class WarmPool:
         self._names = {n.lstrip("/") for c in listed for n in c.get("Names") or ()}
 
     async def _reap_dead(self) -> None:
-        """Remove the warm sandboxes of this pool's directory that ended unclaimed (a worker
-        killed with its pool: their agents end with it, the containers stay, exited) and
-        release their slots, so that a restarted worker does not pile them up until
-        ``gc``. Only exited or dead ones: one being created or started belongs to a live
-        worker. Never raises (logged): the pool goes on."""
+        """Remove the warm sandboxes of this pool's directory that outlived their worker
+        unclaimed, and release their slots, so that a restarted worker does not pile them
+        up until ``gc``: ended ones (a worker killed with its pool: their agents end with
+        it, the containers stay, exited) and running ones nobody holds (frozen gVisor
+        ones cannot see their worker end: :func:`.slots.orphaned`). One being created or
+        started, or waiting in a live worker's pool, is left. Never raises (logged): the
+        pool goes on."""
         roots = tuple(os.path.realpath(r) + os.sep for r in (self.config.root, self.config.moved_root))
 
         def ours(container: Any) -> bool:  # (stats the slot: in a thread)
@@ -288,17 +256,14 @@ class WarmPool:
                 slot is not None
                 and (os.path.realpath(slot) + os.sep).startswith(roots)
                 and not slots.workspace_of(slots.labels_of(container))  # (a claimed one is its workspace's)
+                and (container.status in ("exited", "dead") or slots.orphaned(slot))
             )
 
         try:
             engine = self._hooks.engine
-            # (filtered by the engine: only ended warm sandboxes are listed, usually none,
-            # whatever else runs on it)
-            ended = await engine.listed(
-                "list ended warm sandboxes",
-                {"label": [f"{LABEL_WORKER}=1", slots.LABEL_POOL], "status": ["exited", "dead"]},
-            )
-            dead = await asyncio.to_thread(lambda: [c for c in ended if ours(c)])
+            # (filtered by the engine: only warm sandboxes are listed, whatever else runs on it)
+            pooled = await engine.listed("list warm sandboxes", {"label": [f"{LABEL_WORKER}=1", LABEL_POOL]})
+            dead = await asyncio.to_thread(lambda: [c for c in pooled if ours(c)])
             for container in dead:  # (another data directory's pool is left to its own worker)
                 try:
                     await engine.remove(container)
@@ -377,7 +342,7 @@ class WarmPool:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
                 continue
             put = asyncio.ensure_future(
-                asyncio.to_thread(slots.move_into_place if moved else self._bind_workspace, warm.slot, ws)
+                asyncio.to_thread(self._move_and_thaw if moved else self._bind_workspace, warm, ws)
             )
             try:
                 root = await asyncio.shield(put)
@@ -408,6 +373,7 @@ class WarmPool:
                 self._names.add(name)
             warm.container.attrs["Name"] = "/" + name
             cls.claims += 1
+            _let_go(warm)  # its workspace's now (the claim record): no longer the pool's
             log.info("sandbox.pool_claimed", workspace=str(ws), container=name)
             return Claim(warm.container, warm.transport, named, warm.conn, None if moved else root)
         cls.misses += 1
@@ -425,11 +391,22 @@ class WarmPool:
             return False
         return True
 
-    def _bind_workspace(self, slot: Path, ws: Path) -> tuple[int, int]:
+    @staticmethod
+    def _move_and_thaw(warm: _Warm, ws: Path) -> None:
+        """gVisor's claim: the slot's directory moved into ``ws``'s place
+        (:func:`.slots.move_into_place`: Declined leaves it waiting, frozen), then the
+        sandbox thawed. Raises Declined, OSError."""
+        slots.move_into_place(warm.slot, ws)
+        if warm.frozen is not None:
+            freezer.thaw(warm.frozen)
+            warm.frozen = None
+
+    def _bind_workspace(self, warm: _Warm, ws: Path) -> tuple[int, int]:
         """Record the claim and bind ``ws`` onto the slot, with the protections of its
         ``.git`` the engine's mounts would give it (:func:`~.config._git_mounts`), the
         read-only ones made read-only before they propagate. Returns the bound
         directory's ``(st_dev, st_ino)``. Raises OSError (undone)."""
+        slot = warm.slot
         (slot / slots.CLAIM_FILE).write_text(str(ws))
         target = slot / "ws"
         hostmounts.bind(ws, target)
@@ -490,7 +467,7 @@ class WarmPool:
         await self._hooks.prepare(spec)
         moved = spec.runtime != "runc"
         slot = (self.config.moved_root if moved else self.config.root) / secrets.token_hex(8)
-        await asyncio.to_thread(_make_slot, slot, cls.uid, cls.gid)
+        owner = await asyncio.to_thread(slots.make, slot, cls.uid, cls.gid)
         cfg = self._hooks.config_for(slot / "ws", spec)
         # gVisor's direct channel directory (mounted, so made first): the slot's own, which
         # the claimant's channel finds in the container's mounts (channel._mounted_channel).
@@ -502,7 +479,7 @@ class WarmPool:
             **cfg["labels"],
             LABEL_WS: "",
             LABEL_WS_HASH: "",
-            slots.LABEL_POOL: key,
+            LABEL_POOL: key,
             slots.LABEL_SLOT: str(slot),
         }
         for m in cfg["mounts"]:
@@ -517,15 +494,16 @@ class WarmPool:
             container = await asyncio.shield(create)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self._discard(_Warm(await create, None, slot))  # type: ignore[arg-type]
+                await self._discard(_Warm(await create, None, slot, owner=owner))  # type: ignore[arg-type]
             raise
         except BaseException:
             await asyncio.to_thread(slots.release, {slots.LABEL_SLOT: str(slot)})
+            os.close(owner)
             if channel is not None:
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(channel.rmdir)
             raise
-        warm = _Warm(container, None, slot)  # type: ignore[arg-type]
+        warm = _Warm(container, None, slot, owner=owner)  # type: ignore[arg-type]
         try:
             if not seccomp_kept(container, spec.runtime):
                 raise SandboxError("the engine did not keep the sandbox's seccomp profile")
@@ -541,13 +519,31 @@ class WarmPool:
             await warm.transport.write(protocol.agent_bundle())
             if self._hooks.boot is not None:
                 warm.conn = await self._hooks.boot(container, spec, warm.transport, slot / "ws")
+            if moved and self.freezing is None:
+                warm.frozen = await asyncio.to_thread(self._freeze, container)
         except BaseException:
             await self._discard(warm)
             raise
         return warm
 
+    def _freeze(self, container: Any) -> Path | None:
+        """Freeze a booted gVisor sandbox while it waits (:mod:`.freezer`: its idle kernel
+        costs CPU); its freezer file, or None when this host does not let us (then
+        :attr:`freezing` says why, and no other is tried). Blocking."""
+        path = freezer.of_pid((container.attrs.get("State") or {}).get("Pid"))
+        try:
+            if path is None:
+                raise OSError("its cgroup's freezer is not found from here")
+            freezer.freeze(path)
+        except OSError as e:
+            self.freezing = f"gVisor warm sandboxes wait unfrozen: {e}"
+            log.info("sandbox.pool_freeze_off", reason=self.freezing)
+            return None
+        return path
+
     async def _discard(self, warm: _Warm) -> None:
-        """Remove a pooled sandbox and its slot (best effort)."""
+        """Remove a pooled sandbox and its slot (best effort; a frozen one is thawed by
+        the removal: :meth:`.engine.Engine.remove`)."""
         if warm.conn is not None:
             with contextlib.suppress(Exception):
                 await warm.conn.close("warm sandbox discarded")
@@ -557,6 +553,7 @@ class WarmPool:
         with contextlib.suppress(SandboxError):
             await self._hooks.engine.remove(warm.container)
         await asyncio.to_thread(slots.release_container, warm.container)
+        _let_go(warm)
 
     # -- reporting -------------------------------------------------------------------
 
@@ -569,6 +566,7 @@ class WarmPool:
             "size": self.config.size,
             "max_total": self.config.max_total,
             "ready": sum(len(c.ready) for c in self._classes.values()),
+            "frozen": sum(w.frozen is not None for c in self._classes.values() for w in c.ready),
             "starting": sum(c.filling for c in self._classes.values()),
             "claims": sum(c.claims for c in self._classes.values()),
             "misses": sum(c.misses for c in self._classes.values()),
@@ -590,10 +588,9 @@ class WarmPool:
         }
 
 
-def _make_slot(slot: Path, uid: int, gid: int) -> None:
-    """The slot's directories: ``ws`` owned as the workspace will be (the agent checks
-    its root before the claim binds over it) and the pool's mark. Raises OSError."""
-    slot.mkdir(mode=0o700)
-    (slot / "ws").mkdir(mode=0o755)
-    os.chown(slot / "ws", uid, gid)
-    (slot / slots.SLOT_MARK).write_text("")
+def _let_go(warm: _Warm) -> None:
+    """Close ``warm``'s hold on its slot (claimed, or removed)."""
+    fd, warm.owner = warm.owner, None
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -33,12 +33,13 @@ from .config import LABEL_WS
 
 log = get_logger("sandbox.docker")
 
-LABEL_POOL = f"{LABEL_PREFIX}.pool"  # the class key of a pooled container
 LABEL_SLOT = f"{LABEL_PREFIX}.pool-slot"  # its slot directory on the host
 #: A pooled container's name before its claim renames it to the workspace's.
 POOL_PREFIX = "loom-pool-"
 CLAIM_FILE = "workspace"
 SLOT_MARK = ".loom-pool-slot"
+#: Locked by the worker whose pool made the slot, for as long as it lives (:func:`hold`).
+OWNER_LOCK = ".owner"
 _SLOT_NAME = re.compile(r"[0-9a-f]{16}")
 
 
@@ -75,6 +76,48 @@ def workspace_of(labels: dict[str, str] | None) -> str | None:
     if (bound.st_dev, bound.st_ino) != (real.st_dev, real.st_ino):
         return None  # not (or no longer) that workspace's bind
     return ws
+
+
+def make(slot: Path, uid: int, gid: int) -> int:
+    """A new slot's directories: ``ws`` owned as the workspace will be (the agent checks
+    its root before the claim binds over it) and the pool's mark; held by this process
+    (the descriptor returned: :func:`hold`). Raises OSError."""
+    slot.mkdir(mode=0o700)
+    (slot / "ws").mkdir(mode=0o755)
+    os.chown(slot / "ws", uid, gid)
+    (slot / SLOT_MARK).write_text("")
+    return hold(slot)
+
+
+def hold(slot: Path) -> int:
+    """Lock ``slot`` as this process's pooled sandbox until the returned descriptor is
+    closed (this process's end closes it): :func:`orphaned` tells another process the
+    slot's worker is gone, where the sandbox itself cannot tell (a frozen one:
+    :mod:`.freezer`). Raises OSError."""
+    fd = os.open(slot / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def orphaned(slot: Path) -> bool:
+    """Whether ``slot``'s pooled sandbox outlived the worker whose pool made it (nobody
+    holds its lock: :func:`hold`). False when that cannot be told (no lock file: a pool
+    of an earlier version, whose sandboxes end with their worker on their own)."""
+    try:
+        fd = os.open(slot / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: its worker lives
+    finally:
+        os.close(fd)
+    return True
 
 
 class Declined(Exception):
@@ -170,7 +213,7 @@ def release(labels: dict[str, str] | None) -> None:
         return  # something is still mounted there: leave the slot for the next gc
     with contextlib.suppress(OSError):
         (slot / "ws").rmdir()  # empty once unbound; a non-empty one is left alone
-    for name in (CLAIM_FILE, SLOT_MARK):
+    for name in (CLAIM_FILE, SLOT_MARK, OWNER_LOCK):
         with contextlib.suppress(OSError):
             (slot / name).unlink()
     with contextlib.suppress(OSError):

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from sandbox.docker import container_name, slots
+from sandbox.docker import container_name, freezer, slots
 from sandbox.docker.channel import _mounted_channel as channel_of
 from sandbox.results import ExecRequest
 from tests.conftest import TEST_OWNER
-from tests.docker.conftest import POOL_ROOT, make_backend, pooled_backend, require_runtime, wait_ready
+from tests.docker.conftest import POOL_ROOT, make_backend, own_backend, pooled_backend, require_runtime, wait_ready
 
 pytestmark = pytest.mark.docker
 
@@ -424,8 +424,9 @@ async def test_a_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_c
     """The pool boots a warm sandbox's agent all the way: its claimant gets a checked
     agent on the direct channel (under runc rooted again, at the claim, at the workspace
     bound over its slot). Until then it is nobody's keeper: a worker that dies (its
-    connections closed) takes its warm sandboxes with it. Once claimed, the sandbox
-    outlives its worker as every sandbox does."""
+    connections closed) takes its warm sandboxes with it, except a gVisor one, which waits
+    frozen (its idle kernel costs CPU) and is reaped by the next worker instead (the test
+    below). Once claimed, the sandbox outlives its worker as every sandbox does."""
     require_runtime(runtime)
     (workspace / "mine.txt").write_text("the workspace's\n")
     if runtime == "runsc":
@@ -444,16 +445,23 @@ async def test_a_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_c
             assert "mine.txt" in await _sh(backend, workspace, "ls")
         orphan = cls.ready[-1]
         assert orphan is not claimed
+        assert claimed.frozen is None  # thawed by its claim
+        if runtime == "runsc":
+            assert orphan.frozen is not None and freezer.frozen(orphan.frozen)
         cls.ready.clear()  # as if its worker died: nobody removes it, its connections close
         assert orphan.conn is not None
         await orphan.conn.close("worker gone")
         await orphan.transport.close()
-        for _ in range(100):
+        for _ in range(30 if runtime == "runsc" else 100):
             found = await backend.engine.find(orphan.container.name)
             if found is None or found.status != "running":
                 break
             await asyncio.sleep(0.1)
-        assert found is None or found.status != "running", found.status
+        if runtime == "runsc":  # frozen: it saw nothing (removed, below, thawed first)
+            assert found is not None and found.status == "running", found
+            assert orphan.frozen is not None and freezer.frozen(orphan.frozen)
+        else:
+            assert found is None or found.status != "running", found.status
         await backend.engine.remove(orphan.container)
         await asyncio.to_thread(slots.release, slots.labels_of(orphan.container))
         container = await backend.engine.find(container_name(workspace))
@@ -479,12 +487,12 @@ async def test_a_runc_claim_whose_root_is_not_the_workspace_starts_cold(docker_r
         bind = backend.pool._bind_workspace
         warm: list[Path] = []
 
-        def wrong(slot: Path, ws: Path) -> tuple[int, int]:
-            warm.append(slot)
-            dev, ino = bind(slot, ws)
+        def wrong(claimed: Any, ws: Path) -> tuple[int, int]:
+            warm.append(claimed.slot)
+            dev, ino = bind(claimed, ws)
             return dev, ino + 1
 
-        backend.pool._bind_workspace = wrong  # type: ignore[method-assign]
+        backend.pool._bind_workspace = wrong  # type: ignore[method-assign,assignment]
         assert "cold" in await _sh(backend, workspace, "cat mine.txt")
         served = await backend.engine.find(container_name(workspace))
         assert served is not None and slots.LABEL_SLOT not in (served.labels or {})  # a cold one
@@ -498,9 +506,11 @@ async def test_a_runc_claim_whose_root_is_not_the_workspace_starts_cold(docker_r
 async def test_a_restarted_worker_removes_what_its_killed_predecessors_pool_left(
     docker_ready: None, runtime: str
 ) -> None:
-    """A worker killed with its pool (no shutdown) leaves its warm sandboxes exited: their
-    agents end with its connections, the containers stay. The next worker's pool removes
-    them and releases their slots, instead of leaving them to pile up until ``gc``."""
+    """A worker killed with its pool (no shutdown) leaves its warm sandboxes: under runc
+    exited (their agents end with its connections, the containers stay), under gVisor
+    running and frozen (they cannot see it end; its hold on their slots ended with it).
+    The next worker's pool removes them (thawed first) and releases their slots, instead
+    of leaving them to pile up until ``gc``; a live worker's are kept."""
     require_runtime(runtime)
     async with pooled_backend(runtime, size=2) as first:
         assert first.pool is not None
@@ -512,12 +522,16 @@ async def test_a_restarted_worker_removes_what_its_killed_predecessors_pool_left
         if orphan.conn is not None:
             await orphan.conn.close("worker gone")
         await orphan.transport.close()
-        for _ in range(100):
+        assert orphan.owner is not None
+        os.close(orphan.owner)  # (what the kernel does when its worker dies)
+        orphan.owner = None
+        for _ in range(30 if runtime == "runsc" else 100):
             found = await first.engine.find(orphan.container.name)
             if found is None or found.status != "running":
                 break
             await asyncio.sleep(0.1)
-        assert found is not None and found.status == "exited", found and found.status
+        want = "running" if runtime == "runsc" else "exited"
+        assert found is not None and found.status == want, found and found.status
         async with pooled_backend(runtime, size=1) as second:
             for _ in range(100):
                 if await second.engine.find(orphan.container.name) is None:
@@ -527,3 +541,72 @@ async def test_a_restarted_worker_removes_what_its_killed_predecessors_pool_left
             assert not slot.exists()
             kept = await second.engine.find(live.container.name)
             assert kept is not None and kept.status == "running"
+
+
+_POOL_HOLDER = """
+import asyncio, json, sys
+from pathlib import Path
+from tests.docker import conftest
+
+conftest.POOL_ROOT = Path(sys.argv[1])  # (the test's pool directory: its next worker's)
+
+async def main():
+    async with conftest.pooled_backend("runsc", size=2) as backend:
+        (cls,) = backend.pool._classes.values()
+        print(json.dumps([[w.container.id, w.container.name, str(w.frozen)] for w in cls.ready]), flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total
+
+
+async def test_gvisor_warm_sandboxes_wait_frozen_and_a_killed_workers_are_reaped(docker_ready: None) -> None:
+    """gVisor's idle kernel costs CPU (its systrap monitor wakes every 400 µs), so its warm
+    sandboxes wait frozen: their runtime processes get no CPU at all. A worker killed
+    with kill -9 leaves them running and frozen, which they cannot notice; its hold on
+    their slots ended with it, so the next worker's pool thaws and removes them and
+    releases their slots."""
+    import json
+    import sys
+
+    from sandbox.docker import stuck
+
+    require_runtime("runsc")
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _POOL_HOLDER, str(POOL_ROOT), stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
+    try:
+        assert holder.stdout is not None
+        line = await asyncio.wait_for(holder.stdout.readline(), 120)
+        warm = json.loads(line)
+        assert len(warm) == 2, line
+        for cid, _name, path in warm:
+            assert freezer.frozen(Path(path)), (cid, path)
+        pids = [p for cid, _n, _p in warm for p in stuck.runtime_pids(cid)]
+        assert len(pids) >= 4  # (a Sentry and a gofer each)
+        before = _cpu_ticks(pids)
+        await asyncio.sleep(1.0)
+        assert _cpu_ticks(pids) == before  # frozen: not one tick (unfrozen: ~2.5 % of a core each)
+    finally:
+        holder.kill()
+        await holder.wait()
+    async with own_backend("runsc") as probe:
+        for _cid, name, path in warm:
+            found = await probe.engine.find(name)
+            assert found is not None and found.status == "running" and freezer.frozen(Path(path)), name
+    async with pooled_backend("runsc", size=1) as second:
+        for _ in range(100):
+            if all([await second.engine.find(name) is None for _c, name, _p in warm]):
+                break
+            await asyncio.sleep(0.1)
+        assert [name for _c, name, _p in warm if await second.engine.find(name) is not None] == []
+        assert not any(stuck.runtime_pids(cid) for cid, _n, _p in warm)
+    assert _no_slots_left()

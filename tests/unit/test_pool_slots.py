@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from sandbox.docker import slots
-from sandbox.docker.pool import _make_slot
 
 
 def _slot(root: Path) -> tuple[Path, dict[str, str]]:
     slot = root / "0123456789abcdef"
     root.mkdir(parents=True, exist_ok=True)
-    _make_slot(slot, 1000, 1000)
+    os.close(slots.make(slot, 1000, 1000))
     return slot, {slots.LABEL_SLOT: str(slot)}
 
 
@@ -100,7 +100,7 @@ def test_a_workspace_a_peer_already_moved_its_slot_to_is_declined(tmp_path: Path
     root = tmp_path / "pool-runsc"
     first, first_labels = _slot(root)
     second = root / "fedcba9876543210"
-    _make_slot(second, 1000, 1000)
+    os.close(slots.make(second, 1000, 1000))
     ws = tmp_path / "ws"
     ws.mkdir()
     slots.move_into_place(first, ws)
@@ -141,3 +141,45 @@ def test_a_removed_slots_channel_directory_goes_and_a_workspaces_own_stays(tmp_p
     slot, labels = _slot(tmp_path / "pool")
     slots.release_container(_Container(dict(labels), [{**mount, "Source": str(own)}]))
     assert not own.exists() and not slot.exists() and theirs.is_dir()
+
+
+def test_a_slot_is_orphaned_only_once_the_process_holding_it_is_gone(tmp_path: Path) -> None:
+    """A frozen warm sandbox cannot see its worker end; the worker's hold on its slot
+    (an flock, released by the kernel when the process dies, kill -9 included) tells a
+    later worker. Held here or by a live process: not orphaned."""
+    root = tmp_path / "pool-runsc"
+    root.mkdir()
+    slot = root / "0123456789abcdef"
+    fd = slots.make(slot, 1000, 1000)
+    assert not slots.orphaned(slot)  # (another open of the lock, in this same process)
+    os.close(fd)
+    assert slots.orphaned(slot)
+    # Held by another process, then that process killed.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from sandbox.docker import slots; from pathlib import Path;"
+            "slots.hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)",
+            str(slot),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert not slots.orphaned(slot)
+        with pytest.raises(OSError):
+            slots.hold(slot)  # (one holder at a time)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert slots.orphaned(slot)
+    # A slot of an earlier version has no lock file: it cannot be told, so never taken.
+    (slot / slots.OWNER_LOCK).unlink()
+    assert not slots.orphaned(slot)
+    # Released: the lock file goes with the slot.
+    fd = slots.hold(slot)
+    slots.release({slots.LABEL_SLOT: str(slot)})
+    os.close(fd)
+    assert not slot.exists()

@@ -519,6 +519,10 @@ class WarmPool:
             await warm.transport.write(protocol.agent_bundle())
             if self._hooks.boot is not None:
                 warm.conn = await self._hooks.boot(container, spec, warm.transport, slot / "ws")
+            if moved and warm.conn is not None:
+                # gVisor's first process in a sandbox costs ~10 ms more than later ones (its
+                # kernel loads sh): spent here, not by the claimant; it leaves nothing.
+                await warm.conn.request("exec", {"command": "true", "timeout": 30}, timeout=60)
             if moved and self.freezing is None:
                 warm.frozen = await asyncio.to_thread(self._freeze, container)
         except BaseException:

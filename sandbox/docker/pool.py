@@ -73,10 +73,10 @@ DEMAND_WINDOW = 60.0
 IDLE_CLASS = 600.0
 #: Pooled sandboxes started at once by the refill (each also takes a start slot).
 FILL_PARALLEL = 2
-#: The refill waits until no sandbox was claimed for this long (seconds): a container
-#: start costs the engine and the CPUs ~150 ms, which the claimants' first calls (and a
-#: burst of claims) would otherwise share.
-CLAIM_QUIET = 0.05
+#: The refill waits this long after a claim (seconds, by runtime): a container start costs
+#: the engine and CPUs ~150 ms (more under gVisor), which the claimant's first call and a
+#: burst of claims would otherwise share (gVisor: 0.2 s, not 0.05, took a fifth off it).
+CLAIM_QUIET = {"runc": 0.05, "runsc": 0.2}
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class WarmPool:
         #: Why gVisor warm sandboxes wait unfrozen (:meth:`_freeze`), or None.
         self.freezing: str | None = None
         self._started = False
-        self._last_claim = 0.0
+        self._quiet_until = 0.0  # (the refill waits until then: CLAIM_QUIET)
         #: The workspaces' container names on the engine when the pool started (None: not
         #: listed yet, or the listing failed), and those claimed since (:meth:`unseen`).
         self._names: set[str] | None = None
@@ -336,7 +336,8 @@ class WarmPool:
         self._wake.set()
         while cls.ready:
             warm = cls.ready.popleft()
-            self._last_claim = time.monotonic()
+            quiet = time.monotonic() + CLAIM_QUIET.get(spec.runtime, CLAIM_QUIET["runsc"])
+            self._quiet_until = max(self._quiet_until, quiet)
             self._wake.set()
             if warm.lost:
                 await self._discard(warm)  # its agent ended (the engine killed it, gc)
@@ -393,9 +394,8 @@ class WarmPool:
 
     @staticmethod
     def _move_and_thaw(warm: _Warm, ws: Path) -> None:
-        """gVisor's claim: the slot's directory moved into ``ws``'s place
-        (:func:`.slots.move_into_place`: Declined leaves it waiting, frozen), then the
-        sandbox thawed. Raises Declined, OSError."""
+        """gVisor's claim: the slot's directory moved into ``ws``'s place (Declined leaves
+        it waiting, frozen), then the sandbox thawed. Raises Declined, OSError."""
         slots.move_into_place(warm.slot, ws)
         if warm.frozen is not None:
             freezer.thaw(warm.frozen)
@@ -425,8 +425,8 @@ class WarmPool:
         while True:
             self._wake.clear()
             now = time.monotonic()
-            if now - self._last_claim < CLAIM_QUIET:
-                await asyncio.sleep(self._last_claim + CLAIM_QUIET - now)
+            if now < self._quiet_until:
+                await asyncio.sleep(self._quiet_until - now)
                 continue
             for key, cls in list(self._classes.items()):
                 idle = self.config.mode == "demand" and (not cls.asked or cls.asked[-1] < now - IDLE_CLASS)

@@ -80,6 +80,7 @@ class _SandboxCollector(Collector):
             warm = GaugeMetricFamily("loom_warm_sandboxes", "Warm sandboxes of the pool.", labels=["state"])
             warm.add_metric(["ready"], pool.get("ready", 0))
             warm.add_metric(["starting"], pool.get("starting", 0))
+            warm.add_metric(["frozen"], pool.get("frozen", 0))  # (of the ready ones: gVisor's)
             yield warm
             claims = CounterMetricFamily(
                 "loom_warm_pool_claims", "New workspaces that found a warm sandbox or not.", labels=["result"]

@@ -69,3 +69,21 @@ def test_thaw_runtime_thaws_only_that_containers_frozen_cgroup(tmp_path: Path, m
     assert mine.read_text() == "THAWED" and other.read_text() == "FROZEN\n"
     assert freezer.thaw_runtime(ID, proc) == []  # thawed already: nothing written
     assert freezer.thaw_runtime("f" * 64, proc) == []  # a runc container: no runtime process
+
+
+def test_the_metrics_count_the_frozen_warm_sandboxes() -> None:
+    """``/metrics``: the warm pool's ready, starting and (of the ready ones) frozen
+    sandboxes, and its claims by result, from the pool's status."""
+    from worker.metrics import Metrics
+
+    status = {"ready": 3, "starting": 1, "frozen": 2, "claims": 5, "misses": 1, "declined": 4}
+    text = Metrics(pool=lambda: status).render().decode()
+    for want in (
+        'loom_warm_sandboxes{state="ready"} 3.0',
+        'loom_warm_sandboxes{state="starting"} 1.0',
+        'loom_warm_sandboxes{state="frozen"} 2.0',
+        'loom_warm_pool_claims_total{result="hit"} 5.0',
+        'loom_warm_pool_claims_total{result="declined"} 4.0',
+    ):
+        assert want in text, text
+    assert "loom_warm_sandboxes" not in Metrics().render().decode()  # no pool: no family

@@ -21,7 +21,7 @@ from sandbox.base import ExecRequest
 from sandbox.docker.config import container_name
 from tests.conftest import TEST_OWNER
 from tests.docker.conftest import own_registry
-from worker.tools.shell import DEADLINE_SLACK
+from worker.tools import shell
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_ready")]
 
@@ -120,20 +120,23 @@ async def test_a_start_the_engine_never_answers_fails_at_the_calls_deadline_and_
     proxy: Callable[[str], HangingProxy],
     runtime: str,
     hold: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # (a deadline of 5 s, not 20: the call fails at it, the test need not wait longer)
+    monkeypatch.setattr(shell, "DEADLINE_SLACK", 3.0)
     p = proxy(hold)
     # (held version requests: nothing of the workspace can be stopped through this engine,
     # nor was anything made; the registry after the test's stops what the others left)
     async with own_registry(tmp_path, runtime, stop="version" not in hold, docker_host=f"unix://{p.path}") as reg:
         t = time.monotonic()
-        r = await reg.execute("shell_execute", {"command": "true", "timeout": 5}, workspace=str(workspace))
+        r = await reg.execute("shell_execute", {"command": "true", "timeout": 2}, workspace=str(workspace))
         took = time.monotonic() - t
         assert p.held, "the proxy held nothing: the test did not test the hang"
         assert not r.success
         # The engine's failure, never the command's limit (which was never reached: it never ran).
         assert (r.data or {}).get("error_kind") == "infrastructure", (r.error, r.data)
         assert "did not answer" in (r.error or "") or "unavailable" in (r.error or "").lower(), r.error
-        deadline = 5 + DEADLINE_SLACK  # shell_execute's with timeout 5
+        deadline = 2 + shell.DEADLINE_SLACK  # shell_execute's with timeout 2
         assert took < deadline + 10, (took, deadline)  # the call's own deadline, not the engine's 60 s
     # After aclose nothing waits on the engine: a thread still in a call would keep the
     # process from exiting until the engine answered.

@@ -28,7 +28,15 @@ this package; :func:`routes` is what ``loom-worker serve`` mounts.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
+
+# What routes() imports from the extra, looked for when the entry point loads: without the
+# extra, loading it fails as a missing module does (worker.plugins: IntegrationUnavailable,
+# so `serve` goes on without E2B's API), not when `serve` asks for the routes.
+for _needed in ("e2b", "connectrpc"):
+    if find_spec(_needed) is None:
+        raise ModuleNotFoundError(f"No module named {_needed!r}", name=_needed)
 
 
 def routes(settings: Any) -> list[Any]:

@@ -581,7 +581,12 @@ async def test_gvisor_warm_sandboxes_wait_frozen_and_a_killed_workers_are_reaped
 
     require_runtime("runsc")
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _POOL_HOLDER, str(POOL_ROOT), stdout=asyncio.subprocess.PIPE, cwd=Path(__file__).parents[2]
+        sys.executable,
+        "-c",
+        _POOL_HOLDER,
+        str(POOL_ROOT),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
     )
     try:
         assert holder.stdout is not None

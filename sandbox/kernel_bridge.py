@@ -7,7 +7,7 @@ the connections to it and ends with the sandbox.
 
 It starts the kernel (``python3 -m ipykernel_launcher -f <connection file>``, as
 ``jupyter_client``'s ``KernelManager`` would, without importing it: the kernel boots
-while the bridge imports zmq; ZMQ on the sandbox's loopback, messages signed by
+while the bridge imports zmq; ZMQ over unix sockets in its own directory, messages signed by
 ``jupyter_client``'s ``Session``), raises the kernel's ``oom_score_adj`` (so the memory
 limit's OOM killer takes the kernel, not the bridge), interrupts it with SIGINT to its
 process group (what Ctrl-C and ipykernel's interrupt mode do), listens on a loopback TCP port and prints one line on its

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -67,20 +66,6 @@ def oom_kills():
     return None
 
 
-def free_ports(n):
-    """``n`` free TCP ports on the loopback (bound and let go, as jupyter_client does)."""
-    socks = []
-    try:
-        for _ in range(n):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 class Kernel:
     """One IPython kernel: its process (started here as jupyter_client's KernelManager
     would start it, without importing it: the kernel boots while the bridge imports zmq)
@@ -100,16 +85,20 @@ class Kernel:
         self.log_w = w
         self.log = Tail(r)
         self.conn_file = os.path.join(workdir, "kernel.json")
-        ports = free_ports(5)
+        # Unix sockets in the kernel's own directory ("ipc": <ip>-<port>), not TCP ports on
+        # the loopback. Ports picked free and let go (jupyter_client's way) can be taken
+        # before the kernel binds them: by the source port of any connection made meanwhile,
+        # the bridge's own two sockets among them (they connect while the kernel boots and
+        # retry every 100 ms). ipykernel then dies with "Address already in use" (once in CI).
         self.info = {
-            "shell_port": ports[0],
-            "iopub_port": ports[1],
-            "stdin_port": ports[2],
-            "control_port": ports[3],
-            "hb_port": ports[4],
-            "ip": "127.0.0.1",
+            "shell_port": 1,
+            "iopub_port": 2,
+            "stdin_port": 3,
+            "control_port": 4,
+            "hb_port": 5,
+            "ip": os.path.join(workdir, "k"),
             "key": secrets.token_hex(16),
-            "transport": "tcp",
+            "transport": "ipc",
             "signature_scheme": "hmac-sha256",
             "kernel_name": cfg.get("kernel", "python3"),
         }
@@ -157,12 +146,16 @@ class Kernel:
         zmq = self.zmq
         self.shell = self.ctx.socket(zmq.DEALER)
         self.shell.linger = 0
-        self.shell.connect("tcp://127.0.0.1:%d" % self.info["shell_port"])
+        self.shell.connect(self.address("shell_port"))
         self.iopub = self.ctx.socket(zmq.SUB)
         self.iopub.linger = 0
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.iopub.connect("tcp://127.0.0.1:%d" % self.info["iopub_port"])
+        self.iopub.connect(self.address("iopub_port"))
         self._wait_ready()
+
+    def address(self, channel):
+        """The ZMQ address of the kernel's ``channel`` (``"shell_port"``, ...)."""
+        return "ipc://%s-%d" % (self.info["ip"], self.info[channel])
 
     def _oom_first(self):
         """The memory limit's OOM killer takes the kernel, not the bridge."""

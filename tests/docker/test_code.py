@@ -84,6 +84,24 @@ async def test_state_lasts_and_is_the_contexts_own(registry: ToolRegistry, tmp_p
     assert bad.value.field == "timeout"
 
 
+async def test_the_kernel_speaks_over_unix_sockets_not_loopback_ports(registry: ToolRegistry, tmp_path: Path) -> None:
+    """ipykernel once died at start with "Address already in use" (CI): the five loopback
+    ports picked free for it and let go (jupyter_client's way) can be taken before it binds
+    them, by the source port of any connection made meanwhile. Its channels are unix
+    sockets in the bridge's own directory now, none a port picked ahead."""
+    handle = registry.sandbox(workspace(tmp_path))
+    r = await handle.run_code(
+        "import zmq\nfrom ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\n"
+        "print(' '.join(s.getsockopt(zmq.LAST_ENDPOINT).decode() for s in "
+        "(app.shell_socket, app.iopub_socket, app.stdin_socket, app.control_socket)))"
+    )
+    assert r.outcome == "ok", r
+    endpoints = "".join(r.logs.stdout).split()
+    assert len(endpoints) == 4 and all(e.startswith("ipc:///tmp/loom-kernel-") for e in endpoints), r.text
+    hb = await handle.run_code("app.heartbeat.transport, app.heartbeat.ip.startswith('/tmp/loom-kernel-')")
+    assert hb.text == "('ipc', True)", hb
+
+
 async def test_rich_results(registry: ToolRegistry, tmp_path: Path) -> None:
     handle = registry.sandbox(workspace(tmp_path))
     chart = await handle.run_code(

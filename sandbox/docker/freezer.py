@@ -4,10 +4,12 @@ gVisor's kernel (the Sentry) costs CPU even when nothing runs in it: on the syst
 platform of the runsc this project installs (release 20240729) its fast-path monitor
 wakes every 400 µs, forever, so each idle sandbox takes about 2.5 % of a core (20 idle
 ones took 35 % of this machine's two cores; later gVisor releases park the monitor when
-idle). The warm pool keeps sandboxes waiting for minutes, so it freezes gVisor ones in
-their cgroup (the kernel's freezer: no wakeup at all until thawed, each way well under a
-millisecond) and thaws one at its claim. runc sandboxes cost nothing idle and are never
-frozen.
+idle). The warm pool keeps sandboxes waiting for minutes, so when asked
+(``LOOM_WARM_POOL_FREEZE``) it freezes gVisor ones in their cgroup (the kernel's freezer:
+no wakeup at all until thawed, each way well under a millisecond) and thaws one at its
+claim. runc sandboxes cost nothing idle and are never frozen. It is off by default: a
+frozen sandbox holds the engine up (below; a ``dockerd`` restarted around frozen ones did
+not come up until they were thawed).
 
 A frozen gVisor sandbox cannot be removed: ``docker rm -f`` asks ``runsc kill``, which
 asks the frozen Sentry, and waits (holding the engine's lock on that container) until

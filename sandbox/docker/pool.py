@@ -33,9 +33,9 @@ over the workspace's directory, which must be empty (a new workspace: HTTP's ``P
 (files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
 in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
 directory by device and inode (:func:`.slots.workspace_of`); the agent's root is that
-directory already. A gVisor sandbox waits frozen (its idle kernel costs CPU: :mod:`.freezer`),
-thawed by its claim; its worker's hold on its slot (:func:`.slots.hold`) tells a later
-worker whether a frozen one outlived its worker.
+directory already. A gVisor sandbox waits primed (one ``true`` run) and, with
+:attr:`PoolConfig.freeze`, frozen (:mod:`.freezer`) until its claim; its worker's hold on
+its slot (:func:`.slots.hold`) tells a later worker whether a frozen one outlived it.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ DEMAND_WINDOW = 60.0
 IDLE_CLASS = 600.0
 #: Pooled sandboxes started at once by the refill (each also takes a start slot).
 FILL_PARALLEL = 2
-#: The refill waits this long after a claim (seconds, by runtime): a container start costs
-#: the engine and CPUs ~150 ms (more under gVisor), which the claimant's first call and a
-#: burst of claims would otherwise share (gVisor: 0.2 s, not 0.05, took a fifth off it).
+#: The refill waits this long after a claim (seconds): a start costs the engine and CPUs ~150 ms
+#: (more under gVisor), which a claimant's first call would share (gVisor: 0.2 s took a fifth off).
 CLAIM_QUIET = {"runc": 0.05, "runsc": 0.2}
 
 
@@ -83,12 +82,14 @@ CLAIM_QUIET = {"runc": 0.05, "runsc": 0.2}
 class PoolConfig:
     """``mode``: off, a fixed ``size`` per class, or sized by demand (up to ``size`` per
     class: as many as were asked for in the last minute). ``max_total``: pooled sandboxes
-    of every class together. ``root``: the pool's directory on the engine's host."""
+    of every class together. ``root``: the pool's directory on the engine's host.
+    ``freeze``: gVisor's wait frozen (:mod:`.freezer`; off: a frozen one holds the engine up)."""
 
     mode: PoolMode = "off"
     size: int = 4
     max_total: int = 32
     root: Path = Path("/var/lib/loom-worker/pool")
+    freeze: bool = False
 
     @property
     def moved_root(self) -> Path:
@@ -523,7 +524,7 @@ class WarmPool:
                 # gVisor's first process in a sandbox costs ~10 ms more than later ones (its
                 # kernel loads sh): spent here, not by the claimant; it leaves nothing.
                 await warm.conn.request("exec", {"command": "true", "timeout": 30}, timeout=60)
-            if moved and self.freezing is None:
+            if moved and self.config.freeze and self.freezing is None:
                 warm.frozen = await asyncio.to_thread(self._freeze, container)
         except BaseException:
             await self._discard(warm)
@@ -531,9 +532,8 @@ class WarmPool:
         return warm
 
     def _freeze(self, container: Any) -> Path | None:
-        """Freeze a booted gVisor sandbox while it waits (:mod:`.freezer`: its idle kernel
-        costs CPU); its freezer file, or None when this host does not let us (then
-        :attr:`freezing` says why, and no other is tried). Blocking."""
+        """Freeze a booted gVisor sandbox while it waits (:mod:`.freezer`); its freezer file,
+        or None when this host does not let us (:attr:`freezing` says why). Blocking."""
         path = freezer.of_pid((container.attrs.get("State") or {}).get("Pid"))
         try:
             if path is None:

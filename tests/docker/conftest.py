@@ -50,15 +50,20 @@ async def wait_ready(backend: DockerBackend, n: int, timeout: float = 60.0) -> d
 
 @contextlib.asynccontextmanager
 async def pooled_backend(
-    runtime: str = "runc", size: int = 1, max_total: int = 8, ready: int | None = None, **spec: object
+    runtime: str = "runc",
+    size: int = 1,
+    max_total: int = 8,
+    ready: int | None = None,
+    freeze: bool = False,
+    **spec: object,
 ) -> AsyncIterator[DockerBackend]:
     """A backend with a warm pool of ``size`` per class (``ready`` of them waited for,
-    default ``size``); its containers, warm
+    default ``size``; gVisor's frozen while they wait with ``freeze``); its containers, warm
     ones too, are removed afterwards."""
     from sandbox.docker.pool import PoolConfig
 
     spec = {"image": SANDBOX_IMAGE, "runtime": runtime, "owner": TEST_OWNER, **spec}
-    pool = PoolConfig(mode="fixed", size=size, max_total=max_total, root=POOL_ROOT)
+    pool = PoolConfig(mode="fixed", size=size, max_total=max_total, root=POOL_ROOT, freeze=freeze)
     backend = DockerBackend(SandboxSpec(**spec), worker_id="test", pool=pool)  # type: ignore[arg-type]
     try:
         await wait_ready(backend, size if ready is None else ready)

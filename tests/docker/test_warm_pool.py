@@ -432,7 +432,7 @@ async def test_a_warm_sandbox_waits_booted_ends_with_its_worker_and_keeps_once_c
     if runtime == "runsc":
         workspace.joinpath("mine.txt").unlink()  # (gVisor claims only an empty workspace)
     channels: dict[str, Any] = {"channel_dir": str(tmp_path / "channels")} if runtime == "runsc" else {}
-    async with pooled_backend(runtime, size=2, **channels) as backend:
+    async with pooled_backend(runtime, size=2, freeze=True, **channels) as backend:
         assert backend.pool is not None
         (cls,) = backend.pool._classes.values()
         assert len(cls.ready) == 2 and all(w.conn is not None and w.conn.direct for w in cls.ready)
@@ -512,7 +512,7 @@ async def test_a_restarted_worker_removes_what_its_killed_predecessors_pool_left
     The next worker's pool removes them (thawed first) and releases their slots, instead
     of leaving them to pile up until ``gc``; a live worker's are kept."""
     require_runtime(runtime)
-    async with pooled_backend(runtime, size=2) as first:
+    async with pooled_backend(runtime, size=2, freeze=True) as first:
         assert first.pool is not None
         (cls,) = first.pool._classes.values()
         orphan = cls.ready.pop()  # as if its worker died: nobody removes it
@@ -551,7 +551,7 @@ from tests.docker import conftest
 conftest.POOL_ROOT = Path(sys.argv[1])  # (the test's pool directory: its next worker's)
 
 async def main():
-    async with conftest.pooled_backend("runsc", size=2) as backend:
+    async with conftest.pooled_backend("runsc", size=2, freeze=True) as backend:
         (cls,) = backend.pool._classes.values()
         print(json.dumps([[w.container.id, w.container.name, str(w.frozen)] for w in cls.ready]), flush=True)
         await asyncio.sleep(600)
@@ -569,8 +569,9 @@ def _cpu_ticks(pids: list[int]) -> int:
 
 
 async def test_gvisor_warm_sandboxes_wait_frozen_and_a_killed_workers_are_reaped(docker_ready: None) -> None:
-    """gVisor's idle kernel costs CPU (its systrap monitor wakes every 400 µs), so its warm
-    sandboxes wait frozen: their runtime processes get no CPU at all. A worker killed
+    """gVisor's idle kernel costs CPU (its systrap monitor wakes every 400 µs), so with
+    ``freeze`` (LOOM_WARM_POOL_FREEZE) its warm sandboxes wait frozen: their runtime
+    processes get no CPU at all. A worker killed
     with kill -9 leaves them running and frozen, which they cannot notice; its hold on
     their slots ended with it, so the next worker's pool thaws and removes them and
     releases their slots."""
@@ -608,6 +609,8 @@ async def test_gvisor_warm_sandboxes_wait_frozen_and_a_killed_workers_are_reaped
             found = await probe.engine.find(name)
             assert found is not None and found.status == "running" and freezer.frozen(Path(path)), name
     async with pooled_backend("runsc", size=1) as second:
+        assert second.pool is not None  # (frozen only when asked: LOOM_WARM_POOL_FREEZE)
+        assert all(w.frozen is None for c in second.pool._classes.values() for w in c.ready)
         for _ in range(100):
             if all([await second.engine.find(name) is None for _c, name, _p in warm]):
                 break

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from . import stuck
+from . import memcg, stuck
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _V1 = ("freezer.state", "FROZEN", "THAWED")
@@ -39,14 +39,10 @@ _V2 = ("cgroup.freeze", "1", "0")
 def file_of(proc_cgroup: str) -> Path | None:
     """The freezer file of the cgroup a ``/proc/<pid>/cgroup`` text names, or None."""
     v2: Path | None = None
-    for line in proc_cgroup.splitlines():
-        if line.count(":") < 2:
-            continue
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if "freezer" in controllers.split(","):
+    for controllers, rel in memcg.entries(proc_cgroup):
+        if "freezer" in controllers:
             return CGROUP_ROOT / "freezer" / rel / _V1[0]
-        if controllers == "" and rel:
+        if not controllers and rel:
             v2 = CGROUP_ROOT / rel / _V2[0]
     return v2
 

@@ -28,17 +28,26 @@ def _files(pid: int) -> list[Path]:
     return files_of(text)
 
 
-def files_of(proc_cgroup: str) -> list[Path]:
-    """The ``oom_kill`` files named by the text of a ``/proc/<pid>/cgroup``."""
-    found: list[Path] = []
+def entries(proc_cgroup: str) -> list[tuple[list[str], str]]:
+    """The ``(controllers, path relative to the hierarchy's root)`` of each line of a
+    ``/proc/<pid>/cgroup`` text; cgroup v2's line has no controllers (also used by
+    :mod:`.freezer`)."""
+    found = []
     for line in proc_cgroup.splitlines():
         if line.count(":") < 2:
             continue
         _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if "memory" in controllers.split(","):
+        found.append(([c for c in controllers.split(",") if c], path.lstrip("/")))
+    return found
+
+
+def files_of(proc_cgroup: str) -> list[Path]:
+    """The ``oom_kill`` files named by the text of a ``/proc/<pid>/cgroup``."""
+    found: list[Path] = []
+    for controllers, rel in entries(proc_cgroup):
+        if "memory" in controllers:
             found.append(CGROUP_ROOT / "memory" / rel / "memory.oom_control")
-        elif controllers == "":
+        elif not controllers:
             found.append(CGROUP_ROOT / rel / "memory.events")
     return found
 

@@ -26,11 +26,14 @@ public API (``worker.default_registry``, ``ToolRegistry.execute``), so any versi
 ``--pool`` (issue 44, warm sandboxes) measures instead, in one process per round, a new
 workspace's time to its first result (``shell_execute true`` on a directory never seen
 before: the registry opens it, its changelog, its sandbox) one after another,
-``--pool-samples`` of them, p50 and p99, with the warm pool off and on (``LOOM_WARM_POOL``:
-each sample waits until the pool is full again, so every claim finds a warm sandbox, as a
-pool sized for the demand makes it), and the time until ``--pool-ready`` new workspaces,
-started at once, have all answered, with the pool off and on (sized to hold them all).
-The same run gives both, so the ratio is the pool's own.
+``--pool-samples`` of them, p50 and p99, with the warm pool off and on: on as
+``--pool-size`` says (``auto``, the default: ``LOOM_WARM_POOL=auto``, sized by the demand
+it sees, which ``--pool-warmup`` unmeasured workspaces first make; or a number). Each
+sample waits until the pool holds what it aims at, so no refill of an earlier claim shares
+the machine with it, and the claimed workspaces stay open until the last. Then the time
+until ``--pool-ready`` new workspaces, started at once, have all answered, with the pool
+off and on (a pool of ``--pool-ready``, sized to hold them all). The same run gives both,
+so the ratio is the pool's own.
 
 ``--floor`` (issue 44) adds the engine's own floor to the ready time, measured in the same
 run between the workspaces' runs: as many bare containers of the same image started through
@@ -621,47 +624,66 @@ async def _pool_round(args: argparse.Namespace, pool: bool) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-pool-"))
     n_ready = args.pool_ready
-    size = max(1, n_ready if pool else 0)
-    overrides: dict[str, Any] = {
-        "data_dir": tmp / "data",
-        "runtime": args.runtime,
-        "catalog": False,
-        "image": args.image,
-        "warm_pool": str(size) if pool else "off",
-        "warm_pool_max": max(size, 1),
-    }
-    reg = default_registry(**overrides)
-    backend: Any = reg.backend
     cmd = {"command": "true", "timeout": 300}
     out: dict[str, Any] = {"pool": pool}
 
-    async def pool_full(want: int) -> None:
+    def registry(leg: str, warm: str, cap: int) -> Any:
+        return default_registry(
+            data_dir=tmp / f"data-{leg}",
+            runtime=args.runtime,
+            catalog=False,
+            image=args.image,
+            warm_pool=warm if pool else "off",
+            warm_pool_max=max(cap, 1),
+        )
+
+    async def pool_full(backend: Any, want: int | None = None) -> None:
+        """Until the pool holds ``want`` ready (None: what it aims at now, every class)."""
         if not pool or backend.pool is None or backend.pool.disabled:
             return
         await backend.start_pool()
-        while backend.pool_status()["ready"] < want:  # noqa: ASYNC110 (a status polled, no event to wait on)
+        while True:
+            status = backend.pool_status()
+            aim = want if want is not None else sum(c["target"] for c in status["classes"].values())
+            if status["ready"] >= aim:
+                return
             await asyncio.sleep(0.02)
 
+    async def first(reg: Any, name: str) -> float:
+        ws = tmp / name
+        ws.mkdir()
+        t = time.perf_counter()
+        r = await reg.execute("shell_execute", cmd, str(ws))
+        took = time.perf_counter() - t
+        if not r.success:
+            raise SystemExit(f"first result failed: {r.error}")
+        return took
+
+    regs: list[Any] = []
     try:
-        # Small pool first (a few warm ones), one new workspace after another.
+        # One new workspace after another, the pool as --pool-size says (auto: sized by the
+        # demand it sees, which the unmeasured --pool-warmup workspaces start).
+        sized = args.pool_size
+        reg = registry("first", sized, n_ready if sized == "auto" else int(sized))
+        regs.append(reg)
         lat: list[float] = []
-        opened: list[str] = []
+        for i in range(args.pool_warmup):
+            await pool_full(reg.backend)
+            await first(reg, f"warm{i:03d}")
         for i in range(args.pool_samples):
             # Full again, so no refill of an earlier claim shares the machine with this one.
-            await pool_full(size)
-            ws = tmp / f"first{i:03d}"
-            ws.mkdir()
-            t = time.perf_counter()
-            r = await reg.execute("shell_execute", cmd, str(ws))
-            lat.append(time.perf_counter() - t)
-            if not r.success:
-                raise SystemExit(f"first result failed: {r.error}")
-            opened.append(str(ws))
-        for w in opened:
+            await pool_full(reg.backend, None if sized == "auto" else int(sized))
+            lat.append(await first(reg, f"first{i:03d}"))
+        status = reg.backend.pool_status() if pool else None
+        out["pool_held"] = status["ready"] if status else 0
+        for w in reg.pool.opened():
             await reg.stop(w)
         out["first_p50_ms"] = pct(lat, 0.5) * 1000
         out["first_p99_ms"] = pct(lat, 0.99) * 1000
-        await pool_full(n_ready)
+        # Then --pool-ready at once, the pool sized to hold them all.
+        reg = registry("ready", str(n_ready), n_ready)
+        regs.append(reg)
+        await pool_full(reg.backend, n_ready)
         roots = []
         for i in range(n_ready):
             (tmp / f"ready{i:03d}").mkdir()
@@ -672,19 +694,23 @@ async def _pool_round(args: argparse.Namespace, pool: bool) -> dict[str, Any]:
         bad = [r.error for r in res if not r.success]
         if bad:
             raise SystemExit(f"{len(bad)} workspaces failed to start: {bad[0]}")
-        status = backend.pool_status() if pool else None
+        status = reg.backend.pool_status() if pool else None
         out["claims"] = status["claims"] if status else 0
         out["misses"] = status["misses"] if status else 0
         for w in roots:
             await reg.stop(w)
     finally:
-        await reg.aclose()
+        for reg in regs:
+            for w in reg.pool.opened():
+                await reg.stop(w)
+            await reg.aclose()
         if pool:
             # The pool directory's own mounts outlive a worker until `gc --all` (its claimed
             # sandboxes may live on); this run's are all stopped: undo them, or the tree stays.
             from sandbox.docker import hostmounts
 
-            await asyncio.to_thread(hostmounts.release_root, tmp / "data" / "pool")
+            for leg in ("first", "ready"):
+                await asyncio.to_thread(hostmounts.release_root, tmp / f"data-{leg}" / "pool")
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -697,8 +723,8 @@ def pool_main(args: argparse.Namespace) -> None:
             rows[pool].append(res)
             print(
                 f"round {r + 1} pool {'on' if pool else 'off'}: first result p50 {res['first_p50_ms']:.1f} ms, "
-                f"p99 {res['first_p99_ms']:.1f} ms; {args.pool_ready} ready {res['ready_s']:.2f} s "
-                f"(claims {res['claims']}, misses {res['misses']})",
+                f"p99 {res['first_p99_ms']:.1f} ms (warm when the samples ended: {res['pool_held']}); "
+                f"{args.pool_ready} ready {res['ready_s']:.2f} s (claims {res['claims']}, misses {res['misses']})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -707,8 +733,10 @@ def pool_main(args: argparse.Namespace) -> None:
         return statistics.median(float(x[key]) for x in rows[pool])
 
     print(
-        f"\nnew workspace to first result ({args.runtime}, {args.pool_samples} one after another; medians of "
-        f"{args.rounds} rounds) and {args.pool_ready} new workspaces at once until all answered"
+        f"\nnew workspace to first result ({args.runtime}, {args.pool_samples} one after another, the pool "
+        f"{'sized by demand (auto)' if args.pool_size == 'auto' else 'of ' + args.pool_size}; medians of "
+        f"{args.rounds} rounds) and {args.pool_ready} new workspaces at once until all answered (a pool of "
+        f"{args.pool_ready})"
     )
     print(f"{'':<10} {'first p50':>10} {'first p99':>10} {'ready':>8}")
     for pool in (False, True):
@@ -721,6 +749,12 @@ def pool_main(args: argparse.Namespace) -> None:
         f"{med(True, 'first_p99_ms') / med(False, 'first_p99_ms'):>9.2f}x "
         f"{med(True, 'ready_s') / med(False, 'ready_s'):>7.2f}x"
     )
+
+
+def _pool_size(text: str) -> str:
+    if text == "auto" or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a positive number")
 
 
 def parse_args() -> argparse.Namespace:
@@ -755,6 +789,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--pool", action="store_true", help="measure new workspaces with the warm pool off and on")
     ap.add_argument("--pool-samples", type=int, default=30, help="--pool: new workspaces one after another")
     ap.add_argument("--pool-ready", type=int, default=100, help="--pool: new workspaces started at once")
+    ap.add_argument(
+        "--pool-size",
+        default="auto",
+        type=_pool_size,
+        help="--pool: the warm pool of the one-after-another leg: auto (LOOM_WARM_POOL=auto, sized by demand) or N",
+    )
+    ap.add_argument(
+        "--pool-warmup",
+        type=int,
+        default=3,
+        help="--pool: unmeasured new workspaces before the samples (the demand an auto pool is sized by)",
+    )
     args = ap.parse_args()
     if not args.mix or set(args.mix) - set("rws"):
         ap.error(f"--mix: letters r, w and s only (got {args.mix!r})")

@@ -44,9 +44,9 @@ class Settings(SandboxSettings, BaseSettings):
         "off",
         description="Started sandboxes kept ready for new workspaces (under gVisor only for an empty workspace "
         "directory on the pool's mount; docs/sandbox.md#warm-sandboxes): "
-        "off; a number N (N per class of image, runtime, settings and user); auto (per class as many as were "
-        "asked for in the last minute, up to LOOM_WARM_POOL_MAX). Needs a worker running as root on the "
-        "engine's host; otherwise it stays off and doctor says why.",
+        "off; a number N (N per class of image, runtime, settings and user); auto (per class one more than the "
+        "most claims seen within one refill time in the last minute, up to LOOM_WARM_POOL_MAX). Needs a worker "
+        "running as root on the engine's host; otherwise it stays off and doctor says why.",
     )
     warm_pool_max: int = Field(
         32, ge=1, le=1024, description="Warm sandboxes of every class together (each holds its memory and pids)."

@@ -62,15 +62,12 @@ from .channel import DockerExecTransport, prepare_channel_dir
 from .checks import seccomp_kept
 from .claim import Claim
 from .config import LABEL_POOL, LABEL_WORKER, LABEL_WS, LABEL_WS_HASH, NAME_PREFIX, _git_mounts, channel_dir, owner
+from .demand import Demand
 from .engine import Engine
 
 log = get_logger("sandbox.docker")
 
 PoolMode = Literal["off", "fixed", "demand"]
-#: Demand is counted over this window (seconds); a class nobody asked for in
-#: ``IDLE_CLASS`` seconds is emptied (demand mode).
-DEMAND_WINDOW = 60.0
-IDLE_CLASS = 600.0
 #: Pooled sandboxes started at once by the refill (each also takes a start slot).
 FILL_PARALLEL = 2
 #: The refill waits this long after a claim (seconds): a start costs the engine and CPUs ~150 ms
@@ -81,7 +78,7 @@ CLAIM_QUIET = {"runc": 0.05, "runsc": 0.2}
 @dataclass(frozen=True)
 class PoolConfig:
     """``mode``: off, a fixed ``size`` per class, or sized by demand (up to ``size`` per
-    class: as many as were asked for in the last minute). ``max_total``: pooled sandboxes
+    class: :mod:`.demand`). ``max_total``: pooled sandboxes
     of every class together. ``root``: the pool's directory on the engine's host.
     ``freeze``: gVisor's wait frozen (:mod:`.freezer`; off: a frozen one holds the engine up)."""
 
@@ -142,7 +139,7 @@ class _Class:
     gid: int
     ready: deque[_Warm] = field(default_factory=deque)
     filling: int = 0
-    asked: deque[float] = field(default_factory=deque)  # claim attempts (demand mode)
+    demand: Demand = field(default_factory=Demand)  # its claims (demand mode)
     claims: int = 0
     misses: int = 0
     #: gVisor claims turned down by the workspace (not empty, another mount): cold starts
@@ -292,10 +289,7 @@ class WarmPool:
         """How many ready sandboxes ``cls`` should have now."""
         if self.config.mode == "fixed":
             return self.config.size
-        now = time.monotonic()
-        while cls.asked and cls.asked[0] < now - DEMAND_WINDOW:
-            cls.asked.popleft()
-        return min(self.config.size, len(cls.asked))
+        return cls.demand.target(time.monotonic(), self.config.size)
 
     def size(self) -> int:
         """Pooled sandboxes ready or being started now, every class together."""
@@ -333,7 +327,7 @@ class WarmPool:
         if moved and not await asyncio.to_thread(slots.is_empty_dir, ws):
             cls.declined += 1  # no demand either: a warm one would not have served it
             return None
-        cls.asked.append(time.monotonic())
+        cls.demand.ask(time.monotonic())
         self._wake.set()
         while cls.ready:
             warm = cls.ready.popleft()
@@ -430,7 +424,7 @@ class WarmPool:
                 await asyncio.sleep(self._quiet_until - now)
                 continue
             for key, cls in list(self._classes.items()):
-                idle = self.config.mode == "demand" and (not cls.asked or cls.asked[-1] < now - IDLE_CLASS)
+                idle = self.config.mode == "demand" and cls.demand.idle(now)
                 want = 0 if idle else self.target(cls)
                 while len(cls.ready) > want and not cls.filling:
                     await self._discard(cls.ready.pop())  # demand fell: give the engine back
@@ -449,7 +443,9 @@ class WarmPool:
     async def _fill(self, key: str, cls: _Class) -> None:
         try:
             async with self._hooks.start_slot():
+                began = time.monotonic()
                 warm = await self._make(key, cls)
+            cls.demand.made(time.monotonic() - began, CLAIM_QUIET.get(cls.spec.runtime, CLAIM_QUIET["runsc"]))
             cls.ready.append(warm)
         except asyncio.CancelledError:
             raise

@@ -55,15 +55,16 @@ async def pooled_backend(
     max_total: int = 8,
     ready: int | None = None,
     freeze: bool = False,
+    mode: str = "fixed",
     **spec: object,
 ) -> AsyncIterator[DockerBackend]:
     """A backend with a warm pool of ``size`` per class (``ready`` of them waited for,
-    default ``size``; gVisor's frozen while they wait with ``freeze``); its containers, warm
-    ones too, are removed afterwards."""
+    default ``size``; gVisor's frozen while they wait with ``freeze``; ``mode`` "demand":
+    sized by demand up to ``size``); its containers, warm ones too, are removed afterwards."""
     from sandbox.docker.pool import PoolConfig
 
     spec = {"image": SANDBOX_IMAGE, "runtime": runtime, "owner": TEST_OWNER, **spec}
-    pool = PoolConfig(mode="fixed", size=size, max_total=max_total, root=POOL_ROOT, freeze=freeze)
+    pool = PoolConfig(mode=mode, size=size, max_total=max_total, root=POOL_ROOT, freeze=freeze)
     backend = DockerBackend(SandboxSpec(**spec), worker_id="test", pool=pool)  # type: ignore[arg-type]
     try:
         await wait_ready(backend, size if ready is None else ready)

@@ -96,6 +96,28 @@ def test_benchmark_prints_its_table(docker_ready: None, argv: list[str]) -> None
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 3, p.stdout
     assert "p50" in rows[0] or "median" in rows[0] or "host directly" in rows[0]
+    if argv[0] == "bench/bench_tools.py":
+        # The floor table: loom without and with the changelog, beside the bare floor.
+        for mode in ("off", "on"):
+            assert any(r.startswith(f"| shell_execute `true` | {mode} |") for r in rows), p.stdout
+            assert any(r.startswith(f"| read_file (4 KB) | {mode} |") for r in rows), p.stdout
+
+
+def test_the_warm_pool_benchmark_prints_its_table(docker_ready: None) -> None:
+    """``bench_scale.py --pool`` (issue 44): first results and ready times with the pool off
+    and on, the one-after-another leg's pool sized by demand."""
+    env = {**os.environ, "LOOM_IMAGE": SANDBOX_IMAGE, "PYTHONPATH": str(ROOT)}
+    argv = ["bench/bench_scale.py", "--pool", "--rounds", "1", "--pool-samples", "3", "--pool-ready", "3"]
+    p = subprocess.run(
+        [sys.executable, *argv, "--pool-warmup", "1"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert any("sized by demand (auto)" in line for line in lines), p.stdout
+    for label in ("pool off", "pool on", "on/off"):
+        assert any(line.startswith(label) and line.count("ms") + line.count("x") >= 2 for line in lines), p.stdout
+    on = next(line for line in p.stderr.splitlines() if "pool on:" in line)
+    assert "claims 3, misses 0" in on, p.stderr  # every one of the burst found a warm one
 
 
 @pytest.mark.browser
@@ -108,8 +130,3 @@ def test_dashboard_benchmark_prints_its_tables(docker_ready: None) -> None:
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert any(r.startswith("| row paintable in the dashboard") for r in rows), p.stdout
     assert any(r.startswith("| total |") for r in rows), p.stdout
-    if argv[0] == "bench/bench_tools.py":
-        # The floor table: loom without and with the changelog, beside the bare floor.
-        for mode in ("off", "on"):
-            assert any(r.startswith(f"| shell_execute `true` | {mode} |") for r in rows), p.stdout
-            assert any(r.startswith(f"| read_file (4 KB) | {mode} |") for r in rows), p.stdout

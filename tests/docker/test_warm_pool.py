@@ -275,6 +275,44 @@ async def test_the_pool_respects_its_limits_and_gc_all_empties_it(
         assert workspace.is_dir()  # a gVisor claim's workspace is its slot's directory: kept
 
 
+async def test_auto_keeps_warm_as_many_as_the_claims_within_one_refill(docker_ready: None, tmp_path: Path) -> None:
+    """``LOOM_WARM_POOL=auto``: none warm before anyone asks; after one claim, two (one for
+    the claim that comes while the refill runs); after a burst, as many as the burst asked
+    for within one refill time, plus one; never more than that."""
+    owner = TEST_OWNER + "-auto"  # (its own: the burst's sandboxes are this test's alone)
+    async with pooled_backend("runc", size=12, max_total=12, ready=0, mode="demand", owner=owner) as backend:
+        pool = backend.pool
+        assert pool is not None
+        await asyncio.sleep(1.2)  # (the refill had its chances)
+        status = pool.status()
+        assert status["ready"] + status["starting"] == 0, status
+
+        def dirs(prefix: str, n: int) -> list[Path]:
+            out = [tmp_path / f"{prefix}{i}" for i in range(n)]
+            for d in out:
+                d.mkdir()
+            return out
+
+        (first,) = dirs("one", 1)
+        await _sh(backend, first, "true")  # a miss (nothing warm): a cold start
+        (cls,) = pool._classes.values()
+        assert pool.target(cls) == 2
+        await wait_ready(backend, 2)
+        await asyncio.sleep(1.2)
+        assert pool.status()["ready"] == 2, pool.status()
+
+        burst = dirs("burst", 6)
+        await asyncio.gather(*(_sh(backend, d, "true") for d in burst))
+        want = pool.target(cls)
+        assert 7 <= want <= 8, (want, cls.demand)  # six at once, plus one (and the first claim, if a refill ago)
+        await wait_ready(backend, want)
+        await asyncio.sleep(1.2)
+        status = pool.status()
+        assert status["ready"] == want and status["starting"] == 0, status
+        # (warm ones, and the claimed that came from the pool; the rest started cold)
+        assert status["claims"] >= 2 and len(await _ours_pooled(backend, owner)) == want + status["claims"]
+
+
 @RUNTIMES
 async def test_plain_gc_removes_unclaimed_and_keeps_claimed(docker_ready: None, workspace: Path, runtime: str) -> None:
     require_runtime(runtime)

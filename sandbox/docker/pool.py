@@ -579,6 +579,8 @@ class WarmPool:
                     "user": f"{c.uid}:{c.gid}",
                     "ready": len(c.ready),
                     "target": self.target(c),
+                    # (what auto sizes by: one warm sandbox's make and the refill's pause)
+                    "refill_ms": round(c.demand.refill_s * 1000),
                     "claims": c.claims,
                     "misses": c.misses,
                     "declined": c.declined,

@@ -56,10 +56,14 @@ def failure(e, cwd, argv):
         kind, code, what = "permission", 126, program
     else:
         kind, code, what = "exec", 126, program
+    text = "%s: %s\n" % (what, e.strerror or e)
+    if e.errno == errno.EAGAIN:
+        # (no process could start: the sandbox's pids limit, taken by its own processes)
+        text = "%s: %s: the sandbox's process limit is reached; end some of its processes\n" % (what, e.strerror)
     return {
         "exit_code": code,
         "stdout": "",
-        "stderr": channel.b64(("%s: %s\n" % (what, e.strerror or e)).encode("utf-8", "replace")),
+        "stderr": channel.b64(text.encode("utf-8", "replace")),
         "outcome": "exit",
         "duration_ms": 0.0,
         "truncated": False,

@@ -19,6 +19,7 @@ zygote goes when its agent goes (its stdin ends); one that died or does not answ
 replaced, and meanwhile a supervisor is started the slow way.
 """
 
+import errno
 import os
 import select
 import signal
@@ -451,7 +452,10 @@ def op_proc_start(req):
         answer = {"ok": False, "error": "the supervisor did not start"}
     if not answer.get("ok"):
         _reap()
-        raise Refused("io", "cannot start the process: %s" % answer.get("error"))
+        error = str(answer.get("error"))
+        if "Errno %d]" % errno.EAGAIN in error:  # (no process could start: the pids limit)
+            error += ": the sandbox's process limit is reached; end some of its processes"
+        raise Refused("io", "cannot start the process: %s" % error)
     forked = answer.get("supervisor")
     if isinstance(forked, int) and not isinstance(forked, bool) and forked not in _started:
         proctree.spare(forked)

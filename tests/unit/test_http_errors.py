@@ -50,6 +50,8 @@ from worker.registry import ToolRegistry
 from worker.service import Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound
 from worker.settings import Settings
 from worker.snapshots.errors import (
+    ScratchError,
+    ScratchLimitError,
     SnapshotDiskFullError,
     SnapshotError,
     SnapshotInUseError,
@@ -93,6 +95,7 @@ SAMPLES: dict[type[Exception], tuple[Exception, int, dict[str, Any]]] = {
     UndoConflictError: (UndoConflictError("changed since", ["a.txt"]), 409, {"conflicts": ["a.txt"]}),
     UndoRefusedError: (UndoRefusedError("tampered"), 409, {}),
     SnapshotInUseError: (SnapshotInUseError("in use", ["f1"]), 409, {"forks": ["f1"]}),
+    ScratchError: (ScratchError("no tar in the image"), 409, {}),
     table.BodyTooLarge: (table.BodyTooLarge("too large"), 413, {}),
     AgentError: (AgentError("a directory", code="is_a_directory"), 409, {"error": "is_a_directory"}),
     table.Unforwardable: (table.Unforwardable("not HTTP/1.1"), 400, {}),
@@ -120,6 +123,7 @@ SUBCLASSES: list[tuple[Exception, int, str]] = [
     (KernelUnavailableError("no ipykernel in the image", missing=["ipykernel"]), 409, "kernel_unavailable"),
     (ChangelogDamagedError(Path("/data/w/changelog.db"), "truncated"), 503, "changelog.db"),
     (ChangesNotRecordedError("ran; changes recorded at the next use"), 503, "next use"),
+    (ScratchLimitError("the sandbox is at its process limit"), 409, "process limit"),
 ]
 
 

@@ -68,6 +68,7 @@ from ..jsontext import finite
 from ..kernels.contexts import CodeArgumentError
 from ..service import Busy, InvalidWorkspaceId, WorkspaceExists, WorkspaceNotFound, encode_json
 from ..snapshots.errors import (
+    ScratchError,
     SnapshotDiskFullError,
     SnapshotError,
     SnapshotInUseError,
@@ -278,6 +279,7 @@ TABLE: tuple[Row, ...] = (
     Row(UndoConflictError, "caller", 409, _conflicts),
     Row(UndoRefusedError, "caller", 409),
     Row(SnapshotInUseError, "caller", 409, _forks),
+    Row(ScratchError, "caller", 409),
     Row(BodyTooLarge, "caller", 413),
     Row(AgentError, "caller", 409, _agent, by_code=AGENT_STATUS),
     Row(Unforwardable, "caller", 400),

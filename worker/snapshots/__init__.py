@@ -11,6 +11,8 @@ mounts: O(1) on ext4), ``index`` (the store's SQLite index and lineage),
 
 from .api import MAX_FORKS, Limits, Restored, Snapshots
 from .errors import (
+    ScratchError,
+    ScratchLimitError,
     SnapshotDiskFullError,
     SnapshotError,
     SnapshotInUseError,
@@ -24,6 +26,8 @@ __all__ = [
     "Fork",
     "Limits",
     "Restored",
+    "ScratchError",
+    "ScratchLimitError",
     "Snapshot",
     "SnapshotDiskFullError",
     "SnapshotError",

@@ -6,7 +6,12 @@
     ├── SnapshotNotFoundError         no snapshot with that id or name (also LookupError)
     ├── SnapshotInUseError            deleting a snapshot that live forks came from (no --force)
     ├── SnapshotLimitError            LOOM_MAX_SNAPSHOTS or LOOM_MAX_SNAPSHOT_BYTES reached:
-    │                                 a refusal, nothing was made
+    │   │                             a refusal, nothing was made
+    │   └── ScratchLimitError         the sandbox's own limits (its processes, the time or
+    │                                 size an archive may take) stopped --with-scratch
+    ├── ScratchError                  the sandbox could not archive its /tmp and $HOME for
+    │                                 another reason of its own (no tar in its image, tar's
+    │                                 own failure): nothing was made
     └── SnapshotDiskFullError         the disk filled during a copy: the partial copy was
                                       removed, the source is untouched (also OSError)
 
@@ -37,6 +42,18 @@ class SnapshotInUseError(SnapshotError):
 
 class SnapshotLimitError(SnapshotError):
     """A configured limit refuses the snapshot; nothing was made."""
+
+
+class ScratchLimitError(SnapshotLimitError):
+    """The sandbox's own limits stopped the archive of its ``/tmp`` and ``$HOME``
+    (``--with-scratch``): its process limit reached, or the time or size the archive may
+    take; nothing was made."""
+
+
+class ScratchError(SnapshotError):
+    """The sandbox could not archive its ``/tmp`` and ``$HOME`` (``--with-scratch``) for a
+    reason of its own: its image has no ``tar``, or ``tar`` failed on what is there;
+    nothing was made."""
 
 
 class SnapshotDiskFullError(SnapshotError, OSError):

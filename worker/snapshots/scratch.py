@@ -19,18 +19,30 @@ from sandbox.capabilities import background
 from sandbox.errors import ConflictError
 from sandbox.spec import HOME_DIR
 
-from .errors import SnapshotError
+from .errors import ScratchError, ScratchLimitError, SnapshotError
 
 #: What the agent keeps in /tmp for itself: never carried to another sandbox.
 _PRIVATE = ("./tmp/.loom-*", "./tmp/loom-*")
+#: A command's outcomes that are the sandbox's limits, and what each says.
+_LIMITS = {
+    "timeout": "it took longer than the archive may",
+    "output_limit": "the archive is larger than a snapshot may carry",
+    "disk_limit": "the sandbox's disk limit",
+    "oom": "the sandbox's memory limit",
+}
+#: What a shell says when no process could start (the pids limit, EAGAIN on fork).
+_NO_PROCESS = ("cannot fork", "resource temporarily unavailable", "fork: retry")
 #: The sandbox's /tmp and $HOME are tmpfs of 256 and 128 MiB by default.
 MAX_BYTES = 1 << 30
 _CHUNK = 1 << 20
 
 
 async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
-    """A tar archive of the sandbox's ``/tmp`` and ``$HOME``. Raises SnapshotError when
-    ``tar`` fails (none in the image), sandbox errors."""
+    """A tar archive of the sandbox's ``/tmp`` and ``$HOME``. Raises ScratchLimitError when
+    the sandbox's limits stop it (its process limit reached: no process could start; the
+    timeout; the archive's size), ScratchError when ``tar`` fails otherwise (none in the
+    image), SnapshotError when the command ended another way (a signal, the sandbox lost),
+    sandbox errors."""
     parts: list[bytes] = []
 
     def take(stream: str, data: bytes) -> None:
@@ -49,10 +61,20 @@ async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
         on_output=take,
     )
     # GNU tar exits 1 when a file changed while it was read (a program still writing).
-    if result.outcome != "exit" or result.exit_code not in (0, 1):
-        err = result.stderr.decode("utf-8", "replace").strip()[-300:]
-        raise SnapshotError(f"cannot archive the sandbox's /tmp and $HOME ({result.outcome}): {err}")
-    return b"".join(parts)
+    if result.outcome == "exit" and result.exit_code in (0, 1):
+        return b"".join(parts)
+    err = result.stderr.decode("utf-8", "replace").strip()[-300:]
+    what = f"cannot archive the sandbox's /tmp and $HOME ({result.outcome}"
+    if result.outcome in _LIMITS:
+        raise ScratchLimitError(f"{what}: {_LIMITS[result.outcome]}){': ' + err if err else ''}")
+    if result.outcome == "exit" and any(s in err.lower() for s in _NO_PROCESS):
+        raise ScratchLimitError(
+            f"{what}): the sandbox is at its process limit (no process could start: {err}); end some of its "
+            "processes (process_list, process_kill) and try again"
+        )
+    if result.outcome == "exit":
+        raise ScratchError(f"{what}, exit code {result.exit_code}): {err}")
+    raise SnapshotError(f"{what}): {err}")
 
 
 async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> None:

@@ -8,12 +8,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sandbox.docker import DockerBackend
 from sandbox.spec import SandboxSpec
 from tests.conftest import POOL_ROOT, REQUIRE_DOCKER, SANDBOX_IMAGE, TEST_OWNER, gvisor_available
+from tests.servers import serve_app
+from worker.http import create_app
 from worker.owner import OWNER_FILE
+from worker.settings import Settings
 
 pytestmark = pytest.mark.docker
 
@@ -32,6 +36,32 @@ async def own_backend(runtime: str = "runc", **spec: object) -> AsyncIterator[Do
     finally:
         await backend.remove_all_started()
         await backend.aclose()
+
+
+@contextlib.asynccontextmanager
+async def served(
+    tmp_path: Path, token: str, workspace: str = "w", runtime: str = "runc", **settings: object
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP service (uvicorn on a free port) on ``runtime``, over a workspace root under
+    ``tmp_path`` holding ``workspace`` owned by uid 1000; an ``httpx.AsyncClient`` at its
+    address with ``token``. Its sandboxes are stopped with it (its lifespan)."""
+    root, data = tmp_path / "root", tmp_path / "data"
+    (root / workspace).mkdir(parents=True)
+    os.chown(root / workspace, 1000, 1000)
+    data.mkdir()
+    (data / OWNER_FILE).write_text(TEST_OWNER + "\n")  # the run's sandboxes are the run's
+    config = Settings(
+        workspace_root=root,
+        data_dir=data,
+        image=SANDBOX_IMAGE,
+        runtime=runtime,
+        catalog=False,
+        api_token=token,
+        **settings,  # type: ignore[arg-type]
+    )
+    headers = {"Authorization": f"Bearer {token}"}
+    async with serve_app(create_app(config)) as url, httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as c:
+        yield c
 
 
 async def wait_ready(backend: DockerBackend, n: int, timeout: float = 60.0) -> dict[str, Any]:

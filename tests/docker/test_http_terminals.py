@@ -8,7 +8,6 @@ protocol's corners on the local backend: tests/unit/test_http_terminals.py."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +16,9 @@ import httpx
 import pytest
 
 from tests import wsclient
-from tests.conftest import SANDBOX_IMAGE, TEST_OWNER
-from tests.docker.conftest import require_runtime
-from tests.servers import serve_app
+from tests.docker.conftest import require_runtime, served
 from tests.unit.test_http_terminals import next_text, read_until
-from worker.http import create_app
 from worker.http.terminals import PROTOCOL
-from worker.owner import OWNER_FILE
-from worker.settings import Settings
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -49,16 +43,8 @@ async def service(request: pytest.FixtureRequest, docker_ready: None, tmp_path: 
     stopped with it (its lifespan)."""
     runtime = str(request.param)
     require_runtime(runtime)
-    root, data = tmp_path / "root", tmp_path / "data"
-    (root / "w").mkdir(parents=True)
-    os.chown(root / "w", 1000, 1000)
-    data.mkdir()
-    (data / OWNER_FILE).write_text(TEST_OWNER + "\n")  # the run's sandboxes are the run's
-    settings = Settings(
-        workspace_root=root, data_dir=data, image=SANDBOX_IMAGE, runtime=runtime, catalog=False, api_token=TOKEN
-    )  # type: ignore[arg-type]
-    async with serve_app(create_app(settings)) as url, httpx.AsyncClient(base_url=url, headers=AUTH, timeout=120) as c:
-        yield Svc(c, root / "w")
+    async with served(tmp_path, TOKEN, runtime=runtime) as c:
+        yield Svc(c, tmp_path / "root" / "w")
 
 
 async def test_a_login_shell_typed_into_resized_and_exited(service: Svc) -> None:

@@ -6,7 +6,6 @@ routes that need none still work, and once those processes end everything works 
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,11 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SANDBOX_IMAGE, TEST_OWNER
-from tests.servers import serve_app
-from worker.http import create_app
-from worker.owner import OWNER_FILE
-from worker.settings import Settings
+from tests.docker.conftest import served
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -41,15 +36,7 @@ time.sleep(600)
 
 @pytest.fixture
 async def api(docker_ready: None, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    root, data = tmp_path / "root", tmp_path / "data"
-    (root / "w").mkdir(parents=True)
-    os.chown(root / "w", 1000, 1000)
-    data.mkdir()
-    (data / OWNER_FILE).write_text(TEST_OWNER + "\n")
-    settings = Settings(
-        workspace_root=root, data_dir=data, image=SANDBOX_IMAGE, runtime="runc", catalog=False, api_token=TOKEN, pids=48
-    )  # type: ignore[arg-type]
-    async with serve_app(create_app(settings)) as url, httpx.AsyncClient(base_url=url, headers=AUTH, timeout=120) as c:
+    async with served(tmp_path, TOKEN, pids=48) as c:
         yield c
 
 

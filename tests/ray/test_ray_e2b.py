@@ -37,9 +37,10 @@ class Front:
     mounts: set[str]  # the paths of E2B's mounted apps (envd's Connect-RPC services)
 
     def require(self, method: str, path: str) -> None:
-        """Skip the test when E2B's API has no such route yet."""
+        """Fail when the nodes do not serve E2B's ``method path`` (every route this test uses
+        is served: a missing one is a regression, never a reason to pass by skipping)."""
         if (method, path) not in self.routes and not any(path.startswith(m + "/") for m in self.mounts):
-            pytest.skip(f"E2B's {method} {path} is not served yet (worker/integrations/e2b)")
+            pytest.fail(f"E2B's {method} {path} is not served by the nodes (worker/integrations/e2b)")
 
 
 @dataclass

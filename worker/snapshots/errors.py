@@ -8,10 +8,11 @@
     ├── SnapshotLimitError            LOOM_MAX_SNAPSHOTS or LOOM_MAX_SNAPSHOT_BYTES reached:
     │   │                             a refusal, nothing was made
     │   └── ScratchLimitError         the sandbox's own limits (its processes, the time or
-    │                                 size an archive may take) stopped --with-scratch
-    ├── ScratchError                  the sandbox could not archive its /tmp and $HOME for
-    │                                 another reason of its own (no tar in its image, tar's
-    │                                 own failure): nothing was made
+    │                                 size an archive may take; at a fork, its /tmp or $HOME
+    │                                 too small for the archive) stopped --with-scratch
+    ├── ScratchError                  the sandbox could not archive its /tmp and $HOME, or a
+    │                                 fork unpack them, for another reason of its own (no tar
+    │                                 in its image, tar's own failure): nothing was made
     └── SnapshotDiskFullError         the disk filled during a copy: the partial copy was
                                       removed, the source is untouched (also OSError)
 
@@ -47,13 +48,14 @@ class SnapshotLimitError(SnapshotError):
 class ScratchLimitError(SnapshotLimitError):
     """The sandbox's own limits stopped the archive of its ``/tmp`` and ``$HOME``
     (``--with-scratch``): its process limit reached, or the time or size the archive may
-    take; nothing was made."""
+    take; or, at a fork, the fork's ``/tmp`` or ``$HOME`` too small for the archive or
+    its unpack too slow. Nothing was made (a fork is removed again)."""
 
 
 class ScratchError(SnapshotError):
-    """The sandbox could not archive its ``/tmp`` and ``$HOME`` (``--with-scratch``) for a
-    reason of its own: its image has no ``tar``, or ``tar`` failed on what is there;
-    nothing was made."""
+    """The sandbox could not archive its ``/tmp`` and ``$HOME`` (``--with-scratch``), or a
+    fork's sandbox unpack them, for a reason of its own: its image has no ``tar``, or
+    ``tar`` failed on what is there; nothing was made (a fork is removed again)."""
 
 
 class SnapshotDiskFullError(SnapshotError, OSError):

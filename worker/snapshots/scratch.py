@@ -12,6 +12,7 @@ The image needs ``tar`` (every Debian-based and busybox image has it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 from sandbox.base import ExecRequest, Sandbox
@@ -79,7 +80,10 @@ async def capture(sandbox: Sandbox, timeout: float = 120.0) -> bytes:
 
 async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> None:
     """Unpack ``archive`` (from :func:`capture`) over the sandbox's ``/tmp`` and ``$HOME``.
-    Raises SnapshotError when ``tar`` fails, sandbox errors."""
+    Raises ScratchLimitError when the sandbox's own limits stop it (its ``/tmp`` or
+    ``$HOME`` full, the time an unpack may take), ScratchError when ``tar`` fails otherwise,
+    sandbox errors (the tar that could not start: its process limit reached, the sandbox
+    lost)."""
     pid = "proc-scratch-" + secrets.token_hex(4)
     procs = background(sandbox)
     await procs.start_process(pid, "tar -C / --no-overwrite-dir -xf -", timeout=timeout)
@@ -98,6 +102,26 @@ async def unpack(sandbox: Sandbox, archive: bytes, timeout: float = 120.0) -> No
         if not out.info.running:
             break
         if loop.time() > deadline:
-            raise SnapshotError("unpacking the scratch archive timed out")
+            with contextlib.suppress(Exception):
+                await procs.process_kill(pid)
+            raise unpack_error("timeout", None, "", timeout)
     if out.info.exit_code != 0:
-        raise SnapshotError(f"cannot unpack the scratch archive: {err.decode('utf-8', 'replace').strip()[-300:]}")
+        raise unpack_error(out.info.outcome, out.info.exit_code, err.decode("utf-8", "replace").strip()[-300:], timeout)
+
+
+#: What tar says when the place it writes to is full (the fork's tmpfs, its size limit).
+_FULL = ("no space left on device", "disk quota exceeded")
+
+
+def unpack_error(outcome: str | None, exit_code: int | None, err: str, timeout: float) -> SnapshotError:
+    """The error for a ``tar`` that could not unpack an archive (its process's ``outcome``,
+    exit code and what it said): ScratchLimitError when the sandbox's own limits stopped
+    it (``timeout`` seconds passed; the fork's ``/tmp`` or ``$HOME`` filled: a fork made
+    with smaller scratch limits than its snapshot's sandbox), ScratchError otherwise."""
+    what = "cannot unpack the scratch archive into the fork's /tmp and $HOME"
+    low = err.lower()
+    if outcome == "timeout":
+        return ScratchLimitError(f"{what}: it took longer than the {timeout:g} s an unpack may")
+    if any(s in low for s in _FULL):
+        return ScratchLimitError(f"{what}: they are too small for it (the sandbox's scratch size limits): {err}")
+    return ScratchError(f"{what} (tar's exit code {exit_code}): {err}")

@@ -85,12 +85,12 @@ def test_no_server_errors(api_schema: schemathesis.BaseSchema, base_url: str) ->
             if params and "workspace_id" in params and case.method.upper() != "DELETE":
                 params["workspace_id"] = "fuzz"
             body = case.body
-            if case.path.endswith("/fork") and isinstance(body, dict) and isinstance(body.get("count"), int):
+            if case.path.endswith("/fork") and isinstance(body, dict) and _valid_many(body.get("count")):
                 # A valid count forks (and starts) that many sandboxes: one fuzzed {"count": 37}
-                # put ~115 gVisor sandboxes on CI's 2 cores and a request past 120 s. Counts
-                # inside the range become 1; those outside it still reach the 422.
-                if 1 < body["count"] <= MAX_FORKS:
-                    body["count"] = 1
+                # put ~115 gVisor sandboxes on CI's 2 cores and a request past 120 s, and so
+                # did {"count": 44.0} (a whole float is a valid integer). Counts inside the
+                # range become 1; those outside it still reach the 422.
+                body["count"] = 1
             response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
             try:
                 assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
@@ -103,6 +103,18 @@ def test_no_server_errors(api_schema: schemathesis.BaseSchema, base_url: str) ->
     assert "POST /v1/workspaces/{workspace_id}/execute" in seen
     assert "POST /v1/workspaces/{workspace_id}/execute/stream" in seen  # it ends: fuzzed like execute
     assert "POST /v1/workspaces/{workspace_id}/tool_calls" in seen
+
+
+def _valid_many(count: object) -> bool:
+    """Whether the service takes ``count`` as a number of forks above one: an int or a
+    whole float (JSON Schema's integer, pydantic's lax int), or a string of one."""
+    if isinstance(count, bool):
+        return False
+    try:
+        n = float(count)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return n.is_integer() and 1 < n <= MAX_FORKS
 
 
 def _remove_forks(base_url: str, forked: dict) -> None:

@@ -283,7 +283,10 @@ class Settings(SandboxSettings, BaseSettings):
         description="Largest request accepted on every surface, refused while it is read: an HTTP body (413 "
         "beyond), an MCP message (stdio and HTTP), a call sent to the CLI's local worker (worker/limits.py).",
     )
-    stop_sandboxes_on_exit: bool = Field(True, description="`serve` stops the sandboxes it used when it shuts down.")
+    stop_sandboxes_on_exit: bool = Field(
+        True,
+        description="`serve` stops the sandboxes it used when it shuts down (`LOOM_MAX_PARALLEL_STARTS` at a time).",
+    )
 
     # -- E2B's API (issue 42; worker/integrations/e2b, docs/e2b.md) -----------------------
     e2b_templates: dict[str, Image] = Field(

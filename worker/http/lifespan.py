@@ -85,7 +85,7 @@ def lifespan(
                 if recon is not None:
                     recon.cancel()
                 if settings.stop_sandboxes_on_exit:
-                    await _stop_opened(reg, runner)
+                    await stop_opened(reg, runner, parallel=settings.max_parallel_starts)
                 service.stop()
                 log.info("service.stopped")
 
@@ -102,7 +102,16 @@ async def stop_sandbox(registry: ServiceRegistry, path: Path) -> bool:
         return False
 
 
-async def _stop_opened(registry: ServiceRegistry, runner: CallRunner) -> None:
-    for path in sorted(runner.opened):
-        await stop_sandbox(registry, path)
-        runner.forget(path)
+async def stop_opened(registry: ServiceRegistry, runner: CallRunner, *, parallel: int) -> None:
+    """Stop every sandbox the service opened, ``parallel`` at a time (bounded like starts:
+    each stop is an engine call, a gVisor one takes seconds under load), and forget each.
+    One at a time, a service holding many workspaces outlasted the grace an orchestrator
+    gives it (350 gVisor forks took minutes) and left the rest running. Never raises."""
+    gate = asyncio.Semaphore(max(1, parallel))
+
+    async def one(path: Path) -> None:
+        async with gate:
+            await stop_sandbox(registry, path)
+            runner.forget(path)
+
+    await asyncio.gather(*(one(p) for p in sorted(runner.opened)))

@@ -1,0 +1,54 @@
+"""``serve``'s shutdown stops every sandbox it opened (``LOOM_STOP_SANDBOXES_ON_EXIT``), side
+by side: none of them is left running for its idle TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.docker.conftest import require_runtime, served
+
+pytestmark = [pytest.mark.docker, pytest.mark.asyncio]
+
+
+def _containers_under(root: Path) -> list[str]:
+    """Our sandboxes whose workspace is under ``root``, running or not."""
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=dev.loom.worker=1",
+            "--format",
+            '{{.Names}} {{.Label "dev.loom.workspace"}}',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [p[0] for p in (line.split() for line in out.splitlines()) if len(p) == 2 and p[1].startswith(str(root))]
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_shutdown_stops_every_sandbox_the_service_opened(
+    docker_ready: None, tmp_path: Path, runtime: str
+) -> None:
+    require_runtime(runtime)
+    root = tmp_path / "root"
+    async with served(tmp_path, "shutdown-token", workspace="w0", runtime=runtime, max_parallel_starts=4) as c:
+        for i in range(1, 6):
+            r = await c.post("/v1/workspaces", json={"name": f"w{i}"})
+            assert r.status_code == 201, r.text
+        answers = await asyncio.gather(
+            *(
+                c.post(f"/v1/workspaces/w{i}/execute", json={"tool": "shell_execute", "arguments": {"command": "true"}})
+                for i in range(6)
+            )
+        )
+        assert all(a.status_code == 200 and a.json()["success"] for a in answers), [a.text[:300] for a in answers]
+        assert len(_containers_under(root)) == 6
+    assert _containers_under(root) == []

@@ -138,6 +138,25 @@ _PROBLEM: str | None = None
 _PROBED = False
 
 
+def sandboxes_under(root: Path) -> list[str]:
+    """The names of loom's sandboxes (running or not) whose workspace is under ``root``."""
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=dev.loom.worker=1",
+            "--format",
+            '{{.Names}} {{.Label "dev.loom.workspace"}}',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [p[0] for p in (line.split() for line in out.splitlines()) if len(p) == 2 and p[1].startswith(str(root))]
+
+
 def require_docker() -> None:
     """Skip (or, under REQUIRE_DOCKER=1, fail) when the engine or image is missing."""
     global _PROBLEM, _PROBED

@@ -4,33 +4,14 @@ by side: none of them is left running for its idle TTL."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import sandboxes_under
 from tests.docker.conftest import require_runtime, served
 
 pytestmark = [pytest.mark.docker, pytest.mark.asyncio]
-
-
-def _containers_under(root: Path) -> list[str]:
-    """Our sandboxes whose workspace is under ``root``, running or not."""
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            "label=dev.loom.worker=1",
-            "--format",
-            '{{.Names}} {{.Label "dev.loom.workspace"}}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [p[0] for p in (line.split() for line in out.splitlines()) if len(p) == 2 and p[1].startswith(str(root))]
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
@@ -50,5 +31,5 @@ async def test_shutdown_stops_every_sandbox_the_service_opened(
             )
         )
         assert all(a.status_code == 200 and a.json()["success"] for a in answers), [a.text[:300] for a in answers]
-        assert len(_containers_under(root)) == 6
-    assert _containers_under(root) == []
+        assert len(sandboxes_under(root)) == 6
+    assert sandboxes_under(root) == []

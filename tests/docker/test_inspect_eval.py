@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SANDBOX_IMAGE, require_docker
+from tests.conftest import SANDBOX_IMAGE, require_docker, sandboxes_under
 from tests.docker.conftest import require_runtime
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -41,27 +41,6 @@ def _config(tmp_path: Path, source: Path) -> Path:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "LOOM_DATA_DIR": str(tmp_path / "data"), "INSPECT_LOG_DIR": str(tmp_path / "logs")}
-
-
-def _containers_of(root: Path) -> list[str]:
-    """Our sandboxes whose workspace is under ``root``, running or not."""
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            "label=dev.loom.worker=1",
-            "--format",
-            '{{.Names}} {{.Label "dev.loom.workspace"}}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [
-        line.split()[0] for line in out.splitlines() if len(line.split()) == 2 and line.split()[1].startswith(str(root))
-    ]
 
 
 @pytest.mark.parametrize("config", ["loom.yaml", "loom-gvisor.yaml"], ids=["runc", "runsc"])
@@ -106,7 +85,7 @@ def test_the_example_eval_runs_with_inspect_eval(tmp_path: Path, config: str) ->
     fixed = [str(t.result) for t in samples["sub"].events if t.event == "tool"][-1]
     assert "OK" in fixed
     # Every sample's sandbox and workspace is gone.
-    assert _containers_of(tmp_path) == []
+    assert sandboxes_under(tmp_path) == []
     assert list((tmp_path / "workspaces").iterdir()) == []
 
 
@@ -134,9 +113,9 @@ def test_ctrl_c_during_a_sample_leaves_no_sandbox(tmp_path: Path) -> None:
         # Wait until the sample's command runs in its sandbox.
         while time.monotonic() < deadline and proc.poll() is None:
             started = list((tmp_path / "workspaces").glob("*"))
-            if started and _containers_of(tmp_path):
+            if started and sandboxes_under(tmp_path):
                 out = subprocess.run(
-                    ["docker", "exec", _containers_of(tmp_path)[0], "cat", "/tmp/started"],
+                    ["docker", "exec", sandboxes_under(tmp_path)[0], "cat", "/tmp/started"],
                     capture_output=True,
                 )
                 if out.returncode == 0:
@@ -155,7 +134,7 @@ def test_ctrl_c_during_a_sample_leaves_no_sandbox(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert _containers_of(tmp_path) == []
+    assert sandboxes_under(tmp_path) == []
     assert list((tmp_path / "workspaces").iterdir()) == []
 
 
@@ -174,7 +153,7 @@ async def test_inspect_sandbox_cleanup_removes_what_a_run_left(tmp_path: Path) -
     workspace = envs["default"].as_type(LoomSandboxEnvironment).workspace
     await provider.task_cleanup("left", config, False)  # as --no-sandbox-cleanup leaves it
     try:
-        assert len(_containers_of(tmp_path)) == 1
+        assert len(sandboxes_under(tmp_path)) == 1
         run = await asyncio.to_thread(
             subprocess.run,
             [str(INSPECT), "sandbox", "cleanup", "loom", str(workspace)],
@@ -185,7 +164,7 @@ async def test_inspect_sandbox_cleanup_removes_what_a_run_left(tmp_path: Path) -
             timeout=120,
         )
         assert run.returncode == 0, run.stdout + run.stderr
-        assert _containers_of(tmp_path) == []
+        assert sandboxes_under(tmp_path) == []
     finally:
         lifecycle._outstanding.pop(workspace, None)  # (nothing left for this process's exit hook)
 
@@ -212,7 +191,7 @@ async def test_several_services_a_workspace_each_and_config_files(tmp_path: Path
     try:
         assert list(envs) == ["default", "db"]  # the default first
         default, db = envs["default"].as_type(LoomSandboxEnvironment), envs["db"].as_type(LoomSandboxEnvironment)
-        assert default.workspace != db.workspace and len(_containers_of(tmp_path)) == 2
+        assert default.workspace != db.workspace and len(sandboxes_under(tmp_path)) == 2
         assert await default.read_file("data/fixture.bin", text=False) == b"\x00fixture\xff"
         await default.write_file("only-here.txt", "x")
         assert not (await db.exec(["test", "-e", "only-here.txt"])).success
@@ -222,5 +201,5 @@ async def test_several_services_a_workspace_each_and_config_files(tmp_path: Path
     finally:
         await provider.sample_cleanup("multi", config, envs, False)
         await provider.task_cleanup("multi", config, True)
-    assert _containers_of(tmp_path) == []
+    assert sandboxes_under(tmp_path) == []
     assert list((tmp_path / "workspaces").iterdir()) == []

@@ -509,9 +509,10 @@ class PullWatcher(Protocol):
 class StatusReporter(Protocol):
     """A backend that can report a workspace's sandbox without starting it."""
 
-    async def status(self, workspace: Path) -> dict[str, Any] | None:
-        """The workspace's sandbox now (``running``, image, runtime, limits, usage), or
-        None when it has none. Raises DaemonUnavailableError."""
+    async def status(self, workspace: Path, *, usage: bool = True) -> dict[str, Any] | None:
+        """The workspace's sandbox now (``running``, image, runtime, limits, and with
+        ``usage`` its CPU and memory in use, which may take the engine a second to sample),
+        or None when it has none. Raises DaemonUnavailableError."""
         ...
 
 

@@ -112,12 +112,12 @@ class Status:
         self._engine = engine
         self._cpu_seen: dict[str, tuple[int, float]] = {}  # container id -> (CPU ns, monotonic s)
 
-    async def of(self, container: Any) -> dict[str, Any] | None:
+    async def of(self, container: Any, *, usage: bool = True) -> dict[str, Any] | None:
         """A workspace's container as it is now, without starting one (None when it has
-        none): its state, image, runtime and limits, and while it runs its CPU (percent
-        of one CPU since this backend last looked; two looks 0.1 s apart the first time)
-        and memory in use (page cache it can drop not counted, as ``docker stats``).
-        Raises DaemonUnavailableError."""
+        none): its state, image, runtime and limits, and while it runs and ``usage`` is
+        asked for, its CPU (percent of one CPU since this backend last looked; two looks
+        0.1 s apart the first time) and memory in use (page cache it can drop not counted,
+        as ``docker stats``; None without ``usage``). Raises DaemonUnavailableError."""
         if container is None:
             return None
         attrs = container.attrs or {}
@@ -138,7 +138,7 @@ class Status:
             },
             "usage": None,
         }
-        if out["running"]:
+        if out["running"] and usage:
             out["usage"] = await self._usage(container)
         return out
 

@@ -35,12 +35,10 @@ from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from sandbox.base import StatusReporter
-
 from .. import kernels
 from ..jsontext import json_line
 from . import errors
-from .common import CALL_ERRORS, WS_ERRORS, StrictModel, WorkspaceId
+from .common import CALL_ERRORS, WS_ERRORS, StrictModel, WorkspaceId, sandbox_runs
 from .state import ServiceDep
 
 router = APIRouter(tags=["code"])
@@ -106,11 +104,8 @@ async def list_contexts(service: ServiceDep, workspace_id: WorkspaceId) -> Conte
     """The workspace's code contexts, oldest first. Never starts a sandbox."""
     path = await service.workspaces.locate(workspace_id)
     registry = service.local
-    backend = registry.backend
-    if isinstance(backend, StatusReporter):
-        found = await backend.status(path)
-        if not found or not found.get("running"):
-            return ContextList(contexts=[])
+    if not await sandbox_runs(registry.backend, path):
+        return ContextList(contexts=[])
     return ContextList(contexts=[_out(c) for c in await registry.sandbox(path).code_contexts()])
 
 

@@ -8,11 +8,14 @@ not HTTP errors.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+
+from sandbox.base import StatusReporter
 
 from ..jsontext import finite
 from ..service import WORKSPACE_ID_PATTERN, encode_json
@@ -56,3 +59,14 @@ ERRORS: Responses = {
 WS_ERRORS: Responses = {**ERRORS, 404: {"model": Problem, "description": "No such workspace"}}
 #: Routes that run a tool call.
 CALL_ERRORS: Responses = {**WS_ERRORS, 429: {"model": Problem, "description": "Too many concurrent calls"}}
+
+
+async def sandbox_runs(backend: object, path: Path) -> bool:
+    """Whether the workspace's sandbox runs now, asked without starting one and without
+    sampling its usage (a second of the engine's time per look: a listing of terminals,
+    processes or code contexts needs none). A backend that cannot tell: True (its own
+    calls then answer). Raises DaemonUnavailableError."""
+    if not isinstance(backend, StatusReporter):
+        return True
+    found = await backend.status(path, usage=False)
+    return bool(found and found.get("running"))

@@ -28,13 +28,13 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from sandbox.base import ProcessInfo, StatusReporter
+from sandbox.base import ProcessInfo
 from sandbox.capabilities import background
 from sandbox.errors import AgentError, SandboxError
 
 from ..service import result_dict
 from ..tools.processes import cursor_text, parse_cursor
-from .common import WS_ERRORS, WorkspaceId
+from .common import WS_ERRORS, WorkspaceId, sandbox_runs
 from .errors import Gone, Invalid
 from .state import Service, ServiceDep
 
@@ -81,11 +81,8 @@ async def running_sandbox(service: Service, workspace_id: str) -> Any:
     Raises InvalidWorkspaceId, WorkspaceNotFound, SandboxError."""
     path = await service.workspaces.locate(workspace_id)
     registry = service.local
-    backend = registry.backend
-    if isinstance(backend, StatusReporter):
-        found = await backend.status(path)
-        if not found or not found.get("running"):
-            return None
+    if not await sandbox_runs(registry.backend, path):
+        return None
     return (await registry.workspace(path)).sandbox
 
 

@@ -55,14 +55,14 @@ from fastapi import Path as PathParam
 from pydantic import Field
 from starlette.websockets import WebSocketDisconnect
 
-from sandbox.base import ProcessInfo, StatusReporter
+from sandbox.base import ProcessInfo
 from sandbox.errors import AgentError, TunnelClosedError
 from sandbox.logs import get_logger
 
 from ..auth import accept_subprotocol
 from ..harness.handle import SandboxHandle
 from ..terminals import MAX_SIZE, MIN_SIZE, Terminal, TerminalArgumentError, signal_number
-from .common import WS_ERRORS, StrictModel, WorkspaceId
+from .common import WS_ERRORS, StrictModel, WorkspaceId, sandbox_runs
 from .errors import Gone, Invalid, status_of
 from .state import Service, ServiceDep, service_of
 
@@ -135,11 +135,8 @@ async def _handle(service: Service, workspace_id: str) -> SandboxHandle | None:
     SandboxError, NotHeldHere."""
     path: Path = await service.workspaces.locate(workspace_id)
     registry = service.local
-    backend = registry.backend
-    if isinstance(backend, StatusReporter):
-        found = await backend.status(path)
-        if not found or not found.get("running"):
-            return None
+    if not await sandbox_runs(registry.backend, path):
+        return None
     return registry.sandbox(path)
 
 

@@ -98,6 +98,8 @@ def test_no_server_errors(api_schema: schemathesis.BaseSchema, base_url: str) ->
             finally:
                 if case.path.endswith("/fork") and response.status_code == 201:
                     _remove_forks(base_url, response.json())
+                if case.method.upper() in ("POST", "PUT", "PATCH"):
+                    _end_started(base_url)
 
         run()
     assert "POST /v1/workspaces/{workspace_id}/execute" in seen
@@ -134,6 +136,39 @@ def _remove_forks(base_url: str, forked: dict) -> None:
         assert r.status_code == 200, r.text[:500]
 
 
+def _end_started(base_url: str) -> None:
+    """End what a fuzzed case left running in "fuzz": terminals (a login shell each),
+    code contexts (a kernel and its threads each) and background processes (a fuzzed
+    ``process_start``) are all valid requests that outlive them, and a run's worth of
+    them, under a pids limit a fuzzed PATCH may have lowered, once filled the sandbox's
+    process limit so the last test's ``echo`` could not fork. Each must end when asked."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    base = f"{base_url}/v1/workspaces/fuzz"
+    ended: list[httpx.Response] = []
+    with httpx.Client(headers=auth, timeout=120) as client:
+        for t in _listed(client, f"{base}/terminals", "terminals"):
+            if t["running"]:
+                ended.append(client.delete(f"{base}/terminals/{t['id']}"))
+        for c in _listed(client, f"{base}/code/contexts", "contexts"):
+            ended.append(client.delete(f"{base}/code/contexts/{c['id']}"))
+        for p in _listed(client, f"{base}/processes", "processes"):
+            if p["running"]:
+                ended.append(client.post(f"{base}/processes/{p['id']}/kill", json={"signal": "KILL"}))
+    for r in ended:  # 404: it ended between the listing and the request
+        assert r.status_code in (200, 204, 404), (r.request.method, r.request.url, r.text[:500])
+
+
+_RUNNING = (("terminals", "terminals"), ("code/contexts", "contexts"), ("processes", "processes"))
+
+
+def _listed(client: httpx.Client, url: str, key: str) -> list[dict]:
+    r = client.get(url)
+    if r.status_code == 404:  # a fuzzed DELETE removed "fuzz"
+        return []
+    assert r.status_code == 200, (url, r.text[:500])
+    return list(r.json()[key])
+
+
 def test_fuzzed_workspace_still_answers(base_url: str) -> None:
     r = httpx.post(
         f"{base_url}/v1/workspaces/fuzz/execute",
@@ -143,4 +178,8 @@ def test_fuzzed_workspace_still_answers(base_url: str) -> None:
     )
     assert r.status_code in (200, 404)  # a fuzzed DELETE may have removed it
     if r.status_code == 200:
-        assert "alive" in r.json()["output"]
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+            left = {  # what still runs there, should it not answer
+                key: _listed(client, f"{base_url}/v1/workspaces/fuzz/{where}", key) for where, key in _RUNNING
+            }
+        assert "alive" in r.json()["output"], (r.json(), left)

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import require_docker
+from tests.conftest import require_docker, sandboxes_under
 from tests.images import remove_image
 from tests.servers import free_port
 
@@ -46,24 +46,6 @@ SECRET_MARKER = "sekret-file-content-" + secrets.token_hex(4)
 COMPOSE = str(Path(sys.executable).parent / "docker-compose")
 #: This machine's extra CAs (the TLS-intercepting proxy's), as scripts/compose-setup.sh finds them.
 HOST_CAS = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
-
-
-def sandboxes_for(root: Path) -> list[str]:
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            "label=dev.loom.worker=1",
-            "--format",
-            '{{.Names}} {{.Label "dev.loom.workspace"}}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [line for line in out.splitlines() if str(root) in line]
 
 
 class Api:
@@ -146,9 +128,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Path,
         finally:
             for image in images.values():
                 remove_image(image)
-            leftover = sandboxes_for(root)
-            for line in leftover:  # clean up even when the assertion below fails
-                subprocess.run(["docker", "rm", "-f", line.split()[0]], capture_output=True)
+            leftover = sandboxes_under(root)
+            for name in leftover:  # clean up even when the assertion below fails
+                subprocess.run(["docker", "rm", "-f", name], capture_output=True)
             assert leftover == [], f"sandbox containers left behind: {leftover}"
 
 
@@ -212,7 +194,7 @@ def test_scripted_agent_session(stack: tuple[Api, Path, Compose]) -> None:
     metrics = api.http.get("/metrics").text
     assert 'loom_tool_calls_total{outcome="ok",tool="edit_file"} 1.0' in metrics
     assert "loom_sandboxes_live 1.0" in metrics
-    assert len(sandboxes_for(root)) == 1
+    assert len(sandboxes_under(root)) == 1
 
     # Structured JSON logs: every call with workspace, tool, call id; never file contents.
     stdout, stderr = compose.get_logs("worker")
@@ -231,13 +213,13 @@ def test_delete_workspace_stops_its_sandbox(stack: tuple[Api, Path, Compose]) ->
     api, root, _ = stack
     assert api.http.post("/v1/workspaces", json={"name": "tmp1"}).status_code == 201
     assert "hello" in api.tool_calls("tmp1", ("x", "shell_execute", {"command": "echo hello"}))[0]
-    assert any("tmp1" in line for line in sandboxes_for(root))
+    assert sandboxes_under(root / "tmp1")
     r = api.http.delete("/v1/workspaces/tmp1", params={"delete_files": "true"})
     assert r.status_code == 200 and r.json()["sandbox_stopped"] is True
     deadline = time.monotonic() + 30
-    while any("tmp1" in line for line in sandboxes_for(root)) and time.monotonic() < deadline:
+    while sandboxes_under(root / "tmp1") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any("tmp1" in line for line in sandboxes_for(root))
+    assert not sandboxes_under(root / "tmp1")
     assert not (root / "tmp1").exists()
 
 

@@ -27,6 +27,7 @@ from tests.servers import free_port
 from worker.http import create_app
 from worker.settings import Settings
 from worker.snapshots import MAX_FORKS
+from worker.workspace_settings import WorkspaceSettings
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -170,16 +171,18 @@ def _listed(client: httpx.Client, url: str, key: str) -> list[dict]:
 
 
 def test_fuzzed_workspace_still_answers(base_url: str) -> None:
-    r = httpx.post(
-        f"{base_url}/v1/workspaces/fuzz/execute",
-        json={"tool": "shell_execute", "arguments": {"command": "echo alive"}},
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=60,
-    )
-    assert r.status_code in (200, 404)  # a fuzzed DELETE may have removed it
-    if r.status_code == 200:
-        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client:
+        # Fuzzed PATCHes may have left "fuzz" any valid settings (a pids limit of 16, a tenth
+        # of a CPU, an image this machine lacks): back to the defaults, then it must answer.
+        reset = client.patch(f"{base_url}/v1/workspaces/fuzz", json=dict.fromkeys(WorkspaceSettings.model_fields))
+        assert reset.status_code in (200, 404), reset.text[:500]  # 404: a fuzzed DELETE removed it
+        r = client.post(
+            f"{base_url}/v1/workspaces/fuzz/execute",
+            json={"tool": "shell_execute", "arguments": {"command": "echo alive"}},
+        )
+        assert r.status_code == reset.status_code, r.text[:500]
+        if r.status_code == 200:
             left = {  # what still runs there, should it not answer
                 key: _listed(client, f"{base_url}/v1/workspaces/fuzz/{where}", key) for where, key in _RUNNING
             }
-        assert "alive" in r.json()["output"], (r.json(), left)
+            assert "alive" in r.json()["output"], (r.json(), left)

@@ -100,6 +100,8 @@ async def test_overlay_forks_are_independent_and_leave_the_snapshot_alone(
         # A snapshot of an overlay fork (its merged tree), and a fork of that: overlays nest.
         s2 = await snaps.create(a, "child")
         (c,) = await snaps.fork(s2.id)
+        # beside fork a and named after it (not "_data-fork-..." in the engine's volume directory)
+        assert c.parent == a.parent and c.name.startswith(f"{a.name[:40]}-fork-"), c
         assert (await sh(reg, c, "cat lib/sub/mod.py new.txt")).split() == ["X", "=", "1", "2", "new"]
         assert s2.parent == snap.id
         # Restore fork a to the base snapshot, through its sandbox.
@@ -245,7 +247,16 @@ async def test_overlay_forks_over_http_are_the_services_workspaces(env: tuple[An
             f"/v1/workspaces/{g['id']}/execute", json={"tool": "read_file", "arguments": {"path": "a.txt"}}
         )
         assert r.status_code == 200 and "two" in r.text, r.text
-        for w in (fid, g["id"]):
+        # A fork of the fork as it is now (no snapshot given): named after the fork, not "_data".
+        r = await c.post(f"/v1/workspaces/{fid}/fork", json={"count": 1})
+        assert r.status_code == 201, r.text
+        (h,) = r.json()["workspaces"]
+        assert h["id"].startswith(f"{fid}-") and Path(h["path"]) == root.resolve() / h["id"], h
+        r = await c.post(
+            f"/v1/workspaces/{h['id']}/execute", json={"tool": "read_file", "arguments": {"path": "a.txt"}}
+        )
+        assert r.status_code == 200 and "two" in r.text, r.text
+        for w in (fid, g["id"], h["id"]):
             r = await c.delete(f"/v1/workspaces/{w}?delete_files=true")
             assert r.status_code == 200, r.text
         assert not os.path.lexists(fpath) and fid not in [w["id"] for w in (await c.get("/v1/workspaces")).json()]

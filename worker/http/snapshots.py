@@ -176,7 +176,7 @@ async def fork(request: Request, workspace_id: WorkspaceId, body: ForkRequest) -
                 snap = await snaps.create(path, "fork-base")
         else:
             snap = await _own(snaps, workspaces, body.snapshot, path)
-        base = Path(snap.workspace).name[:48]
+        base = Path(await snaps.shown_path(snap.workspace)).name[:48]  # an overlay fork's: its id, not "_data"
         names = [f"{base}-{secrets.token_hex(3)}" for _ in range(body.count)]
         made = await snaps.fork(snap.id, body.count, into=workspaces.root, names=names)
         # an overlay fork's files show on the host while its sandbox runs (stopped at exit)

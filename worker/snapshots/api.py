@@ -249,13 +249,16 @@ class Snapshots:
         snap = await self.get(ref, workspace)
         if snap.deleted is not None:
             raise SnapshotNotFoundError(f"snapshot {snap.id} was deleted")
-        parent = Path(into) if into is not None else Path(snap.workspace).parent
+        # An overlay fork's snapshot names the engine's mountpoint (".../volumes/<v>/_data"):
+        # its forks go beside, and are named after, the directory it was asked for.
+        shown = Path(await self.shown_path(snap.workspace))
+        parent = Path(into) if into is not None else shown.parent
         parent = parent.expanduser().resolve()
         if into is not None and not os.path.lexists(parent):
             await asyncio.to_thread(parent.mkdir, 0o755, True)  # (parents=True) `--into ./attempts`, made
         if not parent.is_dir():
             raise NotADirectoryError(f"{parent} is not a directory")
-        base = Path(snap.workspace).name[:40]
+        base = shown.name[:40]
         dests = [parent / (names[i] if names else f"{base}-fork-{secrets.token_hex(3)}") for i in range(count)]
         for d in dests:
             if os.path.lexists(d):

@@ -229,6 +229,15 @@ def test_snapshots_and_forks(e2b_server_runtime: E2BServer) -> None:
             made.append(copy)
             assert copy.get_info().template_id == template
             assert run(api, copy.sandbox_id, "cat app/data.txt")["stdout"] == "v1\n"
+        # A snapshot of a sandbox made from one (an overlay fork on an ext4 host, whose own
+        # path is the engine's mountpoint): listed under that sandbox, and a template.
+        child = made[0].create_snapshot(name="e2b-child")
+        listed = Sandbox.list_snapshots(sandbox_id=made[0].sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [child.snapshot_id]
+        grand = Sandbox.create("e2b-child")
+        made.append(grand)
+        assert run(api, grand.sandbox_id, "cat app/data.txt")["stdout"] == "v1\n"
+        assert Sandbox.delete_snapshot(child.snapshot_id) is True
 
         run(api, sbx.sandbox_id, "echo v2 > app/data.txt")
         forks = sbx.fork(count=2, timeout=60)

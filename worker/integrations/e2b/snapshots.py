@@ -55,8 +55,12 @@ def info_json(snap: Snapshot) -> dict[str, Any]:
     return {"snapshotID": snap.id, "names": [snap.name] if snap.name else []}
 
 
-def _ours(service: Service, snap: Snapshot) -> bool:
-    return Path(snap.workspace).parent == service.workspaces.root and snap.deleted is None
+async def _ours(service: Service, snap: Snapshot) -> Snapshot | None:
+    """``snap`` as users see it (a sandbox made from a snapshot is an overlay fork on an
+    ext4 host: named by its directory under the root, not the engine's mountpoint), when
+    it is a live snapshot of one of the service's workspaces; else None."""
+    snap = await service.snapshots.shown(snap)
+    return snap if Path(snap.workspace).parent == service.workspaces.root and snap.deleted is None else None
 
 
 async def find(service: Service, ref: str) -> Snapshot | None:
@@ -68,8 +72,8 @@ async def find(service: Service, ref: str) -> Snapshot | None:
             snap = await service.snapshots.get(name)
         except (SnapshotNotFoundError, ValueError):
             continue
-        if _ours(service, snap):
-            return snap
+        if (ours := await _ours(service, snap)) is not None:
+            return ours
     return None
 
 
@@ -125,7 +129,7 @@ async def list_snapshots(request: Request) -> Response:
     service = plane.service
     params = request.query_params
     of, name = params.get("sandboxID") or None, params.get("name") or None
-    found = [s for s in await service.snapshots.list() if _ours(service, s)]
+    found = [ours for s in await service.snapshots.list() if (ours := await _ours(service, s)) is not None]
     if of is not None:
         found = [s for s in found if Path(s.workspace).name == of]
     if name is not None:

@@ -81,7 +81,7 @@ class NodeSnapshots(NodeApp):
                 from ...snapshots import SnapshotNotFoundError
 
                 raise SnapshotNotFoundError(f"no snapshot {ref!r}")
-        return snap.id, Path(snap.workspace).name
+        return snap.id, Path(await snaps.shown_path(snap.workspace)).name  # an overlay fork's: its own name
 
     async def fork(self, snapshot: str, names: list[str]) -> list[str]:
         """``Snapshots.fork`` of ``snapshot`` into this node's workspace root, one fork

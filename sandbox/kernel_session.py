@@ -91,7 +91,7 @@ def missing_message(missing: list[str], python: str) -> str:
         "Use an image that has them (the default loom-sandbox:latest does; in a Debian Dockerfile: "
         "`RUN apt-get install -y python3-ipykernel python3-jupyter-client`, or "
         "`RUN pip install ipykernel jupyter_client`), or install them into this sandbox: allow PyPI "
-        "(`loom-worker workspace set -w DIR egress='[\"pypi\"]'`), then "
+        "(`loom-worker workspace set -w DIR --egress pypi`), then "
         "`pip install --user --break-system-packages ipykernel jupyter_client` (they last until the "
         "sandbox is replaced)."
     )

@@ -4,7 +4,7 @@ harness (``loom-worker shell``, the dashboard's Terminal tab, the WebSocket rout
 
 A terminal is a background process of the workspace started on a terminal (see
 ``sandbox/agent/supervisor.py``): it has an id (``term-...``), counts against the
-workspace's background processes (``LOOM_MAX_BACKGROUND``) and the sandbox's limits, and
+workspace's background processes (``LOOM_MAX_PROCESSES``) and the sandbox's limits, and
 outlives the connection that opened it: :func:`attach` reattaches with its recent output
 (the scrollback) replayed. It ends when its program exits, when it is killed, after
 :data:`DETACHED_IDLE` seconds with no client attached and nothing typed, or with the

@@ -94,7 +94,9 @@ class OpenBody(StrictModel):
 
 class TerminalInfo(StrictModel):
     id: str
-    command: str = Field(description="What runs in it, as one line (empty: the login shell).")
+    command: str = Field(
+        description="What runs in it, as one line (the login shell's, e.g. `/bin/bash -l`, when none was given)."
+    )
     cols: int
     rows: int
     pid: int | None = None

@@ -4,7 +4,7 @@ a context runs in (the language's default context, created at its first use).
 A context is a kernel (:mod:`sandbox.kernels`) run as a background process of the
 workspace named by the context's id (``ctx-...``; the default Python context is
 ``ctx-python``): it counts against the workspace's background processes
-(``LOOM_MAX_BACKGROUND``) and the sandbox's limits, and ends with the sandbox (a new
+(``LOOM_MAX_PROCESSES``) and the sandbox's limits, and ends with the sandbox (a new
 sandbox has no contexts; the default one is made again at its first use). What its kernel
 changes in the workspace between executions is recorded as the context's (``undo --call
 ctx-...``); during an execution, as the execution's (see :mod:`.execute`).

@@ -137,6 +137,8 @@ def read_outputs(path: Path) -> dict[str, str]:
         ({"agent": "command", "command": "sh", "max_cost": "nan"}, "max-cost"),
         ({"agent": "command", "command": "sh", "runtime": "kata"}, "runtime"),
         ({"agent": "command", "command": "sh", "base_url": "ftp://x"}, "base-url"),
+        ({"agent": "command", "command": "sh", "base_url": "http://llm.example"}, "base-url"),  # agent run's rule
+        ({"agent": "command", "command": "sh", "key_env": "K", "key_host": "*.example", "api_key": "v"}, "key-host"),
         ({"agent": "command", "command": "sh", "agent_args": "'x"}, "agent-args"),
     ],
 )

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ghio
+from . import ghio, providers
 
 #: The inputs this entry point reads (action.yml maps each to ``INPUT_*`` in its step).
 INPUTS = (
@@ -74,7 +74,6 @@ PROVIDER_KEYS = {"claude": ("anthropic-api-key", "ANTHROPIC_API_KEY"), "codex": 
 RUNTIMES = ("runc", "runsc")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HOST = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$")
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smh]?)$")
 _DIFF_FILE = re.compile(r"^diff --git a/(.+?) b/(.+)$", re.MULTILINE)
 
@@ -203,8 +202,11 @@ def parse_inputs(env: Mapping[str, str]) -> Inputs:
         raise InputError("key-env", f"{key_env!r} is not an environment variable name")
     if bool(key_env) != bool(key_host):
         raise InputError("key-host" if key_env else "key-env", "key-env and key-host go together")
-    if key_host and not _HOST.match(key_host):
-        raise InputError("key-host", f"{key_host!r} is not a host name (host or host:port)")
+    if key_env and key_host:
+        try:  # `agent run`'s own check (named hosts only: no wildcard), before anything runs
+            providers.custom(key_env, key_host)
+        except providers.ProviderError as e:
+            raise InputError("key-host", str(e).removeprefix("--key-host: ")) from None
     if api_key and not key_env:
         raise InputError("api-key", "needs key-env and key-host (which variable, for which host)")
     if key_env:
@@ -214,8 +216,11 @@ def parse_inputs(env: Mapping[str, str]) -> Inputs:
         keys[key_env] = value
 
     base_url = get("base-url") or None
-    if base_url and not re.match(r"^https?://[^\s/]+", base_url):
-        raise InputError("base-url", f"{base_url!r} is not an http(s) URL")
+    if base_url:
+        try:  # `agent run`'s own check: https only (a key is never sent over plain HTTP)
+            providers.host_of_url(base_url)
+        except providers.ProviderError as e:
+            raise InputError("base-url", str(e).removeprefix("--base-url: ")) from None
     egress = [e.strip() for e in re.split(r"[,\s]+", get("egress")) if e.strip()]
     runtime = get("runtime") or None
     if runtime and runtime not in RUNTIMES:

@@ -11,7 +11,7 @@ import json
 import stat
 import urllib.parse
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from sandbox.spec import SandboxSpec
 from tests.unit.test_http import running
 from worker.http.changelog import ChangelogPool
 from worker.integrations.e2b import routes
-from worker.integrations.e2b.answers import E2BError
+from worker.integrations.e2b.answers import E2BError, error, translate
 from worker.integrations.e2b.conventions import (
     NewSandbox,
     egress_of,
@@ -38,7 +38,9 @@ from worker.integrations.e2b.plane import plane_of
 from worker.integrations.e2b.records import RecordStore, SandboxRecord
 from worker.integrations.e2b.target import SandboxNotFound, target_of
 from worker.registry import ToolRegistry
+from worker.service import Busy
 from worker.settings import Settings
+from worker.snapshots.errors import SnapshotLimitError
 from worker.workspace_settings import Caps, Configs, SettingsStore, WorkspaceSettings, parse
 
 # -- the records ------------------------------------------------------------------------------
@@ -295,6 +297,43 @@ async def test_the_older_paths_and_the_newer_ones(e2b: Any) -> None:
         r = await c.request(method, path)
         assert (r.status_code, r.json()["code"]) == (405, 405), (path, r.text)
         assert "allowed: GET" in r.json()["message"] and "GET" in r.headers["allow"]
+
+
+async def test_connect_and_resume_give_e2b_s_default_lifetimes(e2b: Any) -> None:
+    """A connect without a timeout gives 300 s (E2B's ConnectSandbox default: the SDK sends
+    none), the older resume 15 s (ResumedSandbox); X-Total-Running only when running
+    sandboxes were asked for; a limit's 429 says not to retry (E2B's SDKs retry one that
+    does not say)."""
+    c = e2b.client
+
+    async def left(sid: str) -> float:
+        end = (await c.get(f"/sandboxes/{sid}")).json()["endAt"]
+        return (datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
+
+    sid = (await c.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]  # 15 s
+    assert await left(sid) <= 15
+    r = await c.post(f"/v2/sandboxes/{sid}/connect", json={})
+    assert r.status_code == 200, r.text
+    assert 240 < await left(sid) <= 300
+    assert (await c.post(f"/sandboxes/{sid}/pause")).status_code == 204
+    r = await c.get("/v2/sandboxes", params={"state": "paused"})
+    assert [s["sandboxID"] for s in r.json()] == [sid] and "x-total-running" not in r.headers
+    assert (await c.get("/v2/sandboxes")).headers["x-total-running"] == "0"
+    r = await c.post(f"/sandboxes/{sid}/resume", json={})
+    assert r.status_code == 201, r.text
+    assert 0 < await left(sid) <= 15
+    assert (await c.delete(f"/sandboxes/{sid}")).status_code == 204
+    limit = error_of(SnapshotLimitError("at most 2 snapshots (LOOM_MAX_SNAPSHOTS)"))
+    assert (limit.status_code, limit.headers["should-retry"]) == (429, "false")
+    busy = error_of(Busy("calls at once"))
+    assert busy.status_code == 429 and "should-retry" not in busy.headers
+
+
+def error_of(e: Exception) -> Any:
+    """The answer the E2B routes give for ``e``."""
+    known = translate(e)
+    assert known is not None
+    return error(known.status, known.message, retry=known.retry)
 
 
 async def test_a_workspace_of_loom_s_own_api_is_a_sandbox_too(e2b: Any) -> None:

@@ -319,6 +319,9 @@ class TestLimits:
             with pytest.raises(SandboxException) as e:
                 Sandbox.create()
             assert e.value.status_code == 429 and "LOOM_E2B_MAX_SANDBOXES" in str(e.value)
+            # final: E2B's SDKs retry a 429 that does not say otherwise
+            r = api.post("/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": e2b_server.token})
+            assert (r.status_code, r.headers.get("should-retry")) == (429, "false"), r.text
 
             def egress(s: Sandbox) -> list[str]:
                 return list(api.get(f"/v1/workspaces/{s.sandbox_id}").json()["effective"]["egress"])

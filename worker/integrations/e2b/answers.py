@@ -57,10 +57,13 @@ MIB = 1 << 20
 class E2BError(Exception):
     """An answer in E2B's error shape: ``status`` and a message saying what to do."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: E2B's ``Should-Retry`` header (its SDKs retry a 429 or 503 without one, and
+        #: take a present one as final): False for a limit that waiting a second won't lift.
+        self.retry = retry
 
 
 def not_offered(what: str, why: str) -> E2BError:
@@ -72,9 +75,10 @@ def no_sandbox(sandbox_id: str, why: str = "") -> E2BError:
     return E2BError(404, f"sandbox {sandbox_id!r} was not found" + (f": {why}" if why else ""))
 
 
-def error(status: int, message: str) -> JSONResponse:
-    """An error as E2B's API answers one."""
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def error(status: int, message: str, *, retry: bool | None = None) -> JSONResponse:
+    """An error as E2B's API answers one (with ``Should-Retry`` when ``retry`` is given)."""
+    headers = None if retry is None else {"Should-Retry": "true" if retry else "false"}
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
 
 
 def translate(e: Exception) -> E2BError | None:
@@ -87,7 +91,9 @@ def translate(e: Exception) -> E2BError | None:
         return E2BError(400, str(e))
     if isinstance(e, WorkspaceNotFound | SnapshotNotFoundError):
         return E2BError(404, str(e))
-    if isinstance(e, Busy | SnapshotLimitError):
+    if isinstance(e, SnapshotLimitError):
+        return E2BError(429, str(e), retry=False)
+    if isinstance(e, Busy):  # calls at once: gone in a moment
         return E2BError(429, str(e))
     if isinstance(e, SnapshotDiskFullError | ReserveError) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
         return E2BError(507, f"the disk is full: {e}")
@@ -116,7 +122,7 @@ def answered(route: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[R
             if known is None:
                 log.exception("e2b.internal_error", route=route.__name__)
                 return error(500, f"internal error ({type(e).__name__}): the service's log has its traceback")
-            return error(known.status, known.message)
+            return error(known.status, known.message, retry=known.retry)
 
     # The route's parameters with their types resolved in the route's own module: FastAPI
     # would resolve the annotations' strings in this module's namespace (the wrapper's).

@@ -50,9 +50,11 @@ from .conventions import (
 )
 from .listing import page, parse_query
 from .plane import Plane, plane_of
-from .records import SandboxRecord, new_sandbox_id
+from .records import DEFAULT_TIMEOUT, SandboxRecord, new_sandbox_id
 
 router = APIRouter(include_in_schema=False)
+#: The older resume's lifetime when none is given (E2B's ResumedSandbox).
+RESUME_TIMEOUT = 15
 _IDEMPOTENCY_KEY = re.compile(r"[a-z0-9-]{1,255}")
 
 
@@ -165,7 +167,9 @@ async def _listed(plane: Plane, request: Request, *, paged: bool) -> Response:
         token=query.next_token,
     )
     sizes = await asyncio.to_thread(plane.sizes, [path for _rec, path in shown])
-    headers = {"X-Total-Running": str(sum(1 for rec, _ in found if rec.state == "running"))}
+    headers = {}
+    if query.states is None or "running" in query.states:  # (E2B's: only when running ones were asked for)
+        headers["X-Total-Running"] = str(sum(1 for rec, _ in found if rec.state == "running"))
     if token is not None:
         headers["X-Next-Token"] = token
     return JSONResponse([listed_json(rec, sizes[path]) for rec, path in shown], headers=headers)
@@ -212,19 +216,21 @@ async def kill(request: Request, sandbox_id: str) -> Response:
 async def _connect(request: Request, sandbox_id: str, *, resume_only: bool = False) -> Response:
     plane = await _plane(request)
     body = parse_body(Timeout, await read_json(request))
-    timeout = None if body.timeout is None else check_timeout(plane.settings, body.timeout)
+    # E2B's defaults when none is given: connect's 300 s (ConnectSandbox), the older
+    # resume's 15 s (ResumedSandbox).
+    default = RESUME_TIMEOUT if resume_only else DEFAULT_TIMEOUT
+    timeout = check_timeout(plane.settings, default if body.timeout is None else body.timeout)
     path, rec = await plane.find(sandbox_id)
     if rec.state == "paused":
         rec = await plane.resume(rec, path, timeout)
         return _created(plane, rec, 201)
     if resume_only:
         raise E2BError(409, f"sandbox {sandbox_id!r} is already running")
-    if timeout is not None:
-        # E2B's connect only ever extends a lifetime (one with no end stays without).
-        end = time.time() + timeout
-        if rec.end_at is not None and end > rec.end_at:
-            rec = rec.model_copy(update={"end_at": end, "timeout": timeout})
-            await plane.save(rec)
+    # E2B's connect only ever extends a lifetime (one with no end stays without).
+    end = time.time() + timeout
+    if rec.end_at is not None and end > rec.end_at:
+        rec = rec.model_copy(update={"end_at": end, "timeout": timeout})
+        await plane.save(rec)
     plane.start_soon(sandbox_id, path)  # (its container may have stopped: idle, a restart)
     return _created(plane, rec, 200)
 

@@ -211,6 +211,7 @@ class Plane:
                 429,
                 f"this service runs {self.settings.e2b_max_sandboxes} E2B sandboxes already "
                 "(LOOM_E2B_MAX_SANDBOXES): kill or pause one first",
+                retry=False,
             )
         self._creating += 1
         try:

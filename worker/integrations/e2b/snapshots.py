@@ -181,6 +181,7 @@ async def fork(request: Request, sandbox_id: str) -> Response:
             429,
             f"{body.count} more would be more than the {plane.settings.e2b_max_sandboxes} E2B sandboxes this "
             "service runs at once (LOOM_E2B_MAX_SANDBOXES)",
+            retry=False,
         )
     async with service.runner.slot(), service.runner.lock(path):
         snap = await service.snapshots.create(path, None)

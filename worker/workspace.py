@@ -38,7 +38,7 @@ from sandbox.errors import SandboxError
 from sandbox.kernels import KernelInfo
 from sandbox.logs import get_logger
 
-from . import faults
+from . import faults, lockwait
 from .background import Background, BackgroundLimits, Started, new_process_id
 from .changelog.intents import release
 from .guard import Action, WorkspaceGuard
@@ -111,7 +111,9 @@ class Workspace:
         ``written``: the change is the content of that one file (a tool's write, which
         keeps the file's mode and makes a new one 0644): the guard looks only when git
         could read that path (:meth:`WorkspaceGuard.concerns`), so an edit stays cheap."""
-        async with self._mutation_lock:
+        async with contextlib.AsyncExitStack() as held:
+            with lockwait.waiting():  # (another call's change, maybe another process's)
+                await held.enter_async_context(self._mutation_lock)
             await self._guard_first()
             try:
                 yield

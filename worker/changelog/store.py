@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import lockwait
 from ..result import has_surrogate
 from ..storage.sqlite_wal import enable_wal
 from .errors import ChangelogDamagedError, ChangelogStorageError
@@ -486,19 +487,20 @@ class WorkspaceLock:
         if self._reentered():
             _ENTERED.set((*_ENTERED.get(), True))
             return
-        await self._local.acquire()
-        try:
-            delay = 0.0005
-            while True:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 0.02)
-        except BaseException:
-            self._local.release()
-            raise
+        with lockwait.waiting():
+            await self._local.acquire()
+            try:
+                delay = 0.0005
+                while True:
+                    try:
+                        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.02)
+            except BaseException:
+                self._local.release()
+                raise
         token = object()
         _HOLDS[self._key] = token
         _HELD.set(_HELD.get() | {token})

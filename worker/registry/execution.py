@@ -49,6 +49,7 @@ from sandbox.errors import (
 )
 from sandbox.logs import get_logger
 
+from .. import lockwait
 from ..changelog.errors import (
     ChangelogDamagedError,
     ChangelogStorageError,
@@ -189,19 +190,21 @@ class Execution:
                 f"Invalid arguments for {name}: expected a JSON object, got {type(arguments).__name__}"
             )
         deadline = tool.timeout
+        waits = lockwait.Waiting()
         try:
             args = tool.validate(dict(arguments))
             deadline = tool.deadline(args)
-            async with asyncio.timeout(deadline):
-                ws = None
-                if workspace is not None:
-                    ws = await self.workspaces.workspace(workspace, warm=True)
-                elif tool.needs_workspace:
-                    raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
-                ctx = ToolContext(
-                    workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
-                )
-                return await tool.fn(args, ctx)
+            with lockwait.watched() as waits:
+                async with asyncio.timeout(deadline):
+                    ws = None
+                    if workspace is not None:
+                        ws = await self.workspaces.workspace(workspace, warm=True)
+                    elif tool.needs_workspace:
+                        raise ToolError(f"No workspace: {name} needs a workspace directory, and none was given")
+                    ctx = ToolContext(
+                        workspace=ws, call_id=call_id, subtask_id=subtask_id, on_output=on_output, control=control
+                    )
+                    return await tool.fn(args, ctx)
         except ToolError as e:
             return ToolResult.fail(e.message, data=e.data)
         except AgentError as e:
@@ -222,6 +225,14 @@ class Execution:
             # Recorded before writing, so the workspace was not changed.
             return _infra("Changelog storage failed; nothing was changed", e)
         except TimeoutError:
+            if waits.cut:
+                # The deadline passed before the call had the workspace: it waited for
+                # another call's change (one at a time), the sandbox was not asked.
+                return ToolResult.fail(
+                    f"{name} timed out after {deadline:g}s waiting for another call's change to this workspace "
+                    "to finish (a workspace takes one change at a time); try again when it is done",
+                    data={"timed_out": True, "waited_for": "workspace"},
+                )
             if tool.timeout_for is not None:
                 # The tool's own limit (a command's timeout, the kernel's) is enforced in the
                 # sandbox, which answers when it is reached; this deadline only adds the slack

@@ -510,9 +510,8 @@ class StatusReporter(Protocol):
     """A backend that can report a workspace's sandbox without starting it."""
 
     async def status(self, workspace: Path, *, usage: bool = True) -> dict[str, Any] | None:
-        """The workspace's sandbox now (``running``, image, runtime, limits, and with
-        ``usage`` its CPU and memory in use, which may take the engine a second to sample),
-        or None when it has none. Raises DaemonUnavailableError."""
+        """The workspace's sandbox now (``running``, image, runtime, limits; ``usage``: its CPU
+        and memory, a slower look), or None when it has none. Raises DaemonUnavailableError."""
         ...
 
 

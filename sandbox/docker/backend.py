@@ -592,10 +592,7 @@ class DockerBackend(SandboxBackend):
 
     async def status(self, workspace: Path, *, usage: bool = True) -> dict[str, Any] | None:
         """A workspace's container as it is now, without starting one (None when it has
-        none): its state, image, runtime and limits, and while it runs and ``usage`` is
-        asked for, its CPU (percent of one CPU since this backend last looked; two looks
-        0.1 s apart the first time) and memory in use (page cache it can drop not counted,
-        as ``docker stats``). The usage is the slow part: Docker 20.10's stats answer
-        after a second even for one sample. Raises DaemonUnavailableError."""
-        found = await self.engine.find(container_name(Path(workspace).resolve()))
-        return await self._status.of(found, usage=usage)
+        none): :meth:`.housekeeping.Status.of` (``usage``: its CPU and memory in use, the
+        slow part: Docker 20.10's stats answer after a second even for one sample).
+        Raises DaemonUnavailableError."""
+        return await self._status.of(await self.engine.find(container_name(Path(workspace).resolve())), usage=usage)

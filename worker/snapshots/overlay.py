@@ -58,9 +58,13 @@ def is_overlay_fork(path: Path | str) -> bool:
 async def available(backend: Any, data_dir: Path) -> bool:
     """Whether forks can be overlay volumes here: a Docker backend whose engine is the
     local one (its volumes directory is reachable from this process, so the engine and
-    this worker see the same paths) and a data dir an overlay's upper layer may be on."""
+    this worker see the same paths) and a data dir an overlay's upper layer may be on,
+    whose path an overlay's options can say (no comma or colon)."""
     if not isinstance(backend, OverlayForks):
         return False
+    real = await asyncio.to_thread(os.path.realpath, data_dir)
+    if "," in real or ":" in real:
+        return False  # overlay's options are comma- and colon-separated: its layers cannot be named
     try:
         if await backend.overlays.volumes_dir() is None:
             return False

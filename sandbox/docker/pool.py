@@ -23,19 +23,11 @@ slot's directory, now under the workspace's bind) and to check, by device and in
 it is the claimed workspace. Anything failing on the way gives the sandbox back to nobody:
 it is removed and the workspace starts cold.
 
-Under gVisor a later mount is never seen: the gofer opens each bind's source when the
-sandbox starts and serves that open directory (measured: a bind made on the slot leaves
-the sandbox showing the empty slot). What it serves is the directory itself, wherever it
-moves. So a gVisor sandbox's slot directory is made outside the shared pool directory
-(:attr:`PoolConfig.moved_root`), and its claim *moves* it into place: an atomic rename
-over the workspace's directory, which must be empty (a new workspace: HTTP's ``POST
-/workspaces``, a fresh project) and on the same mount as the pool. Any other workspace
-(files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
-in the pool for the next one (:attr:`_Class.declined`). The claim record then names the
-directory by device and inode (:func:`.slots.workspace_of`); the agent's root is that
-directory already. A gVisor sandbox waits primed (one ``true`` run) and, with
-:attr:`PoolConfig.freeze`, frozen (:mod:`.freezer`) until its claim; its worker's hold on
-its slot (:func:`.slots.hold`) tells a later worker whether a frozen one outlived it.
+Under gVisor a later bind is never seen, so a claim moves the slot's directory into the
+workspace's place instead (:mod:`.slots` says why and when); a gVisor sandbox waits primed
+(one ``true`` run) and, with :attr:`PoolConfig.freeze`, frozen (:mod:`.freezer`) until
+its claim; its worker's hold on its slot (:func:`.slots.hold`) tells a later worker
+whether a frozen one outlived it.
 """
 
 from __future__ import annotations
@@ -181,6 +173,7 @@ class WarmPool:
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
         self.failures = 0
+        self._failing = 0  # fills failed in a row (the refill's back-off)
         #: Why gVisor warm sandboxes wait unfrozen (:meth:`_freeze`), or None.
         self.freezing: str | None = None
         self._started = False
@@ -364,7 +357,8 @@ class WarmPool:
                 return None
             # The rename (~10 ms in the engine) runs while the caller readies the agent: its
             # outcome is awaited (Claim.named) before the sandbox serves anyone.
-            named = asyncio.create_task(self._rename(warm.container, name, ws), name="loom-warm-claim")
+            pool_name = warm.container.attrs.get("Name")
+            named = asyncio.create_task(self._rename(warm.container, name, ws, pool_name), name="loom-warm-claim")
             if self._names is not None:
                 self._names.add(name)
             warm.container.attrs["Name"] = "/" + name
@@ -375,15 +369,17 @@ class WarmPool:
         cls.misses += 1
         return None
 
-    async def _rename(self, container: Any, name: str, ws: Path) -> bool:
+    async def _rename(self, container: Any, name: str, ws: Path, pool_name: str | None) -> bool:
         """Rename a claimed sandbox to its workspace's name; False when the engine refused
-        (a peer made this workspace's container first: 409), counted as the pool's failure.
-        Never raises but CancelledError."""
+        (a peer made that container first), a failure: named ``pool_name`` again (its
+        removal waits for its name to be free, which the peer's holds). Raises CancelledError."""
         try:
             await self._hooks.engine.call("claim sandbox", container.rename, name)
         except SandboxError as e:
             log.info("sandbox.pool_claim_failed", workspace=str(ws), error=repr(e))
             self.failures += 1
+            if pool_name is not None:
+                container.attrs["Name"] = pool_name
             return False
         return True
 
@@ -447,12 +443,13 @@ class WarmPool:
                 warm = await self._make(key, cls)
             cls.demand.made(time.monotonic() - began, CLAIM_QUIET.get(cls.spec.runtime, CLAIM_QUIET["runsc"]))
             cls.ready.append(warm)
+            self._failing = 0
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the pool never takes the process down; cold starts go on
-            self.failures += 1
+            self.failures, self._failing = self.failures + 1, self._failing + 1
             log.warning("sandbox.pool_fill_failed", error=repr(e))
-            await asyncio.sleep(min(30.0, 0.5 * self.failures))  # do not hammer a failing engine
+            await asyncio.sleep(min(30.0, 0.5 * self._failing))  # (fills failing in a row: do not hammer)
         finally:
             cls.filling -= 1
             self._wake.set()
@@ -465,41 +462,44 @@ class WarmPool:
         moved = spec.runtime != "runc"
         slot = (self.config.moved_root if moved else self.config.root) / secrets.token_hex(8)
         owner = await asyncio.to_thread(slots.make, slot, cls.uid, cls.gid)
-        cfg = self._hooks.config_for(slot / "ws", spec)
-        # gVisor's direct channel directory (mounted, so made first): the slot's own, which
-        # the claimant's channel finds in the container's mounts (channel._mounted_channel).
-        channel = channel_dir(slot / "ws", spec)
-        if channel is not None:
-            await asyncio.to_thread(prepare_channel_dir, channel)
-        cfg["name"] = slots.POOL_PREFIX + slot.name
-        cfg["labels"] = {
-            **cfg["labels"],
-            LABEL_WS: "",
-            LABEL_WS_HASH: "",
-            LABEL_POOL: key,
-            slots.LABEL_SLOT: str(slot),
-        }
-        for m in cfg["mounts"]:
-            if not moved and m.get("Type") == "bind" and m.get("Source") == str(slot / "ws"):
-                # Binds made on the slot later (the claim) show in the container.
-                m["BindOptions"] = {"Propagation": "rslave"}
-        engine = self._hooks.engine
-        # The engine call runs on in its thread when this task is cancelled (the pool
-        # closing): the container it makes then must not outlive the pool.
-        create = asyncio.ensure_future(self._hooks.create(cfg))
+        channel: Path | None = None
+        made: Any = None
         try:
-            container = await asyncio.shield(create)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await self._discard(_Warm(await create, None, slot, owner=owner))  # type: ignore[arg-type]
-            raise
-        except BaseException:
-            await asyncio.to_thread(slots.release, {slots.LABEL_SLOT: str(slot)})
-            os.close(owner)
+            cfg = self._hooks.config_for(slot / "ws", spec)
+            # gVisor's direct channel directory (mounted, so made first): the slot's own, which
+            # the claimant's channel finds in the container's mounts (channel._mounted_channel).
+            channel = channel_dir(slot / "ws", spec)
             if channel is not None:
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(channel.rmdir)
+                await asyncio.to_thread(prepare_channel_dir, channel)
+            cfg["name"] = slots.POOL_PREFIX + slot.name
+            cfg["labels"] = {
+                **cfg["labels"],
+                LABEL_WS: "",
+                LABEL_WS_HASH: "",
+                LABEL_POOL: key,
+                slots.LABEL_SLOT: str(slot),
+            }
+            for m in cfg["mounts"]:
+                if not moved and m.get("Type") == "bind" and m.get("Source") == str(slot / "ws"):
+                    # Binds made on the slot later (the claim) show in the container.
+                    m["BindOptions"] = {"Propagation": "rslave"}
+            # The engine call runs on in its thread when this task is cancelled (the pool
+            # closing): the container it makes then must not outlive the pool.
+            create = asyncio.ensure_future(self._hooks.create(cfg))
+            try:
+                container = await asyncio.shield(create)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    made = await create
+                raise
+        except BaseException:
+            if made is not None:  # (made as the pool closed: removed with its slot)
+                with contextlib.suppress(Exception):
+                    await self._discard(_Warm(made, None, slot, owner=owner))  # type: ignore[arg-type]
+            else:
+                await asyncio.to_thread(slots.abandon, slot, owner, channel)
             raise
+        engine = self._hooks.engine
         warm = _Warm(container, None, slot, owner=owner)  # type: ignore[arg-type]
         try:
             if not seccomp_kept(container, spec.runtime):

@@ -10,8 +10,17 @@ backend reusing it, ``gc``, the agent channel) asks :func:`workspace_of`, which 
 the record only while the bind is really that workspace (same device and inode), so a
 stale record never lets a container serve the wrong directory.
 
-Under gVisor the slot's directory itself is moved into the workspace's place at claim
-(:func:`move_into_place`; why: :mod:`.pool`), and the record names it by inode.
+Under gVisor a later mount is never seen: the gofer opens each bind's source when the
+sandbox starts and serves that open directory (measured: a bind made on the slot leaves
+the sandbox showing the empty slot). What it serves is the directory itself, wherever it
+moves. So a gVisor sandbox's slot directory is made outside the shared pool directory
+(the pool's ``moved_root``), and its claim *moves* it into place: an atomic rename
+over the workspace's directory, which must be empty (a new workspace: HTTP's ``POST
+/workspaces``, a fresh project) and on the same mount as the pool. Any other workspace
+(files in it, another filesystem, a mount point) starts cold, and the warm sandbox stays
+in the pool for the next one (counted as declined). The claim record then names the
+directory by device and inode (:func:`workspace_of`); the agent's root is that
+directory already (:func:`move_into_place`).
 """
 
 from __future__ import annotations
@@ -218,6 +227,17 @@ def release(labels: dict[str, str] | None) -> None:
             (slot / name).unlink()
     with contextlib.suppress(OSError):
         slot.rmdir()
+
+
+def abandon(slot: Path, owner: int, channel: Path | None) -> None:
+    """A slot whose container was never made: released, its lock ``owner`` closed, and the
+    gVisor channel directory made for it removed (when empty). Blocking; best effort."""
+    release({LABEL_SLOT: str(slot)})
+    with contextlib.suppress(OSError):
+        os.close(owner)
+    if channel is not None:
+        with contextlib.suppress(OSError):
+            channel.rmdir()
 
 
 def release_container(container: Any) -> None:

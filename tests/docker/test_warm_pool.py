@@ -113,10 +113,10 @@ async def test_a_claim_that_loses_its_name_to_a_peer_adopts_the_peers(docker_rea
         rename = backend.pool._rename
         warm: list[object] = []
 
-        async def racing(container: object, name: str, ws: Path) -> bool:
+        async def racing(container: object, name: str, ws: Path, pool_name: str | None) -> bool:
             warm.append(container)
             await other.ensure_container(ws)  # the peer makes the workspace's container first
-            return await rename(container, name, ws)
+            return await rename(container, name, ws, pool_name)
 
         backend.pool._rename = racing  # type: ignore[method-assign]
         try:
@@ -126,6 +126,8 @@ async def test_a_claim_that_loses_its_name_to_a_peer_adopts_the_peers(docker_rea
             assert served is not None and peers is not None and served.id == peers.id
             assert slots.LABEL_SLOT not in (served.labels or {})  # the peer's own, cold
             assert len(warm) == 1
+            # named by its pool name again (its removal waited for that name, not the peer's)
+            assert warm[0].name.startswith(slots.POOL_PREFIX)  # type: ignore[attr-defined]
             slot = warm[0].labels[slots.LABEL_SLOT]  # type: ignore[attr-defined]
             assert slot.startswith(str(POOL_ROOT)) and not Path(slot).exists()
             assert not any(m.startswith(slot) for m in _mounted_slots())

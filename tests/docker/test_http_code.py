@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import sandboxes_under
 from tests.docker.conftest import served
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -30,6 +31,10 @@ async def api(docker_ready: None, tmp_path: Path) -> AsyncIterator[httpx.AsyncCl
 async def test_contexts_and_a_streamed_execution(api: httpx.AsyncClient, tmp_path: Path) -> None:
     workspace = tmp_path / "root" / "w"
     assert (await api.get(f"{BASE}/contexts")).json() == {"contexts": []}  # (no sandbox started for a look)
+    for method, url in (("DELETE", f"{BASE}/contexts/ctx-x"), ("POST", f"{BASE}/contexts/ctx-x/restart")):
+        r = await api.request(method, url)  # none, the sandbox not running: nor started to say so
+        assert r.status_code == 404 and "not running" in r.json()["detail"], r.text
+    assert sandboxes_under(tmp_path / "root") == []
     r = await api.post(f"{BASE}/contexts", json={"language": "python"})
     assert r.status_code == 201, r.text
     ctx = r.json()
@@ -73,6 +78,10 @@ async def test_contexts_and_a_streamed_execution(api: httpx.AsyncClient, tmp_pat
     # the default context, made at its first use
     r = await api.post(f"{BASE}/execute", json={"code": "1 + 1"})
     assert json.loads(r.text.splitlines()[-1])["context_id"] == "ctx-python"
+    # an unknown process, followed or not, is a 404 (not a 200 whose stream errs)
+    for follow in ("false", "true"):
+        r = await api.get("/v1/workspaces/w/processes/proc-nope/output", params={"follow": follow})
+        assert r.status_code == 404, (follow, r.status_code, r.text)
     # refusals before anything runs
     r = await api.post(f"{BASE}/execute", json={"code": "1", "context": "ctx-gone"})
     assert r.status_code == 404 and "No code context ctx-gone" in r.json()["detail"], r.text

@@ -226,7 +226,11 @@ async def test_a_signal_reaches_the_foreground_program(svc: Svc) -> None:
         ('{"type": "signal", "signal": "NOPE"}', "not a signal"),
         ('{"type": "signal", "signal": 0}', "not a signal"),
         ('{"type": "input", "data": 5}', "data must be a string"),
+        ("[" * 100_000, "JSON"),  # nested past the parser's depth (a RecursionError)
+        # under 1 MiB of characters, 1.2 MB of bytes
+        (json.dumps({"type": "input", "data": "\u20ac" * 400_000}, ensure_ascii=False), "at most"),
     ],
+    ids=lambda v: v[:40] if isinstance(v, str) else v,
 )
 async def test_a_malformed_message_is_answered_and_the_connection_stays(svc: Svc, message: str, says: str) -> None:
     t = await svc.open()

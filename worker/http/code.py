@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -39,7 +40,7 @@ from .. import kernels
 from ..jsontext import json_line
 from . import errors
 from .common import CALL_ERRORS, WS_ERRORS, StrictModel, WorkspaceId, sandbox_runs
-from .state import ServiceDep
+from .state import Service, ServiceDep
 
 router = APIRouter(tags=["code"])
 _BASE = "/v1/workspaces/{workspace_id}/code"
@@ -109,12 +110,21 @@ async def list_contexts(service: ServiceDep, workspace_id: WorkspaceId) -> Conte
     return ContextList(contexts=[_out(c) for c in await registry.sandbox(path).code_contexts()])
 
 
+async def _running(service: Service, workspace_id: str, context_id: str) -> Path:
+    """The workspace's path when its sandbox runs (contexts end with it: a stopped one is
+    not started to say there is none). Raises Gone, InvalidWorkspaceId, WorkspaceNotFound."""
+    path: Path = await service.workspaces.locate(workspace_id)
+    if not await sandbox_runs(service.local.backend, path):
+        raise errors.Gone(f"No code context {context_id}: the sandbox is not running")
+    return path
+
+
 @router.post(f"{_BASE}/contexts/{{context_id}}/restart", responses=_ERRORS, response_model=CodeContextOut)
 async def restart_context(
     service: ServiceDep, workspace_id: WorkspaceId, context_id: str = ContextId
 ) -> CodeContextOut:
     """A new kernel for the context: its variables and imports are lost."""
-    path = await service.workspaces.locate(workspace_id)
+    path = await _running(service, workspace_id, context_id)
     async with service.runner.slot():
         return _out(await service.local.sandbox(path).restart_code_context(context_id))
 
@@ -122,7 +132,7 @@ async def restart_context(
 @router.delete(f"{_BASE}/contexts/{{context_id}}", status_code=204, responses=_ERRORS)
 async def delete_context(service: ServiceDep, workspace_id: WorkspaceId, context_id: str = ContextId) -> Response:
     """End the context's kernel; what it changed in the workspace is recorded as its own."""
-    path = await service.workspaces.locate(workspace_id)
+    path = await _running(service, workspace_id, context_id)
     async with service.runner.slot():
         await service.local.sandbox(path).delete_code_context(context_id)
     return Response(status_code=204)

@@ -117,6 +117,8 @@ async def output(
     if box is None:
         raise Gone(f"No process {process_id}: the sandbox is not running")
     if follow:
+        # an unknown process is a 404 here, as without follow, not a 200 whose stream errs
+        await background(box).process_output(process_id, since=cursor, wait=0)
         return EventSourceResponse(_follow(box, process_id, cursor), ping=PING_SECONDS)
     out = await background(box).process_output(process_id, since=cursor, wait=wait_ms / 1000.0)
     return {

@@ -374,11 +374,12 @@ def _size(msg: dict[str, Any], key: str) -> int:
 def control_action(term: Terminal, text: str) -> Callable[[], Awaitable[Any]]:
     """What a text frame asks of ``term``, ready to run. Raises ValueError (answered in
     an error frame) for a message it cannot act on."""
-    if len(text) > MAX_INPUT:
-        raise ValueError(f"a message of {len(text)} characters: at most {MAX_INPUT}")
+    size = len(text) if len(text) > MAX_INPUT else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_INPUT:  # (bytes: "€" is three)
+        raise ValueError(f"a message of {size} bytes: at most {MAX_INPUT}")
     try:
         msg = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: "[[[[..." nested past the parser's depth)
         raise ValueError('a text message is JSON: {"type": "resize" | "signal" | "input", ...}') from None
     kind = msg.get("type") if isinstance(msg, dict) else None
     if kind == "resize":

@@ -44,6 +44,18 @@ MAX_RAW_ANSWER = 33 << 20
 MAX_RAW_REQUEST = MAX_WRITE_BYTES
 
 
+def env_problem(env: dict[str, str] | None) -> str | None:
+    """Why ``env`` cannot be a process's variables on top of the sandbox's, or None: a
+    name that is empty or holds ``=`` or NUL, a value that holds NUL. (The agent drops
+    such an entry, since an environment cannot hold it; a caller is told instead.)"""
+    for name, value in (env or {}).items():
+        if not name or "=" in name or "\x00" in name:
+            return f"{name[:80]!r} is not a variable name (no '=' or NUL, not empty)"
+        if "\x00" in value:
+            return f"the value of {name[:80]} holds a NUL byte"
+    return None
+
+
 _bundle: list[bytes] = []
 _bundle_lock = threading.Lock()
 

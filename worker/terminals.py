@@ -38,6 +38,7 @@ from sandbox.base import ProcessInfo
 from sandbox.capabilities import background, terminals
 from sandbox.errors import AgentError, SandboxError, TunnelClosedError
 from sandbox.handover import SocketTunnel
+from sandbox.protocol import env_problem
 
 if TYPE_CHECKING:
     from sandbox.tunnel import Tunnel
@@ -258,13 +259,15 @@ async def open_terminal(
     """Start ``command`` (an argv; None: the sandbox user's login shell) on a new terminal
     of ``cols`` x ``rows`` in ``ws``'s sandbox and attach to it.
 
-    Raises TerminalArgumentError, AgentError (``limit``: the workspace runs as many
+    Raises TerminalArgumentError (a size, ``command``, ``env``), AgentError (``limit``: the workspace runs as many
     background processes as it may; ``not_found``: no shell in the image),
     PathNotFoundError (``cwd``), NotImplementedError (a sandbox without terminals), the
     infrastructure errors of any call."""
     check_size(cols, rows)
     if command is not None and (not command or not all(isinstance(a, str) and a for a in command)):
         raise TerminalArgumentError("command must be a non-empty list of non-empty strings")
+    if (problem := env_problem(env)) is not None:
+        raise TerminalArgumentError(f"env: {problem}")
     info = await ws.start_terminal(
         new_terminal_id(),
         command,

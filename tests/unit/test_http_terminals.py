@@ -121,6 +121,9 @@ async def test_open_list_get_and_kill(svc: Svc) -> None:
         ({"command": []}, "command"),
         ({"cwd": ""}, "cwd"),
         ({"shell": True}, "shell"),  # an unknown field
+        ({"env": {"A=B": "1"}}, "env"),  # the agent would drop it: the caller is told
+        ({"env": {"": "1"}}, "env"),
+        ({"env": {"A": "x\x00y"}}, "env"),
     ],
 )
 async def test_a_bad_body_is_a_422_naming_the_field(svc: Svc, body: dict[str, Any], field: str) -> None:

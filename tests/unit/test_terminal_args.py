@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from worker.terminals import TerminalArgumentError, check_size, new_terminal_id, signal_number
+from sandbox.protocol import env_problem
+from worker.terminals import TerminalArgumentError, check_size, new_terminal_id, open_terminal, signal_number
 
 
 def test_signals_by_number_and_by_name() -> None:
@@ -29,3 +30,20 @@ def test_sizes_are_1_to_1000_and_the_error_names_the_field() -> None:
 def test_ids_are_terminal_ids() -> None:
     a, b = new_terminal_id(), new_terminal_id()
     assert a != b and a.startswith("term-") and len(a) == 17
+
+
+def test_env_names_and_values_an_environment_cannot_hold_are_named() -> None:
+    assert env_problem(None) is None and env_problem({"A_1": "x=y", "LANG": ""}) is None
+    assert "not a variable name" in (env_problem({"A=B": "1"}) or "")
+    assert "not a variable name" in (env_problem({"": "1"}) or "")
+    assert "not a variable name" in (env_problem({"A\x00": "1"}) or "")
+    assert "NUL" in (env_problem({"A": "x\x00"}) or "")
+
+
+async def test_open_terminal_refuses_a_bad_env_before_it_starts_anything() -> None:
+    class NoWorkspace:  # any use of the workspace fails the test
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the workspace was used ({name}) for a refused env")
+
+    with pytest.raises(TerminalArgumentError, match="env: 'A=B'"):
+        await open_terminal(NoWorkspace(), env={"A=B": "1"})  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sandbox.base import ExecControl, ExecRequest, OutputCallback, ProcessInfo
 from sandbox.capabilities import harness_files
 from sandbox.errors import InWorkspaceError, PathEscapeError, SandboxLostError, TooLargeError
+from sandbox.protocol import env_problem
 
 from .. import kernels
 from .. import terminals as terms
@@ -455,11 +456,11 @@ def _command(cmd: str | Sequence[str]) -> tuple[list[str] | None, str]:
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in (env or {}).items():
-        if not isinstance(k, str) or not k or "=" in k or "\x00" in k or not isinstance(v, str) or "\x00" in v:
-            raise HarnessArgumentError(f"env: {k!r} is not NAME=value (no '=' in the name, no NUL)")
-        out[k] = v
+    out = dict(env or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in out.items()):
+        raise HarnessArgumentError("env: names and values are strings")
+    if (problem := env_problem(out)) is not None:
+        raise HarnessArgumentError(f"env: {problem}")
     return out
 
 

@@ -52,12 +52,13 @@ from typing import Any
 
 from fastapi import APIRouter, Query, WebSocket
 from fastapi import Path as PathParam
-from pydantic import Field
+from pydantic import Field, field_validator
 from starlette.websockets import WebSocketDisconnect
 
 from sandbox.base import ProcessInfo
 from sandbox.errors import AgentError, TunnelClosedError
 from sandbox.logs import get_logger
+from sandbox.protocol import env_problem
 
 from ..auth import accept_subprotocol
 from ..harness.handle import SandboxHandle
@@ -90,6 +91,13 @@ class OpenBody(StrictModel):
     rows: int = Field(24, ge=MIN_SIZE, le=MAX_SIZE, strict=True, description="Rows.")
     cwd: str = Field(".", min_length=1, max_length=4096, description="Relative to the workspace, or absolute.")
     env: dict[str, str] | None = Field(None, description="Variables on top of the sandbox's.")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str] | None) -> dict[str, str] | None:
+        if (problem := env_problem(env)) is not None:
+            raise ValueError(problem)
+        return env
 
 
 class TerminalInfo(StrictModel):

@@ -92,9 +92,8 @@ class ShellArgs(ToolArgs):
             self.timeout = min(self.timeout or DEFAULT_TIMEOUT, MAX_TIMEOUT)
         elif self.stdin is not None:
             raise ValueError("stdin is for a command run to its end (a background process: process_input)")
-        for name, value in (self.env or {}).items():
-            if not name or "=" in name or "\x00" in name + value:
-                raise ValueError(f"env: {name!r} is not a variable name (no '=' or NUL)")
+        if (problem := protocol.env_problem(self.env)) is not None:
+            raise ValueError(f"env: {problem}")
         return self
 
 

@@ -5,6 +5,7 @@ with a PNG, the execution last; what refuses a request is a status."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -91,3 +92,38 @@ async def test_contexts_and_a_streamed_execution(api: httpx.AsyncClient, tmp_pat
     assert r.status_code == 422, r.text
     r = await api.delete(f"{BASE}/contexts/ctx-gone")
     assert r.status_code == 404, r.text
+
+
+async def test_an_execution_whose_client_left_keeps_its_slot_and_is_journaled(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    """A client that leaves mid-execution does not stop it: the execution keeps its slot
+    until it ends (a service of one slot answers 429 meanwhile) and its call is in the
+    journal when it ends, with nobody reading."""
+    async with served(tmp_path, TOKEN, max_concurrent_calls=1) as api:
+        workspace = tmp_path / "root" / "w"
+        body = {
+            "code": "import os, time\nprint('first', flush=True)\n"
+            "for _ in range(600):\n    if os.path.exists('go'):\n        break\n    time.sleep(0.1)\n"
+            "open('done', 'w').close()\n'ok'",
+            "call_id": "left-1",
+        }
+        async with api.stream("POST", f"{BASE}/execute", json=body) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            async for line in resp.aiter_lines():
+                if line:
+                    assert json.loads(line)["type"] == "stdout"
+                    break  # the client leaves while the code waits
+        r = await api.post(f"{BASE}/execute", json={"code": "1"})
+        assert r.status_code == 429, r.text  # the slot is still the running execution's
+        (workspace / "go").write_text("")
+        for _ in range(600):
+            r = await api.post(f"{BASE}/execute", json={"code": "1"})
+            if r.status_code != 429:
+                break
+            await asyncio.sleep(0.1)
+        assert r.status_code == 200 and json.loads(r.text.splitlines()[-1])["outcome"] == "ok", r.text
+        assert (workspace / "done").exists()  # it ran to its end
+        calls = (await api.get("/v1/workspaces/w/calls")).json()["calls"]
+        left = [c for c in calls if c.get("call_id") == "left-1"]
+        assert len(left) == 1, calls

@@ -28,6 +28,7 @@ this way.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import secrets
 import shlex
@@ -354,6 +355,7 @@ class SandboxHandle:
         call_id: str | None = None,
         *,
         tool: str = "sandbox.run_code",
+        hold: contextlib.AsyncExitStack | None = None,
     ) -> AsyncIterator[kernels.CodeEvent]:
         """Run ``code`` in ``context`` (else ``language``'s default context, made at its
         first use; else Python's) and yield what it prints (:class:`OutputMessage
@@ -363,7 +365,9 @@ class SandboxHandle:
         interrupted (its state kept), and restarted if that does not stop it (its state
         lost): ``Execution.outcome``/``message`` say which. What the code changes in the
         workspace is recorded under ``call_id`` (undoable), one line in the call journal
-        under ``tool``. A consumer that stops early leaves the execution running to its end.
+        under ``tool``. A consumer that stops early leaves the execution running to its end
+        (its journal line written then); what ``hold`` holds (a service slot) is released at
+        that end, not when the consumer leaves (:func:`worker.kernels.stream`).
 
         The code's own failures (an exception, a timeout, a kernel that died) are in the
         Execution, never raised. Raises CodeArgumentError (a ValueError naming the field),
@@ -373,11 +377,21 @@ class SandboxHandle:
         cid = _context_id(context) if context is not None else None
         started = time.perf_counter()
         ws = await self._ws()
+
+        def journal(ex: kernels.Execution) -> None:  # (in the execution's task: a consumer may have left)
+            self._journal_code(ws, tool, code, ex, started)
+
         async for ev in kernels.stream(
-            ws, code, context=cid, language=language, timeout=timeout, call_id=call_id, tool=tool
+            ws,
+            code,
+            context=cid,
+            language=language,
+            timeout=timeout,
+            call_id=call_id,
+            tool=tool,
+            on_end=journal,
+            hold=hold,
         ):
-            if isinstance(ev, kernels.Execution):
-                self._journal_code(ws, tool, code, ev, started)
             yield ev
 
     async def run_code(

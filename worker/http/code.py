@@ -156,7 +156,7 @@ async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteB
         # status, before the stream starts.
         kernels.check_code(body.code, body.timeout)
         ctx = await handle.code_context(body.context, body.language)
-        events = handle.run_code_stream(body.code, ctx.id, body.language, body.timeout, body.call_id)
+        events = handle.run_code_stream(body.code, ctx.id, body.language, body.timeout, body.call_id, hold=stack)
         runner.opened.add(path)
     except BaseException:
         await stack.aclose()
@@ -168,7 +168,9 @@ async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteB
 
 async def _lines(events: AsyncIterator[kernels.CodeEvent], stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
     """The events as lines; a failure after the first byte (the sandbox lost) is a last
-    line ``{"type": "error", "status", "detail"}``, the status the error table gives it."""
+    line ``{"type": "error", "status", "detail"}``, the status the error table gives it.
+    The slot in ``stack`` is the execution's once it starts (released at its end, a
+    client gone or not); closing ``stack`` here releases it only when it never started."""
     try:
         async for ev in events:
             yield (json_line(ev.to_dict()) + "\n").encode()

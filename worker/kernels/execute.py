@@ -15,6 +15,7 @@ bridge itself is stopped (the context starts again at its next call).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -256,10 +257,16 @@ async def stream(
     timeout: float,
     call_id: str,
     tool: str,
+    on_end: Callable[[Execution], None] | None = None,
+    hold: contextlib.AsyncExitStack | None = None,
 ) -> AsyncIterator[CodeEvent]:
     """:func:`run`'s outputs and displays as they come, the :class:`Execution` last. A
     consumer that stops early leaves the execution running to its end or timeout (what it
-    changes is recorded, as for a command whose client left). Raises as :func:`run`."""
+    changes is recorded, as for a command whose client left). ``on_end`` is called with
+    the Execution when it ends, whether a consumer is still there or not (the call
+    journal's line). What ``hold`` holds (a service slot) is taken over once the
+    execution starts and released when it ends, not when the consumer leaves; a stream
+    closed before it started leaves ``hold`` to its owner. Raises as :func:`run`."""
     queue: asyncio.Queue[CodeEvent | BaseException] = asyncio.Queue()
     gone = False
 
@@ -267,14 +274,24 @@ async def stream(
         if not gone:
             queue.put_nowait(ev)
 
+    # (pop_all: the stack's callbacks move to the execution's task; the caller's own
+    # aclose then releases nothing twice)
+    owned = hold.pop_all() if hold is not None else None
+
     async def go() -> Execution:
         try:
-            return await run(
+            ex = await run(
                 ws, code, context=context, language=language, timeout=timeout, call_id=call_id, tool=tool, emit=emit
             )
+            if on_end is not None:
+                on_end(ex)
+            return ex
         except BaseException as e:
             queue.put_nowait(e)
             raise
+        finally:
+            if owned is not None:
+                await owned.aclose()
 
     task = asyncio.get_running_loop().create_task(go(), name=f"run_code {call_id}")
     _RUNNING.add(task)

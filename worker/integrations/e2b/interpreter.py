@@ -355,7 +355,7 @@ async def execute(request: Request, body: ExecuteBody) -> Response:
         ws = await t.workspace()
         # No time limit but the longest loom has: E2B's has none, its client's timeout ends
         # the request, and a client gone interrupts the code (see ExecutionStream).
-        events = t.handle.run_code_stream(code, ctx.id, None, kernels.MAX_TIMEOUT, tool=TOOL)
+        events = t.handle.run_code_stream(code, ctx.id, None, kernels.MAX_TIMEOUT, tool=TOOL, hold=stack)
         runner.opened.add(t.path)
     except Exception as e:
         await stack.aclose()

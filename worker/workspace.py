@@ -168,6 +168,16 @@ class Workspace:
     # (checked by the agent right before the rename), and the edit tool re-reads and
     # starts over on any doubt. Nothing here is read from the host's copy of the files.
 
+    def check_reserve(self, what: str) -> None:
+        """Refuse ``what`` now when the changelog could not record its changes for want of
+        room (its ``reserve_bytes``); a no-op for a recorder without a reserve (none, or one
+        of another make). Every recorded change checks this itself: this is for a caller
+        that answers before the change starts (a stream's status). Raises ReserveError,
+        ChangelogStorageError."""
+        check = getattr(self.recorder, "check_reserve", None)  # (not in the ChangeRecorder protocol)
+        if callable(check):
+            check(what)
+
     def known(self, path: str) -> tuple[bytes, str] | None:
         """The content and sha256 last seen at workspace-relative ``path``, if remembered."""
         item = self._known.get(path)

@@ -127,3 +127,16 @@ async def test_an_execution_whose_client_left_keeps_its_slot_and_is_journaled(
         calls = (await api.get("/v1/workspaces/w/calls")).json()["calls"]
         left = [c for c in calls if c.get("call_id") == "left-1"]
         assert len(left) == 1, calls
+
+
+async def test_an_execution_refused_for_want_of_room_is_a_507_before_the_stream(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    """The changelog's reserve refuses an execution before it runs: a 507 status naming
+    the setting, as every refusal before the stream is (not a 200 whose first line says
+    it), and nothing ran."""
+    async with served(tmp_path, TOKEN, changelog_reserve_bytes=1 << 60) as api:
+        r = await api.post(f"{BASE}/execute", json={"code": "open('ran', 'w').close()"})
+        assert r.status_code == 507, r.text
+        assert "LOOM_CHANGELOG_RESERVE_BYTES" in r.json()["detail"], r.text
+        assert not (tmp_path / "root" / "w" / "ran").exists()

@@ -126,6 +126,13 @@ class Changelog:
         async with self._core.mutations, self._core.lock:
             return await self._settle(sandbox)
 
+    def check_reserve(self, what: str) -> None:
+        """Refuse to start ``what`` when the data directory lacks the room kept to record
+        its changes (``reserve_bytes``), as every change does first; for a caller that must
+        answer a refusal before it starts a stream. Raises ReserveError,
+        ChangelogStorageError."""
+        self._core.check_reserve(what)
+
     async def interrupted(self) -> int:
         """How many commands or staged writes a crashed writer left open (reconciled by
         the next change, :meth:`recover`). Raises ChangelogStorageError."""

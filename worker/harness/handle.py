@@ -346,6 +346,13 @@ class SandboxHandle:
         """End ``context``'s kernel. Raises AgentError (``not_found``), CodeArgumentError."""
         await kernels.delete_context(await self._ws(), _context_id(context))
 
+    async def check_reserve(self, what: str = "the execution") -> None:
+        """Refuse ``what`` before it starts when the workspace's changelog lacks the room it
+        keeps to record changes (:meth:`Workspace.check_reserve
+        <worker.workspace.Workspace.check_reserve>`): so a stream's caller answers a status,
+        not a first line. Raises ReserveError, ChangelogStorageError."""
+        (await self._ws()).check_reserve(what)
+
     async def run_code_stream(
         self,
         code: str,

@@ -16,7 +16,8 @@ that died) are in that last line with a 200; what refuses the request before it 
 a status from the service's error table: 422 a bad field (``detail[0].loc`` names it: a
 language no kernel speaks, a context id), 404 no such workspace or context, 409 an image without a kernel (``error``:
 ``kernel_unavailable``; the detail says how to add one) or too many background
-processes (``limit``), 429 busy, 503 the sandbox is unavailable.
+processes (``limit``), 429 busy, 503 the sandbox is unavailable, 507 no room to record
+the changes (``LOOM_CHANGELOG_RESERVE_BYTES``; nothing ran).
 
 The execution takes a slot and the workspace's turn until it ends. A client that goes
 away does not stop it: it runs to its end or timeout and its changes are recorded.
@@ -140,7 +141,11 @@ async def delete_context(service: ServiceDep, workspace_id: WorkspaceId, context
 
 @router.post(
     f"{_BASE}/execute",
-    responses={**_ERRORS, 200: {"content": {NDJSON: {}}, "description": "stdout/stderr/result lines, then execution"}},
+    responses={
+        **_ERRORS,
+        200: {"content": {NDJSON: {}}, "description": "stdout/stderr/result lines, then execution"},
+        507: {"description": "No room to record the changes (LOOM_CHANGELOG_RESERVE_BYTES): nothing ran"},
+    },
     response_class=StreamingResponse,
 )
 async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteBody) -> StreamingResponse:
@@ -156,6 +161,7 @@ async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteB
         # status, before the stream starts.
         kernels.check_code(body.code, body.timeout)
         ctx = await handle.code_context(body.context, body.language)
+        await handle.check_reserve()  # (a 507, not a 200 whose first line says it)
         events = handle.run_code_stream(body.code, ctx.id, body.language, body.timeout, body.call_id, hold=stack)
         runner.opened.add(path)
     except BaseException:

@@ -352,6 +352,7 @@ async def execute(request: Request, body: ExecuteBody) -> Response:
         runner = t.service.runner
         await stack.enter_async_context(runner.slot())  # (a full service is a 429 before any byte)
         ctx = await t.handle.code_context(body.context_id, language)
+        await t.handle.check_reserve()  # (a status, not a stream whose first line says it)
         ws = await t.workspace()
         # No time limit but the longest loom has: E2B's has none, its client's timeout ends
         # the request, and a client gone interrupts the code (see ExecutionStream).

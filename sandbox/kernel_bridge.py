@@ -5,7 +5,7 @@ background process of the workspace (:mod:`sandbox.kernels`): its supervisor own
 counts against the workspace's background processes and the sandbox's limits, outlives
 the connections to it and ends with the sandbox.
 
-It starts the kernel (``python3 -m ipykernel_launcher -f <connection file>``, as
+It starts the kernel (what ``python3 -m ipykernel_launcher -f <connection file>`` runs, as
 ``jupyter_client``'s ``KernelManager`` would, without importing it: the kernel boots
 while the bridge imports zmq; ZMQ over unix sockets in its own directory, messages signed by
 ``jupyter_client``'s ``Session``), raises the kernel's ``oom_score_adj`` (so the memory
@@ -504,9 +504,14 @@ def main():
 
 
 #: The ``-c`` program the sandbox runs: this module's source follows on stdin (a short
-#: command line in ``ps``), then the config line.
+#: command line in ``ps``), then the config line. It first drops the working directory from
+#: ``sys.path`` (``-c`` puts it first, as ``''``): the bridge starts in the workspace, where
+#: a ``secrets.py`` or ``json.py`` of the project would otherwise be imported in place of
+#: the standard library's. (Not ``-I`` or ``-P``: ``-I`` would also hide the image's
+#: PYTHONPATH and user site, ``-P`` needs Python 3.11.) The kernel is started the same
+#: way (``kernel_process.LAUNCHER``); its code finds the project's modules as in Jupyter.
 BOOT = (
-    "import sys;r=sys.stdin.buffer;n=int(r.readline());"
+    "import sys;sys.path[:]=[p for p in sys.path if p];r=sys.stdin.buffer;n=int(r.readline());"
     "exec(compile(r.read(n),'loom-kernel-bridge','exec'),{'__name__':'__main__'})"
 )
 

@@ -1,9 +1,10 @@
 """The kernel's process, for the kernel bridge (:mod:`sandbox.kernel_bridge`): started as
-``python3 -m ipykernel_launcher -f <connection file>`` (what jupyter_client's
-``KernelManager`` runs, without importing it: the kernel boots while the bridge imports
-zmq), spoken to on shell and iopub with messages signed by jupyter_client's ``Session``,
-interrupted with SIGINT to its process group (Ctrl-C; ipykernel's interrupt mode), its
-``oom_score_adj`` raised so that the memory limit's OOM killer takes it, not the bridge.
+``python3 -m ipykernel_launcher -f <connection file>`` is (jupyter_client's
+``KernelManager``'s command, without importing it: the kernel boots while the bridge
+imports zmq; :data:`LAUNCHER` says how it differs), spoken to on shell and iopub with
+messages signed by jupyter_client's ``Session``, interrupted with SIGINT to its process
+group (Ctrl-C; ipykernel's interrupt mode), its ``oom_score_adj`` raised so that the
+memory limit's OOM killer takes it, not the bridge.
 
 Not imported in the sandbox: its source comes first in the one program the sandbox runs
 (:func:`sandbox.kernels.bridge_source`), the bridge's after it. Python >= 3.8, standard
@@ -23,6 +24,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # for mypy only
     from typing import Any  # noqa: F401  (used in type comments)
 
+#: What ``python3 -m ipykernel_launcher`` runs, with the working directory (the
+#: workspace) out of ``sys.path`` while the kernel loads: a project's ``signal.py`` or
+#: ``secrets.py`` would otherwise be imported in place of the standard library's and the
+#: kernel never start. ipykernel_launcher drops it only as ``''`` before ipykernel 6.22
+#: (Debian 12 has 6.17), and ``-m`` puts the full path there; with ``-c`` it is ``''``.
+#: IPython puts ``''`` back for the code (``InteractiveShellApp.init_path``), so the code
+#: imports the project's modules as in Jupyter.
+LAUNCHER = (
+    "import sys;sys.path[:]=[p for p in sys.path if p];from ipykernel import kernelapp as app;app.launch_new_instance()"
+)
 #: How long a kernel has to start and answer.
 START_TIMEOUT = 60.0
 
@@ -116,7 +127,7 @@ class Kernel:
         """Start the kernel's process (not waiting for it)."""
         import subprocess
 
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", self.conn_file]
+        argv = [sys.executable, "-c", LAUNCHER, "-f", self.conn_file]
         self.proc = subprocess.Popen(
             argv,
             env=self.env,

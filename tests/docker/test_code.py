@@ -84,6 +84,22 @@ async def test_state_lasts_and_is_the_contexts_own(registry: ToolRegistry, tmp_p
     assert bad.value.field == "timeout"
 
 
+async def test_a_project_whose_files_are_named_as_standard_modules_still_gets_a_kernel(
+    registry: ToolRegistry, tmp_path: Path
+) -> None:
+    """The bridge starts in the workspace: a project's ``secrets.py`` or ``select.py`` must
+    not be imported in place of the standard library's (the kernel never started). The
+    code itself still imports the project's own modules, as in Jupyter."""
+    ws = workspace(tmp_path)
+    for name in ("secrets", "select", "selectors", "signal", "tempfile", "threading"):
+        (ws / f"{name}.py").write_text(f"raise RuntimeError('the project {name}.py was imported')\n")
+    (ws / "projmod.py").write_text("X = 41\n")
+    for p in ws.iterdir():
+        os.chown(p, 1000, 1000)
+    ex = await registry.sandbox(ws).run_code("import projmod\nprojmod.X + 1")
+    assert ex.outcome == "ok" and ex.text == "42", ex
+
+
 async def test_the_kernel_speaks_over_unix_sockets_not_loopback_ports(registry: ToolRegistry, tmp_path: Path) -> None:
     """ipykernel once died at start with "Address already in use" (CI): the five loopback
     ports picked free for it and let go (jupyter_client's way) can be taken before it binds

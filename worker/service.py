@@ -261,14 +261,16 @@ class CallRunner:
         """One call, serialized per workspace, counted and logged. Never raises for a tool
         failure (the registry turns those into results); the caller holds a :meth:`slot`.
         ``known_tools`` defaults to :attr:`known_tools` (the registry's tools now)."""
+        if workspace is not None:
+            # (before the call: one that raises or is cancelled once it started the sandbox
+            # leaves it to be stopped with the service all the same)
+            self.opened.add(workspace)
         async with self.lock(workspace):
             start = time.perf_counter()
             result = await self.registry.execute(
                 tool, arguments, workspace, call_id=call_id, subtask_id=subtask_id, on_output=on_output
             )
             seconds = time.perf_counter() - start
-        if workspace is not None:
-            self.opened.add(workspace)
         known = self.known_tools if known_tools is None else known_tools
         label = tool if tool in known else "unknown"
         # The registry logs every call (workspace, tool, call id, outcome, duration);

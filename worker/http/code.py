@@ -95,9 +95,9 @@ async def create_context(service: ServiceDep, workspace_id: WorkspaceId, body: C
     lasts between executions, in the workspace's sandbox (started if it is not)."""
     path = await service.workspaces.locate(workspace_id)
     runner = service.runner
+    runner.opened.add(path)  # stopped with the service (an image without a kernel has started it)
     async with runner.slot():
         ctx = await service.local.sandbox(path).create_code_context(body.language, body.cwd, body.env)
-    runner.opened.add(path)
     return _out(ctx)
 
 
@@ -160,10 +160,10 @@ async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteB
         # What refuses the call (a field, a context, an image without a kernel) is an error
         # status, before the stream starts.
         kernels.check_code(body.code, body.timeout)
+        runner.opened.add(path)  # stopped with the service (a refusal below may come once it started)
         ctx = await handle.code_context(body.context, body.language)
         await handle.check_reserve()  # (a 507, not a 200 whose first line says it)
         events = handle.run_code_stream(body.code, ctx.id, body.language, body.timeout, body.call_id, hold=stack)
-        runner.opened.add(path)
     except BaseException:
         await stack.aclose()
         raise

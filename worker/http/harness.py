@@ -127,6 +127,7 @@ async def sandbox_exec(service: ServiceDep, workspace_id: WorkspaceId, body: Exe
         except (binascii.Error, ValueError):
             raise HarnessArgumentError("stdin: not valid base64") from None
     runner = service.runner
+    runner.opened.add(path)  # (stopped with the service, even when the call fails once it started it)
     async with runner.slot(), runner.lock(path):
         out: ExecOutput = await service.local.sandbox(path).exec(
             body.cmd,
@@ -138,7 +139,6 @@ async def sandbox_exec(service: ServiceDep, workspace_id: WorkspaceId, body: Exe
             max_output=body.max_output,
             call_id=body.call_id,
         )
-    runner.opened.add(path)
     return ExecOut(
         returncode=out.returncode,
         stdout=_text(out.stdout, body.output_encoding),
@@ -191,9 +191,9 @@ async def sandbox_write_file(
     ws = service.workspaces.path(workspace_id)
     data = await request.body()  # bounded by FILE_BODY_LIMIT (see app.py)
     runner = service.runner
+    runner.opened.add(ws)  # (stopped with the service, even when the write fails once it started it)
     async with runner.slot(), runner.lock(ws):
         out = await service.local.sandbox(ws).write_file(path, data, mode=mode, call_id=call_id)
-    runner.opened.add(ws)
     return FileOut(path=out.path, size=out.size, created=out.created, recorded=out.recorded, call_id=out.call_id)
 
 

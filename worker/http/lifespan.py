@@ -106,7 +106,13 @@ async def stop_opened(registry: ServiceRegistry, runner: CallRunner, *, parallel
     """Stop every sandbox the service opened, ``parallel`` at a time (bounded like starts:
     each stop is an engine call, a gVisor one takes seconds under load), and forget each.
     One at a time, a service holding many workspaces outlasted the grace an orchestrator
-    gives it (350 gVisor forks took minutes) and left the rest running. Never raises."""
+    gives it (350 gVisor forks took minutes) and left the rest running. Never raises.
+
+    "Opened": what the routes marked (``runner.opened``) and every workspace this
+    process's registry holds, so a route that starts a sandbox without marking it (a
+    read, a diff, an undo, a call refused once the sandbox had started) leaves none
+    running past the service."""
+    held = registry.pool.opened() if isinstance(registry, ToolRegistry) else {}
     gate = asyncio.Semaphore(max(1, parallel))
 
     async def one(path: Path) -> None:
@@ -114,4 +120,4 @@ async def stop_opened(registry: ServiceRegistry, runner: CallRunner, *, parallel
             await stop_sandbox(registry, path)
             runner.forget(path)
 
-    await asyncio.gather(*(one(p) for p in sorted(runner.opened)))
+    await asyncio.gather(*(one(p) for p in sorted(set(runner.opened) | set(held))))

@@ -165,11 +165,11 @@ async def open_terminal(service: ServiceDep, workspace_id: WorkspaceId, body: Op
     the WebSocket ``.../terminals/{tid}/ws``."""
     path = await service.workspaces.locate(workspace_id)
     runner = service.runner
+    runner.opened.add(path)  # stopped with the service (a refused cwd or command may have started it)
     async with runner.slot():
         term = await service.local.sandbox(path).open_terminal(
             body.command, cols=body.cols, rows=body.rows, cwd=body.cwd, env=body.env
         )
-    runner.opened.add(path)  # stopped with the service
     try:
         return _info(term.info)
     finally:

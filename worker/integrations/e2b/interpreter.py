@@ -300,9 +300,9 @@ async def create_context(request: Request, body: ContextBody) -> Response:
         language = language_of(body.language)
         workdir = workdir_of(body.cwd)
         runner = t.service.runner
+        runner.opened.add(t.path)  # (stopped with the service: an image without a kernel has started it)
         async with runner.slot():
             ctx = await t.handle.create_code_context(language, workdir)
-        runner.opened.add(t.path)
         return JSONResponse({"id": ctx.id, "language": ctx.language, "cwd": to_e2b(ctx.cwd)})
 
     return await _answer(request, None, go)
@@ -351,13 +351,13 @@ async def execute(request: Request, body: ExecuteBody) -> Response:
         kernels.check_code(code, kernels.MAX_TIMEOUT)
         runner = t.service.runner
         await stack.enter_async_context(runner.slot())  # (a full service is a 429 before any byte)
+        runner.opened.add(t.path)  # (stopped with the service: a refusal below may come once it started)
         ctx = await t.handle.code_context(body.context_id, language)
         await t.handle.check_reserve()  # (a status, not a stream whose first line says it)
         ws = await t.workspace()
         # No time limit but the longest loom has: E2B's has none, its client's timeout ends
         # the request, and a client gone interrupts the code (see ExecutionStream).
         events = t.handle.run_code_stream(code, ctx.id, None, kernels.MAX_TIMEOUT, tool=TOOL, hold=stack)
-        runner.opened.add(t.path)
     except Exception as e:
         await stack.aclose()
         return refusal(e, request, body.context_id)

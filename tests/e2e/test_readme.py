@@ -116,7 +116,9 @@ def test_the_pip_path_setup_doctor_demo(installed: tuple[Path, dict[str, str]], 
     doctor = run(env, "loom-worker doctor", tmp_path)
     assert "[FAIL]" not in doctor.stdout, doctor.stdout
     demo = run(env, "loom-worker demo", tmp_path)  # what scripts/demo runs after setting up
-    assert demo.stdout.strip(), demo.stderr
+    assert "demo ok" in demo.stdout, (demo.stdout, demo.stderr)
+    # Its own scratch workspace is not root's: no warning about it on the main job's screen.
+    assert "root_workspace" not in demo.stderr + doctor.stderr, (demo.stderr, doctor.stderr)
 
 
 def test_one_tool_call_as_printed(installed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:

@@ -42,10 +42,25 @@ def _say(msg: str = "") -> None:
 # -- demo ----------------------------------------------------------------------------------
 
 
-async def _demo(settings: Settings, workspace: Path | None, runtime: str | None) -> int:
-    import shutil
+#: Who owns the scratch workspace the demo or doctor makes when run as root: nobody, so
+#: its sandbox runs as a user would have it (a root-owned workspace runs as uid 0, and
+#: the sandbox warns of it: a warning on the first screen of the main job).
+SCRATCH_OWNER = (65534, 65534)
+
+
+def _scratch_workspace(prefix: str) -> Path:
+    """A new empty directory for a sandbox of the CLI's own, not root's. Raises OSError."""
     import tempfile
     from pathlib import Path
+
+    ws = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.geteuid() == 0:
+        os.chown(ws, *SCRATCH_OWNER)
+    return ws
+
+
+async def _demo(settings: Settings, workspace: Path | None, runtime: str | None) -> int:
+    import shutil
 
     from sandbox.base import ExecRequest
     from sandbox.errors import SandboxError
@@ -58,7 +73,7 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
     # replaced by one made from the process's); a fresh directory: a sandbox of the demo's.
     backend = _backend(settings, **overrides) if own else None
     registry = None if own else workspace_registry(settings, **overrides)
-    ws = Path(tempfile.mkdtemp(prefix="loom-demo-")) if workspace is None else workspace
+    ws = _scratch_workspace("loom-demo-") if workspace is None else workspace
     ws = ws.resolve()
     try:
         t0 = time.perf_counter()
@@ -130,8 +145,6 @@ async def _demo(settings: Settings, workspace: Path | None, runtime: str | None)
 
 async def _doctor(settings: Settings, fix: bool = False) -> int:
     import shutil
-    import tempfile
-    from pathlib import Path
 
     from sandbox.base import ExecRequest
     from sandbox.client import AgentSandbox
@@ -182,7 +195,7 @@ async def _doctor(settings: Settings, fix: bool = False) -> int:
     )
     _doctor_gvisor(dict(info.get("Runtimes") or {}), settings, line)
     if has_image:
-        ws = Path(tempfile.mkdtemp(prefix="loom-doctor-"))
+        ws = _scratch_workspace("loom-doctor-")
         try:
             box = await backend.get(ws)
             res = await box.exec(ExecRequest("true"))

@@ -87,3 +87,30 @@ async def test_a_stream_never_started_leaves_the_hold_to_its_owner(gate: asyncio
     assert released == []
     await stack.aclose()
     assert released == ["slot"]
+
+
+async def test_a_response_that_ends_before_its_stream_starts_releases_the_slot() -> None:
+    """The client gone before the first line: Starlette cancels the stream before its first
+    step and never closes the iterator; the route's response releases the slot itself."""
+    import anyio
+
+    from worker.http import code
+
+    released: list[str] = []
+    stack = contextlib.AsyncExitStack()
+    stack.callback(released.append, "slot")
+    started: list[int] = []
+
+    async def events() -> Any:
+        started.append(1)
+        yield OutputMessage("stdout", "x")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(_msg: Any) -> None:
+        await anyio.sleep(5)  # (the first send never completes: the client went)
+
+    response = code._Stream(events(), stack)
+    await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
+    assert started == [] and released == ["slot"]

@@ -11,7 +11,7 @@ what happened when it was more than that (a timeout, a kernel that died) after i
 ``--json``: the events as the HTTP route streams them instead, one JSON object a line.
 
 Files the code writes in the workspace are recorded in its changelog under the call id
-(``loom-worker undo --call-id ...``).
+(``loom-worker undo --call ID``).
 
 Exit codes: 0 it ran; 1 the code raised; 124 it timed out (interrupted, or restarted when
 that did not stop it); 137 its kernel died (out of memory, ``os._exit``); 2 a usage

@@ -6,7 +6,7 @@ One of SRC and DEST is in the sandbox, written ``:PATH`` (relative: in the works
 absolute: anywhere the sandbox's user may read, or write: the workspace, ``/tmp``,
 ``$HOME``); the other is a file on this host, or ``-`` for our standard input or output.
 The sandbox's user's permissions apply (a 0444 file is refused). A file written into the
-workspace is recorded in its changelog (``loom-worker undo --call-id ...``); one written
+workspace is recorded in its changelog (``loom-worker undo --call ID``); one written
 elsewhere is the sandbox's scratch space and is not.
 
 Exit codes: 0 copied; 1 refused or not there (the message on stderr); 2 a usage error;

@@ -9,7 +9,7 @@ reads them: they are quoted for ``sh -c``, so ``$HOME`` or ``*`` stay literal); 
 alone is a shell command (``exec -w . -- 'make test && make lint'``). It runs as
 ``shell_execute`` runs a model's command: the same sandbox, limits and tree-kill, its
 standard input ``/dev/null``, and every file it changes recorded in the workspace's
-changelog (``loom-worker log``, ``loom-worker undo --call-id ...``). With ``--env``,
+changelog (``loom-worker log``, ``loom-worker undo --call ID``). With ``--env``,
 ``--user``, ``--stdin`` or an absolute ``--cwd`` it runs through the harness API
 (:mod:`worker.harness`) instead: the same recording, and those options.
 

@@ -32,10 +32,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Response
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 from pydantic import Field
+from starlette.types import Receive, Scope, Send
 
 from .. import kernels
 from ..jsontext import json_line
@@ -167,9 +169,27 @@ async def execute(service: ServiceDep, workspace_id: WorkspaceId, body: ExecuteB
     except BaseException:
         await stack.aclose()
         raise
-    return StreamingResponse(
-        _lines(events, stack), media_type=NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    )
+    return _Stream(events, stack)
+
+
+class _Stream(StreamingResponse):
+    """An execution's lines. The slot in ``stack`` is the execution's once it starts
+    (released at its end, a client gone or not); if the response ends before the stream
+    even started (the client went at once: Starlette cancels it before its first step, and
+    never closes the iterator), it is released here, shielded from that cancellation."""
+
+    def __init__(self, events: AsyncIterator[kernels.CodeEvent], stack: contextlib.AsyncExitStack) -> None:
+        self.stack = stack
+        super().__init__(
+            _lines(events, stack), media_type=NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stack.aclose()
 
 
 async def _lines(events: AsyncIterator[kernels.CodeEvent], stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:

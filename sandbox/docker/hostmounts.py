@@ -93,6 +93,24 @@ def make_shared(root: Path) -> str | None:
     return None
 
 
+def pool_mounts(root: Path, moved_root: Path) -> str | None:
+    """The warm pool's mounts (idempotent): ``root`` a shared mount (:func:`make_shared`),
+    its gVisor directory ``moved_root`` made, its staging directory ``root/.stage`` a
+    private mount (:func:`make_private`). None when they are in place, else why not."""
+    reason = make_shared(root)
+    if reason is not None:
+        return reason
+    try:
+        moved_root.mkdir(mode=0o711, exist_ok=True)
+    except OSError as e:
+        return f"the pool's gVisor directory could not be made: {e}"
+    try:
+        make_private(root / ".stage")
+    except OSError as e:
+        return f"the pool's staging mount failed: {e}"
+    return None
+
+
 def make_private(path: Path) -> None:
     """Make ``path`` (created if missing) a private mount of itself: binds staged there
     propagate nowhere until they are moved (see :func:`bind`). Idempotent. Raises OSError."""

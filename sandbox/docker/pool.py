@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from .. import protocol
 from ..connection import AgentConnection
-from ..errors import DaemonUnavailableError, SandboxError
+from ..errors import DaemonUnavailableError, SandboxError, SandboxUnavailableError
 from ..logs import get_logger
 from ..spec import SandboxSpec
 from . import freezer, hostmounts, slots
@@ -172,6 +172,7 @@ class WarmPool:
         #: Why the pool is off on this host (None: on).
         self.disabled: str | None = None if config.mode != "off" else "off"
         self._stage = config.root / ".stage"
+        self._roots = (config.root, config.moved_root)
         self.failures = 0
         self._failing = 0  # fills failed in a row (the refill's back-off)
         #: Why gVisor warm sandboxes wait unfrozen (:meth:`_freeze`), or None.
@@ -192,17 +193,7 @@ class WarmPool:
         if self._started or self.disabled:
             return
         self._started = True
-        reason = await asyncio.to_thread(hostmounts.make_shared, self.config.root)
-        if reason is None:
-            try:
-                await asyncio.to_thread(self.config.moved_root.mkdir, mode=0o711, exist_ok=True)
-            except OSError as e:
-                reason = f"the pool's gVisor directory could not be made: {e}"
-        if reason is None:
-            try:
-                await asyncio.to_thread(hostmounts.make_private, self._stage)
-            except OSError as e:
-                reason = f"the pool's staging mount failed: {e}"
+        reason = await asyncio.to_thread(hostmounts.pool_mounts, *self._roots)
         if reason is not None:
             self.disabled = reason
             log.warning("sandbox.pool_off", reason=reason)
@@ -420,6 +411,8 @@ class WarmPool:
                 await asyncio.sleep(self._quiet_until - now)
                 continue
             for key, cls in list(self._classes.items()):
+                dead, cls.ready = [w for w in cls.ready if w.lost], deque(w for w in cls.ready if not w.lost)
+                await asyncio.gather(*map(self._discard, dead))  # (agents ended waiting, by gc: made again now)
                 idle = self.config.mode == "demand" and cls.demand.idle(now)
                 want = 0 if idle else self.target(cls)
                 while len(cls.ready) > want and not cls.filling:
@@ -459,6 +452,9 @@ class WarmPool:
         Raises SandboxError, OSError."""
         spec = cls.spec
         await self._hooks.prepare(spec)
+        # The started pool's mounts, made again when gone (``gc --all`` undoes them once no slot is used).
+        if self._started and (undone := await asyncio.to_thread(hostmounts.pool_mounts, *self._roots)) is not None:
+            raise SandboxUnavailableError(undone)
         moved = spec.runtime != "runc"
         slot = (self.config.moved_root if moved else self.config.root) / secrets.token_hex(8)
         owner = await asyncio.to_thread(slots.make, slot, cls.uid, cls.gid)
@@ -565,7 +561,7 @@ class WarmPool:
             "disabled": self.disabled,
             "size": self.config.size,
             "max_total": self.config.max_total,
-            "ready": sum(len(c.ready) for c in self._classes.values()),
+            "ready": sum(not w.lost for c in self._classes.values() for w in c.ready),
             "frozen": sum(w.frozen is not None for c in self._classes.values() for w in c.ready),
             "starting": sum(c.filling for c in self._classes.values()),
             "claims": sum(c.claims for c in self._classes.values()),
@@ -577,7 +573,7 @@ class WarmPool:
                     "image": c.spec.image,
                     "runtime": c.spec.runtime,
                     "user": f"{c.uid}:{c.gid}",
-                    "ready": len(c.ready),
+                    "ready": sum(not w.lost for w in c.ready),
                     "target": self.target(c),
                     # (what auto sizes by: one warm sandbox's make and the refill's pause)
                     "refill_ms": round(c.demand.refill_s * 1000),

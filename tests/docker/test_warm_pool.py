@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -378,6 +379,59 @@ async def test_gc_all_undoes_the_pool_directorys_own_mounts(
     assert "removed 1 sandbox container(s)" in p.stdout.decode(), p.stdout.decode()  # the claimed one
     assert mount_propagation(root) is None and mount_propagation(root / ".stage") is None
     assert _mounted_slots() == []
+
+
+async def test_a_running_pool_refills_after_another_process_gc_all(
+    docker_ready: None, workspace: Path, tmp_path: Path
+) -> None:
+    """``loom-worker gc --all`` in another process removes a running worker's warm
+    sandboxes and, no slot left, undoes the pool directory's mounts: the worker's pool
+    notices, makes its mounts and its warm sandboxes again, and its status never counts the
+    dead ones as ready (it did, and every fill failed on the missing shared mount)."""
+    from sandbox.docker import DockerBackend
+    from sandbox.docker.hostmounts import mount_propagation
+    from sandbox.docker.pool import PoolConfig
+    from sandbox.spec import SandboxSpec
+    from tests.conftest import SANDBOX_IMAGE
+    from tests.workers import cli, cli_env
+    from worker.owner import OWNER_FILE
+
+    owner = TEST_OWNER + "-regc"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / OWNER_FILE).write_text(owner + "\n")
+    root = data / "pool"
+    spec = SandboxSpec(image=SANDBOX_IMAGE, runtime="runc", owner=owner)
+    backend = DockerBackend(spec, worker_id="test", pool=PoolConfig(mode="fixed", size=1, max_total=2, root=root))
+    env = cli_env(str(tmp_path / "run"), data, LOOM_CLI_DAEMON="0")
+    try:
+        await wait_ready(backend, 1)
+        pool = backend.pool
+        assert pool is not None
+        # (the refill held off for a while, so that gc finds no slot and undoes the mounts;
+        # it sleeps until then)
+        pool._quiet_until = time.monotonic() + 15
+        await asyncio.sleep(1.2)
+        p = await asyncio.to_thread(cli, env, "gc", "--all")
+        assert p.returncode == 0 and "removed 1 sandbox container(s)" in p.stdout.decode(), p.stdout.decode()
+        assert mount_propagation(root) is None  # (no slot left: gc undid the pool's mounts)
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # the dead one is not ready; a new one is made
+            status = backend.pool_status()
+            assert status is not None and status["failures"] == 0, status
+            warm = [i for i in await backend.list_sandboxes() if i["pooled"] and i["owner"] == owner]
+            if status["ready"] == 1 and len(warm) == 1:
+                break
+            assert asyncio.get_running_loop().time() < deadline, (status, warm)
+            await asyncio.sleep(0.1)
+        assert mount_propagation(root) == "shared"
+        assert "in" in await _sh(backend, workspace, "echo in")
+        status = backend.pool_status()
+        assert status is not None and status["claims"] == 1 and status["misses"] == 0, status
+    finally:
+        await backend.remove_all_started()
+        await backend.aclose()
+        await asyncio.to_thread(cli, env, "gc", "--all")  # (the pool's mounts, for tmp_path's removal)
 
 
 async def test_gvisor_claims_an_empty_workspace_by_moving_its_directory_into_place(

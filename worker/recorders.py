@@ -88,6 +88,16 @@ class ChangeRecorder(Protocol):
         ...
 
 
+@runtime_checkable
+class KeepsReserve(Protocol):
+    """A recorder that keeps free space to record changes (the changelog): a caller that
+    answers before a change starts (a stream's status) may ask it first."""
+
+    def check_reserve(self, what: str) -> None:
+        """Refuse ``what`` when there is not the room. Raises ReserveError, storage errors."""
+        ...
+
+
 class NullRecorder:
     """Records nothing: writes go straight to the sandbox, shell changes are not tracked."""
 

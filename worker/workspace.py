@@ -43,7 +43,7 @@ from .background import Background, BackgroundLimits, Started, new_process_id
 from .changelog.intents import release
 from .guard import Action, WorkspaceGuard
 from .pathlocks import PathLocks
-from .recorders import ChangeRecorder, NullRecorder, ScanToken, scan_token
+from .recorders import ChangeRecorder, KeepsReserve, NullRecorder, ScanToken, scan_token
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ProcessInfo | KernelInfo")
@@ -174,9 +174,8 @@ class Workspace:
         of another make). Every recorded change checks this itself: this is for a caller
         that answers before the change starts (a stream's status). Raises ReserveError,
         ChangelogStorageError."""
-        check = getattr(self.recorder, "check_reserve", None)  # (not in the ChangeRecorder protocol)
-        if callable(check):
-            check(what)
+        if isinstance(self.recorder, KeepsReserve):  # (not in the ChangeRecorder protocol)
+            self.recorder.check_reserve(what)
 
     def known(self, path: str) -> tuple[bytes, str] | None:
         """The content and sha256 last seen at workspace-relative ``path``, if remembered."""

@@ -181,7 +181,7 @@ class _Stream(StreamingResponse):
     def __init__(self, events: AsyncIterator[kernels.CodeEvent], stack: contextlib.AsyncExitStack) -> None:
         self.stack = stack
         super().__init__(
-            _lines(events, stack), media_type=NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+            _lines(events), media_type=NDJSON, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -192,11 +192,10 @@ class _Stream(StreamingResponse):
                 await self.stack.aclose()
 
 
-async def _lines(events: AsyncIterator[kernels.CodeEvent], stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+async def _lines(events: AsyncIterator[kernels.CodeEvent]) -> AsyncIterator[bytes]:
     """The events as lines; a failure after the first byte (the sandbox lost) is a last
     line ``{"type": "error", "status", "detail"}``, the status the error table gives it.
-    The slot in ``stack`` is the execution's once it starts (released at its end, a
-    client gone or not); closing ``stack`` here releases it only when it never started."""
+    (The slot is :class:`_Stream`'s to release.)"""
     try:
         async for ev in events:
             yield (json_line(ev.to_dict()) + "\n").encode()
@@ -205,5 +204,3 @@ async def _lines(events: AsyncIterator[kernels.CodeEvent], stack: contextlib.Asy
         body = json.loads(bytes(answer.body))
         detail = body.get("detail") if isinstance(body, dict) else None
         yield (json_line({"type": "error", "status": answer.status_code, "detail": detail}) + "\n").encode()
-    finally:
-        await stack.aclose()
